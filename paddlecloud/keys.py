@@ -1,0 +1,84 @@
+"""The etcd key names of a job: one place, shared by the master, the agents and the CLI.
+
+Every key of a job lives under `/paddlecloud/<namespace>/<job>/` (DESIGN.md section 6).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+ROOT = "/paddlecloud/"
+
+
+def prefix_range_end(prefix: bytes) -> bytes:
+    """The etcd range end that covers every key starting with `prefix`."""
+    end = bytearray(prefix)
+    for i in range(len(end) - 1, -1, -1):
+        if end[i] < 0xFF:
+            end[i] += 1
+            return bytes(end[: i + 1])
+    return b"\0"
+
+
+@dataclass(frozen=True)
+class JobKeys:
+    namespace: str
+    job: str
+
+    @property
+    def prefix(self) -> bytes:
+        return f"{ROOT}{self.namespace}/{self.job}/".encode()
+
+    def _key(self, *parts: object) -> bytes:
+        return self.prefix + "/".join(str(p) for p in parts).encode()
+
+    # Job-wide keys.
+    @property
+    def spec(self) -> bytes:
+        return self._key("spec")
+
+    @property
+    def epoch(self) -> bytes:
+        return self._key("epoch")
+
+    @property
+    def phase(self) -> bytes:
+        return self._key("phase")
+
+    @property
+    def leader(self) -> bytes:
+        return self._key("leader")
+
+    @property
+    def save_model(self) -> bytes:
+        return self._key("save-model")
+
+    def files(self, piece: int) -> bytes:
+        return self._key("files", f"{piece:06d}")
+
+    # Per-trainer and per-task keys; a `*_prefix` covers all of one kind.
+    def trainer(self, trainer_id: str) -> bytes:
+        return self._key("trainers", trainer_id)
+
+    def superseded(self, session_id: int) -> bytes:
+        return self._key("superseded", session_id)
+
+    def assign(self, task: int) -> bytes:
+        return self._key("assign", task)
+
+    def done(self, epoch: int, task: int) -> bytes:
+        return self._key("done", epoch, task)
+
+    def failures(self, epoch: int, task: int) -> bytes:
+        return self._key("failures", epoch, task)
+
+    def pserver(self, index: int) -> bytes:
+        return self._key("pservers", index)
+
+    def kind_prefix(self, kind: str, epoch: int | None = None) -> bytes:
+        """`kind_prefix("done", 3)` covers `done/3/*`; `kind_prefix("assign")` covers `assign/*`."""
+        return self._key(kind, "") if epoch is None else self._key(kind, epoch, "")
+
+    def task_of(self, key: bytes) -> int:
+        """The task id at the end of an `assign/`, `done/` or `failures/` key."""
+        return int(key.rsplit(b"/", 1)[1])
