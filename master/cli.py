@@ -1,0 +1,74 @@
+"""`paddlecloud master`: the per-job master process (flags of DESIGN.md section 8)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+import click
+
+from paddlecloud.clitypes import DURATION, NON_NEGATIVE, SIZE
+
+
+@click.command("master")
+@click.option("--job", required=True, envvar="PADDLE_JOB_NAME", help="Job name ($PADDLE_JOB_NAME).")
+@click.option("--namespace", default="local", show_default=True, envvar="PADDLE_NAMESPACE",
+              help="Kubernetes namespace, or 'local' ($PADDLE_NAMESPACE).")
+@click.option("--etcd-endpoints", required=True, envvar="PADDLE_ETCD_ENDPOINTS",
+              help="Comma-separated etcd URLs ($PADDLE_ETCD_ENDPOINTS).")
+@click.option("--port", default=8080, show_default=True, type=click.IntRange(0, 65535))
+@click.option("--host", default="0.0.0.0", show_default=True, help="Address to listen on.")
+@click.option("--advertise", default="", help="HOST:PORT published as leader [default: $POD_IP:PORT, else 127.0.0.1:PORT].")
+@click.option("--input", "inputs", multiple=True,
+              help="Input path, glob or fsspec URL (repeatable). Without it the master waits for SetDataset.")
+@click.option("--format", "fmt", default="lines", show_default=True,
+              help="Data format: lines (csv, tsv, jsonl, text) or file.")
+@click.option("--chunk-bytes", type=SIZE, default="64MiB", show_default=True, help="Chunk size.")
+@click.option("--chunks-per-task", type=NON_NEGATIVE, default=1, show_default=True)
+@click.option("--epochs", type=NON_NEGATIVE, default=1, show_default=True)
+@click.option("--shuffle-seed", type=int, default=0, show_default=True)
+@click.option("--start-epoch", type=NON_NEGATIVE, default=0, show_default=True,
+              help="Epoch to start at when etcd holds no state for the job (etcd wins when it does).")
+@click.option("--session-ttl", type=DURATION, default="10s", show_default=True)
+@click.option("--election-ttl", type=DURATION, default="10s", show_default=True)
+@click.option("--task-timeout", type=DURATION, default="30m", show_default=True, help="0 turns it off.")
+@click.option("--max-task-failures", type=NON_NEGATIVE, default=3, show_default=True)
+@click.option("--max-tasks-per-trainer", type=click.IntRange(min=1), default=2, show_default=True)
+@click.option("--metrics-port", type=click.IntRange(1, 65535), default=None,
+              help="Serve Prometheus metrics on this port.")
+@click.option("--etcd-timeout", type=DURATION, default="10s", show_default=True,
+              help="Give up at start when etcd does not answer within this.")
+@click.option("--log-level", default=os.environ.get("PADDLECLOUD_LOG_LEVEL", "INFO"), show_default=True,
+              type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
+def master_command(job, namespace, etcd_endpoints, port, host, advertise, inputs, fmt, chunk_bytes,
+                   chunks_per_task, epochs, shuffle_seed, start_epoch, session_ttl, election_ttl,
+                   task_timeout, max_task_failures, max_tasks_per_trainer, metrics_port, etcd_timeout,
+                   log_level) -> None:
+    """Run the master of one job: hands out data tasks, keeps every lease in etcd."""
+    import asyncio
+
+    from master.config import DatasetSpec, MasterConfig, Policy, SpecError
+    from master.server import serve
+    from paddlecloud.etcd import parse_endpoints
+
+    logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        parse_endpoints(etcd_endpoints)
+        dataset = None
+        if inputs:
+            dataset = DatasetSpec(paths=tuple(inputs), format=fmt, chunk_bytes=chunk_bytes,
+                                  chunks_per_task=chunks_per_task, num_epochs=epochs,
+                                  shuffle_seed=shuffle_seed).filled()
+        config = MasterConfig(
+            job=job, namespace=namespace, etcd_endpoints=etcd_endpoints, port=port, host=host,
+            advertise=advertise, election_ttl=election_ttl, dataset=dataset, start_epoch=start_epoch,
+            metrics_port=metrics_port, etcd_timeout=etcd_timeout,
+            policy=Policy(session_ttl=session_ttl, task_timeout=task_timeout,
+                          max_task_failures=max_task_failures,
+                          max_tasks_per_trainer=max_tasks_per_trainer),
+        )
+    except (SpecError, ValueError) as error:
+        raise click.UsageError(str(error)) from None
+    sys.exit(asyncio.run(serve(config)))

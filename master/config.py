@@ -1,0 +1,108 @@
+"""Settings of the master, as frozen dataclasses, with the validation that names bad values.
+
+`DatasetSpec` mirrors the wire message of the same name, with 0 meaning "the
+default" (DESIGN.md section 4); `filled()` replaces the zeros so two specs can be
+compared for equality after defaults are filled, as `SetDataset` must.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, replace
+
+DEFAULT_CHUNK_BYTES = 64 * 1024 * 1024
+LINE_FORMATS = ("lines", "csv", "tsv", "jsonl", "text")
+FORMATS = (*LINE_FORMATS, "file")
+
+
+class SpecError(ValueError):
+    """A dataset spec or a setting is invalid; the message names the bad value."""
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    paths: tuple[str, ...]
+    format: str = ""
+    chunk_bytes: int = 0
+    chunks_per_task: int = 0
+    num_epochs: int = 0
+    shuffle_seed: int = 0
+
+    def filled(self) -> DatasetSpec:
+        """Validates, then returns the spec with every 0/empty replaced by its default."""
+        if not self.paths or any(not p.strip() for p in self.paths):
+            raise SpecError(f"dataset paths {list(self.paths)!r}: give at least one non-empty path or glob")
+        for name in ("chunk_bytes", "chunks_per_task", "num_epochs"):
+            value = getattr(self, name)
+            if value < 0:
+                raise SpecError(f"{name} {value} is negative: use 0 for the default or a positive number")
+        fmt = self.format or "lines"
+        if fmt not in FORMATS:
+            raise SpecError(f"unknown format {self.format!r}: known formats are {', '.join(FORMATS)}")
+        return replace(
+            self,
+            paths=tuple(self.paths),
+            format=fmt,
+            chunk_bytes=self.chunk_bytes or DEFAULT_CHUNK_BYTES,
+            chunks_per_task=self.chunks_per_task or 1,
+            num_epochs=self.num_epochs or 1,
+        )
+
+    @property
+    def splits_files(self) -> bool:
+        return self.format in LINE_FORMATS or not self.format
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> DatasetSpec:
+        raw = json.loads(text)
+        raw["paths"] = tuple(raw["paths"])
+        return cls(**raw)
+
+
+@dataclass(frozen=True)
+class Policy:
+    """How the master treats sessions and tasks (DESIGN.md section 8 defaults)."""
+
+    session_ttl: float = 10.0
+    task_timeout: float = 30 * 60.0  # 0 = off
+    max_task_failures: int = 3
+    max_tasks_per_trainer: int = 2
+
+    def __post_init__(self) -> None:
+        if self.session_ttl < 2:
+            raise SpecError(f"--session-ttl {self.session_ttl:g}s is too short: etcd leases need at least 2s")
+        if self.task_timeout < 0:
+            raise SpecError(f"--task-timeout {self.task_timeout:g}s is negative: use 0 to turn it off")
+        if self.max_task_failures < 0:
+            raise SpecError(f"--max-task-failures {self.max_task_failures} is negative")
+        if self.max_tasks_per_trainer < 1:
+            raise SpecError(f"--max-tasks-per-trainer {self.max_tasks_per_trainer} must be at least 1")
+
+
+@dataclass(frozen=True)
+class MasterConfig:
+    job: str
+    namespace: str
+    etcd_endpoints: str
+    port: int = 8080
+    host: str = "0.0.0.0"
+    advertise: str = ""
+    election_ttl: float = 10.0
+    policy: Policy = field(default_factory=Policy)
+    dataset: DatasetSpec | None = None
+    start_epoch: int = 0
+    metrics_port: int | None = None
+    etcd_timeout: float = 10.0
+
+    def __post_init__(self) -> None:
+        if not self.job:
+            raise SpecError("--job is empty: every master serves one named job")
+        if "/" in self.job or "/" in self.namespace:
+            raise SpecError(f"job {self.job!r} / namespace {self.namespace!r} must not contain '/'")
+        if self.election_ttl < 2:
+            raise SpecError(f"--election-ttl {self.election_ttl:g}s is too short: use at least 2s")
+        if self.start_epoch < 0:
+            raise SpecError(f"--start-epoch {self.start_epoch} is negative")

@@ -1,0 +1,70 @@
+"""Expands a dataset spec's paths and globs into the file list the master freezes in etcd.
+
+Runs once per job, at its first start (in a thread: fsspec calls block); every later
+start and every standby reads the frozen list back, never a fresh glob, so the tasks
+of a job never change under it. It never opens a file: only names and sizes.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import fsspec
+from fsspec.core import split_protocol
+from fsspec.registry import known_implementations
+
+from master.config import SpecError
+from master.partition import FileEntry
+
+logger = logging.getLogger(__name__)
+
+GLOB_CHARS = "*?["
+
+
+def _filesystem(path: str) -> tuple[fsspec.AbstractFileSystem, str]:
+    protocol, _ = split_protocol(path)
+    try:
+        fs, stripped = fsspec.core.url_to_fs(path)
+    except ImportError as error:
+        hint = known_implementations.get(protocol or "", {}).get("err") or str(error)
+        raise SpecError(f"cannot read {path!r}: the {protocol}:// driver is missing ({hint})") from None
+    except ValueError as error:
+        raise SpecError(f"cannot read {path!r}: {error}") from None
+    return fs, stripped
+
+
+def _unstrip(fs: fsspec.AbstractFileSystem, original: str, name: str) -> str:
+    """fsspec returns paths without the protocol; put it back for non-local ones."""
+    protocol, _ = split_protocol(original)
+    return fs.unstrip_protocol(name) if protocol and protocol != "file" else name
+
+
+def list_files(paths: tuple[str, ...] | list[str]) -> list[FileEntry]:
+    """Every file the paths name, in a stable order, with sizes. Errors name the bad path."""
+    files: list[FileEntry] = []
+    seen: set[str] = set()
+    for path in paths:
+        fs, stripped = _filesystem(path)
+        try:
+            if any(c in stripped for c in GLOB_CHARS):
+                found = fs.glob(stripped, detail=True)
+                entries = sorted((n, d) for n, d in found.items() if d.get("type") != "directory")
+                if not entries:
+                    raise SpecError(f"input glob {path!r} matches no file")
+            elif fs.isdir(stripped):
+                found = fs.find(stripped, detail=True)
+                entries = sorted(found.items())
+                if not entries:
+                    raise SpecError(f"input directory {path!r} holds no file")
+            elif fs.exists(stripped):
+                entries = [(stripped, fs.info(stripped))]
+            else:
+                raise SpecError(f"input path {path!r} does not exist")
+        except OSError as error:
+            raise SpecError(f"cannot list {path!r}: {error}") from None
+        for name, detail in entries:
+            full = _unstrip(fs, path, name)
+            if full not in seen:
+                seen.add(full)
+                files.append(FileEntry(full, int(detail.get("size") or 0)))
+    return files

@@ -1,0 +1,161 @@
+"""One master process: the gRPC server, and the campaign loop that makes it leader or standby.
+
+The server answers from the start: as a standby it is NOT_SERVING and every Master
+RPC says where the leader is. When this process wins the election it builds a
+`Dispatcher` from etcd and serves; when it loses the lease (paused, partitioned,
+etcd gone past the TTL) or a write's fence fails, it steps down and campaigns again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1._async import HealthServicer
+from grpc_reflection.v1alpha import reflection
+
+from master import metrics
+from master.config import MasterConfig, SpecError
+from master.dispatcher import Dispatcher
+from master.servicer import MasterServicer
+from paddlecloud import etcd
+from paddlecloud.api import SERVICE_NAME, pb, pb_grpc
+from paddlecloud.keys import JobKeys
+
+logger = logging.getLogger(__name__)
+
+
+class MasterNode:
+    def __init__(self, config: MasterConfig, client) -> None:
+        self.config = config
+        self.client = client
+        self.keys = JobKeys(config.namespace, config.job)
+        self.advertise = config.advertise or f"{os.environ.get('POD_IP', '127.0.0.1')}:{config.port}"
+        self.dispatcher: Dispatcher | None = None
+        self.leader_hint: str | None = None
+        self.health = HealthServicer()
+        self.stopping = asyncio.Event()
+        self.fatal: Exception | None = None
+
+    async def set_serving(self, serving: bool) -> None:
+        status = (health_pb2.HealthCheckResponse.SERVING if serving
+                  else health_pb2.HealthCheckResponse.NOT_SERVING)
+        for service in ("", SERVICE_NAME):
+            await self.health.set(service, status)
+
+    def _seen_leader(self, address: str) -> None:
+        if address != self.leader_hint:
+            logger.info("standby: the leader is %s", address)
+        self.leader_hint = address
+
+    async def run(self) -> None:
+        """Campaigns, leads until deposed, campaigns again; returns when stopping."""
+        await self.set_serving(False)
+        while not self.stopping.is_set():
+            try:
+                await self._term()
+            except SpecError as error:
+                self.fatal = error
+                return
+            except (etcd.EtcdUnavailable, OSError, Exception) as error:
+                if self.stopping.is_set():
+                    return
+                logger.warning("campaign interrupted: %s; retrying", error)
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self.stopping.wait(), 1.0)
+
+    async def _term(self) -> None:
+        session = await etcd.Session(self.client, ttl=self.config.election_ttl).open()
+        election = etcd.Election(session, self.keys.leader)
+        try:
+            campaign = asyncio.create_task(election.campaign(self.advertise, on_leader=self._seen_leader))
+            stop = asyncio.create_task(self.stopping.wait())
+            await asyncio.wait({campaign, stop}, return_when=asyncio.FIRST_COMPLETED)
+            if not campaign.done():
+                campaign.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await campaign
+                return
+            stop.cancel()
+            leadership = campaign.result()
+            logger.info("elected leader of job %s/%s as %s", self.config.namespace, self.config.job,
+                        self.advertise)
+            self.leader_hint = self.advertise
+            dispatcher = Dispatcher(client=self.client, config=self.config, leadership=leadership,
+                                    advertise=self.advertise)
+            try:
+                await dispatcher.start()
+                self.dispatcher = dispatcher
+                await self.set_serving(True)
+                await self._lead(session, dispatcher)
+            finally:
+                self.dispatcher = None
+                await self.set_serving(False)
+                await dispatcher.stop()
+                if not session.lost.is_set():
+                    await election.resign(leadership)
+        finally:
+            await session.close()
+
+    async def _lead(self, session: etcd.Session, dispatcher: Dispatcher) -> None:
+        waits = {
+            asyncio.create_task(session.lost.wait(), name="lease-lost"),
+            asyncio.ensure_future(dispatcher.deposed),
+            asyncio.create_task(self.stopping.wait(), name="stopping"),
+        }
+        done, pending = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        for task in pending:
+            task.cancel()
+        if not self.stopping.is_set():
+            logger.warning("stepping down: %s",
+                           "election lease lost" if session.lost.is_set() else dispatcher.deposed.result())
+
+
+async def serve(config: MasterConfig) -> int:
+    """Runs a master until SIGTERM/SIGINT; returns the process exit code."""
+    try:
+        client = await etcd.connect(config.etcd_endpoints, timeout=config.etcd_timeout)
+    except etcd.EtcdUnavailable as error:
+        logger.error("%s", error)
+        return 1
+    node = MasterNode(config, client)
+    server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+    pb_grpc.add_MasterServicer_to_server(
+        MasterServicer(dispatcher=lambda: node.dispatcher, leader_hint=lambda: node.leader_hint), server)
+    health_pb2_grpc.add_HealthServicer_to_server(node.health, server)
+    reflection.enable_server_reflection(
+        [SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+         reflection.SERVICE_NAME], server)
+    address = f"{config.host}:{config.port}"
+    try:
+        server.add_insecure_port(address)
+    except RuntimeError as error:
+        logger.error("cannot listen on %s: %s", address, error)
+        await client.close()
+        return 1
+    await server.start()
+    if config.metrics_port:
+        metrics.serve(config.metrics_port,
+                      lambda: node.dispatcher.metrics_snapshot() if node.dispatcher else None)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, node.stopping.set)
+    logger.info("master of job %s/%s listening on %s (advertised as %s)", config.namespace,
+                config.job, address, node.advertise)
+    try:
+        await node.run()
+    finally:
+        await server.stop(grace=1)
+        await client.close()
+    if node.fatal is not None:
+        logger.error("%s", node.fatal)
+        return 2
+    return 0
+
+
+__all__ = ["serve", "MasterNode", "pb"]

@@ -1,0 +1,189 @@
+"""The thin grpc.aio edge of the master: protobuf in, a dispatcher call, protobuf out.
+
+Domain errors become status codes here and nowhere else; every message names the
+bad value. A standby master answers UNAVAILABLE with the leader's address.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from collections.abc import Callable
+
+import grpc
+from google.protobuf.duration_pb2 import Duration
+
+from master import metrics
+from master.config import DatasetSpec
+from master.dispatcher import (
+    Dispatcher,
+    FailedPrecondition,
+    GetTaskResult,
+    InvalidArgument,
+    TaskRef,
+    TaskView,
+)
+from master.sessions import SessionExpired, SessionSuperseded
+from master.state import TaskStatus
+from master.store import NotLeader, StoreUnavailable
+from paddlecloud.api import pb, pb_grpc
+
+logger = logging.getLogger(__name__)
+
+_ERRORS: list[tuple[type[BaseException], grpc.StatusCode]] = [
+    (InvalidArgument, grpc.StatusCode.INVALID_ARGUMENT),
+    (SessionExpired, grpc.StatusCode.NOT_FOUND),
+    (SessionSuperseded, grpc.StatusCode.FAILED_PRECONDITION),
+    (FailedPrecondition, grpc.StatusCode.FAILED_PRECONDITION),
+    (NotLeader, grpc.StatusCode.UNAVAILABLE),
+    (StoreUnavailable, grpc.StatusCode.UNAVAILABLE),
+]
+
+
+def duration(seconds: float) -> Duration:
+    whole = int(seconds)
+    return Duration(seconds=whole, nanos=int(round((seconds - whole) * 1e9)))
+
+
+def seconds(value: Duration) -> float:
+    return value.seconds + value.nanos / 1e9
+
+
+def _rpc(method: Callable) -> Callable:
+    """Times the call, finds the dispatcher (or answers where the leader is), maps errors."""
+    name = method.__name__
+    histogram = metrics.RPC_LATENCY.labels(name)
+
+    @functools.wraps(method)
+    async def wrapper(self: MasterServicer, request, context: grpc.aio.ServicerContext):
+        started = time.perf_counter()
+        try:
+            dispatcher = self.dispatcher()
+            if dispatcher is None:
+                raise NotLeader(self.leader_hint())
+            return await method(self, dispatcher, request)
+        except tuple(e for e, _ in _ERRORS) as error:
+            code = next(c for e, c in _ERRORS if isinstance(error, e))
+            await context.abort(code, str(error))
+        except ValueError as error:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
+        except Exception as error:
+            logger.exception("%s failed", name)
+            await context.abort(grpc.StatusCode.INTERNAL, f"{name} failed: {type(error).__name__}: {error}")
+        finally:
+            histogram.observe(time.perf_counter() - started)
+
+    return wrapper
+
+
+def _task(view: TaskView) -> pb.Task:
+    return pb.Task(id=view.task, epoch=view.epoch, attempt=view.attempt, format=view.format,
+                   chunks=[pb.Chunk(path=c.path, begin=c.begin, end=c.end) for c in view.chunks])
+
+
+def _result(accepted: bool) -> int:
+    return pb.ACCEPTED if accepted else pb.STALE
+
+
+def _ref(report: pb.TaskReport | pb.TaskRef) -> TaskRef:
+    task_id = report.task_id
+    return TaskRef(task_id, report.epoch, report.attempt)
+
+
+class MasterServicer(pb_grpc.MasterServicer):
+    def __init__(self, *, dispatcher: Callable[[], Dispatcher | None],
+                 leader_hint: Callable[[], str | None]) -> None:
+        self.dispatcher = dispatcher
+        self.leader_hint = leader_hint
+
+    @_rpc
+    async def RegisterTrainer(self, d: Dispatcher, request):
+        r = await d.register(request.trainer_id)
+        return pb.RegisterTrainerResponse(session_id=r.session, ttl=duration(r.ttl),
+                                          current_epoch=r.current_epoch, num_epochs=r.num_epochs)
+
+    @_rpc
+    async def KeepAlive(self, d: Dispatcher, request):
+        return pb.KeepAliveResponse(ttl=duration(await d.keep_alive(request.session_id)))
+
+    @_rpc
+    async def LeaveTrainer(self, d: Dispatcher, request):
+        await d.leave(request.session_id)
+        return pb.LeaveTrainerResponse()
+
+    @_rpc
+    async def GetTask(self, d: Dispatcher, request):
+        r: GetTaskResult = await d.get_task(request.session_id, request.epoch,
+                                            [_ref(f) for f in request.finished])
+        reply = pb.GetTaskResponse(
+            outcome=pb.Outcome.Value(r.outcome.value), current_epoch=r.current_epoch,
+            finished_results=[_result(a) for a in r.finished_results],
+        )
+        if r.task is not None:
+            reply.task.CopyFrom(_task(r.task))
+        if r.retry_after:
+            reply.retry_after.CopyFrom(duration(r.retry_after))
+        return reply
+
+    @_rpc
+    async def TaskFinished(self, d: Dispatcher, request):
+        return pb.TaskReportResponse(result=_result(await d.task_finished(request.session_id, _ref(request))))
+
+    @_rpc
+    async def TaskFailed(self, d: Dispatcher, request):
+        accepted = await d.task_failed(request.session_id, _ref(request), request.reason)
+        return pb.TaskReportResponse(result=_result(accepted))
+
+    @_rpc
+    async def ReturnTask(self, d: Dispatcher, request):
+        return pb.TaskReportResponse(result=_result(await d.return_task(request.session_id, _ref(request))))
+
+    @_rpc
+    async def SetDataset(self, d: Dispatcher, request):
+        s = request.dataset
+        spec = DatasetSpec(paths=tuple(s.paths), format=s.format, chunk_bytes=s.chunk_bytes,
+                           chunks_per_task=s.chunks_per_task, num_epochs=s.num_epochs,
+                           shuffle_seed=s.shuffle_seed)
+        return pb.SetDatasetResponse(num_tasks=await d.set_dataset(spec))
+
+    @_rpc
+    async def RestartEpoch(self, d: Dispatcher, request):
+        return pb.RestartEpochResponse(current_epoch=await d.restart_epoch(request.epoch))
+
+    @_rpc
+    async def GetStatus(self, d: Dispatcher, request):
+        s = await d.status()
+        return pb.GetStatusResponse(
+            job=s.job, namespace=s.namespace, phase=s.phase, leader=s.leader,
+            current_epoch=s.epoch, num_epochs=s.num_epochs, counts=pb.TaskCounts(**s.counts),
+            num_tasks=s.num_tasks, trainers_alive=s.trainers_alive,
+            pserver_endpoints=s.pservers, has_dataset=s.has_dataset,
+        )
+
+    @_rpc
+    async def ListTasks(self, d: Dispatcher, request):
+        status = TaskStatus[pb.TaskState.Name(request.state)] if request.state else None
+        epoch = request.epoch if request.HasField("epoch") else None
+        tasks, token = d.list_tasks(status=status, epoch=epoch, page_size=request.page_size,
+                                    page_token=request.page_token)
+        return pb.ListTasksResponse(next_page_token=token, tasks=[
+            pb.TaskInfo(id=t.task, state=pb.TaskState.Value(t.status.name), epoch=t.epoch,
+                        holder=t.holder, session_id=t.session, attempt=t.attempt, failures=t.failures,
+                        chunks=[pb.Chunk(path=c.path, begin=c.begin, end=c.end) for c in t.chunks])
+            for t in tasks
+        ])
+
+    @_rpc
+    async def ListTrainers(self, d: Dispatcher, request):
+        views, token = d.list_trainers(page_size=request.page_size, page_token=request.page_token)
+        return pb.ListTrainersResponse(next_page_token=token, trainers=[
+            pb.TrainerInfo(trainer_id=v.trainer, session_id=v.session, tasks_held=v.tasks,
+                           since_last_call=duration(v.since_last_call))
+            for v in views
+        ])
+
+    @_rpc
+    async def RequestSaveModel(self, d: Dispatcher, request):
+        granted = await d.request_save_model(request.session_id, seconds(request.block))
+        return pb.RequestSaveModelResponse(granted=granted)

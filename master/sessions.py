@@ -1,0 +1,102 @@
+"""Trainer sessions as the master sees them: an etcd lease per session, in a registry.
+
+The master grants a lease when a trainer registers and refreshes it only when the
+trainer calls (KeepAlive, or any RPC carrying its session): it never keeps a lease
+alive on its own, so a dead trainer's lease lapses and etcd itself deletes its
+`trainers/<id>` and `assign/<task>` keys. A piggybacked refresh is skipped when the
+last one is younger than ttl/6; an explicit KeepAlive always refreshes.
+
+A superseded session (its trainer id registered again) is remembered on the new
+session's lease, so the answer "superseded" survives a master failover and lapses
+with the newer session.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from paddlecloud.etcd import LeaseKeeper
+
+
+class SessionExpired(Exception):
+    """Unknown or expired session: the trainer should register again."""
+
+    def __init__(self, session: int) -> None:
+        super().__init__(f"session {session} expired: register again")
+        self.session = session
+
+
+class SessionSuperseded(Exception):
+    """The trainer id has a newer session: this process must stop."""
+
+    def __init__(self, session: int, trainer: str) -> None:
+        super().__init__(f"session {session} superseded by a newer session of trainer {trainer}")
+        self.session = session
+        self.trainer = trainer
+
+
+@dataclass
+class SessionInfo:
+    session: int
+    trainer: str
+    last_call: float = field(default_factory=time.monotonic)
+    last_refresh: float = 0.0
+
+
+class SessionRegistry:
+    def __init__(self, keeper: LeaseKeeper, *, ttl: float) -> None:
+        self.keeper = keeper
+        self.ttl = ttl
+        self.by_session: dict[int, SessionInfo] = {}
+        self.by_trainer: dict[str, int] = {}
+        self.superseded: dict[int, str] = {}
+
+    def restore(self, trainers: dict[str, int], superseded: dict[int, str]) -> None:
+        self.by_session = {sid: SessionInfo(sid, tid, last_refresh=0.0) for tid, sid in trainers.items()}
+        self.by_trainer = dict(trainers)
+        self.superseded = dict(superseded)
+
+    def add(self, trainer: str, session: int) -> int | None:
+        """Records a new session; returns the session it supersedes, if any."""
+        old = self.by_trainer.get(trainer)
+        if old is not None:
+            self.by_session.pop(old, None)
+            self.superseded[old] = trainer
+        self.by_trainer[trainer] = session
+        self.by_session[session] = SessionInfo(session, trainer, last_refresh=time.monotonic())
+        return old
+
+    def remove(self, session: int) -> SessionInfo | None:
+        info = self.by_session.pop(session, None)
+        if info is not None and self.by_trainer.get(info.trainer) == session:
+            del self.by_trainer[info.trainer]
+        return info
+
+    def forget_superseded_by(self, session: int) -> None:
+        """The newer session ended: its superseded markers lapse with its lease."""
+        info = self.by_session.get(session)
+        if info is None:
+            return
+        for old, trainer in list(self.superseded.items()):
+            if trainer == info.trainer:
+                del self.superseded[old]
+
+    def check(self, session: int) -> SessionInfo:
+        info = self.by_session.get(session)
+        if info is not None:
+            return info
+        if session in self.superseded:
+            raise SessionSuperseded(session, self.superseded[session])
+        raise SessionExpired(session)
+
+    async def touch(self, session: int, *, force: bool = False) -> SessionInfo:
+        """The trainer called: refresh its lease (throttled unless forced)."""
+        info = self.check(session)
+        now = time.monotonic()
+        info.last_call = now
+        if force or now - info.last_refresh >= self.ttl / 6:
+            info.last_refresh = now
+            if await self.keeper.refresh(session) <= 0:
+                raise SessionExpired(session)
+        return info

@@ -1,0 +1,409 @@
+"""The master's etcd store: each state transition is one small transaction.
+
+Every write compares the leader key's creation revision (the election fence), so a
+deposed master that still runs changes nothing (invariant 4). Writes are group-
+committed: many RPCs' transactions ride as nested transactions in one etcd request,
+each with its own compares, so one failed compare never fails the others, and every
+caller is answered only after the request is durable. Keys written by one nested
+transaction never overlap another's in the same request (etcd refuses that).
+
+What this does NOT do: decide anything. The dispatcher decides from its cache of
+`JobState`; this module only makes etcd agree, or says it did not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections import deque
+from dataclasses import dataclass, field
+
+import aetcd
+from aetcd import rpc
+
+from master.config import DatasetSpec
+from master.partition import FileEntry
+from master.state import Assignment
+from paddlecloud.etcd import Leadership
+from paddlecloud.keys import JobKeys, prefix_range_end
+
+logger = logging.getLogger(__name__)
+
+MAX_BATCH = 128          # etcd's default --max-txn-ops
+MAX_FILES_PIECE = 512 * 1024  # bytes of file list per `files/<n>` value (etcd values stay < 1 MiB)
+READ_PAGE = 5000
+
+
+class NotLeader(Exception):
+    """The fence failed: another master leads (or none does). `leader` is its address if known."""
+
+    def __init__(self, leader: str | None) -> None:
+        super().__init__(f"not the leader; the leader is {leader or 'unknown'}")
+        self.leader = leader
+
+
+class StoreUnavailable(Exception):
+    """etcd did not answer; the write's outcome is unknown, so the cache must be rebuilt."""
+
+
+# ---- building blocks ----------------------------------------------------------------
+
+
+def put(key: bytes, value: bytes | str, lease: int = 0) -> rpc.RequestOp:
+    value = value.encode() if isinstance(value, str) else value
+    return rpc.RequestOp(request_put=rpc.PutRequest(key=key, value=value, lease=lease))
+
+
+def delete(key: bytes, range_end: bytes = b"") -> rpc.RequestOp:
+    return rpc.RequestOp(request_delete_range=rpc.DeleteRangeRequest(key=key, range_end=range_end))
+
+
+def delete_prefix(prefix: bytes) -> rpc.RequestOp:
+    return delete(prefix, prefix_range_end(prefix))
+
+
+def value_is(key: bytes, value: bytes | str) -> rpc.Compare:
+    value = value.encode() if isinstance(value, str) else value
+    return rpc.Compare(key=key, target=rpc.Compare.VALUE, result=rpc.Compare.EQUAL, value=value)
+
+
+def version_is(key: bytes, version: int, range_end: bytes = b"") -> rpc.Compare:
+    return rpc.Compare(key=key, range_end=range_end, target=rpc.Compare.VERSION,
+                       result=rpc.Compare.EQUAL, version=version)
+
+
+def mod_revision_is(key: bytes, revision: int) -> rpc.Compare:
+    return rpc.Compare(key=key, target=rpc.Compare.MOD, result=rpc.Compare.EQUAL,
+                       mod_revision=revision)
+
+
+@dataclass
+class _Write:
+    compares: list[rpc.Compare]
+    ops: list[rpc.RequestOp]
+    keys: frozenset[bytes]
+    exclusive: bool
+    future: asyncio.Future[int | None] = field(repr=False)
+
+
+class GroupCommitter:
+    """Queues transactions and sends them to etcd in batches, one batch in flight.
+
+    `commit()` returns the revision of the request when the transaction's compares
+    held (its writes are then durable), None when they did not; it raises NotLeader
+    when the fence failed and StoreUnavailable when etcd did not answer.
+    """
+
+    def __init__(self, client: aetcd.Client, leadership: Leadership, *, timeout: float = 10.0) -> None:
+        self._client = client
+        self._leadership = leadership
+        self._timeout = timeout
+        self._queue: deque[_Write] = deque()
+        self._wakeup = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self.batches = 0
+        self.writes = 0
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="group-commit")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        while self._queue:
+            write = self._queue.popleft()
+            if not write.future.done():
+                write.future.set_exception(StoreUnavailable("master stopping"))
+
+    def submit(self, compares: list[rpc.Compare], ops: list[rpc.RequestOp],
+               keys: frozenset[bytes] = frozenset(), *, exclusive: bool = False,
+               ) -> asyncio.Future[int | None]:
+        """Queues one transaction; the future resolves as `commit()` returns."""
+        future = asyncio.get_running_loop().create_future()
+        self._queue.append(_Write(compares, ops, keys, exclusive, future))
+        self._wakeup.set()
+        return future
+
+    async def commit(self, compares: list[rpc.Compare], ops: list[rpc.RequestOp],
+                     keys: frozenset[bytes] = frozenset(), *, exclusive: bool = False) -> int | None:
+        return await self.submit(compares, ops, keys, exclusive=exclusive)
+
+    @property
+    def idle(self) -> bool:
+        return not self._queue
+
+    def _next_batch(self) -> list[_Write]:
+        batch: list[_Write] = []
+        touched: set[bytes] = set()
+        while self._queue and len(batch) < MAX_BATCH:
+            write = self._queue[0]
+            if write.exclusive and batch:
+                break
+            if touched & write.keys:
+                break  # keep per-key order: the rest waits for the next batch
+            batch.append(self._queue.popleft())
+            touched |= write.keys
+            if write.exclusive:
+                break
+        return batch
+
+    async def _run(self) -> None:
+        while True:
+            await self._wakeup.wait()
+            self._wakeup.clear()
+            while self._queue:
+                batch = self._next_batch()
+                await self._send(batch)
+
+    async def _send(self, batch: list[_Write]) -> None:
+        request = rpc.TxnRequest(
+            compare=[self._leadership.fence()],
+            success=[rpc.RequestOp(request_txn=rpc.TxnRequest(compare=w.compares, success=w.ops))
+                     for w in batch],
+            failure=[rpc.RequestOp(request_range=rpc.RangeRequest(key=self._leadership.key))],
+        )
+        try:
+            reply = await self._client.kvstub.Txn(request, timeout=self._timeout,
+                                                  metadata=self._client.metadata)
+        except Exception as error:  # grpc errors, timeouts: the outcome is unknown
+            failure = StoreUnavailable(f"etcd transaction failed: {error}")
+            for write in batch:
+                if not write.future.done():
+                    write.future.set_exception(failure)
+            return
+        self.batches += 1
+        self.writes += len(batch)
+        if not reply.succeeded:
+            kvs = reply.responses[0].response_range.kvs if reply.responses else []
+            failure = NotLeader(kvs[0].value.decode() if kvs else None)
+            for write in batch:
+                if not write.future.done():
+                    write.future.set_exception(failure)
+            return
+        revision = reply.header.revision
+        for write, result in zip(batch, reply.responses, strict=True):
+            if not write.future.done():
+                write.future.set_result(revision if result.response_txn.succeeded else None)
+
+
+# ---- reading ------------------------------------------------------------------------
+
+
+async def read_range(client: aetcd.Client, key: bytes, range_end: bytes, *,
+                     revision: int = 0, keys_only: bool = False) -> tuple[list, int]:
+    """All key-values in [key, range_end) at one revision, read in pages; returns (kvs, revision)."""
+    await client.connect()
+    kvs: list = []
+    start = key
+    while True:
+        reply = await client.kvstub.Range(
+            rpc.RangeRequest(key=start, range_end=range_end, limit=READ_PAGE,
+                             revision=revision, keys_only=keys_only),
+            timeout=30, metadata=client.metadata,
+        )
+        revision = revision or reply.header.revision
+        kvs.extend(reply.kvs)
+        if not reply.more or not reply.kvs:
+            return kvs, revision
+        start = reply.kvs[-1].key + b"\0"
+
+
+@dataclass
+class Snapshot:
+    """What etcd holds of one job, read at one revision."""
+
+    revision: int
+    spec: DatasetSpec | None = None
+    files: list[FileEntry] = field(default_factory=list)
+    epoch: int | None = None
+    phase: str | None = None
+    trainers: dict[str, int] = field(default_factory=dict)        # trainer id -> session
+    superseded: dict[int, str] = field(default_factory=dict)      # old session -> trainer id
+    assignments: dict[int, Assignment] = field(default_factory=dict)
+    done: list[int] = field(default_factory=list)
+    failures: dict[int, int] = field(default_factory=dict)
+    pservers: dict[int, str] = field(default_factory=dict)
+
+
+def encode_assignment(a: Assignment, epoch: int) -> bytes:
+    return json.dumps({"session": a.session, "trainer": a.trainer, "epoch": epoch,
+                       "deadline": a.deadline}, separators=(",", ":")).encode()
+
+
+class EtcdStore:
+    """The job's keys in etcd, and the one transaction each transition takes."""
+
+    def __init__(self, client: aetcd.Client, keys: JobKeys, leadership: Leadership) -> None:
+        self.client = client
+        self.keys = keys
+        self.leadership = leadership
+        self.committer = GroupCommitter(client, leadership)
+
+    async def start(self) -> None:
+        self.committer.start()
+
+    async def stop(self) -> None:
+        await self.committer.stop()
+
+    # -- reading --
+
+    async def load(self) -> Snapshot:
+        kvs, revision = await read_range(self.client, self.keys.prefix,
+                                         prefix_range_end(self.keys.prefix))
+        snap = Snapshot(revision=revision)
+        plen = len(self.keys.prefix)
+        pieces: list[tuple[bytes, bytes]] = []
+        for kv in kvs:
+            parts = kv.key[plen:].decode().split("/")
+            kind = parts[0]
+            if kind == "spec":
+                snap.spec = DatasetSpec.from_json(kv.value)
+            elif kind == "files":
+                pieces.append((kv.key, kv.value))
+            elif kind == "epoch":
+                snap.epoch = int(kv.value)
+            elif kind == "phase":
+                snap.phase = kv.value.decode()
+            elif kind == "trainers":
+                snap.trainers["/".join(parts[1:])] = int(kv.value)
+            elif kind == "superseded":
+                snap.superseded[int(parts[1])] = kv.value.decode()
+            elif kind == "assign":
+                raw = json.loads(kv.value)
+                snap.assignments[int(parts[1])] = Assignment(
+                    session=raw["session"], trainer=raw["trainer"],
+                    attempt=kv.mod_revision, deadline=raw["deadline"])
+            elif kind == "pservers":
+                snap.pservers[int(parts[1])] = kv.value.decode()
+            elif kind in ("done", "failures"):
+                pass  # read below, once the epoch is known
+        for _, value in sorted(pieces):
+            snap.files.extend(FileEntry(p, s) for p, s in json.loads(value))
+        if snap.epoch is not None:
+            for kv in kvs:
+                rest = kv.key[plen:]
+                if rest.startswith(f"done/{snap.epoch}/".encode()):
+                    snap.done.append(self.keys.task_of(kv.key))
+                elif rest.startswith(f"failures/{snap.epoch}/".encode()):
+                    snap.failures[self.keys.task_of(kv.key)] = int(kv.value)
+        return snap
+
+    # -- dataset --
+
+    async def freeze_dataset(self, spec: DatasetSpec, files: list[FileEntry], *, epoch: int) -> bool:
+        """Writes the file list, then the spec and epoch; False if a spec was there already."""
+        encoded = [[f.path, f.size] for f in files]
+        pieces: list[list] = [[]]
+        size = 0
+        for item in encoded:
+            item_size = len(json.dumps(item)) + 1
+            if size + item_size > MAX_FILES_PIECE and pieces[-1]:
+                pieces.append([])
+                size = 0
+            pieces[-1].append(item)
+            size += item_size
+        await self.commit([], [delete_prefix(self.keys.kind_prefix("files"))], exclusive=True)
+        for n, piece in enumerate(pieces):
+            await self.commit([version_is(self.keys.spec, 0)],
+                              [put(self.keys.files(n), json.dumps(piece, separators=(",", ":")))],
+                              exclusive=True)
+        revision = await self.commit(
+            [version_is(self.keys.spec, 0)],
+            [put(self.keys.spec, spec.to_json()), put(self.keys.epoch, str(epoch)),
+             put(self.keys.phase, "Running")],
+            exclusive=True,
+        )
+        return revision is not None
+
+    # -- tasks --
+
+    async def commit(self, compares: list[rpc.Compare], ops: list[rpc.RequestOp],
+                     keys: frozenset[bytes] = frozenset(), *, exclusive: bool = False) -> int | None:
+        return await self.committer.commit(compares, ops, keys, exclusive=exclusive)
+
+    def assign(self, task: int, epoch: int, assignment: Assignment) -> asyncio.Future[int | None]:
+        """Resolves to the attempt (the revision of the write), or None if the session or task moved."""
+        k = self.keys
+        return self.committer.submit(
+            [value_is(k.trainer(assignment.trainer), str(assignment.session)),
+             version_is(k.assign(task), 0), version_is(k.done(epoch, task), 0),
+             value_is(k.epoch, str(epoch))],
+            [put(k.assign(task), encode_assignment(assignment, epoch), lease=assignment.session)],
+            frozenset([k.assign(task)]),
+        )
+
+    def finish(self, task: int, epoch: int, attempt: int) -> asyncio.Future[int | None]:
+        """Counts the task done for `epoch` iff `attempt` is its live assignment (invariant 2)."""
+        k = self.keys
+        return self.committer.submit(
+            [mod_revision_is(k.assign(task), attempt), version_is(k.done(epoch, task), 0)],
+            [put(k.done(epoch, task), ""), delete(k.assign(task))],
+            frozenset([k.assign(task), k.done(epoch, task)]),
+        )
+
+    def fail(self, task: int, epoch: int, attempt: int, *,
+             failures_before: int) -> asyncio.Future[int | None]:
+        k = self.keys
+        return self.committer.submit(
+            [mod_revision_is(k.assign(task), attempt),
+             version_is(k.failures(epoch, task), failures_before)],
+            [put(k.failures(epoch, task), str(failures_before + 1)), delete(k.assign(task))],
+            frozenset([k.assign(task), k.failures(epoch, task)]),
+        )
+
+    def release(self, task: int, attempt: int) -> asyncio.Future[int | None]:
+        k = self.keys
+        return self.committer.submit([mod_revision_is(k.assign(task), attempt)],
+                                     [delete(k.assign(task))], frozenset([k.assign(task)]))
+
+    async def advance_epoch(self, epoch: int, *, num_epochs: int) -> bool:
+        """Ends `epoch`: only if no assignment is live; old marks are deleted."""
+        k = self.keys
+        assign_prefix = k.kind_prefix("assign")
+        ops = [put(k.epoch, str(epoch + 1)), delete_prefix(k.kind_prefix("done")),
+               delete_prefix(k.kind_prefix("failures"))]
+        if epoch + 1 >= num_epochs:
+            ops.append(put(k.phase, "Succeeded"))
+        return await self.commit(
+            [value_is(k.epoch, str(epoch)),
+             version_is(assign_prefix, 0, prefix_range_end(assign_prefix))],
+            ops, exclusive=True,
+        ) is not None
+
+    async def fail_job(self, epoch: int) -> bool:
+        k = self.keys
+        return await self.commit([value_is(k.epoch, str(epoch))], [put(k.phase, "Failed")],
+                                 exclusive=True) is not None
+
+    async def restart_epoch(self, epoch: int) -> bool:
+        k = self.keys
+        return await self.commit(
+            [],
+            [put(k.epoch, str(epoch)), put(k.phase, "Running"),
+             delete_prefix(k.kind_prefix("done")), delete_prefix(k.kind_prefix("failures")),
+             delete_prefix(k.kind_prefix("assign"))],
+            exclusive=True,
+        ) is not None
+
+    async def set_phase(self, phase: str) -> None:
+        await self.commit([], [put(self.keys.phase, phase)], frozenset([self.keys.phase]))
+
+    # -- sessions --
+
+    async def open_session(self, trainer: str, session: int, *, superseded: int | None) -> bool:
+        """Binds `trainer` to the new session; the superseded one is remembered on the new lease."""
+        k = self.keys
+        ops = [put(k.trainer(trainer), str(session), lease=session)]
+        if superseded:
+            ops.append(put(k.superseded(superseded), trainer, lease=session))
+        return await self.commit([], ops, frozenset([k.trainer(trainer)])) is not None
+
+    async def grant_save_model(self, trainer: str, lease: int) -> bool:
+        k = self.keys
+        return await self.commit([version_is(k.save_model, 0)],
+                                 [put(k.save_model, trainer, lease=lease)],
+                                 frozenset([k.save_model])) is not None

@@ -1,0 +1,108 @@
+"""Helpers to run real master processes in tests and talk to them over real gRPC."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from paddlecloud.api import pb, pb_grpc
+from paddlecloud.etcd_server import free_port
+
+
+class MasterProcess:
+    """`paddlecloud master` as a child process, with its log in `log_path`."""
+
+    def __init__(self, *, job: str, etcd: str, tmp: Path, args: tuple[str, ...] = (),
+                 name: str = "master", port: int | None = None) -> None:
+        self.job = job
+        self.etcd = etcd
+        self.port = port or free_port()
+        self.address = f"127.0.0.1:{self.port}"
+        self.args = args
+        self.log_path = tmp / f"{name}-{self.port}.log"
+        self.process: subprocess.Popen | None = None
+
+    def command(self) -> list[str]:
+        return [sys.executable, "-m", "paddlecloud", "master", "--job", self.job,
+                "--etcd-endpoints", self.etcd, "--port", str(self.port), "--host", "127.0.0.1",
+                "--advertise", self.address, *self.args]
+
+    def start(self) -> MasterProcess:
+        log = open(self.log_path, "ab")
+        self.process = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
+                                        env=dict(os.environ, PYTHONUNBUFFERED="1"))
+        log.close()
+        return self
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def signal(self, sig: int) -> None:
+        if self.process and self.process.poll() is None:
+            self.process.send_signal(sig)
+
+    def kill(self) -> None:
+        self.signal(signal.SIGKILL)
+        if self.process:
+            self.process.wait(timeout=30)
+
+    def stop(self) -> int | None:
+        if self.process is None:
+            return None
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGCONT)
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=15)
+        return self.process.returncode
+
+
+async def wait_serving(address: str, *, timeout: float = 30.0, process: MasterProcess | None = None) -> None:
+    """Waits until the gRPC health check at `address` answers SERVING."""
+    deadline = time.monotonic() + timeout
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        while time.monotonic() < deadline:
+            if process is not None and process.process.poll() is not None:
+                raise AssertionError(f"master exited with {process.process.returncode}:\n{process.log()}")
+            try:
+                reply = await stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=1)
+                if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+            except grpc.aio.AioRpcError:
+                pass
+            await asyncio.sleep(0.05)
+    log = process.log() if process else ""
+    raise AssertionError(f"master at {address} not serving after {timeout}s\n{log}")
+
+
+async def wait_for(predicate, *, timeout: float = 30.0, interval: float = 0.05, message: str = "") -> None:
+    """Polls an async or plain predicate until it is truthy, failing after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if asyncio.iscoroutine(value):
+            value = await value
+        if value:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met after {timeout}s: {message}")
+        await asyncio.sleep(interval)
+
+
+def stub(channel: grpc.aio.Channel) -> pb_grpc.MasterStub:
+    return pb_grpc.MasterStub(channel)
+
+
+__all__ = ["MasterProcess", "wait_serving", "wait_for", "stub", "pb"]

@@ -1,0 +1,326 @@
+"""Checkpoints of a trainer's state, with the EDL ``TrainStatus`` contract.
+
+``save_checkpoint(path, state, TrainStatus(epoch))`` writes one *version* directory
+``<path>/checkpoint-<epoch:08d>`` holding ``state.pkl`` (the state mapping, pickled
+with protocol 5) and ``meta.json`` (epoch, time, format version, size of the state),
+written in that order into a hidden ``.tmp-<ms>-<hex>`` directory that is renamed
+into place only when complete. ``load_checkpoint`` returns the newest complete
+version; ``latest_train_status`` reads only its ``meta.json`` so launchers can pass
+``--start-epoch = TrainStatus.next()`` cheaply.
+
+Paddle users convert tensors with ``.numpy()`` before saving (the Paddle integration
+does that); anything picklable works, but unpickling runs code, so only load
+checkpoints you wrote.
+
+Guarantees: on local file systems the rename is ``os.replace`` (atomic, then the
+directory is fsynced) and on ``memory://`` it is a single in-process move: a process
+killed at any point leaves the previous versions loadable, and a half-written
+directory is never loaded. Re-saving an existing epoch first moves the old version
+aside (``.replaced-...``), where ``load_checkpoint`` still finds it if the process dies
+before the new one is in place. Not guaranteed: on object stores (``s3://``, ``gs://``)
+a "rename" is a copy; a torn copy is detected (``meta.json`` records the state's size)
+and skipped, so a crash there may fall back to an older epoch. One saver per directory
+at a time is assumed. "Newest" means the highest epoch, not the latest write.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import pickle
+import posixpath
+import re
+import time
+import uuid
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from itertools import islice
+from typing import Any
+
+import fsspec
+from fsspec.implementations.local import LocalFileSystem
+
+logger = logging.getLogger(__name__)
+
+FORMAT_VERSION = 1
+STATE_FILE = "state.pkl"
+META_FILE = "meta.json"
+#: A ``.tmp-*`` directory older than this is a dead saver's leftover and gets deleted.
+STALE_TMP_SECONDS = 600.0
+
+_PRIMARY = re.compile(r"^checkpoint-(\d{8,})$")
+_REPLACED = re.compile(r"^\.replaced-checkpoint-(\d{8,})-[0-9a-f]+$")
+_TMP = re.compile(r"^\.tmp-(\d+)-[0-9a-f]+$")
+
+
+class CheckpointError(Exception):
+    """A checkpoint cannot be written or read; the message names the directory."""
+
+
+@dataclass(frozen=True)
+class TrainStatus:
+    """The training progress saved with a checkpoint: the last *finished* epoch."""
+
+    epoch: int
+
+    def __post_init__(self) -> None:
+        if isinstance(self.epoch, bool) or not isinstance(self.epoch, int) or self.epoch < 0:
+            raise ValueError(f"invalid TrainStatus epoch {self.epoch!r}: need an int >= 0")
+
+    def next(self) -> int:
+        """The epoch to resume at."""
+        return self.epoch + 1
+
+
+@dataclass(frozen=True)
+class _Dir:
+    """A checkpoint directory: its file system, its path there, and the path the user gave."""
+
+    fs: fsspec.AbstractFileSystem
+    root: str
+    url: str
+
+    @classmethod
+    def of(cls, path: str) -> _Dir:
+        fs, root = fsspec.core.url_to_fs(path)
+        return cls(fs, root.rstrip("/"), path.rstrip("/"))
+
+    @property
+    def local(self) -> bool:
+        return isinstance(self.fs, LocalFileSystem)
+
+    def path(self, *names: str) -> str:
+        """The file system path of ``names`` inside the directory."""
+        return "/".join([self.root, *names])
+
+    def show(self, *names: str) -> str:
+        """``names`` inside the directory as the user spells it (for messages)."""
+        return "/".join([self.url, *names])
+
+
+@dataclass(frozen=True)
+class _Entry:
+    """A version directory: a primary ``checkpoint-N`` or a ``.replaced-`` one set aside."""
+
+    name: str
+    epoch: int
+    primary: bool
+
+
+def save_checkpoint(
+    path: str, state: Mapping[str, Any], train_status: TrainStatus, *, keep: int = 3
+) -> str:
+    """Writes a new version under ``path``, keeps the newest ``keep``; returns the version's path.
+
+    Raises CheckpointError naming the directory when writing fails (the previous
+    versions are untouched), TypeError/ValueError for bad arguments, and whatever
+    pickle raises for an unpicklable state.
+    """
+    _check_save_args(state, train_status, keep)
+    d = _Dir.of(path)
+    name = f"checkpoint-{train_status.epoch:08d}"
+    tmp = f".tmp-{int(time.time() * 1000)}-{uuid.uuid4().hex}"
+    try:
+        d.fs.makedirs(d.path(tmp), exist_ok=True)
+        size = _write_state(d, d.path(tmp, STATE_FILE), state)
+        meta = {
+            "format_version": FORMAT_VERSION,
+            "epoch": train_status.epoch,
+            "time": time.time(),
+            "state_bytes": size,
+        }
+        _write_bytes(d, d.path(tmp, META_FILE), json.dumps(meta).encode())
+        _install(d, tmp, name)
+    except OSError as e:
+        raise CheckpointError(f"cannot save {d.show(name)}: {e}") from e
+    logger.info("saved checkpoint %s (%d bytes of state)", d.show(name), size)
+    _prune(d, keep=keep, protect=name)
+    return d.show(name)
+
+
+def load_checkpoint(path: str) -> tuple[dict[str, Any], TrainStatus] | None:
+    """The state and TrainStatus of the newest complete version, or None if there is none.
+
+    Raises CheckpointError naming the file when the newest complete version does not
+    unpickle (e.g. a class it refers to is gone): it does not silently fall back.
+    """
+    d = _Dir.of(path)
+    found = next(_complete_versions(d), None)
+    if found is None:
+        return None
+    entry, meta = found
+    try:
+        with d.fs.open(d.path(entry.name, STATE_FILE), "rb") as f:
+            state = pickle.load(f)
+    except Exception as e:
+        raise CheckpointError(
+            f"cannot load checkpoint {d.show(entry.name, STATE_FILE)}: {type(e).__name__}: {e}"
+        ) from e
+    if not isinstance(state, dict):
+        raise CheckpointError(
+            f"{d.show(entry.name, STATE_FILE)} holds a {type(state).__name__}, not a dict"
+        )
+    return state, TrainStatus(meta["epoch"])
+
+
+def latest_train_status(path: str) -> TrainStatus | None:
+    """The TrainStatus of the newest complete version (reads only meta.json), or None."""
+    found = next(_complete_versions(_Dir.of(path)), None)
+    return None if found is None else TrainStatus(found[1]["epoch"])
+
+
+# --- writing ---------------------------------------------------------------------------
+
+
+def _check_save_args(state: Any, train_status: Any, keep: Any) -> None:
+    if not isinstance(state, Mapping):
+        raise TypeError(f"checkpoint state must be a Mapping, not {type(state).__name__}")
+    if not isinstance(train_status, TrainStatus):
+        raise TypeError(f"train_status must be a TrainStatus, not {train_status!r}")
+    if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
+        raise ValueError(f"invalid keep={keep!r}: need an int >= 1")
+
+
+def _write_state(d: _Dir, file: str, state: Mapping[str, Any]) -> int:
+    with d.fs.open(file, "wb") as f:
+        pickle.dump(dict(state), f, protocol=5)
+        _fsync(d, f)
+    return int(d.fs.size(file))
+
+
+def _write_bytes(d: _Dir, file: str, data: bytes) -> None:
+    with d.fs.open(file, "wb") as f:
+        f.write(data)
+        _fsync(d, f)
+
+
+def _fsync(d: _Dir, f: Any) -> None:
+    """On local disks, flushes ``f`` to stable storage (a power cut must not tear it)."""
+    if d.local:
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _install(d: _Dir, tmp: str, name: str) -> None:
+    """Renames the complete ``tmp`` to ``name``; an existing version is set aside first."""
+    if not d.fs.exists(d.path(name)):
+        _rename(d, tmp, name)
+        return
+    aside = f".replaced-{name}-{uuid.uuid4().hex}"
+    _rename(d, name, aside)
+    _rename(d, tmp, name)
+    _remove(d, aside)
+
+
+def _rename(d: _Dir, src: str, dst: str) -> None:
+    if d.local:
+        os.replace(d.path(src), d.path(dst))
+        _fsync_dir(d.root)
+    else:
+        d.fs.mv(d.path(src), d.path(dst), recursive=True)
+
+
+def _fsync_dir(directory: str) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _remove(d: _Dir, name: str) -> None:
+    try:
+        d.fs.rm(d.path(name), recursive=True)
+    except OSError as e:
+        logger.warning("cannot delete old checkpoint data %s: %s", d.show(name), e)
+
+
+def _prune(d: _Dir, *, keep: int, protect: str) -> None:
+    """Deletes all but the newest ``keep`` versions (never ``protect``) and stale temp dirs."""
+    try:
+        newest = [entry.name for entry, _ in islice(_complete_versions(d), keep)]
+    except CheckpointError as e:
+        logger.warning("not pruning checkpoints in %s: %s", d.url, e)
+        return
+    if protect not in newest:
+        logger.warning(
+            "saved %s, but the %d newest versions in %s are of later epochs: it will not be loaded",
+            protect, keep, d.url,
+        )
+    kept = {protect, *newest}
+    for entry in _entries(d):
+        if entry.name not in kept:
+            logger.info("deleting old checkpoint %s", d.show(entry.name))
+            _remove(d, entry.name)
+    for tmp in _stale_tmp_dirs(d):
+        logger.info("deleting stale checkpoint temp dir %s", d.show(tmp))
+        _remove(d, tmp)
+
+
+# --- reading ---------------------------------------------------------------------------
+
+
+def _names(d: _Dir) -> list[str]:
+    try:
+        listing = d.fs.ls(d.root, detail=False)
+    except FileNotFoundError:
+        return []
+    return [posixpath.basename(p.rstrip("/")) for p in listing]
+
+
+def _entries(d: _Dir) -> list[_Entry]:
+    """Every version directory, best first: higher epoch first, a primary before its aside."""
+    entries = []
+    for name in _names(d):
+        if m := _PRIMARY.match(name):
+            entries.append(_Entry(name, int(m.group(1)), primary=True))
+        elif m := _REPLACED.match(name):
+            entries.append(_Entry(name, int(m.group(1)), primary=False))
+    return sorted(entries, key=lambda e: (-e.epoch, not e.primary, e.name))
+
+
+def _stale_tmp_dirs(d: _Dir) -> list[str]:
+    now_ms = time.time() * 1000
+    return [
+        name
+        for name in _names(d)
+        if (m := _TMP.match(name)) and now_ms - int(m.group(1)) > STALE_TMP_SECONDS * 1000
+    ]
+
+
+def _complete_versions(d: _Dir) -> Iterator[tuple[_Entry, dict[str, Any]]]:
+    """The complete version of each epoch (its primary, else an aside), newest first."""
+    done: set[int] = set()
+    for entry in _entries(d):
+        if entry.epoch in done:
+            continue
+        meta = _complete_meta(d, entry)
+        if meta is not None:
+            done.add(entry.epoch)
+            yield entry, meta
+
+
+def _complete_meta(d: _Dir, entry: _Entry) -> dict[str, Any] | None:
+    """The version's meta if it is complete (meta.json valid, state.pkl of its size)."""
+    try:
+        with d.fs.open(d.path(entry.name, META_FILE), "rb") as f:
+            meta = json.loads(f.read())
+        state_bytes = int(d.fs.size(d.path(entry.name, STATE_FILE)))
+    except (OSError, ValueError) as e:
+        logger.warning("skipping incomplete checkpoint %s: %s", d.show(entry.name), e)
+        return None
+    version = meta.get("format_version") if isinstance(meta, dict) else None
+    if version != FORMAT_VERSION:
+        raise CheckpointError(
+            f"{d.show(entry.name, META_FILE)}: unsupported checkpoint format version "
+            f"{version!r} (this paddlecloud reads version {FORMAT_VERSION})"
+        )
+    if meta.get("epoch") != entry.epoch or meta.get("state_bytes") != state_bytes:
+        logger.warning(
+            "skipping torn checkpoint %s: meta.json says epoch %r, %r bytes; found %d, %d",
+            d.show(entry.name), meta.get("epoch"), meta.get("state_bytes"),
+            entry.epoch, state_bytes,
+        )
+        return None
+    return meta
