@@ -165,7 +165,10 @@ class Dispatcher:
         await self.store.start()
         await self._load()
         if self.spec is None and self.config.dataset is not None:
-            await self._adopt_dataset(self.config.dataset, from_flags=True)
+            try:
+                await self._adopt_dataset(self.config.dataset)
+            except (InvalidArgument, FailedPrecondition) as error:
+                raise SpecError(str(error)) from None  # bad flags: fatal, not retried
         elif self.spec is not None and self.config.dataset is not None:
             given = self.config.dataset.filled()
             if given != self.spec:
@@ -301,7 +304,7 @@ class Dispatcher:
                 with contextlib.suppress(Exception):
                     await self.client.revoke_lease(lease.id)
                 raise
-            self.sessions.add(trainer, lease.id)
+            self.sessions.add(trainer, lease.id, supersedes=old)
             logger.info("trainer %s registered: session %d%s", trainer, lease.id,
                         f" (supersedes {old})" if old else "")
             state = self.state
@@ -615,9 +618,9 @@ class Dispatcher:
 
     async def set_dataset(self, spec: DatasetSpec) -> int:
         async with self._op():
-            return await self._adopt_dataset(spec, from_flags=False)
+            return await self._adopt_dataset(spec)
 
-    async def _adopt_dataset(self, spec: DatasetSpec, *, from_flags: bool) -> int:
+    async def _adopt_dataset(self, spec: DatasetSpec) -> int:
         try:
             filled = spec.filled()
         except SpecError as error:

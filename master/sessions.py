@@ -57,15 +57,13 @@ class SessionRegistry:
         self.by_trainer = dict(trainers)
         self.superseded = dict(superseded)
 
-    def add(self, trainer: str, session: int) -> int | None:
-        """Records a new session; returns the session it supersedes, if any."""
-        old = self.by_trainer.get(trainer)
-        if old is not None:
-            self.by_session.pop(old, None)
-            self.superseded[old] = trainer
+    def add(self, trainer: str, session: int, *, supersedes: int | None) -> None:
+        """Records a new session of `trainer`, and the older session it replaced."""
+        if supersedes is not None:
+            self.by_session.pop(supersedes, None)
+            self.superseded[supersedes] = trainer
         self.by_trainer[trainer] = session
         self.by_session[session] = SessionInfo(session, trainer, last_refresh=time.monotonic())
-        return old
 
     def remove(self, session: int) -> SessionInfo | None:
         info = self.by_session.pop(session, None)

@@ -33,3 +33,21 @@ def job_name(request) -> str:
     """A job name no other test uses, so tests sharing the etcd never see each other's keys."""
     base = request.node.name.lower().replace("_", "-")[:30].strip("-")
     return f"{base}-{os.getpid()}-{next(_counter)}-{uuid.uuid4().hex[:4]}"
+
+
+@pytest.fixture
+def start_master(tmp_path, etcd_endpoint, job_name):
+    """Starts real `paddlecloud master` processes for this test's job; stops them after."""
+    from masters import MasterProcess
+
+    started = []
+
+    def start(*args: str, job: str | None = None, name: str = "master", port: int | None = None):
+        master = MasterProcess(job=job or job_name, etcd=etcd_endpoint, tmp=tmp_path, args=args,
+                               name=name, port=port).start()
+        started.append(master)
+        return master
+
+    yield start
+    for master in started:
+        master.stop()

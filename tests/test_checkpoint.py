@@ -87,6 +87,14 @@ def test_the_newest_epoch_wins_and_keep_prunes(ckpt_dir):
     assert load_checkpoint(ckpt_dir) == ({"epoch": 4}, TrainStatus(4))
 
 
+def test_saving_an_older_epoch_keeps_it_but_loads_the_newest(ckpt_dir):
+    save_checkpoint(ckpt_dir, {"epoch": 5}, TrainStatus(5), keep=1)
+    version = save_checkpoint(ckpt_dir, {"epoch": 2}, TrainStatus(2), keep=1)
+    assert _names(ckpt_dir) == ["checkpoint-00000002", "checkpoint-00000005"]
+    assert version.endswith("checkpoint-00000002")
+    assert load_checkpoint(ckpt_dir) == ({"epoch": 5}, TrainStatus(5))
+
+
 def test_resaving_an_epoch_replaces_it(ckpt_dir):
     save_checkpoint(ckpt_dir, {"v": "old"}, TrainStatus(1))
     save_checkpoint(ckpt_dir, {"v": "new"}, TrainStatus(1))
@@ -119,12 +127,17 @@ def test_missing_or_empty_dir_has_no_checkpoint(ckpt_dir):
 def test_temp_and_torn_versions_are_ignored(ckpt_dir):
     save_checkpoint(ckpt_dir, {"good": True}, TrainStatus(1))
     state = b"\x80\x05}\x94."  # a pickled {} of 5 bytes
-    meta = json.dumps({"format_version": 1, "epoch": 9, "time": 0, "state_bytes": 5}).encode()
+
+    def meta(epoch: int) -> bytes:
+        fields = {"format_version": 1, "epoch": epoch, "time": 0, "state_bytes": 5}
+        return json.dumps(fields).encode()
+
     now_ms = int(time.time() * 1000)
-    _put(ckpt_dir, f".tmp-{now_ms}-abc", {"state.pkl": state, "meta.json": meta})
+    _put(ckpt_dir, f".tmp-{now_ms}-abc", {"state.pkl": state, "meta.json": meta(9)})
     _put(ckpt_dir, "checkpoint-00000009", {"state.pkl": state})  # no meta.json
-    _put(ckpt_dir, "checkpoint-00000008", {"state.pkl": state[:3], "meta.json": meta})
+    _put(ckpt_dir, "checkpoint-00000008", {"state.pkl": state[:3], "meta.json": meta(8)})
     _put(ckpt_dir, "checkpoint-00000007", {"state.pkl": state, "meta.json": b"{trunc"})
+    _put(ckpt_dir, "checkpoint-00000006", {"state.pkl": state, "meta.json": meta(5)})
     assert load_checkpoint(ckpt_dir) == ({"good": True}, TrainStatus(1))
     assert latest_train_status(ckpt_dir) == TrainStatus(1)
 
@@ -140,6 +153,7 @@ def test_stale_temp_dirs_are_deleted_fresh_ones_kept(ckpt_dir):
 
 
 def test_a_crash_between_the_renames_keeps_the_old_version_loadable(ckpt_dir, monkeypatch):
+    save_checkpoint(ckpt_dir, {"v": "older"}, TrainStatus(3))
     save_checkpoint(ckpt_dir, {"v": "old"}, TrainStatus(4))
     real_rename = checkpoint._rename
     calls = []
@@ -158,8 +172,12 @@ def test_a_crash_between_the_renames_keeps_the_old_version_loadable(ckpt_dir, mo
     assert latest_train_status(ckpt_dir) == TrainStatus(4)
 
     monkeypatch.setattr(checkpoint, "_rename", real_rename)
-    save_checkpoint(ckpt_dir, {"v": "next"}, TrainStatus(5), keep=1)
-    assert [n for n in _names(ckpt_dir) if not n.startswith(".tmp-")] == ["checkpoint-00000005"]
+    save_checkpoint(ckpt_dir, {"v": "new"}, TrainStatus(4), keep=2)
+    # the set-aside copy of epoch 4 is not a version of its own: epoch 3 stays
+    assert [n for n in _names(ckpt_dir) if not n.startswith(".tmp-")] == [
+        "checkpoint-00000003", "checkpoint-00000004"
+    ]
+    assert load_checkpoint(ckpt_dir) == ({"v": "new"}, TrainStatus(4))
 
 
 def test_an_unloadable_newest_version_is_an_error_not_a_fallback(ckpt_dir):
@@ -167,7 +185,8 @@ def test_an_unloadable_newest_version_is_an_error_not_a_fallback(ckpt_dir):
     version = save_checkpoint(ckpt_dir, {"v": 2}, TrainStatus(2))
     garbage = b"not a pickle"
     meta = {"format_version": 1, "epoch": 2, "time": 0, "state_bytes": len(garbage)}
-    _put(ckpt_dir, "checkpoint-00000002", {"state.pkl": garbage, "meta.json": json.dumps(meta).encode()})
+    files = {"state.pkl": garbage, "meta.json": json.dumps(meta).encode()}
+    _put(ckpt_dir, "checkpoint-00000002", files)
     with pytest.raises(CheckpointError, match=f"{version}/state.pkl"):
         load_checkpoint(ckpt_dir)
 
@@ -216,7 +235,8 @@ def test_sigkill_during_save_keeps_the_previous_checkpoint(tmp_path, epoch):
     good = {"weights": list(range(1000)), "note": "good"}
     save_checkpoint(ckpt, good, TrainStatus(3))
     flag = tmp_path / "mid-write"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    pythonpath = os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])
+    env = {**os.environ, "PYTHONPATH": pythonpath}
     proc = subprocess.Popen(
         [sys.executable, "-c", _SAVER, ckpt, str(flag), str(epoch)],
         stdin=subprocess.PIPE, stderr=subprocess.PIPE, env=env,

@@ -94,6 +94,7 @@ def test_any_cut_yields_every_record_exactly_once(where, data, file, tmp_path_fa
         with mock.patch.object(readers, "BLOCK_SIZE", block):
             assert _read_cut(path, len(raw), chunk) == records
             assert _read(path, 0, len(raw)) == records
+            assert _read(path, 0, len(raw) + 5) == records  # an end past EOF is harmless
     finally:
         if where == "memory":
             fsspec.filesystem("memory").rm(path)

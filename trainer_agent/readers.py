@@ -19,14 +19,14 @@ path and, where known, the byte offset; the task client reports it as ``TaskFail
 Not guaranteed: records are not parsed (a CSV line is one string; quoted newlines in
 CSV fields are *not* supported, they split the record); a UTF-8 byte-order mark is
 kept in the first record; a lone ``\\r`` is not a line terminator; a file that
-changes while it is read gives undefined (but never duplicated-by-design) records;
-decode-error offsets in compressed files count bytes of the decompressed stream.
+changes after the master listed it gives undefined records (the master freezes sizes,
+not contents); decode-error offsets in compressed files count decompressed bytes.
+Nothing here logs: every problem is an exception for the caller to report.
 """
 
 from __future__ import annotations
 
 import io
-import logging
 import lzma
 import zlib
 from collections.abc import Callable, Iterator, Mapping
@@ -37,8 +37,6 @@ import fsspec
 from fsspec.core import OpenFile, split_protocol
 from fsspec.registry import known_implementations
 from fsspec.utils import infer_compression
-
-logger = logging.getLogger(__name__)
 
 #: Size of the block reads of the ``lines`` reader (a module attribute so tests can shrink it).
 BLOCK_SIZE = 1 << 20
@@ -167,7 +165,7 @@ def known_formats() -> list[str]:
 def get_reader(name: str) -> Reader:
     """The reader registered under ``name``; UnknownFormatError lists the known ones."""
     try:
-        return _REGISTRY[name.lower()]
+        return _REGISTRY[str(name).lower()]
     except KeyError:
         raise UnknownFormatError(
             f"unknown data format {name!r}; known formats: {', '.join(known_formats())}"
@@ -214,14 +212,15 @@ def read_chunk(chunk: ChunkRef | ChunkLike | Mapping[str, Any], fmt: str) -> Ite
 
 
 def _read(reader: Reader, ref: ChunkRef) -> Iterator[Record]:
-    whole = not reader.splittable or is_compressed(ref.path)
+    compressed = is_compressed(ref.path)
+    whole = not reader.splittable or compressed
     if whole and ref.begin != 0:
+        why = "it is compressed" if compressed else f"format {reader.name!r} reads whole files"
         raise ChunkReadError(
             f"{ref.path}: chunk [{ref.begin}, {ref.end}) starts inside a file that cannot "
-            f"be split (format {reader.name!r}{', compressed' if is_compressed(ref.path) else ''}); "
-            "its chunk must start at 0"
+            f"be split ({why}); its chunk must start at 0"
         )
-    decompress = whole and reader.decompress and is_compressed(ref.path)
+    decompress = compressed and reader.decompress
     fs, fspath = resolve_filesystem(ref.path)
     effective = ChunkRef(ref.path, 0, _WHOLE) if whole else ref
     try:

@@ -1,0 +1,435 @@
+"""`JobSpec`: everything a paddlecloud job on Kubernetes needs, in one frozen value.
+
+The CLI builds a `JobSpec` from `paddlecloud job submit` flags or from a
+paddle-operator `PaddleJob` YAML (`from_paddlejob`), checks it (`validate`), and
+stores it as YAML in the job's ConfigMap (`to_yaml`); the master reads it back with
+`--job-spec` (`from_yaml`) and renders the pservers and trainers from it
+(`paddlecloud.k8s.manifests`).
+
+What this does NOT guarantee: that the image, the claim, the scheduler or the
+module named here exist in the cluster — only the API server and the kubelet can
+tell. Raw pod templates from a `PaddleJob` are kept as given (dicts, to be treated
+as read-only) and are checked by the API server, not here.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import logging
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+logger = logging.getLogger(__name__)
+
+SPEC_VERSION = 1
+DEFAULT_IMAGE = "paddlecloud/paddlecloud:0.1.0"
+DEFAULT_ETCD_ENDPOINTS = "http://paddlecloud-etcd:2379"  # the client Service of deploy/etcd.yaml
+MAX_NAME_LENGTH = 40  # pod names add suffixes such as "-trainer-12" and must stay within 63
+
+CLEAN_POD_POLICIES = ("Always", "OnFailure", "OnCompletion", "Never")
+# paddle-operator spells the host-network mode "Host"; the issue calls it "HostNetwork".
+INTRANETS = ("PodIP", "Service", "HostNetwork")
+_INTRANET_ALIASES = {"Host": "HostNetwork"}
+
+PADDLEJOB_API_VERSION = "batch.paddlepaddle.org/v1"
+PADDLEJOB_KIND = "PaddleJob"
+
+# Environment variables paddlecloud injects itself (DESIGN.md section 8); a user's
+# `-e` may not set them, since two values for one name would silently fight.
+RESERVED_ENV = frozenset({
+    "TRAINING_ROLE", "PADDLE_TRAINING_ROLE", "PADDLE_TRAINER_ID", "PADDLE_TRAINERS_NUM",
+    "PADDLE_PSERVERS_IP_PORT_LIST", "PADDLE_PSERVERS_NUM", "PADDLE_PORT", "POD_IP", "POD_NAME",
+    "PADDLE_PSERVER_ID", "PADDLE_TRAINER_ENDPOINTS", "PADDLE_CURRENT_ENDPOINT",
+    "PADDLE_JOB_NAME", "PADDLE_NAMESPACE", "PADDLE_MASTER_ENDPOINT", "PADDLE_ETCD_ENDPOINTS",
+    "PADDLE_WITH_GLOO", "PADDLE_GLOO_RENDEZVOUS", "PADDLE_GLOO_HTTP_ENDPOINT",
+    "PADDLECLOUD_OUTPUT",
+})
+
+_DNS_1035 = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
+_DNS_1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+_DNS_1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+_QUANTITY = re.compile(r"[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?")
+_ENV_NAME = re.compile(r"[-._a-zA-Z][-._a-zA-Z0-9]*")
+_MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+
+
+class JobSpecError(ValueError):
+    """A job spec that cannot run; the message names the bad value and what would be right."""
+
+
+@dataclass(frozen=True)
+class DataVolume:
+    """A PersistentVolumeClaim mounted at the same path in the master (read-only) and the trainers."""
+
+    claim: str
+    mount_path: str
+
+    @classmethod
+    def parse(cls, text: str) -> DataVolume:
+        """`CLAIM:PATH`, e.g. `ctr-data:/data`."""
+        claim, sep, path = text.partition(":")
+        if not sep or not claim or not path:
+            raise JobSpecError(
+                f"invalid data volume {text!r}: expected CLAIM:PATH, e.g. 'ctr-data:/data'"
+            )
+        volume = cls(claim=claim, mount_path=path)
+        volume.validate()
+        return volume
+
+    def validate(self) -> None:
+        if len(self.claim) > 253 or not _DNS_1123_SUBDOMAIN.fullmatch(self.claim):
+            raise JobSpecError(
+                f"invalid claim name {self.claim!r}: a PersistentVolumeClaim name is lower-case "
+                "letters, digits, '-' and '.'"
+            )
+        if not self.mount_path.startswith("/") or ":" in self.mount_path:
+            raise JobSpecError(
+                f"invalid mount path {self.mount_path!r}: must be an absolute path without ':'"
+            )
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """One job. Counts, resources and policies as `paddlecloud job submit` takes them.
+
+    `ps_template`/`worker_template` are pod templates from a `PaddleJob`; when set,
+    they replace the pods paddlecloud would build from `image`/`module`/resources
+    (paddlecloud still injects its environment, labels and volumes into them).
+    """
+
+    name: str
+    namespace: str = "default"
+    image: str = DEFAULT_IMAGE
+    module: str = ""  # `python -m MODULE` is what every trainer (and pserver) runs
+    package_path: str = ""  # the local directory shipped in the package ConfigMap
+    package_files: tuple[str, ...] = ()  # its files, relative to package_path
+    inputs: tuple[str, ...] = ()
+    output: str = ""
+    trainers: int = 1
+    pservers: int = 0
+    trainer_cpu: str = "1"
+    trainer_memory: str = "2Gi"
+    trainer_gpu: int = 0
+    pserver_cpu: str = "1"
+    pserver_memory: str = "2Gi"
+    env: tuple[tuple[str, str], ...] = ()
+    etcd_endpoints: str = DEFAULT_ETCD_ENDPOINTS
+    epochs: int = 1
+    data_volume: DataVolume | None = None
+    clean_pod_policy: str = "OnCompletion"
+    scheduler_name: str = ""
+    queue: str = ""  # Volcano queue (PaddleJob spec.schedulingPolicy.queue)
+    priority_class: str = ""  # PodGroup priorityClassName (spec.schedulingPolicy.priorityClass)
+    min_resources: Mapping[str, str] | None = None  # PodGroup minResources
+    intranet: str = "Service"
+    with_gloo: int = 0
+    ps_template: Mapping[str, Any] | None = field(default=None, compare=True, repr=False)
+    worker_template: Mapping[str, Any] | None = field(default=None, compare=True, repr=False)
+
+    # ---- derived ----------------------------------------------------------------
+    @property
+    def collective(self) -> bool:
+        """No pservers: trainers talk to each other (NCCL on GPUs, gloo on CPUs)."""
+        return self.pservers == 0
+
+    @property
+    def uses_volcano(self) -> bool:
+        return self.scheduler_name == "volcano"
+
+    @property
+    def has_dataset(self) -> bool:
+        return bool(self.inputs)
+
+    # ---- checks -----------------------------------------------------------------
+    def validate(self) -> JobSpec:
+        """Raises `JobSpecError` naming the first bad value; returns self for chaining."""
+        if len(self.name) > MAX_NAME_LENGTH or not _DNS_1035.fullmatch(self.name):
+            raise JobSpecError(
+                f"invalid job name {self.name!r}: use at most {MAX_NAME_LENGTH} lower-case letters, "
+                "digits and '-', starting with a letter and ending with a letter or digit "
+                "(a DNS-1035 label, e.g. 'ctr-wide-deep')"
+            )
+        if len(self.namespace) > 63 or not _DNS_1123_LABEL.fullmatch(self.namespace):
+            raise JobSpecError(
+                f"invalid namespace {self.namespace!r}: use at most 63 lower-case letters, digits "
+                "and '-' (a DNS-1123 label)"
+            )
+        if not self.image or any(c.isspace() for c in self.image):
+            raise JobSpecError(f"invalid image {self.image!r}: give an image reference such as "
+                               f"{DEFAULT_IMAGE!r}")
+        _check_count("trainers", self.trainers, minimum=1)
+        _check_count("pservers", self.pservers, minimum=0)
+        _check_count("epochs", self.epochs, minimum=1)
+        _check_count("trainer GPUs", self.trainer_gpu, minimum=0)
+        for what, value in (("trainer CPU", self.trainer_cpu), ("pserver CPU", self.pserver_cpu),
+                            ("trainer memory", self.trainer_memory),
+                            ("pserver memory", self.pserver_memory)):
+            if not _QUANTITY.fullmatch(value):
+                raise JobSpecError(
+                    f"invalid {what} {value!r}: use a Kubernetes quantity such as '2', '500m', "
+                    "'4Gi' or '512Mi'"
+                )
+        if self.module and not _MODULE.fullmatch(self.module):
+            raise JobSpecError(
+                f"invalid module {self.module!r}: give a Python module name such as 'ctr.train'"
+            )
+        if self.worker_template is None and not self.module:
+            raise JobSpecError(
+                "no trainer program: give --module (run as `python -m MODULE`) or a PaddleJob "
+                "with spec.worker.template (-f job.yaml)"
+            )
+        if self.pservers and self.ps_template is None and not self.module:
+            raise JobSpecError(
+                "no pserver program: give --module (pservers run it with TRAINING_ROLE=PSERVER) "
+                "or a PaddleJob with spec.ps.template"
+            )
+        for path in self.package_files:
+            if path.startswith("/") or ".." in path.split("/") or not path:
+                raise JobSpecError(f"invalid package file {path!r}: must be a relative path "
+                                   "inside the package directory")
+        if self.package_files and not self.package_path:
+            raise JobSpecError("package_files given without package_path")
+        for pattern in self.inputs:
+            if not pattern or not (pattern.startswith("/") or "://" in pattern):
+                raise JobSpecError(
+                    f"invalid input {pattern!r}: on Kubernetes an input is an absolute path inside "
+                    "the pods (e.g. under the --data-volume mount path) or a URL such as "
+                    "s3://bucket/train/*.csv"
+                )
+        seen: set[str] = set()
+        for key, _value in self.env:
+            if not _ENV_NAME.fullmatch(key):
+                raise JobSpecError(
+                    f"invalid environment variable name {key!r}: use letters, digits, '_', '-' "
+                    "and '.', not starting with a digit"
+                )
+            if key in RESERVED_ENV:
+                raise JobSpecError(
+                    f"environment variable {key} is set by paddlecloud itself (DESIGN.md section 8); "
+                    "remove it from -e/--env"
+                )
+            if key in seen:
+                raise JobSpecError(f"environment variable {key} is given twice")
+            seen.add(key)
+        if not self.etcd_endpoints.strip():
+            raise JobSpecError("no etcd endpoints: give --etcd-endpoints http://HOST:2379[,...]")
+        from paddlecloud.etcd import parse_endpoints
+
+        try:
+            parse_endpoints(self.etcd_endpoints)
+        except ValueError as error:
+            raise JobSpecError(str(error)) from None
+        if self.data_volume is not None:
+            self.data_volume.validate()
+        if self.clean_pod_policy not in CLEAN_POD_POLICIES:
+            raise JobSpecError(
+                f"invalid cleanPodPolicy {self.clean_pod_policy!r}: use one of "
+                f"{', '.join(CLEAN_POD_POLICIES)}"
+            )
+        if self.intranet not in INTRANETS:
+            raise JobSpecError(
+                f"unsupported intranet {self.intranet!r}: use one of {', '.join(INTRANETS)}"
+            )
+        if self.with_gloo not in (0, 1, 2):
+            raise JobSpecError(
+                f"invalid withGloo {self.with_gloo!r}: use 0 (off), 1 (trainers) or 2 (trainers "
+                "and pservers)"
+            )
+        if self.scheduler_name and not _DNS_1123_SUBDOMAIN.fullmatch(self.scheduler_name):
+            raise JobSpecError(f"invalid schedulerName {self.scheduler_name!r}")
+        if (self.queue or self.priority_class or self.min_resources) and not self.uses_volcano:
+            raise JobSpecError(
+                "schedulingPolicy (queue, priorityClass, minResources) needs the Volcano scheduler: "
+                "set schedulerName: volcano in the pod templates"
+            )
+        if self.pservers and self.ps_template is None and self.worker_template is not None:
+            raise JobSpecError("a PaddleJob with pservers needs spec.ps.template")
+        return self
+
+    # ---- YAML (the ConfigMap content the master reads with --job-spec) ----------
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"spec_version": SPEC_VERSION}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name == "env":
+                value = {k: v for k, v in value}
+            elif f.name == "data_volume" and value is not None:
+                value = {"claim": value.claim, "mount_path": value.mount_path}
+            elif isinstance(value, tuple):
+                value = list(value)
+            elif isinstance(value, Mapping):
+                value = copy.deepcopy(dict(value))
+            out[f.name] = value
+        return out
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False, default_flow_style=False)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> JobSpec:
+        if not isinstance(data, Mapping):
+            raise JobSpecError(f"a job spec is a mapping, not {type(data).__name__}")
+        data = dict(data)
+        version = data.pop("spec_version", SPEC_VERSION)
+        if version != SPEC_VERSION:
+            raise JobSpecError(
+                f"job spec version {version!r} is not supported: this paddlecloud reads version "
+                f"{SPEC_VERSION}; submit the job again with this paddlecloud"
+            )
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - names)
+        if unknown:
+            raise JobSpecError(f"unknown job spec field(s): {', '.join(unknown)}")
+        if "name" not in data:
+            raise JobSpecError("the job spec has no name")
+        kwargs: dict[str, Any] = {}
+        for key, value in data.items():
+            if key == "env":
+                value = tuple((str(k), str(v)) for k, v in (value or {}).items())
+            elif key == "data_volume" and value is not None:
+                value = DataVolume(claim=value["claim"], mount_path=value["mount_path"])
+            elif key in ("inputs", "package_files"):
+                value = tuple(str(v) for v in value or ())
+            kwargs[key] = value
+        return cls(**kwargs)
+
+    @classmethod
+    def from_yaml(cls, text: str) -> JobSpec:
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as error:
+            raise JobSpecError(f"the job spec is not valid YAML: {error}") from None
+        return cls.from_dict(data)
+
+    def replace(self, **changes: Any) -> JobSpec:
+        return dataclasses.replace(self, **changes)
+
+    # ---- paddle-operator PaddleJob ------------------------------------------------
+    @classmethod
+    def from_paddlejob(cls, doc: Mapping[str, Any], **overrides: Any) -> JobSpec:
+        """A spec from a paddle-operator `PaddleJob` (`batch.paddlepaddle.org/v1`).
+
+        `overrides` are JobSpec fields that win over the document (the CLI passes
+        --namespace, --input, --etcd-endpoints...). What paddlecloud cannot run is
+        refused by name: `spec.heter`, `spec.elastic`, `spec.sampleSetRef`, an unknown
+        `intranet`, elastic replica ranges.
+        """
+        if not isinstance(doc, Mapping):
+            raise JobSpecError(f"a PaddleJob is a mapping, not {type(doc).__name__}")
+        api_version, kind = doc.get("apiVersion"), doc.get("kind")
+        if kind != PADDLEJOB_KIND:
+            raise JobSpecError(f"kind {kind!r} is not supported: -f takes a {PADDLEJOB_KIND}")
+        if api_version != PADDLEJOB_API_VERSION:
+            raise JobSpecError(
+                f"apiVersion {api_version!r} is not supported: use {PADDLEJOB_API_VERSION}"
+            )
+        meta = doc.get("metadata") or {}
+        spec = doc.get("spec") or {}
+        refused = {
+            "heter": "spec.heter (heterogeneous pservers) is not supported by paddlecloud",
+            "elastic": "spec.elastic is not supported: paddlecloud's master makes every job "
+                       "elastic; remove spec.elastic",
+            "sampleSetRef": "spec.sampleSetRef (paddle-operator's SampleSet cache) is not "
+                            "supported: mount the data with --data-volume CLAIM:PATH",
+        }
+        for key, message in refused.items():
+            if spec.get(key) is not None:
+                raise JobSpecError(message)
+        known = {"cleanPodPolicy", "schedulingPolicy", "intranet", "withGloo", "ps", "worker"}
+        unknown = sorted(set(spec) - known - set(refused))
+        if unknown:
+            raise JobSpecError(f"unknown PaddleJob field(s): {', '.join('spec.' + k for k in unknown)}")
+
+        worker = spec.get("worker")
+        if not worker:
+            raise JobSpecError("the PaddleJob has no spec.worker: at least one trainer is needed")
+        ps = spec.get("ps")
+        trainers, worker_template = _role_of_paddlejob("worker", worker)
+        pservers, ps_template = _role_of_paddlejob("ps", ps) if ps else (0, None)
+
+        intranet = spec.get("intranet") or "PodIP"  # paddle-operator's default
+        intranet = _INTRANET_ALIASES.get(intranet, intranet)
+        if intranet not in INTRANETS:
+            raise JobSpecError(
+                f"unsupported intranet {spec.get('intranet')!r}: use PodIP, Service or Host"
+            )
+        schedulers = {t["spec"].get("schedulerName", "") for t in (worker_template, ps_template) if t}
+        if len(schedulers) > 1:
+            raise JobSpecError(
+                f"spec.ps and spec.worker use different schedulers ({', '.join(sorted(schedulers))}): "
+                "use one schedulerName for the whole job"
+            )
+        policy = spec.get("schedulingPolicy") or {}
+        unknown = sorted(set(policy) - {"minAvailable", "queue", "priorityClass", "minResources"})
+        if unknown:
+            raise JobSpecError(
+                f"unknown field(s) {', '.join('spec.schedulingPolicy.' + k for k in unknown)}"
+            )
+        if policy.get("minAvailable") not in (None, trainers + pservers):
+            raise JobSpecError(
+                f"spec.schedulingPolicy.minAvailable={policy['minAvailable']!r} is not supported: "
+                f"paddlecloud gang-schedules the whole job (minMember = {trainers + pservers})"
+            )
+        values: dict[str, Any] = {
+            "name": meta.get("name", ""),
+            "namespace": meta.get("namespace") or "default",
+            "trainers": trainers,
+            "pservers": pservers,
+            "worker_template": worker_template,
+            "ps_template": ps_template,
+            "clean_pod_policy": spec.get("cleanPodPolicy") or "OnCompletion",
+            "intranet": intranet,
+            "with_gloo": spec.get("withGloo") or 0,
+            "scheduler_name": schedulers.pop() if schedulers else "",
+            "queue": policy.get("queue") or "",
+            "priority_class": policy.get("priorityClass") or "",
+            "min_resources": (
+                {str(k): str(v) for k, v in policy["minResources"].items()}
+                if policy.get("minResources") else None
+            ),
+        }
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)
+
+
+def _check_count(what: str, value: object, *, minimum: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise JobSpecError(f"invalid number of {what} {value!r}: must be an integer >= {minimum}")
+
+
+def _role_of_paddlejob(role: str, resource: Mapping[str, Any]) -> tuple[int, dict[str, Any]]:
+    """(replicas, pod template) of `spec.ps` or `spec.worker`; refuses elastic ranges by name."""
+    for key in ("requests", "limits"):
+        if resource.get(key) is not None:
+            raise JobSpecError(
+                f"spec.{role}.{key} (elastic replica ranges) is not supported: give "
+                f"spec.{role}.replicas only"
+            )
+    unknown = sorted(set(resource) - {"replicas", "template", "requests", "limits"})
+    if unknown:
+        raise JobSpecError(f"unknown field(s) {', '.join(f'spec.{role}.{k}' for k in unknown)}")
+    replicas = resource.get("replicas")
+    template = copy.deepcopy(dict(resource.get("template") or {}))
+    pod_spec = template.get("spec") or {}
+    containers = pod_spec.get("containers") or []
+    if not containers:
+        raise JobSpecError(f"spec.{role}.template.spec.containers is empty: give the container to run")
+    template["spec"] = pod_spec
+    _check_count(f"spec.{role}.replicas", replicas, minimum=1)
+    return replicas, template
+
+
+def parse_env(pairs: Iterable[str]) -> tuple[tuple[str, str], ...]:
+    """`["A=1", "B=x=y"]` -> `(("A", "1"), ("B", "x=y"))`; errors name the bad pair."""
+    out = []
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise JobSpecError(f"invalid environment setting {pair!r}: expected KEY=VALUE")
+        out.append((key, value))
+    return tuple(out)
