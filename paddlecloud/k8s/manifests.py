@@ -100,9 +100,9 @@ def selector(spec: JobSpec, role: str) -> dict[str, str]:
     return {JOB_LABEL: spec.name, ROLE_LABEL: role}
 
 
-def label_selector(spec: JobSpec, role: str | None = None) -> str:
+def label_selector(job: str, role: str | None = None) -> str:
     """The `?labelSelector=` of a job's objects, or of one role's."""
-    parts = [f"{APP_LABEL}={APP_NAME}", f"{JOB_LABEL}={spec.name}"]
+    parts = [f"{APP_LABEL}={APP_NAME}", f"{JOB_LABEL}={job}"]
     if role is not None:
         parts.append(f"{ROLE_LABEL}={role}")
     return ",".join(parts)
@@ -147,9 +147,13 @@ def trainer_endpoints(spec: JobSpec) -> list[str]:
     return [f"{trainer_host(spec, i)}:{PADDLE_PORT}" for i in range(spec.trainers)]
 
 
-def master_endpoint(spec: JobSpec) -> str:
+def master_address(job: str, namespace: str) -> str:
     """The master Service's address: it routes to the ready master, the leader."""
-    return f"{master_name(spec.name)}.{spec.namespace}.svc:{MASTER_PORT}"
+    return f"{master_name(job)}.{namespace}.svc:{MASTER_PORT}"
+
+
+def master_endpoint(spec: JobSpec) -> str:
+    return master_address(spec.name, spec.namespace)
 
 
 def needs_trainer_service(spec: JobSpec) -> bool:

@@ -1,0 +1,530 @@
+"""`paddlecloud job ...`: submit, list, inspect, follow and delete jobs on Kubernetes.
+
+`submit` creates only the job's master (a Deployment of two replicas, the root
+owner of everything else), its Service and the job-spec (and package) ConfigMaps;
+the leading master deploys the pservers and trainers (`master.k8s_deployer`).
+`delete` removes the Deployment — the API server's garbage collector removes what
+it owns — plus the ConfigMaps, and clears the job's etcd prefix.
+
+Kubeconfig: `--kubeconfig`, else in-cluster credentials, else ~/.kube/config
+($KUBECONFIG). The `kubernetes`, `grpc` and `rich` imports happen inside the
+commands, so `paddlecloud --help` stays fast.
+
+What this does NOT guarantee: `status` reads the master through its Service
+address, which resolves only inside the cluster; from outside, port-forward it
+and pass `--master` (the command says so when it cannot reach the master).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import click
+import yaml
+
+from paddlecloud.jobspec import (
+    CLEAN_POD_POLICIES,
+    DEFAULT_ETCD_ENDPOINTS,
+    DEFAULT_IMAGE,
+    DataVolume,
+    JobSpec,
+    JobSpecError,
+    parse_env,
+)
+from paddlecloud.k8s import manifests
+
+logger = logging.getLogger(__name__)
+
+ROLES = (manifests.TRAINER, manifests.PSERVER, manifests.MASTER)
+SKIPPED_PACKAGE_PARTS = ("__pycache__",)
+
+
+def _fail(message: str) -> click.ClickException:
+    return click.ClickException(message)
+
+
+def _cluster_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    fn = click.option("--kubeconfig", type=click.Path(dir_okay=False),
+                      help="Kubeconfig file (default: in-cluster, then ~/.kube/config).")(fn)
+    return fn
+
+
+def _namespace_option(default: str | None = "default") -> Callable[..., Any]:
+    return click.option("-n", "--namespace", default=default, show_default=default is not None,
+                        help="Kubernetes namespace of the job.")
+
+
+def _api(kubeconfig: str | None) -> Any:
+    from master.k8s_deployer import KubernetesApiError, load_api_client
+
+    try:
+        return load_api_client(kubeconfig)
+    except KubernetesApiError as error:
+        raise _fail(str(error)) from None
+    except Exception as error:  # a broken kubeconfig file
+        raise _fail(f"cannot load the Kubernetes configuration {kubeconfig or ''}: {error}") from None
+
+
+def _call(fn: Callable[..., Any], *args: Any, verb: str, resource: str, namespace: str,
+          name: str = "", missing_ok: bool = False, **kwargs: Any) -> Any:
+    """One API call with the deployer's retry policy; errors become clear CLI errors."""
+    from master.k8s_deployer import RetryPolicy, api_status, call_sync, explain, is_transient
+
+    try:
+        return call_sync(RetryPolicy(attempts=3, initial_wait=0.5), fn, *args, **kwargs)
+    except Exception as error:
+        status = api_status(error)
+        if status == 404 and missing_ok:
+            return None
+        if status is None and not is_transient(error):
+            raise
+        raise _fail(str(explain(error, verb=verb, resource=resource, namespace=namespace,
+                                name=name))) from None
+
+
+def _clients(api: Any) -> tuple[Any, Any]:
+    from kubernetes import client
+
+    return client.CoreV1Api(api), client.AppsV1Api(api)
+
+
+def _to_dict(api: Any, obj: Any) -> dict[str, Any]:
+    return obj if isinstance(obj, dict) else api.sanitize_for_serialization(obj)
+
+
+@click.group("job")
+def job() -> None:
+    """Run jobs on Kubernetes: submit, list, status, logs, delete."""
+
+
+# ---- submit ----------------------------------------------------------------------------------
+def read_package(path: Path) -> dict[str, bytes]:
+    """The files of a package directory by relative path (hidden files and caches skipped)."""
+    if not path.is_dir():
+        raise JobSpecError(f"package path {str(path)!r} is not a directory")
+    files: dict[str, bytes] = {}
+    for file in sorted(path.rglob("*")):
+        rel = file.relative_to(path)
+        if any(part.startswith(".") or part in SKIPPED_PACKAGE_PARTS for part in rel.parts):
+            continue
+        if file.is_file() and file.suffix != ".pyc":
+            files[rel.as_posix()] = file.read_bytes()
+    if not files:
+        raise JobSpecError(f"package path {str(path)!r} holds no files")
+    return files
+
+
+def _load_paddlejob(path: str) -> dict[str, Any]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            docs = [d for d in yaml.safe_load_all(f) if d is not None]
+    except (OSError, yaml.YAMLError) as error:
+        raise JobSpecError(f"cannot read {path}: {error}") from None
+    if len(docs) != 1:
+        raise JobSpecError(f"{path} holds {len(docs)} YAML documents: give exactly one PaddleJob")
+    return docs[0]
+
+
+def build_spec(*, name: str | None, paddlejob: str | None, package: Mapping[str, bytes] | None,
+               options: Mapping[str, Any]) -> JobSpec:
+    """The JobSpec of `submit`'s flags, or of a PaddleJob file plus the flags that may join it."""
+    data_volume = DataVolume.parse(options["data_volume"]) if options["data_volume"] else None
+    common: dict[str, Any] = {
+        "image": options["image"],
+        "module": options["module"],
+        "package_path": str(Path(options["package_path"]).resolve()) if options["package_path"] else None,
+        "package_files": tuple(sorted(package)) if package else None,
+        "inputs": tuple(options["inputs"]) or None,
+        "output": options["output"],
+        "env": parse_env(options["env"]) or None,
+        "etcd_endpoints": options["etcd_endpoints"],
+        "epochs": options["epochs"],
+        "data_volume": data_volume,
+        "clean_pod_policy": options["clean_pod_policy"],
+        "namespace": options["namespace"],
+    }
+    pod_shape = ("trainers", "pservers", "trainer_cpu", "trainer_memory", "trainer_gpu",
+                 "pserver_cpu", "pserver_memory")
+    if paddlejob is not None:
+        given = [k for k in pod_shape if options[k] is not None]
+        if given:
+            flags = ", ".join("--" + k.replace("_", "-") for k in given)
+            raise JobSpecError(
+                f"{flags} cannot be combined with -f: set replicas and resources in the PaddleJob's "
+                "spec.ps / spec.worker"
+            )
+        doc = _load_paddlejob(paddlejob)
+        return JobSpec.from_paddlejob(doc, name=name, **common)
+    if not name:
+        raise JobSpecError("no job name: give NAME (or -f job.yaml with metadata.name)")
+    values = {k: v for k, v in common.items() if v is not None}
+    values.update({k: options[k] for k in pod_shape if options[k] is not None})
+    return JobSpec(name=name, **values)
+
+
+def render_dry_run(spec: JobSpec, package: Mapping[str, bytes] | None) -> str:
+    """The YAML stream of everything the job will have: what submit creates, what the master will."""
+    parts = [f"# paddlecloud job {spec.name} in namespace {spec.namespace}\n"
+             "# created by `paddlecloud job submit`:\n"]
+    for obj in manifests.submit_objects(spec, package):
+        parts.append("---\n" + yaml.safe_dump(obj, sort_keys=False))
+    parts.append(f"# created by the job's leading master at run time, owned by Deployment "
+                 f"{manifests.master_name(spec.name)} (ownerReferences are filled in then):\n")
+    for obj in manifests.master_objects(spec, None):
+        parts.append("---\n" + yaml.safe_dump(obj, sort_keys=False))
+    return "".join(parts)
+
+
+@job.command("submit")
+@click.argument("name", required=False)
+@click.option("-f", "--file", "paddlejob", type=click.Path(exists=True, dir_okay=False),
+              help="A paddle-operator PaddleJob YAML (batch.paddlepaddle.org/v1).")
+@click.option("--package-path", type=click.Path(exists=True, file_okay=False),
+              help="Directory of your code, shipped in a ConfigMap (< 1 MiB) and put on PYTHONPATH.")
+@click.option("--module", help="Trainers (and pservers) run `python -m MODULE`.")
+@click.option("--input", "inputs", multiple=True,
+              help="Input path or glob inside the pods, or a URL (repeatable).")
+@click.option("--output", help="Where trainers write models (PADDLECLOUD_OUTPUT).")
+@click.option("--trainers", type=int, help="Number of trainers  [default: 1]")
+@click.option("--pservers", type=int, help="Number of pservers (0: collective)  [default: 0]")
+@click.option("--image", help=f"The paddlecloud image  [default: {DEFAULT_IMAGE}]")
+@click.option("--trainer-cpu", help="CPU per trainer, e.g. 4 or 500m  [default: 1]")
+@click.option("--trainer-memory", help="Memory per trainer, e.g. 8Gi  [default: 2Gi]")
+@click.option("--trainer-gpu", type=int, help="GPUs per trainer  [default: 0]")
+@click.option("--pserver-cpu", help="CPU per pserver  [default: 1]")
+@click.option("--pserver-memory", help="Memory per pserver  [default: 2Gi]")
+@click.option("-e", "--env", multiple=True, metavar="KEY=VALUE",
+              help="Environment variable of every trainer and pserver (repeatable).")
+@_namespace_option(default=None)
+@click.option("--etcd-endpoints", help=f"etcd URLs, comma-separated  [default: {DEFAULT_ETCD_ENDPOINTS}]")
+@click.option("--epochs", type=int, help="Passes over the input  [default: 1]")
+@click.option("--data-volume", metavar="CLAIM:PATH",
+              help="A PVC mounted at PATH in the master (read-only) and every trainer.")
+@click.option("--clean-pod-policy", type=click.Choice(CLEAN_POD_POLICIES),
+              help="Which ending removes the pods (as paddle-operator)  [default: OnCompletion]")
+@click.option("--dry-run", is_flag=True, help="Print the manifests as a YAML stream; touch nothing.")
+@_cluster_options
+def submit_command(name: str | None, paddlejob: str | None, dry_run: bool,
+                   kubeconfig: str | None, **options: Any) -> None:
+    """Submit job NAME: its master deploys the pservers and trainers."""
+    try:
+        package = read_package(Path(options["package_path"])) if options["package_path"] else None
+        spec = build_spec(name=name, paddlejob=paddlejob, package=package, options=options)
+        spec.validate()
+        objects = manifests.submit_objects(spec, package)
+        manifests.master_objects(spec, None)  # renders the pods now: template errors surface here
+    except JobSpecError as error:
+        raise _fail(str(error)) from None
+    if dry_run:
+        click.echo(render_dry_run(spec, package), nl=False)
+        return
+    api = _api(kubeconfig)
+    _create_job(api, spec, objects)
+    click.echo(f"job {spec.name} submitted to namespace {spec.namespace}: "
+               f"paddlecloud job status {spec.name} -n {spec.namespace}")
+
+
+def _create_job(api: Any, spec: JobSpec, objects: list[dict[str, Any]]) -> None:
+    """Creates the ConfigMaps, then the Deployment, then its Service; a name in use is refused."""
+    from master.k8s_deployer import RetryPolicy, api_status, call_sync, explain, is_transient
+
+    core, apps = _clients(api)
+    ns = spec.namespace
+    policy = RetryPolicy(attempts=3, initial_wait=0.5)
+    created: list[str] = []
+
+    def create(fn: Callable[..., Any], body: dict[str, Any], resource: str, *,
+               adopt: bool = False) -> Any:
+        name = body["metadata"]["name"]
+        try:
+            return call_sync(policy, fn, ns, body)
+        except Exception as error:
+            status = api_status(error)
+            if status == 409 and adopt:
+                return None
+            if status == 409:
+                raise _fail(f"job {spec.name} already exists in namespace {ns} "
+                            f"({resource} {name} exists)") from None
+            if status is None and not is_transient(error):
+                raise
+            raise _fail(str(explain(error, verb="create", resource=resource, namespace=ns,
+                                    name=name))) from None
+
+    try:
+        for cm in (o for o in objects if o["kind"] == "ConfigMap"):
+            create(core.create_namespaced_config_map, cm, "configmaps")
+            created.append(cm["metadata"]["name"])
+        deployment = next(o for o in objects if o["kind"] == "Deployment")
+        made = _to_dict(api, create(apps.create_namespaced_deployment, deployment, "deployments"))
+    except click.ClickException:
+        for cm in created:  # leave nothing behind of a job that was not created
+            _call(core.delete_namespaced_config_map, cm, ns, verb="delete", resource="configmaps",
+                  namespace=ns, name=cm, missing_ok=True)
+        raise
+    uid = (made.get("metadata") or {}).get("uid")
+    if not uid:
+        raise _fail(f"the API server gave Deployment {deployment['metadata']['name']} no uid")
+    owner = manifests.owner_reference(spec.name, uid)
+    create(core.create_namespaced_service, manifests.master_service(spec, owner), "services",
+           adopt=True)
+    for cm in created:  # owned too, so deleting the Deployment alone removes the whole job
+        _call(core.patch_namespaced_config_map, cm, ns, {"metadata": {"ownerReferences": [owner]}},
+              verb="patch", resource="configmaps", namespace=ns, name=cm,
+              _content_type="application/merge-patch+json")
+
+
+# ---- list ---------------------------------------------------------------------------------------
+def _age(created: Any) -> str:
+    import datetime
+
+    if not created:
+        return "-"
+    if isinstance(created, str):
+        created = datetime.datetime.fromisoformat(created.replace("Z", "+00:00"))
+    seconds = (datetime.datetime.now(datetime.timezone.utc) - created).total_seconds()
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{int(seconds // size)}{unit}"
+    return f"{max(0, int(seconds))}s"
+
+
+@job.command("list")
+@_namespace_option()
+@_cluster_options
+def list_command(namespace: str, kubeconfig: str | None) -> None:
+    """List the jobs of a namespace, with their phase."""
+    from rich.console import Console
+    from rich.table import Table
+
+    api = _api(kubeconfig)
+    _, apps = _clients(api)
+    selector = f"{manifests.APP_LABEL}={manifests.APP_NAME},{manifests.ROLE_LABEL}={manifests.MASTER}"
+    found = _call(apps.list_namespaced_deployment, namespace, label_selector=selector,
+                  verb="list", resource="deployments", namespace=namespace)
+    table = Table("JOB", "PHASE", "MASTERS READY", "AGE", box=None)
+    rows = 0
+    for item in sorted(found.items or [], key=lambda d: d.metadata.name):
+        labels = item.metadata.labels or {}
+        job_name = labels.get(manifests.JOB_LABEL)
+        if not job_name:
+            continue
+        phase = (item.metadata.annotations or {}).get(manifests.PHASE_ANNOTATION, "-")
+        ready = (item.status.ready_replicas if item.status else None) or 0
+        table.add_row(job_name, phase, f"{ready}/{item.spec.replicas}",
+                      _age(item.metadata.creation_timestamp))
+        rows += 1
+    console = Console(file=sys.stdout, width=120)
+    if rows:
+        console.print(table)
+    else:
+        console.print(f"no paddlecloud jobs in namespace {namespace}")
+
+
+# ---- status -------------------------------------------------------------------------------------
+def pod_counts(pods: Iterable[Any], job_name: str) -> dict[str, dict[str, int]]:
+    """{role: {phase: count}} of a job's pods."""
+    counts: dict[str, dict[str, int]] = {role: {} for role in ROLES}
+    for pod in pods:
+        labels = pod.metadata.labels or {}
+        role = labels.get(manifests.ROLE_LABEL)
+        if labels.get(manifests.JOB_LABEL) != job_name or role not in counts:
+            continue
+        phase = (pod.status.phase if pod.status else None) or "Pending"
+        counts[role][phase] = counts[role].get(phase, 0) + 1
+    return counts
+
+
+def fetch_master_status(address: str, *, timeout: float) -> Any:
+    """The master's GetStatus answer; raises grpc.RpcError when it cannot be reached."""
+    import grpc
+
+    from paddlecloud.api import pb, pb_grpc
+
+    with grpc.insecure_channel(address) as channel:
+        return pb_grpc.MasterStub(channel).GetStatus(pb.GetStatusRequest(), timeout=timeout)
+
+
+@job.command("status")
+@click.argument("name")
+@_namespace_option()
+@click.option("--master", "master_address", metavar="HOST:PORT",
+              help="The master's gRPC address (default: its Service, NAME-master.NS.svc:8080).")
+@click.option("--timeout", type=float, default=3.0, show_default=True,
+              help="Seconds to wait for the master.")
+@_cluster_options
+def status_command(name: str, namespace: str, master_address: str | None, timeout: float,
+                   kubeconfig: str | None) -> None:
+    """Phase, pods per role, and the master's progress of job NAME."""
+    import grpc
+    from rich.console import Console
+    from rich.progress_bar import ProgressBar
+    from rich.table import Table
+
+    api = _api(kubeconfig)
+    core, apps = _clients(api)
+    deployment = _call(apps.read_namespaced_deployment, manifests.master_name(name), namespace,
+                       verb="get", resource="deployments", namespace=namespace,
+                       name=manifests.master_name(name), missing_ok=True)
+    if deployment is None:
+        raise _fail(f"job {name} not found in namespace {namespace}")
+    pods = _call(core.list_namespaced_pod, namespace, label_selector=manifests.label_selector(name),
+                 verb="list", resource="pods", namespace=namespace)
+    counts = pod_counts(pods.items or [], name)
+    console = Console(file=sys.stdout, width=100)
+    phase = (deployment.metadata.annotations or {}).get(manifests.PHASE_ANNOTATION, "-")
+    console.print(f"job {name} in namespace {namespace}: phase {phase}")
+    table = Table("ROLE", "PENDING", "RUNNING", "SUCCEEDED", "FAILED", box=None)
+    for role in ROLES:
+        c = counts[role]
+        table.add_row(role, *(str(c.get(p, 0)) for p in ("Pending", "Running", "Succeeded", "Failed")))
+    console.print(table)
+
+    address = master_address or manifests.master_address(name, namespace)
+    try:
+        reply = fetch_master_status(address, timeout=timeout)
+    except grpc.RpcError as error:
+        code = error.code() if hasattr(error, "code") else None
+        console.print(
+            f"master: unreachable at {address} ({getattr(code, 'name', code)}); showing the pods "
+            f"only. From outside the cluster: kubectl -n {namespace} port-forward "
+            f"svc/{manifests.master_name(name)} 8080 and pass --master 127.0.0.1:8080"
+        )
+        return
+    console.print(f"master: leader {reply.leader or '-'}, phase {reply.phase or '-'}, "
+                  f"{reply.trainers_alive} trainer(s) alive")
+    if reply.pserver_endpoints:
+        console.print(f"pservers: {', '.join(reply.pserver_endpoints)}")
+    if not reply.has_dataset:
+        console.print("no dataset: the job runs in deploy-and-monitor mode")
+        return
+    epoch = min(reply.current_epoch + 1, reply.num_epochs) if reply.num_epochs else reply.current_epoch
+    counts_ = reply.counts
+    done, total = counts_.done, max(reply.num_tasks, 1)
+    console.print(f"epoch {epoch}/{reply.num_epochs}: tasks {done}/{reply.num_tasks} done "
+                  f"(todo {counts_.todo}, pending {counts_.pending}, failed {counts_.failed})")
+    console.print(ProgressBar(total=total, completed=done, width=60))
+
+
+# ---- logs -------------------------------------------------------------------------------------
+def _pick_pod(api: Any, name: str, namespace: str, role: str, index: int) -> Any:
+    core, _ = _clients(api)
+    pods = _call(core.list_namespaced_pod, namespace,
+                 label_selector=manifests.label_selector(name, role),
+                 verb="list", resource="pods", namespace=namespace).items or []
+    pods = [p for p in pods if (p.metadata.labels or {}).get(manifests.ROLE_LABEL) == role
+            and (p.metadata.labels or {}).get(manifests.JOB_LABEL) == name]
+    if role == manifests.TRAINER:
+        key = manifests.COMPLETION_INDEX_ANNOTATION
+        pods = [p for p in pods if (p.metadata.annotations or {}).get(key) == str(index)]
+    elif role == manifests.PSERVER:
+        pods = [p for p in pods if p.metadata.name == f"{manifests.pserver_name(name)}-{index}"]
+    else:
+        pods = sorted(pods, key=lambda p: p.metadata.name)
+        ready = [p for p in pods if any(c.type == "Ready" and c.status == "True"
+                                        for c in (p.status.conditions or []) if p.status)]
+        pods = ready or pods  # the leader is the ready master
+        pods = pods[index:index + 1]
+    if not pods:
+        raise _fail(f"no {role} pod with index {index} for job {name} in namespace {namespace}")
+    # the newest, when a trainer index was retried in a new pod
+    return max(pods, key=lambda p: str(p.metadata.creation_timestamp or ""))
+
+
+@job.command("logs")
+@click.argument("name")
+@click.option("--role", type=click.Choice(ROLES), default=manifests.TRAINER, show_default=True)
+@click.option("--index", type=int, default=0, show_default=True,
+              help="Trainer id, pserver index, or master number (0: the leader).")
+@click.option("-f", "--follow", is_flag=True, help="Keep streaming new lines.")
+@_namespace_option()
+@_cluster_options
+def logs_command(name: str, role: str, index: int, follow: bool, namespace: str,
+                 kubeconfig: str | None) -> None:
+    """Print the log of one pod of job NAME."""
+    api = _api(kubeconfig)
+    core, _ = _clients(api)
+    pod = _pick_pod(api, name, namespace, role, index)
+    containers = pod.spec.containers if pod.spec else []
+    container = containers[0].name if containers else None
+    response = _call(core.read_namespaced_pod_log, pod.metadata.name, namespace, container=container,
+                     follow=follow, _preload_content=False, verb="get", resource="pods/log",
+                     namespace=namespace, name=pod.metadata.name)
+    out = click.get_binary_stream("stdout")
+    try:
+        for chunk in response.stream(4096):
+            out.write(chunk)
+            out.flush()
+    finally:
+        response.release_conn()
+
+
+# ---- delete -------------------------------------------------------------------------------------
+async def clear_etcd_prefix(endpoints: str, namespace: str, job_name: str, *, timeout: float) -> int:
+    """Deletes every key of the job under /paddlecloud/NS/NAME/; returns how many went."""
+    from paddlecloud.etcd import connect
+    from paddlecloud.keys import JobKeys
+
+    client = await connect(endpoints, timeout=timeout)
+    try:
+        result = await client.delete_prefix(JobKeys(namespace, job_name).prefix)
+        return int(getattr(result, "deleted", 0))
+    finally:
+        await client.close()
+
+
+@job.command("delete")
+@click.argument("name")
+@_namespace_option()
+@click.option("--etcd-endpoints", help="Clear the job's etcd keys here (default: the job spec's).")
+@_cluster_options
+def delete_command(name: str, namespace: str, etcd_endpoints: str | None,
+                   kubeconfig: str | None) -> None:
+    """Delete job NAME: its master (and so everything it owns), its ConfigMaps, its etcd keys."""
+    from kubernetes import client
+
+    api = _api(kubeconfig)
+    core, apps = _clients(api)
+    spec_cm = _call(core.read_namespaced_config_map, manifests.spec_configmap_name(name), namespace,
+                    verb="get", resource="configmaps", namespace=namespace,
+                    name=manifests.spec_configmap_name(name), missing_ok=True)
+    endpoints_from_spec = None
+    if spec_cm is not None and (spec_cm.data or {}).get(manifests.SPEC_KEY):
+        try:
+            endpoints_from_spec = JobSpec.from_yaml(spec_cm.data[manifests.SPEC_KEY]).etcd_endpoints
+        except JobSpecError as error:
+            logger.warning("cannot read the job spec of %s: %s", name, error)
+    options = client.V1DeleteOptions(propagation_policy="Background")
+    deleted = []
+    for resource, fn, obj in (
+        ("deployments", apps.delete_namespaced_deployment, manifests.master_name(name)),
+        ("configmaps", core.delete_namespaced_config_map, manifests.spec_configmap_name(name)),
+        ("configmaps", core.delete_namespaced_config_map, manifests.package_configmap_name(name)),
+    ):
+        if _call(fn, obj, namespace, body=options, verb="delete", resource=resource,
+                 namespace=namespace, name=obj, missing_ok=True) is not None:
+            deleted.append(f"{resource}/{obj}")
+    if not deleted:
+        raise _fail(f"job {name} not found in namespace {namespace}")
+    click.echo(f"deleted {', '.join(deleted)} (the pservers, trainers and Services go with the "
+               "Deployment)")
+    endpoints = etcd_endpoints or endpoints_from_spec
+    if not endpoints:
+        click.echo("etcd: no endpoints known; pass --etcd-endpoints to clear the job's keys")
+        return
+    try:
+        count = asyncio.run(clear_etcd_prefix(endpoints, namespace, name, timeout=5.0))
+    except Exception as error:
+        message = (f"could not clear the job's etcd keys at {endpoints}: {error}; "
+                   "run again with --etcd-endpoints of a reachable etcd")
+        if etcd_endpoints:
+            raise _fail(message) from None
+        click.echo(f"warning: {message}", err=True)
+        return
+    prefix = f"/paddlecloud/{namespace}/{name}/"
+    click.echo(f"etcd: cleared {prefix} ({count} keys)")
+
