@@ -182,7 +182,10 @@ class Dispatcher:
         self._maybe_end_epoch()
 
     async def stop(self) -> None:
-        self._ready.clear()
+        """Stops serving: calls at the gate or in flight fail with NotLeader."""
+        if not self.deposed.done():
+            self.deposed.set_result(NotLeader(None))
+        self._ready.set()  # wake the calls waiting at the gate: they see `deposed`
         for task in [*self._background, self._watch_task, self._rebuilding]:
             if task is not None:
                 task.cancel()
@@ -276,6 +279,8 @@ class Dispatcher:
         if self.deposed.done():
             raise self.deposed.result()
         await self._ready.wait()
+        if self.deposed.done():
+            raise self.deposed.result()
         self._inflight += 1
         self._drained.clear()
         try:
@@ -318,8 +323,10 @@ class Dispatcher:
         async with self._op():
             try:
                 await self.sessions.touch(session, force=True)
-            except SessionExpired:
-                self._session_gone(session, cause="expiry")
+            except (SessionExpired, SessionSuperseded) as error:
+                await self._confirm_leadership()
+                if isinstance(error, SessionExpired):
+                    self._session_gone(session, cause="expiry")
                 raise
             return self.policy.session_ttl
 
@@ -369,9 +376,22 @@ class Dispatcher:
     async def _touch(self, session: int) -> SessionInfo:
         try:
             return await self.sessions.touch(session)
-        except SessionExpired:
-            self._session_gone(session, cause="expiry")
+        except (SessionExpired, SessionSuperseded) as error:
+            # A paused, deposed leader would not know the sessions opened since: before it
+            # tells a trainer to register again (or that its report is stale), make sure
+            # it still leads.
+            await self._confirm_leadership()
+            if isinstance(error, SessionExpired):
+                self._session_gone(session, cause="expiry")
             raise
+
+    async def _confirm_leadership(self) -> None:
+        current = await self.client.get(self.keys.leader)
+        if current is None or current.create_revision != self.store.leadership.create_revision:
+            error = NotLeader(current.value.decode() if current is not None else None)
+            if not self.deposed.done():
+                self.deposed.set_result(error)
+            raise error
 
     # ---- tasks ------------------------------------------------------------------
 

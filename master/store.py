@@ -101,6 +101,8 @@ class GroupCommitter:
         self._leadership = leadership
         self._timeout = timeout
         self._queue: deque[_Write] = deque()
+        self._sending: list[_Write] = []
+        self._stopped = False
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self.batches = 0
@@ -110,20 +112,27 @@ class GroupCommitter:
         self._task = asyncio.create_task(self._run(), name="group-commit")
 
     async def stop(self) -> None:
+        """Stops sending; every write not answered yet fails (its outcome is unknown)."""
+        self._stopped = True
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        while self._queue:
-            write = self._queue.popleft()
+        stopped = NotLeader(None)
+        for write in [*self._sending, *self._queue]:
             if not write.future.done():
-                write.future.set_exception(StoreUnavailable("master stopping"))
+                write.future.set_exception(stopped)
+        self._queue.clear()
+        self._sending = []
 
     def submit(self, compares: list[rpc.Compare], ops: list[rpc.RequestOp],
                keys: frozenset[bytes] = frozenset(), *, exclusive: bool = False,
                ) -> asyncio.Future[int | None]:
         """Queues one transaction; the future resolves as `commit()` returns."""
         future = asyncio.get_running_loop().create_future()
+        if self._stopped:
+            future.set_exception(NotLeader(None))
+            return future
         self._queue.append(_Write(compares, ops, keys, exclusive, future))
         self._wakeup.set()
         return future
@@ -156,8 +165,9 @@ class GroupCommitter:
             await self._wakeup.wait()
             self._wakeup.clear()
             while self._queue:
-                batch = self._next_batch()
-                await self._send(batch)
+                self._sending = self._next_batch()
+                await self._send(self._sending)
+                self._sending = []
 
     async def _send(self, batch: list[_Write]) -> None:
         request = rpc.TxnRequest(

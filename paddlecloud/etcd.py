@@ -127,11 +127,7 @@ class LeaseKeeper:
             raise
         except Exception as error:  # the stream broke: fail every waiter, restart on next use
             logger.warning("lease keep-alive stream broke: %s", error)
-            for waiters in self._waiters.values():
-                for future in waiters:
-                    if not future.done():
-                        future.set_exception(EtcdUnavailable(f"lease keep-alive stream broke: {error}"))
-            self._waiters.clear()
+            self._fail_waiters(f"lease keep-alive stream broke: {error}")
 
     async def close(self) -> None:
         if self._reader is not None:
@@ -140,6 +136,14 @@ class LeaseKeeper:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._reader
             self._reader = None
+        self._fail_waiters("lease keeper closed")
+
+    def _fail_waiters(self, why: str) -> None:
+        for waiters in self._waiters.values():
+            for future in waiters:
+                if not future.done():
+                    future.set_exception(EtcdUnavailable(why))
+        self._waiters.clear()
 
 
 class Session:

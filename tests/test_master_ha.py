@@ -1,0 +1,195 @@
+"""Two masters for one job: the standby takes over, a deposed leader changes nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from collections import Counter
+
+import grpc
+import pytest
+from datasets import write_records
+from etcd_history import done_marks, per_epoch
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from masters import pb, stub, wait_for, wait_serving
+
+from paddlecloud import etcd
+from paddlecloud.keys import JobKeys
+
+
+async def health(address: str) -> int | None:
+    """The health status a master answers, None while it does not answer at all."""
+    async with grpc.aio.insecure_channel(address) as channel:
+        try:
+            reply = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=2)
+        except grpc.aio.AioRpcError:
+            return None
+        return reply.status
+
+
+async def leader_and_standby(masters) -> tuple:
+    """Waits until every master answers and exactly one serves; returns (leader, standby)."""
+    serving = health_pb2.HealthCheckResponse.SERVING
+    statuses: list = []
+
+    async def settled():
+        statuses[:] = [await health(m.address) for m in masters]
+        return None not in statuses and statuses.count(serving) == 1
+    await wait_for(settled, message=f"no single leader among the masters: {statuses}")
+    leader = masters[statuses.index(serving)]
+    return leader, next(m for m in masters if m is not leader)
+
+
+class Trainer:
+    """A test trainer that follows the leader among several master addresses."""
+
+    def __init__(self, addresses: list[str], trainer_id: str) -> None:
+        self.channels = {a: grpc.aio.insecure_channel(a) for a in addresses}
+        self.trainer_id = trainer_id
+        self.current = addresses[0]
+        self.session = 0
+        self.accepted: Counter = Counter()
+
+    async def call(self, method: str, request):
+        while True:
+            for address in [self.current, *self.channels]:
+                try:
+                    reply = await getattr(stub(self.channels[address]), method)(request, timeout=5)
+                    self.current = address
+                    return reply
+                except grpc.aio.AioRpcError as error:
+                    if error.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                        raise
+            await asyncio.sleep(0.1)
+
+    async def run(self, *, stop_after: int | None = None) -> None:
+        self.session = (await self.call("RegisterTrainer", pb.RegisterTrainerRequest(
+            trainer_id=self.trainer_id))).session_id
+        epoch, previous, handled = 0, [], 0
+        while True:
+            reply = await self.call("GetTask", pb.GetTaskRequest(session_id=self.session, epoch=epoch,
+                                                                finished=previous))
+            for r, result in zip(previous, reply.finished_results, strict=True):
+                self.accepted[(r.epoch, r.task_id, result == pb.ACCEPTED)] += 1
+            previous = []
+            if reply.outcome == pb.TASK:
+                previous = [pb.TaskRef(task_id=reply.task.id, epoch=reply.task.epoch,
+                                       attempt=reply.task.attempt)]
+                handled += 1
+                if stop_after is not None and handled >= stop_after:
+                    return
+                await asyncio.sleep(0.01)
+            elif reply.outcome == pb.EPOCH_DONE:
+                epoch = reply.current_epoch
+            elif reply.outcome == pb.WAIT:
+                await asyncio.sleep(0.05)
+            else:
+                assert reply.outcome == pb.JOB_DONE
+                return
+
+    async def close(self) -> None:
+        for channel in self.channels.values():
+            await channel.close()
+
+
+@pytest.fixture
+def two_masters(tmp_path, start_master):
+    write_records(tmp_path / "data", files=40, records_per_file=1)
+    args = ("--input", str(tmp_path / "data"), "--epochs", "3", "--election-ttl", "2s",
+            "--session-ttl", "10s")
+    return [start_master(*args, name="m1"), start_master(*args, name="m2")]
+
+
+async def test_standby_is_not_serving_and_names_the_leader(two_masters):
+    leader, standby = await leader_and_standby(two_masters)
+    assert await health(standby.address) == health_pb2.HealthCheckResponse.NOT_SERVING
+    async with grpc.aio.insecure_channel(standby.address) as channel:
+        with pytest.raises(grpc.aio.AioRpcError) as error:
+            await stub(channel).GetStatus(pb.GetStatusRequest())
+    assert error.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert error.value.details() == f"not the leader; the leader is {leader.address}"
+
+
+async def test_leader_sigkill_standby_serves_the_job_to_its_end(two_masters, etcd_endpoint, job_name):
+    leader, standby = await leader_and_standby(two_masters)
+    trainers = [Trainer([m.address for m in two_masters], f"t{i}") for i in range(3)]
+    try:
+        runs = [asyncio.create_task(t.run()) for t in trainers]
+
+        async def some_progress():
+            async with grpc.aio.insecure_channel(leader.address) as channel:
+                status = await stub(channel).GetStatus(pb.GetStatusRequest())
+                return status.counts.done >= 10
+        await wait_for(some_progress, message="no progress before the kill")
+        leader.kill()
+        await wait_serving(standby.address, process=standby, timeout=60)
+        await asyncio.wait_for(asyncio.gather(*runs), 120)
+    finally:
+        for t in trainers:
+            await t.close()
+    counted = per_epoch(await done_marks(etcd_endpoint, JobKeys("local", job_name)))
+    assert {e: sorted(c) for e, c in counted.items()} == {e: list(range(40)) for e in range(3)}
+    assert all(max(c.values()) == 1 for c in counted.values())
+    accepted = Counter()
+    for t in trainers:
+        for (epoch, task, ok), n in t.accepted.items():
+            if ok:
+                accepted[(epoch, task)] += n
+    assert max(accepted.values()) == 1  # no trainer was told ACCEPTED twice for one task
+
+
+async def test_sessions_survive_a_failover_shorter_than_their_ttl(two_masters):
+    leader, standby = await leader_and_standby(two_masters)
+    trainer = Trainer([leader.address, standby.address], "steady")
+    try:
+        session = (await trainer.call("RegisterTrainer", pb.RegisterTrainerRequest(trainer_id="steady"))).session_id
+        held = (await trainer.call("GetTask", pb.GetTaskRequest(session_id=session, epoch=0))).task
+        leader.kill()
+        await wait_serving(standby.address, process=standby, timeout=60)
+        # Same session, same task, same attempt: nothing moved because the master changed.
+        reply = await trainer.call("TaskFinished", pb.TaskReport(session_id=session, task_id=held.id,
+                                                                 epoch=0, attempt=held.attempt))
+        assert reply.result == pb.ACCEPTED
+        await trainer.call("KeepAlive", pb.KeepAliveRequest(session_id=session))
+    finally:
+        await trainer.close()
+
+
+async def test_paused_leader_is_deposed_and_writes_nothing(two_masters, etcd_endpoint, job_name):
+    leader, standby = await leader_and_standby(two_masters)
+    keys = JobKeys("local", job_name)
+    client = await etcd.connect(etcd_endpoint)
+    trainer = Trainer([standby.address], "t")
+    try:
+        leader.signal(signal.SIGSTOP)
+        await wait_serving(standby.address, process=standby, timeout=60)
+        session = (await trainer.call("RegisterTrainer", pb.RegisterTrainerRequest(trainer_id="t"))).session_id
+        task = (await trainer.call("GetTask", pb.GetTaskRequest(session_id=session, epoch=0))).task
+        revision_before = (await client.get(keys.epoch)).mod_revision
+        leader.signal(signal.SIGCONT)
+        # Whatever the old leader is asked now, it cannot write: UNAVAILABLE naming the new leader.
+        async with grpc.aio.insecure_channel(leader.address) as channel:
+            old = stub(channel)
+            for call in (old.RegisterTrainer(pb.RegisterTrainerRequest(trainer_id="intruder"), timeout=20),
+                         old.TaskFinished(pb.TaskReport(session_id=session, task_id=task.id, epoch=0,
+                                                        attempt=task.attempt), timeout=20)):
+                with pytest.raises(grpc.aio.AioRpcError) as error:
+                    await call
+                assert error.value.code() == grpc.StatusCode.UNAVAILABLE, error.value.details()
+                assert "not the leader" in error.value.details()
+        await wait_for(lambda: _not_serving(leader.address), message="the old leader never stepped down")
+        assert "stepping down" in leader.log()
+        assert await client.get(keys.trainer("intruder")) is None
+        assert (await client.get(keys.epoch)).mod_revision == revision_before
+        assert (await client.get(keys.leader)).value.decode() == standby.address
+        # The job is consistent: the task is still live at the new leader.
+        reply = await trainer.call("TaskFinished", pb.TaskReport(session_id=session, task_id=task.id,
+                                                                 epoch=0, attempt=task.attempt))
+        assert reply.result == pb.ACCEPTED
+    finally:
+        await trainer.close()
+        await client.close()
+
+
+async def _not_serving(address: str) -> bool:
+    return await health(address) == health_pb2.HealthCheckResponse.NOT_SERVING
