@@ -96,7 +96,8 @@ async def supervise(
     await deployer.create_pservers()
     await advance(STARTING)
     if current == STARTING:  # a job already Running had its pservers registered before
-        await _wait_for_pservers(num_pservers, registered_pservers, poll_interval)
+        await _wait_for_pservers(num_pservers, registered=registered_pservers,
+                                 poll_interval=poll_interval)
     await deployer.create_trainers()
     await advance(RUNNING)
 
@@ -107,7 +108,7 @@ async def supervise(
     return final
 
 
-async def _wait_for_pservers(num_pservers: int, registered: Callable[[], Awaitable[int]],
+async def _wait_for_pservers(num_pservers: int, *, registered: Callable[[], Awaitable[int]],
                              poll_interval: float) -> None:
     last = -1
     while True:

@@ -110,14 +110,20 @@ def is_transient(error: BaseException) -> bool:
 
 
 def explain(error: BaseException, *, verb: str, resource: str, namespace: str,
-            name: str = "") -> KubernetesApiError:
-    """A clear error for a failed call: what was tried, what the API said, what to do."""
+            name: str = "", rights: str | None = None) -> KubernetesApiError:
+    """A clear error for a failed call: what was tried, what the API said, what to do.
+
+    `rights` says where the caller's rights come from (default: the master's Role).
+    """
     status = api_status(error) or 0
     what = f"{verb} {resource}{' ' + name if name else ''} in namespace {namespace}"
     if status == 403:
+        rights = rights or (
+            "The master's rights come from the Role in deploy/rbac.yaml "
+            f"(kubectl apply -n {namespace} -f deploy/rbac.yaml)"
+        )
         return KubernetesPermissionError(
-            f"forbidden to {what}: the account lacks '{verb}' on '{resource}'. The master's "
-            f"rights come from deploy/rbac.yaml (kubectl apply -n {namespace} -f deploy/rbac.yaml); "
+            f"forbidden to {what}: the account lacks '{verb}' on '{resource}'. {rights}; "
             f"the API said: {api_message(error)}",
             status=403,
         )
@@ -247,48 +253,48 @@ class KubernetesDeployer(Deployer):
     def _to_dict(self, obj: Any) -> dict[str, Any]:
         return obj if isinstance(obj, dict) else self._api.sanitize_for_serialization(obj)
 
-    async def _call(self, verb: str, resource: str, name: str, fn: Callable[..., T],
-                    *args: Any, **kwargs: Any) -> T:
+    def _explain(self, error: Exception, *, verb: str, resource: str, target: str) -> Exception:
+        """The error to raise: API answers and lost connections explained, bugs as they are."""
+        if api_status(error) is None and not is_transient(error):
+            return error
+        return explain(error, verb=verb, resource=resource, namespace=self.namespace, name=target)
+
+    async def _call(self, fn: Callable[..., T], *args: Any, verb: str, resource: str, target: str,
+                    **kwargs: Any) -> T:
         try:
             return await call(self.retry, fn, *args, **kwargs)
         except Exception as error:
-            if api_status(error) is None and not is_transient(error):
-                raise
-            raise explain(error, verb=verb, resource=resource, namespace=self.namespace,
-                          name=name) from error
+            raise self._explain(error, verb=verb, resource=resource, target=target) from error
 
-    async def _read(self, resource: str, name: str, fn: Callable[..., Any], *args: Any) -> dict[str, Any] | None:
+    async def _read(self, fn: Callable[..., Any], *args: Any, resource: str,
+                    target: str) -> dict[str, Any] | None:
         """The object as a dict, None when it does not exist."""
         try:
             obj = await call(self.retry, fn, *args)
         except Exception as error:
             if api_status(error) == 404:
                 return None
-            if api_status(error) is None and not is_transient(error):
-                raise
-            raise explain(error, verb="get", resource=resource, namespace=self.namespace,
-                          name=name) from error
+            raise self._explain(error, verb="get", resource=resource, target=target) from error
         return self._to_dict(obj)
 
-    async def _ensure(self, resource: str, body: dict[str, Any], create: Callable[..., Any],
-                      read: Callable[..., Any], *, create_args: tuple[Any, ...] = (),
-                      read_args: tuple[Any, ...] | None = None) -> dict[str, Any]:
+    async def _ensure(self, body: dict[str, Any], *, resource: str, create: Callable[..., Any],
+                      read: Callable[..., Any], create_args: tuple[Any, ...] = (),
+                      read_args: tuple[Any, ...] = ()) -> dict[str, Any]:
         """Creates `body`, or adopts the object of that name when it is this job's."""
         name = body["metadata"]["name"]
-        args = create_args or (self.namespace,)
+        create_args = create_args or (self.namespace,)
         try:
-            created = await call(self.retry, create, *args, body)
+            created = await call(self.retry, create, *create_args, body)
             logger.info("created %s %s/%s", resource, self.namespace, name)
             return self._to_dict(created)
         except Exception as error:
             if api_status(error) != 409:
-                if api_status(error) is None and not is_transient(error):
-                    raise
-                raise explain(error, verb="create", resource=resource, namespace=self.namespace,
-                              name=name) from error
-        existing = await self._read(resource, name, read, *(read_args or (name, self.namespace)))
+                raise self._explain(error, verb="create", resource=resource, target=name) from error
+        existing = await self._read(read, *(read_args or (name, self.namespace)),
+                                    resource=resource, target=name)
         if existing is None:  # deleted between our create and our read: try once more
-            return self._to_dict(await self._call("create", resource, name, create, *args, body))
+            return self._to_dict(await self._call(create, *create_args, body, verb="create",
+                                                  resource=resource, target=name))
         owner_job = ((existing.get("metadata") or {}).get("labels") or {}).get(manifests.JOB_LABEL)
         if owner_job != self.spec.name:
             raise KubernetesConflictError(
@@ -300,7 +306,7 @@ class KubernetesDeployer(Deployer):
         logger.info("adopted existing %s %s/%s", resource, self.namespace, name)
         return existing
 
-    async def _delete(self, resource: str, name: str, fn: Callable[..., Any], *args: Any) -> bool:
+    async def _delete(self, fn: Callable[..., Any], *args: Any, resource: str, target: str) -> bool:
         """Deletes with background propagation; False when it was already gone."""
         from kubernetes import client
 
@@ -310,11 +316,8 @@ class KubernetesDeployer(Deployer):
         except Exception as error:
             if api_status(error) == 404:
                 return False
-            if api_status(error) is None and not is_transient(error):
-                raise
-            raise explain(error, verb="delete", resource=resource, namespace=self.namespace,
-                          name=name) from error
-        logger.info("deleted %s %s/%s", resource, self.namespace, name)
+            raise self._explain(error, verb="delete", resource=resource, target=target) from error
+        logger.info("deleted %s %s/%s", resource, self.namespace, target)
         return True
 
     # ---- the owner --------------------------------------------------------------------
@@ -322,8 +325,8 @@ class KubernetesDeployer(Deployer):
         """The owner reference to the master Deployment (read once: its uid never changes)."""
         if self._owner is None:
             name = manifests.master_name(self.spec.name)
-            deployment = await self._read("deployments", name, self._apps.read_namespaced_deployment,
-                                          name, self.namespace)
+            deployment = await self._read(self._apps.read_namespaced_deployment, name,
+                                          self.namespace, resource="deployments", target=name)
             if deployment is None:
                 raise KubernetesApiError(
                     f"the master Deployment {name} does not exist in namespace {self.namespace}: "
@@ -338,8 +341,8 @@ class KubernetesDeployer(Deployer):
 
     # ---- Deployer -------------------------------------------------------------------------
     async def _ensure_service(self, body: dict[str, Any]) -> None:
-        await self._ensure("services", body, self._core.create_namespaced_service,
-                           self._core.read_namespaced_service)
+        await self._ensure(body, resource="services", create=self._core.create_namespaced_service,
+                           read=self._core.read_namespaced_service)
 
     async def _ensure_podgroup(self, min_member: int) -> None:
         owner = await self.owner()
@@ -347,14 +350,15 @@ class KubernetesDeployer(Deployer):
         name = body["metadata"]["name"]
         group_args = (VOLCANO_GROUP, VOLCANO_VERSION, self.namespace, PODGROUPS)
         existing = await self._ensure(
-            PODGROUPS, body, self._custom.create_namespaced_custom_object,
-            self._custom.get_namespaced_custom_object,
+            body, resource=PODGROUPS, create=self._custom.create_namespaced_custom_object,
+            read=self._custom.get_namespaced_custom_object,
             create_args=group_args, read_args=(*group_args, name),
         )
         if (existing.get("spec") or {}).get("minMember") != min_member:
-            await self._call("patch", PODGROUPS, name, self._custom.patch_namespaced_custom_object,
-                             *group_args, name, {"spec": {"minMember": min_member}},
-                             _content_type="application/merge-patch+json")
+            await self._call(self._custom.patch_namespaced_custom_object, *group_args, name,
+                             {"spec": {"minMember": min_member}},
+                             _content_type="application/merge-patch+json",
+                             verb="patch", resource=PODGROUPS, target=name)
             logger.info("PodGroup %s/%s: minMember=%d", self.namespace, name, min_member)
 
     async def create_pservers(self) -> None:
@@ -367,9 +371,9 @@ class KubernetesDeployer(Deployer):
             # pservers + trainers could never form yet: the group grows in create_trainers.
             await self._ensure_podgroup(self.spec.pservers)
         await self._ensure_service(manifests.pserver_service(self.spec, owner))
-        await self._ensure("statefulsets", manifests.pserver_statefulset(self.spec, owner),
-                           self._apps.create_namespaced_stateful_set,
-                           self._apps.read_namespaced_stateful_set)
+        await self._ensure(manifests.pserver_statefulset(self.spec, owner), resource="statefulsets",
+                           create=self._apps.create_namespaced_stateful_set,
+                           read=self._apps.read_namespaced_stateful_set)
 
     async def create_trainers(self) -> None:
         """PodGroup (minMember = pservers + trainers), trainer Service if needed, the Job."""
@@ -378,12 +382,14 @@ class KubernetesDeployer(Deployer):
             await self._ensure_podgroup(self.spec.pservers + self.spec.trainers)
         if manifests.needs_trainer_service(self.spec):
             await self._ensure_service(manifests.trainer_service(self.spec, owner))
-        await self._ensure("jobs", manifests.trainer_job(self.spec, owner),
-                           self._batch.create_namespaced_job, self._batch.read_namespaced_job)
+        await self._ensure(manifests.trainer_job(self.spec, owner), resource="jobs",
+                           create=self._batch.create_namespaced_job,
+                           read=self._batch.read_namespaced_job)
 
     async def trainer_status(self) -> RoleStatus:
         name = manifests.trainer_name(self.spec.name)
-        job = await self._read("jobs", name, self._batch.read_namespaced_job, name, self.namespace)
+        job = await self._read(self._batch.read_namespaced_job, name, self.namespace,
+                               resource="jobs", target=name)
         return role_status_of_job(job, desired=self.spec.trainers)
 
     async def cleanup(self, *, succeeded: bool) -> None:
@@ -395,19 +401,23 @@ class KubernetesDeployer(Deployer):
             return
         job, ps = manifests.trainer_name(self.spec.name), manifests.pserver_name(self.spec.name)
         ns = self.namespace
-        await self._delete("jobs", job, self._batch.delete_namespaced_job, job, ns)
-        await self._delete("services", job, self._core.delete_namespaced_service, job, ns)
-        await self._delete("statefulsets", ps, self._apps.delete_namespaced_stateful_set, ps, ns)
-        await self._delete("services", ps, self._core.delete_namespaced_service, ps, ns)
+        await self._delete(self._batch.delete_namespaced_job, job, ns, resource="jobs", target=job)
+        await self._delete(self._core.delete_namespaced_service, job, ns, resource="services",
+                           target=job)
+        await self._delete(self._apps.delete_namespaced_stateful_set, ps, ns,
+                           resource="statefulsets", target=ps)
+        await self._delete(self._core.delete_namespaced_service, ps, ns, resource="services",
+                           target=ps)
         if self.spec.uses_volcano:
             group = manifests.podgroup_name(self.spec.name)
-            await self._delete(PODGROUPS, group, self._custom.delete_namespaced_custom_object,
-                               VOLCANO_GROUP, VOLCANO_VERSION, ns, PODGROUPS, group)
+            await self._delete(self._custom.delete_namespaced_custom_object, VOLCANO_GROUP,
+                               VOLCANO_VERSION, ns, PODGROUPS, group, resource=PODGROUPS,
+                               target=group)
 
     async def annotate_phase(self, phase: str) -> None:
         """Records the phase as the `paddlecloud.org/phase` annotation of the master Deployment."""
         name = manifests.master_name(self.spec.name)
-        await self._call("patch", "deployments", name, self._apps.patch_namespaced_deployment,
-                         name, self.namespace,
+        await self._call(self._apps.patch_namespaced_deployment, name, self.namespace,
                          {"metadata": {"annotations": {manifests.PHASE_ANNOTATION: phase}}},
-                         _content_type="application/merge-patch+json")
+                         _content_type="application/merge-patch+json",
+                         verb="patch", resource="deployments", target=name)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import click
 
 from master.cli import master_command
+from paddlecloud.jobs_cli import job
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -18,6 +19,7 @@ def main() -> None:
 
 
 main.add_command(master_command)
+main.add_command(job)
 
 if __name__ == "__main__":
     main()

@@ -42,24 +42,32 @@ logger = logging.getLogger(__name__)
 
 ROLES = (manifests.TRAINER, manifests.PSERVER, manifests.MASTER)
 SKIPPED_PACKAGE_PARTS = ("__pycache__",)
+USER_RIGHTS = ("Ask your cluster's admin for it in this namespace "
+               "(docs/kubernetes.md lists what `paddlecloud job` needs)")
 
 
 def _fail(message: str) -> click.ClickException:
     return click.ClickException(message)
 
 
-def _cluster_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+def _kubeconfig_option(fn: Callable[..., Any]) -> Callable[..., Any]:
     fn = click.option("--kubeconfig", type=click.Path(dir_okay=False),
                       help="Kubeconfig file (default: in-cluster, then ~/.kube/config).")(fn)
     return fn
 
 
 def _namespace_option(default: str | None = "default") -> Callable[..., Any]:
+    help_text = "Kubernetes namespace of the job." + (
+        "" if default else "  [default: the PaddleJob's, else default]")
     return click.option("-n", "--namespace", default=default, show_default=default is not None,
-                        help="Kubernetes namespace of the job.")
+                        help=help_text)
 
 
 def _api(kubeconfig: str | None) -> Any:
+    try:
+        import kubernetes  # noqa: F401
+    except ImportError:
+        raise _fail("`paddlecloud job` needs the Kubernetes client: pip install 'paddlecloud[k8s]'") from None
     from master.k8s_deployer import KubernetesApiError, load_api_client
 
     try:
@@ -84,7 +92,7 @@ def _call(fn: Callable[..., Any], *args: Any, verb: str, resource: str, namespac
         if status is None and not is_transient(error):
             raise
         raise _fail(str(explain(error, verb=verb, resource=resource, namespace=namespace,
-                                name=name))) from None
+                                name=name, rights=USER_RIGHTS))) from None
 
 
 def _clients(api: Any) -> tuple[Any, Any]:
@@ -172,11 +180,11 @@ def render_dry_run(spec: JobSpec, package: Mapping[str, bytes] | None) -> str:
     parts = [f"# paddlecloud job {spec.name} in namespace {spec.namespace}\n"
              "# created by `paddlecloud job submit`:\n"]
     for obj in manifests.submit_objects(spec, package):
-        parts.append("---\n" + yaml.safe_dump(obj, sort_keys=False))
+        parts.append("---\n" + manifests.dump_yaml(obj))
     parts.append(f"# created by the job's leading master at run time, owned by Deployment "
                  f"{manifests.master_name(spec.name)} (ownerReferences are filled in then):\n")
     for obj in manifests.master_objects(spec, None):
-        parts.append("---\n" + yaml.safe_dump(obj, sort_keys=False))
+        parts.append("---\n" + manifests.dump_yaml(obj))
     return "".join(parts)
 
 
@@ -208,7 +216,7 @@ def render_dry_run(spec: JobSpec, package: Mapping[str, bytes] | None) -> str:
 @click.option("--clean-pod-policy", type=click.Choice(CLEAN_POD_POLICIES),
               help="Which ending removes the pods (as paddle-operator)  [default: OnCompletion]")
 @click.option("--dry-run", is_flag=True, help="Print the manifests as a YAML stream; touch nothing.")
-@_cluster_options
+@_kubeconfig_option
 def submit_command(name: str | None, paddlejob: str | None, dry_run: bool,
                    kubeconfig: str | None, **options: Any) -> None:
     """Submit job NAME: its master deploys the pservers and trainers."""
@@ -224,12 +232,12 @@ def submit_command(name: str | None, paddlejob: str | None, dry_run: bool,
         click.echo(render_dry_run(spec, package), nl=False)
         return
     api = _api(kubeconfig)
-    _create_job(api, spec, objects)
+    _create_job(api, spec=spec, objects=objects)
     click.echo(f"job {spec.name} submitted to namespace {spec.namespace}: "
                f"paddlecloud job status {spec.name} -n {spec.namespace}")
 
 
-def _create_job(api: Any, spec: JobSpec, objects: list[dict[str, Any]]) -> None:
+def _create_job(api: Any, *, spec: JobSpec, objects: list[dict[str, Any]]) -> None:
     """Creates the ConfigMaps, then the Deployment, then its Service; a name in use is refused."""
     from master.k8s_deployer import RetryPolicy, api_status, call_sync, explain, is_transient
 
@@ -253,7 +261,7 @@ def _create_job(api: Any, spec: JobSpec, objects: list[dict[str, Any]]) -> None:
             if status is None and not is_transient(error):
                 raise
             raise _fail(str(explain(error, verb="create", resource=resource, namespace=ns,
-                                    name=name))) from None
+                                    name=name, rights=USER_RIGHTS))) from None
 
     try:
         for cm in (o for o in objects if o["kind"] == "ConfigMap"):
@@ -295,7 +303,7 @@ def _age(created: Any) -> str:
 
 @job.command("list")
 @_namespace_option()
-@_cluster_options
+@_kubeconfig_option
 def list_command(namespace: str, kubeconfig: str | None) -> None:
     """List the jobs of a namespace, with their phase."""
     from rich.console import Console
@@ -306,7 +314,7 @@ def list_command(namespace: str, kubeconfig: str | None) -> None:
     selector = f"{manifests.APP_LABEL}={manifests.APP_NAME},{manifests.ROLE_LABEL}={manifests.MASTER}"
     found = _call(apps.list_namespaced_deployment, namespace, label_selector=selector,
                   verb="list", resource="deployments", namespace=namespace)
-    table = Table("JOB", "PHASE", "MASTERS READY", "AGE", box=None)
+    table = Table("JOB", "PHASE", "MASTERS READY", "AGE", box=None, pad_edge=False)
     rows = 0
     for item in sorted(found.items or [], key=lambda d: d.metadata.name):
         labels = item.metadata.labels or {}
@@ -356,7 +364,7 @@ def fetch_master_status(address: str, *, timeout: float) -> Any:
               help="The master's gRPC address (default: its Service, NAME-master.NS.svc:8080).")
 @click.option("--timeout", type=float, default=3.0, show_default=True,
               help="Seconds to wait for the master.")
-@_cluster_options
+@_kubeconfig_option
 def status_command(name: str, namespace: str, master_address: str | None, timeout: float,
                    kubeconfig: str | None) -> None:
     """Phase, pods per role, and the master's progress of job NAME."""
@@ -378,7 +386,7 @@ def status_command(name: str, namespace: str, master_address: str | None, timeou
     console = Console(file=sys.stdout, width=100)
     phase = (deployment.metadata.annotations or {}).get(manifests.PHASE_ANNOTATION, "-")
     console.print(f"job {name} in namespace {namespace}: phase {phase}")
-    table = Table("ROLE", "PENDING", "RUNNING", "SUCCEEDED", "FAILED", box=None)
+    table = Table("ROLE", "PENDING", "RUNNING", "SUCCEEDED", "FAILED", box=None, pad_edge=False)
     for role in ROLES:
         c = counts[role]
         table.add_row(role, *(str(c.get(p, 0)) for p in ("Pending", "Running", "Succeeded", "Failed")))
@@ -407,11 +415,13 @@ def status_command(name: str, namespace: str, master_address: str | None, timeou
     done, total = counts_.done, max(reply.num_tasks, 1)
     console.print(f"epoch {epoch}/{reply.num_epochs}: tasks {done}/{reply.num_tasks} done "
                   f"(todo {counts_.todo}, pending {counts_.pending}, failed {counts_.failed})")
-    console.print(ProgressBar(total=total, completed=done, width=60))
+    bar = Table.grid(padding=(0, 1))
+    bar.add_row(ProgressBar(total=total, completed=done, width=60), f"{100 * done // total}%")
+    console.print(bar)
 
 
 # ---- logs -------------------------------------------------------------------------------------
-def _pick_pod(api: Any, name: str, namespace: str, role: str, index: int) -> Any:
+def _pick_pod(api: Any, *, name: str, namespace: str, role: str, index: int) -> Any:
     core, _ = _clients(api)
     pods = _call(core.list_namespaced_pod, namespace,
                  label_selector=manifests.label_selector(name, role),
@@ -442,19 +452,19 @@ def _pick_pod(api: Any, name: str, namespace: str, role: str, index: int) -> Any
               help="Trainer id, pserver index, or master number (0: the leader).")
 @click.option("-f", "--follow", is_flag=True, help="Keep streaming new lines.")
 @_namespace_option()
-@_cluster_options
+@_kubeconfig_option
 def logs_command(name: str, role: str, index: int, follow: bool, namespace: str,
                  kubeconfig: str | None) -> None:
     """Print the log of one pod of job NAME."""
     api = _api(kubeconfig)
     core, _ = _clients(api)
-    pod = _pick_pod(api, name, namespace, role, index)
+    pod = _pick_pod(api, name=name, namespace=namespace, role=role, index=index)
     containers = pod.spec.containers if pod.spec else []
     container = containers[0].name if containers else None
     response = _call(core.read_namespaced_pod_log, pod.metadata.name, namespace, container=container,
                      follow=follow, _preload_content=False, verb="get", resource="pods/log",
                      namespace=namespace, name=pod.metadata.name)
-    out = click.get_binary_stream("stdout")
+    out = sys.stdout.buffer
     try:
         for chunk in response.stream(4096):
             out.write(chunk)
@@ -464,7 +474,7 @@ def logs_command(name: str, role: str, index: int, follow: bool, namespace: str,
 
 
 # ---- delete -------------------------------------------------------------------------------------
-async def clear_etcd_prefix(endpoints: str, namespace: str, job_name: str, *, timeout: float) -> int:
+async def clear_etcd_prefix(endpoints: str, *, namespace: str, job_name: str, timeout: float) -> int:
     """Deletes every key of the job under /paddlecloud/NS/NAME/; returns how many went."""
     from paddlecloud.etcd import connect
     from paddlecloud.keys import JobKeys
@@ -481,7 +491,7 @@ async def clear_etcd_prefix(endpoints: str, namespace: str, job_name: str, *, ti
 @click.argument("name")
 @_namespace_option()
 @click.option("--etcd-endpoints", help="Clear the job's etcd keys here (default: the job spec's).")
-@_cluster_options
+@_kubeconfig_option
 def delete_command(name: str, namespace: str, etcd_endpoints: str | None,
                    kubeconfig: str | None) -> None:
     """Delete job NAME: its master (and so everything it owns), its ConfigMaps, its etcd keys."""
@@ -517,7 +527,8 @@ def delete_command(name: str, namespace: str, etcd_endpoints: str | None,
         click.echo("etcd: no endpoints known; pass --etcd-endpoints to clear the job's keys")
         return
     try:
-        count = asyncio.run(clear_etcd_prefix(endpoints, namespace, name, timeout=5.0))
+        count = asyncio.run(clear_etcd_prefix(endpoints, namespace=namespace, job_name=name,
+                                              timeout=5.0))
     except Exception as error:
         message = (f"could not clear the job's etcd keys at {endpoints}: {error}; "
                    "run again with --etcd-endpoints of a reachable etcd")

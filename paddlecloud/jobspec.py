@@ -141,10 +141,6 @@ class JobSpec:
     def uses_volcano(self) -> bool:
         return self.scheduler_name == "volcano"
 
-    @property
-    def has_dataset(self) -> bool:
-        return bool(self.inputs)
-
     # ---- checks -----------------------------------------------------------------
     def validate(self) -> JobSpec:
         """Raises `JobSpecError` naming the first bad value; returns self for chaining."""

@@ -28,6 +28,8 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+import yaml
+
 from paddlecloud.jobspec import JobSpec, JobSpecError
 
 logger = logging.getLogger(__name__)
@@ -121,7 +123,8 @@ def owner_reference(job: str, uid: str) -> dict[str, Any]:
     }
 
 
-def _metadata(spec: JobSpec, name: str, role: str, owner: Mapping[str, Any] | None) -> dict[str, Any]:
+def _metadata(spec: JobSpec, *, name: str, role: str,
+              owner: Mapping[str, Any] | None) -> dict[str, Any]:
     meta: dict[str, Any] = {"name": name, "namespace": spec.namespace, "labels": labels(spec, role)}
     if owner is not None:
         meta["ownerReferences"] = [dict(owner)]
@@ -244,7 +247,7 @@ def _wants_gpu(container: Mapping[str, Any]) -> bool:
     return any("nvidia.com/gpu" in (resources.get(k) or {}) for k in ("limits", "requests"))
 
 
-def _command(spec: JobSpec, role: str, container: Mapping[str, Any], where: str) -> list[str]:
+def _command(spec: JobSpec, *, role: str, container: Mapping[str, Any], where: str) -> list[str]:
     """`paddlecloud <role> -- <program>`: the agent registers/supervises the program."""
     program = [*(container.get("command") or []), *(container.get("args") or [])]
     if program[:2] == ["paddlecloud", role]:
@@ -259,7 +262,7 @@ def _command(spec: JobSpec, role: str, container: Mapping[str, Any], where: str)
     return ["paddlecloud", role, "--", *[str(p) for p in program]]
 
 
-def _merge_env(where: str, ours: list[dict[str, Any]], theirs: list[Any]) -> list[dict[str, Any]]:
+def _merge_env(*, where: str, ours: list[dict[str, Any]], theirs: list[Any]) -> list[dict[str, Any]]:
     mine = {e["name"] for e in ours}
     for entry in theirs:
         if entry.get("name") in mine:
@@ -270,7 +273,7 @@ def _merge_env(where: str, ours: list[dict[str, Any]], theirs: list[Any]) -> lis
     return [*ours, *copy.deepcopy(list(theirs))]
 
 
-def _add_port(container: dict[str, Any], name: str, port: int) -> None:
+def _add_port(container: dict[str, Any], *, name: str, port: int) -> None:
     ports = container.setdefault("ports", [])
     if any(p.get("containerPort") == port or p.get("name") == name for p in ports):
         return
@@ -297,12 +300,12 @@ def _pod_template(spec: JobSpec, role: str, *, template: Mapping[str, Any] | Non
             resources = _resources(spec.trainer_cpu, spec.trainer_memory, spec.trainer_gpu)
         container = {"name": role, "image": spec.image, "resources": resources}
         containers = pod["containers"] = [container]
-    container["command"] = _command(spec, role, container, where)
+    container["command"] = _command(spec, role=role, container=container, where=where)
     container.pop("args", None)
-    container["env"] = _merge_env(where, env, container.get("env") or [])
-    _add_port(container, "paddle", PADDLE_PORT)
+    container["env"] = _merge_env(where=where, ours=env, theirs=container.get("env") or [])
+    _add_port(container, name="paddle", port=PADDLE_PORT)
     if spec.with_gloo and (role == TRAINER or spec.with_gloo == 2):
-        _add_port(container, "gloo-http", GLOO_HTTP_PORT)
+        _add_port(container, name="gloo-http", port=GLOO_HTTP_PORT)
 
     mounts = container.setdefault("volumeMounts", [])
     volumes = pod.setdefault("volumes", [])
@@ -315,7 +318,8 @@ def _pod_template(spec: JobSpec, role: str, *, template: Mapping[str, Any] | Non
     if spec.data_volume is not None and role == TRAINER:
         volumes.append({"name": "data", "persistentVolumeClaim": {"claimName": spec.data_volume.claim}})
         mounts.append({"name": "data", "mountPath": spec.data_volume.mount_path})
-    if _wants_gpu(container):
+    if _wants_gpu(container) and not any(m.get("mountPath") == "/dev/shm" for m in mounts):
+        # NCCL needs more shared memory than a container's default 64 MiB
         volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory"}})
         mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
     if not mounts:
@@ -343,15 +347,15 @@ def _pod_template(spec: JobSpec, role: str, *, template: Mapping[str, Any] | Non
 
 
 # ---- the objects the master creates --------------------------------------------------------
-def _headless_service(spec: JobSpec, name: str, role: str, owner: Mapping[str, Any] | None,
-                      *, gloo: bool) -> Manifest:
+def _headless_service(spec: JobSpec, *, name: str, role: str, owner: Mapping[str, Any] | None,
+                      gloo: bool) -> Manifest:
     ports = [{"name": "paddle", "port": PADDLE_PORT, "targetPort": PADDLE_PORT}]
     if gloo:
         ports.append({"name": "gloo-http", "port": GLOO_HTTP_PORT, "targetPort": GLOO_HTTP_PORT})
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": _metadata(spec, name, role, owner),
+        "metadata": _metadata(spec, name=name, role=role, owner=owner),
         "spec": {
             "clusterIP": "None",
             # peers must resolve each other before they are ready
@@ -364,7 +368,7 @@ def _headless_service(spec: JobSpec, name: str, role: str, owner: Mapping[str, A
 
 def pserver_service(spec: JobSpec, owner: Mapping[str, Any] | None) -> Manifest:
     """The headless Service that gives every pserver its stable DNS name."""
-    return _headless_service(spec, pserver_name(spec.name), PSERVER, owner,
+    return _headless_service(spec, name=pserver_name(spec.name), role=PSERVER, owner=owner,
                              gloo=spec.with_gloo > 0 and spec.pservers > 0)
 
 
@@ -375,7 +379,7 @@ def pserver_statefulset(spec: JobSpec, owner: Mapping[str, Any] | None) -> Manif
     return {
         "apiVersion": "apps/v1",
         "kind": "StatefulSet",
-        "metadata": _metadata(spec, pserver_name(spec.name), PSERVER, owner),
+        "metadata": _metadata(spec, name=pserver_name(spec.name), role=PSERVER, owner=owner),
         "spec": {
             "serviceName": pserver_name(spec.name),
             "replicas": spec.pservers,
@@ -388,7 +392,7 @@ def pserver_statefulset(spec: JobSpec, owner: Mapping[str, Any] | None) -> Manif
 
 def trainer_service(spec: JobSpec, owner: Mapping[str, Any] | None) -> Manifest:
     """The headless Service that gives every trainer its stable DNS name (collective/gloo)."""
-    return _headless_service(spec, trainer_name(spec.name), TRAINER, owner,
+    return _headless_service(spec, name=trainer_name(spec.name), role=TRAINER, owner=owner,
                              gloo=spec.with_gloo > 0 and spec.pservers == 0)
 
 
@@ -408,7 +412,7 @@ def trainer_job(spec: JobSpec, owner: Mapping[str, Any] | None) -> Manifest:
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
-        "metadata": _metadata(spec, trainer_name(spec.name), TRAINER, owner),
+        "metadata": _metadata(spec, name=trainer_name(spec.name), role=TRAINER, owner=owner),
         "spec": {
             "completionMode": "Indexed",
             "completions": spec.trainers,
@@ -431,7 +435,7 @@ def podgroup(spec: JobSpec, owner: Mapping[str, Any] | None, *, min_member: int 
     return {
         "apiVersion": VOLCANO_API_VERSION,
         "kind": "PodGroup",
-        "metadata": _metadata(spec, podgroup_name(spec.name), MASTER, owner),
+        "metadata": _metadata(spec, name=podgroup_name(spec.name), role=MASTER, owner=owner),
         "spec": body,
     }
 
@@ -455,7 +459,7 @@ def spec_configmap(spec: JobSpec) -> Manifest:
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
-        "metadata": _metadata(spec, spec_configmap_name(spec.name), MASTER, None),
+        "metadata": _metadata(spec, name=spec_configmap_name(spec.name), role=MASTER, owner=None),
         "data": {SPEC_KEY: spec.to_yaml()},
     }
 
@@ -506,7 +510,7 @@ def package_configmap(spec: JobSpec, contents: Mapping[str, bytes]) -> Manifest:
     manifest: Manifest = {
         "apiVersion": "v1",
         "kind": "ConfigMap",
-        "metadata": _metadata(spec, package_configmap_name(spec.name), MASTER, None),
+        "metadata": _metadata(spec, name=package_configmap_name(spec.name), role=MASTER, owner=None),
     }
     if data:
         manifest["data"] = data
@@ -572,7 +576,7 @@ def master_deployment(spec: JobSpec) -> Manifest:
         "apiVersion": "apps/v1",
         "kind": "Deployment",
         "metadata": {
-            **_metadata(spec, master_name(spec.name), MASTER, None),
+            **_metadata(spec, name=master_name(spec.name), role=MASTER, owner=None),
             "annotations": {PHASE_ANNOTATION: "Pending"},
         },
         "spec": {
@@ -604,7 +608,7 @@ def master_service(spec: JobSpec, owner: Mapping[str, Any] | None) -> Manifest:
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": _metadata(spec, master_name(spec.name), MASTER, owner),
+        "metadata": _metadata(spec, name=master_name(spec.name), role=MASTER, owner=owner),
         "spec": {
             "selector": selector(spec, MASTER),
             "ports": [
@@ -624,6 +628,24 @@ def submit_objects(spec: JobSpec, package: Mapping[str, bytes] | None = None,
         out.append(package_configmap(spec, package or {}))
     out += [master_deployment(spec), master_service(spec, owner)]
     return out
+
+
+# ---- YAML -------------------------------------------------------------------------------
+class _Dumper(yaml.SafeDumper):
+    """Multi-line strings (the job spec, package files) as `|` blocks: readable, diffable."""
+
+
+def _represent_str(dumper: yaml.SafeDumper, value: str) -> yaml.Node:
+    style = "|" if "\n" in value else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_Dumper.add_representer(str, _represent_str)
+
+
+def dump_yaml(obj: Any) -> str:
+    """One manifest as YAML, keys in the order rendered (stable: same input, same text)."""
+    return yaml.dump(obj, Dumper=_Dumper, sort_keys=False, default_flow_style=False)
 
 
 # ---- RBAC ---------------------------------------------------------------------------------

@@ -1,0 +1,207 @@
+"""A Kubernetes API for the tests: kmock's emulator served over HTTP, driven by the real client.
+
+kmock (PyPI) keeps objects in memory and answers the Kubernetes REST API; the code
+under test talks to it through the official `kubernetes` client over a real HTTP
+socket — nothing in the client is patched. Where kmock falls short of a real API
+server, the gap is filled HERE, in `_fill_kmock_gaps`, and nowhere else:
+
+1. uid: a real API server gives every created object a uid (owner references
+   need it); kmock stores the body as sent, so created objects get one here.
+2. 201 Created: the client maps only a 201 answer of a create to a body for
+   custom objects (the Volcano PodGroup); kmock answers 200, so creates answer 201.
+3. label selectors: kmock ignores `?labelSelector=`; lists are filtered here.
+4. no controllers run: nothing fills a Job's status or makes pods; tests play the
+   Job controller with `set_job_status` and create pods with `add_pod`.
+5. error answers write anyway: kmock stores a created object even when a test
+   makes the create answer an error (as a server whose answer was lost would);
+   tests that inject errors rely on no more than that.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import kmock as kmocklib
+import pytest
+
+from paddlecloud.jobspec import JobSpec
+from paddlecloud.k8s import manifests
+
+RESOURCES = {
+    "configmaps": kmocklib.resource("", "v1", "configmaps"),
+    "services": kmocklib.resource("", "v1", "services"),
+    "pods": kmocklib.resource("", "v1", "pods"),
+    "deployments": kmocklib.resource("apps", "v1", "deployments"),
+    "statefulsets": kmocklib.resource("apps", "v1", "statefulsets"),
+    "jobs": kmocklib.resource("batch", "v1", "jobs"),
+    "podgroups": kmocklib.resource("scheduling.volcano.sh", "v1beta1", "podgroups"),
+}
+
+
+def _matches(labels: dict[str, str], selector: str) -> bool:
+    """Equality-based label selectors (`a=b,c=d`), the only kind the code under test sends."""
+    for term in filter(None, selector.split(",")):
+        key, _, value = term.partition("=")
+        if labels.get(key) != value:
+            return False
+    return True
+
+
+def _fill_kmock_gaps(kmock: Any) -> None:
+    """The one place where the emulator is made to act like an API server (see the module doc)."""
+
+    def created(request: Any) -> dict[str, Any]:  # gaps 1 and 2
+        meta = (request.data or {}).get("metadata") or {}
+        obj = kmock.objects[request.resource, request.namespace or meta.get("namespace"), meta["name"]]
+        if not (obj.get("metadata") or {}).get("uid"):
+            obj.patch({"metadata": {"uid": str(uuid.uuid4()),
+                                    "creationTimestamp": "2026-01-01T00:00:00Z"}})
+        return obj.raw
+
+    def listed(request: Any) -> dict[str, Any]:  # gap 3
+        selector = request.params.get("labelSelector", "")
+        items = [
+            obj.raw for (resource, namespace, _), obj in kmock.objects.items()
+            if resource == request.resource and not obj.deleted
+            and (request.namespace is None or namespace == request.namespace)
+            and _matches((obj.raw.get("metadata") or {}).get("labels") or {}, selector)
+        ]
+        return {"apiVersion": "v1", "kind": "List", "metadata": {"resourceVersion": "1"},
+                "items": items}
+
+    # Priority -1: below the reactions a test adds (errors), above kmock's own fallbacks.
+    (kmock ** -1)[kmocklib.action.CREATE] << 201 << created
+    (kmock ** -1)[kmocklib.action.LIST] << listed
+
+
+class Cluster:
+    """The emulated API server and what tests do with it beyond the client's calls."""
+
+    def __init__(self, kmock: Any) -> None:
+        self.kmock = kmock
+
+    @property
+    def url(self) -> str:
+        return str(self.kmock.url).rstrip("/")
+
+    def stored(self, resource: str, namespace: str, name: str) -> dict[str, Any] | None:
+        """The object as the emulator holds it now, None when absent or deleted."""
+        key = (RESOURCES[resource], namespace, name)
+        if key not in self.kmock.objects or self.kmock.objects[key].deleted:
+            return None
+        return self.kmock.objects[key].raw
+
+    def posted(self) -> list[tuple[str, str]]:
+        """(resource plural, object name) of every create the emulator saw, in order."""
+        out = []
+        for request in self.kmock[kmocklib.action.CREATE]:
+            meta = (request.data or {}).get("metadata") or {}
+            out.append((request.resource.plural, meta.get("name")))
+        return out
+
+    def requests(self) -> list[tuple[str, str | None, str | None]]:
+        """(HTTP method, resource plural, subresource) of every API request, in order."""
+        return [(str(r.method.value).upper(), r.resource.plural if r.resource else None,
+                 r.subresource) for r in self.kmock]
+
+    def rbac_verbs(self, since: int = 0) -> set[tuple[str, str, str]]:
+        """(API group, resource, RBAC verb) of every API request from request number `since`."""
+        out = set()
+        for request in list(self.kmock)[since:]:
+            method = str(request.method.value).upper()
+            if method == "GET":
+                verb = "get" if request.name else ("watch" if request.params.get("watch") else "list")
+            else:
+                verb = {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}[method]
+            out.add((request.resource.group, request.resource.plural, verb))
+        return out
+
+    def fail(self, method: str, resource: str, *, status: int, times: int = 1,
+             message: str = "injected by the test") -> list[int]:
+        """Makes the next `times` requests of `method` on `resource` answer `status`.
+
+        Returns a one-item list counting the errors answered so far.
+        """
+        answered = [0]
+        reasons = {403: "Forbidden", 409: "AlreadyExists", 500: "InternalError",
+                   503: "ServiceUnavailable", 429: "TooManyRequests"}
+
+        def react(request: Any) -> Any:
+            if answered[0] >= times:
+                return NotImplemented  # exhausted: the request goes on to the emulator
+            answered[0] += 1
+            raise kmocklib.KubernetesError(status=status, reason=reasons.get(status, "Error"),
+                                           message=message)
+
+        self.kmock[method, RESOURCES[resource]] << react
+        return answered
+
+    def set_job_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+        """Plays the Job controller (gap 4): writes the status a real one would."""
+        self.kmock.objects[RESOURCES["jobs"], namespace, name].patch({"status": status})
+
+    def add_pod(self, spec: JobSpec, role: str, name: str, *, phase: str = "Running",
+                annotations: dict[str, str] | None = None, ready: bool = False) -> None:
+        """Plays the controllers that make pods (gap 4)."""
+        self.kmock.objects[RESOURCES["pods"], spec.namespace, name] = {
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": spec.namespace,
+                         "labels": manifests.labels(spec, role),
+                         "annotations": annotations or {},
+                         "creationTimestamp": "2026-01-01T00:00:00Z"},
+            "spec": {"containers": [{"name": role, "image": spec.image}]},
+            "status": {"phase": phase,
+                       "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]},
+        }
+
+    @staticmethod
+    async def wait_for(condition: Callable[[], Any], *, timeout: float = 20.0,
+                       what: str = "condition") -> None:
+        """Polls `condition` (sync or async) until it holds; fails naming `what` after `timeout` s."""
+        deadline = time.monotonic() + timeout
+        while True:
+            result = condition()
+            if inspect.isawaitable(result):
+                result = await result
+            if result:
+                return
+            if time.monotonic() > deadline:
+                pytest.fail(f"timed out after {timeout:g}s waiting for {what}")
+            await asyncio.sleep(0.01)
+
+
+@pytest.fixture
+async def k8s(kmock: Any) -> Cluster:
+    """kmock with its gaps filled, and the helpers the tests share."""
+    _fill_kmock_gaps(kmock)
+    return Cluster(kmock)
+
+
+@pytest.fixture
+def api_client(k8s: Cluster) -> Any:
+    from kubernetes import client
+
+    config = client.Configuration()
+    config.host = k8s.url
+    api = client.ApiClient(config)
+    yield api
+    api.close()
+
+
+@pytest.fixture
+def kubeconfig(k8s: Cluster, tmp_path: Any) -> str:
+    """A kubeconfig file pointing at the emulator, for the CLI's --kubeconfig."""
+    path = tmp_path / "kubeconfig"
+    path.write_text(
+        "apiVersion: v1\nkind: Config\n"
+        f"clusters:\n- name: kmock\n  cluster:\n    server: {k8s.url}\n"
+        "users:\n- name: tester\n  user:\n    token: test-token\n"
+        "contexts:\n- name: kmock\n  context:\n    cluster: kmock\n    user: tester\n"
+        "current-context: kmock\n"
+    )
+    return str(path)

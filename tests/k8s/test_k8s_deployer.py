@@ -1,0 +1,413 @@
+"""KubernetesDeployer and supervise() against an emulated API server and a real etcd.
+
+The deployer talks to kmock through the official client over HTTP; pservers
+"register" by the test putting their `pservers/<i>` keys in the real etcd, as the
+pserver agent would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from master.deployer import Deployer, RoleStatus
+from master.deployment import FAILED, RUNNING, SUCCEEDED, supervise
+from master.k8s_deployer import (
+    KubernetesApiError,
+    KubernetesConflictError,
+    KubernetesDeployer,
+    KubernetesPermissionError,
+    RetryPolicy,
+    role_status_of_job,
+    should_clean,
+)
+from paddlecloud.etcd import connect
+from paddlecloud.jobspec import JobSpec
+from paddlecloud.k8s import manifests
+from paddlecloud.keys import JobKeys
+
+FAST_RETRY = RetryPolicy(attempts=3, initial_wait=0.01, max_wait=0.05)
+NS = "team-a"
+
+
+def make_spec(name: str, **changes: Any) -> JobSpec:
+    values: dict[str, Any] = {"name": name, "namespace": NS, "module": "ctr.train",
+                              "trainers": 3, "pservers": 2}
+    values.update(changes)
+    return JobSpec(**values).validate()
+
+
+def short(job_name: str) -> str:
+    """The test's job name cut to a valid job name (<= 40 chars, ends alphanumeric)."""
+    return job_name[-40:].lstrip("-0123456789") or "job"
+
+
+async def create_master(api_client: Any, spec: JobSpec) -> str:
+    """What `paddlecloud job submit` would have made: the master Deployment. Returns its uid."""
+    from kubernetes import client
+
+    made = await asyncio.to_thread(client.AppsV1Api(api_client).create_namespaced_deployment,
+                                   spec.namespace, manifests.master_deployment(spec))
+    return made.metadata.uid
+
+
+def env_of(obj: dict[str, Any]) -> dict[str, Any]:
+    container = obj["spec"]["template"]["spec"]["containers"][0]
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
+
+
+@pytest.fixture
+async def etcd(etcd_endpoint: str):
+    client = await connect(etcd_endpoint)
+    yield client
+    await client.close()
+
+
+class Recorder:
+    """set_phase as the master would call it, plus what registered_pservers() was asked."""
+
+    def __init__(self, etcd: Any, keys: JobKeys) -> None:
+        self.etcd, self.keys = etcd, keys
+        self.phases: list[str] = []
+        self.polls = 0
+
+    async def set_phase(self, phase: str) -> None:
+        await self.etcd.put(self.keys.phase, phase.encode())
+        self.phases.append(phase)
+
+    async def registered(self) -> int:
+        self.polls += 1
+        return len(list(await self.etcd.get_prefix(self.keys.kind_prefix("pservers"))))
+
+
+async def test_trainers_are_created_only_after_every_pserver_registered(
+        k8s, api_client, etcd, job_name):
+    spec = make_spec(short(job_name))
+    uid = await create_master(api_client, spec)
+    keys = JobKeys(NS, spec.name)
+    rec = Recorder(etcd, keys)
+    deployer = KubernetesDeployer(spec, api_client=api_client, retry=FAST_RETRY)
+    task = asyncio.create_task(supervise(
+        deployer, num_pservers=2, registered_pservers=rec.registered, set_phase=rec.set_phase,
+        job_done=None, poll_interval=0.01))
+    try:
+        ps, trainer = manifests.pserver_name(spec.name), manifests.trainer_name(spec.name)
+        await k8s.wait_for(lambda: rec.polls >= 3, what="supervise polling the pservers")
+        assert k8s.stored("statefulsets", NS, ps) is not None
+        assert k8s.stored("jobs", NS, trainer) is None
+        assert rec.phases == ["Pending", "Starting"]
+
+        await etcd.put(keys.pserver(0), f"{manifests.pserver_host(spec, 0)}:36000".encode())
+        polls = rec.polls
+        await k8s.wait_for(lambda: rec.polls >= polls + 3, what="more polls with 1 of 2 pservers")
+        assert k8s.stored("jobs", NS, trainer) is None, "trainers created before every pserver"
+
+        await etcd.put(keys.pserver(1), f"{manifests.pserver_host(spec, 1)}:36000".encode())
+        await k8s.wait_for(lambda: k8s.stored("jobs", NS, trainer) is not None,
+                           what="the trainer Job")
+        await k8s.wait_for(lambda: RUNNING in rec.phases, what="phase Running")
+        assert k8s.posted() == [("deployments", manifests.master_name(spec.name)),
+                                ("services", ps), ("statefulsets", ps), ("jobs", trainer)]
+
+        # everything the master made is owned by the master Deployment, with the API's uid
+        for resource, name in (("services", ps), ("statefulsets", ps), ("jobs", trainer)):
+            owners = k8s.stored(resource, NS, name)["metadata"]["ownerReferences"]
+            assert owners == [manifests.owner_reference(spec.name, uid)]
+            assert owners[0]["kind"] == "Deployment" and owners[0]["uid"] == uid
+
+        job = k8s.stored("jobs", NS, trainer)
+        assert job["spec"]["completionMode"] == "Indexed"
+        assert job["spec"]["completions"] == job["spec"]["parallelism"] == 3
+        env = env_of(job)
+        assert env["PADDLE_TRAINER_ID"] == {"fieldRef": {
+            "fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}}
+        assert env["TRAINING_ROLE"] == "TRAINER"
+        assert env["PADDLE_PSERVERS_IP_PORT_LIST"] == (
+            f"{ps}-0.{ps}.{NS}.svc:36000,{ps}-1.{ps}.{NS}.svc:36000")
+        assert env["PADDLE_MASTER_ENDPOINT"] == f"{spec.name}-master.{NS}.svc:8080"
+        sts_env = env_of(k8s.stored("statefulsets", NS, ps))
+        assert sts_env["TRAINING_ROLE"] == "PSERVER"
+        assert sts_env["POD_IP"] == f"$(POD_NAME).{ps}.{NS}.svc"
+
+        k8s.set_job_status(NS, trainer, {"succeeded": 3, "conditions": [
+            {"type": "Complete", "status": "True"}]})
+        assert await asyncio.wait_for(task, 20) == SUCCEEDED
+    finally:
+        task.cancel()
+    assert rec.phases == ["Pending", "Starting", "Running", "Succeeded"]
+    assert (await etcd.get(keys.phase)).value == b"Succeeded"
+    deployment = k8s.stored("deployments", NS, manifests.master_name(spec.name))
+    assert deployment["metadata"]["annotations"][manifests.PHASE_ANNOTATION] == "Succeeded"
+    # OnCompletion (the default) removes the pods of a job that succeeded
+    assert k8s.stored("jobs", NS, trainer) is None
+    assert k8s.stored("statefulsets", NS, ps) is None
+    assert k8s.stored("services", NS, ps) is None
+
+
+async def test_trainers_failing_for_good_end_the_job_failed(k8s, api_client, etcd, job_name):
+    spec = make_spec(short(job_name), pservers=0, trainers=2)  # collective: no pserver to wait for
+    await create_master(api_client, spec)
+    rec = Recorder(etcd, JobKeys(NS, spec.name))
+    deployer = KubernetesDeployer(spec, api_client=api_client, retry=FAST_RETRY)
+    task = asyncio.create_task(supervise(
+        deployer, num_pservers=0, registered_pservers=rec.registered, set_phase=rec.set_phase,
+        job_done=None, poll_interval=0.01))
+    try:
+        trainer = manifests.trainer_name(spec.name)
+        await k8s.wait_for(lambda: RUNNING in rec.phases, what="phase Running")
+        # a pod failed and is being replaced: not the end
+        k8s.set_job_status(NS, trainer, {"active": 0, "failed": 1})
+        polls_before = len(k8s.requests())
+        await k8s.wait_for(lambda: len(k8s.requests()) >= polls_before + 3, what="more polls")
+        assert not task.done()
+        k8s.set_job_status(NS, trainer, {"failed": 12, "conditions": [
+            {"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded"}]})
+        assert await asyncio.wait_for(task, 20) == FAILED
+    finally:
+        task.cancel()
+    assert rec.phases[-1] == "Failed"
+    # OnCompletion keeps the pods of a failed job, for their logs
+    assert k8s.stored("jobs", NS, trainer) is not None
+    assert k8s.stored("services", NS, trainer) is not None  # collective: trainer Service
+
+
+@pytest.mark.parametrize("policy, succeeded, removed", [
+    ("Always", True, True), ("Always", False, True),
+    ("OnFailure", True, False), ("OnFailure", False, True),
+    ("OnCompletion", True, True), ("OnCompletion", False, False),
+    ("Never", True, False), ("Never", False, False),
+])
+async def test_cleanup_follows_clean_pod_policy(k8s, api_client, policy, succeeded, removed):
+    spec = make_spec("clean-" + policy.lower(), clean_pod_policy=policy)
+    await create_master(api_client, spec)
+    deployer = KubernetesDeployer(spec, api_client=api_client, retry=FAST_RETRY)
+    await deployer.create_pservers()
+    await deployer.create_trainers()
+    await deployer.cleanup(succeeded=succeeded)
+    ps, trainer = manifests.pserver_name(spec.name), manifests.trainer_name(spec.name)
+    for resource, name in (("jobs", trainer), ("statefulsets", ps), ("services", ps)):
+        assert (k8s.stored(resource, NS, name) is None) == removed, (resource, policy, succeeded)
+    assert should_clean(policy, succeeded=succeeded) == removed
+    # the master itself always stays, so the job can still be inspected
+    assert k8s.stored("deployments", NS, manifests.master_name(spec.name)) is not None
+
+
+async def test_volcano_podgroup_grows_from_the_pservers_to_the_whole_gang(k8s, api_client):
+    worker = {"spec": {"schedulerName": "volcano", "containers": [
+        {"name": "paddle", "image": "img", "command": ["python", "-m", "ctr.train"]}]}}
+    spec = make_spec("gang", scheduler_name="volcano", queue="research",
+                     worker_template=worker, ps_template=worker)
+    uid = await create_master(api_client, spec)
+    deployer = KubernetesDeployer(spec, api_client=api_client, retry=FAST_RETRY)
+    await deployer.create_pservers()
+    group = k8s.stored("podgroups", NS, "gang")
+    # the trainers come only after the pservers registered: a gang of all five could not form yet
+    assert group["spec"]["minMember"] == 2
+    await deployer.create_trainers()
+    group = k8s.stored("podgroups", NS, "gang")
+    assert group["spec"] == {"minMember": 5, "queue": "research"}
+    assert group["apiVersion"] == "scheduling.volcano.sh/v1beta1" and group["kind"] == "PodGroup"
+    assert group["metadata"]["ownerReferences"][0]["uid"] == uid
+    for resource, name in (("statefulsets", "gang-ps"), ("jobs", "gang-trainer")):
+        template = k8s.stored(resource, NS, name)["spec"]["template"]
+        assert template["spec"]["schedulerName"] == "volcano"
+        assert template["metadata"]["annotations"][manifests.PODGROUP_ANNOTATION] == "gang"
+    assert k8s.posted().index(("podgroups", "gang")) < k8s.posted().index(("statefulsets", "gang-ps"))
+    await deployer.cleanup(succeeded=True)
+    assert k8s.stored("podgroups", NS, "gang") is None
+
+
+async def test_a_new_leader_adopts_what_the_old_one_created(k8s, api_client, etcd, job_name):
+    spec = make_spec(short(job_name))
+    await create_master(api_client, spec)
+    keys = JobKeys(NS, spec.name)
+    for i in range(2):
+        await etcd.put(keys.pserver(i), b"registered")
+    first = KubernetesDeployer(spec, api_client=api_client, retry=FAST_RETRY)
+    await first.create_pservers()
+    await first.create_trainers()
+    creates = len(k8s.posted())
+
+    # the old leader died; a new one runs the whole supervision again from Running
+    rec = Recorder(etcd, keys)
+    second = KubernetesDeployer(spec, api_client=api_client, retry=FAST_RETRY)
+    task = asyncio.create_task(supervise(
+        second, num_pservers=2, registered_pservers=rec.registered, set_phase=rec.set_phase,
+        job_done=None, poll_interval=0.01, initial_phase=RUNNING))
+    try:
+        await k8s.wait_for(lambda: len(k8s.posted()) >= creates + 3, what="the new leader's creates")
+        k8s.set_job_status(NS, manifests.trainer_name(spec.name), {
+            "succeeded": 3, "conditions": [{"type": "Complete", "status": "True"}]})
+        assert await asyncio.wait_for(task, 20) == SUCCEEDED
+    finally:
+        task.cancel()
+    assert rec.phases == ["Succeeded"]  # never backwards to Pending/Starting
+    assert rec.polls == 0  # pservers were registered before: no waiting on them again
+
+    # a leader elected after the end repeats only the clean-up: nothing is created again
+    creates = len(k8s.posted())
+    third = KubernetesDeployer(spec, api_client=api_client, retry=FAST_RETRY)
+    final = await supervise(third, num_pservers=2, registered_pservers=rec.registered,
+                            set_phase=rec.set_phase, job_done=None, poll_interval=0.01,
+                            initial_phase=SUCCEEDED)
+    assert final == SUCCEEDED and len(k8s.posted()) == creates
+
+
+async def test_the_role_in_deploy_allows_exactly_what_the_master_does(k8s, api_client):
+    worker = {"spec": {"schedulerName": "volcano", "containers": [
+        {"name": "paddle", "image": "img", "command": ["python", "-m", "ctr.train"]}]}}
+    spec = make_spec("rights", scheduler_name="volcano", worker_template=worker,
+                     ps_template=worker, with_gloo=1, clean_pod_policy="Always")
+    await create_master(api_client, spec)
+    since = len(list(k8s.kmock))
+    deployer = KubernetesDeployer(spec, api_client=api_client, retry=FAST_RETRY)
+    await deployer.create_pservers()
+    await deployer.create_trainers()
+    successor = KubernetesDeployer(spec, api_client=api_client, retry=FAST_RETRY)
+    await successor.create_pservers()  # a new leader adopts: 409, then get
+    await deployer.trainer_status()
+    await deployer.annotate_phase("Succeeded")
+    await deployer.cleanup(succeeded=True)
+    used = k8s.rbac_verbs(since)
+    allowed = {(group, resource, verb) for rule in manifests.MASTER_RULES
+               for group in rule["apiGroups"] for resource in rule["resources"]
+               for verb in rule["verbs"]}
+    assert used == allowed
+
+
+async def test_an_object_of_another_job_is_not_adopted(k8s, api_client):
+    from kubernetes import client
+
+    spec = make_spec("mine")
+    await create_master(api_client, spec)
+    other = make_spec("other")
+    squatter = manifests.pserver_statefulset(other, None)
+    squatter["metadata"]["name"] = manifests.pserver_name("mine")
+    await asyncio.to_thread(client.AppsV1Api(api_client).create_namespaced_stateful_set, NS, squatter)
+    deployer = KubernetesDeployer(spec, api_client=api_client, retry=FAST_RETRY)
+    with pytest.raises(KubernetesConflictError, match=r"statefulsets mine-ps already exists .* "
+                                                      r"does not belong to job mine"):
+        await deployer.create_pservers()
+
+
+async def test_a_500_on_create_is_retried_and_the_object_adopted(k8s, api_client):
+    spec = make_spec("retry")
+    await create_master(api_client, spec)
+    answered = k8s.fail("post", "statefulsets", status=500)
+    deployer = KubernetesDeployer(spec, api_client=api_client, retry=FAST_RETRY)
+    await deployer.create_pservers()
+    assert answered == [1]
+    assert k8s.posted().count(("statefulsets", "retry-ps")) == 2  # the first try, then the retry
+    assert k8s.stored("statefulsets", NS, "retry-ps")["metadata"]["labels"][manifests.JOB_LABEL] == "retry"
+
+
+async def test_a_503_that_persists_gives_up_with_a_clear_error(k8s, api_client):
+    # (on a read: kmock stores a create before answering an injected error, so a
+    # retried create always meets its own first try and is adopted, see conftest)
+    spec = make_spec("broken", pservers=0)
+    await create_master(api_client, spec)
+    k8s.fail("get", "jobs", status=503, times=100, message="etcdserver: leader changed")
+    deployer = KubernetesDeployer(spec, api_client=api_client, retry=FAST_RETRY)
+    with pytest.raises(KubernetesApiError) as caught:
+        await deployer.trainer_status()
+    message = str(caught.value)
+    assert "cannot get jobs broken-trainer in namespace team-a" in message
+    assert "503" in message and "etcdserver: leader changed" in message
+    assert k8s.requests().count(("GET", "jobs", None)) == FAST_RETRY.attempts
+
+
+async def test_a_403_names_the_verb_the_resource_and_the_rbac(k8s, api_client):
+    spec = make_spec("denied")
+    await create_master(api_client, spec)
+    k8s.fail("post", "jobs", status=403, times=100,
+             message='jobs.batch is forbidden: User "system:serviceaccount:team-a:default" '
+                     'cannot create resource "jobs"')
+    deployer = KubernetesDeployer(spec, api_client=api_client, retry=FAST_RETRY)
+    await deployer.create_pservers()
+    with pytest.raises(KubernetesPermissionError) as caught:
+        await deployer.create_trainers()
+    message = str(caught.value)
+    assert "forbidden to create jobs denied-trainer in namespace team-a" in message
+    assert "deploy/rbac.yaml" in message and "cannot create resource" in message
+    assert k8s.posted().count(("jobs", "denied-trainer")) == 1  # a 403 is not retried
+
+
+async def test_without_its_master_deployment_the_deployer_says_so(k8s, api_client):
+    deployer = KubernetesDeployer(make_spec("orphan"), api_client=api_client, retry=FAST_RETRY)
+    with pytest.raises(KubernetesApiError, match="master Deployment orphan-master does not exist"):
+        await deployer.create_pservers()
+
+
+async def test_trainer_status_reads_the_job(k8s, api_client):
+    spec = make_spec("status", pservers=0)
+    await create_master(api_client, spec)
+    deployer = KubernetesDeployer(spec, api_client=api_client, retry=FAST_RETRY)
+    assert await deployer.trainer_status() == RoleStatus(desired=3)  # no Job yet
+    await deployer.create_trainers()
+    k8s.set_job_status(NS, "status-trainer", {"active": 2, "succeeded": 1})
+    assert await deployer.trainer_status() == RoleStatus(desired=3, active=2, succeeded=1)
+
+
+def test_role_status_of_a_job_follows_its_terminal_conditions():
+    running = {"status": {"active": 0, "failed": 2, "succeeded": 1}}
+    assert role_status_of_job(running, desired=3).active == 1  # replacements are coming
+    failed = {"status": {"failed": 4, "conditions": [{"type": "Failed", "status": "True"}]}}
+    assert role_status_of_job(failed, desired=3) == RoleStatus(desired=3, active=0, failed=4)
+    complete = {"status": {"succeeded": 3, "conditions": [{"type": "Complete", "status": "True"}]}}
+    assert role_status_of_job(complete, desired=3).finished
+    assert not role_status_of_job(None, desired=3).finished
+
+
+# ---- supervise() with an in-memory deployer: the phase rules alone -----------------------
+class FakeDeployer(Deployer):
+    def __init__(self, statuses: list[RoleStatus]) -> None:
+        self.calls: list[str] = []
+        self.statuses = statuses
+        self.polled_thrice = asyncio.Event()
+
+    async def create_pservers(self) -> None:
+        self.calls.append("pservers")
+
+    async def create_trainers(self) -> None:
+        self.calls.append("trainers")
+
+    async def trainer_status(self) -> RoleStatus:
+        self.calls.append("status")
+        if self.calls.count("status") >= 3:
+            self.polled_thrice.set()
+        return self.statuses.pop(0) if len(self.statuses) > 1 else self.statuses[0]
+
+    async def cleanup(self, *, succeeded: bool) -> None:
+        self.calls.append(f"cleanup(succeeded={succeeded})")
+
+
+async def _no_pservers() -> int:
+    return 0
+
+
+async def test_a_done_dataset_ends_the_job_once_the_trainers_are_idle_or_out_of_grace():
+    phases: list[str] = []
+
+    async def set_phase(phase: str) -> None:
+        phases.append(phase)
+
+    deployer = FakeDeployer([RoleStatus(desired=2, active=2)])
+    done = {"value": False}
+    task = asyncio.create_task(supervise(
+        deployer, num_pservers=0, registered_pservers=_no_pservers, set_phase=set_phase,
+        job_done=lambda: done["value"], poll_interval=0.01, done_grace=0.2))
+    await asyncio.wait_for(deployer.polled_thrice.wait(), 10)
+    assert not task.done()  # trainers still busy, dataset not done
+    done["value"] = True
+    assert await asyncio.wait_for(task, 10) == SUCCEEDED  # the trainers hung: grace ran out
+    assert deployer.calls[-1] == "cleanup(succeeded=True)"
+    assert phases == ["Pending", "Starting", "Running", "Succeeded"]
+
+
+async def test_supervise_refuses_bad_arguments():
+    with pytest.raises(ValueError, match="initial_phase='Done'"):
+        await supervise(FakeDeployer([RoleStatus(desired=1)]), num_pservers=0,
+                        registered_pservers=_no_pservers, set_phase=None,  # type: ignore[arg-type]
+                        job_done=None, initial_phase="Done")
