@@ -51,3 +51,20 @@ def start_master(tmp_path, etcd_endpoint, job_name):
     yield start
     for master in started:
         master.stop()
+
+
+@pytest.fixture
+def start_trainer(tmp_path):
+    """Starts stub trainer processes; kills any still running after the test."""
+    from trainers import StubTrainer
+
+    started = []
+
+    def start(trainer_id: str, **kwargs):
+        trainer = StubTrainer(trainer_id=trainer_id, tmp=tmp_path, **kwargs).start()
+        started.append(trainer)
+        return trainer
+
+    yield start
+    for trainer in started:
+        trainer.stop()

@@ -1,0 +1,64 @@
+"""A stub trainer: reads its tasks' records and logs each one, training nothing.
+
+`python -m trainer_agent.stub --log records.tsv` (or `paddlecloud local train --module
+trainer_agent.stub`) runs the whole data path of a real trainer — sessions, prefetch,
+acknowledgements, failover — without a model, for tests, chaos runs and smoke checks
+of a cluster. Each record read is appended to the log as `epoch<TAB>trainer<TAB>task<TAB>record`,
+one write per line, so a log survives a SIGKILL up to its last whole line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import time
+
+from trainer_agent.client import TaskClient, TrainerSuperseded
+
+POISON = "POISON"
+
+
+def parse_record(raw):
+    """Records containing POISON fail to parse: their task counts a failure."""
+    text = raw if isinstance(raw, str) else raw.decode(errors="replace")
+    if POISON in text:
+        raise ValueError(f"poisoned record {text[:40]!r}")
+    return text
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m trainer_agent.stub", description=__doc__)
+    parser.add_argument("--log", default=os.environ.get("PADDLECLOUD_RECORD_LOG"),
+                        help="append every record read here [$PADDLECLOUD_RECORD_LOG]")
+    parser.add_argument("--delay", type=float, default=0.0, help="seconds to 'train' on each record")
+    parser.add_argument("--broken", action="store_true",
+                        help="fail every task for reasons of its own (not the data's): exit 3")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    fd = os.open(args.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644) if args.log else None
+    client = TaskClient.from_env(parse=parse_record)
+    try:
+        with client:
+            for epoch in client.epochs():
+                for record in epoch.records():
+                    if args.broken:
+                        raise RuntimeError("this trainer is broken")
+                    if fd is not None:
+                        line = f"{epoch.number}\t{client.trainer_id}\t{epoch.current_task.id}\t{record}\n"
+                        os.write(fd, line.encode())
+                    if args.delay:
+                        time.sleep(args.delay)
+                logging.info("epoch %d done: %d tasks read; %s", epoch.number, epoch.tasks_read, client.stats)
+    except TrainerSuperseded as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 4
+    except RuntimeError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 3
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
