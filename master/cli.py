@@ -37,14 +37,18 @@ from paddlecloud.clitypes import DURATION, NON_NEGATIVE, SIZE
 @click.option("--max-tasks-per-trainer", type=click.IntRange(min=1), default=2, show_default=True)
 @click.option("--metrics-port", type=click.IntRange(1, 65535), default=None,
               help="Serve Prometheus metrics on this port.")
+@click.option("--deployer", type=click.Choice(["none", "kubernetes"]), default="none", show_default=True,
+              help="kubernetes: the leader creates the job's pservers and trainers (needs --job-spec).")
+@click.option("--job-spec", type=click.Path(exists=True, dir_okay=False),
+              help="The job spec YAML that `paddlecloud job submit` mounts (for --deployer kubernetes).")
 @click.option("--etcd-timeout", type=DURATION, default="10s", show_default=True,
               help="Give up at start when etcd does not answer within this.")
 @click.option("--log-level", default=os.environ.get("PADDLECLOUD_LOG_LEVEL", "INFO"), show_default=True,
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
 def master_command(job, namespace, etcd_endpoints, port, host, advertise, inputs, fmt, chunk_bytes,
                    chunks_per_task, epochs, shuffle_seed, start_epoch, session_ttl, election_ttl,
-                   task_timeout, max_task_failures, max_tasks_per_trainer, metrics_port, etcd_timeout,
-                   log_level) -> None:
+                   task_timeout, max_task_failures, max_tasks_per_trainer, metrics_port, deployer,
+                   job_spec, etcd_timeout, log_level) -> None:
     """Run the master of one job: hands out data tasks, keeps every lease in etcd."""
     import asyncio
 
@@ -61,10 +65,17 @@ def master_command(job, namespace, etcd_endpoints, port, host, advertise, inputs
             dataset = DatasetSpec(paths=tuple(inputs), format=fmt, chunk_bytes=chunk_bytes,
                                   chunks_per_task=chunks_per_task, num_epochs=epochs,
                                   shuffle_seed=shuffle_seed).filled()
+        if (deployer == "kubernetes") != bool(job_spec):
+            raise SpecError("--deployer kubernetes and --job-spec go together")
+        if job_spec:
+            from pathlib import Path
+
+            from paddlecloud.jobspec import JobSpec
+            JobSpec.from_yaml(Path(job_spec).read_text()).validate()
         config = MasterConfig(
             job=job, namespace=namespace, etcd_endpoints=etcd_endpoints, port=port, host=host,
             advertise=advertise, election_ttl=election_ttl, dataset=dataset, start_epoch=start_epoch,
-            metrics_port=metrics_port, etcd_timeout=etcd_timeout,
+            metrics_port=metrics_port, etcd_timeout=etcd_timeout, job_spec=job_spec,
             policy=Policy(session_ttl=session_ttl, task_timeout=task_timeout,
                           max_task_failures=max_task_failures,
                           max_tasks_per_trainer=max_tasks_per_trainer),

@@ -96,6 +96,7 @@ class MasterConfig:
     start_epoch: int = 0
     metrics_port: int | None = None
     etcd_timeout: float = 10.0
+    job_spec: str | None = None   # with it, the leader deploys the job on Kubernetes
 
     def __post_init__(self) -> None:
         if not self.job:

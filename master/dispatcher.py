@@ -146,6 +146,7 @@ class Dispatcher:
         self.partition: Partition | None = None
         self.state: JobState | None = None
         self.phase_override: str | None = None   # set by the deployer while it deploys
+        self.loaded_phase: str | None = None     # the `phase` key as the last load found it
         self.deposed: asyncio.Future[Exception] = asyncio.get_running_loop().create_future()
         self._busy: set[int] = set()
         self._ready = asyncio.Event()
@@ -224,6 +225,7 @@ class Dispatcher:
     async def _load(self) -> None:
         """(Re)builds the cache from one snapshot of etcd and (re)starts the session watch."""
         snap = await self.store.load()
+        self.loaded_phase = snap.phase
         self.sessions.restore(snap.trainers, snap.superseded)
         self._busy.clear()
         self._epoch_ending = False
@@ -687,6 +689,21 @@ class Dispatcher:
                     await self.client.revoke_lease(lease.id)
             return granted
 
+    # ---- deployment -------------------------------------------------------------
+
+    async def registered_pservers(self) -> int:
+        prefix = self.keys.kind_prefix("pservers")
+        kvs, _ = await read_range(self.client, prefix, prefix_range_end(prefix), keys_only=True)
+        return len(kvs)
+
+    async def record_phase(self, phase: str) -> None:
+        """The deployer's phase: a fenced write of the `phase` key, shown by GetStatus."""
+        await self.store.set_phase(phase)
+        self.phase_override = phase
+
+    def dataset_done(self) -> bool:
+        return self.state is not None and self.state.job_over
+
     # ---- inspection -------------------------------------------------------------
 
     async def status(self) -> Status:
@@ -700,8 +717,8 @@ class Dispatcher:
             counts = {"todo": c[TaskStatus.TODO], "pending": c[TaskStatus.PENDING] + c[TaskStatus.RESERVED],
                       "done": c[TaskStatus.DONE], "failed": c[TaskStatus.FAILED]}
         phase = state.phase.value if state is not None else Phase.PENDING.value
-        if self.phase_override and phase == Phase.RUNNING.value:
-            phase = self.phase_override
+        if self.phase_override and phase in (Phase.PENDING.value, Phase.RUNNING.value):
+            phase = self.phase_override  # the deployer knows whether the job runs yet
         return Status(
             job=self.config.job, namespace=self.config.namespace, phase=phase, leader=self.advertise,
             epoch=state.epoch if state else 0, num_epochs=self.spec.num_epochs if self.spec else 0,

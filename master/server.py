@@ -13,6 +13,7 @@ import contextlib
 import logging
 import os
 import signal
+from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -88,12 +89,19 @@ class MasterNode:
             self.leader_hint = self.advertise
             dispatcher = Dispatcher(client=self.client, config=self.config, leadership=leadership,
                                     advertise=self.advertise)
+            deployment = None
             try:
                 await dispatcher.start()
                 self.dispatcher = dispatcher
                 await self.set_serving(True)
+                if self.config.job_spec:
+                    deployment = asyncio.create_task(self._deploy(dispatcher), name="deployment")
                 await self._lead(session, dispatcher)
             finally:
+                if deployment is not None:
+                    deployment.cancel()  # objects stay in place for the next leader
+                    with contextlib.suppress(asyncio.CancelledError, Exception):
+                        await deployment
                 self.dispatcher = None
                 await self.set_serving(False)
                 await dispatcher.stop()
@@ -101,6 +109,28 @@ class MasterNode:
                     await election.resign(leadership)
         finally:
             await session.close()
+
+    async def _deploy(self, dispatcher: Dispatcher) -> None:
+        """Deploys the job's pservers and trainers on Kubernetes and follows them to the end."""
+        from master.deployment import supervise
+        from master.k8s_deployer import KubernetesDeployer
+        from paddlecloud.jobspec import JobSpec
+
+        spec = JobSpec.from_yaml(await asyncio.to_thread(Path(self.config.job_spec).read_text))
+        try:
+            deployer = await asyncio.to_thread(KubernetesDeployer, spec)
+            phase = await supervise(
+                deployer, num_pservers=spec.pservers,
+                registered_pservers=dispatcher.registered_pservers,
+                set_phase=dispatcher.record_phase,
+                job_done=dispatcher.dataset_done if dispatcher.spec is not None else None,
+                initial_phase=dispatcher.loaded_phase,
+            )
+            logger.info("job %s ended: %s", self.config.job, phase)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            logger.exception("deploying job %s failed", self.config.job)
 
     async def _lead(self, session: etcd.Session, dispatcher: Dispatcher) -> None:
         waits = {
