@@ -16,6 +16,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from master import metrics
 from paddlecloud.etcd import LeaseKeeper
 
 
@@ -95,6 +96,7 @@ class SessionRegistry:
         info.last_call = now
         if force or now - info.last_refresh >= self.ttl / 6:
             info.last_refresh = now
+            metrics.LEASE_REFRESHES.inc()
             if await self.keeper.refresh(session) <= 0:
                 raise SessionExpired(session)
         return info

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 import aetcd
 from aetcd import rpc
 
+from master import metrics
 from master.config import DatasetSpec
 from master.partition import FileEntry
 from master.state import Assignment
@@ -31,7 +32,7 @@ from paddlecloud.keys import JobKeys, prefix_range_end
 
 logger = logging.getLogger(__name__)
 
-MAX_BATCH = 128          # etcd's default --max-txn-ops
+MAX_TXN_OPS = 128  # etcd's default --max-txn-ops
 MAX_FILES_PIECE = 512 * 1024  # bytes of file list per `files/<n>` value (etcd values stay < 1 MiB)
 READ_PAGE = 5000
 
@@ -146,14 +147,25 @@ class GroupCommitter:
         return not self._queue
 
     def _next_batch(self) -> list[_Write]:
+        """The writes at the head of the queue that can share one request.
+
+        etcd checks a nested transaction against what the outer one leaves of
+        --max-txn-ops (`checkTxnRequest(r, maxTxnOps - len(outer))`), so a batch of B
+        writes whose widest has W compares or ops needs B + W <= MAX_TXN_OPS.
+        """
         batch: list[_Write] = []
         touched: set[bytes] = set()
-        while self._queue and len(batch) < MAX_BATCH:
+        widest = 0
+        while self._queue:
             write = self._queue[0]
             if write.exclusive and batch:
                 break
             if touched & write.keys:
                 break  # keep per-key order: the rest waits for the next batch
+            width = max(widest, len(write.compares), len(write.ops))
+            if batch and len(batch) + 1 + width > MAX_TXN_OPS:
+                break
+            widest = width
             batch.append(self._queue.popleft())
             touched |= write.keys
             if write.exclusive:
@@ -187,6 +199,7 @@ class GroupCommitter:
             return
         self.batches += 1
         self.writes += len(batch)
+        metrics.BATCH_SIZE.observe(len(batch))
         if not reply.succeeded:
             kvs = reply.responses[0].response_range.kvs if reply.responses else []
             failure = NotLeader(kvs[0].value.decode() if kvs else None)
@@ -323,8 +336,7 @@ class EtcdStore:
                               exclusive=True)
         revision = await self.commit(
             [version_is(self.keys.spec, 0)],
-            [put(self.keys.spec, spec.to_json()), put(self.keys.epoch, str(epoch)),
-             put(self.keys.phase, "Running")],
+            [put(self.keys.spec, spec.to_json()), put(self.keys.epoch, str(epoch))],
             exclusive=True,
         )
         return revision is not None
