@@ -129,6 +129,7 @@ class Status:
     trainers_alive: int
     pservers: list[str]
     has_dataset: bool
+    requeued: int
 
 
 class Dispatcher:
@@ -147,6 +148,7 @@ class Dispatcher:
         self.state: JobState | None = None
         self.phase_override: str | None = None   # set by the deployer while it deploys
         self.loaded_phase: str | None = None     # the `phase` key as the last load found it
+        self.requeued = 0                        # tasks put back since this master leads
         self.deposed: asyncio.Future[Exception] = asyncio.get_running_loop().create_future()
         self._busy: set[int] = set()
         self._ready = asyncio.Event()
@@ -343,6 +345,10 @@ class Dispatcher:
                 await self.client.revoke_lease(session)
         self._session_gone(session, cause=cause)
 
+    def _requeued(self, cause: str) -> None:
+        self.requeued += 1
+        metrics.REQUEUES.labels(cause).inc()
+
     def _session_gone(self, session: int, *, cause: str) -> None:
         """The session's lease is gone, so are its assignments in etcd: mirror that."""
         if cause != "superseded":
@@ -354,7 +360,7 @@ class Dispatcher:
         for task in state.held_by(session):
             if task in state.pending and task not in self._busy:
                 state.apply(TaskReleased(task, state.pending[task].attempt, cause))
-                metrics.REQUEUES.labels(cause).inc()
+                self._requeued(cause)
         logger.info("session %d of trainer %s ended (%s)", session, info.trainer, cause)
         self._maybe_end_epoch()
 
@@ -493,7 +499,7 @@ class Dispatcher:
             return
         if assignment.session not in self.sessions.by_session:
             state.apply(TaskReleased(task, attempt, "expiry"))
-            metrics.REQUEUES.labels("expiry").inc()
+            self._requeued("expiry")
             self._maybe_end_epoch()
         else:
             self._schedule_rebuild()
@@ -540,7 +546,7 @@ class Dispatcher:
                 self._write_refused(state, ref.task, ref.attempt)
                 return False
             state.apply(TaskReleased(ref.task, ref.attempt, "return"))
-            metrics.REQUEUES.labels("return").inc()
+            self._requeued("return")
             self._maybe_end_epoch()
             return True
 
@@ -561,7 +567,7 @@ class Dispatcher:
             self._write_refused(state, task, attempt)
             return False
         state.apply(TaskFailed(task, attempt, cause))
-        metrics.REQUEUES.labels("deadline" if cause == "deadline" else "failure").inc()
+        self._requeued("deadline" if cause == "deadline" else "failure")
         self._maybe_end_epoch()
         return True
 
@@ -724,7 +730,7 @@ class Dispatcher:
             epoch=state.epoch if state else 0, num_epochs=self.spec.num_epochs if self.spec else 0,
             counts=counts, num_tasks=state.num_tasks if state else 0,
             trainers_alive=len(self.sessions.by_session), pservers=pservers,
-            has_dataset=state is not None,
+            has_dataset=state is not None, requeued=self.requeued,
         )
 
     def metrics_snapshot(self) -> dict:

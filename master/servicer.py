@@ -158,7 +158,7 @@ class MasterServicer(pb_grpc.MasterServicer):
             job=s.job, namespace=s.namespace, phase=s.phase, leader=s.leader,
             current_epoch=s.epoch, num_epochs=s.num_epochs, counts=pb.TaskCounts(**s.counts),
             num_tasks=s.num_tasks, trainers_alive=s.trainers_alive,
-            pserver_endpoints=s.pservers, has_dataset=s.has_dataset,
+            pserver_endpoints=s.pservers, has_dataset=s.has_dataset, requeued=s.requeued,
         )
 
     @_rpc

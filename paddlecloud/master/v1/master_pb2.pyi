@@ -222,7 +222,7 @@ class TaskCounts(_message.Message):
     def __init__(self, todo: _Optional[int] = ..., pending: _Optional[int] = ..., done: _Optional[int] = ..., failed: _Optional[int] = ...) -> None: ...
 
 class GetStatusResponse(_message.Message):
-    __slots__ = ("job", "namespace", "phase", "leader", "current_epoch", "num_epochs", "counts", "num_tasks", "trainers_alive", "pserver_endpoints", "has_dataset")
+    __slots__ = ("job", "namespace", "phase", "leader", "current_epoch", "num_epochs", "counts", "num_tasks", "trainers_alive", "pserver_endpoints", "has_dataset", "requeued")
     JOB_FIELD_NUMBER: _ClassVar[int]
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     PHASE_FIELD_NUMBER: _ClassVar[int]
@@ -234,6 +234,7 @@ class GetStatusResponse(_message.Message):
     TRAINERS_ALIVE_FIELD_NUMBER: _ClassVar[int]
     PSERVER_ENDPOINTS_FIELD_NUMBER: _ClassVar[int]
     HAS_DATASET_FIELD_NUMBER: _ClassVar[int]
+    REQUEUED_FIELD_NUMBER: _ClassVar[int]
     job: str
     namespace: str
     phase: str
@@ -245,7 +246,8 @@ class GetStatusResponse(_message.Message):
     trainers_alive: int
     pserver_endpoints: _containers.RepeatedScalarFieldContainer[str]
     has_dataset: bool
-    def __init__(self, job: _Optional[str] = ..., namespace: _Optional[str] = ..., phase: _Optional[str] = ..., leader: _Optional[str] = ..., current_epoch: _Optional[int] = ..., num_epochs: _Optional[int] = ..., counts: _Optional[_Union[TaskCounts, _Mapping]] = ..., num_tasks: _Optional[int] = ..., trainers_alive: _Optional[int] = ..., pserver_endpoints: _Optional[_Iterable[str]] = ..., has_dataset: _Optional[bool] = ...) -> None: ...
+    requeued: int
+    def __init__(self, job: _Optional[str] = ..., namespace: _Optional[str] = ..., phase: _Optional[str] = ..., leader: _Optional[str] = ..., current_epoch: _Optional[int] = ..., num_epochs: _Optional[int] = ..., counts: _Optional[_Union[TaskCounts, _Mapping]] = ..., num_tasks: _Optional[int] = ..., trainers_alive: _Optional[int] = ..., pserver_endpoints: _Optional[_Iterable[str]] = ..., has_dataset: _Optional[bool] = ..., requeued: _Optional[int] = ...) -> None: ...
 
 class TaskInfo(_message.Message):
     __slots__ = ("id", "state", "epoch", "holder", "session_id", "attempt", "failures", "chunks")
