@@ -167,15 +167,16 @@ class JobState:
         state = cls(num_tasks=num_tasks, num_epochs=num_epochs, seed=seed, max_failures=max_failures)
         state._begin_epoch(epoch)
         state.failed_job = failed_job
-        if state.job_over:
-            return state
+        if state.epoch >= num_epochs:
+            return state  # a failed job keeps its epoch's marks: rebuild them below
         for task in done:
             state._set(task, TaskStatus.DONE)
         for task, count in failures.items():
             state.failures[task] = min(count, 0xFFFF)
             if count > max_failures and state.status[task] == TaskStatus.TODO:
                 state._set(task, TaskStatus.FAILED)
-        for task, assignment in assignments.items():
+        # oldest first, as the live path holds them (attempts are etcd revisions: they grow)
+        for task, assignment in sorted(assignments.items(), key=lambda item: item[1].attempt):
             if state.status[task] == TaskStatus.TODO:
                 state._set(task, TaskStatus.PENDING)
                 state.pending[task] = assignment
@@ -270,9 +271,10 @@ class JobState:
 
     def _on_TaskAssigned(self, e: TaskAssigned) -> None:
         self._expect(e.task, TaskStatus.RESERVED, e)
-        session = self.reserved.pop(e.task)
+        session = self.reserved[e.task]
         if session != e.assignment.session:
             raise InvalidTransition(f"{e}: reserved for session {session:x}")
+        del self.reserved[e.task]
         self._set(e.task, TaskStatus.PENDING)
         self.pending[e.task] = e.assignment
 
@@ -315,12 +317,13 @@ class JobState:
 
     def _begin_epoch(self, epoch: int) -> None:
         self.epoch = epoch
-        self.status = bytearray(self.num_tasks)  # all TODO
+        over = epoch >= self.num_epochs
+        self.status = bytearray([TaskStatus.DONE if over else TaskStatus.TODO]) * self.num_tasks
         self.failures = array("H", bytes(2 * self.num_tasks))
         self.reserved.clear()
         self.pending.clear()
         self.held.clear()
-        if epoch >= self.num_epochs:
+        if over:
             self.todo = deque()
             self.counts = [0, 0, 0, self.num_tasks, 0]
         else:

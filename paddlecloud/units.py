@@ -7,6 +7,7 @@ Every error names the bad value and says what would be right.
 
 from __future__ import annotations
 
+import math
 import re
 
 _DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
@@ -38,6 +39,8 @@ def parse_duration(text: str | float | int) -> float:
             seconds = sum(float(n) * _DURATION_UNITS[u] for n, u in parts)
     if seconds < 0:
         raise ValueError(f"invalid duration {text!r}: must not be negative")
+    if not math.isfinite(seconds):  # float() takes 'nan' and 'inf'
+        raise ValueError(f"invalid duration {text!r}: must be a finite number of seconds")
     return seconds
 
 
