@@ -151,6 +151,7 @@ class Dispatcher:
         self.requeued = 0                        # tasks put back since this master leads
         self.deposed: asyncio.Future[Exception] = asyncio.get_running_loop().create_future()
         self._busy: set[int] = set()
+        self._ending: set[int] = set()           # sessions this master is revoking right now
         self._ready = asyncio.Event()
         self._inflight = 0
         self._drained = asyncio.Event()
@@ -340,10 +341,14 @@ class Dispatcher:
                 await self._end_session(session, cause="leave", revoke=True)
 
     async def _end_session(self, session: int, *, cause: str, revoke: bool) -> None:
-        if revoke:
-            with contextlib.suppress(aetcd.ClientError):
-                await self.client.revoke_lease(session)
-        self._session_gone(session, cause=cause)
+        self._ending.add(session)  # the watch sees the lease go first: let the cause be ours
+        try:
+            if revoke:
+                with contextlib.suppress(aetcd.ClientError):
+                    await self.client.revoke_lease(session)
+            self._session_gone(session, cause=cause)
+        finally:
+            self._ending.discard(session)
 
     def _requeued(self, cause: str) -> None:
         self.requeued += 1
@@ -373,7 +378,7 @@ class Dispatcher:
             async for event in watch:
                 if event.kind == "DELETE" and event.prev_kv is not None:
                     session = int(event.prev_kv.value)
-                    if session in self.sessions.by_session:
+                    if session in self.sessions.by_session and session not in self._ending:
                         self._session_gone(session, cause="expiry")
         except asyncio.CancelledError:
             raise

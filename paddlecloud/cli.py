@@ -10,6 +10,8 @@ import click
 
 from master.cli import master_command
 from paddlecloud.jobs_cli import job
+from paddlecloud.local.cli import local
+from trainer_agent.launcher import trainer_command
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -19,7 +21,9 @@ def main() -> None:
 
 
 main.add_command(master_command)
+main.add_command(trainer_command)
 main.add_command(job)
+main.add_command(local)
 
 if __name__ == "__main__":
     main()

@@ -1,0 +1,69 @@
+"""What `paddlecloud local train` shows: children's log lines, prefixed, and a live progress panel.
+
+On a terminal the panel (epoch, tasks done/total, trainers alive, re-queues) stays
+at the bottom and log lines scroll above it; elsewhere (CI, a pipe) a plain
+progress line is printed whenever the numbers change, at most every two seconds.
+"""
+
+from __future__ import annotations
+
+import time
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.progress_bar import ProgressBar
+from rich.table import Table
+from rich.text import Text
+
+from paddlecloud.local.job import Progress
+
+STYLES = {"master": "magenta", "pserver": "yellow", "trainer": "cyan", "local": "bold green"}
+
+
+class ConsoleView:
+    def __init__(self, console: Console | None = None) -> None:
+        self.console = console or Console()
+        self.live: Live | None = None
+        self._last_plain = ""
+        self._last_plain_at = 0.0
+
+    def __enter__(self) -> ConsoleView:
+        if self.console.is_terminal:
+            self.live = Live(console=self.console, auto_refresh=False, transient=False)
+            self.live.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.live is not None:
+            self.live.__exit__(None, None, None)
+
+    def line(self, who: str, text: str) -> None:
+        role = who.split()[0]
+        prefix = Text(f"[{who}] ", style=STYLES.get(role, "white"))
+        self.console.print(prefix + Text(text), soft_wrap=True, highlight=False)
+
+    def progress(self, p: Progress) -> None:
+        if self.live is not None:
+            self.live.update(self.render(p), refresh=True)
+            return
+        plain = self.plain(p)
+        now = time.monotonic()
+        if plain != self._last_plain and now - self._last_plain_at >= 2:
+            self.console.print(Text(plain, style="bold"), highlight=False, soft_wrap=True)
+            self._last_plain, self._last_plain_at = plain, now
+
+    @staticmethod
+    def plain(p: Progress) -> str:
+        epoch = min(p.epoch + 1, p.num_epochs) if p.num_epochs else p.epoch + 1
+        return (f"[progress] {p.phase}, epoch {epoch}/{p.num_epochs or '?'}, tasks {p.done}/{p.num_tasks},"
+                f" trainers alive {p.trainers_alive}, re-queued {p.requeued}, restarts {p.restarts}")
+
+    @staticmethod
+    def render(p: Progress) -> Group:
+        table = Table.grid(padding=(0, 2))
+        epoch = min(p.epoch + 1, p.num_epochs) if p.num_epochs else p.epoch + 1
+        table.add_row(Text(p.phase, style="bold"), f"epoch {epoch}/{p.num_epochs or '?'}",
+                      f"tasks {p.done}/{p.num_tasks}", f"trainers alive {p.trainers_alive}",
+                      f"re-queued {p.requeued}", f"restarts {p.restarts}")
+        bar = ProgressBar(total=max(p.num_tasks, 1), completed=p.done, width=60)
+        return Group(table, bar)

@@ -1,0 +1,147 @@
+"""`paddlecloud local train` end to end with stub trainers: the real CLI, real children."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from datasets import write_records
+from processes import find, job_processes
+from trainers import read_log, reads_per_epoch
+
+from paddlecloud.etcd_server import free_port
+
+STUB = "trainer_agent.stub"
+
+
+class LocalRun:
+    """The CLI as a child process, its console output in a file."""
+
+    def __init__(self, tmp: Path, job: str, *args: str) -> None:
+        self.job = job
+        self.output = tmp / "out"
+        self.console = tmp / "console.txt"
+        self.records = tmp / "records.tsv"
+        command = [sys.executable, "-m", "paddlecloud", "local", "train", "--job", job,
+                   "--output", str(self.output), "-e", f"PADDLECLOUD_RECORD_LOG={self.records}", *args]
+        with open(self.console, "wb") as out:
+            self.process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT,
+                                            env=dict(os.environ, PYTHONUNBUFFERED="1", COLUMNS="200"))
+
+    def wait(self, timeout: float = 180) -> int:
+        return self.process.wait(timeout=timeout)
+
+    def text(self) -> str:
+        return self.console.read_text(errors="replace")
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+        for pid, _, _ in job_processes(self.job):
+            os.kill(pid, signal.SIGKILL)
+
+
+@pytest.fixture
+def local_run(tmp_path, job_name):
+    runs = []
+
+    def start(*args: str) -> LocalRun:
+        run = LocalRun(tmp_path, job_name, *args)
+        runs.append(run)
+        return run
+
+    yield start
+    for run in runs:
+        run.stop()
+
+
+def wait_until(predicate, *, timeout: float = 60, message: str = "") -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not met after {timeout}s: {message}")
+        time.sleep(0.05)
+
+
+def all_records(files: int, per_file: int) -> set[str]:
+    return {f"{f}-{i},{(f * 31 + i) % 97}" for f in range(files) for i in range(per_file)}
+
+
+def test_stub_job_succeeds_reads_everything_and_leaves_no_process(tmp_path, local_run, job_name):
+    write_records(tmp_path / "data", files=5, records_per_file=20)
+    run = local_run("--module", STUB, "--input", str(tmp_path / "data" / "*.csv"), "--trainers", "2",
+                    "--epochs", "2", "--chunk-bytes", "100")
+    assert run.wait() == 0, run.text()
+    reads = reads_per_epoch(read_log(run.records))
+    assert sorted(reads) == [0, 1] and all(set(c) == all_records(5, 20) for c in reads.values())
+    text = run.text()
+    assert "[master 0]" in text and "[trainer 1]" in text and f"job {job_name} succeeded" in text
+    logs = {p.name for p in (run.output / "logs").iterdir()}
+    assert {"master-0.log", "trainer-0.log", "trainer-1.log", "etcd.log"} <= logs
+    assert "registered" in (run.output / "logs" / "trainer-0.log").read_text()
+    assert job_processes(job_name) == []
+
+
+def test_ctrl_c_stops_every_child_and_removes_the_private_etcd(tmp_path, local_run, job_name):
+    write_records(tmp_path / "data", files=3, records_per_file=200)
+    run = local_run("--module", STUB, "--input", str(tmp_path / "data"), "--trainers", "2",
+                    "--chunk-bytes", "500", "--", "--delay", "0.05")
+    wait_until(lambda: len(read_log(run.records)) >= 5, timeout=90, message="no record read")
+    etcd_dir = next(line.split("data in ")[1].rstrip(")") for line in run.text().splitlines()
+                    if "etcd started at" in line)
+    assert Path(etcd_dir).is_dir()
+    run.process.send_signal(signal.SIGINT)
+    assert run.wait(timeout=60) == 128 + signal.SIGINT
+    wait_until(lambda: job_processes(job_name) == [], timeout=10, message="children outlived the CLI")
+    assert not Path(etcd_dir).exists()
+    assert "interrupted" in run.text()
+
+
+def test_ps_job_restarts_only_the_killed_trainer(tmp_path, local_run, job_name, etcd_endpoint):
+    write_records(tmp_path / "data", files=4, records_per_file=60)
+    run = local_run("--module", STUB, "--input", str(tmp_path / "data"), "--trainers", "3",
+                    "--restart", "trainer", "--epochs", "2", "--chunk-bytes", "300",
+                    "--etcd-endpoints", etcd_endpoint, "--session-ttl", "3s", "--", "--delay", "0.01")
+    wait_until(lambda: len(read_log(run.records)) >= 30, timeout=90, message="no progress")
+    victims = find(job_name, module=STUB, PADDLE_TRAINER_ID="1")
+    others = {pid for i in ("0", "2") for pid in find(job_name, module=STUB, PADDLE_TRAINER_ID=i)}
+    assert len(victims) == 1 and len(others) == 2
+    os.kill(victims[0], signal.SIGKILL)
+    assert run.wait() == 0, run.text()
+    assert "trainer 1 exited with" in run.text() and "restarting it" in run.text()
+    assert "restarting the trainer group" not in run.text()
+    reads = reads_per_epoch(read_log(run.records))
+    assert sorted(reads) == [0, 1] and all(set(c) == all_records(4, 60) for c in reads.values())
+    # The two others were never restarted: their first processes read until the end.
+    trainers = {t for _, t, _, _ in read_log(run.records)}
+    assert trainers == {"0", "1", "2"}
+
+
+@pytest.mark.parametrize("args, fragment", [
+    ((), "Missing option '--module'"),
+    (("--module", "no.such.module", "--input", "{data}"), "module 'no.such.module' not found"),
+    (("--module", STUB, "--input", "{tmp}/missing-*.csv"), "missing-*.csv' matches no file"),
+    (("--module", STUB, "--input", "{data}", "--trainers", "0"), "--trainers"),
+    (("--module", STUB, "--input", "{data}", "-e", "NOEQUALS"), "'NOEQUALS' is not KEY=VALUE"),
+    (("--module", STUB, "--input", "{data}", "--etcd-endpoints", "http://127.0.0.1:{port}"),
+     "etcd unreachable at http://127.0.0.1:{port}"),
+])
+def test_bad_input_is_one_error_naming_the_value_and_starts_nothing(tmp_path, job_name, args, fragment):
+    write_records(tmp_path / "data", files=1, records_per_file=1)
+    port = str(free_port())
+    subst = {"data": str(tmp_path / "data"), "tmp": str(tmp_path), "port": port}
+    args = tuple(a.format(**subst) for a in args)
+    result = subprocess.run([sys.executable, "-m", "paddlecloud", "local", "train", "--job", job_name,
+                             "--output", str(tmp_path / "out"), *args],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2, result.stderr
+    assert fragment.format(**subst) in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "out" / "logs").exists()
+    assert job_processes(job_name) == []

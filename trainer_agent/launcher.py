@@ -1,0 +1,129 @@
+"""`paddlecloud trainer -- <command>`: starts a user's trainer once the job is ready.
+
+It waits until the master serves (and, when the job has pservers, until every pserver
+has registered), exports the PaddlePaddle environment of DESIGN.md section 8, runs
+the command as a child, forwards SIGTERM/SIGINT/SIGHUP to it, and exits with its
+exit code (128 + signal number when the child was killed by a signal).
+
+Environment in: PADDLE_TRAINER_ID (on Kubernetes, JOB_COMPLETION_INDEX when unset),
+PADDLE_TRAINERS_NUM, PADDLE_PSERVERS_NUM, POD_IP, and the master's location
+(PADDLE_MASTER_ENDPOINT, or PADDLE_ETCD_ENDPOINTS + PADDLE_JOB_NAME + PADDLE_NAMESPACE).
+Environment out, added for the child: TRAINING_ROLE=TRAINER, PADDLE_TRAINER_ID,
+PADDLE_TRAINERS_NUM, PADDLE_PSERVERS_IP_PORT_LIST, PADDLE_PSERVERS_NUM, POD_IP.
+
+What it does NOT do: restart the command. The backend (a Kubernetes Job, or
+`paddlecloud local train`) restarts the launcher itself.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import click
+
+from paddlecloud.api import pb
+from trainer_agent.client import MasterConnection, MasterUnavailable
+from trainer_agent.discovery import DiscoveryError, MasterLocator
+
+logger = logging.getLogger(__name__)
+
+FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+def _positive_int(env: dict[str, str], name: str, default: int | None = None) -> int:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        if default is None:
+            raise click.UsageError(f"{name} is not set")
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise click.UsageError(f"{name}={raw!r} is not a whole number") from None
+    if value < 0:
+        raise click.UsageError(f"{name}={raw!r} must not be negative")
+    return value
+
+
+def wait_until_ready(connection: MasterConnection, *, pservers: int, timeout: float) -> pb.GetStatusResponse:
+    """Polls GetStatus until the master serves and `pservers` pservers registered."""
+    deadline = time.monotonic() + timeout
+    while True:
+        status = connection.call("GetStatus", pb.GetStatusRequest())
+        if len(status.pserver_endpoints) >= pservers:
+            return status
+        if time.monotonic() > deadline:
+            raise MasterUnavailable(
+                f"only {len(status.pserver_endpoints)} of {pservers} pservers registered "
+                f"after {timeout:g}s")
+        time.sleep(0.2)
+
+
+def trainer_environment(env: dict[str, str], status: pb.GetStatusResponse) -> dict[str, str]:
+    out = dict(env)
+    trainer_id = env.get("PADDLE_TRAINER_ID") or env.get("JOB_COMPLETION_INDEX")
+    if trainer_id is None:
+        raise click.UsageError("PADDLE_TRAINER_ID is not set (nor JOB_COMPLETION_INDEX)")
+    out.update(
+        TRAINING_ROLE="TRAINER",
+        PADDLE_TRAINER_ID=trainer_id,
+        PADDLE_TRAINERS_NUM=str(_positive_int(env, "PADDLE_TRAINERS_NUM", 1)),
+        PADDLE_PSERVERS_NUM=str(len(status.pserver_endpoints)),
+        PADDLE_PSERVERS_IP_PORT_LIST=",".join(status.pserver_endpoints),
+        POD_IP=env.get("POD_IP") or "127.0.0.1",
+    )
+    return out
+
+
+def run_child(command: list[str], env: dict[str, str]) -> int:
+    """Runs `command`, forwarding signals; returns its exit code (128+N when killed by N)."""
+    try:
+        child = subprocess.Popen(command, env=env)
+    except OSError as error:
+        raise click.UsageError(f"cannot run {command[0]!r}: {error.strerror}") from None
+
+    def forward(signum, _frame):
+        if child.poll() is None:
+            child.send_signal(signum)
+
+    previous = {sig: signal.signal(sig, forward) for sig in FORWARDED}
+    try:
+        code = child.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return 128 - code if code < 0 else code
+
+
+@click.command("trainer", context_settings={"ignore_unknown_options": True})
+@click.option("--wait-timeout", default=600.0, show_default=True, type=float,
+              help="Seconds to wait for the master and the pservers before giving up.")
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+def trainer_command(wait_timeout: float, command: tuple[str, ...]) -> None:
+    """Run a trainer command once the job is ready, with the PaddlePaddle environment."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    env = dict(os.environ)
+    try:
+        locator = MasterLocator(
+            master_endpoint=env.get("PADDLE_MASTER_ENDPOINT") or None,
+            etcd_endpoints=env.get("PADDLE_ETCD_ENDPOINTS") or None,
+            job=env.get("PADDLE_JOB_NAME") or None,
+            namespace=env.get("PADDLE_NAMESPACE") or "local",
+        )
+    except (DiscoveryError, ValueError) as error:
+        raise click.UsageError(str(error)) from None
+    pservers = _positive_int(env, "PADDLE_PSERVERS_NUM", 0)
+    connection = MasterConnection(locator, deadline=wait_timeout)
+    try:
+        status = wait_until_ready(connection, pservers=pservers, timeout=wait_timeout)
+    except MasterUnavailable as error:
+        click.echo(f"error: {error}", err=True)
+        sys.exit(1)
+    finally:
+        connection.close()
+    sys.exit(run_child(list(command), trainer_environment(env, status)))
