@@ -5,42 +5,42 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 
-import aetcd
-
 from paddlecloud import etcd
 from paddlecloud.keys import JobKeys, prefix_range_end
 
 
-async def done_marks(endpoint: str, keys: JobKeys) -> Counter:
-    """How many times each `done/<epoch>/<task>` key was created, over the whole history."""
+async def done_events(endpoint: str, keys: JobKeys) -> list[tuple[str, int, int]]:
+    """Every PUT/DELETE of a `done/<epoch>/<task>` key over the whole history, in order."""
+    prefix = keys.kind_prefix("done")
     client = await etcd.connect(endpoint)
-    try:
-        return await _count_creations(client, keys.kind_prefix("done"))
-    finally:
-        await client.close()
-
-
-async def _count_creations(client: aetcd.Client, prefix: bytes) -> Counter:
     # A put inside the watched range marks "now": every event before it is history.
     marker = prefix + b"~history-marker"
-    put = await client.put(marker, b"")
-    last = put.header.revision
-    counts: Counter = Counter()
-    watch = await client.watch(prefix, range_end=prefix_range_end(prefix), start_revision=1)
+    events: list[tuple[str, int, int]] = []
     try:
-        async def drain() -> None:
-            async for event in watch:
-                if event.kv.key == marker:
-                    return
-                if event.kind == "PUT" and event.kv.version == 1:
-                    counts[event.kv.key.decode().rsplit("/done/", 1)[1]] += 1
-                if event.kv.mod_revision >= last:
-                    return
-        await asyncio.wait_for(drain(), 60)
+        last = (await client.put(marker, b"")).header.revision
+        watch = await client.watch(prefix, range_end=prefix_range_end(prefix), start_revision=1)
+        try:
+            async def drain() -> None:
+                async for event in watch:
+                    if event.kv.key == marker:
+                        return
+                    epoch, task = event.kv.key.decode().rsplit("/done/", 1)[1].split("/")
+                    events.append((event.kind, int(epoch), int(task)))
+                    if event.kv.mod_revision >= last:
+                        return
+            await asyncio.wait_for(drain(), 60)
+        finally:
+            await watch.cancel()
+            await client.delete(marker)
     finally:
-        await watch.cancel()
-        await client.delete(marker)
-    return counts
+        await client.close()
+    return events
+
+
+async def done_marks(endpoint: str, keys: JobKeys) -> Counter:
+    """How many times each `done/<epoch>/<task>` key was created, over the whole history."""
+    return Counter(f"{epoch}/{task}" for kind, epoch, task in await done_events(endpoint, keys)
+                   if kind == "PUT")
 
 
 def per_epoch(counts: Counter) -> dict[int, Counter]:
@@ -50,3 +50,22 @@ def per_epoch(counts: Counter) -> dict[int, Counter]:
         epoch, task = key.split("/")
         epochs.setdefault(int(epoch), Counter())[int(task)] += n
     return epochs
+
+
+def check_exactly_once(events: list[tuple[str, int, int]], *, num_tasks: int, num_epochs: int) -> None:
+    """No done mark is created twice without being cleared in between (an epoch's end or a
+    RestartEpoch clears them), and every epoch's last pass counted every task."""
+    live: set[tuple[int, int]] = set()
+    last_pass: dict[int, set[int]] = {}
+    for kind, epoch, task in events:
+        if kind == "PUT":
+            assert (epoch, task) not in live, f"task {task} counted twice in epoch {epoch}"
+            live.add((epoch, task))
+            last_pass.setdefault(epoch, set()).add(task)
+        else:
+            live.discard((epoch, task))
+            if not any(e == epoch for e, _ in live) and len(last_pass.get(epoch, ())) < num_tasks:
+                last_pass.pop(epoch, None)  # a restarted, unfinished pass: it does not count
+    assert sorted(last_pass) == list(range(num_epochs)), f"epochs completed: {sorted(last_pass)}"
+    for epoch, tasks in last_pass.items():
+        assert tasks == set(range(num_tasks)), f"epoch {epoch} lost tasks {set(range(num_tasks)) - tasks}"

@@ -145,3 +145,69 @@ def test_bad_input_is_one_error_naming_the_value_and_starts_nothing(tmp_path, jo
     assert "Traceback" not in result.stderr
     assert not (tmp_path / "out" / "logs").exists()
     assert job_processes(job_name) == []
+
+
+def leader_pid(job: str, etcd_endpoint: str) -> int:
+    import asyncio
+
+    from paddlecloud import etcd
+    from paddlecloud.keys import JobKeys
+
+    async def leader() -> str | None:
+        client = await etcd.connect(etcd_endpoint)
+        try:
+            value = await client.get(JobKeys("local", job).leader)
+            return value.value.decode() if value else None
+        finally:
+            await client.close()
+
+    wait_until(lambda: asyncio.run(leader()) is not None, message="no leader")
+    address = asyncio.run(leader())
+    pids = [pid for pid, argv, _ in job_processes(job) if "--advertise" in argv and address in argv]
+    assert len(pids) == 1, pids
+    return pids[0]
+
+
+def test_two_masters_survive_the_leader_sigkill(tmp_path, local_run, job_name, etcd_endpoint):
+    import asyncio
+
+    from etcd_history import check_exactly_once, done_events
+
+    from paddlecloud.keys import JobKeys
+
+    write_records(tmp_path / "data", files=4, records_per_file=60)
+    run = local_run("--module", STUB, "--input", str(tmp_path / "data"), "--trainers", "2", "--masters", "2",
+                    "--epochs", "2", "--chunk-bytes", "300", "--etcd-endpoints", etcd_endpoint,
+                    "--", "--delay", "0.01")
+    wait_until(lambda: len(read_log(run.records)) >= 30, timeout=90, message="no progress")
+    os.kill(leader_pid(job_name, etcd_endpoint), signal.SIGKILL)
+    assert run.wait() == 0, run.text()
+    events = asyncio.run(done_events(etcd_endpoint, JobKeys("local", job_name)))
+    num_tasks = len({t for _, _, t in events})
+    check_exactly_once(events, num_tasks=num_tasks, num_epochs=2)
+    reads = reads_per_epoch(read_log(run.records))
+    assert all(set(c) == all_records(4, 60) for c in reads.values())
+
+
+def test_group_mode_restarts_every_trainer_and_the_epoch(tmp_path, local_run, job_name, etcd_endpoint):
+    import asyncio
+
+    from etcd_history import check_exactly_once, done_events
+
+    from paddlecloud.keys import JobKeys
+
+    write_records(tmp_path / "data", files=4, records_per_file=60)
+    run = local_run("--module", STUB, "--input", str(tmp_path / "data"), "--trainers", "2",
+                    "--epochs", "2", "--chunk-bytes", "300", "--etcd-endpoints", etcd_endpoint,
+                    "--", "--delay", "0.01")
+    wait_until(lambda: len(read_log(run.records)) >= 30, timeout=90, message="no progress")
+    victim = find(job_name, module=STUB, PADDLE_TRAINER_ID="0")[0]
+    os.kill(victim, signal.SIGKILL)
+    assert run.wait() == 0, run.text()
+    text = run.text()
+    assert "restarting the trainer group" in text and "the master restarted epoch 0" in text
+    events = asyncio.run(done_events(etcd_endpoint, JobKeys("local", job_name)))
+    num_tasks = len({t for _, _, t in events})
+    check_exactly_once(events, num_tasks=num_tasks, num_epochs=2)
+    # The survivor was restarted with the group, not left running: it registered twice.
+    assert text.count("INFO trainer_agent.client: trainer 1 registered") == 2
