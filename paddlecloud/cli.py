@@ -11,6 +11,7 @@ import click
 from master.cli import master_command
 from paddlecloud.jobs_cli import job
 from paddlecloud.local.cli import local
+from pserver_agent.cli import pserver_command
 from trainer_agent.launcher import trainer_command
 
 
@@ -23,6 +24,7 @@ def main() -> None:
 main.add_command(master_command)
 main.add_command(trainer_command)
 main.add_command(job)
+main.add_command(pserver_command)
 main.add_command(local)
 
 if __name__ == "__main__":

@@ -188,12 +188,15 @@ class Session:
             self.lost.set()
 
     async def close(self, *, revoke: bool = True) -> None:
+        """Stops the keep-alive loop and, unless the lease is already lost, revokes it so
+        every key on it goes at once."""
+        was_lost = self.lost.is_set()  # the loop sets `lost` when cancelled: look first
         if self._loop_task is not None:
             self._loop_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._loop_task
         await self._keeper.close()
-        if revoke and self.lease_id and not self.lost.is_set():
+        if revoke and self.lease_id and not was_lost:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self.client.revoke_lease(self.lease_id), 2)
         self.lost.set()

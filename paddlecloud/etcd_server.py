@@ -75,6 +75,7 @@ class EtcdServer:
         ]
 
     def start(self, *, timeout: float = 30.0) -> EtcdServer:
+        os.makedirs(self.data_dir, exist_ok=True)
         env = dict(os.environ, ETCD_UNSUPPORTED_ARCH=os.environ.get("ETCD_UNSUPPORTED_ARCH", ""))
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(

@@ -73,7 +73,12 @@ class JobKeys:
         return self._key("failures", epoch, task)
 
     def pserver(self, index: int) -> bytes:
+        """A pserver's registration: on its agent's lease, value `HOST:PORT`; present = alive."""
         return self._key("pservers", index)
+
+    def pserver_slot(self, index: int) -> bytes:
+        """The endpoint pserver slot `index` keeps for the life of the job: written once, no lease."""
+        return self._key("pserver-slots", index)
 
     def kind_prefix(self, kind: str, epoch: int | None = None) -> bytes:
         """`kind_prefix("done", 3)` covers `done/3/*`; `kind_prefix("assign")` covers `assign/*`."""

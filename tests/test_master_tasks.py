@@ -262,7 +262,8 @@ async def test_duplicate_concurrent_finishes_count_once(tmp_path, start_master, 
 async def test_master_killed_mid_epoch_loses_no_done_mark_and_counts_none_twice(
         tmp_path, start_master, channel_to, etcd_endpoint, job_name):
     write_records(tmp_path / "data", files=30, records_per_file=1)
-    args = ("--input", str(tmp_path / "data"), "--epochs", "2")
+    # A long session TTL: the trainer's lease must outlive a restart however slow the machine.
+    args = ("--input", str(tmp_path / "data"), "--epochs", "2", "--session-ttl", "60s")
     first = start_master(*args)
     await wait_serving(first.address, process=first)
     master = await channel_to(first.address)

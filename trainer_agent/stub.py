@@ -28,23 +28,43 @@ def parse_record(raw):
     return text
 
 
+class BrokenTrainer(Exception):
+    """This trainer's own fault, not the data's."""
+
+
+def fail_every_task(epoch) -> None:
+    """Takes tasks and fails each one for a reason of its own: the task goes back (ReturnTask,
+    no failure counted) and the others finish it. Backs off so it does not hog the queue."""
+    while not epoch.ended:
+        try:
+            for _ in epoch.records():
+                raise BrokenTrainer("this trainer is broken")
+        except BrokenTrainer:
+            time.sleep(0.2)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m trainer_agent.stub", description=__doc__)
     parser.add_argument("--log", default=os.environ.get("PADDLECLOUD_RECORD_LOG"),
                         help="append every record read here [$PADDLECLOUD_RECORD_LOG]")
     parser.add_argument("--delay", type=float, default=0.0, help="seconds to 'train' on each record")
     parser.add_argument("--broken", action="store_true",
-                        help="fail every task for reasons of its own (not the data's): exit 3")
+                        help="fail every task it takes for reasons of its own (not the data's): each "
+                             "is given back and the trainer goes on")
+    parser.add_argument("--broken-ids", default=os.environ.get("PADDLECLOUD_STUB_BROKEN_IDS", ""),
+                        help="comma-separated trainer ids that are --broken [$PADDLECLOUD_STUB_BROKEN_IDS]")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     fd = os.open(args.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644) if args.log else None
     client = TaskClient.from_env(parse=parse_record)
+    broken = args.broken or client.trainer_id in args.broken_ids.split(",")
     try:
         with client:
             for epoch in client.epochs():
+                if broken:
+                    fail_every_task(epoch)
+                    continue
                 for record in epoch.records():
-                    if args.broken:
-                        raise RuntimeError("this trainer is broken")
                     if fd is not None:
                         line = f"{epoch.number}\t{client.trainer_id}\t{epoch.current_task.id}\t{record}\n"
                         os.write(fd, line.encode())
