@@ -106,7 +106,8 @@ def test_ctrl_c_stops_every_child_and_removes_the_private_etcd(tmp_path, local_r
 def test_ps_job_restarts_only_the_killed_trainer(tmp_path, local_run, job_name, etcd_endpoint):
     write_records(tmp_path / "data", files=4, records_per_file=60)
     run = local_run("--module", STUB, "--input", str(tmp_path / "data"), "--trainers", "3",
-                    "--restart", "trainer", "--epochs", "2", "--chunk-bytes", "300",
+                    "--pservers", "2", "--pserver-module", "pserver_agent.stub",
+                    "--epochs", "2", "--chunk-bytes", "300",
                     "--etcd-endpoints", etcd_endpoint, "--session-ttl", "3s", "--", "--delay", "0.01")
     wait_until(lambda: len(read_log(run.records)) >= 30, timeout=90, message="no progress")
     victims = find(job_name, module=STUB, PADDLE_TRAINER_ID="1")
@@ -115,6 +116,7 @@ def test_ps_job_restarts_only_the_killed_trainer(tmp_path, local_run, job_name, 
     os.kill(victims[0], signal.SIGKILL)
     assert run.wait() == 0, run.text()
     assert "trainer 1 exited with" in run.text() and "restarting it" in run.text()
+    assert "[pserver 0]" in run.text() and "[pserver 1]" in run.text()
     assert "restarting the trainer group" not in run.text()
     reads = reads_per_epoch(read_log(run.records))
     assert sorted(reads) == [0, 1] and all(set(c) == all_records(4, 60) for c in reads.values())

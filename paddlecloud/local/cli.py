@@ -100,6 +100,7 @@ def local() -> None:
               help="Where logs, checkpoints and the model go; a checkpoint there is resumed from.")
 @click.option("--trainers", type=click.IntRange(min=1), default=None, help="Trainer processes [default: 1; 2 for --example].")
 @click.option("--pservers", type=click.IntRange(min=0), default=0, help="Parameter servers (0: collective training).")
+@click.option("--pserver-module", help="The pservers' module [default: MODULE, which switches on TRAINING_ROLE as PaddlePaddle's PS scripts do].")
 @click.option("-e", "--env", "env_pairs", multiple=True, metavar="KEY=VALUE", help="Environment for trainers and pservers (repeatable).")
 @click.option("--epochs", type=click.IntRange(min=1), default=1)
 @click.option("--masters", type=click.IntRange(min=1), default=1, help="Master processes; 2 runs a standby.")
@@ -114,7 +115,7 @@ def local() -> None:
 @click.option("--session-ttl", default="10s", help="Trainer session lease.")
 @click.option("--example", type=click.Choice(sorted(EXAMPLES)), help="Run a bundled example (generates its data).")
 @click.argument("module_args", nargs=-1, type=click.UNPROCESSED)
-def train(module, package_path, inputs, output, trainers, pservers, env_pairs, epochs, masters, fresh,
+def train(module, package_path, inputs, output, trainers, pservers, pserver_module, env_pairs, epochs, masters, fresh,
           etcd_endpoints, restart_limit, restart_mode, job_name, fmt, chunk_bytes, session_ttl, example,
           module_args) -> None:
     """Run a training job here: etcd, master(s), pservers and trainers as child processes."""
@@ -130,6 +131,8 @@ def train(module, package_path, inputs, output, trainers, pservers, env_pairs, e
     if not inputs:
         raise click.UsageError("Missing option '--input': the data to train on.")
     _check_module(module, package_path)
+    if pserver_module:
+        _check_module(pserver_module, package_path)
     inputs = _expand_inputs(inputs)
     env = _parse_env(env_pairs)
     if etcd_endpoints:
@@ -137,7 +140,7 @@ def train(module, package_path, inputs, output, trainers, pservers, env_pairs, e
     start_epoch = resume_epoch(output)
     spec = LocalJobSpec(
         job=job_name or _job_name(module), module=module, output=output, inputs=inputs,
-        trainers=trainers or 1, pservers=pservers, epochs=epochs, masters=masters,
+        trainers=trainers or 1, pservers=pservers, pserver_module=pserver_module, epochs=epochs, masters=masters,
         package_path=package_path.absolute() if package_path else None, env=env,
         module_args=tuple(module_args), etcd_endpoints=etcd_endpoints, fresh=fresh,
         restart_limit=restart_limit, restart_mode=restart_mode or ("group" if pservers == 0 else "trainer"),

@@ -58,6 +58,7 @@ class LocalJobSpec:
     package_path: Path | None = None
     env: tuple[tuple[str, str], ...] = ()
     module_args: tuple[str, ...] = ()
+    pserver_module: str | None = None    # default: `module`, which switches on TRAINING_ROLE
     etcd_endpoints: str | None = None
     fresh: bool = False
     restart_limit: int = 3
@@ -184,8 +185,10 @@ class LocalJob:
         return [sys.executable, "-m", self.spec.module, *self.spec.module_args]
 
     async def _start_pservers(self) -> None:
-        for index in range(self.spec.pservers):
-            command = [sys.executable, "-m", "paddlecloud", "pserver", "--", *self._user_command()]
+        s = self.spec
+        user = ([sys.executable, "-m", s.pserver_module] if s.pserver_module else self._user_command())
+        for index in range(s.pservers):
+            command = [sys.executable, "-m", "paddlecloud", "pserver", "--", *user]
             child = self._child("pserver", index, command, self._base_env())
             await child.start()
             self.pservers.append(child)
