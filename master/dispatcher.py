@@ -482,18 +482,23 @@ class Dispatcher:
         return self.store.finish(ref.task, ref.epoch, ref.attempt)
 
     async def _end_finish(self, state: JobState, ref: TaskRef, future) -> bool:
+        accepted = await self._settle(state, ref.task, ref.attempt, future,
+                                      TaskFinished(ref.task, ref.attempt))
+        (metrics.FINISHES if accepted else metrics.STALE_REPORTS.labels("finished")).inc()
+        return accepted
+
+    async def _settle(self, state: JobState, task: int, attempt: int, future, event) -> bool:
+        """Awaits the write on a busy task; mirrors `event` in the cache when etcd took it."""
         try:
             revision = await future
         finally:
-            self._busy.discard(ref.task)
-        if self.state is not state:
+            self._busy.discard(task)
+        if self.state is not state:  # the cache was rebuilt from etcd meanwhile
             return revision is not None
         if revision is None:
-            self._write_refused(state, ref.task, ref.attempt)
-            metrics.STALE_REPORTS.labels("finished").inc()
+            self._write_refused(state, task, attempt)
             return False
-        state.apply(TaskFinished(ref.task, ref.attempt))
-        metrics.FINISHES.inc()
+        state.apply(event)
         self._maybe_end_epoch()
         return True
 
@@ -541,19 +546,12 @@ class Dispatcher:
                 metrics.STALE_REPORTS.labels("returned").inc()
                 return False
             self._busy.add(ref.task)
-            try:
-                revision = await self.store.release(ref.task, ref.attempt)
-            finally:
-                self._busy.discard(ref.task)
-            if self.state is not state:
-                return revision is not None
-            if revision is None:
-                self._write_refused(state, ref.task, ref.attempt)
-                return False
-            state.apply(TaskReleased(ref.task, ref.attempt, "return"))
-            self._requeued("return")
-            self._maybe_end_epoch()
-            return True
+            returned = await self._settle(state, ref.task, ref.attempt,
+                                          self.store.release(ref.task, ref.attempt),
+                                          TaskReleased(ref.task, ref.attempt, "return"))
+            if returned:
+                self._requeued("return")
+            return returned
 
     def _is_live(self, state: JobState, session: int, ref: TaskRef) -> bool:
         assignment = state.live_assignment(ref.task, ref.epoch, ref.attempt)
@@ -561,19 +559,10 @@ class Dispatcher:
 
     async def _fail(self, state: JobState, task: int, attempt: int, *, cause: str) -> bool:
         self._busy.add(task)
-        try:
-            revision = await self.store.fail(task, state.epoch, attempt,
-                                             failures_before=state.failures[task])
-        finally:
-            self._busy.discard(task)
-        if self.state is not state:
-            return revision is not None
-        if revision is None:
-            self._write_refused(state, task, attempt)
+        write = self.store.fail(task, state.epoch, attempt, failures_before=state.failures[task])
+        if not await self._settle(state, task, attempt, write, TaskFailed(task, attempt, cause)):
             return False
-        state.apply(TaskFailed(task, attempt, cause))
         self._requeued("deadline" if cause == "deadline" else "failure")
-        self._maybe_end_epoch()
         return True
 
     async def _deadline_loop(self) -> None:
