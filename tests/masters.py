@@ -101,8 +101,17 @@ async def wait_for(predicate, *, timeout: float = 30.0, interval: float = 0.05, 
         await asyncio.sleep(interval)
 
 
+def wait_until(predicate, *, timeout: float = 60.0, message: str = "") -> None:
+    """The same for synchronous tests: polls `predicate()` until it is truthy."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met after {timeout}s: {message}")
+        time.sleep(0.05)
+
+
 def stub(channel: grpc.aio.Channel) -> pb_grpc.MasterStub:
     return pb_grpc.MasterStub(channel)
 
 
-__all__ = ["MasterProcess", "wait_serving", "wait_for", "stub", "pb"]
+__all__ = ["MasterProcess", "wait_serving", "wait_for", "wait_until", "stub", "pb"]

@@ -6,11 +6,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 from datasets import write_records
+from masters import wait_until
 from processes import find, job_processes
 from trainers import read_log, reads_per_epoch
 
@@ -61,12 +61,6 @@ def local_run(tmp_path, job_name):
         run.stop()
 
 
-def wait_until(predicate, *, timeout: float = 60, message: str = "") -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not met after {timeout}s: {message}")
-        time.sleep(0.05)
 
 
 def all_records(files: int, per_file: int) -> set[str]:

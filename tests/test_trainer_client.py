@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import time
 from collections import Counter
 
 import grpc
 import pytest
 from datasets import write_records
 from etcd_history import done_marks, per_epoch
-from masters import pb, stub, wait_serving
+from masters import pb, stub, wait_serving, wait_until
 from trainers import read_log, reads_per_epoch
 
 from paddlecloud.etcd_server import free_port
@@ -39,12 +38,6 @@ def status(proc):
         return stub(channel).GetStatus(pb.GetStatusRequest())
 
 
-def wait_until(predicate, *, timeout: float = 60, message: str = "") -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not met after {timeout}s: {message}")
-        time.sleep(0.05)
 
 
 def all_records(files: int, per_file: int) -> Counter:
