@@ -1,24 +1,38 @@
 # The two commands of the README, and the few a developer needs.
+#   make demo    set up .venv and train the fit-a-line example with 2 trainers, locally
 #   make test    set up .venv and run ruff and the whole test suite (what CI runs)
+#   make chaos   a longer chaos schedule than CI's (see tests/chaos/harness.py)
+#   make bench   the dispatch benchmark (see docs/benchmarks.md)
 #   make proto   regenerate the gRPC code from proto/
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-EXTRAS ?= test
+EXTRAS ?= test,paddle
+comma := ,
+STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 
-$(VENV)/.installed-$(EXTRAS): pyproject.toml
+$(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[$(EXTRAS)]'
 	touch $@
 
-.PHONY: test lint proto
-test: $(VENV)/.installed-$(EXTRAS)
+.PHONY: demo test lint chaos bench proto
+demo: $(STAMP)
+	$(BIN)/paddlecloud local train --example fit-a-line --epochs 5 --output output/fit-a-line --fresh
+
+test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/pytest
 
-lint: $(VENV)/.installed-$(EXTRAS)
+lint: $(STAMP)
 	$(BIN)/ruff check .
 
-proto: $(VENV)/.installed-$(EXTRAS)
+chaos: $(STAMP)
+	$(BIN)/python -m tests.chaos.harness --seed 1 --seed 2 --seed 3 --seed 4 --seed 5 --faults 12 --epochs 5
+
+bench: $(STAMP)
+	$(BIN)/python bench/dispatch.py
+
+proto: $(STAMP)
 	$(BIN)/python -m paddlecloud.protogen

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -104,7 +105,8 @@ def local() -> None:
 @click.option("-e", "--env", "env_pairs", multiple=True, metavar="KEY=VALUE", help="Environment for trainers and pservers (repeatable).")
 @click.option("--epochs", type=click.IntRange(min=1), default=1)
 @click.option("--masters", type=click.IntRange(min=1), default=1, help="Master processes; 2 runs a standby.")
-@click.option("--fresh", is_flag=True, help="Discard the job's earlier state in etcd.")
+@click.option("--fresh", is_flag=True,
+              help="Discard the job's earlier state: its keys in etcd and the checkpoints in --output.")
 @click.option("--etcd-endpoints", help="Use this etcd instead of starting a private one.")
 @click.option("--restart-limit", type=click.IntRange(min=0), default=3, help="Restarts of a trainer (or of the group).")
 @click.option("--restart", "restart_mode", type=click.Choice(["group", "trainer"]), default=None,
@@ -137,6 +139,8 @@ def train(module, package_path, inputs, output, trainers, pservers, pserver_modu
     env = _parse_env(env_pairs)
     if etcd_endpoints:
         _check_etcd(etcd_endpoints)
+    if fresh:
+        shutil.rmtree(output / "checkpoints", ignore_errors=True)
     start_epoch = resume_epoch(output)
     spec = LocalJobSpec(
         job=job_name or _job_name(module), module=module, output=output, inputs=inputs,
