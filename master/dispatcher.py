@@ -51,6 +51,7 @@ from paddlecloud.keys import JobKeys, prefix_range_end
 logger = logging.getLogger(__name__)
 
 WAIT_RETRY = 0.5          # seconds a trainer is told to wait when nothing is free
+EPOCH_END_RETRY = 0.05    # ... when the epoch is complete and its end is being written
 NO_DATASET_RETRY = 1.0
 MAX_PAGE = 1000
 
@@ -427,7 +428,10 @@ class Dispatcher:
             results = [await self._end_finish(state, ref, f) if f is not None else False
                        for ref, f in zip(finished, finishing, strict=True)]
             if decision.outcome is not Outcome.TASK:
-                retry = WAIT_RETRY if decision.outcome is Outcome.WAIT else 0.0
+                retry = 0.0
+                if decision.outcome is Outcome.WAIT:
+                    # The epoch's end is being written: the next epoch is a moment away.
+                    retry = EPOCH_END_RETRY if state.epoch_complete else WAIT_RETRY
                 return GetTaskResult(decision.outcome, state.epoch, retry_after=retry,
                                      finished_results=results)
             if decision.held is not None:
