@@ -172,6 +172,9 @@ class TaskClient:
         self._closed = threading.Event()
         self._keepalive: threading.Thread | None = None
         self._fetcher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="task-prefetch")
+        # Sees every GetTask reply first and may replace it (e.g. a loader worker that
+        # leaves its epoch to a sibling: trainer_agent.paddle).
+        self.reply_filter: Callable[[pb.GetTaskResponse], pb.GetTaskResponse] | None = None
 
     @classmethod
     def from_env(cls, *, trainer_id: str | None = None, parse: Callable[[Any], Any] | None = None,
@@ -254,7 +257,14 @@ class TaskClient:
                 self._acks[:0] = acks  # not known to be delivered: send them again
             raise
         self._count_results(reply.finished_results)
+        if self.reply_filter is not None:
+            reply = self.reply_filter(reply)
         return reply
+
+    @property
+    def holding(self) -> bool:
+        """True while this client holds a task (being read, or prefetched)."""
+        return bool(self._open)
 
     def _count_results(self, results) -> None:
         for result in results:

@@ -1,0 +1,1 @@
+"""Example PaddlePaddle jobs for paddlecloud (`python -m examples.<name>.train`)."""

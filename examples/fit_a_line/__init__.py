@@ -1,0 +1,1 @@
+"""fit-a-line: linear regression on generated CSV shards, trained by collective trainers."""

@@ -1,0 +1,451 @@
+"""PaddlePaddle on top of the master: a dataset over the task stream, checkpoints, uneven batches.
+
+    dataset = MasterDataset(parse=parse_line)            # one session per iterating process
+    loader = paddle.io.DataLoader(dataset, batch_size=64)
+    while True:
+        for x, y in loader:                              # the records of ONE epoch
+            train_step(x, y)
+        if dataset.job_done:
+            break
+        print("finished epoch", dataset.epoch)
+
+``MasterDataset`` creates its ``TaskClient`` lazily, inside ``__iter__``, in the process
+that iterates: with ``DataLoader(num_workers=N)`` every loader worker process has its
+own session, trainer id ``<PADDLE_TRAINER_ID>/<worker id>``, and nothing of a parent's
+client is ever used in a child (a forked copy is dropped, a pickled dataset carries
+none). A task is acknowledged once its records went into batches (the loader reads
+ahead), not once they were trained on: exactly once is the master's count per epoch,
+and a collective job restarts from an epoch checkpoint anyway (see the example).
+
+Loader workers and the end of an epoch: Paddle's DataLoader hands out the batches of
+its workers in a fixed round-robin order, so a worker blocked waiting for the epoch to
+end would stall the batches of a sibling that still holds a task, whose task would then
+never finish: a deadlock. A worker told WAIT (nothing free for it) therefore stops
+reading this epoch when a sibling of the same loader holds a task; the last one holding
+nothing stays and waits for the master's end of the epoch, so a loop over the loader
+still ends with the epoch.
+
+``join_batches`` is for collective training (``paddle.DataParallel``), where dynamic
+sharding gives trainers unequal numbers of batches: every step, the trainers agree with
+one ``all_reduce`` on how many examples they hold and who still has data, so a trainer
+that is out of data joins the others' steps with a zero gradient until every trainer is
+out, as PyTorch DDP's ``Join`` does, and nobody hangs at the end of an epoch.
+
+This is the only module of ``trainer_agent`` that imports paddle.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import queue
+import socket
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import paddle
+import paddle.distributed as dist
+
+from paddlecloud.api import pb
+from trainer_agent.checkpoint import CheckpointError, TrainStatus, load_checkpoint, save_checkpoint
+from trainer_agent.client import Epoch, TaskClient
+
+logger = logging.getLogger(__name__)
+
+#: Loader worker processes a MasterDataset can coordinate (slots of shared memory).
+MAX_WORKERS = 256
+
+ClientFactory = Callable[..., TaskClient]
+
+
+class MasterDataset(paddle.io.IterableDataset):
+    """A ``paddle.io.IterableDataset`` over the master's tasks; each ``__iter__`` is one epoch.
+
+    ``parse`` turns a raw record (a ``str`` line, or ``bytes`` for the ``file`` format)
+    into a sample; a ``ValueError``/``KeyError``/``TypeError`` from it fails the task
+    (``TaskFailed``). ``client_factory(trainer_id=..., parse=...)`` makes the client
+    (default ``TaskClient.from_env``, which reads DESIGN.md section 8's variables);
+    ``trainer_id`` defaults to ``$PADDLE_TRAINER_ID`` in the iterating process.
+
+    ``epoch`` is the epoch number of the last iteration (None before the first),
+    ``job_done`` is true once an iteration found the job finished (it then yields
+    nothing). Both are shared with loader worker processes. ``close()`` leaves the
+    master (the session of this process; workers leave when their iteration ends).
+    """
+
+    def __init__(self, parse: Callable[[Any], Any] | None = None,
+                 client_factory: ClientFactory | None = None, *,
+                 trainer_id: str | None = None) -> None:
+        super().__init__()
+        self.parse = parse
+        self.client_factory = client_factory
+        self.trainer_id = trainer_id
+        self._client: TaskClient | None = None
+        self._client_pid = 0
+        # Shared with forked or spawned loader workers: [epoch (-1: none yet), job done].
+        self._progress = multiprocessing.RawArray("q", [-1, 0])
+        # Per loader worker: 1 while it holds a task (guarded by _holding's lock).
+        self._holding = multiprocessing.Array("b", MAX_WORKERS)
+
+    # ---- what the training loop reads -----------------------------------------------
+
+    @property
+    def epoch(self) -> int | None:
+        value = self._progress[0]
+        return None if value < 0 else int(value)
+
+    @property
+    def job_done(self) -> bool:
+        return bool(self._progress[1])
+
+    @property
+    def client(self) -> TaskClient | None:
+        """This process's client, if it made one (None in the parent of loader workers)."""
+        return self._client if self._client_pid == os.getpid() else None
+
+    def request_save_model(self, *, block: float = 30.0) -> bool:
+        """True when the master chose this trainer to save the model (one at a time).
+
+        The grant goes by trainer id. It uses this process's session; when this process
+        has none (only loader workers read), a session of the base trainer id is opened
+        for the request and closed after it, so it never shows as an idle trainer.
+        """
+        client = self.client
+        if client is not None:
+            if not client.session_id:
+                client.register()
+            return client.request_save_model(block=block)
+        factory = self.client_factory or TaskClient.from_env
+        with factory(trainer_id=self._base_trainer_id(), parse=self.parse) as transient:
+            transient.register()
+            return transient.request_save_model(block=block)
+
+    def close(self) -> None:
+        """Flushes acknowledgements, gives held tasks back and leaves, for this process's session."""
+        client = self.client
+        self._client = None
+        if client is not None:
+            client.close()
+
+    def __enter__(self) -> MasterDataset:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- iteration ----------------------------------------------------------------
+
+    def __iter__(self) -> Iterator[Any]:
+        if self.job_done:
+            return  # known: no need for a session to hear it again
+        info = paddle.io.get_worker_info()
+        base = self._base_trainer_id()
+        if info is None:
+            yield from self._one_epoch(self._local_client(base))
+            return
+        # A loader worker: a session of its own, closed when its epoch ends (a worker
+        # process may end right after, and multiprocessing children skip atexit).
+        if info.id >= MAX_WORKERS:
+            raise ValueError(f"MasterDataset supports at most {MAX_WORKERS} loader workers")
+        client = self._local_client(f"{base}/{info.id}")
+        self._set_holding(info.id, False)  # whatever a dead predecessor left there
+        try:
+            _leave_on_idle(client, self._holding, info.id)
+            yield from self._one_epoch(client)
+        finally:
+            self._set_holding(info.id, False)
+            self._client = None
+            client.close()
+
+    def _one_epoch(self, client: TaskClient) -> Iterator[Any]:
+        if not client.session_id:
+            client.register()
+        if client.job_done or (client.num_epochs and client.current_epoch >= client.num_epochs):
+            self._progress[1] = 1
+            return
+        epoch = Epoch(client, client.current_epoch)
+        self._progress[0] = epoch.number
+        yield from epoch.records()
+        client.flush()
+        if client.job_done or (client.num_epochs and client.current_epoch >= client.num_epochs):
+            self._progress[1] = 1  # seen at the end of the last epoch: no need to ask again
+
+    def _base_trainer_id(self) -> str:
+        return (self.trainer_id or os.environ.get("PADDLE_TRAINER_ID")
+                or f"{socket.gethostname()}-{os.getpid()}")
+
+    def _local_client(self, trainer_id: str) -> TaskClient:
+        """This process's client; one inherited from a parent process is never touched."""
+        if self._client is not None and self._client_pid == os.getpid():
+            return self._client
+        factory = self.client_factory or TaskClient.from_env
+        self._client = factory(trainer_id=trainer_id, parse=self.parse)
+        self._client_pid = os.getpid()
+        return self._client
+
+    def _set_holding(self, worker: int, holding: bool) -> None:
+        with self._holding.get_lock():
+            self._holding[worker] = int(holding)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_client"] = None  # a session belongs to one process: never ship it
+        state["_client_pid"] = 0
+        return state
+
+
+def _leave_on_idle(client: TaskClient, holding: Any, worker: int) -> None:
+    """Makes a loader worker's epoch end when it is idle while a sibling holds a task.
+
+    Filters the client's GetTask replies: after each the worker publishes whether it holds
+    a task; a WAIT that finds it holding nothing while another worker of the loader
+    holds one is turned into an end of its epoch (see the module docstring). Of
+    workers that all hold nothing, none leaves, so the loader's iteration still ends
+    with the master's epoch.
+    """
+    def leave_when_idle(reply: pb.GetTaskResponse) -> pb.GetTaskResponse:
+        epoch = reply.current_epoch
+        with holding.get_lock():
+            holds = reply.outcome == pb.TASK or client.holding
+            holding[worker] = int(holds)
+            if reply.outcome == pb.WAIT and not holds and any(
+                    holding[i] for i in range(len(holding)) if i != worker):
+                logger.info("loader worker %d: nothing free while a sibling reads; "
+                            "leaving epoch %d to it", worker, epoch)
+                return pb.GetTaskResponse(outcome=pb.EPOCH_DONE, current_epoch=reply.current_epoch)
+        return reply
+
+    client.reply_filter = leave_when_idle
+
+
+# ---- collective training with uneven data ---------------------------------------------
+
+
+@dataclass(frozen=True)
+class JoinStep:
+    """One collective step: this trainer's batch (None when it is out) and the step's totals.
+
+    ``loss_scale`` turns the *sum* of this trainer's per-example losses into its share
+    of the mean over every example of the step, once ``paddle.DataParallel`` has
+    averaged the gradients over ``world_size`` trainers (0 for a trainer without a
+    batch: its backward pass contributes zero gradients).
+    """
+
+    batch: Any
+    size: int
+    total: int
+    world_size: int
+
+    @property
+    def loss_scale(self) -> float:
+        return self.world_size / self.total if self.batch is not None else 0.0
+
+
+def join_batches(loader: Any, *, group: Any = None, poll: float = 0.02,
+                 size: Callable[[Any], int] | None = None) -> Iterator[JoinStep]:
+    """Steps of a collective epoch over ``loader``, in lockstep with every trainer of ``group``.
+
+    Every step all trainers ``all_reduce`` (examples in hand, still has data): a step is
+    yielded to everyone when anyone holds a batch, with ``batch=None`` on the trainers
+    that hold none, and the iteration ends on every trainer at once, when all are out.
+    A trainer whose loader is waiting for the master (the epoch's last tasks are being
+    read elsewhere) must neither block inside the loader while the others wait for it
+    in a collective, nor slow their steps down: the loader is read in a background
+    thread, and a batch that is not ready when a step starts counts as none for that
+    step. Only after a step in which no trainer had a batch does each wait up to
+    ``poll`` seconds for one. With one trainer this is a plain loop over ``loader``. ``size(batch)`` counts a batch's examples (default: the
+    first dimension of its first tensor or array).
+    """
+    world = dist.get_world_size(group) if dist.is_initialized() else 1
+    count = size or _batch_size
+    if world <= 1:
+        for batch in loader:
+            n = count(batch)
+            yield JoinStep(batch, n, n, 1)
+        return
+    # iter() here, not in the thread: a multi-process DataLoader sets signal handlers.
+    feed = _Prefetcher(iter(loader))
+    try:
+        out = False
+        wait = poll  # for the first batch, and after steps in which nobody had one
+        while True:
+            batch = None
+            if not out:
+                kind, value = feed.get(timeout=wait)
+                if kind == "item":
+                    batch = value
+                elif kind == "end":
+                    out = True
+                elif kind == "error":
+                    raise value
+            n = count(batch) if batch is not None else 0
+            flags = paddle.to_tensor([n, 0 if out else 1], dtype="int64")
+            dist.all_reduce(flags, group=group)
+            total, active = (int(v) for v in flags.numpy())
+            if total == 0:
+                if active == 0:
+                    return
+                wait = poll
+                continue
+            wait = 0.0
+            yield JoinStep(batch, n, total, world)
+    finally:
+        feed.close()
+
+
+def all_reduce_sum(values: list[float], *, group: Any = None) -> list[float]:
+    """Sums ``values`` over every trainer (float64); the values themselves with one trainer."""
+    if not dist.is_initialized() or dist.get_world_size(group) <= 1:
+        return list(values)
+    tensor = paddle.to_tensor(np.asarray(values, dtype=np.float64))
+    dist.all_reduce(tensor, group=group)
+    return [float(v) for v in tensor.numpy()]
+
+
+def _batch_size(batch: Any) -> int:
+    leaf = batch
+    while isinstance(leaf, (list, tuple)) and leaf:
+        leaf = leaf[0]
+    if isinstance(leaf, Mapping) and leaf:
+        return _batch_size(next(iter(leaf.values())))
+    shape = getattr(leaf, "shape", None)
+    if shape is None or len(shape) == 0:
+        raise TypeError(f"cannot count the examples of a batch of {type(leaf).__name__}: pass size=")
+    return int(shape[0])
+
+
+class _Prefetcher:
+    """Drains an iterator in a daemon thread; the consumer polls with a timeout."""
+
+    def __init__(self, iterator: Iterator[Any], depth: int = 2) -> None:
+        self._queue: queue.Queue = queue.Queue(maxsize=depth)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(iterator,), name="join-prefetch",
+                                        daemon=True)
+        self._thread.start()
+
+    def _run(self, iterator: Iterator[Any]) -> None:
+        try:
+            for item in iterator:
+                if not self._put(("item", item)):
+                    return
+        except BaseException as error:  # handed to the consumer, raised there
+            self._put(("error", error))
+            return
+        self._put(("end", None))
+
+    def _put(self, entry: tuple[str, Any]) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._queue.put(entry, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def get(self, timeout: float) -> tuple[str, Any]:
+        """The next entry, or ("none", None) when there is none within ``timeout`` (0: now)."""
+        try:
+            return self._queue.get(timeout=timeout) if timeout > 0 else self._queue.get_nowait()
+        except queue.Empty:
+            return ("none", None)
+
+    def close(self) -> None:
+        self._stop.set()
+        while True:
+            try:
+                self._queue.get_nowait()
+            except queue.Empty:
+                break
+        self._thread.join(timeout=10)
+
+
+# ---- checkpoints of Paddle models -----------------------------------------------------
+
+
+def to_numpy(value: Any) -> Any:
+    """A state dict (nested dicts/lists of tensors) with every tensor as a numpy array."""
+    if isinstance(value, paddle.Tensor):
+        return np.array(value.numpy(), copy=True)
+    if isinstance(value, Mapping):
+        return {k: to_numpy(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(to_numpy(v) for v in value)
+    return value
+
+
+def to_tensors(value: Any) -> Any:
+    """The inverse of ``to_numpy``: every numpy array back to a ``paddle.Tensor``."""
+    if isinstance(value, np.ndarray):
+        return paddle.to_tensor(value)
+    if isinstance(value, Mapping):
+        return {k: to_tensors(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(to_tensors(v) for v in value)
+    return value
+
+
+def save_paddle_checkpoint(path: str, model: paddle.nn.Layer, optimizer: Any,
+                           train_status: TrainStatus, *, keep: int = 3) -> str:
+    """``save_checkpoint`` of the model's and optimizer's ``state_dict()`` as numpy arrays.
+
+    Pass the inner layer of a ``paddle.DataParallel``. ``optimizer`` may be None.
+    Returns the version's path.
+    """
+    state: dict[str, Any] = {"model": to_numpy(model.state_dict())}
+    if optimizer is not None:
+        state["optimizer"] = to_numpy(optimizer.state_dict())
+        # The optimizer's keys embed global parameter names ("linear_0.w_0_moment1_0"),
+        # which depend on how many layers the process built before: keep the model's
+        # own names for them, so a process that numbers its layers differently loads it.
+        state["parameter_names"] = {name: p.name for name, p in model.named_parameters()}
+    return save_checkpoint(path, state, train_status, keep=keep)
+
+
+def load_paddle_checkpoint(path: str, model: paddle.nn.Layer,
+                           optimizer: Any = None) -> TrainStatus | None:
+    """Loads the newest checkpoint under ``path`` into ``model`` (and ``optimizer``).
+
+    Returns its TrainStatus, or None (nothing changed) when there is no checkpoint.
+    Raises CheckpointError when the checkpoint does not hold a model state.
+    """
+    found = load_checkpoint(path)
+    if found is None:
+        return None
+    state, status = found
+    if "model" not in state:
+        raise CheckpointError(f"checkpoint in {path} (epoch {status.epoch}) holds no 'model' state")
+    model.set_state_dict(to_tensors(state["model"]))
+    if optimizer is not None and "optimizer" in state:
+        saved = state.get("parameter_names", {})
+        here = {name: p.name for name, p in model.named_parameters()}
+        renames = {saved[n]: here[n] for n in saved if n in here and saved[n] != here[n]}
+        optimizer.set_state_dict(to_tensors(_rename_parameters(state["optimizer"], renames)))
+    return status
+
+
+def _rename_parameters(optimizer_state: dict[str, Any], renames: dict[str, str]) -> dict[str, Any]:
+    """The optimizer state with keys of parameter ``old`` (``old`` or ``old_<accumulator>``) renamed."""
+    if not renames:
+        return optimizer_state
+    longest_first = sorted(renames, key=len, reverse=True)
+
+    def rename(key: str) -> str:
+        for old in longest_first:
+            if key == old or key.startswith(old + "_"):
+                return renames[old] + key[len(old):]
+        return key
+
+    out: dict[str, Any] = {}
+    for key, value in optimizer_state.items():
+        if key == "master_weights" and isinstance(value, Mapping):
+            out[key] = {rename(k): v for k, v in value.items()}
+        elif key == "LR_Scheduler":
+            out[key] = value
+        else:
+            out[rename(key)] = value
+    return out
