@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from datasets import write_records
+from local_runs import LocalRun
 from masters import wait_until
 from processes import find, job_processes
 from trainers import read_log, reads_per_epoch
@@ -17,34 +18,6 @@ from trainers import read_log, reads_per_epoch
 from paddlecloud.etcd_server import free_port
 
 STUB = "trainer_agent.stub"
-
-
-class LocalRun:
-    """The CLI as a child process, its console output in a file."""
-
-    def __init__(self, tmp: Path, job: str, *args: str) -> None:
-        self.job = job
-        self.output = tmp / "out"
-        self.console = tmp / "console.txt"
-        self.records = tmp / "records.tsv"
-        command = [sys.executable, "-m", "paddlecloud", "local", "train", "--job", job,
-                   "--output", str(self.output), "-e", f"PADDLECLOUD_RECORD_LOG={self.records}", *args]
-        with open(self.console, "wb") as out:
-            self.process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT,
-                                            env=dict(os.environ, PYTHONUNBUFFERED="1", COLUMNS="200"))
-
-    def wait(self, timeout: float = 180) -> int:
-        return self.process.wait(timeout=timeout)
-
-    def text(self) -> str:
-        return self.console.read_text(errors="replace")
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait()
-        for pid, _, _ in job_processes(self.job):
-            os.kill(pid, signal.SIGKILL)
 
 
 @pytest.fixture

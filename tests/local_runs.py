@@ -1,0 +1,39 @@
+"""`paddlecloud local train` as a child process, for the tests of the local backend."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from processes import job_processes
+
+
+class LocalRun:
+    """The CLI as a child process, its console output in a file."""
+
+    def __init__(self, tmp: Path, job: str, *args: str) -> None:
+        self.job = job
+        self.output = tmp / "out"
+        self.console = tmp / "console.txt"
+        self.records = tmp / "records.tsv"
+        command = [sys.executable, "-m", "paddlecloud", "local", "train", "--job", job,
+                   "--output", str(self.output), "-e", f"PADDLECLOUD_RECORD_LOG={self.records}", *args]
+        with open(self.console, "wb") as out:
+            self.process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT,
+                                            env=dict(os.environ, PYTHONUNBUFFERED="1", COLUMNS="200"))
+
+    def wait(self, timeout: float = 180) -> int:
+        return self.process.wait(timeout=timeout)
+
+    def text(self) -> str:
+        return self.console.read_text(errors="replace")
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+        for pid, _, _ in job_processes(self.job):
+            os.kill(pid, signal.SIGKILL)
