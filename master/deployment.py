@@ -58,12 +58,15 @@ async def supervise(
     poll_interval: float = 2.0,
     initial_phase: str | None = None,
     done_grace: float = 300.0,
+    job_failed: Callable[[], bool] | None = None,
 ) -> str:
     """Runs the job to its end and returns the final phase (Succeeded or Failed).
 
     `registered_pservers()` counts the pservers registered in etcd; `set_phase` is
     the master's fenced etcd write; `job_done()` (None without a dataset) is true
-    once every epoch is done; `initial_phase` is the phase etcd holds, if any.
+    once every epoch is done; `job_failed()` is true once the master's data says the
+    job failed (every task of an epoch failed); `initial_phase` is the phase etcd
+    holds, if any.
     """
     if num_pservers < 0:
         raise ValueError(f"num_pservers={num_pservers}: must be >= 0")
@@ -101,8 +104,8 @@ async def supervise(
     await deployer.create_trainers()
     await advance(RUNNING)
 
-    final = await _watch(deployer, job_done=job_done, poll_interval=poll_interval,
-                         done_grace=done_grace)
+    final = await _watch(deployer, job_done=job_done, job_failed=job_failed,
+                         poll_interval=poll_interval, done_grace=done_grace)
     await advance(final)
     await deployer.cleanup(succeeded=final == SUCCEEDED)
     return final
@@ -122,7 +125,8 @@ async def _wait_for_pservers(num_pservers: int, *, registered: Callable[[], Awai
 
 
 async def _watch(deployer: Deployer, *, job_done: Callable[[], bool] | None,
-                 poll_interval: float, done_grace: float) -> str:
+                 job_failed: Callable[[], bool] | None, poll_interval: float,
+                 done_grace: float) -> str:
     loop = asyncio.get_running_loop()
     errors = 0
     done_since: float | None = None
@@ -137,6 +141,9 @@ async def _watch(deployer: Deployer, *, job_done: Callable[[], bool] | None,
             logger.warning("cannot read the trainers' state (%d in a row): %s", errors, error)
             await asyncio.sleep(poll_interval)
             continue
+        if job_failed is not None and job_failed():
+            logger.warning("the master's data says the job failed")
+            return FAILED
         if status.finished:
             if job_done is not None and not job_done():
                 logger.warning("every trainer finished but the dataset is not done")

@@ -708,6 +708,9 @@ class Dispatcher:
     def dataset_done(self) -> bool:
         return self.state is not None and self.state.job_over
 
+    def dataset_failed(self) -> bool:
+        return self.state is not None and self.state.failed_job
+
     # ---- inspection -------------------------------------------------------------
 
     async def status(self) -> Status:

@@ -124,6 +124,7 @@ class MasterNode:
                 registered_pservers=dispatcher.registered_pservers,
                 set_phase=dispatcher.record_phase,
                 job_done=dispatcher.dataset_done if dispatcher.spec is not None else None,
+                job_failed=dispatcher.dataset_failed,
                 initial_phase=dispatcher.loaded_phase,
             )
             logger.info("job %s ended: %s", self.config.job, phase)

@@ -406,6 +406,25 @@ async def test_a_done_dataset_ends_the_job_once_the_trainers_are_idle_or_out_of_
     assert phases == ["Pending", "Starting", "Running", "Succeeded"]
 
 
+async def test_a_failed_dataset_fails_the_job_and_cleans_up_as_failed():
+    phases: list[str] = []
+
+    async def set_phase(phase: str) -> None:
+        phases.append(phase)
+
+    deployer = FakeDeployer([RoleStatus(desired=2, active=2)])
+    failed = {"value": False}
+    task = asyncio.create_task(supervise(
+        deployer, num_pservers=0, registered_pservers=_no_pservers, set_phase=set_phase,
+        job_done=lambda: failed["value"], job_failed=lambda: failed["value"], poll_interval=0.01))
+    await asyncio.wait_for(deployer.polled_thrice.wait(), 10)
+    assert not task.done()
+    failed["value"] = True  # every task of an epoch failed: the master's job is over, failed
+    assert await asyncio.wait_for(task, 10) == FAILED
+    assert deployer.calls[-1] == "cleanup(succeeded=False)"
+    assert phases == ["Pending", "Starting", "Running", "Failed"]
+
+
 async def test_supervise_refuses_bad_arguments():
     with pytest.raises(ValueError, match="initial_phase='Done'"):
         await supervise(FakeDeployer([RoleStatus(desired=1)]), num_pservers=0,
