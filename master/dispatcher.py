@@ -425,8 +425,14 @@ class Dispatcher:
             dispatch = None
             if decision.outcome is Outcome.TASK and decision.held is None:
                 dispatch = self._start_dispatch(state, info, decision.task)
-            results = [await self._end_finish(state, ref, f) if f is not None else False
-                       for ref, f in zip(finished, finishing, strict=True)]
+            try:
+                results = [await self._end_finish(state, ref, f) if f is not None else False
+                           for ref, f in zip(finished, finishing, strict=True)]
+            except BaseException:
+                if dispatch is not None:  # settle the reservation too; the caller retries
+                    with contextlib.suppress(BaseException):
+                        await self._end_dispatch(state, session, decision.task, dispatch)
+                raise
             if decision.outcome is not Outcome.TASK:
                 retry = 0.0
                 if decision.outcome is Outcome.WAIT:

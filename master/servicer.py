@@ -22,10 +22,9 @@ from master.dispatcher import (
     GetTaskResult,
     InvalidArgument,
     TaskRef,
-    TaskView,
 )
 from master.sessions import SessionExpired, SessionSuperseded
-from master.state import TaskStatus
+from master.state import Outcome, TaskStatus
 from master.store import NotLeader, StoreUnavailable
 from paddlecloud.api import pb, pb_grpc
 
@@ -77,9 +76,8 @@ def _rpc(method: Callable) -> Callable:
     return wrapper
 
 
-def _task(view: TaskView) -> pb.Task:
-    return pb.Task(id=view.task, epoch=view.epoch, attempt=view.attempt, format=view.format,
-                   chunks=[pb.Chunk(path=c.path, begin=c.begin, end=c.end) for c in view.chunks])
+# Outcome -> wire enum value (`pb.Outcome.Value(name)` costs a lookup by name per call).
+_OUTCOMES = {o: pb.Outcome.Value(o.value) for o in Outcome}
 
 
 def _result(accepted: bool) -> int:
@@ -115,13 +113,18 @@ class MasterServicer(pb_grpc.MasterServicer):
     @_rpc
     async def GetTask(self, d: Dispatcher, request):
         r: GetTaskResult = await d.get_task(request.session_id, request.epoch,
-                                            [_ref(f) for f in request.finished])
-        reply = pb.GetTaskResponse(
-            outcome=pb.Outcome.Value(r.outcome.value), current_epoch=r.current_epoch,
-            finished_results=[_result(a) for a in r.finished_results],
-        )
-        if r.task is not None:
-            reply.task.CopyFrom(_task(r.task))
+                                            [TaskRef(f.task_id, f.epoch, f.attempt) for f in request.finished])
+        # Built in place: the hot path of the master (one call per task).
+        reply = pb.GetTaskResponse(outcome=_OUTCOMES[r.outcome], current_epoch=r.current_epoch)
+        if r.finished_results:
+            reply.finished_results.extend([pb.ACCEPTED if a else pb.STALE for a in r.finished_results])
+        view = r.task
+        if view is not None:
+            task = reply.task
+            task.id, task.epoch, task.attempt, task.format = view.task, view.epoch, view.attempt, view.format
+            add = task.chunks.add
+            for c in view.chunks:
+                add(path=c.path, begin=c.begin, end=c.end)
         if r.retry_after:
             reply.retry_after.CopyFrom(duration(r.retry_after))
         return reply

@@ -80,10 +80,19 @@ def mod_revision_is(key: bytes, revision: int) -> rpc.Compare:
                        mod_revision=revision)
 
 
-@dataclass
+_VALUE, _VERSION, _MOD, _EQUAL = (rpc.Compare.VALUE, rpc.Compare.VERSION, rpc.Compare.MOD,
+                                  rpc.Compare.EQUAL)
+
+
+def nested_txn(compares: list[rpc.Compare], ops: list[rpc.RequestOp]) -> rpc.RequestOp:
+    """One write as a nested transaction: its own compares, its own ops."""
+    return rpc.RequestOp(request_txn=rpc.TxnRequest(compare=compares, success=ops))
+
+
+@dataclass(slots=True)
 class _Write:
-    compares: list[rpc.Compare]
-    ops: list[rpc.RequestOp]
+    txn: rpc.RequestOp   # built once, when submitted (the hot paths build it in place)
+    width: int           # max(compares, ops): what etcd counts against --max-txn-ops
     keys: frozenset[bytes]
     exclusive: bool
     future: asyncio.Future[int | None] = field(repr=False)
@@ -106,6 +115,8 @@ class GroupCommitter:
         self._stopped = False
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._fence = leadership.fence()
+        self._on_fence_failed = rpc.RequestOp(request_range=rpc.RangeRequest(key=leadership.key))
         self.batches = 0
         self.writes = 0
 
@@ -130,11 +141,17 @@ class GroupCommitter:
                keys: frozenset[bytes] = frozenset(), *, exclusive: bool = False,
                ) -> asyncio.Future[int | None]:
         """Queues one transaction; the future resolves as `commit()` returns."""
+        return self.submit_txn(nested_txn(compares, ops), max(len(compares), len(ops)), keys,
+                               exclusive=exclusive)
+
+    def submit_txn(self, txn: rpc.RequestOp, width: int, keys: frozenset[bytes] = frozenset(), *,
+                   exclusive: bool = False) -> asyncio.Future[int | None]:
+        """`submit()` of a nested transaction already built (see `nested_txn`)."""
         future = asyncio.get_running_loop().create_future()
         if self._stopped:
             future.set_exception(NotLeader(None))
             return future
-        self._queue.append(_Write(compares, ops, keys, exclusive, future))
+        self._queue.append(_Write(txn, width, keys, exclusive, future))
         self._wakeup.set()
         return future
 
@@ -162,7 +179,7 @@ class GroupCommitter:
                 break
             if touched & write.keys:
                 break  # keep per-key order: the rest waits for the next batch
-            width = max(widest, len(write.compares), len(write.ops))
+            width = max(widest, write.width)
             if batch and len(batch) + 1 + width > MAX_TXN_OPS:
                 break
             widest = width
@@ -182,12 +199,8 @@ class GroupCommitter:
                 self._sending = []
 
     async def _send(self, batch: list[_Write]) -> None:
-        request = rpc.TxnRequest(
-            compare=[self._leadership.fence()],
-            success=[rpc.RequestOp(request_txn=rpc.TxnRequest(compare=w.compares, success=w.ops))
-                     for w in batch],
-            failure=[rpc.RequestOp(request_range=rpc.RangeRequest(key=self._leadership.key))],
-        )
+        request = rpc.TxnRequest(compare=[self._fence], success=[w.txn for w in batch],
+                                 failure=[self._on_fence_failed])
         try:
             reply = await self._client.kvstub.Txn(request, timeout=self._timeout,
                                                   metadata=self._client.metadata)
@@ -252,9 +265,11 @@ class Snapshot:
     pservers: dict[int, str] = field(default_factory=dict)
 
 
-def encode_assignment(a: Assignment, epoch: int) -> bytes:
-    return json.dumps({"session": a.session, "trainer": a.trainer, "epoch": epoch,
-                       "deadline": a.deadline}, separators=(",", ":")).encode()
+def encode_assignment(a: Assignment, epoch: int, trainer_json: bytes | None = None) -> bytes:
+    """The `assign/<task>` value: compact JSON, as json.dumps would write it (hot path)."""
+    trainer = trainer_json or json.dumps(a.trainer).encode()
+    return b'{"session":%d,"trainer":%s,"epoch":%d,"deadline":%s}' % (
+        a.session, trainer, epoch, repr(float(a.deadline)).encode())
 
 
 class EtcdStore:
@@ -265,6 +280,26 @@ class EtcdStore:
         self.keys = keys
         self.leadership = leadership
         self.committer = GroupCommitter(client, leadership)
+        # The hot paths' keys, from prefixes computed once (JobKeys builds them from strings).
+        self._assign_prefix = keys.kind_prefix("assign")
+        self._done_prefix = keys.kind_prefix("done")
+        self._epoch_key = keys.epoch
+        self._trainers: dict[str, tuple[bytes, bytes]] = {}   # id -> (key, JSON string)
+        assert self._assign_key(7) == keys.assign(7) and self._done_key(3, 7) == keys.done(3, 7)
+
+    def _assign_key(self, task: int) -> bytes:
+        return self._assign_prefix + b"%d" % task
+
+    def _done_key(self, epoch: int, task: int) -> bytes:
+        return self._done_prefix + b"%d/%d" % (epoch, task)
+
+    def _trainer(self, trainer: str) -> tuple[bytes, bytes]:
+        found = self._trainers.get(trainer)
+        if found is None:
+            if len(self._trainers) > 100_000:
+                self._trainers.clear()
+            found = self._trainers[trainer] = (self.keys.trainer(trainer), json.dumps(trainer).encode())
+        return found
 
     async def start(self) -> None:
         self.committer.start()
@@ -348,24 +383,41 @@ class EtcdStore:
         return await self.committer.commit(compares, ops, keys, exclusive=exclusive)
 
     def assign(self, task: int, epoch: int, assignment: Assignment) -> asyncio.Future[int | None]:
-        """Resolves to the attempt (the revision of the write), or None if the session or task moved."""
-        k = self.keys
-        return self.committer.submit(
-            [value_is(k.trainer(assignment.trainer), str(assignment.session)),
-             version_is(k.assign(task), 0), version_is(k.done(epoch, task), 0),
-             value_is(k.epoch, str(epoch))],
-            [put(k.assign(task), encode_assignment(assignment, epoch), lease=assignment.session)],
-            frozenset([k.assign(task)]),
-        )
+        """Resolves to the attempt (the revision of the write), or None if the session or task moved.
+
+        Compares: the trainer's key still names this session, the task has no assignment
+        and no done mark this epoch, the epoch has not moved. Built in place (hot path).
+        """
+        trainer_key, trainer_json = self._trainer(assignment.trainer)
+        assign_key = self._assign_key(task)
+        op = rpc.RequestOp()
+        txn = op.request_txn
+        add = txn.compare.add
+        add(key=trainer_key, target=_VALUE, result=_EQUAL, value=b"%d" % assignment.session)
+        add(key=assign_key, target=_VERSION, result=_EQUAL, version=0)
+        add(key=self._done_key(epoch, task), target=_VERSION, result=_EQUAL, version=0)
+        add(key=self._epoch_key, target=_VALUE, result=_EQUAL, value=b"%d" % epoch)
+        request = txn.success.add().request_put
+        request.key = assign_key
+        request.value = encode_assignment(assignment, epoch, trainer_json)
+        request.lease = assignment.session
+        return self.committer.submit_txn(op, 4, frozenset((assign_key,)))
 
     def finish(self, task: int, epoch: int, attempt: int) -> asyncio.Future[int | None]:
-        """Counts the task done for `epoch` iff `attempt` is its live assignment (invariant 2)."""
-        k = self.keys
-        return self.committer.submit(
-            [mod_revision_is(k.assign(task), attempt), version_is(k.done(epoch, task), 0)],
-            [put(k.done(epoch, task), ""), delete(k.assign(task))],
-            frozenset([k.assign(task), k.done(epoch, task)]),
-        )
+        """Counts the task done for `epoch` iff `attempt` is its live assignment (invariant 2).
+
+        Compares: the assignment is the one of `attempt`, no done mark yet; puts the mark,
+        deletes the assignment. Built in place (hot path).
+        """
+        assign_key, done_key = self._assign_key(task), self._done_key(epoch, task)
+        op = rpc.RequestOp()
+        txn = op.request_txn
+        add = txn.compare.add
+        add(key=assign_key, target=_MOD, result=_EQUAL, mod_revision=attempt)
+        add(key=done_key, target=_VERSION, result=_EQUAL, version=0)
+        txn.success.add().request_put.key = done_key
+        txn.success.add().request_delete_range.key = assign_key
+        return self.committer.submit_txn(op, 2, frozenset((assign_key, done_key)))
 
     def fail(self, task: int, epoch: int, attempt: int, *,
              failures_before: int) -> asyncio.Future[int | None]:
