@@ -87,9 +87,17 @@ def test_ps_job_restarts_only_the_killed_trainer(tmp_path, local_run, job_name, 
     assert "restarting the trainer group" not in run.text()
     reads = reads_per_epoch(read_log(run.records))
     assert sorted(reads) == [0, 1] and all(set(c) == all_records(4, 60) for c in reads.values())
-    # The two others were never restarted: their first processes read until the end.
     trainers = {t for _, t, _, _ in read_log(run.records)}
     assert trainers == {"0", "1", "2"}
+    # Only trainer 1 was restarted; and the master counted every task once per epoch.
+    assert "trainer 0 exited" not in run.text() and "trainer 2 exited" not in run.text()
+    import asyncio
+
+    from etcd_history import check_exactly_once, done_events
+
+    from paddlecloud.keys import JobKeys
+    events = asyncio.run(done_events(etcd_endpoint, JobKeys("local", job_name)))
+    check_exactly_once(events, num_tasks=len({t for _, _, t in events}), num_epochs=2)
 
 
 @pytest.mark.parametrize("args, fragment", [
