@@ -30,6 +30,9 @@ from paddlecloud.clitypes import DURATION, NON_NEGATIVE, SIZE
 @click.option("--shuffle-seed", type=int, default=0, show_default=True)
 @click.option("--start-epoch", type=NON_NEGATIVE, default=0, show_default=True,
               help="Epoch to start at when etcd holds no state for the job (etcd wins when it does).")
+@click.option("--resume-from", metavar="PATH",
+              help="A checkpoint directory (local or fsspec URL): start at its TrainStatus.next() "
+                   "when etcd holds no state for the job.")
 @click.option("--session-ttl", type=DURATION, default="10s", show_default=True)
 @click.option("--election-ttl", type=DURATION, default="10s", show_default=True)
 @click.option("--task-timeout", type=DURATION, default="30m", show_default=True, help="0 turns it off.")
@@ -46,7 +49,7 @@ from paddlecloud.clitypes import DURATION, NON_NEGATIVE, SIZE
 @click.option("--log-level", default=os.environ.get("PADDLECLOUD_LOG_LEVEL", "INFO"), show_default=True,
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
 def master_command(job, namespace, etcd_endpoints, port, host, advertise, inputs, fmt, chunk_bytes,
-                   chunks_per_task, epochs, shuffle_seed, start_epoch, session_ttl, election_ttl,
+                   chunks_per_task, epochs, shuffle_seed, start_epoch, resume_from, session_ttl, election_ttl,
                    task_timeout, max_task_failures, max_tasks_per_trainer, metrics_port, deployer,
                    job_spec, etcd_timeout, log_level) -> None:
     """Run the master of one job: hands out data tasks, keeps every lease in etcd."""
@@ -65,6 +68,14 @@ def master_command(job, namespace, etcd_endpoints, port, host, advertise, inputs
             dataset = DatasetSpec(paths=tuple(inputs), format=fmt, chunk_bytes=chunk_bytes,
                                   chunks_per_task=chunks_per_task, num_epochs=epochs,
                                   shuffle_seed=shuffle_seed).filled()
+        if resume_from:
+            from trainer_agent.checkpoint import latest_train_status
+
+            resumed = latest_train_status(resume_from)
+            if resumed is not None:
+                start_epoch = max(start_epoch, resumed.next())
+                logging.getLogger("master").info("checkpoint in %s: starting at epoch %d",
+                                                 resume_from, start_epoch)
         if (deployer == "kubernetes") != bool(job_spec):
             raise SpecError("--deployer kubernetes and --job-spec go together")
         if job_spec:

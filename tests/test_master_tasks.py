@@ -365,3 +365,18 @@ async def test_sigterm_hands_leadership_over_cleanly(tmp_path, start_master, cha
         assert await client.get(JobKeys("local", job_name).leader) is None
     finally:
         await client.close()
+
+
+async def test_resume_from_a_checkpoint_starts_at_its_next_epoch(tmp_path, start_master, channel_to):
+    from trainer_agent.checkpoint import TrainStatus, save_checkpoint
+
+    write_records(tmp_path / "data", files=2, records_per_file=1)
+    save_checkpoint(str(tmp_path / "ckpt"), {"w": 1}, TrainStatus(1))
+    proc = start_master("--input", str(tmp_path / "data"), "--epochs", "4",
+                        "--resume-from", str(tmp_path / "ckpt"))
+    await wait_serving(proc.address, process=proc)
+    master = await channel_to(proc.address)
+    assert (await master.GetStatus(pb.GetStatusRequest())).current_epoch == 2
+    session = await register(master, "late")
+    reply = await master.GetTask(pb.GetTaskRequest(session_id=session, epoch=0))
+    assert reply.outcome == pb.EPOCH_DONE and reply.current_epoch == 2

@@ -533,6 +533,8 @@ def master_command(spec: JobSpec) -> list[str]:
         for pattern in spec.inputs:
             command += ["--input", pattern]
         command += ["--epochs", str(spec.epochs)]
+        if spec.output:  # a job started again on the same output resumes after its checkpoint
+            command += ["--resume-from", f"{spec.output.rstrip('/')}/checkpoints"]
     command += ["--deployer", "kubernetes", "--job-spec", f"{SPEC_MOUNT}/{SPEC_KEY}"]
     return command
 
