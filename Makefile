@@ -2,7 +2,7 @@
 #   make demo    set up .venv and train the fit-a-line example with 2 trainers, locally
 #   make test    set up .venv and run ruff and the whole test suite (what CI runs)
 #   make chaos   a longer chaos schedule than CI's (see tests/chaos/harness.py)
-#   make bench   the dispatch benchmark (see docs/benchmarks.md)
+#   make bench   the benchmark report: dispatch, re-queue, failover, footprint (docs/benchmarks.md)
 #   make proto   regenerate the gRPC code from proto/
 PYTHON ?= python3
 VENV ?= .venv
@@ -32,7 +32,8 @@ chaos: $(STAMP)
 	$(BIN)/python -m tests.chaos.harness --seed 1 --seed 2 --seed 3 --seed 4 --seed 5 --faults 12 --epochs 5
 
 bench: $(STAMP)
-	$(BIN)/python bench/dispatch.py
+	$(BIN)/python -c 'import matplotlib' 2>/dev/null || $(BIN)/python -m pip install -q -e '.[bench]'
+	$(BIN)/python bench/report.py
 
 proto: $(STAMP)
 	$(BIN)/python -m paddlecloud.protogen

@@ -41,12 +41,25 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run as `python bench/dispatch.py` from a checkout
     sys.path.insert(0, str(ROOT))
+
+from common import (  # noqa: E402  (after the sys.path line above)
+    cpu_model,
+    cpu_seconds,
+    etcd_version,
+    fdatasync_ms,
+    filesystem_of,
+    free_port,
+    machine_busy_seconds,
+    percentile,
+    rss_mb,
+    scrape,
+    sparse_file,
+)
 
 TARGETS = {
     "rate_64": 2000.0,          # finished tasks/s at 64 trainers
@@ -56,52 +69,6 @@ TARGETS = {
     "rss_mb": 500.0,
     "big_vs_small": 0.80,       # dispatch at 1M chunks / at 1,000 chunks
 }
-CLK_TCK = os.sysconf("SC_CLK_TCK")
-
-
-# ---- small helpers (all processes) -------------------------------------------------
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of one process so far (0 if it is gone)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
-
-
-def machine_busy_seconds() -> tuple[float, float]:
-    """(busy, steal) CPU seconds of the whole machine so far, all cores."""
-    parts = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    user, nice, system, idle, iowait, irq, softirq, steal = (parts + [0] * 8)[:8]
-    return (user + nice + system + irq + softirq) / CLK_TCK, steal / CLK_TCK
-
-
-def rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
-
-
-def scrape(url: str) -> dict[str, float]:
-    """Prometheus text format -> {'name{labels}': value} (enough for our counters)."""
-    with urllib.request.urlopen(url, timeout=5) as reply:
-        text = reply.read().decode()
-    found: dict[str, float] = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            name, _, value = line.rpartition(" ")
-            with contextlib.suppress(ValueError):
-                found[name] = float(value)
-    return found
-
-
-def percentile(sorted_values: list[float], q: float) -> float:
-    if not sorted_values:
-        return float("nan")
-    return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))]
 
 
 # ---- the no-op server (its own process) ---------------------------------------------
@@ -295,60 +262,6 @@ async def _client(config: dict) -> dict:
 
 
 # ---- the orchestrator ---------------------------------------------------------------
-
-
-def free_port() -> int:
-    from paddlecloud.etcd_server import free_port as port
-    return port()
-
-
-def filesystem_of(path: str) -> str:
-    """The type of the file system `path` lives on, from /proc/mounts."""
-    real, best, kind = os.path.realpath(path), "", "unknown"
-    with open("/proc/mounts") as mounts:
-        for line in mounts:
-            _, point, fstype = line.split()[:3]
-            point = point.replace("\\040", " ")
-            if (real == point or real.startswith(point.rstrip("/") + "/")) and len(point) >= len(best):
-                best, kind = point, fstype
-    return kind
-
-
-def fdatasync_ms(directory: str, rounds: int = 30) -> float:
-    """Median time of a 4 KiB write + fdatasync on the etcd data dir's disk."""
-    path = os.path.join(directory, "fsync-probe")
-    times = []
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
-    try:
-        for i in range(rounds):
-            os.pwrite(fd, os.urandom(4096), i * 4096)
-            started = time.perf_counter()
-            os.fdatasync(fd)
-            times.append(time.perf_counter() - started)
-    finally:
-        os.close(fd)
-        os.unlink(path)
-    return statistics.median(times) * 1e3
-
-
-def etcd_version(binary: str) -> str:
-    out = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=30).stdout
-    return out.splitlines()[0].replace("etcd Version: ", "") if out else "?"
-
-
-def cpu_model() -> str:
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or "?"
-
-
-def sparse_file(path: Path, size: int) -> Path:
-    """A file of `size` bytes: with --chunk-bytes 1, `size` chunks. The master never reads it."""
-    with open(path, "wb") as f:
-        f.truncate(size)
-    return path
 
 
 class Bench:

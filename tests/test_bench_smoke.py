@@ -1,8 +1,10 @@
-"""`bench/dispatch.py --quick` runs end to end and prints its table. No timing is asserted:
-speed goals live in the benchmark, never in tests."""
+"""The benchmarks run end to end: `bench/dispatch.py`, `bench/faults.py`, `bench/footprint.py`
+and `bench/report.py`, each with `--quick`, print (and write) what they should. No timing is
+asserted: speed goals live in the benchmarks, never in tests."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -36,3 +38,79 @@ def test_quick_run_prints_the_table(tmp_path):
     assert "start-up to health SERVING" in out.stdout
     assert "Targets" in out.stdout
     assert (tmp_path / "figures.json").exists()
+
+
+# ---- faults, footprint, report: --quick runs in subprocesses, their output's shape only ----
+
+BENCH_DIR = BENCH.parent
+
+
+def _run(script: str, *args: str, timeout: int = 240) -> subprocess.CompletedProcess:
+    out = subprocess.run([sys.executable, str(BENCH_DIR / script), *args], capture_output=True,
+                         text=True, timeout=timeout)
+    assert out.returncode == 0, f"{out.stdout}\n{out.stderr[-4000:]}"
+    return out
+
+
+@pytest.mark.timeout(300)
+def test_faults_quick_prints_every_part(tmp_path):
+    figures = tmp_path / "faults.json"
+    out = _run("faults.py", "--quick", "--allow-tmpfs", "--json", str(figures))
+    text = out.stdout
+    for line in ("Re-queue after SIGKILL of a trainer", "Re-queue after LeaveTrainer", "Failover: two masters",
+                 "Goals", "re-queue after SIGKILL <= session TTL + 1 s at TTL 2 s",
+                 "re-queue after LeaveTrainer <= 100 ms", "failover <= election TTL + 1 s at TTL 2 s",
+                 "tasks lost across failovers: 0", "tasks double-counted across failovers: 0"):
+        assert line in text, line
+    assert "kill->re-queued median s" in text and "kill->standby TASK median s" in text
+    data = json.loads(figures.read_text())
+    (requeue,) = data["requeue"]
+    assert requeue["ttl_s"] == 2 and len(requeue["runs"]) == 1
+    assert requeue["runs"][0]["accepted_after"] == 2  # the poller got both tasks and finished them
+    assert len(data["leave"]["runs"]) == 3
+    (failover,) = data["failover"]
+    assert failover["lost"] == 0 and failover["double"] == 0  # correctness, not timing
+    assert failover["runs"][0]["client_accepted_twice"] == 0
+    assert failover["runs"][0]["first_task_s"] is not None
+
+
+@pytest.mark.timeout(300)
+def test_footprint_quick_prints_keys_and_growth(tmp_path):
+    figures = tmp_path / "footprint.json"
+    out = _run("footprint.py", "--quick", "--allow-tmpfs", "--json", str(figures))
+    text = out.stdout
+    for line in ("Mid-epoch: 200 tasks", "Growth: 50 tasks x 10 epochs", "a done mark costs",
+                 "compaction to the current revision", "--auto-compaction-retention 100,000", "Goals",
+                 "keys bounded over 10 epochs"):
+        assert line in text, line
+    data = json.loads(figures.read_text())
+    mid, growth = data["mid"], data["growth"]
+    assert mid["done_marks"] >= 100 and mid["assignments"] == 8  # half an epoch done, 8 trainers holding
+    assert mid["snapshot"]["done_by_epoch"].keys() == {"1"}      # epoch 0's done marks are gone
+    assert growth["epoch_ends_seen"] == 10 and growth["bounded"] and growth["old_done_max"] == 0
+    assert growth["db_end"]["db_size"] > 0 and growth["db_defragged"]["db_size"] > 0
+
+
+@pytest.mark.timeout(400)
+def test_report_quick_writes_json_md_and_png(tmp_path):
+    out = _run("report.py", "--quick", "--allow-tmpfs", "--out", str(tmp_path),
+               "--dispatch-args=--ns 1,4", timeout=360)
+    data = json.loads((tmp_path / "benchmarks.json").read_text())
+    assert {"dispatch", "faults", "footprint", "goals", "meta"} <= data.keys()
+    goals = {g["goal"] for g in data["goals"]}
+    assert any(g.startswith("re-queue after SIGKILL") for g in goals)
+    assert "no task lost across a failover" in goals and "no task double-counted across a failover" in goals
+    assert any(g.startswith("etcd keys bounded") for g in goals)
+    assert all(g["met"] or g["why"] for g in data["goals"])  # every miss says why
+    md = (tmp_path / "benchmarks.md").read_text()
+    assert "## Dispatch" in md  # the hand-written part is kept
+    for name in ("goals", "dispatch-run", "faults", "footprint"):
+        body = md.split(f"<!-- generated:{name} -->", 1)[1].split(f"<!-- /generated:{name} -->", 1)[0]
+        assert body.strip(), name
+    assert "| goal | measured |" in md and "Re-queue after SIGKILL of a trainer" in md
+    assert "Goals" in out.stdout and "wrote " in out.stdout
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return  # the bench extra is not installed: no plot, and the report says so
+    assert (tmp_path / "benchmarks.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
