@@ -227,8 +227,13 @@ class Chaos:
             result.problems.append(f"{result.tasks_lost} tasks neither done nor failed")
         if result.epochs_completed != self.epochs:
             result.problems.append(f"{result.epochs_completed} of {self.epochs} epochs completed")
-        if not failed:
-            result.problems.append("the poisoned task never ended failed")
+        failed_per_epoch = {e: {t for fe, t in failed if fe == e} for e in range(self.epochs)}
+        poisoned_tasks = set().union(*failed_per_epoch.values())
+        if len(poisoned_tasks) != 1 or any(len(ts) != 1 for ts in failed_per_epoch.values()):
+            # One task holds the poison line: it, and only it, must end failed in every epoch
+            # (the broken trainer's give-backs and the faults must never make a task fail).
+            result.problems.append(f"failed tasks per epoch {failed_per_epoch}: expected the one "
+                                   "poisoned task in every epoch")
         if job.progress.phase != "Succeeded":
             result.problems.append(f"the job ended {job.progress.phase}")
 
