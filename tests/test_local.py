@@ -190,3 +190,22 @@ def test_group_mode_restarts_every_trainer_and_the_epoch(tmp_path, local_run, jo
     check_exactly_once(events, num_tasks=num_tasks, num_epochs=2)
     # The survivor was restarted with the group, not left running: it registered twice.
     assert text.count(registered) == 2
+
+
+def test_a_changed_dataset_needs_fresh_and_the_master_error_is_shown(tmp_path, job_name, etcd_endpoint):
+    write_records(tmp_path / "a", files=2, records_per_file=3)
+    write_records(tmp_path / "b", files=3, records_per_file=3)
+
+    def run(data: str, *extra: str) -> LocalRun:
+        local = LocalRun(tmp_path, job_name, "--module", STUB, "--input", str(tmp_path / data),
+                         "--etcd-endpoints", etcd_endpoint, *extra)
+        local.wait()
+        return local
+
+    assert run("a").process.returncode == 0
+    changed = run("b")
+    assert changed.process.returncode == 1
+    assert "already has a different dataset in etcd" in changed.text()
+    assert "master 0 exited with 2" in changed.text()
+    assert run("b", "--fresh").process.returncode == 0
+    assert job_processes(job_name) == []

@@ -269,7 +269,9 @@ class LocalJob:
             await self._restart_group(dead)
 
     async def _restart(self, child: Child, *, why: str) -> None:
-        if child.role == "trainer" and child.restarts >= self.spec.restart_limit:
+        if child.role == "master" and child.returncode == 2:  # bad flags or state: no retry helps
+            raise JobFailed(f"{child.name} {why}: {self._last_line(child)} (see {child.log_path})")
+        if child.restarts >= self.spec.restart_limit:
             raise JobFailed(f"{child.name} {why}; it was restarted {child.restarts} times "
                             f"(--restart-limit {self.spec.restart_limit})")
         child.restarts += 1
@@ -308,6 +310,14 @@ class LocalJob:
                 await asyncio.sleep(0.5)
                 await self._poll_status()
                 address = self.progress.leader
+
+    @staticmethod
+    def _last_line(child: Child) -> str:
+        try:
+            lines = child.log_path.read_text(errors="replace").strip().splitlines()
+        except OSError:
+            return "no log"
+        return lines[-1] if lines else "no output"
 
     def _event(self, text: str) -> None:
         self.progress.events.append(text)
