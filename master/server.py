@@ -25,7 +25,7 @@ from master.config import MasterConfig, SpecError
 from master.dispatcher import Dispatcher
 from master.servicer import MasterServicer
 from paddlecloud import etcd
-from paddlecloud.api import SERVICE_NAME, pb, pb_grpc
+from paddlecloud.api import SERVICE_NAME, pb_grpc
 from paddlecloud.keys import JobKeys
 
 logger = logging.getLogger(__name__)
@@ -189,4 +189,4 @@ async def serve(config: MasterConfig) -> int:
     return 0
 
 
-__all__ = ["serve", "MasterNode", "pb"]
+__all__ = ["serve", "MasterNode"]

@@ -159,10 +159,6 @@ class GroupCommitter:
                      keys: frozenset[bytes] = frozenset(), *, exclusive: bool = False) -> int | None:
         return await self.submit(compares, ops, keys, exclusive=exclusive)
 
-    @property
-    def idle(self) -> bool:
-        return not self._queue
-
     def _next_batch(self) -> list[_Write]:
         """The writes at the head of the queue that can share one request.
 

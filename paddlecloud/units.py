@@ -58,9 +58,3 @@ def parse_size(text: str | int) -> int:
     if size < 0:
         raise ValueError(f"invalid size {text!r}: must not be negative")
     return size
-
-
-def format_duration(seconds: float) -> str:
-    if seconds >= 1 and float(seconds).is_integer():
-        return f"{int(seconds)}s"
-    return f"{seconds * 1000:g}ms" if seconds < 1 else f"{seconds:g}s"

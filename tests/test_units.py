@@ -5,10 +5,8 @@ from __future__ import annotations
 import re
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
-from paddlecloud.units import format_duration, parse_duration, parse_size
+from paddlecloud.units import parse_duration, parse_size
 
 # ---- parse_duration -------------------------------------------------------------------
 
@@ -110,28 +108,3 @@ def test_parse_size_refuses_garbage_naming_the_value(text):
 def test_parse_size_refuses_a_negative_int_naming_it():
     with pytest.raises(ValueError, match=r"-1.*negative"):
         parse_size(-1)
-
-
-# ---- format_duration ------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("seconds, text", [
-    (10, "10s"),
-    (10.0, "10s"),
-    (1, "1s"),
-    (90, "90s"),
-    (3600, "3600s"),
-    (1.5, "1.5s"),
-    (0.5, "500ms"),
-    (0.001, "1ms"),
-    (0.25, "250ms"),
-    (0, "0ms"),
-])
-def test_format_duration_writes_seconds_or_milliseconds(seconds, text):
-    assert format_duration(seconds) == text
-
-
-@settings(max_examples=100, deadline=None, database=None)
-@given(st.one_of(st.integers(0, 10**6), st.integers(0, 999).map(lambda ms: ms / 1000)))
-def test_format_duration_reads_back_with_parse_duration(seconds):
-    assert parse_duration(format_duration(seconds)) == pytest.approx(seconds)
