@@ -11,8 +11,6 @@ class DurationType(click.ParamType):
     name = "duration"
 
     def convert(self, value, param, ctx) -> float:
-        if isinstance(value, (int, float)):
-            return float(value)
         try:
             return parse_duration(value)
         except ValueError as error:
@@ -23,8 +21,6 @@ class SizeType(click.ParamType):
     name = "size"
 
     def convert(self, value, param, ctx) -> int:
-        if isinstance(value, int):
-            return value
         try:
             return parse_size(value)
         except ValueError as error:
