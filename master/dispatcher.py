@@ -53,7 +53,6 @@ logger = logging.getLogger(__name__)
 WAIT_RETRY = 0.5          # seconds a trainer is told to wait when nothing is free
 EPOCH_END_RETRY = 0.05    # ... when the epoch is complete and its end is being written
 NO_DATASET_RETRY = 1.0
-MAX_PAGE = 1000
 
 
 class InvalidArgument(ValueError):
@@ -95,42 +94,6 @@ class Registration:
     ttl: float
     current_epoch: int
     num_epochs: int
-
-
-@dataclass(frozen=True)
-class TaskInfo:
-    task: int
-    status: TaskStatus
-    epoch: int
-    holder: str
-    session: int
-    attempt: int
-    failures: int
-    chunks: list[ChunkRange]
-
-
-@dataclass(frozen=True)
-class TrainerView:
-    trainer: str
-    session: int
-    tasks: list[int]
-    since_last_call: float
-
-
-@dataclass(frozen=True)
-class Status:
-    job: str
-    namespace: str
-    phase: str
-    leader: str
-    epoch: int
-    num_epochs: int
-    counts: dict[str, int]
-    num_tasks: int
-    trainers_alive: int
-    pservers: list[str]
-    has_dataset: bool
-    requeued: int
 
 
 class Dispatcher:
@@ -716,78 +679,3 @@ class Dispatcher:
 
     def dataset_failed(self) -> bool:
         return self.state is not None and self.state.failed_job
-
-    # ---- inspection -------------------------------------------------------------
-
-    async def status(self) -> Status:
-        state = self.state
-        kvs, _ = await read_range(self.client, self.keys.kind_prefix("pservers"),
-                                  prefix_range_end(self.keys.kind_prefix("pservers")))
-        pservers = [kv.value.decode() for kv in sorted(kvs, key=lambda kv: self.keys.task_of(kv.key))]
-        counts = {"todo": 0, "pending": 0, "done": 0, "failed": 0}
-        if state is not None:
-            c = state.counts
-            counts = {"todo": c[TaskStatus.TODO], "pending": c[TaskStatus.PENDING] + c[TaskStatus.RESERVED],
-                      "done": c[TaskStatus.DONE], "failed": c[TaskStatus.FAILED]}
-        phase = state.phase.value if state is not None else Phase.PENDING.value
-        if self.phase_override and phase in (Phase.PENDING.value, Phase.RUNNING.value):
-            phase = self.phase_override  # the deployer knows whether the job runs yet
-        return Status(
-            job=self.config.job, namespace=self.config.namespace, phase=phase, leader=self.advertise,
-            epoch=state.epoch if state else 0, num_epochs=self.spec.num_epochs if self.spec else 0,
-            counts=counts, num_tasks=state.num_tasks if state else 0,
-            trainers_alive=len(self.sessions.by_session), pservers=pservers,
-            has_dataset=state is not None, requeued=self.requeued,
-        )
-
-    def metrics_snapshot(self) -> dict:
-        state = self.state
-        tasks = {}
-        if state is not None:
-            tasks = {s.name.lower(): state.counts[s] for s in TaskStatus}
-        return {"tasks": tasks, "epoch": state.epoch if state else 0,
-                "sessions": len(self.sessions.by_session)}
-
-    def list_tasks(self, *, status: TaskStatus | None, epoch: int | None, page_size: int,
-                   page_token: str) -> tuple[list[TaskInfo], str]:
-        state = self.state
-        if state is None:
-            return [], ""
-        if epoch is not None and epoch != state.epoch:
-            raise InvalidArgument(
-                f"epoch {epoch}: only the current epoch {state.epoch} is kept (done marks of "
-                "an epoch are deleted when it ends)")
-        if page_size < 0:
-            raise InvalidArgument(f"page_size {page_size} is negative")
-        size = min(page_size or 100, MAX_PAGE)
-        try:
-            start = int(page_token) if page_token else 0
-        except ValueError:
-            raise InvalidArgument(f"page_token {page_token!r} is not one this master gave") from None
-        found: list[TaskInfo] = []
-        task = start
-        while task < state.num_tasks and len(found) < size:
-            raw = TaskStatus(state.status[task])
-            shown = TaskStatus.PENDING if raw is TaskStatus.RESERVED else raw
-            if status is None or shown is status:
-                a = state.pending.get(task)
-                found.append(TaskInfo(task, shown, state.epoch, a.trainer if a else "",
-                                      a.session if a else 0, a.attempt if a else 0,
-                                      state.failures[task], self.partition.task_chunks(task)))
-            task += 1
-        return found, (str(task) if task < state.num_tasks else "")
-
-    def list_trainers(self, *, page_size: int, page_token: str) -> tuple[list[TrainerView], str]:
-        if page_size < 0:
-            raise InvalidArgument(f"page_size {page_size} is negative")
-        size = min(page_size or 100, MAX_PAGE)
-        now = time.monotonic()
-        ids = sorted(t for t in self.sessions.by_trainer if t > page_token)
-        views = []
-        for trainer in ids[:size]:
-            session = self.sessions.by_trainer[trainer]
-            info = self.sessions.by_session[session]
-            held = self.state.held_by(session) if self.state else []
-            views.append(TrainerView(trainer, session, held, now - info.last_call))
-        return views, (ids[size - 1] if len(ids) > size else "")
-

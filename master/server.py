@@ -20,7 +20,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
-from master import metrics
+from master import inspection, metrics
 from master.config import MasterConfig, SpecError
 from master.dispatcher import Dispatcher
 from master.servicer import MasterServicer
@@ -172,7 +172,7 @@ async def serve(config: MasterConfig) -> int:
     await server.start()
     if config.metrics_port:
         metrics.serve(config.metrics_port,
-                      lambda: node.dispatcher.metrics_snapshot() if node.dispatcher else None)
+                      lambda: inspection.metrics_snapshot(node.dispatcher) if node.dispatcher else None)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, node.stopping.set)

@@ -14,7 +14,7 @@ from collections.abc import Callable
 import grpc
 from google.protobuf.duration_pb2 import Duration
 
-from master import metrics
+from master import inspection, metrics
 from master.config import DatasetSpec
 from master.dispatcher import (
     Dispatcher,
@@ -156,7 +156,7 @@ class MasterServicer(pb_grpc.MasterServicer):
 
     @_rpc
     async def GetStatus(self, d: Dispatcher, request):
-        s = await d.status()
+        s = await inspection.status(d)
         return pb.GetStatusResponse(
             job=s.job, namespace=s.namespace, phase=s.phase, leader=s.leader,
             current_epoch=s.epoch, num_epochs=s.num_epochs, counts=pb.TaskCounts(**s.counts),
@@ -168,7 +168,7 @@ class MasterServicer(pb_grpc.MasterServicer):
     async def ListTasks(self, d: Dispatcher, request):
         status = TaskStatus[pb.TaskState.Name(request.state)] if request.state else None
         epoch = request.epoch if request.HasField("epoch") else None
-        tasks, token = d.list_tasks(status=status, epoch=epoch, page_size=request.page_size,
+        tasks, token = inspection.list_tasks(d, status=status, epoch=epoch, page_size=request.page_size,
                                     page_token=request.page_token)
         return pb.ListTasksResponse(next_page_token=token, tasks=[
             pb.TaskInfo(id=t.task, state=pb.TaskState.Value(t.status.name), epoch=t.epoch,
@@ -179,7 +179,7 @@ class MasterServicer(pb_grpc.MasterServicer):
 
     @_rpc
     async def ListTrainers(self, d: Dispatcher, request):
-        views, token = d.list_trainers(page_size=request.page_size, page_token=request.page_token)
+        views, token = inspection.list_trainers(d, page_size=request.page_size, page_token=request.page_token)
         return pb.ListTrainersResponse(next_page_token=token, trainers=[
             pb.TrainerInfo(trainer_id=v.trainer, session_id=v.session, tasks_held=v.tasks,
                            since_last_call=duration(v.since_last_call))
