@@ -13,7 +13,9 @@
 that iterates: with ``DataLoader(num_workers=N)`` every loader worker process has its
 own session, trainer id ``<PADDLE_TRAINER_ID>/<worker id>``, and nothing of a parent's
 client is ever used in a child (a forked copy is dropped, a pickled dataset carries
-none). A task is acknowledged once its records went into batches (the loader reads
+none). The loader forks its workers when an iteration starts: make no gRPC call from
+another thread of the parent at that moment (gRPC skips its fork handlers while calls
+are in flight, and the child can crash). A task is acknowledged once its records went into batches (the loader reads
 ahead), not once they were trained on: exactly once is the master's count per epoch,
 and a collective job restarts from an epoch checkpoint anyway (see the example).
 
