@@ -377,31 +377,12 @@ async def requeue_after_leave(bench: Bench, runs: int) -> dict:
 
 
 async def done_history(endpoint: str, job: str, start_revision: int) -> list[tuple[str, int, int]]:
-    """Every PUT/DELETE of the job's `done/<epoch>/<task>` keys since `start_revision`, in order
-    (the method of tests/etcd_history.py: a marker put inside the range ends the history)."""
-    from paddlecloud import etcd
-    from paddlecloud.keys import JobKeys, prefix_range_end
-    prefix = JobKeys("local", job).kind_prefix("done")
-    marker = prefix + b"~history-marker"
-    client = await etcd.connect(endpoint)
-    events: list[tuple[str, int, int]] = []
-    try:
-        await client.put(marker, b"")
-        watch = await client.watch(prefix, range_end=prefix_range_end(prefix), start_revision=start_revision)
-        try:
-            async def drain() -> None:
-                async for event in watch:
-                    if event.kv.key == marker:
-                        return
-                    epoch, task = event.kv.key[len(prefix):].decode().split("/")
-                    events.append((event.kind, int(epoch), int(task)))
-            await asyncio.wait_for(drain(), 60)
-        finally:
-            await watch.cancel()
-            await client.delete(marker)
-    finally:
-        await client.close()
-    return events
+    """Every PUT/DELETE of the job's `done/<epoch>/<task>` keys since `start_revision`, in order."""
+    from paddlecloud.history import mark_history
+    from paddlecloud.keys import JobKeys
+
+    marks = await mark_history(endpoint, JobKeys("local", job), "done", start_revision=start_revision)
+    return [(m.kind, m.epoch, m.task) for m in marks]
 
 
 def audit(events: list[tuple[str, int, int]], *, num_tasks: int, num_epochs: int) -> dict:

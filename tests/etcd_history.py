@@ -2,39 +2,15 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections import Counter
 
-from paddlecloud import etcd
-from paddlecloud.keys import JobKeys, prefix_range_end
+from paddlecloud.history import mark_history
+from paddlecloud.keys import JobKeys
 
 
 async def done_events(endpoint: str, keys: JobKeys) -> list[tuple[str, int, int]]:
     """Every PUT/DELETE of a `done/<epoch>/<task>` key over the whole history, in order."""
-    prefix = keys.kind_prefix("done")
-    client = await etcd.connect(endpoint)
-    # A put inside the watched range marks "now": every event before it is history.
-    marker = prefix + b"~history-marker"
-    events: list[tuple[str, int, int]] = []
-    try:
-        last = (await client.put(marker, b"")).header.revision
-        watch = await client.watch(prefix, range_end=prefix_range_end(prefix), start_revision=1)
-        try:
-            async def drain() -> None:
-                async for event in watch:
-                    if event.kv.key == marker:
-                        return
-                    epoch, task = event.kv.key.decode().rsplit("/done/", 1)[1].split("/")
-                    events.append((event.kind, int(epoch), int(task)))
-                    if event.kv.mod_revision >= last:
-                        return
-            await asyncio.wait_for(drain(), 60)
-        finally:
-            await watch.cancel()
-            await client.delete(marker)
-    finally:
-        await client.close()
-    return events
+    return [(e.kind, e.epoch, e.task) for e in await mark_history(endpoint, keys, "done")]
 
 
 async def done_marks(endpoint: str, keys: JobKeys) -> Counter:

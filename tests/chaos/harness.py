@@ -38,9 +38,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from paddlecloud import etcd
 from paddlecloud.etcd_server import EtcdServer
-from paddlecloud.keys import JobKeys, prefix_range_end
+from paddlecloud.history import MarkEvent, mark_history
+from paddlecloud.keys import JobKeys
 from paddlecloud.local.job import LocalJob, LocalJobSpec
 
 FAULTS = ("trainer-kill", "master-kill", "trainer-pause", "master-pause", "etcd-restart")
@@ -141,8 +141,8 @@ class Chaos:
         result = ChaosResult(self.seed, self.injected, code)
         try:
             keys = JobKeys("local", job_name)
-            done = await read_history(self.etcd.endpoint, keys, "done")
-            failures = await read_history(self.etcd.endpoint, keys, "failures")
+            done = await mark_history(self.etcd.endpoint, keys, "done")
+            failures = await mark_history(self.etcd.endpoint, keys, "failures")
         finally:
             await asyncio.to_thread(self.etcd.stop)
         self._audit(result, records_log, clean, job, done, failures)
@@ -191,7 +191,7 @@ class Chaos:
             child.signal(signal.SIGCONT)
 
     def _audit(self, result: ChaosResult, records_log: Path, clean: set[str], job: LocalJob,
-               done: list[tuple[str, int, int, bytes]], failures: list[tuple[str, int, int, bytes]]) -> None:
+               done: list[MarkEvent], failures: list[MarkEvent]) -> None:
         per_epoch: dict[int, Counter] = {}
         for line in records_log.read_text().split("\n") if records_log.exists() else []:
             parts = line.split("\t")
@@ -203,12 +203,13 @@ class Chaos:
             missing = clean - set(per_epoch.get(epoch, ()))
             if missing:
                 result.problems.append(f"epoch {epoch}: {len(missing)} records never read")
-        failed = {(e, t) for kind, e, t, value in failures
-                  if kind == "PUT" and int(value or 0) > MAX_TASK_FAILURES}
+        failed = {(f.epoch, f.task) for f in failures
+                  if f.kind == "PUT" and int(f.value or 0) > MAX_TASK_FAILURES}
         result.failed_tasks = len(failed)
         live: set[tuple[int, int]] = set()
         counted: dict[int, set[int]] = {}
-        for kind, epoch, task, _ in done:
+        for mark in done:
+            kind, epoch, task = mark.kind, mark.epoch, mark.task
             if kind == "PUT":
                 if (epoch, task) in live:
                     result.double_counted += 1
@@ -236,28 +237,6 @@ class Chaos:
                                    "poisoned task in every epoch")
         if job.progress.phase != "Succeeded":
             result.problems.append(f"the job ended {job.progress.phase}")
-
-
-async def read_history(endpoint: str, keys: JobKeys, kind: str) -> list[tuple[str, int, int, bytes]]:
-    """Every PUT/DELETE of the job's `<kind>/<epoch>/<task>` keys, in order, from revision 1."""
-    prefix = keys.kind_prefix(kind)
-    client = await etcd.connect(endpoint)
-    marker = prefix + b"~marker"
-    events = []
-    try:
-        last = (await client.put(marker, b"")).header.revision
-        watch = await client.watch(prefix, range_end=prefix_range_end(prefix), start_revision=1)
-        try:
-            async for event in watch:
-                if event.kv.key == marker or event.kv.mod_revision >= last:
-                    break
-                epoch, task = event.kv.key.decode().rsplit(f"/{kind}/", 1)[1].split("/")
-                events.append((event.kind, int(epoch), int(task), event.kv.value))
-        finally:
-            await watch.cancel()
-    finally:
-        await client.close()
-    return events
 
 
 def main(argv: list[str] | None = None) -> int:
