@@ -43,6 +43,7 @@ logger = logging.getLogger(__name__)
 
 NAMESPACE = "local"
 TERMINAL = ("Succeeded", "Failed")
+TRAINERS_EXITED_GRACE = 5.0  # seconds the master's phase may lag the trainers' exit
 
 
 @dataclass(frozen=True)
@@ -103,6 +104,7 @@ class LocalJob:
         self.stopping = asyncio.Event()
         self.stop_signal: int | None = None
         self._etcd_dir: str | None = None
+        self._channels: dict[str, grpc.aio.Channel] = {}
 
     # ---- life cycle -------------------------------------------------------------
 
@@ -215,6 +217,7 @@ class LocalJob:
 
     async def _supervise(self) -> int:
         ended_at: float | None = None
+        exited_at: float | None = None
         while not self.stopping.is_set():
             await self._poll_status()
             await self._restart_dead()
@@ -228,8 +231,11 @@ class LocalJob:
                         self._event(f"the data is done but {', '.join(failed)} exited with an error")
                     return 0 if phase == "Succeeded" and not failed else 1
             elif self.trainers and all(t.returncode == 0 for t in self.trainers):
-                self._event("every trainer exited before the master's job was done")
-                return 1
+                # The status polled above may predate the trainers' JOB_DONE: look again.
+                exited_at = exited_at or time.monotonic()
+                if time.monotonic() - exited_at > TRAINERS_EXITED_GRACE:
+                    self._event("every trainer exited before the master's job was done")
+                    return 1
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self.stopping.wait(), 0.5)
         self._event(f"stopping on {signal.Signals(self.stop_signal).name}" if self.stop_signal else "stopping")
@@ -239,10 +245,8 @@ class LocalJob:
         for master in self.masters:
             if not master.running:
                 continue
-            address = master.command[master.command.index("--advertise") + 1]
             try:
-                async with grpc.aio.insecure_channel(address) as channel:
-                    status = await pb_grpc.MasterStub(channel).GetStatus(pb.GetStatusRequest(), timeout=2)
+                status = await self._master(master_address(master)).GetStatus(pb.GetStatusRequest(), timeout=2)
             except grpc.aio.AioRpcError:
                 continue
             p = self.progress
@@ -300,8 +304,7 @@ class LocalJob:
         deadline = time.monotonic() + 60
         while True:
             try:
-                async with grpc.aio.insecure_channel(address) as channel:
-                    await pb_grpc.MasterStub(channel).RestartEpoch(pb.RestartEpochRequest(epoch=epoch), timeout=10)
+                await self._master(address).RestartEpoch(pb.RestartEpochRequest(epoch=epoch), timeout=10)
                 self._event(f"the master restarted epoch {epoch}")
                 return
             except grpc.aio.AioRpcError as error:
@@ -323,13 +326,27 @@ class LocalJob:
         self.progress.events.append(text)
         self.on_line("local", text)
 
+    def _master(self, address: str) -> pb_grpc.MasterStub:
+        """A stub on one long-lived channel per master address (polled every half second)."""
+        if address not in self._channels:
+            self._channels[address] = grpc.aio.insecure_channel(address)
+        return pb_grpc.MasterStub(self._channels[address])
+
     async def _stop_all(self) -> None:
         children = [*self.trainers, *self.pservers, *self.masters]
         await asyncio.gather(*(c.stop(grace=10) for c in children), return_exceptions=True)
+        for channel in self._channels.values():
+            await channel.close()
+        self._channels.clear()
         if self.etcd_server is not None:
             await asyncio.to_thread(self.etcd_server.stop)
         if self._etcd_dir is not None:
             shutil.rmtree(self._etcd_dir, ignore_errors=True)
+
+
+def master_address(master: Child) -> str:
+    """The HOST:PORT a master child advertises (its `--advertise` flag)."""
+    return master.command[master.command.index("--advertise") + 1]
 
 
 class JobFailed(RuntimeError):

@@ -41,7 +41,7 @@ from pathlib import Path
 from paddlecloud.etcd_server import EtcdServer
 from paddlecloud.history import MarkEvent, mark_history
 from paddlecloud.keys import JobKeys
-from paddlecloud.local.job import LocalJob, LocalJobSpec
+from paddlecloud.local.job import LocalJob, LocalJobSpec, master_address
 
 FAULTS = ("trainer-kill", "master-kill", "trainer-pause", "master-pause", "etcd-restart")
 SESSION_TTL = 2.0
@@ -163,8 +163,8 @@ class Chaos:
 
     async def _fault(self, job: LocalJob, fault: str) -> None:
         healthy = [t for t in job.trainers if t.running]
-        leader = next((m for m in job.masters if m.running and
-                       m.command[m.command.index("--advertise") + 1] == job.progress.leader), None)
+        leader = next((m for m in job.masters
+                       if m.running and master_address(m) == job.progress.leader), None)
         if fault.startswith("trainer") and not healthy:
             return
         if fault.startswith("master") and leader is None:
