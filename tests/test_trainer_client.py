@@ -215,3 +215,19 @@ def test_save_model_is_granted_to_one_trainer_at_a_time(tmp_path, start_master):
         assert a.request_save_model(block=30) is True
         assert b.request_save_model(block=30) is False
         assert a.request_save_model(block=30) is True  # the holder may ask again
+
+
+def test_moving_to_another_leader_keeps_calls_on_the_old_channel_alive(tmp_path, start_master):
+    # The keep-alive and prefetch threads may be mid-call when another thread follows a
+    # leader hint: the old channel must not be closed under them (it was: CANCELLED).
+    from trainer_agent.client import MasterConnection
+
+    write_records(tmp_path / "data", files=1, records_per_file=1)
+    proc = serving(start_master("--input", str(tmp_path / "data")))
+    connection = MasterConnection(MasterLocator(master_endpoint=proc.address), deadline=5)
+    try:
+        in_use = connection._connect(proc.address)
+        connection._connect(f"127.0.0.1:{free_port()}")  # another thread moves on
+        assert in_use.GetStatus(pb.GetStatusRequest(), timeout=5).phase == "Running"
+    finally:
+        connection.close()

@@ -81,19 +81,19 @@ class MasterConnection:
         self.locator = locator
         self.deadline = deadline
         self.address: str | None = None
-        self._channel: grpc.Channel | None = None
+        # One channel per address, kept until close(): the keep-alive and prefetch threads
+        # may still be calling on a channel when another thread moves to a new leader.
+        self._channels: dict[str, grpc.Channel] = {}
         self._stub: pb_grpc.MasterStub | None = None
         self._lock = threading.Lock()
 
     def _connect(self, address: str | None = None) -> pb_grpc.MasterStub:
         with self._lock:
             address = address or self.locator.resolve()
-            if address != self.address or self._stub is None:
-                if self._channel is not None:
-                    self._channel.close()
-                self.address = address
-                self._channel = grpc.insecure_channel(address)
-                self._stub = pb_grpc.MasterStub(self._channel)
+            if address not in self._channels:
+                self._channels[address] = grpc.insecure_channel(address)
+            self.address = address
+            self._stub = pb_grpc.MasterStub(self._channels[address])
             return self._stub
 
     def _after_failure(self, error: BaseException | None) -> None:
@@ -130,9 +130,10 @@ class MasterConnection:
 
     def close(self) -> None:
         with self._lock:
-            if self._channel is not None:
-                self._channel.close()
-            self._channel = self._stub = None
+            for channel in self._channels.values():
+                channel.close()
+            self._channels.clear()
+            self._stub = None
 
 
 def _seconds(value: Duration) -> float:
