@@ -1,0 +1,75 @@
+"""Contracts of the wire that both ends share: durations, and errors a client acts on.
+
+Durations cross the wire as `google.protobuf.Duration`; one conversion each way,
+rounded to the nanosecond, so the master and the trainer never disagree by a tick.
+
+Errors a client must act on (a standby's "the leader is HOST:PORT", "your session
+expired", "you were superseded") carry a `google.rpc.ErrorInfo` in the gRPC rich
+status (`grpc-status-details-bin`): a `reason` from `Reason` and its metadata. The
+human message stays in the status's details text for people and grpcurl; no client
+parses it.
+
+What this does NOT do: map domain exceptions to codes (the servicer does that).
+"""
+
+from __future__ import annotations
+
+import enum
+
+import grpc
+from google.protobuf import any_pb2
+from google.protobuf.duration_pb2 import Duration
+from google.rpc import error_details_pb2, status_pb2
+from grpc_status import rpc_status
+
+DOMAIN = "paddlecloud.org"
+
+
+class Reason(str, enum.Enum):
+    """`ErrorInfo.reason` values; the metadata each carries is named beside it."""
+
+    NOT_LEADER = "NOT_LEADER"                  # metadata: leader = HOST:PORT, when known
+    SESSION_EXPIRED = "SESSION_EXPIRED"        # register again
+    SESSION_SUPERSEDED = "SESSION_SUPERSEDED"  # metadata: trainer = the trainer id; stop
+
+
+def duration(seconds: float) -> Duration:
+    """Seconds -> Duration, rounded to the nanosecond."""
+    nanos_total = round(seconds * 1e9)
+    whole, nanos = divmod(nanos_total, 1_000_000_000)
+    return Duration(seconds=whole, nanos=nanos)
+
+
+def seconds(value: Duration) -> float:
+    return value.seconds + value.nanos / 1e9
+
+
+def error_status(code: grpc.StatusCode, message: str, reason: Reason,
+                 metadata: dict[str, str] | None = None) -> grpc.Status:
+    """A status with `message` for people and an ErrorInfo for programs
+    (send it with `context.abort_with_status`)."""
+    info = error_details_pb2.ErrorInfo(reason=reason.value, domain=DOMAIN, metadata=metadata or {})
+    detail = any_pb2.Any()
+    detail.Pack(info)
+    return rpc_status.to_status(status_pb2.Status(code=code.value[0], message=message,
+                                                  details=[detail]))
+
+
+def error_info(error: grpc.RpcError) -> tuple[Reason, dict[str, str]] | None:
+    """The ErrorInfo of ours a failed call carries, as (reason, metadata); None if none."""
+    try:
+        status = rpc_status.from_call(error)  # type: ignore[arg-type]
+    except (ValueError, AttributeError):
+        return None
+    if status is None:
+        return None
+    for detail in status.details:
+        if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
+            info = error_details_pb2.ErrorInfo()
+            detail.Unpack(info)
+            if info.domain == DOMAIN:
+                try:
+                    return Reason(info.reason), dict(info.metadata)
+                except ValueError:
+                    return None
+    return None
