@@ -12,7 +12,6 @@ import time
 from collections.abc import Callable
 
 import grpc
-from google.protobuf.duration_pb2 import Duration
 
 from master import inspection, metrics
 from master.config import DatasetSpec
@@ -27,6 +26,7 @@ from master.sessions import SessionExpired, SessionSuperseded
 from master.state import Outcome, TaskStatus
 from master.store import NotLeader, StoreUnavailable
 from paddlecloud.api import pb, pb_grpc
+from paddlecloud.wire import Reason, duration, error_status, seconds
 
 logger = logging.getLogger(__name__)
 
@@ -40,13 +40,15 @@ _ERRORS: list[tuple[type[BaseException], grpc.StatusCode]] = [
 ]
 
 
-def duration(seconds: float) -> Duration:
-    whole = int(seconds)
-    return Duration(seconds=whole, nanos=int(round((seconds - whole) * 1e9)))
-
-
-def seconds(value: Duration) -> float:
-    return value.seconds + value.nanos / 1e9
+def _details(error: BaseException) -> tuple[Reason, dict[str, str]] | None:
+    """The machine-readable reason of the errors a client acts on (paddlecloud.wire)."""
+    if isinstance(error, NotLeader):
+        return Reason.NOT_LEADER, ({"leader": error.leader} if error.leader else {})
+    if isinstance(error, SessionExpired):
+        return Reason.SESSION_EXPIRED, {}
+    if isinstance(error, SessionSuperseded):
+        return Reason.SESSION_SUPERSEDED, {"trainer": error.trainer}
+    return None
 
 
 def _rpc(method: Callable) -> Callable:
@@ -64,7 +66,10 @@ def _rpc(method: Callable) -> Callable:
             return await method(self, dispatcher, request)
         except tuple(e for e, _ in _ERRORS) as error:
             code = next(c for e, c in _ERRORS if isinstance(error, e))
-            await context.abort(code, str(error))
+            details = _details(error)
+            if details is None:
+                await context.abort(code, str(error))
+            await context.abort_with_status(error_status(code, str(error), *details))
         except ValueError as error:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
         except Exception as error:
