@@ -1,32 +1,34 @@
-"""click parameter types shared by the commands: durations and byte sizes."""
+"""click parameter types shared by the commands: durations, byte sizes and KEY=VALUE pairs.
+
+Each type wraps one parser of `paddlecloud.units`, so a flag and a job spec field that
+take the same kind of value accept the same spellings and name a bad value the same way.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import click
 
-from paddlecloud.units import parse_duration, parse_size
+from paddlecloud.units import parse_duration, parse_key_value, parse_size
 
 
-class DurationType(click.ParamType):
-    name = "duration"
+class ParsedType(click.ParamType):
+    """A click type made of a parser that raises ValueError with a message naming the value."""
 
-    def convert(self, value, param, ctx) -> float:
+    def __init__(self, name: str, parse: Callable[[Any], Any]) -> None:
+        self.name = name
+        self._parse = parse
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         try:
-            return parse_duration(value)
+            return self._parse(value)
         except ValueError as error:
             self.fail(str(error), param, ctx)
 
 
-class SizeType(click.ParamType):
-    name = "size"
-
-    def convert(self, value, param, ctx) -> int:
-        try:
-            return parse_size(value)
-        except ValueError as error:
-            self.fail(str(error), param, ctx)
-
-
-DURATION = DurationType()
-SIZE = SizeType()
+DURATION = ParsedType("duration", parse_duration)
+SIZE = ParsedType("size", parse_size)
+KEY_VALUE = ParsedType("key=value", parse_key_value)
 NON_NEGATIVE = click.IntRange(min=0)

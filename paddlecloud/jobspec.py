@@ -24,6 +24,8 @@ from typing import Any
 
 import yaml
 
+from paddlecloud.units import parse_key_value
+
 logger = logging.getLogger(__name__)
 
 SPEC_VERSION = 1
@@ -422,10 +424,7 @@ def _role_of_paddlejob(role: str, resource: Mapping[str, Any]) -> tuple[int, dic
 
 def parse_env(pairs: Iterable[str]) -> tuple[tuple[str, str], ...]:
     """`["A=1", "B=x=y"]` -> `(("A", "1"), ("B", "x=y"))`; errors name the bad pair."""
-    out = []
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise JobSpecError(f"invalid environment setting {pair!r}: expected KEY=VALUE")
-        out.append((key, value))
-    return tuple(out)
+    try:
+        return tuple(parse_key_value(pair) for pair in pairs)
+    except ValueError as error:
+        raise JobSpecError(f"invalid environment setting: {error}") from None

@@ -1,8 +1,10 @@
-"""Parsing of the durations and byte sizes that flags and specs take.
+"""Parsing of the durations, byte sizes and KEY=VALUE settings that flags and specs take.
 
 Durations: `10s`, `500ms`, `30m`, `2h`, `1m30s`; a bare number is seconds.
 Sizes: `64MiB`, `1GiB`, `512KB`, `4096`; a bare number is bytes.
-Every error names the bad value and says what would be right.
+Settings: `KEY=VALUE`, split at the first `=` (the value may hold more).
+Every error is a ValueError that names the bad value and says what would be right; what
+a KEY may be (an environment variable's name, a reserved one) is the caller's to check.
 """
 
 from __future__ import annotations
@@ -58,3 +60,11 @@ def parse_size(text: str | int) -> int:
     if size < 0:
         raise ValueError(f"invalid size {text!r}: must not be negative")
     return size
+
+
+def parse_key_value(text: str) -> tuple[str, str]:
+    """`"B=x=y"` -> `("B", "x=y")`; raises ValueError naming `text` when there is no `=` or no key."""
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise ValueError(f"{text!r} is not KEY=VALUE, e.g. 'LOG_LEVEL=debug'")
+    return key, value

@@ -1,4 +1,14 @@
-"""`paddlecloud local train`: a whole job on this machine (flags of the PaddlePaddle client design)."""
+"""`paddlecloud local train`: a whole job on this machine (flags of the PaddlePaddle client design).
+
+Every flag is checked here, before anything starts, with the parsers the master and the
+trainers use: a bad value is one usage error naming it (exit 2) and leaves no etcd, no
+process and no log behind. Arguments for the user's module go after `--`; any other
+leftover argument is refused, since it is most often the rest of an `--input` glob the
+shell expanded (the job would otherwise train on the first file only).
+
+What this does NOT check: that the module runs, that the data parses in `--format`, or
+that an fsspec URL is reachable — the trainers and the master find that out.
+"""
 
 from __future__ import annotations
 
@@ -9,10 +19,12 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
-from paddlecloud.clitypes import SIZE
+from master.config import FORMATS, Policy, SpecError
+from paddlecloud.clitypes import DURATION, KEY_VALUE, SIZE
 
 EXAMPLES = {"fit-a-line": "examples.fit_a_line"}
 
@@ -40,7 +52,6 @@ def _check_module(module: str, package_path: Path | None) -> None:
 
 def _expand_inputs(inputs: tuple[str, ...]) -> tuple[str, ...]:
     """Local paths made absolute; every glob must match (the master would refuse it anyway)."""
-    from master.config import SpecError
     from master.dataset import list_files
 
     absolute = tuple(p if "://" in p else str(Path(p).expanduser().absolute()) for p in inputs)
@@ -51,14 +62,70 @@ def _expand_inputs(inputs: tuple[str, ...]) -> tuple[str, ...]:
     return absolute
 
 
-def _parse_env(pairs: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
-    out = []
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise click.BadParameter(f"{pair!r} is not KEY=VALUE", param_hint="'-e'")
-        out.append((key, value))
-    return tuple(out)
+_AFTER_DASHES = "paddlecloud.after_dashes"
+_GLOB_CHARS = re.compile(r"[*?\[]")
+
+
+class _TrainCommand(click.Command):
+    """Remembers the arguments after `--`: only those are the module's (click drops the `--`)."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        ctx.meta[_AFTER_DASHES] = args[args.index("--") + 1:] if "--" in args else []
+        return super().parse_args(ctx, args)
+
+
+def _check_leftovers(module_args: tuple[str, ...], inputs: tuple[str, ...]) -> None:
+    """Refuses arguments given without `--`: they are most often an unquoted glob's expansion."""
+    after = click.get_current_context().meta.get(_AFTER_DASHES, [])
+    given = len(module_args) - len(after)
+    stray = module_args if given < 0 or tuple(module_args[given:]) != tuple(after) else module_args[:given]
+    if not stray:
+        return
+    literal = [Path(p) for p in inputs if "://" not in p and not _GLOB_CHARS.search(p)]
+    expanded = [a for a in stray if Path(a).exists()
+                and any(Path(a).parent == p.parent and Path(a).suffix == p.suffix for p in literal)]
+    if expanded:
+        first = next(p for p in literal if any(Path(a).parent == p.parent for a in expanded))
+        pattern = str(first.parent / f"*{first.suffix}")
+        more = f" (and {len(stray) - 1} more)" if len(stray) > 1 else ""
+        raise click.UsageError(
+            f"{expanded[0]!r}{more} came after --input {str(first)!r}: the shell "
+            f"expanded an unquoted glob and only its first file would be trained on; quote the glob, "
+            f"e.g. --input {pattern!r}")
+    raise click.UsageError(
+        f"unexpected argument {stray[0]!r}: arguments for the module go after '--' "
+        "(e.g. -- --lr 0.1); an --input glob must be quoted (--input 'data/*.csv')")
+
+
+def _check_example(example: str, **dropped: Any) -> None:
+    given = [f"--{name.replace('_', '-')}" for name, value in dropped.items() if value]
+    if given:
+        raise click.UsageError(
+            f"--example {example} brings its own module and data: drop {' and '.join(given)}, "
+            f"or drop --example to run your own")
+
+
+def _check_job_name(name: str | None) -> None:
+    """The name becomes etcd keys, file names and PADDLE_JOB_NAME: no '/', nothing empty."""
+    if name is not None and (not name.strip() or "/" in name):
+        raise click.BadParameter(f"invalid job name {name!r}: give a non-empty name without '/'",
+                                 param_hint="'--job'")
+
+
+def _check_session_ttl(seconds: float) -> None:
+    try:
+        Policy(session_ttl=seconds)
+    except SpecError as error:
+        raise click.BadParameter(str(error), param_hint="'--session-ttl'") from None
+
+
+def _make_output(output: Path) -> None:
+    """Creates `--output` now, so a path that cannot be written is a usage error, not a traceback."""
+    try:
+        output.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise click.BadParameter(f"cannot create {str(output)!r}: {error.strerror or error}",
+                                 param_hint="'--output'") from None
 
 
 def _check_etcd(endpoints: str) -> None:
@@ -74,17 +141,21 @@ def _check_etcd(endpoints: str) -> None:
         raise click.BadParameter(str(error), param_hint="'--etcd-endpoints'") from None
 
 
-def _prepare_example(name: str, output: Path) -> tuple[str, Path, tuple[str, ...]]:
-    """The example's module, its package path (this checkout) and its data (generated once)."""
+def _example_module(name: str) -> tuple[str, Path]:
+    """The example's trainer module and its package path (this checkout)."""
     root = Path(__file__).resolve().parents[2]
-    package = EXAMPLES[name]
-    if not (root / package.replace(".", "/")).is_dir():
+    if not (root / EXAMPLES[name].replace(".", "/")).is_dir():
         raise click.UsageError(f"the {name} example ships with the source checkout; {root} has no examples/")
+    return f"{EXAMPLES[name]}.train", root
+
+
+def _example_data(name: str, *, root: Path, output: Path) -> tuple[str, ...]:
+    """The example's data in `output/data`, generated once; its glob as the job's input."""
     data = output / "data"
     if not any(data.glob("*.csv")):
         click.echo(f"generating the {name} example's data in {data}", err=True)
-        subprocess.run([sys.executable, "-m", f"{package}.data", str(data)], cwd=root, check=True)
-    return f"{package}.train", root, (str(data / "*.csv"),)
+        subprocess.run([sys.executable, "-m", f"{EXAMPLES[name]}.data", str(data)], cwd=root, check=True)
+    return (str(data / "*.csv"),)
 
 
 @click.group("local")
@@ -92,7 +163,7 @@ def local() -> None:
     """Run jobs on this machine."""
 
 
-@local.command("train", context_settings={"show_default": True})
+@local.command("train", cls=_TrainCommand, context_settings={"show_default": True})
 @click.option("--module", help="The trainer's Python module, run as `python -m MODULE`.")
 @click.option("--package-path", type=click.Path(exists=True, file_okay=False, path_type=Path),
               help="Directory added to the trainers' PYTHONPATH (where MODULE lives).")
@@ -102,7 +173,8 @@ def local() -> None:
 @click.option("--trainers", type=click.IntRange(min=1), default=None, help="Trainer processes [default: 1; 2 for --example].")
 @click.option("--pservers", type=click.IntRange(min=0), default=0, help="Parameter servers (0: collective training).")
 @click.option("--pserver-module", help="The pservers' module [default: MODULE, which switches on TRAINING_ROLE as PaddlePaddle's PS scripts do].")
-@click.option("-e", "--env", "env_pairs", multiple=True, metavar="KEY=VALUE", help="Environment for trainers and pservers (repeatable).")
+@click.option("-e", "--env", "env", type=KEY_VALUE, multiple=True, metavar="KEY=VALUE",
+              help="Environment for trainers and pservers (repeatable).")
 @click.option("--epochs", type=click.IntRange(min=1), default=1)
 @click.option("--masters", type=click.IntRange(min=1), default=1, help="Master processes; 2 runs a standby.")
 @click.option("--fresh", is_flag=True,
@@ -112,33 +184,44 @@ def local() -> None:
 @click.option("--restart", "restart_mode", type=click.Choice(["group", "trainer"]), default=None,
               help="What a dead trainer restarts: the whole group (collective) or itself [default: group without pservers, else trainer].")
 @click.option("--job", "job_name", help="Job name [default: from the module].")
-@click.option("--format", "fmt", default="lines", help="Data format: lines (csv, tsv, jsonl, text) or file.")
+@click.option("--format", "fmt", type=click.Choice(FORMATS), default="lines",
+              help="Data format: lines (a record per line; csv, tsv, jsonl and text are its aliases) or file (a record per file).")
 @click.option("--chunk-bytes", type=SIZE, default="64MiB", help="Chunk size the master cuts files into.")
-@click.option("--session-ttl", default="10s", help="Trainer session lease.")
+@click.option("--session-ttl", type=DURATION, default="10s", help="Trainer session lease.")
 @click.option("--example", type=click.Choice(sorted(EXAMPLES)), help="Run a bundled example (generates its data).")
 @click.argument("module_args", nargs=-1, type=click.UNPROCESSED)
-def train(module, package_path, inputs, output, trainers, pservers, pserver_module, env_pairs, epochs, masters, fresh,
+def train(module, package_path, inputs, output, trainers, pservers, pserver_module, env, epochs, masters, fresh,
           etcd_endpoints, restart_limit, restart_mode, job_name, fmt, chunk_bytes, session_ttl, example,
           module_args) -> None:
-    """Run a training job here: etcd, master(s), pservers and trainers as child processes."""
+    """Run a training job here: etcd, master(s), pservers and trainers as child processes.
+
+    Quote an --input glob ('data/*.csv'); arguments for MODULE go after `--`.
+    """
     from paddlecloud.local.job import JobFailed, LocalJob, LocalJobSpec, resume_epoch
     from paddlecloud.local.view import ConsoleView
 
-    output = output.absolute()
+    _check_leftovers(module_args, inputs)
     if example:
-        module, package_path, inputs = _prepare_example(example, output)
+        _check_example(example, module=module, input=inputs, package_path=package_path)
+        module, package_path = _example_module(example)
         trainers = trainers or 2
-    if not module:
+    elif not module:
         raise click.UsageError("Missing option '--module' (or --example).")
-    if not inputs:
+    elif not inputs:
         raise click.UsageError("Missing option '--input': the data to train on.")
+    _check_job_name(job_name)
+    _check_session_ttl(session_ttl)
     _check_module(module, package_path)
     if pserver_module:
         _check_module(pserver_module, package_path)
-    inputs = _expand_inputs(inputs)
-    env = _parse_env(env_pairs)
+    if not example:
+        inputs = _expand_inputs(inputs)
     if etcd_endpoints:
         _check_etcd(etcd_endpoints)
+    output = output.absolute()
+    _make_output(output)
+    if example:  # everything checked: only now write anything
+        inputs = _example_data(example, root=package_path, output=output)
     if fresh:
         shutil.rmtree(output / "checkpoints", ignore_errors=True)
     start_epoch = resume_epoch(output)
@@ -148,7 +231,7 @@ def train(module, package_path, inputs, output, trainers, pservers, pserver_modu
         package_path=package_path.absolute() if package_path else None, env=env,
         module_args=tuple(module_args), etcd_endpoints=etcd_endpoints, fresh=fresh,
         restart_limit=restart_limit, restart_mode=restart_mode or ("group" if pservers == 0 else "trainer"),
-        start_epoch=start_epoch, session_ttl=session_ttl,
+        start_epoch=start_epoch, session_ttl=repr(session_ttl),
         master_args=("--format", fmt, "--chunk-bytes", str(chunk_bytes)),
     )
     with ConsoleView() as view:
