@@ -376,33 +376,16 @@ async def requeue_after_leave(bench: Bench, runs: int) -> dict:
 # ---- failover ---------------------------------------------------------------------------------
 
 
-async def done_history(endpoint: str, job: str, start_revision: int) -> list[tuple[str, int, int]]:
-    """Every PUT/DELETE of the job's `done/<epoch>/<task>` keys since `start_revision`, in order."""
-    from paddlecloud.history import mark_history
+async def done_audit(endpoint: str, job: str, *, start_revision: int, tasks: int, epochs: int) -> dict:
+    """Reads every PUT/DELETE of the job's `done/<epoch>/<task>` keys since `start_revision` and
+    counts what tests/etcd_history.check_exactly_once asserts: marks created twice while live
+    (double-counted), and tasks missing from an epoch's last complete pass (lost)."""
+    from paddlecloud.history import audit_done_marks, mark_history
     from paddlecloud.keys import JobKeys
 
     marks = await mark_history(endpoint, JobKeys("local", job), "done", start_revision=start_revision)
-    return [(m.kind, m.epoch, m.task) for m in marks]
-
-
-def audit(events: list[tuple[str, int, int]], *, num_tasks: int, num_epochs: int) -> dict:
-    """Counts what tests/etcd_history.check_exactly_once asserts: marks created twice while live
-    (double-counted), and tasks missing from an epoch's last complete pass (lost)."""
-    live: set[tuple[int, int]] = set()
-    passes: dict[int, set[int]] = {}
-    double = 0
-    for kind, epoch, task in events:
-        if kind == "PUT":
-            if (epoch, task) in live:
-                double += 1
-            live.add((epoch, task))
-            passes.setdefault(epoch, set()).add(task)
-        else:
-            live.discard((epoch, task))
-            if not any(e == epoch for e, _ in live) and len(passes.get(epoch, ())) < num_tasks:
-                passes.pop(epoch, None)  # a restarted, unfinished pass
-    lost = sum(len(set(range(num_tasks)) - passes.get(epoch, set())) for epoch in range(num_epochs))
-    return {"double": double, "lost": lost, "epochs_seen": sorted(passes), "events": len(events)}
+    audit = audit_done_marks(marks, epochs=epochs, tasks=tasks)
+    return {"double": len(audit.double_counted), "lost": audit.lost_count, "events": len(marks)}
 
 
 async def current_revision(endpoint: str) -> int:
@@ -571,8 +554,8 @@ async def failover_run(bench: Bench, election_ttl: float, session_ttl: float, ru
             await leader_watch.stop()
         for m in masters:
             m.stop()
-    events = await done_history(bench.etcd.endpoint, job, start_revision)
-    checked = audit(events, num_tasks=args.failover_tasks, num_epochs=args.failover_epochs)
+    checked = await done_audit(bench.etcd.endpoint, job, start_revision=start_revision,
+                               tasks=args.failover_tasks, epochs=args.failover_epochs)
     firsts = sorted(trainers.first_task.values())
     client_double = sum(1 for n in trainers.accepted.values() if n > 1)
     result = {

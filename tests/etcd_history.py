@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from paddlecloud.history import mark_history
+from paddlecloud.history import MarkEvent, audit_done_marks, mark_history
 from paddlecloud.keys import JobKeys
 
 
@@ -31,17 +31,8 @@ def per_epoch(counts: Counter) -> dict[int, Counter]:
 def check_exactly_once(events: list[tuple[str, int, int]], *, num_tasks: int, num_epochs: int) -> None:
     """No done mark is created twice without being cleared in between (an epoch's end or a
     RestartEpoch clears them), and every epoch's last pass counted every task."""
-    live: set[tuple[int, int]] = set()
-    last_pass: dict[int, set[int]] = {}
-    for kind, epoch, task in events:
-        if kind == "PUT":
-            assert (epoch, task) not in live, f"task {task} counted twice in epoch {epoch}"
-            live.add((epoch, task))
-            last_pass.setdefault(epoch, set()).add(task)
-        else:
-            live.discard((epoch, task))
-            if not any(e == epoch for e, _ in live) and len(last_pass.get(epoch, ())) < num_tasks:
-                last_pass.pop(epoch, None)  # a restarted, unfinished pass: it does not count
-    assert sorted(last_pass) == list(range(num_epochs)), f"epochs completed: {sorted(last_pass)}"
-    for epoch, tasks in last_pass.items():
+    audit = audit_done_marks([MarkEvent(*event) for event in events], epochs=num_epochs, tasks=num_tasks)
+    assert not audit.double_counted, f"(epoch, task) counted twice: {audit.double_counted}"
+    assert sorted(audit.passes) == list(range(num_epochs)), f"epochs completed: {sorted(audit.passes)}"
+    for epoch, tasks in audit.passes.items():
         assert tasks == set(range(num_tasks)), f"epoch {epoch} lost tasks {set(range(num_tasks)) - tasks}"

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from paddlecloud.etcd_server import EtcdServer
-from paddlecloud.history import MarkEvent, mark_history
+from paddlecloud.history import MarkEvent, audit_done_marks, mark_history
 from paddlecloud.keys import JobKeys
 from paddlecloud.local.job import LocalJob, LocalJobSpec, master_address
 
@@ -206,22 +206,10 @@ class Chaos:
         failed = {(f.epoch, f.task) for f in failures
                   if f.kind == "PUT" and int(f.value or 0) > MAX_TASK_FAILURES}
         result.failed_tasks = len(failed)
-        live: set[tuple[int, int]] = set()
-        counted: dict[int, set[int]] = {}
-        for mark in done:
-            kind, epoch, task = mark.kind, mark.epoch, mark.task
-            if kind == "PUT":
-                if (epoch, task) in live:
-                    result.double_counted += 1
-                live.add((epoch, task))
-                counted.setdefault(epoch, set()).add(task)
-            else:
-                live.discard((epoch, task))
-        result.epochs_completed = len(counted)
-        every_task = set().union(*counted.values()) | {t for _, t in failed} if counted else set()
-        for epoch in range(self.epochs):
-            ended = counted.get(epoch, set()) | {t for e, t in failed if e == epoch}
-            result.tasks_lost += len(every_task - ended)
+        marks = audit_done_marks(done, epochs=self.epochs, failed=failed)
+        result.double_counted = len(marks.double_counted)
+        result.epochs_completed = len(marks.passes)
+        result.tasks_lost = marks.lost_count
         if result.double_counted:
             result.problems.append(f"{result.double_counted} tasks counted twice")
         if result.tasks_lost:

@@ -1,0 +1,54 @@
+"""The exactly-once arithmetic over a job's done marks (`paddlecloud.history.audit_done_marks`),
+on hand-written histories: what the tests, the chaos audit and the fault benchmark rely on."""
+
+from __future__ import annotations
+
+from paddlecloud.history import MarkEvent, audit_done_marks
+
+
+def put(epoch: int, task: int) -> MarkEvent:
+    return MarkEvent("PUT", epoch, task)
+
+
+def delete(epoch: int, task: int) -> MarkEvent:
+    return MarkEvent("DELETE", epoch, task)
+
+
+def epoch_of(epoch: int, tasks: int) -> list[MarkEvent]:
+    """One clean epoch: every task marked once, then the marks cleared at its end."""
+    return [put(epoch, t) for t in range(tasks)] + [delete(epoch, t) for t in range(tasks)]
+
+
+def test_clean_epochs_count_every_task_once():
+    audit = audit_done_marks(epoch_of(0, 3) + epoch_of(1, 3), epochs=2, tasks=3)
+    assert audit.double_counted == ()
+    assert audit.passes == {0: {0, 1, 2}, 1: {0, 1, 2}}
+    assert audit.lost == {} and audit.lost_count == 0
+
+
+def test_a_mark_put_again_while_it_lives_is_double_counted():
+    history = [put(0, 0), put(0, 1), put(0, 1), put(0, 2)] + [delete(0, t) for t in range(3)]
+    audit = audit_done_marks(history, epochs=1, tasks=3)
+    assert audit.double_counted == ((0, 1),)
+
+
+def test_a_restarted_unfinished_pass_does_not_count_and_the_next_must():
+    restarted = [put(0, 0), put(0, 1), delete(0, 0), delete(0, 1)]  # RestartEpoch cleared them
+    assert audit_done_marks(restarted + epoch_of(0, 3), epochs=1, tasks=3).passes == {0: {0, 1, 2}}
+    audit = audit_done_marks(restarted, epochs=1, tasks=3)
+    assert audit.passes == {}
+    assert audit.lost == {0: {0, 1, 2}} and audit.lost_count == 3
+
+
+def test_an_epoch_cleared_without_a_task_is_not_a_pass_unless_the_task_failed():
+    history = [put(0, 0), put(0, 1), delete(0, 0), delete(0, 1)]
+    assert audit_done_marks(history, epochs=1, tasks=3).lost == {0: {0, 1, 2}}
+    failed = audit_done_marks(history, epochs=1, tasks=3, failed=[(0, 2)])
+    assert failed.lost == {} and failed.passes == {0: {0, 1}}
+
+
+def test_without_a_task_count_every_task_seen_is_expected_in_every_epoch():
+    history = epoch_of(0, 3) + [put(1, 0), put(1, 1), delete(1, 0), delete(1, 1)]
+    audit = audit_done_marks(history, epochs=2, failed=[(1, 2)])
+    assert audit.lost == {} and sorted(audit.passes) == [0, 1]
+    assert audit_done_marks(history, epochs=2).lost == {1: {0, 1, 2}}
