@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from waiting import wait_for, wait_until
 
 from paddlecloud.api import pb, pb_grpc
 from paddlecloud.etcd_server import free_port
@@ -70,48 +69,25 @@ class MasterProcess:
 
 async def wait_serving(address: str, *, timeout: float = 30.0, process: MasterProcess | None = None) -> None:
     """Waits until the gRPC health check at `address` answers SERVING."""
-    deadline = time.monotonic() + timeout
     async with grpc.aio.insecure_channel(address) as channel:
-        stub = health_pb2_grpc.HealthStub(channel)
-        while time.monotonic() < deadline:
+        health = health_pb2_grpc.HealthStub(channel)
+
+        async def serving() -> bool:
             if process is not None and process.process.poll() is not None:
                 raise AssertionError(f"master exited with {process.process.returncode}:\n{process.log()}")
             try:
-                reply = await stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=1)
-                if reply.status == health_pb2.HealthCheckResponse.SERVING:
-                    return
+                reply = await health.Check(health_pb2.HealthCheckRequest(service=""), timeout=1)
             except grpc.aio.AioRpcError:
-                pass
-            await asyncio.sleep(0.05)
-    log = process.log() if process else ""
-    raise AssertionError(f"master at {address} not serving after {timeout}s\n{log}")
+                return False
+            return reply.status == health_pb2.HealthCheckResponse.SERVING
 
-
-async def wait_for(predicate, *, timeout: float = 30.0, interval: float = 0.05, message: str = "") -> None:
-    """Polls an async or plain predicate until it is truthy, failing after `timeout`."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if asyncio.iscoroutine(value):
-            value = await value
-        if value:
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met after {timeout}s: {message}")
-        await asyncio.sleep(interval)
-
-
-def wait_until(predicate, *, timeout: float = 60.0, message: str = "") -> None:
-    """The same for synchronous tests: polls `predicate()` until it is truthy."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met after {timeout}s: {message}")
-        time.sleep(0.05)
+        await wait_for(serving, timeout=timeout, message=f"master at {address} not serving",
+                       details=process.log if process else None)
 
 
 def stub(channel: grpc.aio.Channel) -> pb_grpc.MasterStub:
     return pb_grpc.MasterStub(channel)
 
 
+# wait_for and wait_until live in tests/waiting.py; re-exported for the tests that import them here.
 __all__ = ["MasterProcess", "wait_serving", "wait_for", "wait_until", "stub", "pb"]

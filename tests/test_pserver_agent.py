@@ -8,7 +8,6 @@ pserver was told.
 from __future__ import annotations
 
 import asyncio
-import inspect
 import json
 import os
 import signal
@@ -19,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+import waiting
 
 from paddlecloud.etcd import connect
 from paddlecloud.etcd_server import free_port
@@ -134,17 +134,8 @@ def _alive(pid: int) -> bool:
 
 async def eventually(predicate, *, timeout: float = DEADLINE, what: str = "", agents=()):
     """Polls `predicate` (sync or async) until it returns a truthy value, which it returns."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if inspect.isawaitable(value):
-            value = await value
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            logs = "\n".join(f"--- agent {a.name}:\n{a.log()}" for a in agents)
-            raise AssertionError(f"not met after {timeout}s: {what}\n{logs}")
-        await asyncio.sleep(0.05)
+    return await waiting.wait_for(predicate, timeout=timeout, message=what,
+                          details=lambda: "\n".join(f"--- agent {a.name}:\n{a.log()}" for a in agents))
 
 
 async def registrations(client, keys: JobKeys) -> dict[int, str]:
