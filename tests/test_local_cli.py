@@ -64,11 +64,12 @@ def test_leftover_arguments_without_dashes_are_refused(tmp_path, job_name, args,
     ("--input 'data/*.csv' --format parquet", "'parquet' is not one of 'lines'"),
     ("--input 'data/*.csv' --job a/b", "invalid job name 'a/b'"),
     ("--input 'data/*.csv' --job ''", "invalid job name ''"),
-    ("--input 'data/*.csv' --output /proc/x", "cannot create '/proc/x'"),
+    ("--input 'data/*.csv' --output /proc/x", "cannot write in '/proc/x'"),
+    ("--input 'data/*.csv' --output /proc", "cannot write in '/proc'"),
     ("--input 'data/*.csv' -e NOEQUALS", "'NOEQUALS' is not KEY=VALUE"),
     ("--input 'data/*.csv' -e =x", "'=x' is not KEY=VALUE"),
 ], ids=["example-with-module-and-input", "session-ttl-abc", "session-ttl-too-short", "format-parquet",
-        "job-with-slash", "job-empty", "output-unwritable", "env-without-equals", "env-without-key"])
+        "job-with-slash", "job-empty", "output-uncreatable", "output-unwritable", "env-without-equals", "env-without-key"])
 def test_a_bad_flag_is_one_error_naming_the_value_and_starts_nothing(tmp_path, job_name, args, fragment):
     write_records(tmp_path / "data", files=2, records_per_file=2)
     named = "--job" in args

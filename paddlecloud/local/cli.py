@@ -1,7 +1,7 @@
 """`paddlecloud local train`: a whole job on this machine (flags of the PaddlePaddle client design).
 
-Every flag is checked here, before anything starts, with the parsers the master and the
-trainers use: a bad value is one usage error naming it (exit 2) and leaves no etcd, no
+Every flag is checked here, before anything starts, with the parsers and checks the master
+uses (`paddlecloud.units`, `master.config`): a bad value is one usage error naming it (exit 2) and leaves no etcd, no
 process and no log behind. Arguments for the user's module go after `--`; any other
 leftover argument is refused, since it is most often the rest of an `--input` glob the
 shell expanded (the job would otherwise train on the first file only).
@@ -18,6 +18,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -120,11 +121,15 @@ def _check_session_ttl(seconds: float) -> None:
 
 
 def _make_output(output: Path) -> None:
-    """Creates `--output` now, so a path that cannot be written is a usage error, not a traceback."""
+    """Creates `--output` and writes a file in it now, so a path that cannot be written is a
+    usage error rather than a traceback once etcd runs (a permission check alone would pass
+    for root)."""
     try:
         output.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=output):
+            pass
     except OSError as error:
-        raise click.BadParameter(f"cannot create {str(output)!r}: {error.strerror or error}",
+        raise click.BadParameter(f"cannot write in {str(output)!r}: {error.strerror or error}",
                                  param_hint="'--output'") from None
 
 
