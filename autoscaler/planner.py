@@ -348,9 +348,14 @@ class _DryRun:
     def waiting(self, j: int) -> int:
         return self.size[j] - len(self.placed[j])
 
+    def some_pending(self) -> bool:
+        """Whether some job is wholly pending (none of its trainers placed)."""
+        size, placed = self.size, self.placed
+        return any(size[j] and not placed[j] for j in range(len(size)))
+
     def candidates(self, order: list[int]) -> list[int]:
         size, placed, elastic = self.size, self.placed, self.elastic
-        if any(size[j] and not placed[j] for j in order):  # some job wholly pending
+        if self.some_pending():
             return [j for j in order if elastic[j]]
         return [j for j in order if elastic[j] and size[j] == len(placed[j])]
 
@@ -395,16 +400,16 @@ class _DryRun:
         free resources plus the donors' excess can only have shrunk since, and s's identical
         trainers fit per node independently, so it would fail again."""
         changed = False
-        donors: list[int] | None = None
+        donors: list[int] | None = None  # with `excess`, kept while the candidates are the same
         excess: dict[int, list[int]] | None = None
+        pending = self.some_pending()
         for s in order:
             if not len(self.placed[s]) < self.lo[s] <= self.size[s]:
                 continue
-            placed_some = False
             while len(self.placed[s]) < self.lo[s] and self.place_waiting(s):
-                placed_some = True
-            if placed_some:  # s may no longer be wholly pending: the candidates may be fewer
-                changed, donors, excess = True, None, None
+                changed = True
+            if pending != self.some_pending():  # s is placed now: the candidates are fewer
+                pending, donors, excess = not pending, None, None
             need = self.lo[s] - len(self.placed[s])
             if need <= 0:
                 continue
@@ -431,10 +436,17 @@ class _DryRun:
                           f"its min ({self.lo[s]})")
                 if self.size[d] > self.lo[d]:
                     insort(givers, d, key=self.keys.__getitem__)
+                if i is not None:
+                    held = excess[i]  # the trainer that left was above d's min
+                    for r, amount in enumerate(self.req[d]):
+                        held[r] -= amount
                 while i is not None and need and self.fits(s, i):
                     self.take(s, i)
                     need -= 1
-            changed, donors, excess = True, None, None
+            changed = True
+            donors = [d for d in donors if self.size[d] > self.lo[d]]
+            if pending != self.some_pending():
+                pending, donors, excess = not pending, None, None
         return changed
 
     def excess(self, donors: list[int]) -> dict[int, list[int]]:
@@ -453,12 +465,17 @@ class _DryRun:
         return held
 
     def room_for(self, s: int, excess: dict[int, list[int]], need: int) -> int:
-        """How many trainers of s the nodes in `excess` would take with that excess freed."""
+        """How many trainers of s (up to `need`, or a little more) the nodes in `excess` would
+        take with that excess freed."""
         wanted = [(r, amount) for r, amount in enumerate(self.req[s]) if amount]
         if not wanted:
             return need if excess else 0
-        return sum(min((self.free[r][i] + more[r]) // amount for r, amount in wanted)
-                   for i, more in excess.items())
+        free, room = self.free, 0
+        for i, more in excess.items():
+            room += min((free[r][i] + more[r]) // amount for r, amount in wanted)
+            if room >= need:
+                break
+        return room
 
     def round(self) -> bool:
         order = self.order()

@@ -268,9 +268,11 @@ def report(results: dict, say) -> None:
                 f"mean completion {_ratio(on['mean_completion_s'], row['mean_completion_s'])}")
     say(f"  planning time per simulated minute (autoscaler on): median {on['plan_ms_median']:.2f} ms")
     say("Goals")
-    met = p["median_ms"] < TARGET_MS
-    say(f"  {'met   ' if met else 'MISSED'}  planning time for {p['nodes']:,} nodes and {p['jobs']} jobs "
-        f"< {TARGET_MS:.0f} ms: median {p['median_ms']:.1f} ms wall, {p['median_cpu_ms']:.1f} ms CPU")
+    for what, ms, why in (("CPU", p["median_cpu_ms"], ""),
+                          ("wall", p["median_ms"], f" (load average {p['load_before']:.2f} on {os.cpu_count()} "
+                                                   "CPUs: other work's share of the cores counts here)")):
+        say(f"  {'met   ' if ms < TARGET_MS else 'MISSED'}  planning time for {p['nodes']:,} nodes and "
+            f"{p['jobs']} jobs < {TARGET_MS:.0f} ms, {what}: median {ms:.1f} ms" + why)
 
 
 def _ratio(on: float, off: float) -> str:

@@ -29,7 +29,8 @@ def test_quick_run_prints_both_benchmarks_and_writes_json(tmp_path):
     text = out.stdout
     for line in ("machine: ", "Planning time: 50 nodes, 10 jobs", "Simulated day:", "autoscaler on (min..max)",
                  "off: fixed at max", "off: fixed at min", "on vs off (max)", "Goals",
-                 "planning time for 50 nodes and 10 jobs < 100 ms"):
+                 "planning time for 50 nodes and 10 jobs < 100 ms, CPU",
+                 "planning time for 50 nodes and 10 jobs < 100 ms, wall"):
         assert line in text, line
     data = json.loads(figures.read_text())
     assert len(data["planning"]["ms"]) == 2 and data["planning"]["rounds"] >= 1
