@@ -13,10 +13,12 @@ The rules are PaddlePaddle EDL's (`pkg/autoscaler.go`), with its defects fixed:
 * A dry run repeats rounds until one changes nothing. Each round, in that order:
   1. trainers that wait (the job's size is above its placed trainers) are placed first, in
      job order, wherever they fit: growth never takes the room they are waiting for;
-  2. a job placed below its min (a newcomer, wholly pending, most often) makes the elastic
-     candidates above their min give way, one trainer at a time from the most fulfilled,
-     until its min fits; if even all of them at their min would not make it fit, nobody
-     gives way (EDL shrinks them anyway and gains nothing);
+  2. a job with fewer than its min placed but a size of at least its min (a newcomer,
+     wholly pending, most often; fixed jobs too) makes the elastic candidates above their
+     min give way, one trainer at a time from the most fulfilled, each of its trainers
+     going where a donor's trainer left, until its min is placed; if even all of them at
+     their min would not make room, nobody gives way (EDL shrinks them anyway and gains
+     nothing). A job whose size is below its min only grows, by rule 3;
   3. every candidate, in order, grows by one when a node has the idle CPU, the free memory
      and (for a GPU job) the free GPUs of one trainer, and the cluster stays within
      `max_load_desired` of every resource the trainer requests;
@@ -47,7 +49,8 @@ What a plan does NOT guarantee: that Kubernetes places new trainers where the dr
 scale-down removes is the one the dry run removed. `Job.nodes` lists a job's placed trainers
 in the order its workload keeps them, so the dry run removes waiting trainers first, then the
 last listed: the controller that builds the snapshot lists them so (by trainer index, for an
-Indexed Job). Placement is first fit in the snapshot's node order.
+Indexed Job). Placement is first fit in the snapshot's node order (rule 2's: where the
+donors' trainers left).
 """
 
 from __future__ import annotations
