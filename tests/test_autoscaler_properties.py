@@ -114,6 +114,29 @@ def test_sizes_stay_within_the_range(drawn):
         assert size <= job.max_trainers
         # below min only when it was already below min, and it never shrinks from there
         assert size >= min(job.min_trainers, job.trainers)
+        if size < job.min_trainers:
+            assert not _could_grow(cluster, result, job, max_load), job.name
+
+
+def _could_grow(cluster: Cluster, result: Plan, job: Job, max_load: float) -> bool:
+    """Whether rule 3 would still grow `job` by one in the planned state: a candidate, a node
+    with room for one trainer, and the cluster within max_load after it."""
+    some_pending = any(result.sizes[j.name] > 0 and not result.placements[j.name] for j in cluster.jobs)
+    if not (some_pending or len(result.placements[job.name]) == result.sizes[job.name]):
+        return False
+    used = _other_load(cluster)
+    for other in cluster.jobs:
+        for node in result.placements[other.name]:
+            for r, amount in enumerate((other.cpu_milli, other.memory_bytes, other.gpu)):
+                used[node][r] += amount
+    req = (job.cpu_milli, job.memory_bytes, job.gpu)
+    totals = [sum(n.cpu_milli for n in cluster.nodes), sum(n.memory_bytes for n in cluster.nodes),
+              sum(n.gpu for n in cluster.nodes)]
+    within = all(not req[r] or sum(u[r] for u in used.values()) + req[r] <= max_load * totals[r]
+                 for r in range(3))
+    room = any(all(used[n.name][r] + req[r] <= (n.cpu_milli, n.memory_bytes, n.gpu)[r] for r in range(3))
+               for n in cluster.nodes)
+    return within and room
 
 
 @EXAMPLES
