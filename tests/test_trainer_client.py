@@ -342,7 +342,7 @@ def test_a_standby_s_leader_hint_is_followed_from_its_error_info(tmp_path, start
     locator = StaleLocator(etcd_endpoints=etcd_endpoint, job=job_name, stale=standby.address)
     connection = MasterConnection(locator, deadline=20, open_channel=without_messages)
     try:
-        assert connection.get_status(pb.GetStatusRequest()).phase == "Running"
+        assert connection.get_status().phase == "Running"
         assert connection.address == leader_address[0]
     finally:
         connection.close()
@@ -357,7 +357,7 @@ def test_a_superseded_session_is_told_by_its_error_info(tmp_path, start_master):
     try:
         older.register()
         newer.register()
-        keep_alive = lambda s: connection.keep_alive(pb.KeepAliveRequest(session_id=s))  # noqa: E731
+        keep_alive = connection.keep_alive
         with pytest.raises(TrainerSuperseded, match=f"session {older.id} superseded by a newer session "
                                                     "of trainer same; another process uses this trainer id"):
             older.run(keep_alive)
@@ -387,7 +387,7 @@ def test_an_expired_session_registers_again_told_by_its_error_info(tmp_path, sta
                 reply = stub(channel).ListTrainers(pb.ListTrainersRequest(page_size=10))
             return not reply.trainers
         wait_until(expired, message="the session never expired")
-        session.run(lambda s: connection.keep_alive(pb.KeepAliveRequest(session_id=s)))
+        session.run(connection.keep_alive)
         assert session.id not in (0, first) and session.reregistrations == 1
     finally:
         connection.close()

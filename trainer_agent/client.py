@@ -35,8 +35,9 @@ Each piece of state has one owner that guards it with its own lock:
   the acknowledgements not yet delivered. The main thread holds and lets go; the
   prefetch thread takes the acks for its GetTask (and puts them back when the call
   failed); a registration, from any thread, forgets what the old session held.
-* `TaskClient`: where the job is as last heard (epoch, epochs, job done) and the
-  counters; written by registrations and by the main thread at the ends of epochs.
+* `TaskClient`: where the job is as last heard (`progress`: an immutable snapshot,
+  replaced under the client's lock by registrations and by the main thread at the
+  ends of epochs) and the counters.
 
 Locks nest only in that order (a Session's, then a connection's, ledger's or
 client's); the only lock held across an RPC is the Session's, while it registers.
@@ -58,6 +59,7 @@ import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 import grpc
@@ -114,6 +116,11 @@ def _reason(error: BaseException) -> tuple[Reason | None, dict[str, str]]:
     return found if found is not None else (None, {})
 
 
+def _report(session: int, task: pb.Task, reason: str = "") -> pb.TaskReport:
+    return pb.TaskReport(session_id=session, task_id=task.id, epoch=task.epoch,
+                         attempt=task.attempt, reason=reason)
+
+
 class MasterConnection:
     """Calls to the job's leading master: one typed method per RPC a trainer makes.
 
@@ -145,32 +152,38 @@ class MasterConnection:
 
     # ---- the RPCs ------------------------------------------------------------------
 
-    def register_trainer(self, request: pb.RegisterTrainerRequest) -> pb.RegisterTrainerResponse:
+    def register_trainer(self, trainer_id: str) -> pb.RegisterTrainerResponse:
+        request = pb.RegisterTrainerRequest(trainer_id=trainer_id)
         return self._call(lambda stub: stub.RegisterTrainer(request, timeout=CALL_TIMEOUT))
 
-    def keep_alive(self, request: pb.KeepAliveRequest) -> pb.KeepAliveResponse:
-        return self._call(lambda stub: stub.KeepAlive(request, timeout=CALL_TIMEOUT))
+    def keep_alive(self, session: int) -> None:
+        self._call(lambda stub: stub.KeepAlive(pb.KeepAliveRequest(session_id=session), timeout=CALL_TIMEOUT))
 
-    def leave_trainer(self, request: pb.LeaveTrainerRequest, *, timeout: float) -> pb.LeaveTrainerResponse:
-        return self._call(lambda stub: stub.LeaveTrainer(request, timeout=timeout))
+    def leave_trainer(self, session: int, *, timeout: float) -> None:
+        self._call(lambda stub: stub.LeaveTrainer(pb.LeaveTrainerRequest(session_id=session), timeout=timeout))
 
-    def get_task(self, request: pb.GetTaskRequest) -> pb.GetTaskResponse:
+    def get_task(self, session: int, *, epoch: int, finished: list[pb.TaskRef]) -> pb.GetTaskResponse:
+        """The next task of `epoch` (or why there is none); `finished` acknowledges tasks read."""
+        request = pb.GetTaskRequest(session_id=session, epoch=epoch, finished=finished)
         return self._call(lambda stub: stub.GetTask(request, timeout=CALL_TIMEOUT))
 
-    def task_finished(self, request: pb.TaskReport) -> pb.TaskReportResponse:
-        return self._call(lambda stub: stub.TaskFinished(request, timeout=CALL_TIMEOUT))
+    def task_finished(self, session: int, ref: pb.TaskRef) -> pb.ReportResult:
+        request = pb.TaskReport(session_id=session, task_id=ref.task_id, epoch=ref.epoch, attempt=ref.attempt)
+        return self._call(lambda stub: stub.TaskFinished(request, timeout=CALL_TIMEOUT)).result
 
-    def task_failed(self, request: pb.TaskReport) -> pb.TaskReportResponse:
-        return self._call(lambda stub: stub.TaskFailed(request, timeout=CALL_TIMEOUT))
+    def task_failed(self, session: int, task: pb.Task, *, reason: str) -> None:
+        self._call(lambda stub: stub.TaskFailed(_report(session, task, reason), timeout=CALL_TIMEOUT))
 
-    def return_task(self, request: pb.TaskReport, *, timeout: float) -> pb.TaskReportResponse:
-        return self._call(lambda stub: stub.ReturnTask(request, timeout=timeout))
+    def return_task(self, session: int, task: pb.Task, *, timeout: float) -> None:
+        self._call(lambda stub: stub.ReturnTask(_report(session, task), timeout=timeout))
 
-    def request_save_model(self, request: pb.RequestSaveModelRequest) -> pb.RequestSaveModelResponse:
-        return self._call(lambda stub: stub.RequestSaveModel(request, timeout=CALL_TIMEOUT))
+    def request_save_model(self, session: int, *, block: float) -> bool:
+        """True when this session's trainer is granted the save for `block` seconds."""
+        request = pb.RequestSaveModelRequest(session_id=session, block=duration(block))
+        return self._call(lambda stub: stub.RequestSaveModel(request, timeout=CALL_TIMEOUT)).granted
 
-    def get_status(self, request: pb.GetStatusRequest) -> pb.GetStatusResponse:
-        return self._call(lambda stub: stub.GetStatus(request, timeout=CALL_TIMEOUT))
+    def get_status(self) -> pb.GetStatusResponse:
+        return self._call(lambda stub: stub.GetStatus(pb.GetStatusRequest(), timeout=CALL_TIMEOUT))
 
     # ---- retries and the leader -----------------------------------------------------
 
@@ -245,7 +258,7 @@ class Session:
         self._id = 0
         self._ttl = 10.0
         self._superseded: TrainerSuperseded | None = None
-        self._reregistrations = 0
+        self.reregistrations = 0  # how often an expired session was registered again
         self._closed = threading.Event()
         self._keepalive: threading.Thread | None = None
 
@@ -256,17 +269,6 @@ class Session:
             return self._id
 
     @property
-    def ttl(self) -> float:
-        with self._lock:
-            return self._ttl
-
-    @property
-    def reregistrations(self) -> int:
-        """How often an expired session was registered again."""
-        with self._lock:
-            return self._reregistrations
-
-    @property
     def active(self) -> bool:
         """Registered and not superseded."""
         with self._lock:
@@ -275,7 +277,7 @@ class Session:
     def register(self) -> None:
         """Registers a new session now (the master drops an older one of this trainer id)."""
         with self._lock:
-            reply = self.connection.register_trainer(pb.RegisterTrainerRequest(trainer_id=self.trainer_id))
+            reply = self.connection.register_trainer(self.trainer_id)
             self._id = reply.session_id
             self._ttl = seconds(reply.ttl) or 10.0
             if self._on_register is not None:
@@ -315,7 +317,7 @@ class Session:
         with self._lock:
             if self._id == session:  # not yet registered again by another thread
                 logger.warning("session %d expired; registering again", session)
-                self._reregistrations += 1
+                self.reregistrations += 1
                 self.register()
         return call(self.ensure())
 
@@ -323,16 +325,20 @@ class Session:
         """Ends the session at the master (its tasks return at once)."""
         session = self.id
         if session:
-            self.connection.leave_trainer(pb.LeaveTrainerRequest(session_id=session), timeout=timeout)
+            self.connection.leave_trainer(session, timeout=timeout)
 
     def close(self) -> None:
         """Stops the keep-alive thread (it makes no new call after this)."""
         self._closed.set()
 
+    def _interval(self) -> float:
+        with self._lock:
+            return self._ttl / 3
+
     def _keep_alive(self) -> None:
-        while not self._closed.wait(self.ttl / 3):
+        while not self._closed.wait(self._interval()):
             try:
-                self.run(lambda s: self.connection.keep_alive(pb.KeepAliveRequest(session_id=s)))
+                self.run(self.connection.keep_alive)
             except TrainerSuperseded:
                 return
             except Exception as error:  # the main loop sees the same problem on its next call
@@ -404,12 +410,21 @@ class TaskLedger:
             self._held.clear()
 
 
-def _report(session: int, task: pb.Task, reason: str = "") -> pb.TaskReport:
-    return pb.TaskReport(session_id=session, task_id=task.id, epoch=task.epoch,
-                         attempt=task.attempt, reason=reason)
-
-
 _COUNTED = ("accepted", "stale", "failed", "returned")
+
+
+@dataclass(frozen=True)
+class Progress:
+    """Where the job is, as a client last heard: a snapshot, replaced whole, never changed."""
+
+    current_epoch: int = 0
+    num_epochs: int = 0
+    job_done: bool = False
+
+    @property
+    def finished(self) -> bool:
+        """The job is done, or its last epoch is behind it."""
+        return self.job_done or bool(self.num_epochs and self.current_epoch >= self.num_epochs)
 
 
 class TaskClient:
@@ -426,10 +441,8 @@ class TaskClient:
         self.connection = MasterConnection(locator, deadline=deadline)
         self.tasks = TaskLedger()
         self.session = Session(self.connection, trainer_id=trainer_id, on_register=self._registered)
-        self._lock = threading.Lock()
-        self._current_epoch = 0
-        self._num_epochs = 0
-        self._job_done = False
+        self._lock = threading.Lock()  # for writers of `progress` and the counters
+        self.progress = Progress()
         self._counts: Counter[str] = Counter()
         self._closed = False  # main thread only
         self._fetcher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="task-prefetch")
@@ -450,36 +463,6 @@ class TaskClient:
     # ---- where the job is, as last heard ------------------------------------------------
 
     @property
-    def session_id(self) -> int:
-        return self.session.id
-
-    @property
-    def current_epoch(self) -> int:
-        with self._lock:
-            return self._current_epoch
-
-    @property
-    def num_epochs(self) -> int:
-        with self._lock:
-            return self._num_epochs
-
-    @property
-    def job_done(self) -> bool:
-        with self._lock:
-            return self._job_done
-
-    @property
-    def finished(self) -> bool:
-        """The job is done, or its last epoch is behind it."""
-        with self._lock:
-            return self._job_done or bool(self._num_epochs and self._current_epoch >= self._num_epochs)
-
-    @property
-    def holding(self) -> bool:
-        """True while this client holds a task (being read, or prefetched)."""
-        return self.tasks.holding
-
-    @property
     def stats(self) -> dict[str, int]:
         """Tasks accepted, stale, failed and returned, and sessions registered again."""
         with self._lock:
@@ -493,17 +476,17 @@ class TaskClient:
     def _registered(self, reply: pb.RegisterTrainerResponse) -> None:
         self.tasks.forget_held()
         with self._lock:
-            self._current_epoch = reply.current_epoch
-            self._num_epochs = reply.num_epochs
+            self.progress = replace(self.progress, current_epoch=reply.current_epoch,
+                                    num_epochs=reply.num_epochs)
 
     def advance(self, reply: pb.GetTaskResponse) -> None:
         """Takes in where the job is from an EPOCH_DONE or JOB_DONE reply."""
         with self._lock:
             if reply.outcome == pb.JOB_DONE:
-                self._job_done = True
-                self._current_epoch = max(self._current_epoch, reply.current_epoch)
+                epoch = max(self.progress.current_epoch, reply.current_epoch)
+                self.progress = replace(self.progress, current_epoch=epoch, job_done=True)
             elif reply.outcome == pb.EPOCH_DONE:
-                self._current_epoch = reply.current_epoch
+                self.progress = replace(self.progress, current_epoch=reply.current_epoch)
 
     def _count(self, name: str, n: int = 1) -> None:
         with self._lock:
@@ -522,8 +505,7 @@ class TaskClient:
     def _get_task(self, epoch: int) -> pb.GetTaskResponse:
         acks = self.tasks.take_acks()
         try:
-            reply = self.session.run(lambda s: self.connection.get_task(
-                pb.GetTaskRequest(session_id=s, epoch=epoch, finished=acks)))
+            reply = self.session.run(lambda s: self.connection.get_task(s, epoch=epoch, finished=acks))
         except BaseException:
             self.tasks.restore_acks(acks)  # not known to be delivered: send them again
             raise
@@ -537,7 +519,7 @@ class TaskClient:
         self.tasks.let_go(task)
         logger.warning("task %d failed: %s", task.id, reason)
         self._count("failed")
-        self.session.run(lambda s: self.connection.task_failed(_report(s, task, reason)))
+        self.session.run(lambda s: self.connection.task_failed(s, task, reason=reason))
 
     def give_back(self, task: pb.Task) -> None:
         """Returns a held task untouched (`ReturnTask`: no failure counted)."""
@@ -545,22 +527,21 @@ class TaskClient:
             return
         self._count("returned")
         try:
-            self.session.run(lambda s: self.connection.return_task(_report(s, task), timeout=5))
+            self.session.run(lambda s: self.connection.return_task(s, task, timeout=5))
         except Exception as error:  # the lease returns it anyway when this process is gone
             logger.warning("could not return task %d: %s", task.id, error)
 
     def flush(self) -> None:
         """Reports every acknowledged task not yet delivered, with TaskFinished."""
         for ref in self.tasks.take_acks():
-            reply = self.session.run(lambda s, ref=ref: self.connection.task_finished(
-                pb.TaskReport(session_id=s, task_id=ref.task_id, epoch=ref.epoch, attempt=ref.attempt)))
-            self._count_results([reply.result])
+            result = self.session.run(lambda s, ref=ref: self.connection.task_finished(s, ref))
+            self._count_results([result])
 
     def epochs(self) -> Iterator[Epoch]:
         """One `Epoch` per epoch of the job, from the master's current one, until JOB_DONE."""
         self.session.ensure()
-        while not self.finished:
-            epoch = Epoch(self, self.current_epoch)
+        while not self.progress.finished:
+            epoch = Epoch(self, self.progress.current_epoch)
             yield epoch
             if not epoch.ended:
                 return  # the caller stopped reading mid-epoch
@@ -568,9 +549,7 @@ class TaskClient:
 
     def request_save_model(self, *, block: float = 60.0) -> bool:
         """True when this trainer is the one to save the model now (one at a time, for `block`)."""
-        reply = self.session.run(lambda s: self.connection.request_save_model(
-            pb.RequestSaveModelRequest(session_id=s, block=duration(block))))
-        return reply.granted
+        return self.session.run(lambda s: self.connection.request_save_model(s, block=block))
 
     def close(self) -> None:
         """Flushes acknowledgements, gives held tasks back, and leaves (tasks return at once)."""

@@ -73,7 +73,7 @@ def wait_until_ready(connection: MasterConnection, *, pservers: int, timeout: fl
     """Polls GetStatus until the master serves and `pservers` pservers registered."""
     deadline = time.monotonic() + timeout
     while True:
-        status = connection.get_status(pb.GetStatusRequest())
+        status = connection.get_status()
         if len(status.pserver_endpoints) >= pservers:
             return status
         if time.monotonic() > deadline:

@@ -171,14 +171,14 @@ class MasterDataset(paddle.io.IterableDataset):
 
     def _one_epoch(self, client: TaskClient) -> Iterator[Any]:
         client.session.ensure()
-        if client.finished:
+        if client.progress.finished:
             self._progress[1] = 1
             return
-        epoch = Epoch(client, client.current_epoch)
+        epoch = Epoch(client, client.progress.current_epoch)
         self._progress[0] = epoch.number
         yield from epoch.records()
         client.flush()
-        if client.finished:
+        if client.progress.finished:
             self._progress[1] = 1  # seen at the end of the last epoch: no need to ask again
 
     def _base_trainer_id(self) -> str:
@@ -216,7 +216,7 @@ def _leave_on_idle(client: TaskClient, holding: Any, worker: int) -> None:
     def leave_when_idle(reply: pb.GetTaskResponse) -> pb.GetTaskResponse:
         epoch = reply.current_epoch
         with holding.get_lock():
-            holds = reply.outcome == pb.TASK or client.holding
+            holds = reply.outcome == pb.TASK or client.tasks.holding
             holding[worker] = int(holds)
             if reply.outcome == pb.WAIT and not holds and any(
                     holding[i] for i in range(len(holding)) if i != worker):
