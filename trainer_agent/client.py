@@ -40,7 +40,9 @@ Each piece of state has one owner that guards it with its own lock:
   ends of epochs) and the counters.
 
 Locks nest only in that order (a Session's, then a connection's, ledger's or
-client's); the only lock held across an RPC is the Session's, while it registers.
+client's). Held across a call to the network: the Session's lock while it registers
+(one registration at a time; the other threads wait for its id) and the connection's
+while it resolves the leader in etcd; no other.
 `Epoch` owns nothing shared: it uses the client's and the ledger's public methods.
 
 What this does NOT guarantee: that a record is *read* once. A trainer that dies after
@@ -328,7 +330,8 @@ class Session:
             self.connection.leave_trainer(session, timeout=timeout)
 
     def close(self) -> None:
-        """Stops the keep-alive thread (it makes no new call after this)."""
+        """Stops the keep-alive thread: it starts no call after this (one under way ends
+        when the connection closes)."""
         self._closed.set()
 
     def _interval(self) -> float:
@@ -428,7 +431,11 @@ class Progress:
 
 
 class TaskClient:
-    """A trainer's client of the master: a `Session`, a `TaskLedger`, and epochs of records."""
+    """A trainer's client of the master: `epochs()` of records, read from the tasks it gets.
+
+    Its parts, each the owner of its state: `connection` (MasterConnection), `session`
+    (Session), `tasks` (TaskLedger) and `progress` (a Progress snapshot).
+    """
 
     def __init__(self, *, trainer_id: str, locator: MasterLocator,
                  parse: Callable[[Any], Any] | None = None, deadline: float = 300.0,
@@ -456,11 +463,15 @@ class TaskClient:
         """Reads DESIGN.md section 8's variables: PADDLE_TRAINER_ID, PADDLE_MASTER_ENDPOINT,
         PADDLE_ETCD_ENDPOINTS, PADDLE_JOB_NAME, PADDLE_NAMESPACE (and PADDLECLOUD_MASTER_DEADLINE)."""
         if deadline is None:
-            deadline = float(os.environ.get("PADDLECLOUD_MASTER_DEADLINE", "300"))
+            raw = os.environ.get("PADDLECLOUD_MASTER_DEADLINE", "300")
+            try:
+                deadline = float(raw)
+            except ValueError:
+                raise ValueError(f"PADDLECLOUD_MASTER_DEADLINE={raw[:40]!r} is not a number of seconds") from None
         return cls(trainer_id=trainer_id or default_trainer_id(), locator=MasterLocator.from_env(),
                    parse=parse, deadline=deadline, prefetch=prefetch)
 
-    # ---- where the job is, as last heard ------------------------------------------------
+    # ---- the session and where the job is ------------------------------------------------
 
     @property
     def stats(self) -> dict[str, int]:
