@@ -154,6 +154,13 @@ def test_missing_discovery_settings_are_named(monkeypatch):
         TaskClient.from_env(trainer_id="x")
 
 
+def test_a_deadline_that_is_no_number_is_named(monkeypatch):
+    monkeypatch.setenv("PADDLE_MASTER_ENDPOINT", "127.0.0.1:1")
+    monkeypatch.setenv("PADDLECLOUD_MASTER_DEADLINE", "5 minutes")
+    with pytest.raises(ValueError, match="PADDLECLOUD_MASTER_DEADLINE='5 minutes' is not a number"):
+        TaskClient.from_env(trainer_id="x")
+
+
 def test_killed_trainer_rejoins_and_its_unacknowledged_records_are_read_again(
         tmp_path, start_master, start_trainer, etcd_endpoint, job_name):
     write_records(tmp_path / "data", files=6, records_per_file=50)
