@@ -52,6 +52,7 @@ what is exactly once is the master's count of finished tasks per epoch.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import random
@@ -66,6 +67,7 @@ from typing import Any, TypeVar
 
 import grpc
 from tenacity import (
+    RetryCallState,
     RetryError,
     Retrying,
     retry_if_exception,
@@ -193,7 +195,7 @@ class MasterConnection:
         retrying = Retrying(
             retry=retry_if_exception(_transient), stop=stop_after_delay(self.deadline),
             wait=wait_random_exponential(multiplier=0.05, max=2.0), reraise=False,
-            before_sleep=lambda state: self._after_failure(state.outcome.exception()),
+            before_sleep=self._after_failure,
         )
         try:
             for attempt in retrying:
@@ -221,8 +223,9 @@ class MasterConnection:
             self._stub = pb_grpc.MasterStub(self._channels[address])
             return self._stub
 
-    def _after_failure(self, error: BaseException | None) -> None:
+    def _after_failure(self, attempt: RetryCallState) -> None:
         """Points the next attempt at the leader a standby named, or lets it re-resolve."""
+        error = attempt.outcome.exception() if attempt.outcome is not None else None
         reason, metadata = _reason(error) if error is not None else (None, {})
         leader = metadata.get("leader") if reason is Reason.NOT_LEADER else None
         with self._lock:
@@ -545,7 +548,7 @@ class TaskClient:
     def flush(self) -> None:
         """Reports every acknowledged task not yet delivered, with TaskFinished."""
         for ref in self.tasks.take_acks():
-            result = self.session.run(lambda s, ref=ref: self.connection.task_finished(s, ref))
+            result = self.session.run(functools.partial(self.connection.task_finished, ref=ref))
             self._count_results([result])
 
     def epochs(self) -> Iterator[Epoch]:
