@@ -36,6 +36,7 @@ from collections.abc import Mapping
 import aetcd
 
 from paddlecloud.etcd import Session, connect
+from paddlecloud.exits import signal_exit_code
 from paddlecloud.keys import JobKeys
 from pserver_agent.config import AgentConfig
 from pserver_agent.jobwatch import job_done_reason, wait_until_job_done
@@ -192,7 +193,7 @@ class PserverAgent:
         reason = self._reason(ends)
         if reason == "signal":
             assert self._signal is not None
-            return 128 + self._signal
+            return signal_exit_code(self._signal)
         if reason == "lost":
             logger.error("lost etcd lease %x before the pserver started", self.session.lease_id)
             return 1
@@ -207,7 +208,7 @@ class PserverAgent:
             assert self._signal is not None
             await self.supervisor.stop(self._signal)
             code = await supervised
-            return 128 + self._signal if code is None else code
+            return signal_exit_code(self._signal) if code is None else code
         if reason == "lost":
             logger.error("lost etcd lease %x: another agent may take slot; stopping the pserver",
                          self.session.lease_id)

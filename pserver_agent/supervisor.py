@@ -39,6 +39,8 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from paddlecloud.exits import exit_code
+
 logger = logging.getLogger(__name__)
 
 # Run before the pserver's own exec, in the child: arm SIGKILL-on-parent-death
@@ -58,11 +60,6 @@ def launch_argv(command: Sequence[str]) -> list[str]:
     if not sys.platform.startswith("linux"):
         return list(command)
     return [sys.executable, "-I", "-S", "-c", _EXEC_WITH_PDEATHSIG, str(os.getpid()), *command]
-
-
-def exit_code(returncode: int) -> int:
-    """A process's return code as a shell reports it: a death by signal N is 128+N."""
-    return returncode if returncode >= 0 else 128 - returncode
 
 
 @dataclass(frozen=True)

@@ -60,6 +60,14 @@ def test_train_status_next_is_the_epoch_to_resume_at():
     assert TrainStatus(0).next() == 1
 
 
+def test_train_status_without_an_epoch_starts_at_epoch_0(tmp_path):
+    assert TrainStatus().next() == 0  # as EDL's users write it
+    assert TrainStatus().epoch is None
+    with pytest.raises(ValueError, match=r"cannot save TrainStatus\(\) with no finished epoch"):
+        save_checkpoint(str(tmp_path / "ckpt"), {}, TrainStatus())
+    assert not (tmp_path / "ckpt").exists() or not any((tmp_path / "ckpt").iterdir())
+
+
 @pytest.mark.parametrize("bad", [-1, True, 1.5, "2"])
 def test_train_status_rejects_bad_epochs(bad):
     with pytest.raises(ValueError, match=f"epoch {bad!r}"):

@@ -18,7 +18,7 @@ from paddlecloud.etcd_server import free_port
 from paddlecloud.keys import JobKeys
 
 DUMP_ENV = ("import json, os, sys; json.dump({k: v for k, v in os.environ.items() "
-            "if k.startswith(('PADDLE', 'TRAINING', 'POD'))}, open(sys.argv[1], 'w')); sys.exit(7)")
+            "if k.startswith(('PADDLE', 'TRAINING', 'POD', 'GLOG'))}, open(sys.argv[1], 'w')); sys.exit(7)")
 
 
 def launch(args: list[str], env: dict[str, str], **kwargs) -> subprocess.Popen:
@@ -41,12 +41,15 @@ async def test_exports_the_paddle_environment_and_exits_with_the_child_code(
     out = tmp_path / "env.json"
     child = launch(["--", sys.executable, "-c", DUMP_ENV, str(out)],
                    {"PADDLE_ETCD_ENDPOINTS": etcd_endpoint, "PADDLE_JOB_NAME": job_name,
-                    "PADDLE_TRAINER_ID": "3", "PADDLE_TRAINERS_NUM": "4", "PADDLE_PSERVERS_NUM": "2"})
+                    "PADDLE_TRAINER_ID": "3", "PADDLE_TRAINERS_NUM": "4", "PADDLE_PSERVERS_NUM": "2",
+                    "GLOG_minloglevel": "0"})
     assert await asyncio.to_thread(child.wait, 60) == 7
     env = json.loads(out.read_text())
     assert env["TRAINING_ROLE"] == "TRAINER" and env["PADDLE_TRAINER_ID"] == "3"
     assert env["PADDLE_TRAINERS_NUM"] == "4" and env["POD_IP"] == "127.0.0.1"
     assert env["PADDLE_PSERVERS_IP_PORT_LIST"] == "127.0.0.1:7001,127.0.0.1:7002"
+    # Paddle's noise is off by default, but what the environment says wins.
+    assert env["PADDLECLOUD_PADDLE_SIGNAL_HANDLER"] == "0" and env["GLOG_minloglevel"] == "0"
 
 
 async def test_waits_for_every_pserver_before_starting(tmp_path, start_master, etcd_endpoint, job_name):
@@ -110,3 +113,16 @@ def test_missing_master_location_is_a_usage_error():
     result = subprocess.run([sys.executable, "-m", "paddlecloud", "trainer", "--", "true"],
                             env=env, capture_output=True, text=True, timeout=60)
     assert result.returncode == 2 and "PADDLE_MASTER_ENDPOINT" in result.stderr
+
+
+async def test_a_child_killed_by_a_signal_is_reported_in_one_line(tmp_path, start_master):
+    write_records(tmp_path / "data", files=1, records_per_file=1)
+    proc = start_master("--input", str(tmp_path / "data"))
+    await wait_serving(proc.address, process=proc)
+    child = launch(["--", sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"],
+                   {"PADDLE_MASTER_ENDPOINT": proc.address, "PADDLE_TRAINER_ID": "1"},
+                   stderr=subprocess.PIPE, text=True)
+    _, stderr = await asyncio.to_thread(child.communicate, timeout=60)
+    assert child.returncode == 128 + signal.SIGKILL
+    killed = [line for line in stderr.splitlines() if "killed" in line]
+    assert len(killed) == 1 and killed[0].endswith("trainer 1 killed by SIGKILL"), stderr

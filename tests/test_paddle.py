@@ -197,6 +197,56 @@ def test_loader_workers_read_through_sessions_of_their_own(tmp_path, start_maste
     assert status(proc).phase == "Succeeded"
 
 
+def test_the_package_exports_the_paddle_integration():
+    import trainer_agent
+    import trainer_agent.paddle
+    from trainer_agent import MasterDataset as exported
+
+    assert exported is trainer_agent.paddle.MasterDataset
+    assert trainer_agent.join_batches is trainer_agent.paddle.join_batches
+
+
+# ---- under the launcher: Paddle's noise stays out of the trainer's log ------------------
+
+NOISY_TRAINER = """
+import os, signal, sys
+import paddle
+import trainer_agent.paddle  # noqa: F401
+from paddle.base import core
+store = core.TCPStore("127.0.0.1", int(sys.argv[1]), True, 1)  # logs "create libuv server" (INFO)
+print("trainer ready", flush=True)
+os.kill(os.getpid(), signal.SIGTERM)
+"""
+QUIET_KNOBS = ("GLOG_minloglevel", "PYTHONWARNINGS", "PADDLECLOUD_PADDLE_SIGNAL_HANDLER")
+
+
+def launched_noisy_trainer(master: str, **env: str) -> tuple[int, str]:
+    base = {k: v for k, v in os.environ.items() if k not in QUIET_KNOBS}
+    result = subprocess.run(
+        [sys.executable, "-m", "paddlecloud", "trainer", "--", sys.executable, "-c", NOISY_TRAINER,
+         str(free_port())],
+        env=dict(base, PADDLE_MASTER_ENDPOINT=master, PADDLE_TRAINER_ID="1", **env),
+        capture_output=True, text=True, timeout=120)
+    return result.returncode, result.stdout + result.stderr
+
+
+def test_launched_trainer_keeps_paddle_s_noise_out_and_a_signal_is_one_line(tmp_path, start_master):
+    write_linear_data(tmp_path / "data", files=1, rows=1)
+    proc = serving(start_master("--input", str(tmp_path / "data")))
+    code, output = launched_noisy_trainer(proc.address)
+    assert code == 128 + 15 and "trainer ready" in output, output
+    for noise in ("C++ Traceback", "Termination signal", "create libuv server", "No ccache found"):
+        assert noise not in output, output
+    signalled = [line for line in output.splitlines() if "SIGTERM" in line]
+    assert len(signalled) == 1 and signalled[0].endswith("trainer 1 killed by SIGTERM"), output
+    # Asked for, it is all there.
+    code, output = launched_noisy_trainer(proc.address, GLOG_minloglevel="0", PYTHONWARNINGS="default",
+                                          PADDLECLOUD_PADDLE_SIGNAL_HANDLER="1")
+    assert code == 128 + 15, output
+    for noise in ("C++ Traceback", "Termination signal", "create libuv server", "No ccache found"):
+        assert noise in output, output
+
+
 # ---- the example: python -m examples.fit_a_line.train --------------------------------
 
 

@@ -3,20 +3,32 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
+import subprocess
+import sys
 from collections import Counter
+from dataclasses import dataclass
 
 import grpc
 import pytest
 from datasets import write_records
 from etcd_history import done_marks, per_epoch
+from google.rpc import status_pb2
 from masters import pb, stub, wait_serving, wait_until
 from trainers import read_log, reads_per_epoch
 
 from paddlecloud.etcd_server import free_port
 from paddlecloud.keys import JobKeys
-from trainer_agent.client import MasterUnavailable, TaskClient
-from trainer_agent.discovery import MasterLocator
+from paddlecloud.wire import Reason, error_info
+from trainer_agent.client import (
+    MasterConnection,
+    MasterUnavailable,
+    Session,
+    TaskClient,
+    TrainerSuperseded,
+)
+from trainer_agent.discovery import DiscoveryError, MasterLocator
 
 
 def serving(proc):
@@ -38,6 +50,11 @@ def status(proc):
         return stub(channel).GetStatus(pb.GetStatusRequest())
 
 
+def started_reading(start_trainer, trainer_id: str, *, master: str, log, delay: str):
+    """A stub trainer process, once it has read a few records."""
+    trainer = start_trainer(trainer_id, master=master, log=log, args=("--delay", delay))
+    wait_until(lambda: len(read_log(log)) >= 3, message=f"trainer {trainer_id} read nothing")
+    return trainer
 
 
 def all_records(files: int, per_file: int) -> Counter:
@@ -89,9 +106,8 @@ def test_exception_in_user_code_gives_tasks_back_and_propagates(tmp_path, start_
 def test_ctrl_c_gives_tasks_back(tmp_path, start_master, start_trainer):
     write_records(tmp_path / "data", files=3, records_per_file=50)
     proc = serving(start_master("--input", str(tmp_path / "data"), "--session-ttl", "60s"))
-    log = tmp_path / "records.tsv"
-    trainer = start_trainer("interrupted", master=proc.address, log=log, args=("--delay", "0.05"))
-    wait_until(lambda: len(read_log(log)) >= 3, message="the trainer read nothing")
+    trainer = started_reading(start_trainer, "interrupted", master=proc.address,
+                              log=tmp_path / "records.tsv", delay="0.05")
     trainer.kill(signal.SIGINT)
     assert trainer.process.returncode != 0
     assert tasks(proc, pb.PENDING) == []
@@ -138,6 +154,13 @@ def test_missing_discovery_settings_are_named(monkeypatch):
         TaskClient.from_env(trainer_id="x")
 
 
+def test_a_deadline_that_is_no_number_is_named(monkeypatch):
+    monkeypatch.setenv("PADDLE_MASTER_ENDPOINT", "127.0.0.1:1")
+    monkeypatch.setenv("PADDLECLOUD_MASTER_DEADLINE", "5 minutes")
+    with pytest.raises(ValueError, match="PADDLECLOUD_MASTER_DEADLINE='5 minutes' is not a number"):
+        TaskClient.from_env(trainer_id="x")
+
+
 def test_killed_trainer_rejoins_and_its_unacknowledged_records_are_read_again(
         tmp_path, start_master, start_trainer, etcd_endpoint, job_name):
     write_records(tmp_path / "data", files=6, records_per_file=50)
@@ -174,8 +197,7 @@ def test_two_processes_with_one_trainer_id_the_older_stops(tmp_path, start_maste
     write_records(tmp_path / "data", files=4, records_per_file=40)
     proc = serving(start_master("--input", str(tmp_path / "data"), "--chunk-bytes", "200"))
     log = tmp_path / "records.tsv"
-    older = start_trainer("same", master=proc.address, log=log, args=("--delay", "0.01"))
-    wait_until(lambda: len(read_log(log)) >= 3, message="the first process read nothing")
+    older = started_reading(start_trainer, "same", master=proc.address, log=log, delay="0.01")
     newer = start_trainer("same", master=proc.address, log=log, args=("--delay", "0.001"))
     assert older.wait() == 4
     assert "superseded by a newer session of trainer same" in older.output_text()
@@ -220,8 +242,6 @@ def test_save_model_is_granted_to_one_trainer_at_a_time(tmp_path, start_master):
 def test_moving_to_another_leader_keeps_calls_on_the_old_channel_alive(tmp_path, start_master):
     # The keep-alive and prefetch threads may be mid-call when another thread follows a
     # leader hint: the old channel must not be closed under them (it was: CANCELLED).
-    from trainer_agent.client import MasterConnection
-
     write_records(tmp_path / "data", files=1, records_per_file=1)
     proc = serving(start_master("--input", str(tmp_path / "data")))
     connection = MasterConnection(MasterLocator(master_endpoint=proc.address), deadline=5)
@@ -231,3 +251,178 @@ def test_moving_to_another_leader_keeps_calls_on_the_old_channel_alive(tmp_path,
         assert in_use.GetStatus(pb.GetStatusRequest(), timeout=5).phase == "Running"
     finally:
         connection.close()
+
+
+# ---- errors are told by their ErrorInfo, never by their text ------------------------------
+
+WITHHELD = "(message withheld by the test)"
+
+
+class _Withheld(grpc.RpcError, grpc.Call):
+    """A failed call as the client sees it when a master words its messages differently:
+    same code and ErrorInfo, no human text to go by."""
+
+    def __init__(self, error: grpc.RpcError) -> None:
+        self._code = error.code()
+        self._metadata = []
+        for key, value in error.trailing_metadata() or ():
+            if key == "grpc-status-details-bin":
+                rich = status_pb2.Status.FromString(value)
+                rich.message = WITHHELD
+                value = rich.SerializeToString()
+            self._metadata.append((key, value))
+
+    def code(self) -> grpc.StatusCode:
+        return self._code
+
+    def details(self) -> str:
+        return WITHHELD
+
+    def trailing_metadata(self):
+        return tuple(self._metadata)
+
+    def initial_metadata(self):
+        return ()
+
+    def is_active(self) -> bool:
+        return False
+
+    def time_remaining(self):
+        return None
+
+    def cancel(self) -> bool:
+        return False
+
+    def add_callback(self, callback) -> bool:
+        return False
+
+
+class WithholdMessages(grpc.UnaryUnaryClientInterceptor):
+    def intercept_unary_unary(self, continuation, client_call_details, request):
+        outcome = continuation(client_call_details, request)
+        error = outcome.exception()
+        if isinstance(error, grpc.RpcError):
+            raise _Withheld(error)
+        return outcome
+
+
+def without_messages(address: str) -> grpc.Channel:
+    return grpc.intercept_channel(grpc.insecure_channel(address), WithholdMessages())
+
+
+@dataclass(frozen=True)
+class StaleLocator(MasterLocator):
+    """Resolves to one address, as an etcd read from before a failover would."""
+
+    stale: str = ""
+
+    def resolve(self, *, timeout: float = 5.0) -> str:
+        return self.stale
+
+
+def test_a_standby_s_leader_hint_is_followed_from_its_error_info(tmp_path, start_master,
+                                                                etcd_endpoint, job_name):
+    write_records(tmp_path / "data", files=1, records_per_file=1)
+    masters = [start_master("--input", str(tmp_path / "data"), name=f"m{i}") for i in range(2)]
+    leader_address = []
+
+    def leader_published() -> bool:
+        try:
+            leader_address[:] = [MasterLocator(etcd_endpoints=etcd_endpoint, job=job_name).resolve()]
+        except DiscoveryError:
+            return False
+        return True
+    wait_until(leader_published, message="no leader published")
+    serving(next(m for m in masters if m.address == leader_address[0]))
+    standby = next(m for m in masters if m.address != leader_address[0])
+
+    def standby_names_the_leader() -> bool:
+        with grpc.insecure_channel(standby.address) as channel:
+            try:
+                stub(channel).GetStatus(pb.GetStatusRequest(), timeout=5)
+            except grpc.RpcError as error:
+                return error_info(error) == (Reason.NOT_LEADER, {"leader": leader_address[0]})
+        return False
+    wait_until(standby_names_the_leader, message="the standby does not name the leader")
+
+    # The locator keeps answering the standby: only the hint in the ErrorInfo leads on.
+    locator = StaleLocator(etcd_endpoints=etcd_endpoint, job=job_name, stale=standby.address)
+    connection = MasterConnection(locator, deadline=20, open_channel=without_messages)
+    try:
+        assert connection.get_status().phase == "Running"
+        assert connection.address == leader_address[0]
+    finally:
+        connection.close()
+
+
+def test_a_superseded_session_is_told_by_its_error_info(tmp_path, start_master):
+    write_records(tmp_path / "data", files=1, records_per_file=1)
+    proc = serving(start_master("--input", str(tmp_path / "data")))
+    connection = MasterConnection(MasterLocator(master_endpoint=proc.address), deadline=20,
+                                  open_channel=without_messages)
+    older, newer = (Session(connection, trainer_id="same") for _ in range(2))
+    try:
+        older.register()
+        newer.register()
+        keep_alive = connection.keep_alive
+        with pytest.raises(TrainerSuperseded, match=f"session {older.id} superseded by a newer session "
+                                                    "of trainer same; another process uses this trainer id"):
+            older.run(keep_alive)
+        with pytest.raises(TrainerSuperseded):  # for good: it never registers again
+            older.run(keep_alive)
+        assert not older.active and newer.active
+        newer.run(keep_alive)
+    finally:
+        for session in (older, newer):
+            session.close()
+        connection.close()
+
+
+def test_an_expired_session_registers_again_told_by_its_error_info(tmp_path, start_master):
+    write_records(tmp_path / "data", files=1, records_per_file=1)
+    proc = serving(start_master("--input", str(tmp_path / "data"), "--session-ttl", "2s"))
+    connection = MasterConnection(MasterLocator(master_endpoint=proc.address), deadline=20,
+                                  open_channel=without_messages)
+    session = Session(connection, trainer_id="sleeper")
+    try:
+        session.register()
+        first = session.id
+        session.close()  # no more keep-alives: the master lets the session expire
+
+        def expired() -> bool:
+            with grpc.insecure_channel(proc.address) as channel:
+                reply = stub(channel).ListTrainers(pb.ListTrainersRequest(page_size=10))
+            return not reply.trainers
+        wait_until(expired, message="the session never expired")
+        session.run(connection.keep_alive)
+        assert session.id not in (0, first) and session.reregistrations == 1
+    finally:
+        connection.close()
+
+
+# ---- the package ------------------------------------------------------------------------
+
+
+def test_locator_from_the_environment():
+    assert MasterLocator.from_env({"PADDLE_MASTER_ENDPOINT": "10.0.0.1:8080"}) == MasterLocator(
+        master_endpoint="10.0.0.1:8080")
+    assert MasterLocator.from_env({"PADDLE_ETCD_ENDPOINTS": "http://e:2379", "PADDLE_JOB_NAME": "j",
+                                   "PADDLE_NAMESPACE": "ml"}) == MasterLocator(
+        etcd_endpoints="http://e:2379", job="j", namespace="ml")
+    with pytest.raises(DiscoveryError, match="PADDLE_MASTER_ENDPOINT"):
+        MasterLocator.from_env({"PADDLE_JOB_NAME": "j"})
+
+
+def test_the_package_exports_its_api_without_importing_paddle():
+    script = ("import sys\n"
+              "from trainer_agent import TaskClient, save_checkpoint, load_checkpoint, TrainStatus\n"
+              "import trainer_agent\n"
+              "assert 'MasterDataset' in trainer_agent.__all__ and 'MasterDataset' in dir(trainer_agent)\n"
+              "print(sorted(m for m in sys.modules if m == 'paddle' or m.startswith('paddle.')))\n")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
+                            env=dict(os.environ))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
+    with pytest.raises(AttributeError, match="no attribute 'MasterDatset'"):
+        import trainer_agent
+        trainer_agent.MasterDatset  # noqa: B018

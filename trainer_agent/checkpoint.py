@@ -60,17 +60,23 @@ class CheckpointError(Exception):
 
 @dataclass(frozen=True)
 class TrainStatus:
-    """The training progress saved with a checkpoint: the last *finished* epoch."""
+    """The training progress saved with a checkpoint: the last *finished* epoch.
 
-    epoch: int
+    ``TrainStatus()`` (epoch None) is a start before any epoch finished, as EDL users
+    write it: ``next()`` is 0. Only a status with an epoch can be saved.
+    """
+
+    epoch: int | None = None
 
     def __post_init__(self) -> None:
+        if self.epoch is None:
+            return
         if isinstance(self.epoch, bool) or not isinstance(self.epoch, int) or self.epoch < 0:
-            raise ValueError(f"invalid TrainStatus epoch {self.epoch!r}: need an int >= 0")
+            raise ValueError(f"invalid TrainStatus epoch {self.epoch!r}: need an int >= 0 (or none)")
 
     def next(self) -> int:
         """The epoch to resume at."""
-        return self.epoch + 1
+        return 0 if self.epoch is None else self.epoch + 1
 
 
 @dataclass(frozen=True)
@@ -178,6 +184,8 @@ def _check_save_args(state: Any, train_status: Any, keep: Any) -> None:
         raise TypeError(f"checkpoint state must be a Mapping, not {type(state).__name__}")
     if not isinstance(train_status, TrainStatus):
         raise TypeError(f"train_status must be a TrainStatus, not {train_status!r}")
+    if train_status.epoch is None:
+        raise ValueError("cannot save TrainStatus() with no finished epoch: pass TrainStatus(epoch)")
     if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
         raise ValueError(f"invalid keep={keep!r}: need an int >= 1")
 

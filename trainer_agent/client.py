@@ -12,11 +12,38 @@ of the loop while a task is open (an exception in the user's code, Ctrl-C, `brea
 gives the open and prefetched tasks back with `ReturnTask` and lets the exception go on.
 
 While a task is consumed the next one is fetched in a background thread, so the
-trainer does not idle on the network. A session expired at the master (NOT_FOUND) is
-registered again; a superseded one (FAILED_PRECONDITION) stops this client with
-`TrainerSuperseded`: another process uses the same trainer id. UNAVAILABLE (a standby,
-a failover, a restart) re-resolves the leader and retries with backoff, keeping the
-session, until `deadline` seconds have passed.
+trainer does not idle on the network. The client acts on the reason the master gives
+in the error's `google.rpc.ErrorInfo` (`paddlecloud.wire`), never on its text: a
+session expired (SESSION_EXPIRED) is registered again; a superseded one
+(SESSION_SUPERSEDED) stops this client with `TrainerSuperseded`: another process uses
+the same trainer id. UNAVAILABLE (a standby, a failover, a restart) retries with
+backoff, keeping the session, until `deadline` seconds have passed: at the leader a
+standby names (NOT_LEADER's `leader`), else at a freshly resolved one.
+
+Threads, and who owns what. Three threads use a client: the main thread (the training
+loop: `epochs()`, `Epoch.records()`, `flush()`, `close()`), the keep-alive thread
+(`KeepAlive` every ttl/3; it registers again when the session expired) and the
+prefetch thread (the next `GetTask` while a task is read; it may register again too).
+Each piece of state has one owner that guards it with its own lock:
+
+* `MasterConnection`: the channels, one per address and kept until `close()` (a thread
+  may still be calling on the old one when another moves to a new leader), and which
+  one is current.
+* `Session`: the session id and TTL, the supersession, the keep-alive thread. The
+  first thread to hear SESSION_EXPIRED registers again; the others use the new id.
+* `TaskLedger`: the tasks held (being read or prefetched), those let go of lately, and
+  the acknowledgements not yet delivered. The main thread holds and lets go; the
+  prefetch thread takes the acks for its GetTask (and puts them back when the call
+  failed); a registration, from any thread, forgets what the old session held.
+* `TaskClient`: where the job is as last heard (`progress`: an immutable snapshot,
+  replaced under the client's lock by registrations and by the main thread at the
+  ends of epochs) and the counters.
+
+Locks nest only in that order (a Session's, then a connection's, ledger's or
+client's). Held across a call to the network: the Session's lock while it registers
+(one registration at a time; the other threads wait for its id) and the connection's
+while it resolves the leader in etcd; no other.
+`Epoch` owns nothing shared: it uses the client's and the ledger's public methods.
 
 What this does NOT guarantee: that a record is *read* once. A trainer that dies after
 reading part of a task has those records read again by whoever takes the task next;
@@ -25,20 +52,22 @@ what is exactly once is the master's count of finished tasks per epoch.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import random
 import socket
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import Any, TypeVar
 
 import grpc
-from google.protobuf.duration_pb2 import Duration
 from tenacity import (
+    RetryCallState,
     RetryError,
     Retrying,
     retry_if_exception,
@@ -47,6 +76,7 @@ from tenacity import (
 )
 
 from paddlecloud.api import pb, pb_grpc
+from paddlecloud.wire import Reason, duration, error_info, seconds
 from trainer_agent.discovery import DiscoveryError, MasterLocator
 from trainer_agent.readers import DataError, read_chunk
 
@@ -54,11 +84,16 @@ logger = logging.getLogger(__name__)
 
 CALL_TIMEOUT = 15.0
 _TRANSIENT = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
-_LEADER_HINT = "not the leader; the leader is "
+
+T = TypeVar("T")
 
 
 class MasterUnavailable(RuntimeError):
     """The master did not answer within the deadline; the message names where it looked."""
+
+
+class ConnectionClosed(RuntimeError):
+    """A call on a `MasterConnection` after its `close()`."""
 
 
 class TrainerSuperseded(RuntimeError):
@@ -69,57 +104,105 @@ class AllTasksFailed(RuntimeError):
     """Every task of an epoch failed: the job has failed."""
 
 
+def default_trainer_id() -> str:
+    """`$PADDLE_TRAINER_ID`, else `<host>-<pid>`."""
+    return os.environ.get("PADDLE_TRAINER_ID") or f"{socket.gethostname()}-{os.getpid()}"
+
+
 def _transient(error: BaseException) -> bool:
     return isinstance(error, DiscoveryError) or (
         isinstance(error, grpc.RpcError) and error.code() in _TRANSIENT)
 
 
-class MasterConnection:
-    """A channel to the current leader, re-resolved on UNAVAILABLE, with retries."""
+def _reason(error: BaseException) -> tuple[Reason | None, dict[str, str]]:
+    """The ErrorInfo reason and metadata a failed call carries; (None, {}) when none."""
+    found = error_info(error) if isinstance(error, grpc.RpcError) else None
+    return found if found is not None else (None, {})
 
-    def __init__(self, locator: MasterLocator, *, deadline: float) -> None:
+
+def _report(session: int, task: pb.Task, reason: str = "") -> pb.TaskReport:
+    return pb.TaskReport(session_id=session, task_id=task.id, epoch=task.epoch,
+                         attempt=task.attempt, reason=reason)
+
+
+class MasterConnection:
+    """Calls to the job's leading master: one typed method per RPC a trainer makes.
+
+    Each call retries UNAVAILABLE and DEADLINE_EXCEEDED (and a leader not found in
+    etcd) with backoff until `deadline` seconds have passed, then raises
+    `MasterUnavailable`; between attempts it follows a standby's NOT_LEADER hint
+    (unless the locator is a fixed endpoint, e.g. a Service), else resolves the leader
+    again. `open_channel(address)` opens a channel (insecure by default). Thread-safe.
+    """
+
+    def __init__(self, locator: MasterLocator, *, deadline: float,
+                 open_channel: Callable[[str], grpc.Channel] = grpc.insecure_channel) -> None:
         self.locator = locator
         self.deadline = deadline
-        self.address: str | None = None
+        self._open_channel = open_channel
+        self._lock = threading.Lock()
         # One channel per address, kept until close(): the keep-alive and prefetch threads
         # may still be calling on a channel when another thread moves to a new leader.
         self._channels: dict[str, grpc.Channel] = {}
+        self._address: str | None = None
         self._stub: pb_grpc.MasterStub | None = None
-        self._lock = threading.Lock()
+        self._closed = False
 
-    def _connect(self, address: str | None = None) -> pb_grpc.MasterStub:
+    @property
+    def address(self) -> str | None:
+        """The master's address the next call goes to (None before the first)."""
         with self._lock:
-            address = address or self.locator.resolve()
-            if address not in self._channels:
-                self._channels[address] = grpc.insecure_channel(address)
-            self.address = address
-            self._stub = pb_grpc.MasterStub(self._channels[address])
-            return self._stub
+            return self._address
 
-    def _after_failure(self, error: BaseException | None) -> None:
-        """Points the next attempt at the leader the error named, or re-resolves."""
-        hint = None
-        if isinstance(error, grpc.RpcError) and (error.details() or "").startswith(_LEADER_HINT):
-            hint = error.details()[len(_LEADER_HINT):]
-        with self._lock:
-            self._stub = None
-        if hint and hint != "unknown" and not self.locator.master_endpoint:
-            try:
-                self._connect(hint)
-            except DiscoveryError:
-                pass
+    # ---- the RPCs ------------------------------------------------------------------
 
-    def call(self, method: str, request: Any, *, timeout: float = CALL_TIMEOUT) -> Any:
+    def register_trainer(self, trainer_id: str) -> pb.RegisterTrainerResponse:
+        request = pb.RegisterTrainerRequest(trainer_id=trainer_id)
+        return self._call(lambda stub: stub.RegisterTrainer(request, timeout=CALL_TIMEOUT))
+
+    def keep_alive(self, session: int) -> None:
+        self._call(lambda stub: stub.KeepAlive(pb.KeepAliveRequest(session_id=session), timeout=CALL_TIMEOUT))
+
+    def leave_trainer(self, session: int, *, timeout: float) -> None:
+        self._call(lambda stub: stub.LeaveTrainer(pb.LeaveTrainerRequest(session_id=session), timeout=timeout))
+
+    def get_task(self, session: int, *, epoch: int, finished: list[pb.TaskRef]) -> pb.GetTaskResponse:
+        """The next task of `epoch` (or why there is none); `finished` acknowledges tasks read."""
+        request = pb.GetTaskRequest(session_id=session, epoch=epoch, finished=finished)
+        return self._call(lambda stub: stub.GetTask(request, timeout=CALL_TIMEOUT))
+
+    def task_finished(self, session: int, ref: pb.TaskRef) -> pb.ReportResult:
+        request = pb.TaskReport(session_id=session, task_id=ref.task_id, epoch=ref.epoch, attempt=ref.attempt)
+        return self._call(lambda stub: stub.TaskFinished(request, timeout=CALL_TIMEOUT)).result
+
+    def task_failed(self, session: int, task: pb.Task, *, reason: str) -> None:
+        self._call(lambda stub: stub.TaskFailed(_report(session, task, reason), timeout=CALL_TIMEOUT))
+
+    def return_task(self, session: int, task: pb.Task, *, timeout: float) -> None:
+        self._call(lambda stub: stub.ReturnTask(_report(session, task), timeout=timeout))
+
+    def request_save_model(self, session: int, *, block: float) -> bool:
+        """True when this session's trainer is granted the save for `block` seconds."""
+        request = pb.RequestSaveModelRequest(session_id=session, block=duration(block))
+        return self._call(lambda stub: stub.RequestSaveModel(request, timeout=CALL_TIMEOUT)).granted
+
+    def get_status(self) -> pb.GetStatusResponse:
+        return self._call(lambda stub: stub.GetStatus(pb.GetStatusRequest(), timeout=CALL_TIMEOUT))
+
+    # ---- retries and the leader -----------------------------------------------------
+
+    def _call(self, invoke: Callable[[pb_grpc.MasterStub], T]) -> T:
         retrying = Retrying(
             retry=retry_if_exception(_transient), stop=stop_after_delay(self.deadline),
             wait=wait_random_exponential(multiplier=0.05, max=2.0), reraise=False,
-            before_sleep=lambda state: self._after_failure(state.outcome.exception()),
+            before_sleep=self._after_failure,
         )
         try:
             for attempt in retrying:
                 with attempt:
-                    stub = self._stub or self._connect()
-                    return getattr(stub, method)(request, timeout=timeout)
+                    with self._lock:
+                        stub = self._stub
+                    return invoke(stub or self._connect())
         except RetryError as error:
             last = error.last_attempt.exception()
             detail = last.details() if isinstance(last, grpc.RpcError) else str(last)
@@ -128,28 +211,235 @@ class MasterConnection:
                 f"{self.deadline:g}s: {detail}") from None
         raise AssertionError("unreachable")
 
-    def close(self) -> None:
+    def _connect(self, address: str | None = None) -> pb_grpc.MasterStub:
+        """Makes `address` (default: the leader the locator resolves) the current master."""
         with self._lock:
-            for channel in self._channels.values():
-                channel.close()
+            if self._closed:
+                raise ConnectionClosed(f"connection to {self.locator.describe()} is closed")
+            address = address or self.locator.resolve()
+            if address not in self._channels:
+                self._channels[address] = self._open_channel(address)
+            self._address = address
+            self._stub = pb_grpc.MasterStub(self._channels[address])
+            return self._stub
+
+    def _after_failure(self, attempt: RetryCallState) -> None:
+        """Points the next attempt at the leader a standby named, or lets it re-resolve."""
+        error = attempt.outcome.exception() if attempt.outcome is not None else None
+        reason, metadata = _reason(error) if error is not None else (None, {})
+        leader = metadata.get("leader") if reason is Reason.NOT_LEADER else None
+        with self._lock:
+            self._stub = None
+        if leader and not self.locator.master_endpoint:
+            self._connect(leader)
+
+    def close(self) -> None:
+        """Closes every channel; later calls raise ConnectionClosed."""
+        with self._lock:
+            self._closed = True
+            channels = list(self._channels.values())
             self._channels.clear()
             self._stub = None
+        for channel in channels:
+            channel.close()
 
 
-def _seconds(value: Duration) -> float:
-    return value.seconds + value.nanos / 1e9
+class Session:
+    """A trainer's session at the master (`RegisterTrainer`) and the thread that keeps it alive.
+
+    `run(call)` calls `call(session_id)`, registering first when there is no session
+    and once more when the master says it expired (SESSION_EXPIRED); once the master
+    says it was superseded (SESSION_SUPERSEDED) every `run` raises `TrainerSuperseded`.
+    `on_register(reply)` runs after each registration, under this session's lock.
+    The keep-alive thread starts with the first registration and stops at `close()`.
+    """
+
+    def __init__(self, connection: MasterConnection, *, trainer_id: str,
+                 on_register: Callable[[pb.RegisterTrainerResponse], None] | None = None) -> None:
+        self.connection = connection
+        self.trainer_id = trainer_id
+        self._on_register = on_register
+        self._lock = threading.RLock()  # held while registering: one registration at a time
+        self._id = 0
+        self._ttl = 10.0
+        self._superseded: TrainerSuperseded | None = None
+        self.reregistrations = 0  # how often an expired session was registered again
+        self._closed = threading.Event()
+        self._keepalive: threading.Thread | None = None
+
+    @property
+    def id(self) -> int:
+        """The session id; 0 before the first registration."""
+        with self._lock:
+            return self._id
+
+    @property
+    def active(self) -> bool:
+        """Registered and not superseded."""
+        with self._lock:
+            return bool(self._id) and self._superseded is None
+
+    def register(self) -> None:
+        """Registers a new session now (the master drops an older one of this trainer id)."""
+        with self._lock:
+            reply = self.connection.register_trainer(self.trainer_id)
+            self._id = reply.session_id
+            self._ttl = seconds(reply.ttl) or 10.0
+            if self._on_register is not None:
+                self._on_register(reply)
+            if self._keepalive is None:
+                self._keepalive = threading.Thread(target=self._keep_alive, name="session-keepalive",
+                                                   daemon=True)
+                self._keepalive.start()
+        logger.info("trainer %s registered (session %d, epoch %d)", self.trainer_id,
+                    reply.session_id, reply.current_epoch)
+
+    def ensure(self) -> int:
+        """The session id, registering first when there is no session."""
+        with self._lock:
+            if self._superseded is not None:
+                raise self._superseded
+            if not self._id:
+                self.register()
+            return self._id
+
+    def run(self, call: Callable[[int], T]) -> T:
+        """`call(session_id)`; registers again once if the session expired meanwhile."""
+        session = self.ensure()
+        try:
+            return call(session)
+        except grpc.RpcError as error:
+            reason, metadata = _reason(error)
+            if reason is Reason.SESSION_SUPERSEDED:
+                with self._lock:
+                    self._superseded = TrainerSuperseded(
+                        f"trainer {self.trainer_id}: session {session} superseded by a newer session "
+                        f"of trainer {metadata.get('trainer', self.trainer_id)}; another process uses "
+                        "this trainer id")
+                    raise self._superseded from None
+            if reason is not Reason.SESSION_EXPIRED:
+                raise
+        with self._lock:
+            if self._id == session:  # not yet registered again by another thread
+                logger.warning("session %d expired; registering again", session)
+                self.reregistrations += 1
+                self.register()
+        return call(self.ensure())
+
+    def leave(self, *, timeout: float = 5.0) -> None:
+        """Ends the session at the master (its tasks return at once)."""
+        session = self.id
+        if session:
+            self.connection.leave_trainer(session, timeout=timeout)
+
+    def close(self) -> None:
+        """Stops the keep-alive thread: it starts no call after this (one under way ends
+        when the connection closes)."""
+        self._closed.set()
+
+    def _interval(self) -> float:
+        with self._lock:
+            return self._ttl / 3
+
+    def _keep_alive(self) -> None:
+        while not self._closed.wait(self._interval()):
+            try:
+                self.run(self.connection.keep_alive)
+            except TrainerSuperseded:
+                return
+            except Exception as error:  # the main loop sees the same problem on its next call
+                if not self._closed.is_set():
+                    logger.warning("keep-alive failed: %s", error)
 
 
-def _ref(task: pb.Task) -> pb.TaskRef:
-    return pb.TaskRef(task_id=task.id, epoch=task.epoch, attempt=task.attempt)
+class TaskLedger:
+    """The tasks a client holds and the acknowledgements it owes the master. Thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._held: dict[int, pb.Task] = {}  # being read or prefetched
+        self._settled: deque[tuple[int, int]] = deque(maxlen=64)  # (task, attempt) let go of
+        self._acks: list[pb.TaskRef] = []
+
+    @property
+    def holding(self) -> bool:
+        """True while a task is held (being read, or prefetched)."""
+        with self._lock:
+            return bool(self._held)
+
+    @property
+    def owes_acks(self) -> bool:
+        """True while an acknowledgement waits to be delivered."""
+        with self._lock:
+            return bool(self._acks)
+
+    def held(self) -> list[pb.Task]:
+        with self._lock:
+            return list(self._held.values())
+
+    def seen(self, task: pb.Task) -> bool:
+        """Held, or let go of lately: a task the master re-sent, with nothing new to read."""
+        with self._lock:
+            return task.id in self._held or (task.id, task.attempt) in self._settled
+
+    def hold(self, task: pb.Task) -> None:
+        with self._lock:
+            self._held.setdefault(task.id, task)
+
+    def let_go(self, task: pb.Task) -> bool:
+        """Stops holding `task`; False when it was not held (e.g. forgotten by a registration)."""
+        with self._lock:
+            self._settled.append((task.id, task.attempt))
+            return self._held.pop(task.id, None) is not None
+
+    def acknowledge(self, task: pb.Task) -> None:
+        """Lets go of `task` and owes the master its acknowledgement."""
+        with self._lock:
+            self._settled.append((task.id, task.attempt))
+            self._held.pop(task.id, None)
+            self._acks.append(pb.TaskRef(task_id=task.id, epoch=task.epoch, attempt=task.attempt))
+
+    def take_acks(self) -> list[pb.TaskRef]:
+        """The acknowledgements owed, now in the caller's hands (see `restore_acks`)."""
+        with self._lock:
+            acks, self._acks = self._acks, []
+            return acks
+
+    def restore_acks(self, acks: list[pb.TaskRef]) -> None:
+        """Owes `acks` again, first: a call that carried them failed."""
+        with self._lock:
+            self._acks[:0] = acks
+
+    def forget_held(self) -> None:
+        """A new session: whatever the old one held went back to the master."""
+        with self._lock:
+            self._held.clear()
 
 
-def _report(session: int, task: pb.Task, reason: str = "") -> pb.TaskReport:
-    return pb.TaskReport(session_id=session, task_id=task.id, epoch=task.epoch,
-                         attempt=task.attempt, reason=reason)
+_COUNTED = ("accepted", "stale", "failed", "returned")
+
+
+@dataclass(frozen=True)
+class Progress:
+    """Where the job is, as a client last heard: a snapshot, replaced whole, never changed."""
+
+    current_epoch: int = 0
+    num_epochs: int = 0
+    job_done: bool = False
+
+    @property
+    def finished(self) -> bool:
+        """The job is done, or its last epoch is behind it."""
+        return self.job_done or bool(self.num_epochs and self.current_epoch >= self.num_epochs)
 
 
 class TaskClient:
+    """A trainer's client of the master: `epochs()` of records, read from the tasks it gets.
+
+    Its parts, each the owner of its state: `connection` (MasterConnection), `session`
+    (Session), `tasks` (TaskLedger) and `progress` (a Progress snapshot).
+    """
+
     def __init__(self, *, trainer_id: str, locator: MasterLocator,
                  parse: Callable[[Any], Any] | None = None, deadline: float = 300.0,
                  prefetch: bool = True) -> None:
@@ -159,22 +449,15 @@ class TaskClient:
         self.parse = parse
         self.prefetch = prefetch
         self.connection = MasterConnection(locator, deadline=deadline)
-        self.session_id = 0
-        self.ttl = 10.0
-        self.current_epoch = 0
-        self.num_epochs = 0
-        self.job_done = False
-        self.stats = {"accepted": 0, "stale": 0, "failed": 0, "returned": 0, "reregistered": 0}
-        self._acks: list[pb.TaskRef] = []
-        self._open: dict[int, pb.Task] = {}           # tasks held: being read or prefetched
-        self._settled: deque[tuple[int, int]] = deque(maxlen=64)  # (task, attempt) we let go of
-        self._lock = threading.RLock()
-        self._superseded: TrainerSuperseded | None = None
-        self._closed = threading.Event()
-        self._keepalive: threading.Thread | None = None
+        self.tasks = TaskLedger()
+        self.session = Session(self.connection, trainer_id=trainer_id, on_register=self._registered)
+        self._lock = threading.Lock()  # for writers of `progress` and the counters
+        self.progress = Progress()
+        self._counts: Counter[str] = Counter()
+        self._closed = False  # main thread only
         self._fetcher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="task-prefetch")
-        # Sees every GetTask reply first and may replace it (e.g. a loader worker that
-        # leaves its epoch to a sibling: trainer_agent.paddle).
+        # Sees every GetTask reply first, in the prefetch thread, and may replace it (e.g.
+        # a loader worker that leaves its epoch to a sibling: trainer_agent.paddle).
         self.reply_filter: Callable[[pb.GetTaskResponse], pb.GetTaskResponse] | None = None
 
     @classmethod
@@ -182,143 +465,97 @@ class TaskClient:
                  deadline: float | None = None, prefetch: bool = True) -> TaskClient:
         """Reads DESIGN.md section 8's variables: PADDLE_TRAINER_ID, PADDLE_MASTER_ENDPOINT,
         PADDLE_ETCD_ENDPOINTS, PADDLE_JOB_NAME, PADDLE_NAMESPACE (and PADDLECLOUD_MASTER_DEADLINE)."""
-        env = os.environ
-        locator = MasterLocator(
-            master_endpoint=env.get("PADDLE_MASTER_ENDPOINT") or None,
-            etcd_endpoints=env.get("PADDLE_ETCD_ENDPOINTS") or None,
-            job=env.get("PADDLE_JOB_NAME") or None,
-            namespace=env.get("PADDLE_NAMESPACE") or "local",
-        )
-        trainer_id = trainer_id or env.get("PADDLE_TRAINER_ID") or f"{socket.gethostname()}-{os.getpid()}"
         if deadline is None:
-            deadline = float(env.get("PADDLECLOUD_MASTER_DEADLINE", "300"))
-        return cls(trainer_id=trainer_id, locator=locator, parse=parse, deadline=deadline,
-                   prefetch=prefetch)
+            raw = os.environ.get("PADDLECLOUD_MASTER_DEADLINE", "300")
+            try:
+                deadline = float(raw)
+            except ValueError:
+                raise ValueError(f"PADDLECLOUD_MASTER_DEADLINE={raw[:40]!r} is not a number of seconds") from None
+        return cls(trainer_id=trainer_id or default_trainer_id(), locator=MasterLocator.from_env(),
+                   parse=parse, deadline=deadline, prefetch=prefetch)
 
-    # ---- session ----------------------------------------------------------------
+    # ---- the session and where the job is ------------------------------------------------
+
+    @property
+    def stats(self) -> dict[str, int]:
+        """Tasks accepted, stale, failed and returned, and sessions registered again."""
+        with self._lock:
+            counts = {name: self._counts[name] for name in _COUNTED}
+        return {**counts, "reregistered": self.session.reregistrations}
 
     def register(self) -> None:
-        reply = self.connection.call("RegisterTrainer", pb.RegisterTrainerRequest(trainer_id=self.trainer_id))
+        """Registers a new session now."""
+        self.session.register()
+
+    def _registered(self, reply: pb.RegisterTrainerResponse) -> None:
+        self.tasks.forget_held()
         with self._lock:
-            self.session_id = reply.session_id
-            self.ttl = _seconds(reply.ttl) or 10.0
-            self.current_epoch = reply.current_epoch
-            self.num_epochs = reply.num_epochs
-            self._open.clear()  # whatever the old session held went back to the master
-        logger.info("trainer %s registered (session %d, epoch %d)", self.trainer_id,
-                    self.session_id, self.current_epoch)
-        if self._keepalive is None:
-            self._keepalive = threading.Thread(target=self._keep_alive, name="session-keepalive",
-                                               daemon=True)
-            self._keepalive.start()
+            self.progress = replace(self.progress, current_epoch=reply.current_epoch,
+                                    num_epochs=reply.num_epochs)
 
-    def _keep_alive(self) -> None:
-        while not self._closed.wait(self.ttl / 3):
-            try:
-                self._with_session(lambda s: self.connection.call(
-                    "KeepAlive", pb.KeepAliveRequest(session_id=s)))
-            except TrainerSuperseded:
-                return
-            except Exception as error:  # the main loop sees the same problem on its next call
-                logger.warning("keep-alive failed: %s", error)
+    def advance(self, reply: pb.GetTaskResponse) -> None:
+        """Takes in where the job is from an EPOCH_DONE or JOB_DONE reply."""
+        with self._lock:
+            if reply.outcome == pb.JOB_DONE:
+                epoch = max(self.progress.current_epoch, reply.current_epoch)
+                self.progress = replace(self.progress, current_epoch=epoch, job_done=True)
+            elif reply.outcome == pb.EPOCH_DONE:
+                self.progress = replace(self.progress, current_epoch=reply.current_epoch)
 
-    def _with_session(self, call: Callable[[int], Any]) -> Any:
-        """Runs `call(session_id)`; registers again once if the session expired."""
-        if self._superseded is not None:
-            raise self._superseded
-        if not self.session_id:
-            self.register()
-        session = self.session_id
-        try:
-            return call(session)
-        except grpc.RpcError as error:
-            if error.code() == grpc.StatusCode.FAILED_PRECONDITION and "superseded" in (error.details() or ""):
-                self._superseded = TrainerSuperseded(
-                    f"trainer {self.trainer_id}: {error.details()}; another process uses this trainer id")
-                raise self._superseded from None
-            if error.code() != grpc.StatusCode.NOT_FOUND:
-                raise
-            with self._lock:
-                if self.session_id == session:  # not yet re-registered by another thread
-                    logger.warning("session %d expired; registering again", session)
-                    self.stats["reregistered"] += 1
-                    self.register()
-            return call(self.session_id)
+    def _count(self, name: str, n: int = 1) -> None:
+        with self._lock:
+            self._counts[name] += n
+
+    def _count_results(self, results: Any) -> None:
+        for result in results:
+            self._count("accepted" if result == pb.ACCEPTED else "stale")
 
     # ---- tasks ------------------------------------------------------------------
 
+    def fetch(self, epoch: int) -> Future[pb.GetTaskResponse]:
+        """The next `GetTask` of `epoch`, in the prefetch thread; the owed acks ride on it."""
+        return self._fetcher.submit(self._get_task, epoch)
+
     def _get_task(self, epoch: int) -> pb.GetTaskResponse:
-        with self._lock:
-            acks, self._acks = self._acks, []
+        acks = self.tasks.take_acks()
         try:
-            reply = self._with_session(lambda s: self.connection.call(
-                "GetTask", pb.GetTaskRequest(session_id=s, epoch=epoch, finished=acks)))
+            reply = self.session.run(lambda s: self.connection.get_task(s, epoch=epoch, finished=acks))
         except BaseException:
-            with self._lock:
-                self._acks[:0] = acks  # not known to be delivered: send them again
+            self.tasks.restore_acks(acks)  # not known to be delivered: send them again
             raise
         self._count_results(reply.finished_results)
         if self.reply_filter is not None:
             reply = self.reply_filter(reply)
         return reply
 
-    @property
-    def holding(self) -> bool:
-        """True while this client holds a task (being read, or prefetched)."""
-        return bool(self._open)
-
-    def _count_results(self, results) -> None:
-        for result in results:
-            self.stats["accepted" if result == pb.ACCEPTED else "stale"] += 1
-
-    def _fetch(self, epoch: int) -> Future:
-        return self._fetcher.submit(self._get_task, epoch)
-
-    def _let_go(self, task: pb.Task) -> pb.Task | None:
-        with self._lock:
-            self._settled.append((task.id, task.attempt))
-            return self._open.pop(task.id, None)
-
-    def holds_or_settled(self, task: pb.Task) -> bool:
-        """A task the master re-sent because it thinks we hold it: nothing new to read."""
-        return task.id in self._open or (task.id, task.attempt) in self._settled
-
-    def _ack(self, task: pb.Task) -> None:
-        self._let_go(task)
-        with self._lock:
-            self._acks.append(_ref(task))
-
-    def _fail(self, task: pb.Task, reason: str) -> None:
-        self._let_go(task)
+    def fail(self, task: pb.Task, reason: str) -> None:
+        """Reports `task` failed for a fault of the data (`TaskFailed`: counts a failure)."""
+        self.tasks.let_go(task)
         logger.warning("task %d failed: %s", task.id, reason)
-        self.stats["failed"] += 1
-        self._with_session(lambda s: self.connection.call("TaskFailed", _report(s, task, reason)))
+        self._count("failed")
+        self.session.run(lambda s: self.connection.task_failed(s, task, reason=reason))
 
-    def _give_back(self, task: pb.Task) -> None:
-        if self._let_go(task) is None:
+    def give_back(self, task: pb.Task) -> None:
+        """Returns a held task untouched (`ReturnTask`: no failure counted)."""
+        if not self.tasks.let_go(task):
             return
-        self.stats["returned"] += 1
+        self._count("returned")
         try:
-            self._with_session(lambda s: self.connection.call("ReturnTask", _report(s, task), timeout=5))
+            self.session.run(lambda s: self.connection.return_task(s, task, timeout=5))
         except Exception as error:  # the lease returns it anyway when this process is gone
             logger.warning("could not return task %d: %s", task.id, error)
 
     def flush(self) -> None:
         """Reports every acknowledged task not yet delivered, with TaskFinished."""
-        with self._lock:
-            acks, self._acks = self._acks, []
-        for ref in acks:
-            reply = self._with_session(lambda s, ref=ref: self.connection.call(
-                "TaskFinished", pb.TaskReport(session_id=s, task_id=ref.task_id, epoch=ref.epoch,
-                                              attempt=ref.attempt)))
-            self._count_results([reply.result])
+        for ref in self.tasks.take_acks():
+            result = self.session.run(functools.partial(self.connection.task_finished, ref=ref))
+            self._count_results([result])
 
     def epochs(self) -> Iterator[Epoch]:
         """One `Epoch` per epoch of the job, from the master's current one, until JOB_DONE."""
-        if not self.session_id:
-            self.register()
-        while not self.job_done and not (self.num_epochs and self.current_epoch >= self.num_epochs):
-            epoch = Epoch(self, self.current_epoch)
+        self.session.ensure()
+        while not self.progress.finished:
+            epoch = Epoch(self, self.progress.current_epoch)
             yield epoch
             if not epoch.ended:
                 return  # the caller stopped reading mid-epoch
@@ -326,27 +563,23 @@ class TaskClient:
 
     def request_save_model(self, *, block: float = 60.0) -> bool:
         """True when this trainer is the one to save the model now (one at a time, for `block`)."""
-        whole = int(block)
-        duration = Duration(seconds=whole, nanos=int((block - whole) * 1e9))
-        reply = self._with_session(lambda s: self.connection.call(
-            "RequestSaveModel", pb.RequestSaveModelRequest(session_id=s, block=duration)))
-        return reply.granted
+        return self.session.run(lambda s: self.connection.request_save_model(s, block=block))
 
     def close(self) -> None:
         """Flushes acknowledgements, gives held tasks back, and leaves (tasks return at once)."""
-        if self._closed.is_set():
+        if self._closed:
             return
+        self._closed = True
         try:
-            if self.session_id and self._superseded is None:
-                for task in list(self._open.values()):
-                    self._give_back(task)
+            if self.session.active:
+                for task in self.tasks.held():
+                    self.give_back(task)
                 self.flush()
-                self.connection.call("LeaveTrainer", pb.LeaveTrainerRequest(session_id=self.session_id),
-                                     timeout=5)
+                self.session.leave()
         except Exception as error:
             logger.warning("leaving the master failed: %s (the session lease will lapse)", error)
         finally:
-            self._closed.set()
+            self.session.close()
             self._fetcher.shutdown(wait=False, cancel_futures=True)
             self.connection.close()
 
@@ -371,8 +604,8 @@ class Epoch:
         return f"Epoch({self.number})"
 
     def records(self) -> Iterator[Any]:
-        client = self.client
-        pending: Future | None = client._fetch(self.number)
+        client, tasks = self.client, self.client.tasks
+        pending: Future[pb.GetTaskResponse] | None = client.fetch(self.number)
         current: pb.Task | None = None
         try:
             while pending is not None:
@@ -381,47 +614,43 @@ class Epoch:
                 outcome = reply.outcome
                 if outcome == pb.TASK:
                     task = reply.task
-                    if client.holds_or_settled(task):  # re-sent: nothing new for us yet
+                    if tasks.seen(task):  # re-sent: nothing new for us yet
                         time.sleep(0.05)
-                        pending = client._fetch(self.number)
+                        pending = client.fetch(self.number)
                         continue
                     current = task
-                    client._open[task.id] = task
+                    tasks.hold(task)
                     if client.prefetch:
-                        pending = client._fetch(self.number)
+                        pending = client.fetch(self.number)
                     yield from self._read(task)
                     current = None
                     if pending is None:
-                        pending = client._fetch(self.number)
+                        pending = client.fetch(self.number)
                 elif outcome == pb.WAIT:
-                    if not client._acks:  # news to deliver goes at once; otherwise back off
-                        time.sleep(_seconds(reply.retry_after) * random.uniform(0.5, 1.5))
-                    pending = client._fetch(self.number)
-                elif outcome == pb.EPOCH_DONE:
-                    client.current_epoch = reply.current_epoch
-                elif outcome == pb.JOB_DONE:
-                    client.job_done = True
-                    client.current_epoch = max(client.current_epoch, reply.current_epoch)
+                    if not tasks.owes_acks:  # news to deliver goes at once; otherwise back off
+                        time.sleep(seconds(reply.retry_after) * random.uniform(0.5, 1.5))
+                    pending = client.fetch(self.number)
+                elif outcome in (pb.EPOCH_DONE, pb.JOB_DONE):
+                    client.advance(reply)
                 elif outcome == pb.ALL_TASKS_FAILED:
                     raise AllTasksFailed(f"every task of epoch {reply.current_epoch} failed: the job failed")
             self.ended = True
         except BaseException:
             # break, an exception in the caller's loop, Ctrl-C: give back what we hold.
             if current is not None:
-                client._give_back(current)
+                client.give_back(current)
             if pending is not None:
                 try:
                     reply = pending.result(timeout=CALL_TIMEOUT)
                     if reply.outcome == pb.TASK:
-                        client._open.setdefault(reply.task.id, reply.task)
-                        client._give_back(reply.task)
+                        tasks.hold(reply.task)
+                        client.give_back(reply.task)
                 except Exception:
                     pass
             raise
 
     def _read(self, task: pb.Task) -> Iterator[Any]:
-        client = self.client
-        parse = client.parse
+        parse = self.client.parse
         self.current_task = task
         try:
             for chunk in task.chunks:
@@ -430,7 +659,7 @@ class Epoch:
                     yield record
         except (DataError, ValueError, KeyError, TypeError, UnicodeError) as error:
             # The data is at fault (a reader or parse error): count a failure for the task.
-            client._fail(task, f"{type(error).__name__}: {error}")
+            self.client.fail(task, f"{type(error).__name__}: {error}")
             return
         self.tasks_read += 1
-        client._ack(task)
+        self.client.tasks.acknowledge(task)

@@ -11,8 +11,10 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import os
 import urllib.error
 import urllib.request
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from paddlecloud.etcd import parse_endpoints
@@ -39,6 +41,18 @@ class MasterLocator:
                 "and PADDLE_JOB_NAME")
         if self.etcd_endpoints:
             parse_endpoints(self.etcd_endpoints)  # fail early on a malformed value
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> MasterLocator:
+        """From DESIGN.md section 8's variables: PADDLE_MASTER_ENDPOINT, or
+        PADDLE_ETCD_ENDPOINTS + PADDLE_JOB_NAME (+ PADDLE_NAMESPACE, default `local`)."""
+        env = os.environ if env is None else env
+        return cls(
+            master_endpoint=env.get("PADDLE_MASTER_ENDPOINT") or None,
+            etcd_endpoints=env.get("PADDLE_ETCD_ENDPOINTS") or None,
+            job=env.get("PADDLE_JOB_NAME") or None,
+            namespace=env.get("PADDLE_NAMESPACE") or "local",
+        )
 
     def describe(self) -> str:
         if self.master_endpoint:

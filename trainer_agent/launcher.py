@@ -11,8 +11,19 @@ PADDLE_TRAINERS_NUM, PADDLE_PSERVERS_NUM, POD_IP, and the master's location
 Environment out, added for the child: TRAINING_ROLE=TRAINER, PADDLE_TRAINER_ID,
 PADDLE_TRAINERS_NUM, PADDLE_PSERVERS_IP_PORT_LIST, PADDLE_PSERVERS_NUM, POD_IP.
 
+Quiet by default, each only where the environment does not set it already (set it to
+have the noise back): `GLOG_minloglevel=2` (PaddlePaddle's C++ INFO and WARNING lines:
+its startup banners, "create libuv server ..."), `PYTHONWARNINGS` ignoring Paddle's
+"No ccache found" import warning, and `PADDLECLOUD_PADDLE_SIGNAL_HANDLER=0`, which makes
+`trainer_agent.paddle` remove Paddle's C++ signal handler, the one that prints a crash
+report ("C++ Traceback ... FatalError: `Termination signal` is detected") when the
+trainer is stopped with SIGTERM or crashes. A child killed by a signal is reported
+here in one line instead (`trainer 1 killed by SIGKILL`).
+
 What it does NOT do: restart the command. The backend (a Kubernetes Job, or
-`paddlecloud local train`) restarts the launcher itself.
+`paddlecloud local train`) restarts the launcher itself. Nor does it quiet what Paddle
+writes unconditionally: `paddle.distributed.init_parallel_env()` prints its "Modified
+FLAGS detected" banner whatever the environment says.
 """
 
 from __future__ import annotations
@@ -27,12 +38,20 @@ import time
 import click
 
 from paddlecloud.api import pb
+from paddlecloud.exits import describe_exit, exit_code
 from trainer_agent.client import MasterConnection, MasterUnavailable
 from trainer_agent.discovery import DiscoveryError, MasterLocator
 
 logger = logging.getLogger(__name__)
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+#: Set for the child unless the environment sets them (see the module docstring).
+QUIET_DEFAULTS = {
+    "GLOG_minloglevel": "2",
+    "PYTHONWARNINGS": "ignore:No ccache found:UserWarning",
+    "PADDLECLOUD_PADDLE_SIGNAL_HANDLER": "0",
+}
 
 
 def _positive_int(env: dict[str, str], name: str, default: int | None = None) -> int:
@@ -54,7 +73,7 @@ def wait_until_ready(connection: MasterConnection, *, pservers: int, timeout: fl
     """Polls GetStatus until the master serves and `pservers` pservers registered."""
     deadline = time.monotonic() + timeout
     while True:
-        status = connection.call("GetStatus", pb.GetStatusRequest())
+        status = connection.get_status()
         if len(status.pserver_endpoints) >= pservers:
             return status
         if time.monotonic() > deadline:
@@ -65,7 +84,7 @@ def wait_until_ready(connection: MasterConnection, *, pservers: int, timeout: fl
 
 
 def trainer_environment(env: dict[str, str], status: pb.GetStatusResponse) -> dict[str, str]:
-    out = dict(env)
+    out = {**QUIET_DEFAULTS, **env}
     trainer_id = env.get("PADDLE_TRAINER_ID") or env.get("JOB_COMPLETION_INDEX")
     if trainer_id is None:
         raise click.UsageError("PADDLE_TRAINER_ID is not set (nor JOB_COMPLETION_INDEX)")
@@ -81,7 +100,9 @@ def trainer_environment(env: dict[str, str], status: pb.GetStatusResponse) -> di
 
 
 def run_child(command: list[str], env: dict[str, str]) -> int:
-    """Runs `command`, forwarding signals; returns its exit code (128+N when killed by N)."""
+    """Runs `command`, forwarding signals; returns its exit code (128+N when killed by N).
+
+    A death by signal is logged in one line naming the trainer and the signal."""
     try:
         child = subprocess.Popen(command, env=env)
     except OSError as error:
@@ -97,7 +118,9 @@ def run_child(command: list[str], env: dict[str, str]) -> int:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    return 128 - code if code < 0 else code
+    if code < 0:
+        logger.warning("trainer %s %s", env.get("PADDLE_TRAINER_ID", "?"), describe_exit(code))
+    return exit_code(code)
 
 
 @click.command("trainer", context_settings={"ignore_unknown_options": True})
@@ -109,12 +132,7 @@ def trainer_command(wait_timeout: float, command: tuple[str, ...]) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     env = dict(os.environ)
     try:
-        locator = MasterLocator(
-            master_endpoint=env.get("PADDLE_MASTER_ENDPOINT") or None,
-            etcd_endpoints=env.get("PADDLE_ETCD_ENDPOINTS") or None,
-            job=env.get("PADDLE_JOB_NAME") or None,
-            namespace=env.get("PADDLE_NAMESPACE") or "local",
-        )
+        locator = MasterLocator.from_env(env)
     except (DiscoveryError, ValueError) as error:
         raise click.UsageError(str(error)) from None
     pservers = _positive_int(env, "PADDLE_PSERVERS_NUM", 0)

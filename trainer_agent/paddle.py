@@ -33,6 +33,13 @@ one ``all_reduce`` on how many examples they hold and who still has data, so a t
 that is out of data joins the others' steps with a zero gradient until every trainer is
 out, as PyTorch DDP's ``Join`` does, and nobody hangs at the end of an epoch.
 
+Paddle's C++ signal handler prints a crash report ("C++ Traceback ... FatalError:
+`Termination signal` is detected") when the process gets SIGTERM, SIGSEGV, SIGABRT, ...;
+under ``paddlecloud trainer`` (which sets ``PADDLECLOUD_PADDLE_SIGNAL_HANDLER=0`` unless
+the environment sets it) importing this module removes that handler, so a stopped
+trainer ends quietly and its launcher reports the signal in one line. Set
+``PADDLECLOUD_PADDLE_SIGNAL_HANDLER=1`` to keep Paddle's report.
+
 This is the only module of ``trainer_agent`` that imports paddle.
 """
 
@@ -42,7 +49,6 @@ import logging
 import multiprocessing
 import os
 import queue
-import socket
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -54,9 +60,12 @@ import paddle.distributed as dist
 
 from paddlecloud.api import pb
 from trainer_agent.checkpoint import CheckpointError, TrainStatus, load_checkpoint, save_checkpoint
-from trainer_agent.client import Epoch, TaskClient
+from trainer_agent.client import Epoch, TaskClient, default_trainer_id
 
 logger = logging.getLogger(__name__)
+
+if os.environ.get("PADDLECLOUD_PADDLE_SIGNAL_HANDLER") == "0":
+    paddle.disable_signal_handler()
 
 #: Loader worker processes a MasterDataset can coordinate (slots of shared memory).
 MAX_WORKERS = 256
@@ -118,12 +127,9 @@ class MasterDataset(paddle.io.IterableDataset):
         """
         client = self.client
         if client is not None:
-            if not client.session_id:
-                client.register()
             return client.request_save_model(block=block)
         factory = self.client_factory or TaskClient.from_env
         with factory(trainer_id=self._base_trainer_id(), parse=self.parse) as transient:
-            transient.register()
             return transient.request_save_model(block=block)
 
     def close(self) -> None:
@@ -164,21 +170,19 @@ class MasterDataset(paddle.io.IterableDataset):
             client.close()
 
     def _one_epoch(self, client: TaskClient) -> Iterator[Any]:
-        if not client.session_id:
-            client.register()
-        if client.job_done or (client.num_epochs and client.current_epoch >= client.num_epochs):
+        client.session.ensure()
+        if client.progress.finished:
             self._progress[1] = 1
             return
-        epoch = Epoch(client, client.current_epoch)
+        epoch = Epoch(client, client.progress.current_epoch)
         self._progress[0] = epoch.number
         yield from epoch.records()
         client.flush()
-        if client.job_done or (client.num_epochs and client.current_epoch >= client.num_epochs):
+        if client.progress.finished:
             self._progress[1] = 1  # seen at the end of the last epoch: no need to ask again
 
     def _base_trainer_id(self) -> str:
-        return (self.trainer_id or os.environ.get("PADDLE_TRAINER_ID")
-                or f"{socket.gethostname()}-{os.getpid()}")
+        return self.trainer_id or default_trainer_id()
 
     def _local_client(self, trainer_id: str) -> TaskClient:
         """This process's client; one inherited from a parent process is never touched."""
@@ -212,7 +216,7 @@ def _leave_on_idle(client: TaskClient, holding: Any, worker: int) -> None:
     def leave_when_idle(reply: pb.GetTaskResponse) -> pb.GetTaskResponse:
         epoch = reply.current_epoch
         with holding.get_lock():
-            holds = reply.outcome == pb.TASK or client.holding
+            holds = reply.outcome == pb.TASK or client.tasks.holding
             holding[worker] = int(holds)
             if reply.outcome == pb.WAIT and not holds and any(
                     holding[i] for i in range(len(holding)) if i != worker):

@@ -1,0 +1,36 @@
+"""How a process's end is told: exit codes from signals, and one line for people.
+
+Every supervisor of this project (the trainer launcher, the pserver agent and its
+supervisor, the local job) exits with its child's code, shell style: a child killed by
+signal N is 128+N, as `sh` reports it and as Kubernetes shows it (137 for SIGKILL).
+`returncode` here is what `subprocess`/`asyncio` give: the exit status, or -N for a
+death by signal N.
+
+What this does NOT do: tell a code 128+N that a process chose to exit with from a real
+death by signal N; only a `returncode` says which it was.
+"""
+
+from __future__ import annotations
+
+import signal
+
+
+def signal_exit_code(signum: int) -> int:
+    """The exit code a shell reports for a death by signal `signum`: 128 + signum."""
+    return 128 + signum
+
+
+def exit_code(returncode: int) -> int:
+    """A child's `returncode` as a shell reports it (a death by signal N is 128+N)."""
+    return signal_exit_code(-returncode) if returncode < 0 else returncode
+
+
+def describe_exit(returncode: int) -> str:
+    """`exited with 3`, or `killed by SIGKILL` for a `returncode` of -9."""
+    if returncode >= 0:
+        return f"exited with {returncode}"
+    try:
+        name = signal.Signals(-returncode).name
+    except ValueError:
+        name = f"signal {-returncode}"
+    return f"killed by {name}"

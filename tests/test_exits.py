@@ -1,0 +1,20 @@
+"""Exit codes from signals, and how a process's end is told (paddlecloud.exits)."""
+
+from __future__ import annotations
+
+import signal
+
+from paddlecloud.exits import describe_exit, exit_code, signal_exit_code
+
+
+def test_a_death_by_signal_is_128_plus_n_as_a_shell_reports_it():
+    assert signal_exit_code(signal.SIGTERM) == 143
+    assert exit_code(-signal.SIGKILL) == 137
+    assert exit_code(0) == 0 and exit_code(3) == 3
+
+
+def test_an_end_is_told_in_words():
+    assert describe_exit(-signal.SIGKILL) == "killed by SIGKILL"
+    assert describe_exit(-signal.SIGTERM) == "killed by SIGTERM"
+    assert describe_exit(3) == "exited with 3"
+    assert describe_exit(-99) == "killed by signal 99"
