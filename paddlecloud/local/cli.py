@@ -12,6 +12,7 @@ from pathlib import Path
 
 import click
 
+from paddlecloud.checkpoints import CHECKPOINTS_DIR
 from paddlecloud.clitypes import SIZE
 
 EXAMPLES = {"fit-a-line": "examples.fit_a_line"}
@@ -40,8 +41,7 @@ def _check_module(module: str, package_path: Path | None) -> None:
 
 def _expand_inputs(inputs: tuple[str, ...]) -> tuple[str, ...]:
     """Local paths made absolute; every glob must match (the master would refuse it anyway)."""
-    from master.config import SpecError
-    from master.dataset import list_files
+    from paddlecloud.datasets import SpecError, list_files
 
     absolute = tuple(p if "://" in p else str(Path(p).expanduser().absolute()) for p in inputs)
     try:
@@ -140,7 +140,7 @@ def train(module, package_path, inputs, output, trainers, pservers, pserver_modu
     if etcd_endpoints:
         _check_etcd(etcd_endpoints)
     if fresh:
-        shutil.rmtree(output / "checkpoints", ignore_errors=True)
+        shutil.rmtree(output / CHECKPOINTS_DIR, ignore_errors=True)
     start_epoch = resume_epoch(output)
     spec = LocalJobSpec(
         job=job_name or _job_name(module), module=module, output=output, inputs=inputs,
@@ -153,7 +153,7 @@ def train(module, package_path, inputs, output, trainers, pservers, pserver_modu
     )
     with ConsoleView() as view:
         if start_epoch:
-            view.line("local", f"resuming at epoch {start_epoch} from the checkpoint in {output / 'checkpoints'}")
+            view.line("local", f"resuming at epoch {start_epoch} from the checkpoint in {output / CHECKPOINTS_DIR}")
         job = LocalJob(spec, on_line=view.line, on_progress=view.progress)
         try:
             code = asyncio.run(job.run())
