@@ -8,8 +8,9 @@ backend (`paddlecloud.supervision.supervise`): pservers first, trainers once eve
 pserver has registered, replacements of what dies, and the job's end decided by the
 one phase decision from the master's data (polled with GetStatus) and the trainers.
 
-The masters run without the user's `--package-path` on their PYTHONPATH (a user's
-`master.py` must not shadow the service); the pservers and trainers get it.
+Only the user's command (under the trainer and pserver launchers) runs with the
+user's `--package-path` on its PYTHONPATH: a user's `master.py` there must not
+shadow the service in the masters, nor in the launchers (which import it).
 
 What this does NOT do: survive its own death — killing `paddlecloud local train`
 stops the job.
@@ -105,10 +106,10 @@ class LocalJob:
             trainers=spec.trainers, pservers=spec.pservers, output=spec.output,
             trainer_command=launcher_command("trainer", self._user_command()),
             pserver_command=launcher_command(
-                "pserver", [sys.executable, "-m", spec.pserver_module] if spec.pserver_module
+                "pserver", self._user_command(spec.pserver_module, ()) if spec.pserver_module
                 else self._user_command()),
             restart_limit=spec.restart_limit, restart_mode=spec.restart_mode, spawn=self._child,
-            user_env=lambda: self._env(user_code=True), restart_epoch=self._restart_epoch,
+            user_env=self._env, restart_epoch=self._restart_epoch,
             event=self._event,
         )
         self.stopping = asyncio.Event()
@@ -166,8 +167,8 @@ class LocalJob:
             await client.close()
         self._event(f"cleared the earlier state of job {self.spec.job}")
 
-    def _env(self, *, user_code: bool) -> dict[str, str]:
-        """The children's environment; the user's package path only for `user_code`."""
+    def _env(self, *, master: bool = False) -> dict[str, str]:
+        """The children's environment (the user's package path is on the user's command only)."""
         env = dict(os.environ)
         env.update(
             PADDLE_JOB_NAME=self.spec.job, PADDLE_NAMESPACE=NAMESPACE,
@@ -175,14 +176,8 @@ class LocalJob:
             PADDLE_TRAINERS_NUM=str(self.spec.trainers), PADDLE_PSERVERS_NUM=str(self.spec.pservers),
             PADDLECLOUD_OUTPUT=str(self.spec.output), PYTHONUNBUFFERED="1",
         )
-        if not user_code:
-            # Our own code (the master): neither the user's package path nor the current
-            # directory may come first on its path, where a user's `master.py` would
-            # shadow the service.
+        if master:  # nor the current directory first on its path (Python >= 3.11)
             env["PYTHONSAFEPATH"] = "1"
-        elif self.spec.package_path is not None:
-            env["PYTHONPATH"] = os.pathsep.join(
-                p for p in (str(self.spec.package_path), env.get("PYTHONPATH", "")) if p)
         env.pop("PADDLE_MASTER_ENDPOINT", None)  # local jobs find the leader through etcd
         env.update(dict(self.spec.env))
         return env
@@ -200,12 +195,23 @@ class LocalJob:
                 port=port, advertise=f"127.0.0.1:{port}", session_ttl=s.session_ttl,
                 election_ttl=s.election_ttl, start_epoch=s.start_epoch, inputs=s.inputs,
                 epochs=s.epochs, extra=s.master_args)]
-            child = self._child("master", index, command, self._env(user_code=False))
+            child = self._child("master", index, command, self._env(master=True))
             await child.start()
             self.masters.append(child)
 
-    def _user_command(self) -> list[str]:
-        return [sys.executable, "-m", self.spec.module, *self.spec.module_args]
+    def _user_command(self, module: str | None = None, args: tuple[str, ...] | None = None) -> list[str]:
+        """`python -m MODULE ARGS`, with the user's package path first on its PYTHONPATH.
+
+        Only the user's code gets the package path: our own processes (the master, the
+        launchers and agents, which import `master`) must not see a user's `master.py`.
+        """
+        command = [sys.executable, "-m", module or self.spec.module,
+                   *(self.spec.module_args if args is None else args)]
+        if self.spec.package_path is None:
+            return command
+        path = os.pathsep.join(p for p in (str(self.spec.package_path),
+                                           self._env().get("PYTHONPATH", "")) if p)
+        return ["env", f"PYTHONPATH={path}", *command]
 
     # ---- supervision ------------------------------------------------------------
 
