@@ -22,14 +22,16 @@ logger = logging.getLogger(__name__)
 GLOB_CHARS = "*?["
 
 
-class SpecError(ValueError):
-    """A dataset spec or a setting is invalid; the message names the bad value."""
-
-
 @dataclass(frozen=True)
 class FileEntry:
+    """One file of a dataset: its path (URLs keep their protocol) and its size in bytes."""
+
     path: str
     size: int
+
+
+class SpecError(ValueError):
+    """A dataset spec or a setting is invalid; the message names the bad value."""
 
 
 def _filesystem(path: str) -> tuple[fsspec.AbstractFileSystem, str]:

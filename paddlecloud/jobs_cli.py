@@ -99,6 +99,12 @@ def _call(fn: Callable[..., Any], *args: Any, verb: str, resource: str, namespac
         raise _fail(str(clear)) from None
 
 
+def _get(fn: Callable[..., Any], name: str, namespace: str, *, resource: str) -> Any:
+    """The object `name` of `resource`, None when it does not exist."""
+    return _call(fn, name, namespace, verb="get", resource=resource, namespace=namespace,
+                 name=name, tolerate=(404,))
+
+
 def _clients(api: Any) -> tuple[Any, Any]:
     from kubernetes import client
 
@@ -369,9 +375,8 @@ def status_command(name: str, namespace: str, master_address: str | None, timeou
 
     api = _api(kubeconfig)
     core, apps = _clients(api)
-    deployment = _call(apps.read_namespaced_deployment, manifests.master_name(name), namespace,
-                       verb="get", resource="deployments", namespace=namespace,
-                       name=manifests.master_name(name), tolerate=(404,))
+    deployment = _get(apps.read_namespaced_deployment, manifests.master_name(name), namespace,
+                      resource="deployments")
     if deployment is None:
         raise _fail(f"job {name} not found in namespace {namespace}")
     pods = _call(core.list_namespaced_pod, namespace, label_selector=manifests.label_selector(name),
@@ -496,9 +501,8 @@ def delete_command(name: str, namespace: str, etcd_endpoints: str | None,
 
     api = _api(kubeconfig)
     core, apps = _clients(api)
-    spec_cm = _call(core.read_namespaced_config_map, manifests.spec_configmap_name(name), namespace,
-                    verb="get", resource="configmaps", namespace=namespace,
-                    name=manifests.spec_configmap_name(name), tolerate=(404,))
+    spec_cm = _get(core.read_namespaced_config_map, manifests.spec_configmap_name(name), namespace,
+                   resource="configmaps")
     endpoints_from_spec = None
     if spec_cm is not None and (spec_cm.data or {}).get(manifests.SPEC_KEY):
         try:

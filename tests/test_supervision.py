@@ -23,33 +23,51 @@ FAILED = MasterState(has_dataset=True, failed=True)
 NO_DATASET = MasterState(has_dataset=False)
 
 
-@pytest.mark.parametrize("master, trainers, phase, hold, reason", [
-    # the master's data failed: whatever the trainers do
-    (FAILED, RUNNING, Phase.FAILED, 0.0, "every task of an epoch failed"),
-    (FAILED, FINISHED, Phase.FAILED, 0.0, "every task of an epoch failed"),
-    # the data is done
-    (DONE, FINISHED, Phase.SUCCEEDED, 0.0, "the data is done"),
-    (DONE, FINISHED_AFTER_FAILURES, Phase.SUCCEEDED, 0.0, "the data is done"),
-    (DONE, NOT_CREATED, Phase.SUCCEEDED, 0.0, "no trainer runs"),
-    (DONE, GAVE_UP, Phase.FAILED, 0.0, "the data is done but the trainers failed"),
-    (DONE, RUNNING, Phase.SUCCEEDED, GRACES.done, "still running"),
-    (DONE, ONE_EXITED, Phase.SUCCEEDED, GRACES.done, "still running"),
-    # the data is not done
-    (DATA, GAVE_UP, Phase.FAILED, 0.0, "trainer 1 exited with 1"),
-    (DATA, FINISHED, Phase.FAILED, GRACES.exited, "did not consume its data"),
-    (NO_DATASET, FINISHED, Phase.SUCCEEDED, 0.0, "no dataset"),
-    (NO_DATASET, GAVE_UP, Phase.FAILED, 0.0, "the trainers failed"),
-    (DATA, RUNNING, Phase.RUNNING, 0.0, ""),
-    (DATA, ONE_EXITED, Phase.RUNNING, 0.0, ""),
-    (DATA, REPLACING, Phase.RUNNING, 0.0, ""),
-    (DATA, NOT_CREATED, Phase.RUNNING, 0.0, ""),
-    (NO_DATASET, RUNNING, Phase.RUNNING, 0.0, ""),
-])
-def test_decide_phase(master, trainers, phase, hold, reason):
+def check(master: MasterState, trainers: RoleStatus, phase: Phase, hold: float, reason: str) -> None:
     verdict = decide_phase(master, trainers, graces=GRACES)
     assert (verdict.phase, verdict.hold) == (phase, hold)
     assert reason in verdict.reason
     assert bool(verdict.reason) == (phase != Phase.RUNNING)  # an end always says why
+
+
+@pytest.mark.parametrize("trainers", [RUNNING, FINISHED, GAVE_UP, NOT_CREATED])
+def test_failed_data_fails_the_job_whatever_the_trainers_do(trainers):
+    check(FAILED, trainers, Phase.FAILED, 0.0, "every task of an epoch failed")
+
+
+@pytest.mark.parametrize("trainers", [FINISHED, FINISHED_AFTER_FAILURES, NOT_CREATED])
+def test_done_data_succeeds_once_no_trainer_runs(trainers):
+    check(DONE, trainers, Phase.SUCCEEDED, 0.0, "the data is done")
+
+
+@pytest.mark.parametrize("trainers", [RUNNING, ONE_EXITED])
+def test_done_data_with_trainers_still_running_succeeds_after_the_done_grace(trainers):
+    check(DONE, trainers, Phase.SUCCEEDED, GRACES.done, "still running")
+
+
+def test_done_data_with_trainers_given_up_fails():
+    check(DONE, GAVE_UP, Phase.FAILED, 0.0, "the data is done but the trainers failed")
+
+
+@pytest.mark.parametrize("master", [DATA, NO_DATASET])
+def test_trainers_given_up_fail_the_job_and_say_why(master):
+    check(master, GAVE_UP, Phase.FAILED, 0.0, "trainer 1 exited with 1")
+
+
+def test_trainers_exiting_0_before_the_data_is_done_fail_the_job_after_the_exited_grace():
+    check(DATA, FINISHED, Phase.FAILED, GRACES.exited, "did not consume its data")
+
+
+def test_without_a_dataset_trainers_exiting_0_succeed():
+    check(NO_DATASET, FINISHED, Phase.SUCCEEDED, 0.0, "no dataset")
+
+
+@pytest.mark.parametrize("master, trainers", [
+    (DATA, RUNNING), (DATA, ONE_EXITED), (DATA, REPLACING), (DATA, NOT_CREATED),
+    (NO_DATASET, RUNNING),
+])
+def test_otherwise_the_job_runs(master, trainers):
+    check(master, trainers, Phase.RUNNING, 0.0, "")
 
 
 def test_role_status_gave_up_only_when_nothing_is_left_to_try():

@@ -60,8 +60,22 @@ class RetryPolicy:
     """How transient API failures are retried: `attempts` tries in all, exponential waits."""
 
     attempts: int = 5
+    """Tries in all, the first included."""
     initial_wait: float = 0.5
+    """Seconds before the second try; each next wait doubles..."""
     max_wait: float = 8.0
+    """...up to this many seconds."""
+
+    def tenacity_kwargs(self) -> dict[str, Any]:
+        """The arguments of a `tenacity.Retrying` that retries transient errors per this policy."""
+        return {
+            "stop": tenacity.stop_after_attempt(self.attempts),
+            "wait": tenacity.wait_exponential(multiplier=self.initial_wait, min=self.initial_wait,
+                                              max=self.max_wait),
+            "retry": tenacity.retry_if_exception(is_transient),
+            "before_sleep": _before_sleep,
+            "reraise": True,
+        }
 
     def __post_init__(self) -> None:
         if self.attempts < 1:
@@ -144,20 +158,9 @@ def _before_sleep(state: tenacity.RetryCallState) -> None:
                    api_status(error) or error, state.attempt_number)
 
 
-def _retrying_kwargs(policy: RetryPolicy) -> dict[str, Any]:
-    return {
-        "stop": tenacity.stop_after_attempt(policy.attempts),
-        "wait": tenacity.wait_exponential(multiplier=policy.initial_wait, min=policy.initial_wait,
-                                          max=policy.max_wait),
-        "retry": tenacity.retry_if_exception(is_transient),
-        "before_sleep": _before_sleep,
-        "reraise": True,
-    }
-
-
 def call_sync(policy: RetryPolicy, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
     """A blocking client call, retried per `policy` (for the CLI)."""
-    for attempt in tenacity.Retrying(**_retrying_kwargs(policy)):
+    for attempt in tenacity.Retrying(**policy.tenacity_kwargs()):
         with attempt:
             return fn(*args, **kwargs)
     raise AssertionError("unreachable")  # pragma: no cover
@@ -165,7 +168,7 @@ def call_sync(policy: RetryPolicy, fn: Callable[..., T], /, *args: Any, **kwargs
 
 async def call(policy: RetryPolicy, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
     """A blocking client call run in a thread, retried per `policy` (for the master)."""
-    async for attempt in tenacity.AsyncRetrying(**_retrying_kwargs(policy)):
+    async for attempt in tenacity.AsyncRetrying(**policy.tenacity_kwargs()):
         with attempt:
             return await asyncio.to_thread(fn, *args, **kwargs)
     raise AssertionError("unreachable")  # pragma: no cover
