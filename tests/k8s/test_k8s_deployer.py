@@ -402,8 +402,14 @@ async def _no_pservers() -> int:
     return 0
 
 
-async def _supervise_busy_trainers(flip: str) -> tuple[FakeDeployer, list[str], Phase]:
-    """Two trainers that never exit; after three polls the master's data turns `flip`."""
+BUSY = RoleStatus(desired=2, active=2)
+SHORT_DONE_GRACE = Graces(done=0.2)
+
+
+async def _supervise_until_the_data(
+        flip: str, *, trainers: RoleStatus = BUSY,
+        graces: Graces = SHORT_DONE_GRACE) -> tuple[FakeDeployer, list[str], Phase]:
+    """Trainers that stay as `trainers` says; after three polls the master's data turns `flip`."""
     phases: list[str] = []
     data = {"done": False, "failed": False}
 
@@ -413,19 +419,19 @@ async def _supervise_busy_trainers(flip: str) -> tuple[FakeDeployer, list[str], 
     async def master_state() -> MasterState:
         return MasterState(has_dataset=True, **data)
 
-    deployer = FakeDeployer([RoleStatus(desired=2, active=2)])
+    deployer = FakeDeployer([trainers])
     task = asyncio.create_task(supervise(
         deployer, num_pservers=0, registered_pservers=_no_pservers, set_phase=set_phase,
-        master_state=master_state, poll_interval=0.01, graces=Graces(done=0.2)))
+        master_state=master_state, poll_interval=0.01, graces=graces))
     await asyncio.wait_for(deployer.polled_thrice.wait(), 10)
-    assert not task.done()  # trainers still busy, data not over
+    assert not task.done()  # no verdict yet: trainers busy, or within their grace
     data[flip] = True
     verdict = await asyncio.wait_for(task, 10)
     return deployer, phases, verdict.phase
 
 
 async def test_a_done_dataset_ends_the_job_once_the_trainers_are_out_of_grace():
-    deployer, phases, final = await _supervise_busy_trainers("done")
+    deployer, phases, final = await _supervise_until_the_data("done")
     assert final == SUCCEEDED  # the trainers hung: the grace ran out
     assert deployer.calls[-2:] == ["show(Succeeded)", "cleanup(succeeded=True)"]
     assert deployer.calls.count("finishing") == 1  # nothing is replaced once the data is done
@@ -433,10 +439,18 @@ async def test_a_done_dataset_ends_the_job_once_the_trainers_are_out_of_grace():
 
 
 async def test_a_failed_dataset_fails_the_job_and_cleans_up_as_failed():
-    deployer, phases, final = await _supervise_busy_trainers("failed")
+    deployer, phases, final = await _supervise_until_the_data("failed")
     assert final == FAILED  # every task of an epoch failed: the master's job is over, failed
     assert deployer.calls[-2:] == ["show(Failed)", "cleanup(succeeded=False)"]
     assert phases == ["Pending", "Starting", "Running", "Failed"]
+
+
+async def test_trainers_that_exit_before_the_master_knows_the_data_is_done_succeed():
+    # The master's view may lag the trainers' exit (a poll, a failover): the exited
+    # grace lets it catch up instead of failing the job that did consume its data.
+    deployer, phases, final = await _supervise_until_the_data(
+        "done", trainers=RoleStatus(desired=2, succeeded=2), graces=Graces(exited=30))
+    assert final == SUCCEEDED and phases[-1] == "Succeeded"
 
 
 async def test_supervise_refuses_bad_arguments():
