@@ -87,15 +87,15 @@ async def wait_serving(address: str, *, timeout: float = 30.0, process: MasterPr
     raise AssertionError(f"master at {address} not serving after {timeout}s\n{log}")
 
 
-async def wait_for(predicate, *, timeout: float = 30.0, interval: float = 0.05, message: str = ""):
-    """Polls an async or plain predicate until it is truthy, which it returns; fails after `timeout`."""
+async def wait_for(predicate, *, timeout: float = 30.0, interval: float = 0.05, message: str = "") -> None:
+    """Polls an async or plain predicate until it is truthy, failing after `timeout`."""
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
         if asyncio.iscoroutine(value):
             value = await value
         if value:
-            return value
+            return
         if time.monotonic() > deadline:
             raise AssertionError(f"condition not met after {timeout}s: {message}")
         await asyncio.sleep(interval)

@@ -8,6 +8,7 @@ pserver was told.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import os
 import signal
@@ -18,7 +19,6 @@ import time
 from pathlib import Path
 
 import pytest
-from masters import wait_for
 
 from paddlecloud.etcd import connect
 from paddlecloud.etcd_server import free_port
@@ -133,13 +133,18 @@ def _alive(pid: int) -> bool:
 
 
 async def eventually(predicate, *, timeout: float = DEADLINE, what: str = "", agents=()):
-    """Polls `predicate` (sync or async) until it returns a truthy value, which it returns;
-    on failure, the agents' logs are in the message."""
-    try:
-        return await wait_for(predicate, timeout=timeout, message=what)
-    except AssertionError as error:
-        logs = "\n".join(f"--- agent {a.name}:\n{a.log()}" for a in agents)
-        raise AssertionError(f"{error}\n{logs}") from None
+    """Polls `predicate` (sync or async) until it returns a truthy value, which it returns."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if inspect.isawaitable(value):
+            value = await value
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            logs = "\n".join(f"--- agent {a.name}:\n{a.log()}" for a in agents)
+            raise AssertionError(f"not met after {timeout}s: {what}\n{logs}")
+        await asyncio.sleep(0.05)
 
 
 async def registrations(client, keys: JobKeys) -> dict[int, str]:

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import click
 
-from paddlecloud.checkpoints import CHECKPOINTS_DIR
 from paddlecloud.clitypes import SIZE
 
 EXAMPLES = {"fit-a-line": "examples.fit_a_line"}
@@ -41,7 +40,8 @@ def _check_module(module: str, package_path: Path | None) -> None:
 
 def _expand_inputs(inputs: tuple[str, ...]) -> tuple[str, ...]:
     """Local paths made absolute; every glob must match (the master would refuse it anyway)."""
-    from paddlecloud.datasets import SpecError, list_files
+    from master.config import SpecError
+    from paddlecloud.datasets import list_files
 
     absolute = tuple(p if "://" in p else str(Path(p).expanduser().absolute()) for p in inputs)
     try:
@@ -121,6 +121,7 @@ def train(module, package_path, inputs, output, trainers, pservers, pserver_modu
           etcd_endpoints, restart_limit, restart_mode, job_name, fmt, chunk_bytes, session_ttl, example,
           module_args) -> None:
     """Run a training job here: etcd, master(s), pservers and trainers as child processes."""
+    from paddlecloud.checkpoints import CHECKPOINTS_DIR
     from paddlecloud.local.job import JobFailed, LocalJob, LocalJobSpec, resume_epoch
     from paddlecloud.local.view import ConsoleView
 

@@ -19,13 +19,15 @@ server, the gap is filled HERE, in `_fill_kmock_gaps`, and nowhere else:
 
 from __future__ import annotations
 
+import asyncio
+import inspect
+import time
 import uuid
 from collections.abc import Callable
 from typing import Any
 
 import kmock as kmocklib
 import pytest
-from masters import wait_for
 
 from paddlecloud.jobspec import JobSpec
 from paddlecloud.k8s import manifests
@@ -161,7 +163,16 @@ class Cluster:
     async def wait_for(condition: Callable[[], Any], *, timeout: float = 20.0,
                        what: str = "condition") -> None:
         """Polls `condition` (sync or async) until it holds; fails naming `what` after `timeout` s."""
-        await wait_for(condition, timeout=timeout, interval=0.01, message=what)
+        deadline = time.monotonic() + timeout
+        while True:
+            result = condition()
+            if inspect.isawaitable(result):
+                result = await result
+            if result:
+                return
+            if time.monotonic() > deadline:
+                pytest.fail(f"timed out after {timeout:g}s waiting for {what}")
+            await asyncio.sleep(0.01)
 
 
 @pytest.fixture
