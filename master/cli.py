@@ -69,11 +69,11 @@ def master_command(job, namespace, etcd_endpoints, port, host, advertise, inputs
                                   chunks_per_task=chunks_per_task, num_epochs=epochs,
                                   shuffle_seed=shuffle_seed).filled()
         if resume_from:
-            from trainer_agent.checkpoint import latest_train_status
+            from paddlecloud.checkpoints import resume_epoch
 
-            resumed = latest_train_status(resume_from)
-            if resumed is not None:
-                start_epoch = max(start_epoch, resumed.next())
+            resumed = resume_epoch(resume_from)
+            if resumed:
+                start_epoch = max(start_epoch, resumed)
                 logging.getLogger("master").info("checkpoint in %s: starting at epoch %d",
                                                  resume_from, start_epoch)
         if (deployer == "kubernetes") != bool(job_spec):

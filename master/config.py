@@ -10,13 +10,11 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field, replace
 
+from paddlecloud.datasets import SpecError  # the one error of a bad spec or setting
+
 DEFAULT_CHUNK_BYTES = 64 * 1024 * 1024
 LINE_FORMATS = ("lines", "csv", "tsv", "jsonl", "text")
 FORMATS = (*LINE_FORMATS, "file")
-
-
-class SpecError(ValueError):
-    """A dataset spec or a setting is invalid; the message names the bad value."""
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,6 @@ import aetcd
 
 from master import metrics
 from master.config import DatasetSpec, MasterConfig, SpecError
-from master.dataset import list_files
 from master.partition import ChunkRange, FileEntry, Partition
 from master.sessions import SessionExpired, SessionInfo, SessionRegistry, SessionSuperseded
 from master.state import (
@@ -45,6 +44,7 @@ from master.state import (
     TaskStatus,
 )
 from master.store import EtcdStore, NotLeader, StoreUnavailable, read_range
+from paddlecloud.datasets import list_files
 from paddlecloud.etcd import Leadership, LeaseKeeper
 from paddlecloud.keys import JobKeys, prefix_range_end
 

@@ -9,11 +9,12 @@ phase as an annotation on the Deployment.
 Every call is made off the event loop (`asyncio.to_thread`: the client blocks).
 Creation is idempotent: an object that already exists and carries the job's label
 is adopted (a master that took over calls everything again). Answers that may pass
-(429, 500, 502, 503, 504, a broken connection) are retried with backoff a bounded
-number of times; that is safe for every call made here (a create whose first try
-went through answers 409 on the retry and is adopted; gets, merge patches and
-deletes are idempotent). A 403 is a `KubernetesPermissionError` naming the verb,
-the resource and the Role in `deploy/rbac.yaml`.
+are retried per `paddlecloud.k8s.client`; that is safe for every call made here (a
+create whose first try went through answers 409 on the retry and is adopted; gets,
+merge patches and deletes are idempotent). A 403 is a `KubernetesPermissionError`
+naming the verb, the resource and the Role in `deploy/rbac.yaml`. The Job and the
+StatefulSet controllers replace failed pods, so `reconcile` and `finishing` have
+nothing to do here.
 
 What this does NOT guarantee: that pods get scheduled or start (a pserver that
 never registers keeps the job in Starting), nor garbage collection of what it
@@ -22,169 +23,31 @@ deletes (the API server's garbage collector removes the pods).
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
-import tenacity
-
-from master.deployer import Deployer, RoleStatus
+from paddlecloud.deployer import Deployer, RoleStatus
 from paddlecloud.jobspec import JobSpec
 from paddlecloud.k8s import manifests
+from paddlecloud.k8s.client import (
+    KubernetesApiError,
+    KubernetesConflictError,
+    RetryPolicy,
+    api_status,
+    call,
+    explained,
+    load_api_client,
+)
+from paddlecloud.phase import Phase
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-RETRYABLE_STATUS = frozenset({429, 500, 502, 503, 504})
 VOLCANO_GROUP, VOLCANO_VERSION = manifests.VOLCANO_API_VERSION.split("/")
 PODGROUPS = "podgroups"
-
-
-class KubernetesApiError(RuntimeError):
-    """The API server refused or failed a call; the message says which and why."""
-
-    def __init__(self, message: str, *, status: int = 0) -> None:
-        super().__init__(message)
-        self.status = status
-
-
-class KubernetesPermissionError(KubernetesApiError):
-    """403: the caller's RBAC lacks a verb on a resource."""
-
-
-class KubernetesConflictError(KubernetesApiError):
-    """409 on an object that belongs to something else."""
-
-
-@dataclass(frozen=True)
-class RetryPolicy:
-    """How transient API failures are retried: `attempts` tries in all, exponential waits."""
-
-    attempts: int = 5
-    initial_wait: float = 0.5
-    max_wait: float = 8.0
-
-    def __post_init__(self) -> None:
-        if self.attempts < 1:
-            raise ValueError(f"RetryPolicy.attempts={self.attempts}: must be >= 1")
-        if self.initial_wait < 0 or self.max_wait < self.initial_wait:
-            raise ValueError(
-                f"RetryPolicy waits {self.initial_wait}..{self.max_wait}: need 0 <= initial <= max"
-            )
-
-
-def api_status(error: BaseException) -> int | None:
-    """The HTTP status of a client error, None when it is not an API answer."""
-    from kubernetes.client.exceptions import ApiException
-
-    return error.status if isinstance(error, ApiException) else None
-
-
-def api_message(error: BaseException) -> str:
-    """The API server's own words (the Status `message`), else the error's text."""
-    import json
-
-    body = getattr(error, "body", None)
-    if body:
-        try:
-            message = json.loads(body).get("message")
-            if message:
-                return str(message)
-        except (ValueError, AttributeError):
-            pass
-    reason = getattr(error, "reason", None)
-    return str(reason or error).strip()
-
-
-def is_transient(error: BaseException) -> bool:
-    """Worth another try: throttling, a server error, or a broken connection."""
-    import urllib3
-
-    status = api_status(error)
-    if status is not None:
-        return status in RETRYABLE_STATUS
-    return isinstance(error, (urllib3.exceptions.HTTPError, ConnectionError, TimeoutError))
-
-
-def explain(error: BaseException, *, verb: str, resource: str, namespace: str,
-            name: str = "", rights: str | None = None) -> KubernetesApiError:
-    """A clear error for a failed call: what was tried, what the API said, what to do.
-
-    `rights` says where the caller's rights come from (default: the master's Role).
-    """
-    status = api_status(error) or 0
-    what = f"{verb} {resource}{' ' + name if name else ''} in namespace {namespace}"
-    if status == 403:
-        rights = rights or (
-            "The master's rights come from the Role in deploy/rbac.yaml "
-            f"(kubectl apply -n {namespace} -f deploy/rbac.yaml)"
-        )
-        return KubernetesPermissionError(
-            f"forbidden to {what}: the account lacks '{verb}' on '{resource}'. {rights}; "
-            f"the API said: {api_message(error)}",
-            status=403,
-        )
-    if status == 0:
-        return KubernetesApiError(f"cannot {what}: the API server is unreachable ({error})")
-    return KubernetesApiError(
-        f"cannot {what}: the API answered {status}: {api_message(error)}", status=status
-    )
-
-
-def _before_sleep(state: tenacity.RetryCallState) -> None:
-    error = state.outcome.exception() if state.outcome else None
-    logger.warning("Kubernetes API call failed (%s), try %d; retrying",
-                   api_status(error) or error, state.attempt_number)
-
-
-def _retrying_kwargs(policy: RetryPolicy) -> dict[str, Any]:
-    return {
-        "stop": tenacity.stop_after_attempt(policy.attempts),
-        "wait": tenacity.wait_exponential(multiplier=policy.initial_wait, min=policy.initial_wait,
-                                          max=policy.max_wait),
-        "retry": tenacity.retry_if_exception(is_transient),
-        "before_sleep": _before_sleep,
-        "reraise": True,
-    }
-
-
-def call_sync(policy: RetryPolicy, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
-    """A blocking client call, retried per `policy` (for the CLI)."""
-    for attempt in tenacity.Retrying(**_retrying_kwargs(policy)):
-        with attempt:
-            return fn(*args, **kwargs)
-    raise AssertionError("unreachable")  # pragma: no cover
-
-
-async def call(policy: RetryPolicy, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
-    """A blocking client call run in a thread, retried per `policy` (for the master)."""
-    async for attempt in tenacity.AsyncRetrying(**_retrying_kwargs(policy)):
-        with attempt:
-            return await asyncio.to_thread(fn, *args, **kwargs)
-    raise AssertionError("unreachable")  # pragma: no cover
-
-
-def load_api_client(kubeconfig: str | None = None) -> Any:
-    """An `ApiClient`: `kubeconfig` if given, else in-cluster, else ~/.kube/config ($KUBECONFIG)."""
-    from kubernetes import client, config
-
-    if kubeconfig:
-        return config.new_client_from_config(config_file=kubeconfig)
-    try:
-        config.load_incluster_config()
-        return client.ApiClient()
-    except config.ConfigException:
-        pass
-    try:
-        return config.new_client_from_config()
-    except (config.ConfigException, FileNotFoundError) as error:
-        raise KubernetesApiError(
-            f"no Kubernetes configuration: not in a cluster and no kubeconfig ({error}); "
-            "pass --kubeconfig or set KUBECONFIG"
-        ) from None
+DEFAULT_RETRY = RetryPolicy()
 
 
 def should_clean(policy: str, *, succeeded: bool) -> bool:
@@ -215,10 +78,14 @@ def role_status_of_job(job: dict[str, Any] | None, *, desired: int) -> RoleStatu
     active = int(status.get("active") or 0)
     succeeded = int(status.get("succeeded") or 0)
     failed = int(status.get("failed") or 0)
-    conditions = {c.get("type"): c.get("status") for c in status.get("conditions") or []}
-    if conditions.get("Failed") == "True":
-        return RoleStatus(desired=desired, active=0, succeeded=succeeded, failed=max(failed, 1))
-    if conditions.get("Complete") == "True":
+    conditions = {c.get("type"): c for c in status.get("conditions") or []}
+    failed_condition = conditions.get("Failed") or {}
+    if failed_condition.get("status") == "True":
+        detail = ": ".join(str(failed_condition[k]) for k in ("reason", "message")
+                           if failed_condition.get(k))
+        return RoleStatus(desired=desired, active=0, succeeded=succeeded, failed=max(failed, 1),
+                          detail=f"the trainer Job failed: {detail or 'no reason given'}")
+    if (conditions.get("Complete") or {}).get("status") == "True":
         return RoleStatus(desired=desired, active=0, succeeded=max(succeeded, desired), failed=failed)
     if succeeded < desired:
         active = max(active, 1)
@@ -233,7 +100,7 @@ class KubernetesDeployer(Deployer):
     """
 
     def __init__(self, spec: JobSpec, *, api_client: Any | None = None,
-                 retry: RetryPolicy = RetryPolicy()) -> None:
+                 retry: RetryPolicy = DEFAULT_RETRY) -> None:
         from kubernetes import client
 
         self.spec = spec.validate()
@@ -254,10 +121,7 @@ class KubernetesDeployer(Deployer):
         return obj if isinstance(obj, dict) else self._api.sanitize_for_serialization(obj)
 
     def _explain(self, error: Exception, *, verb: str, resource: str, target: str) -> Exception:
-        """The error to raise: API answers and lost connections explained, bugs as they are."""
-        if api_status(error) is None and not is_transient(error):
-            return error
-        return explain(error, verb=verb, resource=resource, namespace=self.namespace, name=target)
+        return explained(error, verb=verb, resource=resource, namespace=self.namespace, name=target)
 
     async def _call(self, fn: Callable[..., T], *args: Any, verb: str, resource: str, target: str,
                     **kwargs: Any) -> T:
@@ -386,6 +250,12 @@ class KubernetesDeployer(Deployer):
                            create=self._batch.create_namespaced_job,
                            read=self._batch.read_namespaced_job)
 
+    async def reconcile(self) -> None:
+        """Nothing to do: the StatefulSet and Job controllers replace failed pods."""
+
+    async def finishing(self) -> None:
+        """Nothing to do: a pod the Job controller replaces now is told JOB_DONE and exits 0."""
+
     async def trainer_status(self) -> RoleStatus:
         name = manifests.trainer_name(self.spec.name)
         job = await self._read(self._batch.read_namespaced_job, name, self.namespace,
@@ -414,10 +284,12 @@ class KubernetesDeployer(Deployer):
                                VOLCANO_VERSION, ns, PODGROUPS, group, resource=PODGROUPS,
                                target=group)
 
-    async def annotate_phase(self, phase: str) -> None:
-        """Records the phase as the `paddlecloud.org/phase` annotation of the master Deployment."""
+    async def show_phase(self, phase: Phase, *, reason: str = "") -> None:
+        """Records the phase and its reason as annotations of the master Deployment."""
         name = manifests.master_name(self.spec.name)
+        annotations = {manifests.PHASE_ANNOTATION: phase.value,
+                       manifests.PHASE_REASON_ANNOTATION: reason or None}  # None removes it
         await self._call(self._apps.patch_namespaced_deployment, name, self.namespace,
-                         {"metadata": {"annotations": {manifests.PHASE_ANNOTATION: phase}}},
+                         {"metadata": {"annotations": annotations}},
                          _content_type="application/merge-patch+json",
                          verb="patch", resource="deployments", target=name)

@@ -13,17 +13,13 @@ import bisect
 import random
 from dataclasses import dataclass
 
+from paddlecloud.datasets import FileEntry
+
 COMPRESSED_SUFFIXES = (".gz", ".bz2", ".xz", ".zst")
 
 
 def is_compressed(path: str) -> bool:
     return path.lower().endswith(COMPRESSED_SUFFIXES)
-
-
-@dataclass(frozen=True)
-class FileEntry:
-    path: str
-    size: int
 
 
 @dataclass(frozen=True)

@@ -111,27 +111,22 @@ class MasterNode:
             await session.close()
 
     async def _deploy(self, dispatcher: Dispatcher) -> None:
-        """Deploys the job's pservers and trainers on Kubernetes and follows them to the end."""
-        from master.deployment import supervise
-        from master.k8s_deployer import KubernetesDeployer
-        from paddlecloud.jobspec import JobSpec
+        """Deploys the job's pservers and trainers on Kubernetes and follows them to the end.
 
-        spec = JobSpec.from_yaml(await asyncio.to_thread(Path(self.config.job_spec).read_text))
+        A permanent deploy error fails the job (`master.deployment` records it); a
+        transient one deposes this leader, so another master tries.
+        """
+        from master.deployment import StepDown, deploy_job
+
         try:
-            deployer = await asyncio.to_thread(KubernetesDeployer, spec)
-            phase = await supervise(
-                deployer, num_pservers=spec.pservers,
-                registered_pservers=dispatcher.registered_pservers,
-                set_phase=dispatcher.record_phase,
-                job_done=dispatcher.dataset_done if dispatcher.spec is not None else None,
-                job_failed=dispatcher.dataset_failed,
-                initial_phase=dispatcher.loaded_phase,
-            )
-            logger.info("job %s ended: %s", self.config.job, phase)
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            logger.exception("deploying job %s failed", self.config.job)
+            verdict = await deploy_job(dispatcher, Path(self.config.job_spec))
+        except StepDown as error:
+            logger.error("%s: stepping down so that another master tries", error)
+            if not dispatcher.deposed.done():
+                dispatcher.deposed.set_result(error)
+            return
+        if verdict is not None:
+            logger.info("job %s ended: %s (%s)", self.config.job, verdict.phase, verdict.reason)
 
     async def _lead(self, session: etcd.Session, dispatcher: Dispatcher) -> None:
         waits = {

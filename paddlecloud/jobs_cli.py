@@ -2,7 +2,8 @@
 
 `submit` creates only the job's master (a Deployment of two replicas, the root
 owner of everything else), its Service and the job-spec (and package) ConfigMaps;
-the leading master deploys the pservers and trainers (`master.k8s_deployer`).
+the leading master deploys the pservers and trainers (`master.k8s_deployer`). Every
+API call goes through `paddlecloud.k8s.client` (retries, errors that say what to do).
 `delete` removes the Deployment — the API server's garbage collector removes what
 it owns — plus the ConfigMaps, and clears the job's etcd prefix.
 
@@ -20,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import sys
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +43,7 @@ logger = logging.getLogger(__name__)
 
 ROLES = (manifests.TRAINER, manifests.PSERVER, manifests.MASTER)
 SKIPPED_PACKAGE_PARTS = ("__pycache__",)
+CLI_RETRY_ATTEMPTS, CLI_RETRY_WAIT = 3, 0.5
 USER_RIGHTS = ("Ask your cluster's admin for it in this namespace "
                "(docs/kubernetes.md lists what `paddlecloud job` needs)")
 
@@ -68,7 +70,7 @@ def _api(kubeconfig: str | None) -> Any:
         import kubernetes  # noqa: F401
     except ImportError:
         raise _fail("`paddlecloud job` needs the Kubernetes client: pip install 'paddlecloud[k8s]'") from None
-    from master.k8s_deployer import KubernetesApiError, load_api_client
+    from paddlecloud.k8s.client import KubernetesApiError, load_api_client
 
     try:
         return load_api_client(kubeconfig)
@@ -79,20 +81,28 @@ def _api(kubeconfig: str | None) -> Any:
 
 
 def _call(fn: Callable[..., Any], *args: Any, verb: str, resource: str, namespace: str,
-          name: str = "", missing_ok: bool = False, **kwargs: Any) -> Any:
-    """One API call with the deployer's retry policy; errors become clear CLI errors."""
-    from master.k8s_deployer import RetryPolicy, api_status, call_sync, explain, is_transient
+          name: str = "", tolerate: Collection[int] = (), **kwargs: Any) -> Any:
+    """One API call, retried as the deployer's are; None for an answer in `tolerate`
+    (e.g. 404 when a missing object is fine), any other API error a clear CLI error."""
+    from paddlecloud.k8s.client import RetryPolicy, api_status, call_sync, explained
 
     try:
-        return call_sync(RetryPolicy(attempts=3, initial_wait=0.5), fn, *args, **kwargs)
+        return call_sync(RetryPolicy(attempts=CLI_RETRY_ATTEMPTS, initial_wait=CLI_RETRY_WAIT),
+                         fn, *args, **kwargs)
     except Exception as error:
-        status = api_status(error)
-        if status == 404 and missing_ok:
+        if api_status(error) in tolerate:
             return None
-        if status is None and not is_transient(error):
+        clear = explained(error, verb=verb, resource=resource, namespace=namespace, name=name,
+                          rights=USER_RIGHTS)
+        if clear is error:  # a bug, not an answer of the API: as it is
             raise
-        raise _fail(str(explain(error, verb=verb, resource=resource, namespace=namespace,
-                                name=name, rights=USER_RIGHTS))) from None
+        raise _fail(str(clear)) from None
+
+
+def _get(fn: Callable[..., Any], name: str, namespace: str, *, resource: str) -> Any:
+    """The object `name` of `resource`, None when it does not exist."""
+    return _call(fn, name, namespace, verb="get", resource=resource, namespace=namespace,
+                 name=name, tolerate=(404,))
 
 
 def _clients(api: Any) -> tuple[Any, Any]:
@@ -239,29 +249,19 @@ def submit_command(name: str | None, paddlejob: str | None, dry_run: bool,
 
 def _create_job(api: Any, *, spec: JobSpec, objects: list[dict[str, Any]]) -> None:
     """Creates the ConfigMaps, then the Deployment, then its Service; a name in use is refused."""
-    from master.k8s_deployer import RetryPolicy, api_status, call_sync, explain, is_transient
-
     core, apps = _clients(api)
     ns = spec.namespace
-    policy = RetryPolicy(attempts=3, initial_wait=0.5)
     created: list[str] = []
 
     def create(fn: Callable[..., Any], body: dict[str, Any], resource: str, *,
                adopt: bool = False) -> Any:
+        """The created object; None when it existed and `adopt` says that is fine."""
         name = body["metadata"]["name"]
-        try:
-            return call_sync(policy, fn, ns, body)
-        except Exception as error:
-            status = api_status(error)
-            if status == 409 and adopt:
-                return None
-            if status == 409:
-                raise _fail(f"job {spec.name} already exists in namespace {ns} "
-                            f"({resource} {name} exists)") from None
-            if status is None and not is_transient(error):
-                raise
-            raise _fail(str(explain(error, verb="create", resource=resource, namespace=ns,
-                                    name=name, rights=USER_RIGHTS))) from None
+        made = _call(fn, ns, body, verb="create", resource=resource, namespace=ns, name=name,
+                     tolerate=(409,))
+        if made is None and not adopt:
+            raise _fail(f"job {spec.name} already exists in namespace {ns} ({resource} {name} exists)")
+        return made
 
     try:
         for cm in (o for o in objects if o["kind"] == "ConfigMap"):
@@ -272,7 +272,7 @@ def _create_job(api: Any, *, spec: JobSpec, objects: list[dict[str, Any]]) -> No
     except click.ClickException:
         for cm in created:  # leave nothing behind of a job that was not created
             _call(core.delete_namespaced_config_map, cm, ns, verb="delete", resource="configmaps",
-                  namespace=ns, name=cm, missing_ok=True)
+                  namespace=ns, name=cm, tolerate=(404,))
         raise
     uid = (made.get("metadata") or {}).get("uid")
     if not uid:
@@ -342,7 +342,7 @@ def pod_counts(pods: Iterable[Any], job_name: str) -> dict[str, dict[str, int]]:
         role = labels.get(manifests.ROLE_LABEL)
         if labels.get(manifests.JOB_LABEL) != job_name or role not in counts:
             continue
-        phase = (pod.status.phase if pod.status else None) or "Pending"
+        phase = (pod.status.phase if pod.status else None) or manifests.POD_PHASES[0]
         counts[role][phase] = counts[role].get(phase, 0) + 1
     return counts
 
@@ -375,21 +375,23 @@ def status_command(name: str, namespace: str, master_address: str | None, timeou
 
     api = _api(kubeconfig)
     core, apps = _clients(api)
-    deployment = _call(apps.read_namespaced_deployment, manifests.master_name(name), namespace,
-                       verb="get", resource="deployments", namespace=namespace,
-                       name=manifests.master_name(name), missing_ok=True)
+    deployment = _get(apps.read_namespaced_deployment, manifests.master_name(name), namespace,
+                      resource="deployments")
     if deployment is None:
         raise _fail(f"job {name} not found in namespace {namespace}")
     pods = _call(core.list_namespaced_pod, namespace, label_selector=manifests.label_selector(name),
                  verb="list", resource="pods", namespace=namespace)
     counts = pod_counts(pods.items or [], name)
     console = Console(file=sys.stdout, width=100)
-    phase = (deployment.metadata.annotations or {}).get(manifests.PHASE_ANNOTATION, "-")
-    console.print(f"job {name} in namespace {namespace}: phase {phase}")
-    table = Table("ROLE", "PENDING", "RUNNING", "SUCCEEDED", "FAILED", box=None, pad_edge=False)
+    annotations = deployment.metadata.annotations or {}
+    phase = annotations.get(manifests.PHASE_ANNOTATION, "-")
+    reason = annotations.get(manifests.PHASE_REASON_ANNOTATION)
+    console.print(f"job {name} in namespace {namespace}: phase {phase}"
+                  + (f" ({reason})" if reason else ""))
+    table = Table("ROLE", *(p.upper() for p in manifests.POD_PHASES), box=None, pad_edge=False)
     for role in ROLES:
         c = counts[role]
-        table.add_row(role, *(str(c.get(p, 0)) for p in ("Pending", "Running", "Succeeded", "Failed")))
+        table.add_row(role, *(str(c.get(p, 0)) for p in manifests.POD_PHASES))
     console.print(table)
 
     address = master_address or manifests.master_address(name, namespace)
@@ -499,9 +501,8 @@ def delete_command(name: str, namespace: str, etcd_endpoints: str | None,
 
     api = _api(kubeconfig)
     core, apps = _clients(api)
-    spec_cm = _call(core.read_namespaced_config_map, manifests.spec_configmap_name(name), namespace,
-                    verb="get", resource="configmaps", namespace=namespace,
-                    name=manifests.spec_configmap_name(name), missing_ok=True)
+    spec_cm = _get(core.read_namespaced_config_map, manifests.spec_configmap_name(name), namespace,
+                   resource="configmaps")
     endpoints_from_spec = None
     if spec_cm is not None and (spec_cm.data or {}).get(manifests.SPEC_KEY):
         try:
@@ -516,7 +517,7 @@ def delete_command(name: str, namespace: str, etcd_endpoints: str | None,
         ("configmaps", core.delete_namespaced_config_map, manifests.package_configmap_name(name)),
     ):
         if _call(fn, obj, namespace, body=options, verb="delete", resource=resource,
-                 namespace=namespace, name=obj, missing_ok=True) is not None:
+                 namespace=namespace, name=obj, tolerate=(404,)) is not None:
             deleted.append(f"{resource}/{obj}")
     if not deleted:
         raise _fail(f"job {name} not found in namespace {namespace}")

@@ -23,10 +23,9 @@ from dataclasses import dataclass
 import aetcd
 
 from paddlecloud.keys import JobKeys
+from paddlecloud.phase import Phase
 
 logger = logging.getLogger(__name__)
-
-FINAL_PHASES = ("Succeeded", "Failed")
 
 
 @dataclass(frozen=True)
@@ -39,7 +38,7 @@ class JobProgress:
 
     def done_reason(self) -> str | None:
         """Why the job is done (for the log), or None while it is not."""
-        if self.phase in FINAL_PHASES:
+        if self.phase in {p.value for p in Phase if p.terminal}:
             return f"phase {self.phase}"
         if self.epoch is not None and self.num_epochs is not None and self.epoch >= self.num_epochs:
             return f"epoch {self.epoch} >= num_epochs {self.num_epochs}"

@@ -209,3 +209,36 @@ def test_a_changed_dataset_needs_fresh_and_the_master_error_is_shown(tmp_path, j
     assert "master 0 exited with 2" in changed.text()
     assert run("b", "--fresh").process.returncode == 0
     assert job_processes(job_name) == []
+
+
+def _package_with_a_master_py(tmp_path: Path) -> Path:
+    """A user's package whose `master.py` breaks whoever imports it, beside a trainer that quits."""
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "master.py").write_text("raise SystemExit('the user master.py was imported')\n")
+    (package / "quits.py").write_text("print('leaving without reading anything')\n")
+    return package
+
+
+def test_a_master_py_in_the_package_path_does_not_shadow_the_service(tmp_path, local_run, job_name):
+    write_records(tmp_path / "data", files=2, records_per_file=10)
+    package = _package_with_a_master_py(tmp_path)
+    run = local_run("--module", STUB, "--package-path", str(package), "--input",
+                    str(tmp_path / "data"), "--trainers", "2", "--chunk-bytes", "100")
+    assert run.wait() == 0, run.text()
+    assert "the user master.py was imported" not in run.text()
+    reads = reads_per_epoch(read_log(run.records))
+    assert sorted(reads) == [0] and set(reads[0]) == all_records(2, 10)
+
+
+def test_trainers_that_exit_0_without_the_data_done_fail_the_job(tmp_path, local_run, job_name):
+    write_records(tmp_path / "data", files=2, records_per_file=10)
+    package = _package_with_a_master_py(tmp_path)
+    run = local_run("--module", "quits", "--package-path", str(package), "--input",
+                    str(tmp_path / "data"), "--trainers", "2")
+    assert run.wait() == 1, run.text()
+    text = run.text()
+    assert "leaving without reading anything" in text  # the package path reached the user's code
+    assert "every trainer exited 0 but the data is not done" in text
+    assert f"job {job_name} failed" in text
+    assert job_processes(job_name) == []

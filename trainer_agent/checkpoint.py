@@ -6,7 +6,8 @@ with protocol 5) and ``meta.json`` (epoch, time, format version, size of the sta
 written in that order into a hidden ``.tmp-<ms>-<hex>`` directory that is renamed
 into place only when complete. ``load_checkpoint`` returns the newest complete
 version; ``latest_train_status`` reads only its ``meta.json`` so launchers can pass
-``--start-epoch = TrainStatus.next()`` cheaply.
+``--start-epoch = TrainStatus.next()`` cheaply. Reading versions is shared with the
+local backend and the master (``paddlecloud.checkpoints``); writing is here.
 
 Paddle users convert tensors with ``.numpy()`` before saving (the Paddle integration
 does that); anything picklable works, but unpickling runs code, so only load
@@ -29,33 +30,31 @@ import json
 import logging
 import os
 import pickle
-import posixpath
 import re
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from itertools import islice
 from typing import Any
 
-import fsspec
-from fsspec.implementations.local import LocalFileSystem
+from paddlecloud.checkpoints import (
+    FORMAT_VERSION,
+    META_FILE,
+    STATE_FILE,
+    CheckpointDir,
+    CheckpointError,
+    complete_versions,
+    latest_epoch,
+    versions,
+)
 
 logger = logging.getLogger(__name__)
 
-FORMAT_VERSION = 1
-STATE_FILE = "state.pkl"
-META_FILE = "meta.json"
 #: A ``.tmp-*`` directory older than this is a dead saver's leftover and gets deleted.
 STALE_TMP_SECONDS = 600.0
 
-_PRIMARY = re.compile(r"^checkpoint-(\d{8,})$")
-_REPLACED = re.compile(r"^\.replaced-checkpoint-(\d{8,})-[0-9a-f]+$")
 _TMP = re.compile(r"^\.tmp-(\d+)-[0-9a-f]+$")
-
-
-class CheckpointError(Exception):
-    """A checkpoint cannot be written or read; the message names the directory."""
 
 
 @dataclass(frozen=True)
@@ -79,41 +78,6 @@ class TrainStatus:
         return 0 if self.epoch is None else self.epoch + 1
 
 
-@dataclass(frozen=True)
-class _Dir:
-    """A checkpoint directory: its file system, its path there, and the path the user gave."""
-
-    fs: fsspec.AbstractFileSystem
-    root: str
-    url: str
-
-    @classmethod
-    def of(cls, path: str) -> _Dir:
-        fs, root = fsspec.core.url_to_fs(path)
-        return cls(fs, root.rstrip("/"), path.rstrip("/"))
-
-    @property
-    def local(self) -> bool:
-        return isinstance(self.fs, LocalFileSystem)
-
-    def path(self, *names: str) -> str:
-        """The file system path of ``names`` inside the directory."""
-        return "/".join([self.root, *names])
-
-    def show(self, *names: str) -> str:
-        """``names`` inside the directory as the user spells it (for messages)."""
-        return "/".join([self.url, *names])
-
-
-@dataclass(frozen=True)
-class _Entry:
-    """A version directory: a primary ``checkpoint-N`` or a ``.replaced-`` one set aside."""
-
-    name: str
-    epoch: int
-    primary: bool
-
-
 def save_checkpoint(
     path: str, state: Mapping[str, Any], train_status: TrainStatus, *, keep: int = 3
 ) -> str:
@@ -124,7 +88,7 @@ def save_checkpoint(
     pickle raises for an unpicklable state.
     """
     _check_save_args(state, train_status, keep)
-    d = _Dir.of(path)
+    d = CheckpointDir.of(path)
     name = f"checkpoint-{train_status.epoch:08d}"
     tmp = f".tmp-{int(time.time() * 1000)}-{uuid.uuid4().hex}"
     try:
@@ -151,8 +115,8 @@ def load_checkpoint(path: str) -> tuple[dict[str, Any], TrainStatus] | None:
     Raises CheckpointError naming the file when the newest complete version does not
     unpickle (e.g. a class it refers to is gone): it does not silently fall back.
     """
-    d = _Dir.of(path)
-    found = next(_complete_versions(d), None)
+    d = CheckpointDir.of(path)
+    found = next(complete_versions(d), None)
     if found is None:
         return None
     entry, meta = found
@@ -172,8 +136,8 @@ def load_checkpoint(path: str) -> tuple[dict[str, Any], TrainStatus] | None:
 
 def latest_train_status(path: str) -> TrainStatus | None:
     """The TrainStatus of the newest complete version (reads only meta.json), or None."""
-    found = next(_complete_versions(_Dir.of(path)), None)
-    return None if found is None else TrainStatus(found[1]["epoch"])
+    epoch = latest_epoch(path)
+    return None if epoch is None else TrainStatus(epoch)
 
 
 # --- writing ---------------------------------------------------------------------------
@@ -190,27 +154,27 @@ def _check_save_args(state: Any, train_status: Any, keep: Any) -> None:
         raise ValueError(f"invalid keep={keep!r}: need an int >= 1")
 
 
-def _write_state(d: _Dir, file: str, state: Mapping[str, Any]) -> int:
+def _write_state(d: CheckpointDir, file: str, state: Mapping[str, Any]) -> int:
     with d.fs.open(file, "wb") as f:
         pickle.dump(dict(state), f, protocol=5)
         _fsync(d, f)
     return int(d.fs.size(file))
 
 
-def _write_bytes(d: _Dir, file: str, data: bytes) -> None:
+def _write_bytes(d: CheckpointDir, file: str, data: bytes) -> None:
     with d.fs.open(file, "wb") as f:
         f.write(data)
         _fsync(d, f)
 
 
-def _fsync(d: _Dir, f: Any) -> None:
+def _fsync(d: CheckpointDir, f: Any) -> None:
     """On local disks, flushes ``f`` to stable storage (a power cut must not tear it)."""
     if d.local:
         f.flush()
         os.fsync(f.fileno())
 
 
-def _install(d: _Dir, tmp: str, name: str) -> None:
+def _install(d: CheckpointDir, tmp: str, name: str) -> None:
     """Renames the complete ``tmp`` to ``name``; an existing version is set aside first."""
     if not d.fs.exists(d.path(name)):
         _rename(d, tmp, name)
@@ -221,7 +185,7 @@ def _install(d: _Dir, tmp: str, name: str) -> None:
     _remove(d, aside)
 
 
-def _rename(d: _Dir, src: str, dst: str) -> None:
+def _rename(d: CheckpointDir, src: str, dst: str) -> None:
     if d.local:
         os.replace(d.path(src), d.path(dst))
         _fsync_dir(d.root)
@@ -237,17 +201,17 @@ def _fsync_dir(directory: str) -> None:
         os.close(fd)
 
 
-def _remove(d: _Dir, name: str) -> None:
+def _remove(d: CheckpointDir, name: str) -> None:
     try:
         d.fs.rm(d.path(name), recursive=True)
     except OSError as e:
         logger.warning("cannot delete old checkpoint data %s: %s", d.show(name), e)
 
 
-def _prune(d: _Dir, *, keep: int, protect: str) -> None:
+def _prune(d: CheckpointDir, *, keep: int, protect: str) -> None:
     """Deletes all but the newest ``keep`` versions (never ``protect``) and stale temp dirs."""
     try:
-        newest = [entry.name for entry, _ in islice(_complete_versions(d), keep)]
+        newest = [entry.name for entry, _ in islice(complete_versions(d), keep)]
     except CheckpointError as e:
         logger.warning("not pruning checkpoints in %s: %s", d.url, e)
         return
@@ -257,7 +221,7 @@ def _prune(d: _Dir, *, keep: int, protect: str) -> None:
             protect, keep, d.url,
         )
     kept = {protect, *newest}
-    for entry in _entries(d):
+    for entry in versions(d):
         if entry.name not in kept:
             logger.info("deleting old checkpoint %s", d.show(entry.name))
             _remove(d, entry.name)
@@ -269,66 +233,10 @@ def _prune(d: _Dir, *, keep: int, protect: str) -> None:
 # --- reading ---------------------------------------------------------------------------
 
 
-def _names(d: _Dir) -> list[str]:
-    try:
-        listing = d.fs.ls(d.root, detail=False)
-    except FileNotFoundError:
-        return []
-    return [posixpath.basename(p.rstrip("/")) for p in listing]
-
-
-def _entries(d: _Dir) -> list[_Entry]:
-    """Every version directory, best first: higher epoch first, a primary before its aside."""
-    entries = []
-    for name in _names(d):
-        if m := _PRIMARY.match(name):
-            entries.append(_Entry(name, int(m.group(1)), primary=True))
-        elif m := _REPLACED.match(name):
-            entries.append(_Entry(name, int(m.group(1)), primary=False))
-    return sorted(entries, key=lambda e: (-e.epoch, not e.primary, e.name))
-
-
-def _stale_tmp_dirs(d: _Dir) -> list[str]:
+def _stale_tmp_dirs(d: CheckpointDir) -> list[str]:
     now_ms = time.time() * 1000
     return [
         name
-        for name in _names(d)
+        for name in d.names()
         if (m := _TMP.match(name)) and now_ms - int(m.group(1)) > STALE_TMP_SECONDS * 1000
     ]
-
-
-def _complete_versions(d: _Dir) -> Iterator[tuple[_Entry, dict[str, Any]]]:
-    """The complete version of each epoch (its primary, else an aside), newest first."""
-    done: set[int] = set()
-    for entry in _entries(d):
-        if entry.epoch in done:
-            continue
-        meta = _complete_meta(d, entry)
-        if meta is not None:
-            done.add(entry.epoch)
-            yield entry, meta
-
-
-def _complete_meta(d: _Dir, entry: _Entry) -> dict[str, Any] | None:
-    """The version's meta if it is complete (meta.json valid, state.pkl of its size)."""
-    try:
-        with d.fs.open(d.path(entry.name, META_FILE), "rb") as f:
-            meta = json.loads(f.read())
-        state_bytes = int(d.fs.size(d.path(entry.name, STATE_FILE)))
-    except (OSError, ValueError) as e:
-        logger.warning("skipping incomplete checkpoint %s: %s", d.show(entry.name), e)
-        return None
-    version = meta.get("format_version") if isinstance(meta, dict) else None
-    if version != FORMAT_VERSION:
-        raise CheckpointError(
-            f"{d.show(entry.name, META_FILE)}: unsupported checkpoint format version "
-            f"{version!r} (this paddlecloud reads version {FORMAT_VERSION})"
-        )
-    if meta.get("epoch") != entry.epoch or meta.get("state_bytes") != state_bytes:
-        logger.warning(
-            "skipping torn checkpoint %s: meta.json says epoch %r, %r bytes; found %d, %d",
-            d.show(entry.name), meta.get("epoch"), meta.get("state_bytes"),
-            entry.epoch, state_bytes,
-        )
-        return None
-    return meta

@@ -1,5 +1,6 @@
 """Kubernetes support shared by the CLI (`paddlecloud job ...`) and the master's deployer.
 
-`manifests` renders the job's objects as plain dicts; nothing here talks to an API
-server (that is `master.k8s_deployer` and `paddlecloud.jobs_cli`).
+`manifests` renders the job's objects as plain dicts, with no I/O; `client` is how
+every caller talks to an API server (credentials, retries, errors that say what to
+do), for `master.k8s_deployer` and `paddlecloud.jobs_cli`.
 """

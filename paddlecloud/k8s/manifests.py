@@ -30,7 +30,10 @@ from typing import Any
 
 import yaml
 
+from paddlecloud.checkpoints import checkpoints_dir
 from paddlecloud.jobspec import JobSpec, JobSpecError
+from paddlecloud.master_flags import master_flags
+from paddlecloud.phase import Phase
 
 logger = logging.getLogger(__name__)
 
@@ -42,11 +45,14 @@ APP_NAME = "paddlecloud"
 JOB_LABEL = "paddlecloud.org/job"
 ROLE_LABEL = "paddlecloud.org/role"
 PHASE_ANNOTATION = "paddlecloud.org/phase"
+PHASE_REASON_ANNOTATION = "paddlecloud.org/phase-reason"
 COMPLETION_INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
 POD_INDEX_LABEL = "apps.kubernetes.io/pod-index"  # set by the StatefulSet controller (k8s >= 1.28)
 PODGROUP_ANNOTATION = "scheduling.k8s.io/group-name"
 
 MASTER, PSERVER, TRAINER = "master", "pserver", "trainer"
+# A Pod's status.phase values: Kubernetes' words for a pod, not the job's `Phase`.
+POD_PHASES = ("Pending", "Running", "Succeeded", "Failed")
 
 # Ports.
 MASTER_PORT = 8080
@@ -520,23 +526,15 @@ def package_configmap(spec: JobSpec, contents: Mapping[str, bytes]) -> Manifest:
 
 
 def master_command(spec: JobSpec) -> list[str]:
-    command = [
-        "paddlecloud", "master",
-        "--job", spec.name,
-        "--namespace", spec.namespace,
-        "--etcd-endpoints", spec.etcd_endpoints,
-        "--port", str(MASTER_PORT),
-        "--advertise", f"$(POD_IP):{MASTER_PORT}",
-        "--metrics-port", str(METRICS_PORT),
-    ]
-    if spec.inputs:
-        for pattern in spec.inputs:
-            command += ["--input", pattern]
-        command += ["--epochs", str(spec.epochs)]
-        if spec.output:  # a job started again on the same output resumes after its checkpoint
-            command += ["--resume-from", f"{spec.output.rstrip('/')}/checkpoints"]
-    command += ["--deployer", "kubernetes", "--job-spec", f"{SPEC_MOUNT}/{SPEC_KEY}"]
-    return command
+    flags = master_flags(
+        job=spec.name, namespace=spec.namespace, etcd_endpoints=spec.etcd_endpoints,
+        port=MASTER_PORT, advertise=f"$(POD_IP):{MASTER_PORT}", metrics_port=METRICS_PORT,
+        inputs=spec.inputs or (), epochs=spec.epochs,
+        # a job started again on the same output resumes after its checkpoint
+        resume_from=checkpoints_dir(spec.output) if spec.output else None,
+        extra=("--deployer", "kubernetes", "--job-spec", f"{SPEC_MOUNT}/{SPEC_KEY}"),
+    )
+    return ["paddlecloud", "master", *flags]
 
 
 def master_deployment(spec: JobSpec) -> Manifest:
@@ -579,7 +577,7 @@ def master_deployment(spec: JobSpec) -> Manifest:
         "kind": "Deployment",
         "metadata": {
             **_metadata(spec, name=master_name(spec.name), role=MASTER, owner=None),
-            "annotations": {PHASE_ANNOTATION: "Pending"},
+            "annotations": {PHASE_ANNOTATION: Phase.PENDING.value},
         },
         "spec": {
             "replicas": 2,

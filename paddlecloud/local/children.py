@@ -70,6 +70,12 @@ class Child:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self.process.pid, sig)
 
+    async def restart(self) -> None:
+        """Starts the child again once its last run is reaped; counts the restart."""
+        self.restarts += 1
+        await self.wait()
+        await self.start()
+
     async def wait(self) -> int:
         assert self.process is not None
         code = await self.process.wait()

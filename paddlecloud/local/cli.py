@@ -53,7 +53,7 @@ def _check_module(module: str, package_path: Path | None) -> None:
 
 def _expand_inputs(inputs: tuple[str, ...]) -> tuple[str, ...]:
     """Local paths made absolute; every glob must match (the master would refuse it anyway)."""
-    from master.dataset import list_files
+    from paddlecloud.datasets import list_files
 
     absolute = tuple(p if "://" in p else str(Path(p).expanduser().absolute()) for p in inputs)
     try:
@@ -202,6 +202,7 @@ def train(module, package_path, inputs, output, trainers, pservers, pserver_modu
 
     Quote an --input glob ('data/*.csv'); arguments for MODULE go after `--`.
     """
+    from paddlecloud.checkpoints import CHECKPOINTS_DIR
     from paddlecloud.local.job import JobFailed, LocalJob, LocalJobSpec, resume_epoch
     from paddlecloud.local.view import ConsoleView
 
@@ -228,7 +229,7 @@ def train(module, package_path, inputs, output, trainers, pservers, pserver_modu
     if example:  # everything checked: only now write anything
         inputs = _example_data(example, root=package_path, output=output)
     if fresh:
-        shutil.rmtree(output / "checkpoints", ignore_errors=True)
+        shutil.rmtree(output / CHECKPOINTS_DIR, ignore_errors=True)
     start_epoch = resume_epoch(output)
     spec = LocalJobSpec(
         job=job_name or _job_name(module), module=module, output=output, inputs=inputs,
@@ -241,7 +242,7 @@ def train(module, package_path, inputs, output, trainers, pservers, pserver_modu
     )
     with ConsoleView() as view:
         if start_epoch:
-            view.line("local", f"resuming at epoch {start_epoch} from the checkpoint in {output / 'checkpoints'}")
+            view.line("local", f"resuming at epoch {start_epoch} from the checkpoint in {output / CHECKPOINTS_DIR}")
         job = LocalJob(spec, on_line=view.line, on_progress=view.progress)
         try:
             code = asyncio.run(job.run())

@@ -1,25 +1,24 @@
-"""A whole job on one machine: etcd, master(s), pserver agents and trainer launchers.
+"""A whole job on one machine: etcd, master(s), and the `LocalDeployer`'s pservers and trainers.
 
-`LocalJob.run()` is the local deployer and supervisor (what the master Deployment,
-the pserver StatefulSet and the trainer Job are on Kubernetes). It starts a private
-etcd unless given one, the masters (two or more campaign for leadership), the
-pserver agents, then the trainers; it restarts what dies, as Kubernetes would, and
-follows the master's progress until the job ends.
+`LocalJob.run()` is what `paddlecloud job submit` and the Kubernetes controllers are
+for a cluster job: it starts a private etcd unless given one and the masters (two or
+more campaign for leadership; a dead one is started again, as its Deployment would
+be), then drives a `LocalDeployer` with the same supervisor as the Kubernetes
+backend (`paddlecloud.supervision.supervise`): pservers first, trainers once every
+pserver has registered, replacements of what dies, and the job's end decided by the
+one phase decision from the master's data (polled with GetStatus) and the trainers.
 
-Restarts: a dead master or pserver agent is started again. A dead trainer is started
-again with the same trainer id (it rejoins the master) — in `trainer` restart mode.
-In `group` mode (collective training, where a group cannot lose a member), every
-trainer is stopped, the master restarts the epoch the last checkpoint resumes at
-(`RestartEpoch`), and the whole group starts again from that checkpoint.
+Only the user's command (under the trainer and pserver launchers) runs with the
+user's `--package-path` on its PYTHONPATH: a user's `master.py` there must not
+shadow the service in the masters, nor in the launchers (which import it).
 
-What this does NOT do: isolate children (they run as this user, on this machine), or
-survive its own death: killing `paddlecloud local train` stops the job.
+What this does NOT do: survive its own death — killing `paddlecloud local train`
+stops the job.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import shutil
@@ -33,17 +32,21 @@ from pathlib import Path
 
 import grpc
 
-from paddlecloud import etcd
+from paddlecloud import checkpoints, etcd
 from paddlecloud.api import pb, pb_grpc
 from paddlecloud.etcd_server import EtcdServer, free_port
 from paddlecloud.keys import JobKeys, prefix_range_end
 from paddlecloud.local.children import Child
+from paddlecloud.local.deployer import JobFailed, LocalDeployer, launcher_command
+from paddlecloud.master_flags import master_flags
+from paddlecloud.phase import Phase
+from paddlecloud.supervision import Graces, MasterState, supervise
 
 logger = logging.getLogger(__name__)
 
 NAMESPACE = "local"
-TERMINAL = ("Succeeded", "Failed")
 TRAINERS_EXITED_GRACE = 5.0  # seconds the master's phase may lag the trainers' exit
+POLL_INTERVAL = 0.5          # seconds between two looks at the master and the children
 
 
 @dataclass(frozen=True)
@@ -75,7 +78,7 @@ class LocalJobSpec:
 class Progress:
     """What the progress view shows; refreshed from the master's GetStatus."""
 
-    phase: str = "Pending"
+    phase: str = Phase.PENDING.value
     epoch: int = 0
     num_epochs: int = 0
     done: int = 0
@@ -99,12 +102,30 @@ class LocalJob:
         self.etcd_server: EtcdServer | None = None
         self.etcd_endpoint = spec.etcd_endpoints or ""
         self.masters: list[Child] = []
-        self.pservers: list[Child] = []
-        self.trainers: list[Child] = []
+        self.deployer = LocalDeployer(
+            trainers=spec.trainers, pservers=spec.pservers, output=spec.output,
+            trainer_command=launcher_command("trainer", self._user_command()),
+            pserver_command=launcher_command(
+                "pserver", self._user_command(spec.pserver_module, ()) if spec.pserver_module
+                else self._user_command()),
+            restart_limit=spec.restart_limit, restart_mode=spec.restart_mode, spawn=self._child,
+            user_env=self._env, restart_epoch=self._restart_epoch,
+            event=self._event,
+        )
         self.stopping = asyncio.Event()
         self.stop_signal: int | None = None
+        self._status: pb.GetStatusResponse | None = None
+        self._master_restarts = 0
         self._etcd_dir: str | None = None
         self._channels: dict[str, grpc.aio.Channel] = {}
+
+    @property
+    def trainers(self) -> list[Child]:
+        return self.deployer.trainers
+
+    @property
+    def pservers(self) -> list[Child]:
+        return self.deployer.pservers
 
     # ---- life cycle -------------------------------------------------------------
 
@@ -118,8 +139,6 @@ class LocalJob:
             if self.spec.fresh:
                 await self._clear_job_state()
             await self._start_masters()
-            await self._start_pservers()
-            await self._start_trainers()
             return await self._supervise()
         finally:
             await self._stop_all()
@@ -148,7 +167,8 @@ class LocalJob:
             await client.close()
         self._event(f"cleared the earlier state of job {self.spec.job}")
 
-    def _base_env(self) -> dict[str, str]:
+    def _env(self, *, master: bool = False) -> dict[str, str]:
+        """The children's environment (the user's package path is on the user's command only)."""
         env = dict(os.environ)
         env.update(
             PADDLE_JOB_NAME=self.spec.job, PADDLE_NAMESPACE=NAMESPACE,
@@ -156,9 +176,8 @@ class LocalJob:
             PADDLE_TRAINERS_NUM=str(self.spec.trainers), PADDLE_PSERVERS_NUM=str(self.spec.pservers),
             PADDLECLOUD_OUTPUT=str(self.spec.output), PYTHONUNBUFFERED="1",
         )
-        if self.spec.package_path is not None:
-            env["PYTHONPATH"] = os.pathsep.join(
-                p for p in (str(self.spec.package_path), env.get("PYTHONPATH", "")) if p)
+        if master:  # nor the current directory first on its path (Python >= 3.11)
+            env["PYTHONSAFEPATH"] = "1"
         env.pop("PADDLE_MASTER_ENDPOINT", None)  # local jobs find the leader through etcd
         env.update(dict(self.spec.env))
         return env
@@ -171,75 +190,70 @@ class LocalJob:
         s = self.spec
         for index in range(s.masters):
             port = free_port()
-            command = [
-                sys.executable, "-m", "paddlecloud", "master", "--job", s.job, "--namespace", NAMESPACE,
-                "--etcd-endpoints", self.etcd_endpoint, "--host", "127.0.0.1", "--port", str(port),
-                "--advertise", f"127.0.0.1:{port}", "--epochs", str(s.epochs),
-                "--start-epoch", str(s.start_epoch), "--session-ttl", s.session_ttl,
-                "--election-ttl", s.election_ttl,
-                *[arg for path in s.inputs for arg in ("--input", path)], *s.master_args,
-            ]
-            child = self._child("master", index, command, self._base_env())
+            command = [sys.executable, "-m", "paddlecloud", "master", *master_flags(
+                job=s.job, namespace=NAMESPACE, etcd_endpoints=self.etcd_endpoint, host="127.0.0.1",
+                port=port, advertise=f"127.0.0.1:{port}", session_ttl=s.session_ttl,
+                election_ttl=s.election_ttl, start_epoch=s.start_epoch, inputs=s.inputs,
+                epochs=s.epochs, extra=s.master_args)]
+            child = self._child("master", index, command, self._env(master=True))
             await child.start()
             self.masters.append(child)
 
-    def _user_command(self) -> list[str]:
-        return [sys.executable, "-m", self.spec.module, *self.spec.module_args]
+    def _user_command(self, module: str | None = None, args: tuple[str, ...] | None = None) -> list[str]:
+        """`python -m MODULE ARGS`, with the user's package path first on its PYTHONPATH.
 
-    async def _start_pservers(self) -> None:
-        s = self.spec
-        user = ([sys.executable, "-m", s.pserver_module] if s.pserver_module else self._user_command())
-        for index in range(s.pservers):
-            command = [sys.executable, "-m", "paddlecloud", "pserver", "--", *user]
-            child = self._child("pserver", index, command, self._base_env())
-            await child.start()
-            self.pservers.append(child)
-
-    def _trainer_env(self, index: int, ports: list[int]) -> dict[str, str]:
-        env = self._base_env()
-        env["PADDLE_TRAINER_ID"] = str(index)
-        if self.spec.pservers == 0:  # collective training: the group's endpoints
-            endpoints = [f"127.0.0.1:{p}" for p in ports]
-            env.update(PADDLE_TRAINER_ENDPOINTS=",".join(endpoints), PADDLE_CURRENT_ENDPOINT=endpoints[index],
-                       PADDLE_PORT=str(ports[index]))
-        return env
-
-    async def _start_trainers(self) -> None:
-        ports = [free_port() for _ in range(self.spec.trainers)]
-        self.trainers = []
-        for index in range(self.spec.trainers):
-            command = [sys.executable, "-m", "paddlecloud", "trainer", "--", *self._user_command()]
-            child = self._child("trainer", index, command, self._trainer_env(index, ports))
-            await child.start()
-            self.trainers.append(child)
+        Only the user's code gets the package path: our own processes (the master, the
+        launchers and agents, which import `master`) must not see a user's `master.py`.
+        """
+        command = [sys.executable, "-m", module or self.spec.module,
+                   *(self.spec.module_args if args is None else args)]
+        if self.spec.package_path is None:
+            return command
+        path = os.pathsep.join(p for p in (str(self.spec.package_path),
+                                           self._env().get("PYTHONPATH", "")) if p)
+        return ["env", f"PYTHONPATH={path}", *command]
 
     # ---- supervision ------------------------------------------------------------
 
     async def _supervise(self) -> int:
-        ended_at: float | None = None
-        exited_at: float | None = None
-        while not self.stopping.is_set():
-            await self._poll_status()
-            await self._restart_dead()
-            phase = self.progress.phase
-            if phase in TERMINAL:
-                ended_at = ended_at or time.monotonic()
-                trainers_done = not any(t.running for t in self.trainers)
-                if trainers_done or time.monotonic() - ended_at > self.spec.done_grace:
-                    failed = [t.name for t in self.trainers if t.returncode not in (0, None)]
-                    if phase == "Succeeded" and failed:
-                        self._event(f"the data is done but {', '.join(failed)} exited with an error")
-                    return 0 if phase == "Succeeded" and not failed else 1
-            elif self.trainers and all(t.returncode == 0 for t in self.trainers):
-                # The status polled above may predate the trainers' JOB_DONE: look again.
-                exited_at = exited_at or time.monotonic()
-                if time.monotonic() - exited_at > TRAINERS_EXITED_GRACE:
-                    self._event("every trainer exited before the master's job was done")
-                    return 1
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self.stopping.wait(), 0.5)
+        """The shared supervisor drives the deployer; masters are kept alive beside it."""
+        job = asyncio.create_task(supervise(
+            self.deployer, num_pservers=self.spec.pservers,
+            registered_pservers=self._registered_pservers, master_state=self._master_state,
+            poll_interval=POLL_INTERVAL,
+            graces=Graces(done=self.spec.done_grace, exited=TRAINERS_EXITED_GRACE),
+        ), name="supervise")
+        keeper = asyncio.create_task(self._keep_masters(), name="keep-masters")
+        stop = asyncio.create_task(self.stopping.wait(), name="stopping")
+        try:
+            done, _ = await asyncio.wait({job, keeper, stop}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (job, keeper, stop):
+                task.cancel()
+            await asyncio.gather(job, keeper, stop, return_exceptions=True)
+        if job in done:
+            return 0 if job.result().phase == Phase.SUCCEEDED else 1
+        if keeper in done:
+            keeper.result()  # raises why the masters cannot go on
         self._event(f"stopping on {signal.Signals(self.stop_signal).name}" if self.stop_signal else "stopping")
         return 128 + (self.stop_signal or signal.SIGTERM)
+
+    async def _keep_masters(self) -> None:
+        """Polls the masters' status and starts a dead master again; runs until cancelled."""
+        while True:
+            await self._poll_status()
+            for master in self.masters:
+                if master.process is not None and not master.running and not master.expected_exit:
+                    await self._restart_master(master)
+            await asyncio.sleep(POLL_INTERVAL)
+
+    async def _registered_pservers(self) -> int:
+        return len(self._status.pserver_endpoints) if self._status is not None else 0
+
+    async def _master_state(self) -> MasterState:
+        phase = self._status.phase if self._status is not None else ""
+        return MasterState(has_dataset=True, done=phase == Phase.SUCCEEDED.value,
+                           failed=phase == Phase.FAILED.value)
 
     async def _poll_status(self) -> None:
         for master in self.masters:
@@ -249,55 +263,25 @@ class LocalJob:
                 status = await self._master(master_address(master)).GetStatus(pb.GetStatusRequest(), timeout=2)
             except grpc.aio.AioRpcError:
                 continue
+            self._status = status
             p = self.progress
             p.phase, p.epoch, p.num_epochs = status.phase, status.current_epoch, status.num_epochs or p.num_epochs
             p.done, p.num_tasks = status.counts.done, status.num_tasks
             p.trainers_alive, p.requeued, p.leader = status.trainers_alive, status.requeued, status.leader
             break
+        self.progress.restarts = self._master_restarts + self.deployer.restarts
         self.on_progress(self.progress)
 
-    async def _restart_dead(self) -> None:
-        for child in [*self.masters, *self.pservers]:
-            if child.process is not None and not child.running and not child.expected_exit:
-                if self.progress.phase in TERMINAL and child.returncode == 0:
-                    continue  # a pserver agent stops by itself when the job ends
-                await self._restart(child, why=f"exited with {child.returncode}")
-        dead = [t for t in self.trainers if not t.running and t.returncode not in (0, None)
-                and not t.expected_exit]
-        if not dead or self.progress.phase in TERMINAL:
-            return
-        if self.spec.restart_mode == "trainer":
-            for trainer in dead:
-                await self._restart(trainer, why=f"exited with {trainer.returncode}")
-        else:
-            await self._restart_group(dead)
-
-    async def _restart(self, child: Child, *, why: str) -> None:
-        if child.role == "master" and child.returncode == 2:  # bad flags or state: no retry helps
-            raise JobFailed(f"{child.name} {why}: {self._last_line(child)} (see {child.log_path})")
-        if child.restarts >= self.spec.restart_limit:
-            raise JobFailed(f"{child.name} {why}; it was restarted {child.restarts} times "
+    async def _restart_master(self, master: Child) -> None:
+        why = f"exited with {master.returncode}"
+        if master.returncode == 2:  # bad flags or state: no retry helps
+            raise JobFailed(f"{master.name} {why}: {self._last_line(master)} (see {master.log_path})")
+        if master.restarts >= self.spec.restart_limit:
+            raise JobFailed(f"{master.name} {why}; it was restarted {master.restarts} times "
                             f"(--restart-limit {self.spec.restart_limit})")
-        child.restarts += 1
-        self.progress.restarts += 1
-        self._event(f"{child.name} {why}: restarting it (restart {child.restarts})")
-        await child.wait()
-        await child.start()
-
-    async def _restart_group(self, dead: list[Child]) -> None:
-        """Collective training: stop the group, restart the checkpoint's epoch, start all again."""
-        restarts = max(t.restarts for t in self.trainers)
-        if restarts >= self.spec.restart_limit:
-            raise JobFailed(f"{dead[0].name} exited with {dead[0].returncode}; the trainer group was "
-                            f"restarted {restarts} times (--restart-limit {self.spec.restart_limit})")
-        self._event(f"{', '.join(t.name for t in dead)} died: restarting the trainer group")
-        await asyncio.gather(*(t.stop(grace=5) for t in self.trainers))
-        epoch = resume_epoch(self.spec.output)
-        await self._restart_epoch(epoch)
-        await self._start_trainers()
-        for trainer in self.trainers:
-            trainer.restarts = restarts + 1
-        self.progress.restarts += 1
+        self._master_restarts += 1
+        self._event(f"{master.name} {why}: restarting it (restart {master.restarts + 1})")
+        await master.restart()
 
     async def _restart_epoch(self, epoch: int) -> None:
         address = self.progress.leader
@@ -310,7 +294,7 @@ class LocalJob:
             except grpc.aio.AioRpcError as error:
                 if time.monotonic() > deadline:
                     raise JobFailed(f"could not restart epoch {epoch}: {error.details()}") from None
-                await asyncio.sleep(0.5)
+                await asyncio.sleep(POLL_INTERVAL)
                 await self._poll_status()
                 address = self.progress.leader
 
@@ -333,8 +317,8 @@ class LocalJob:
         return pb_grpc.MasterStub(self._channels[address])
 
     async def _stop_all(self) -> None:
-        children = [*self.trainers, *self.pservers, *self.masters]
-        await asyncio.gather(*(c.stop(grace=10) for c in children), return_exceptions=True)
+        await self.deployer.cleanup(succeeded=False)
+        await asyncio.gather(*(c.stop(grace=10) for c in self.masters), return_exceptions=True)
         for channel in self._channels.values():
             await channel.close()
         self._channels.clear()
@@ -349,13 +333,6 @@ def master_address(master: Child) -> str:
     return master.command[master.command.index("--advertise") + 1]
 
 
-class JobFailed(RuntimeError):
-    """The job cannot go on (restart limits reached); the message says why."""
-
-
 def resume_epoch(output: Path) -> int:
-    """The epoch a job resumes at: the last checkpoint's `TrainStatus.next()`, else 0."""
-    from trainer_agent.checkpoint import latest_train_status
-
-    status = latest_train_status(str(output / "checkpoints"))
-    return status.next() if status is not None else 0
+    """The epoch a local job resumes at: its last checkpoint's `TrainStatus.next()`, else 0."""
+    return checkpoints.resume_epoch(checkpoints.checkpoints_dir(str(output)))

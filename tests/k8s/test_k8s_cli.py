@@ -22,6 +22,7 @@ from paddlecloud.jobs_cli import job
 from paddlecloud.jobspec import JobSpec
 from paddlecloud.k8s import manifests
 from paddlecloud.keys import JobKeys
+from paddlecloud.phase import Phase
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -121,7 +122,7 @@ async def test_list_shows_jobs_and_their_phase(k8s, kubeconfig, api_client):
     from master.k8s_deployer import KubernetesDeployer
 
     beta = JobSpec(name="beta", namespace="ml", module="ctr.train")
-    await KubernetesDeployer(beta, api_client=api_client).annotate_phase("Running")
+    await KubernetesDeployer(beta, api_client=api_client).show_phase(Phase.RUNNING)
     result = await run("list", "-n", "ml", "--kubeconfig", kubeconfig)
     assert result.exit_code == 0, result.output
     rows = {line.split()[0]: line.split()[1] for line in result.output.splitlines()[1:] if line.strip()}

@@ -12,21 +12,22 @@ from typing import Any
 
 import pytest
 
-from master.deployer import Deployer, RoleStatus
-from master.deployment import FAILED, RUNNING, SUCCEEDED, supervise
-from master.k8s_deployer import (
-    KubernetesApiError,
-    KubernetesConflictError,
-    KubernetesDeployer,
-    KubernetesPermissionError,
-    RetryPolicy,
-    role_status_of_job,
-    should_clean,
-)
+from master.k8s_deployer import KubernetesDeployer, role_status_of_job, should_clean
+from paddlecloud.deployer import Deployer, RoleStatus
 from paddlecloud.etcd import connect
 from paddlecloud.jobspec import JobSpec
 from paddlecloud.k8s import manifests
+from paddlecloud.k8s.client import (
+    KubernetesApiError,
+    KubernetesConflictError,
+    KubernetesPermissionError,
+    RetryPolicy,
+)
 from paddlecloud.keys import JobKeys
+from paddlecloud.phase import Phase
+from paddlecloud.supervision import Graces, MasterState, supervise
+
+FAILED, RUNNING, SUCCEEDED = Phase.FAILED, Phase.RUNNING, Phase.SUCCEEDED
 
 FAST_RETRY = RetryPolicy(attempts=3, initial_wait=0.01, max_wait=0.05)
 NS = "team-a"
@@ -53,6 +54,11 @@ async def create_master(api_client: Any, spec: JobSpec) -> str:
     return made.metadata.uid
 
 
+async def no_dataset() -> MasterState:
+    """A job without a dataset (deploy-and-monitor): its trainers alone say when it ends."""
+    return MasterState(has_dataset=False)
+
+
 def env_of(obj: dict[str, Any]) -> dict[str, Any]:
     container = obj["spec"]["template"]["spec"]["containers"][0]
     return {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
@@ -73,8 +79,8 @@ class Recorder:
         self.phases: list[str] = []
         self.polls = 0
 
-    async def set_phase(self, phase: str) -> None:
-        await self.etcd.put(self.keys.phase, phase.encode())
+    async def set_phase(self, phase: Phase, reason: str) -> None:
+        await self.etcd.put(self.keys.phase, phase.value.encode())
         self.phases.append(phase)
 
     async def registered(self) -> int:
@@ -91,7 +97,7 @@ async def test_trainers_are_created_only_after_every_pserver_registered(
     deployer = KubernetesDeployer(spec, api_client=api_client, retry=FAST_RETRY)
     task = asyncio.create_task(supervise(
         deployer, num_pservers=2, registered_pservers=rec.registered, set_phase=rec.set_phase,
-        job_done=None, poll_interval=0.01))
+        master_state=no_dataset, poll_interval=0.01))
     try:
         ps, trainer = manifests.pserver_name(spec.name), manifests.trainer_name(spec.name)
         await k8s.wait_for(lambda: rec.polls >= 3, what="supervise polling the pservers")
@@ -133,7 +139,7 @@ async def test_trainers_are_created_only_after_every_pserver_registered(
 
         k8s.set_job_status(NS, trainer, {"succeeded": 3, "conditions": [
             {"type": "Complete", "status": "True"}]})
-        assert await asyncio.wait_for(task, 20) == SUCCEEDED
+        assert (await asyncio.wait_for(task, 20)).phase == SUCCEEDED
     finally:
         task.cancel()
     assert rec.phases == ["Pending", "Starting", "Running", "Succeeded"]
@@ -153,7 +159,7 @@ async def test_trainers_failing_for_good_end_the_job_failed(k8s, api_client, etc
     deployer = KubernetesDeployer(spec, api_client=api_client, retry=FAST_RETRY)
     task = asyncio.create_task(supervise(
         deployer, num_pservers=0, registered_pservers=rec.registered, set_phase=rec.set_phase,
-        job_done=None, poll_interval=0.01))
+        master_state=no_dataset, poll_interval=0.01))
     try:
         trainer = manifests.trainer_name(spec.name)
         await k8s.wait_for(lambda: RUNNING in rec.phases, what="phase Running")
@@ -164,7 +170,7 @@ async def test_trainers_failing_for_good_end_the_job_failed(k8s, api_client, etc
         assert not task.done()
         k8s.set_job_status(NS, trainer, {"failed": 12, "conditions": [
             {"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded"}]})
-        assert await asyncio.wait_for(task, 20) == FAILED
+        assert (await asyncio.wait_for(task, 20)).phase == FAILED
     finally:
         task.cancel()
     assert rec.phases[-1] == "Failed"
@@ -235,12 +241,12 @@ async def test_a_new_leader_adopts_what_the_old_one_created(k8s, api_client, etc
     second = KubernetesDeployer(spec, api_client=api_client, retry=FAST_RETRY)
     task = asyncio.create_task(supervise(
         second, num_pservers=2, registered_pservers=rec.registered, set_phase=rec.set_phase,
-        job_done=None, poll_interval=0.01, initial_phase=RUNNING))
+        master_state=no_dataset, poll_interval=0.01, initial_phase=RUNNING))
     try:
         await k8s.wait_for(lambda: len(k8s.posted()) >= creates + 3, what="the new leader's creates")
         k8s.set_job_status(NS, manifests.trainer_name(spec.name), {
             "succeeded": 3, "conditions": [{"type": "Complete", "status": "True"}]})
-        assert await asyncio.wait_for(task, 20) == SUCCEEDED
+        assert (await asyncio.wait_for(task, 20)).phase == SUCCEEDED
     finally:
         task.cancel()
     assert rec.phases == ["Succeeded"]  # never backwards to Pending/Starting
@@ -250,9 +256,9 @@ async def test_a_new_leader_adopts_what_the_old_one_created(k8s, api_client, etc
     creates = len(k8s.posted())
     third = KubernetesDeployer(spec, api_client=api_client, retry=FAST_RETRY)
     final = await supervise(third, num_pservers=2, registered_pservers=rec.registered,
-                            set_phase=rec.set_phase, job_done=None, poll_interval=0.01,
+                            set_phase=rec.set_phase, master_state=no_dataset, poll_interval=0.01,
                             initial_phase=SUCCEEDED)
-    assert final == SUCCEEDED and len(k8s.posted()) == creates
+    assert final.phase == SUCCEEDED and len(k8s.posted()) == creates
 
 
 async def test_the_role_in_deploy_allows_exactly_what_the_master_does(k8s, api_client):
@@ -268,7 +274,7 @@ async def test_the_role_in_deploy_allows_exactly_what_the_master_does(k8s, api_c
     successor = KubernetesDeployer(spec, api_client=api_client, retry=FAST_RETRY)
     await successor.create_pservers()  # a new leader adopts: 409, then get
     await deployer.trainer_status()
-    await deployer.annotate_phase("Succeeded")
+    await deployer.show_phase(Phase.SUCCEEDED, reason="the data is done")
     await deployer.cleanup(succeeded=True)
     used = k8s.rbac_verbs(since)
     allowed = {(group, resource, verb) for rule in manifests.MASTER_RULES
@@ -360,7 +366,7 @@ def test_role_status_of_a_job_follows_its_terminal_conditions():
     assert not role_status_of_job(None, desired=3).finished
 
 
-# ---- supervise() with an in-memory deployer: the phase rules alone -----------------------
+# ---- supervise() with an in-memory deployer: the loop's rules alone -----------------------
 class FakeDeployer(Deployer):
     def __init__(self, statuses: list[RoleStatus]) -> None:
         self.calls: list[str] = []
@@ -373,11 +379,20 @@ class FakeDeployer(Deployer):
     async def create_trainers(self) -> None:
         self.calls.append("trainers")
 
+    async def reconcile(self) -> None:
+        self.calls.append("reconcile")
+
+    async def finishing(self) -> None:
+        self.calls.append("finishing")
+
     async def trainer_status(self) -> RoleStatus:
         self.calls.append("status")
         if self.calls.count("status") >= 3:
             self.polled_thrice.set()
         return self.statuses.pop(0) if len(self.statuses) > 1 else self.statuses[0]
+
+    async def show_phase(self, phase: Phase, *, reason: str = "") -> None:
+        self.calls.append(f"show({phase})")
 
     async def cleanup(self, *, succeeded: bool) -> None:
         self.calls.append(f"cleanup(succeeded={succeeded})")
@@ -387,46 +402,59 @@ async def _no_pservers() -> int:
     return 0
 
 
-async def test_a_done_dataset_ends_the_job_once_the_trainers_are_idle_or_out_of_grace():
-    phases: list[str] = []
+BUSY = RoleStatus(desired=2, active=2)
+SHORT_DONE_GRACE = Graces(done=0.2)
 
-    async def set_phase(phase: str) -> None:
+
+async def _supervise_until_the_data(
+        flip: str, *, trainers: RoleStatus = BUSY,
+        graces: Graces = SHORT_DONE_GRACE) -> tuple[FakeDeployer, list[str], Phase]:
+    """Trainers that stay as `trainers` says; after three polls the master's data turns `flip`."""
+    phases: list[str] = []
+    data = {"done": False, "failed": False}
+
+    async def set_phase(phase: Phase, reason: str) -> None:
         phases.append(phase)
 
-    deployer = FakeDeployer([RoleStatus(desired=2, active=2)])
-    done = {"value": False}
+    async def master_state() -> MasterState:
+        return MasterState(has_dataset=True, **data)
+
+    deployer = FakeDeployer([trainers])
     task = asyncio.create_task(supervise(
         deployer, num_pservers=0, registered_pservers=_no_pservers, set_phase=set_phase,
-        job_done=lambda: done["value"], poll_interval=0.01, done_grace=0.2))
+        master_state=master_state, poll_interval=0.01, graces=graces))
     await asyncio.wait_for(deployer.polled_thrice.wait(), 10)
-    assert not task.done()  # trainers still busy, dataset not done
-    done["value"] = True
-    assert await asyncio.wait_for(task, 10) == SUCCEEDED  # the trainers hung: grace ran out
-    assert deployer.calls[-1] == "cleanup(succeeded=True)"
+    assert not task.done()  # no verdict yet: trainers busy, or within their grace
+    data[flip] = True
+    verdict = await asyncio.wait_for(task, 10)
+    return deployer, phases, verdict.phase
+
+
+async def test_a_done_dataset_ends_the_job_once_the_trainers_are_out_of_grace():
+    deployer, phases, final = await _supervise_until_the_data("done")
+    assert final == SUCCEEDED  # the trainers hung: the grace ran out
+    assert deployer.calls[-2:] == ["show(Succeeded)", "cleanup(succeeded=True)"]
+    assert deployer.calls.count("finishing") == 1  # nothing is replaced once the data is done
     assert phases == ["Pending", "Starting", "Running", "Succeeded"]
 
 
 async def test_a_failed_dataset_fails_the_job_and_cleans_up_as_failed():
-    phases: list[str] = []
-
-    async def set_phase(phase: str) -> None:
-        phases.append(phase)
-
-    deployer = FakeDeployer([RoleStatus(desired=2, active=2)])
-    failed = {"value": False}
-    task = asyncio.create_task(supervise(
-        deployer, num_pservers=0, registered_pservers=_no_pservers, set_phase=set_phase,
-        job_done=lambda: failed["value"], job_failed=lambda: failed["value"], poll_interval=0.01))
-    await asyncio.wait_for(deployer.polled_thrice.wait(), 10)
-    assert not task.done()
-    failed["value"] = True  # every task of an epoch failed: the master's job is over, failed
-    assert await asyncio.wait_for(task, 10) == FAILED
-    assert deployer.calls[-1] == "cleanup(succeeded=False)"
+    deployer, phases, final = await _supervise_until_the_data("failed")
+    assert final == FAILED  # every task of an epoch failed: the master's job is over, failed
+    assert deployer.calls[-2:] == ["show(Failed)", "cleanup(succeeded=False)"]
     assert phases == ["Pending", "Starting", "Running", "Failed"]
+
+
+async def test_trainers_that_exit_before_the_master_knows_the_data_is_done_succeed():
+    # The master's view may lag the trainers' exit (a poll, a failover): the exited
+    # grace lets it catch up instead of failing the job that did consume its data.
+    deployer, phases, final = await _supervise_until_the_data(
+        "done", trainers=RoleStatus(desired=2, succeeded=2), graces=Graces(exited=30))
+    assert final == SUCCEEDED and phases[-1] == "Succeeded"
 
 
 async def test_supervise_refuses_bad_arguments():
     with pytest.raises(ValueError, match="initial_phase='Done'"):
         await supervise(FakeDeployer([RoleStatus(desired=1)]), num_pservers=0,
                         registered_pservers=_no_pservers, set_phase=None,  # type: ignore[arg-type]
-                        job_done=None, initial_phase="Done")
+                        master_state=no_dataset, initial_phase="Done")  # type: ignore[arg-type]

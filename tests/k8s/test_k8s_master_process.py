@@ -18,18 +18,29 @@ from paddlecloud.k8s import manifests
 from paddlecloud.keys import JobKeys
 
 
-async def test_master_creates_pservers_then_trainers_once_pservers_register(
-        tmp_path, k8s, api_client, kubeconfig, etcd_endpoint, job_name, monkeypatch, start_master):
-    name = short(job_name)
+async def start_deploying_master(tmp_path, api_client, kubeconfig, etcd_endpoint, monkeypatch,
+                                 start_master, *, name: str, namespace: str,
+                                 pservers: int = 0) -> tuple[JobSpec, object]:
+    """What `job submit` makes (the master Deployment, the spec), and a real master deploying."""
     write_records(tmp_path / "data", files=2, records_per_file=2)
-    spec = JobSpec(name=name, namespace="team-b", module="ctr.train", trainers=2, pservers=2,
-                   inputs=(str(tmp_path / "data"),), etcd_endpoints=etcd_endpoint).validate()
+    spec = JobSpec(name=name, namespace=namespace, module="ctr.train", trainers=2,
+                   pservers=pservers, inputs=(str(tmp_path / "data"),),
+                   etcd_endpoints=etcd_endpoint).validate()
     await create_master(api_client, spec)
     spec_file = tmp_path / "job.yaml"
     spec_file.write_text(spec.to_yaml())
     monkeypatch.setenv("KUBECONFIG", kubeconfig)
-    proc = start_master("--input", str(tmp_path / "data"), "--namespace", "team-b",
+    proc = start_master("--input", str(tmp_path / "data"), "--namespace", namespace,
                         "--deployer", "kubernetes", "--job-spec", str(spec_file), job=name)
+    return spec, proc
+
+
+async def test_master_creates_pservers_then_trainers_once_pservers_register(
+        tmp_path, k8s, api_client, kubeconfig, etcd_endpoint, job_name, monkeypatch, start_master):
+    name = short(job_name)
+    spec, proc = await start_deploying_master(tmp_path, api_client, kubeconfig, etcd_endpoint,
+                                              monkeypatch, start_master, name=name,
+                                              namespace="team-b", pservers=2)
     await wait_serving(proc.address, process=proc)
     await k8s.wait_for(lambda: k8s.stored("statefulsets", "team-b", manifests.pserver_name(name)),
                        timeout=30, what="the pserver StatefulSet")
@@ -58,3 +69,55 @@ async def test_master_creates_pservers_then_trainers_once_pservers_register(
         await k8s.wait_for(running, timeout=30, what="phase Running")
         status = await master.GetStatus(pb.GetStatusRequest())
         assert list(status.pserver_endpoints) == manifests.pserver_endpoints(spec)
+
+
+
+async def test_a_permanent_deploy_error_fails_the_job_with_its_reason(
+        tmp_path, k8s, api_client, kubeconfig, etcd_endpoint, job_name, monkeypatch, start_master):
+    name = short(job_name)
+    k8s.fail("post", "jobs", status=403, times=1000,
+             message='jobs.batch is forbidden: cannot create resource "jobs"')
+    spec, proc = await start_deploying_master(tmp_path, api_client, kubeconfig, etcd_endpoint,
+                                              monkeypatch, start_master, name=name,
+                                              namespace="team-c")
+    await wait_serving(proc.address, process=proc)
+
+    def annotations() -> dict:
+        deployment = k8s.stored("deployments", "team-c", manifests.master_name(name))
+        return deployment["metadata"].get("annotations") or {}
+    await k8s.wait_for(lambda: annotations().get(manifests.PHASE_ANNOTATION) == "Failed",
+                       timeout=30, what="phase Failed on the master Deployment")
+    client = await etcd.connect(etcd_endpoint)
+    try:
+        assert (await client.get(JobKeys("team-c", name).phase)).value == b"Failed"
+    finally:
+        await client.close()
+    assert "forbidden to create jobs" in annotations()[manifests.PHASE_REASON_ANNOTATION]
+    assert k8s.posted().count(("jobs", manifests.trainer_name(name))) == 1  # not retried
+    # the leader stays: it reports the failure, no other master would do better
+    async with grpc.aio.insecure_channel(proc.address) as channel:
+        assert (await stub(channel).GetStatus(pb.GetStatusRequest())).phase == "Failed"
+    assert "stepping down" not in proc.log()
+
+
+async def test_a_transient_deploy_error_past_its_retries_steps_the_master_down(
+        tmp_path, k8s, api_client, kubeconfig, etcd_endpoint, job_name, monkeypatch, start_master):
+    name = short(job_name)
+    # The deployer's first read (its owner, the master Deployment) fails for one whole
+    # round of retries (5 tries), then the API server recovers.
+    answered = k8s.fail("get", "deployments", status=503, times=5, message="etcdserver: timeout")
+    spec, proc = await start_deploying_master(tmp_path, api_client, kubeconfig, etcd_endpoint,
+                                              monkeypatch, start_master, name=name,
+                                              namespace="team-c")
+    await k8s.wait_for(lambda: k8s.stored("jobs", "team-c", manifests.trainer_name(name)),
+                       timeout=90, what="the trainers, deployed by the next term")
+    assert answered == [5]
+    log = proc.log()
+    assert "deploying failed for now" in log and "stepping down" in log
+    assert log.count("elected leader") >= 2  # stepped down, then elected again
+    client = await etcd.connect(etcd_endpoint)
+    try:
+        value = await client.get(JobKeys("team-c", name).phase)
+    finally:
+        await client.close()
+    assert value is not None and value.value != b"Failed"

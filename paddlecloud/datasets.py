@@ -1,24 +1,37 @@
 """Expands a dataset spec's paths and globs into the file list the master freezes in etcd.
 
-Runs once per job, at its first start (in a thread: fsspec calls block); every later
-start and every standby reads the frozen list back, never a fresh glob, so the tasks
-of a job never change under it. It never opens a file: only names and sizes.
+Shared by the master (at a job's first start, in a thread: fsspec calls block) and
+the CLIs (to refuse a glob that matches nothing before anything starts). Every later
+start of the master and every standby reads the frozen list back, never a fresh
+glob, so the tasks of a job never change under it. It never opens a file: only
+names and sizes. What this does NOT guarantee: that the files are still there, or
+the same size, when the trainers read them.
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 import fsspec
 from fsspec.core import split_protocol
 from fsspec.registry import known_implementations
 
-from master.config import SpecError
-from master.partition import FileEntry
-
 logger = logging.getLogger(__name__)
 
 GLOB_CHARS = "*?["
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    """One file of a dataset: its path (URLs keep their protocol) and its size in bytes."""
+
+    path: str
+    size: int
+
+
+class SpecError(ValueError):
+    """A dataset spec or a setting is invalid; the message names the bad value."""
 
 
 def _filesystem(path: str) -> tuple[fsspec.AbstractFileSystem, str]:

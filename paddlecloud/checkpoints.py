@@ -1,0 +1,152 @@
+"""Where checkpoints live and how their versions are read: the read side every process shares.
+
+A job's checkpoints are in `<output>/checkpoints` (`CHECKPOINTS_DIR`): the trainer
+library writes them (`trainer_agent.checkpoint`), the local backend and the master
+read the newest one's epoch to resume after it (`resume_epoch`). A version is a
+directory `checkpoint-<epoch:08d>` (or `.replaced-checkpoint-<epoch>-<hex>` set aside
+while an epoch is saved again) holding `state.pkl` and `meta.json`; a version is
+complete when `meta.json` is valid and `state.pkl` has the size it records.
+
+This module never unpickles a state (that runs code: `trainer_agent` does it for the
+user who wrote it) and never writes. What it does NOT guarantee: that a version
+found complete here is still there when it is loaded (one saver per directory,
+which prunes old versions, is assumed).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import posixpath
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import fsspec
+from fsspec.implementations.local import LocalFileSystem
+
+logger = logging.getLogger(__name__)
+
+CHECKPOINTS_DIR = "checkpoints"
+FORMAT_VERSION = 1
+STATE_FILE = "state.pkl"
+META_FILE = "meta.json"
+
+_PRIMARY = re.compile(r"^checkpoint-(\d{8,})$")
+_REPLACED = re.compile(r"^\.replaced-checkpoint-(\d{8,})-[0-9a-f]+$")
+
+
+class CheckpointError(Exception):
+    """A checkpoint cannot be written or read; the message names the directory."""
+
+
+def checkpoints_dir(output: str) -> str:
+    """The checkpoint directory of a job's output (a local path or an fsspec URL)."""
+    return f"{output.rstrip('/')}/{CHECKPOINTS_DIR}"
+
+
+@dataclass(frozen=True)
+class CheckpointDir:
+    """A checkpoint directory: its file system, its path there, and the path the user gave."""
+
+    fs: fsspec.AbstractFileSystem
+    root: str
+    url: str
+
+    @classmethod
+    def of(cls, path: str) -> CheckpointDir:
+        fs, root = fsspec.core.url_to_fs(path)
+        return cls(fs, root.rstrip("/"), path.rstrip("/"))
+
+    @property
+    def local(self) -> bool:
+        return isinstance(self.fs, LocalFileSystem)
+
+    def path(self, *names: str) -> str:
+        """The file system path of ``names`` inside the directory."""
+        return "/".join([self.root, *names])
+
+    def show(self, *names: str) -> str:
+        """``names`` inside the directory as the user spells it (for messages)."""
+        return "/".join([self.url, *names])
+
+    def names(self) -> list[str]:
+        """The names directly inside the directory; none when it does not exist."""
+        try:
+            listing = self.fs.ls(self.root, detail=False)
+        except FileNotFoundError:
+            return []
+        return [posixpath.basename(p.rstrip("/")) for p in listing]
+
+
+@dataclass(frozen=True)
+class Version:
+    """A version directory: a primary ``checkpoint-N`` or a ``.replaced-`` one set aside."""
+
+    name: str
+    epoch: int
+    primary: bool
+
+
+def versions(d: CheckpointDir) -> list[Version]:
+    """Every version directory, best first: higher epoch first, a primary before its aside."""
+    found = []
+    for name in d.names():
+        if m := _PRIMARY.match(name):
+            found.append(Version(name, int(m.group(1)), primary=True))
+        elif m := _REPLACED.match(name):
+            found.append(Version(name, int(m.group(1)), primary=False))
+    return sorted(found, key=lambda v: (-v.epoch, not v.primary, v.name))
+
+
+def complete_versions(d: CheckpointDir) -> Iterator[tuple[Version, dict[str, Any]]]:
+    """The complete version of each epoch (its primary, else an aside) and its meta, newest first.
+
+    Raises CheckpointError naming the file for a format version this code cannot read.
+    """
+    done: set[int] = set()
+    for version in versions(d):
+        if version.epoch in done:
+            continue
+        meta = _complete_meta(d, version)
+        if meta is not None:
+            done.add(version.epoch)
+            yield version, meta
+
+
+def latest_epoch(path: str) -> int | None:
+    """The epoch of the newest complete version under ``path`` (reads only meta.json), or None."""
+    found = next(complete_versions(CheckpointDir.of(path)), None)
+    return None if found is None else int(found[1]["epoch"])
+
+
+def resume_epoch(path: str) -> int:
+    """The epoch a job resumes at: after the newest checkpoint's epoch (``TrainStatus.next()``), else 0."""
+    epoch = latest_epoch(path)
+    return 0 if epoch is None else epoch + 1
+
+
+def _complete_meta(d: CheckpointDir, version: Version) -> dict[str, Any] | None:
+    """The version's meta if it is complete (meta.json valid, state.pkl of its size)."""
+    try:
+        with d.fs.open(d.path(version.name, META_FILE), "rb") as f:
+            meta = json.loads(f.read())
+        state_bytes = int(d.fs.size(d.path(version.name, STATE_FILE)))
+    except (OSError, ValueError) as e:
+        logger.warning("skipping incomplete checkpoint %s: %s", d.show(version.name), e)
+        return None
+    format_version = meta.get("format_version") if isinstance(meta, dict) else None
+    if format_version != FORMAT_VERSION:
+        raise CheckpointError(
+            f"{d.show(version.name, META_FILE)}: unsupported checkpoint format version "
+            f"{format_version!r} (this paddlecloud reads version {FORMAT_VERSION})"
+        )
+    if meta.get("epoch") != version.epoch or meta.get("state_bytes") != state_bytes:
+        logger.warning(
+            "skipping torn checkpoint %s: meta.json says epoch %r, %r bytes; found %d, %d",
+            d.show(version.name), meta.get("epoch"), meta.get("state_bytes"),
+            version.epoch, state_bytes,
+        )
+        return None
+    return meta

@@ -1,0 +1,114 @@
+"""The `Deployer` contract: what runs one job's pservers and trainers, on any backend.
+
+Two backends implement it: `master.k8s_deployer.KubernetesDeployer` (a StatefulSet
+and an Indexed Job, driven by the job's leading master) and
+`paddlecloud.local.deployer.LocalDeployer` (child processes, driven by
+`paddlecloud local train`). Both are driven by one loop,
+`paddlecloud.supervision.supervise`, which calls, in this order:
+
+    create_pservers()                      the pservers (none for collective jobs)
+    ... until every pserver registered in etcd (the loop asks the master, not the backend)
+    create_trainers()                      the trainer group, ids 0..N-1
+    every poll: reconcile(), trainer_status()
+    once the master's data is done or failed: finishing()
+    show_phase(phase, reason=...)          at every phase change
+    cleanup(succeeded=...)                 per the job's cleanPodPolicy
+
+and decides the job's phase from the master's state and `trainer_status()` with one
+pure function (`paddlecloud.supervision.decide_phase`), so the backends cannot
+disagree about a job's end.
+
+Every method must be idempotent: a master that took over from a dead leader calls
+them all again, and what already exists is adopted, not duplicated.
+
+Elastic jobs (the next issue) extend this contract in the same shape: `scale(n)`
+records the trainers' desired size and `reconcile()` converges to it (Kubernetes:
+the Job's parallelism; local: start or stop launchers); `restart_trainers()`
+stops the whole group and starts it again at its size (the local backend has it
+already, for collective jobs that lose a member).
+
+What this does NOT guarantee: anything about the master's own processes (the
+Kubernetes Deployment, or the local job's master children): they run the deployer.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+
+from paddlecloud.phase import Phase
+
+
+@dataclass(frozen=True)
+class RoleStatus:
+    """What a backend sees of one role's members (pods or child processes).
+
+    `active`: running, or failed and about to be replaced (the backend still
+    tries); `succeeded`: members whose last run exited 0; `failed`: failed runs the
+    backend counts (Kubernetes: every failed pod; local: members whose last run
+    failed). `detail` says why the backend gave up, when it did.
+    """
+
+    desired: int
+    active: int = 0
+    succeeded: int = 0
+    failed: int = 0
+    detail: str = field(default="", compare=False)  # words for people, not a state
+
+    @property
+    def finished(self) -> bool:
+        """Every member's last run exited 0."""
+        return self.desired > 0 and self.succeeded >= self.desired
+
+    @property
+    def gave_up(self) -> bool:
+        """Failed for good: nothing runs or will be replaced, something failed, not all finished."""
+        return self.failed > 0 and self.active == 0 and not self.finished
+
+    def describe(self) -> str:
+        counts = (f"{self.active} active, {self.succeeded} succeeded, {self.failed} failed "
+                  f"of {self.desired}")
+        return f"{counts} ({self.detail})" if self.detail else counts
+
+
+class Deployer(abc.ABC):
+    """Creates, observes, replaces and removes the pservers and trainers of one job."""
+
+    @abc.abstractmethod
+    async def create_pservers(self) -> None:
+        """Creates the pservers (no-op when the job has none, or they exist)."""
+
+    @abc.abstractmethod
+    async def create_trainers(self) -> None:
+        """Creates the trainer group; only called once every pserver has registered."""
+
+    @abc.abstractmethod
+    async def reconcile(self) -> None:
+        """Replaces the members that died, within the backend's restart limit.
+
+        Kubernetes: nothing to do, its controllers replace pods. Local: a dead
+        trainer (or, for collective jobs, the whole group) and dead pservers are
+        started again; past the limit the backend gives up on the trainers
+        (`trainer_status().gave_up`).
+        """
+
+    @abc.abstractmethod
+    async def finishing(self) -> None:
+        """The master's data is done or failed: from now on nothing that exits is replaced."""
+
+    @abc.abstractmethod
+    async def trainer_status(self) -> RoleStatus:
+        """The trainers as the backend sees them now."""
+
+    @abc.abstractmethod
+    async def show_phase(self, phase: Phase, *, reason: str = "") -> None:
+        """Shows the job's phase where users look (Kubernetes: annotations of the master
+        Deployment; local: a line on the console). etcd's `phase` key, written by the
+        master, stays the truth: this is a view of it, and may fail."""
+
+    @abc.abstractmethod
+    async def cleanup(self, *, succeeded: bool) -> None:
+        """Removes what the job's cleanPodPolicy says should go when the job ends.
+
+        A backend whose members cannot outlive it (local child processes) stops them all.
+        """

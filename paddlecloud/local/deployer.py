@@ -1,0 +1,189 @@
+"""`LocalDeployer`: the `Deployer` of `paddlecloud local train` — pservers and trainers as child processes.
+
+What a StatefulSet and an Indexed Job are on Kubernetes, child processes are here:
+`create_pservers` starts the pserver agents, `create_trainers` the trainer launchers
+(ids 0..N-1; for collective jobs with the group's endpoints), and `reconcile`
+plays the controllers: a dead pserver is started again, and a dead trainer too — in
+`trainer` restart mode alone, with the same id (it rejoins the master); in `group`
+mode (collective training, where a group cannot lose a member) by
+`restart_trainers`: every trainer stopped, the master told to restart the epoch the
+last checkpoint resumes at, the whole group started again. Past `--restart-limit`
+the deployer gives up on the trainers as a Job past its backoffLimit does: every
+trainer is stopped and `trainer_status()` reports the reason. A pserver past the
+limit raises `JobFailed`.
+
+What this does NOT do: isolate children (they run as this user, on this machine),
+nor keep any process after `cleanup` — a local job's processes cannot outlive it,
+whatever the clean-pod policy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+from paddlecloud import checkpoints
+from paddlecloud.deployer import Deployer, RoleStatus
+from paddlecloud.etcd_server import free_port
+from paddlecloud.local.children import Child
+from paddlecloud.phase import Phase
+
+logger = logging.getLogger(__name__)
+
+RESTART_MODES = ("group", "trainer")
+GROUP_STOP_GRACE = 5.0
+CLEANUP_GRACE = 10.0
+
+
+class JobFailed(RuntimeError):
+    """The job cannot go on (restart limits reached); the message says why."""
+
+
+class LocalDeployer(Deployer):
+    """The pservers and trainers of one local job, as child processes.
+
+    `spawn(role, index, command, env)` makes a child (the job decides where its log
+    goes); `user_env()` is the environment of the user's code (with its package
+    path); `restart_epoch(epoch)` asks the master to restart an epoch (group mode).
+    """
+
+    def __init__(self, *, trainers: int, pservers: int, trainer_command: list[str],
+                 pserver_command: list[str], output: Path, restart_limit: int, restart_mode: str,
+                 spawn: Callable[[str, int, list[str], dict[str, str]], Child],
+                 user_env: Callable[[], dict[str, str]],
+                 restart_epoch: Callable[[int], Awaitable[None]],
+                 event: Callable[[str], None]) -> None:
+        if restart_mode not in RESTART_MODES:
+            raise ValueError(f"restart mode {restart_mode!r}: must be one of {', '.join(RESTART_MODES)}")
+        if trainers < 1 or pservers < 0 or restart_limit < 0:
+            raise ValueError(f"trainers={trainers} pservers={pservers} restart_limit={restart_limit}: "
+                             "need trainers >= 1, pservers >= 0, restart_limit >= 0")
+        self.num_trainers, self.num_pservers = trainers, pservers
+        self.trainer_command, self.pserver_command = trainer_command, pserver_command
+        self.output = output
+        self.restart_limit, self.restart_mode = restart_limit, restart_mode
+        self._spawn, self._user_env = spawn, user_env
+        self._restart_epoch, self._event = restart_epoch, event
+        self.pservers: list[Child] = []
+        self.trainers: list[Child] = []
+        self.restarts = 0
+        self._replacing = True
+        self._gave_up = ""
+
+    # ---- Deployer ---------------------------------------------------------------------
+    async def create_pservers(self) -> None:
+        if self.pservers:
+            return
+        for index in range(self.num_pservers):
+            child = self._spawn("pserver", index, self.pserver_command, self._user_env())
+            await child.start()
+            self.pservers.append(child)
+
+    async def create_trainers(self) -> None:
+        if not self.trainers:
+            await self._start_trainers()
+
+    async def reconcile(self) -> None:
+        if not self._replacing or self._gave_up:
+            return
+        for pserver in self.pservers:
+            if pserver.process is not None and not pserver.running and not pserver.expected_exit:
+                if pserver.restarts >= self.restart_limit:
+                    raise JobFailed(f"{pserver.name} exited with {pserver.returncode}; it was restarted "
+                                    f"{pserver.restarts} times (--restart-limit {self.restart_limit})")
+                await self._restart(pserver)
+        dead = [t for t in self.trainers if self._dead(t)]
+        if not dead:
+            return
+        if self.restart_mode == "trainer":
+            for trainer in dead:
+                if trainer.restarts >= self.restart_limit:
+                    await self._give_up(f"{trainer.name} exited with {trainer.returncode}; it was "
+                                        f"restarted {trainer.restarts} times "
+                                        f"(--restart-limit {self.restart_limit})")
+                    return
+                await self._restart(trainer)
+        else:
+            restarts = max(t.restarts for t in self.trainers)
+            if restarts >= self.restart_limit:
+                await self._give_up(f"{dead[0].name} exited with {dead[0].returncode}; the trainer "
+                                    f"group was restarted {restarts} times "
+                                    f"(--restart-limit {self.restart_limit})")
+                return
+            self._event(f"{', '.join(t.name for t in dead)} died: restarting the trainer group")
+            await self.restart_trainers()
+
+    async def finishing(self) -> None:
+        self._replacing = False
+
+    async def trainer_status(self) -> RoleStatus:
+        succeeded = sum(t.returncode == 0 for t in self.trainers)
+        failed = sum(t.returncode not in (0, None) for t in self.trainers)
+        if self._gave_up:
+            return RoleStatus(desired=self.num_trainers, active=0, succeeded=succeeded,
+                              failed=max(failed, 1), detail=self._gave_up)
+        running = sum(t.running for t in self.trainers)
+        # a dead trainer is replaced by the next reconcile while replacing goes on
+        replaced = sum(self._dead(t) for t in self.trainers) if self._replacing else 0
+        return RoleStatus(desired=self.num_trainers, active=running + replaced,
+                          succeeded=succeeded, failed=failed)
+
+    async def show_phase(self, phase: Phase, *, reason: str = "") -> None:
+        self._event(f"job {phase}: {reason}" if reason else f"job {phase}")
+
+    async def cleanup(self, *, succeeded: bool) -> None:
+        await asyncio.gather(*(c.stop(grace=CLEANUP_GRACE) for c in [*self.trainers, *self.pservers]),
+                             return_exceptions=True)
+
+    # ---- restarts ---------------------------------------------------------------------
+    async def restart_trainers(self) -> None:
+        """Collective training: stop the group, restart the checkpoint's epoch, start all again."""
+        restarts = max((t.restarts for t in self.trainers), default=0)
+        await asyncio.gather(*(t.stop(grace=GROUP_STOP_GRACE) for t in self.trainers))
+        await self._restart_epoch(checkpoints.resume_epoch(checkpoints.checkpoints_dir(str(self.output))))
+        await self._start_trainers()
+        for trainer in self.trainers:
+            trainer.restarts = restarts + 1
+        self.restarts += 1
+
+    async def _restart(self, child: Child) -> None:
+        self.restarts += 1
+        self._event(f"{child.name} exited with {child.returncode}: restarting it "
+                    f"(restart {child.restarts + 1})")
+        await child.restart()
+
+    async def _give_up(self, reason: str) -> None:
+        self._gave_up = reason
+        self._event(f"giving up on the trainers: {reason}")
+        await asyncio.gather(*(t.stop(grace=GROUP_STOP_GRACE) for t in self.trainers))
+
+    @staticmethod
+    def _dead(trainer: Child) -> bool:
+        """Died by itself with an error (not stopped on purpose, not finished)."""
+        return (not trainer.running and trainer.returncode not in (0, None)
+                and not trainer.expected_exit)
+
+    async def _start_trainers(self) -> None:
+        ports = [free_port() for _ in range(self.num_trainers)]
+        self.trainers = []
+        for index in range(self.num_trainers):
+            child = self._spawn("trainer", index, self.trainer_command, self._trainer_env(index, ports))
+            await child.start()
+            self.trainers.append(child)
+
+    def _trainer_env(self, index: int, ports: list[int]) -> dict[str, str]:
+        env = self._user_env()
+        env["PADDLE_TRAINER_ID"] = str(index)
+        if self.num_pservers == 0:  # collective training: the group's endpoints
+            endpoints = [f"127.0.0.1:{p}" for p in ports]
+            env.update(PADDLE_TRAINER_ENDPOINTS=",".join(endpoints),
+                       PADDLE_CURRENT_ENDPOINT=endpoints[index], PADDLE_PORT=str(ports[index]))
+        return env
+
+
+def launcher_command(role: str, user_command: list[str]) -> list[str]:
+    """`paddlecloud pserver|trainer -- USER COMMAND`, with this Python."""
+    return [sys.executable, "-m", "paddlecloud", role, "--", *user_command]

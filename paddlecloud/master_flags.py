@@ -1,0 +1,40 @@
+"""The command line of a job's master, built in one place for every backend.
+
+The local backend runs `python -m paddlecloud master FLAGS`, the Kubernetes
+manifests run `paddlecloud master FLAGS`; both get FLAGS from `master_flags`, so
+a flag renamed in `master/cli.py` is renamed for both here. What this does NOT
+do: check values — the master validates its flags and exits 2 on a bad one.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+logger = logging.getLogger(__name__)
+
+
+def master_flags(*, job: str, namespace: str, etcd_endpoints: str, port: int, advertise: str,
+                 host: str | None = None, inputs: Sequence[str] = (), epochs: int | None = None,
+                 start_epoch: int | None = None, resume_from: str | None = None,
+                 session_ttl: str | None = None, election_ttl: str | None = None,
+                 metrics_port: int | None = None, extra: Sequence[str] = ()) -> list[str]:
+    """The flags after `paddlecloud master`; None (or empty) leaves a flag to its default.
+
+    `epochs` and `resume_from` are given only with `inputs` (they belong to the
+    dataset); `extra` flags come last, as given.
+    """
+    flags = ["--job", job, "--namespace", namespace, "--etcd-endpoints", etcd_endpoints]
+    if host is not None:
+        flags += ["--host", host]
+    flags += ["--port", str(port), "--advertise", advertise]
+    optional = (("--metrics-port", metrics_port), ("--session-ttl", session_ttl),
+                ("--election-ttl", election_ttl), ("--start-epoch", start_epoch))
+    flags += [arg for flag, value in optional if value is not None for arg in (flag, str(value))]
+    if inputs:
+        flags += [arg for pattern in inputs for arg in ("--input", pattern)]
+        if epochs is not None:
+            flags += ["--epochs", str(epochs)]
+        if resume_from:
+            flags += ["--resume-from", resume_from]
+    return [*flags, *extra]
