@@ -23,7 +23,6 @@ from master.state import (
     JobFailed,
     JobState,
     Outcome,
-    Phase,
     ReservationCancelled,
     TaskAssigned,
     TaskFailed,
@@ -32,6 +31,7 @@ from master.state import (
     TaskReserved,
     TaskStatus,
 )
+from paddlecloud.phase import Phase
 
 S1, S2, S3 = 0x11, 0x22, 0x33
 RELEASE_CAUSES = ("expiry", "leave", "superseded", "return")
@@ -129,10 +129,17 @@ class Harness:
 
     def decide(self, session: int = S1, epoch: int | None = None,
                releasing: frozenset[int] = frozenset()) -> Decision:
+        """decide() while the finishes of `releasing` are being written (begun, not applied)."""
+        finishes = [TaskFinished(t, self.state.pending[t].attempt) for t in sorted(releasing)]
+        for finish in finishes:
+            self.state.begin(finish)
         before = copy.deepcopy(self.state)
         d = self.state.decide(session=session, epoch=self.state.epoch if epoch is None else epoch,
-                              cap=self.cap, releasing=releasing)
+                              cap=self.cap)
         assert self.state == before, "decide must not change the state"
+        for finish in finishes:
+            self.state.abandon(finish)
+        check(self.state)
         return d
 
     def finish_epoch(self, session: int = S1) -> None:
@@ -1035,8 +1042,13 @@ class JobMachine(RuleBasedStateMachine):
         a task from todo when it says so, and returns it."""
         s = self.state
         held = s.held_by(session)
-        rel = frozenset(held[:1]) if releasing else frozenset()
-        d = s.decide(session=session, epoch=s.epoch, cap=self.cap, releasing=rel)
+        # a finish of its oldest pending task being written (begun, not yet applied)
+        rel = frozenset(t for t in held[:1] if t in s.pending) if releasing else frozenset()
+        for t in rel:
+            s.begin(TaskFinished(t, s.pending[t].attempt))
+        d = s.decide(session=session, epoch=s.epoch, cap=self.cap)
+        for t in rel:
+            s.abandon(TaskFinished(t, s.pending[t].attempt))
         assert d.outcome in (Outcome.TASK, Outcome.WAIT)
         live = [t for t in held if t not in rel]
         if d.outcome is Outcome.WAIT:
