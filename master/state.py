@@ -33,6 +33,7 @@ from array import array
 from collections import deque
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import assert_never
 
 from master.partition import task_order
@@ -149,6 +150,10 @@ class Decision:
 # ---- the machine --------------------------------------------------------------------
 
 
+def _read_only(slot: str, doc: str) -> property:
+    return property(attrgetter(slot), doc=doc)
+
+
 class JobState:
     """One job's tasks in the current epoch; see the module docstring for the rules."""
 
@@ -218,29 +223,12 @@ class JobState:
 
     # -- queries (read-only) --
 
-    @property
-    def num_tasks(self) -> int:
-        return self._num_tasks
-
-    @property
-    def num_epochs(self) -> int:
-        return self._num_epochs
-
-    @property
-    def seed(self) -> int:
-        return self._seed
-
-    @property
-    def max_failures(self) -> int:
-        return self._max_failures
-
-    @property
-    def epoch(self) -> int:
-        return self._epoch
-
-    @property
-    def failed_job(self) -> bool:
-        return self._failed_job
+    num_tasks = _read_only("_num_tasks", "Tasks per epoch.")
+    num_epochs = _read_only("_num_epochs", "Epochs of the job.")
+    seed = _read_only("_seed", "The shuffle seed of the deal order.")
+    max_failures = _read_only("_max_failures", "Failures a task may have in an epoch before it ends failed.")
+    epoch = _read_only("_epoch", "The current epoch.")
+    failed_job = _read_only("_failed_job", "Every task of an epoch failed: the job failed.")
 
     @property
     def status(self) -> memoryview:

@@ -11,7 +11,7 @@ import aetcd
 import grpc
 import pytest
 from datasets import write_records
-from masters import pb, stub, wait_for, wait_serving
+from masters import pb, serving_stub, stub, wait_for, wait_serving
 
 from master.config import DatasetSpec, MasterConfig, Policy
 from master.dispatcher import Dispatcher
@@ -58,11 +58,8 @@ async def test_a_standby_names_the_leader_in_the_error_info(tmp_path, start_mast
 
 @pytest.fixture
 async def master(tmp_path, start_master):
-    write_records(tmp_path / "data", files=1, records_per_file=4)
-    proc = start_master("--input", str(tmp_path / "data"))
-    await wait_serving(proc.address, process=proc)
-    async with grpc.aio.insecure_channel(proc.address) as channel:
-        yield stub(channel)
+    async with serving_stub(start_master, tmp_path / "data", files=1, records_per_file=4) as master:
+        yield master
 
 
 async def test_an_expired_session_says_so_in_the_error_info(master):
