@@ -27,18 +27,27 @@ class Epochs:
 
     def maybe_end(self) -> None:
         state = self.core.state
-        if state is None or state.epoch_ending or not state.epoch_complete:
+        if state is None or state.epoch_ending:
             return
-        event = JobFailed(state.epoch) if state.all_failed else EpochAdvanced(state.epoch + 1)
+        event = self._end_of(state)
+        if event is None:
+            return
         state.begin(event)  # the end of this epoch is in flight from now on: once
         self.core.spawn(self._end(state, event), "end-epoch")
+
+    @staticmethod
+    def _end_of(state: JobState) -> JobFailed | EpochAdvanced | None:
+        """The event that ends the current epoch, once it is complete."""
+        if not state.epoch_complete:
+            return None
+        return JobFailed(state.epoch) if state.all_failed else EpochAdvanced(state.epoch + 1)
 
     async def _end(self, state: JobState, event: JobFailed | EpochAdvanced) -> None:
         core = self.core
         try:
             async with core.admitted():
-                if core.state is not state:
-                    return  # rebuilt meanwhile: the new cache decides afresh
+                if core.state is not state or self._end_of(state) != event or not state.epoch_ending:
+                    return  # rebuilt or restarted meanwhile: the cache decides afresh
                 revision = await core.write(state, event)
         except BaseException:
             if core.state is state and state.epoch_ending:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from master.core import Core, InvalidArgument
 from master.sessions import SessionExpired, SessionInfo, SessionSuperseded
-from master.state import TaskReleased
+from master.state import InvalidTransition, TaskReleased
 from master.store import NotLeader, Snapshot
 
 logger = logging.getLogger(__name__)
@@ -139,6 +139,9 @@ class Trainers:
                     self.gone(session, cause="expiry")
         except asyncio.CancelledError:
             raise
+        except InvalidTransition:
+            logger.exception("an ended session did not fit the cache; rebuilding it from etcd")
+            self.core.schedule_rebuild()
         except Exception as error:
             logger.warning("session watch broke (%s); rebuilding", error)
             self.core.schedule_rebuild()
