@@ -25,11 +25,12 @@ import contextlib
 import json
 import logging
 from collections import deque
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import assert_never
 
 import aetcd
+import grpc
 from aetcd import rpc
 
 from master import metrics
@@ -47,7 +48,7 @@ from master.state import (
     TaskFinished,
     TaskReleased,
 )
-from paddlecloud.etcd import Leadership, LeaseKeeper, read_range
+from paddlecloud.etcd import EtcdUnavailable, Leadership, LeaseKeeper, read_range
 from paddlecloud.keys import JobKeys, prefix_range_end
 from paddlecloud.phase import Phase
 
@@ -66,7 +67,17 @@ class NotLeader(Exception):
 
 
 class StoreUnavailable(Exception):
-    """etcd did not answer; the write's outcome is unknown, so the cache must be rebuilt."""
+    """etcd did not answer: a write's outcome is unknown (the cache must be rebuilt), or a
+    read has no answer; the caller retries."""
+
+
+@contextlib.contextmanager
+def _etcd_answers(what: str) -> Iterator[None]:
+    """Turns etcd not answering a read or a lease call into StoreUnavailable."""
+    try:
+        yield
+    except (grpc.RpcError, aetcd.ClientError, EtcdUnavailable, asyncio.TimeoutError, OSError) as error:
+        raise StoreUnavailable(f"etcd did not answer {what}: {error}") from error
 
 
 # ---- building blocks ----------------------------------------------------------------
@@ -444,7 +455,8 @@ class EtcdStore:
 
     async def grant_lease(self, ttl: float) -> int:
         """A new lease of `ttl` seconds (at least 1); its id."""
-        return (await self.client.lease(max(1, round(ttl)))).id
+        with _etcd_answers("a lease grant"):
+            return (await self.client.lease(max(1, round(ttl)))).id
 
     async def revoke_lease(self, lease: int) -> None:
         """Revokes `lease` (its keys go with it); a lease already gone is no error."""
@@ -453,13 +465,15 @@ class EtcdStore:
 
     async def refresh_lease(self, lease: int) -> float:
         """Refreshes `lease`; its remaining TTL, <= 0 when it had lapsed."""
-        return await self.keeper.refresh(lease)
+        with _etcd_answers("a lease refresh"):
+            return await self.keeper.refresh(lease)
 
     # -- reading --
 
     async def load(self) -> Snapshot:
-        kvs, revision = await read_range(self.client, self.keys.prefix,
-                                         prefix_range_end(self.keys.prefix))
+        with _etcd_answers("the job's keys"):
+            kvs, revision = await read_range(self.client, self.keys.prefix,
+                                             prefix_range_end(self.keys.prefix))
         snap = Snapshot(revision=revision)
         plen = len(self.keys.prefix)
         pieces: list[tuple[bytes, bytes]] = []
@@ -501,17 +515,20 @@ class EtcdStore:
     async def pservers(self) -> list[str]:
         """The registered pservers' endpoints, by index."""
         prefix = self.keys.kind_prefix("pservers")
-        kvs, _ = await read_range(self.client, prefix, prefix_range_end(prefix))
+        with _etcd_answers("the pservers"):
+            kvs, _ = await read_range(self.client, prefix, prefix_range_end(prefix))
         return [kv.value.decode() for kv in sorted(kvs, key=lambda kv: self.keys.task_of(kv.key))]
 
     async def save_model_holder(self) -> str | None:
         """The trainer that holds the save-model grant, if one does."""
-        current = await self.client.get(self.keys.save_model)
+        with _etcd_answers("the save-model grant"):
+            current = await self.client.get(self.keys.save_model)
         return current.value.decode() if current is not None else None
 
     async def confirm_leadership(self) -> None:
         """Raises NotLeader (naming the leader when one is known) unless our leadership stands."""
-        current = await self.client.get(self.keys.leader)
+        with _etcd_answers("the leader key"):
+            current = await self.client.get(self.keys.leader)
         if current is None or current.create_revision != self.leadership.create_revision:
             raise NotLeader(current.value.decode() if current is not None else None)
 
