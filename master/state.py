@@ -23,6 +23,11 @@ then commits `EpochAdvanced` (or `JobFailed` when every task of the epoch failed
 
 Outside this module the state is read only through the queries below (the
 containers they return are read-only views or copies); nothing else mutates it.
+
+Adding a transition touches the event (a dataclass here, in `Durable` if etcd must
+hold it), its case in `apply` (and in `begin`/`abandon`, which say what its write in
+flight marks), its transaction in `master.store.txn_for`, and the room that commits
+it; `typing.assert_never` makes a missed case a type error.
 """
 
 from __future__ import annotations
