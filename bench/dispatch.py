@@ -126,6 +126,7 @@ async def _client(config: dict) -> dict:
     import grpc
 
     from paddlecloud.api import pb, pb_grpc
+    from paddlecloud.wire import seconds
 
     n, target = config["n"], config["target"]
     options = [("grpc.use_local_subchannel_pool", 1)]  # one TCP connection per trainer
@@ -200,7 +201,7 @@ async def _client(config: dict) -> dict:
                 counts["epoch_done"] += measured
             elif outcome == pb.WAIT:
                 counts["wait"] += measured
-                retry = reply.retry_after.seconds + reply.retry_after.nanos / 1e9
+                retry = seconds(reply.retry_after)
                 await asyncio.sleep(retry * random.uniform(0.5, 1.5))
             else:
                 counts["job_done"] += measured

@@ -56,7 +56,7 @@ PLATEAU_RATES = (1.0, 0.3, 0.1, 0.05)  # revisions per task: 1 trainer ... large
 
 async def job_keys(client, job: str) -> dict:
     """Every key of the job at one revision: counts and bytes by kind, done marks by epoch."""
-    from master.store import read_range
+    from paddlecloud.etcd import read_range
     from paddlecloud.keys import JobKeys, prefix_range_end
     prefix = JobKeys("local", job).prefix
     kvs, revision = await read_range(client, prefix, prefix_range_end(prefix))

@@ -1,8 +1,11 @@
 """What operators see of a leading master: status, tasks, trainers, metrics gauges.
 
-Read-only views of the dispatcher's cache (and, for pservers, of etcd), kept apart from
-the dispatcher so the domain core holds only what changes state. The numbers are this
-master's cache, which mirrors etcd; `trainers`' last-call times start when it began to lead.
+Read-only views of the dispatcher's cache (through `JobState`'s queries) and, for
+pservers, of etcd (through the store), kept apart from the rooms so they hold only
+what changes state. The numbers are this master's cache, which mirrors etcd;
+`trainers`' last-call times start when it began to lead.
+
+What this does NOT do: change anything, or show an epoch other than the current one.
 """
 
 from __future__ import annotations
@@ -10,11 +13,11 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from master.dispatcher import Dispatcher, InvalidArgument
+from master.core import InvalidArgument
+from master.dispatcher import Dispatcher
 from master.partition import ChunkRange
-from master.state import Phase, TaskStatus
-from master.store import read_range
-from paddlecloud.keys import prefix_range_end
+from master.state import TaskStatus
+from paddlecloud.phase import Phase
 
 MAX_PAGE = 1000
 DEFAULT_PAGE = 100
@@ -57,33 +60,34 @@ class TrainerView:
 
 
 async def status(d: Dispatcher) -> Status:
-    state = d.state
-    prefix = d.keys.kind_prefix("pservers")
-    kvs, _ = await read_range(d.client, prefix, prefix_range_end(prefix))
-    pservers = [kv.value.decode() for kv in sorted(kvs, key=lambda kv: d.keys.task_of(kv.key))]
+    core = d.core
+    state = core.state
+    pservers = await d.store.pservers()
     counts = {"todo": 0, "pending": 0, "done": 0, "failed": 0}
     if state is not None:
         c = state.counts
         counts = {"todo": c[TaskStatus.TODO], "pending": c[TaskStatus.PENDING] + c[TaskStatus.RESERVED],
                   "done": c[TaskStatus.DONE], "failed": c[TaskStatus.FAILED]}
-    phase = state.phase.value if state is not None else Phase.PENDING.value
-    if d.phase_override and phase in (Phase.PENDING.value, Phase.RUNNING.value):
-        phase = d.phase_override  # the deployer knows whether the job runs yet
+    phase = state.phase if state is not None else Phase.PENDING
+    override = d.deployment.phase_override
+    if override and phase in (Phase.PENDING, Phase.RUNNING):
+        phase = override  # the deployer knows whether the job runs yet
     return Status(
-        job=d.config.job, namespace=d.config.namespace, phase=phase, leader=d.advertise,
-        epoch=state.epoch if state else 0, num_epochs=d.spec.num_epochs if d.spec else 0,
+        job=d.config.job, namespace=d.config.namespace, phase=phase.value, leader=d.advertise,
+        epoch=state.epoch if state else 0, num_epochs=core.spec.num_epochs if core.spec else 0,
         counts=counts, num_tasks=state.num_tasks if state else 0,
-        trainers_alive=len(d.sessions.by_session), pservers=pservers,
-        has_dataset=state is not None, requeued=d.requeued,
+        trainers_alive=len(core.sessions.by_session), pservers=pservers,
+        has_dataset=state is not None, requeued=core.requeued,
     )
 
 
 def metrics_snapshot(d: Dispatcher) -> dict:
     """The gauges Prometheus reads at scrape time (see master.metrics.StateCollector)."""
-    state = d.state
-    tasks = {s.name.lower(): state.counts[s] for s in TaskStatus} if state is not None else {}
+    state = d.core.state
+    counts = state.counts if state is not None else None
+    tasks = {s.name.lower(): counts[s] for s in TaskStatus} if counts is not None else {}
     return {"tasks": tasks, "epoch": state.epoch if state else 0,
-            "sessions": len(d.sessions.by_session)}
+            "sessions": len(d.core.sessions.by_session)}
 
 
 def _page_size(page_size: int) -> int:
@@ -95,8 +99,8 @@ def _page_size(page_size: int) -> int:
 def list_tasks(d: Dispatcher, *, status: TaskStatus | None, epoch: int | None, page_size: int,
                page_token: str) -> tuple[list[TaskInfo], str]:
     """The current epoch's tasks in id order from `page_token`, optionally of one state."""
-    state = d.state
-    if state is None:
+    state, partition = d.core.state, d.core.partition
+    if state is None or partition is None:
         return [], ""
     if epoch is not None and epoch != state.epoch:
         raise InvalidArgument(
@@ -107,16 +111,17 @@ def list_tasks(d: Dispatcher, *, status: TaskStatus | None, epoch: int | None, p
         start = int(page_token) if page_token else 0
     except ValueError:
         raise InvalidArgument(f"page_token {page_token!r} is not one this master gave") from None
+    statuses, failures = state.status, state.failures
     found: list[TaskInfo] = []
     task = start
     while task < state.num_tasks and len(found) < size:
-        raw = TaskStatus(state.status[task])
+        raw = TaskStatus(statuses[task])
         shown = TaskStatus.PENDING if raw is TaskStatus.RESERVED else raw
         if status is None or shown is status:
-            a = state.pending.get(task)
+            a = state.assignment(task)
             found.append(TaskInfo(task, shown, state.epoch, a.trainer if a else "",
                                   a.session if a else 0, a.attempt if a else 0,
-                                  state.failures[task], d.partition.task_chunks(task)))
+                                  failures[task], partition.task_chunks(task)))
         task += 1
     return found, (str(task) if task < state.num_tasks else "")
 
@@ -125,11 +130,12 @@ def list_trainers(d: Dispatcher, *, page_size: int, page_token: str) -> tuple[li
     """Live sessions in trainer-id order after `page_token`, with the tasks they hold."""
     size = _page_size(page_size)
     now = time.monotonic()
-    ids = sorted(t for t in d.sessions.by_trainer if t > page_token)
+    sessions, state = d.core.sessions, d.core.state
+    ids = sorted(t for t in sessions.by_trainer if t > page_token)
     views = []
     for trainer in ids[:size]:
-        session = d.sessions.by_trainer[trainer]
-        info = d.sessions.by_session[session]
-        held = d.state.held_by(session) if d.state else []
+        session = sessions.by_trainer[trainer]
+        info = sessions.by_session[session]
+        held = state.held_by(session) if state else []
         views.append(TrainerView(trainer, session, held, now - info.last_call))
     return views, (ids[size - 1] if len(ids) > size else "")

@@ -4,6 +4,11 @@ The server answers from the start: as a standby it is NOT_SERVING and every Mast
 RPC says where the leader is. When this process wins the election it builds a
 `Dispatcher` from etcd and serves; when it loses the lease (paused, partitioned,
 etcd gone past the TTL) or a write's fence fails, it steps down and campaigns again.
+
+Faults of etcd (unreachable, timing out, deposed us) are expected: the campaign is
+retried with backoff and a warning. Anything else is a bug: it is logged with its
+traceback and the process exits non-zero (1; 2 for bad flags or state, which no
+retry fixes), so that its supervisor restarts it.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import os
 import signal
 from pathlib import Path
 
+import aetcd
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
@@ -24,11 +30,28 @@ from master import inspection, metrics
 from master.config import MasterConfig, SpecError
 from master.dispatcher import Dispatcher
 from master.servicer import MasterServicer
+from master.store import NotLeader, StoreUnavailable
 from paddlecloud import etcd
 from paddlecloud.api import SERVICE_NAME, pb_grpc
 from paddlecloud.keys import JobKeys
 
 logger = logging.getLogger(__name__)
+
+RETRY_FIRST = 0.5   # seconds before the first retry of an interrupted campaign
+RETRY_MAX = 8.0     # ... doubling up to this
+
+_ETCD_FAULTS = (etcd.EtcdUnavailable, aetcd.ClientError, StoreUnavailable, NotLeader, OSError,
+                asyncio.TimeoutError)
+_TRANSIENT_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
+                              grpc.StatusCode.CANCELLED, grpc.StatusCode.ABORTED,
+                              grpc.StatusCode.RESOURCE_EXHAUSTED})
+
+
+def is_etcd_fault(error: BaseException) -> bool:
+    """An expected fault of etcd or of leadership (retried), as opposed to a bug (surfaced)."""
+    if isinstance(error, _ETCD_FAULTS):
+        return True
+    return isinstance(error, grpc.RpcError) and error.code() in _TRANSIENT_CODES
 
 
 class MasterNode:
@@ -55,20 +78,35 @@ class MasterNode:
         self.leader_hint = address
 
     async def run(self) -> None:
-        """Campaigns, leads until deposed, campaigns again; returns when stopping."""
+        """Campaigns, leads until deposed, campaigns again; returns when stopping, or on a
+        fatal error (kept in `fatal`: see `exit_code`)."""
         await self.set_serving(False)
+        backoff = RETRY_FIRST
         while not self.stopping.is_set():
             try:
                 await self._term()
+                backoff = RETRY_FIRST
             except SpecError as error:
                 self.fatal = error
                 return
-            except (etcd.EtcdUnavailable, OSError, Exception) as error:
+            except Exception as error:
                 if self.stopping.is_set():
                     return
-                logger.warning("campaign interrupted: %s; retrying", error)
+                if not is_etcd_fault(error):
+                    logger.exception("the master failed: %s: %s", type(error).__name__, error)
+                    self.fatal = error
+                    return
+                logger.warning("campaign interrupted: %s: %s; retrying in %.1fs",
+                               type(error).__name__, error, backoff)
                 with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(self.stopping.wait(), 1.0)
+                    await asyncio.wait_for(self.stopping.wait(), backoff)
+                backoff = min(backoff * 2, RETRY_MAX)
+
+    def exit_code(self) -> int:
+        """0 after a clean stop; 2 for bad flags or state (no retry helps); 1 for a bug."""
+        if self.fatal is None:
+            return 0
+        return 2 if isinstance(self.fatal, SpecError) else 1
 
     async def _term(self) -> None:
         session = await etcd.Session(self.client, ttl=self.config.election_ttl).open()
@@ -178,10 +216,9 @@ async def serve(config: MasterConfig) -> int:
     finally:
         await server.stop(grace=1)
         await client.close()
-    if node.fatal is not None:
+    if isinstance(node.fatal, SpecError):
         logger.error("%s", node.fatal)
-        return 2
-    return 0
+    return node.exit_code()
 
 
 __all__ = ["serve", "MasterNode"]

@@ -1,7 +1,10 @@
-"""The thin grpc.aio edge of the master: protobuf in, a dispatcher call, protobuf out.
+"""The thin grpc.aio edge of the master: protobuf in, a call into one room, protobuf out.
 
 Domain errors become status codes here and nowhere else; every message names the
-bad value. A standby master answers UNAVAILABLE with the leader's address.
+bad value. A standby master answers UNAVAILABLE with the leader's address. Only the
+dispatcher's own `InvalidArgument` is INVALID_ARGUMENT; a cache out of step (it is
+being rebuilt) is UNAVAILABLE, so the client retries; anything else is a bug: logged
+with its traceback and answered INTERNAL.
 """
 
 from __future__ import annotations
@@ -15,16 +18,12 @@ import grpc
 
 from master import inspection, metrics
 from master.config import DatasetSpec
-from master.dispatcher import (
-    Dispatcher,
-    FailedPrecondition,
-    GetTaskResult,
-    InvalidArgument,
-    TaskRef,
-)
+from master.core import CacheOutOfStep, FailedPrecondition, InvalidArgument
+from master.dispatcher import Dispatcher
 from master.sessions import SessionExpired, SessionSuperseded
 from master.state import Outcome, TaskStatus
 from master.store import NotLeader, StoreUnavailable
+from master.tasks import GetTaskResult, TaskRef
 from paddlecloud.api import pb, pb_grpc
 from paddlecloud.wire import Reason, duration, error_status, seconds
 
@@ -37,6 +36,7 @@ _ERRORS: list[tuple[type[BaseException], grpc.StatusCode]] = [
     (FailedPrecondition, grpc.StatusCode.FAILED_PRECONDITION),
     (NotLeader, grpc.StatusCode.UNAVAILABLE),
     (StoreUnavailable, grpc.StatusCode.UNAVAILABLE),
+    (CacheOutOfStep, grpc.StatusCode.UNAVAILABLE),
 ]
 
 
@@ -70,8 +70,6 @@ def _rpc(method: Callable) -> Callable:
             if details is None:
                 await context.abort(code, str(error))
             await context.abort_with_status(error_status(code, str(error), *details))
-        except ValueError as error:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
         except Exception as error:
             logger.exception("%s failed", name)
             await context.abort(grpc.StatusCode.INTERNAL, f"{name} failed: {type(error).__name__}: {error}")
@@ -89,6 +87,14 @@ def _result(accepted: bool) -> int:
     return pb.ACCEPTED if accepted else pb.STALE
 
 
+def _task_status(value: int) -> TaskStatus:
+    """A wire TaskState as the state machine's status; an unknown value is the caller's fault."""
+    try:
+        return TaskStatus[pb.TaskState.Name(value)]
+    except (ValueError, KeyError):
+        raise InvalidArgument(f"state {value} is not a TaskState: use one of TODO, PENDING, DONE, FAILED") from None
+
+
 def _ref(report: pb.TaskReport | pb.TaskRef) -> TaskRef:
     task_id = report.task_id
     return TaskRef(task_id, report.epoch, report.attempt)
@@ -102,22 +108,22 @@ class MasterServicer(pb_grpc.MasterServicer):
 
     @_rpc
     async def RegisterTrainer(self, d: Dispatcher, request):
-        r = await d.register(request.trainer_id)
+        r = await d.trainers.register(request.trainer_id)
         return pb.RegisterTrainerResponse(session_id=r.session, ttl=duration(r.ttl),
                                           current_epoch=r.current_epoch, num_epochs=r.num_epochs)
 
     @_rpc
     async def KeepAlive(self, d: Dispatcher, request):
-        return pb.KeepAliveResponse(ttl=duration(await d.keep_alive(request.session_id)))
+        return pb.KeepAliveResponse(ttl=duration(await d.trainers.keep_alive(request.session_id)))
 
     @_rpc
     async def LeaveTrainer(self, d: Dispatcher, request):
-        await d.leave(request.session_id)
+        await d.trainers.leave(request.session_id)
         return pb.LeaveTrainerResponse()
 
     @_rpc
     async def GetTask(self, d: Dispatcher, request):
-        r: GetTaskResult = await d.get_task(request.session_id, request.epoch,
+        r: GetTaskResult = await d.tasks.get_task(request.session_id, request.epoch,
                                             [TaskRef(f.task_id, f.epoch, f.attempt) for f in request.finished])
         # Built in place: the hot path of the master (one call per task).
         reply = pb.GetTaskResponse(outcome=_OUTCOMES[r.outcome], current_epoch=r.current_epoch)
@@ -136,16 +142,16 @@ class MasterServicer(pb_grpc.MasterServicer):
 
     @_rpc
     async def TaskFinished(self, d: Dispatcher, request):
-        return pb.TaskReportResponse(result=_result(await d.task_finished(request.session_id, _ref(request))))
+        return pb.TaskReportResponse(result=_result(await d.tasks.task_finished(request.session_id, _ref(request))))
 
     @_rpc
     async def TaskFailed(self, d: Dispatcher, request):
-        accepted = await d.task_failed(request.session_id, _ref(request), request.reason)
+        accepted = await d.tasks.task_failed(request.session_id, _ref(request), request.reason)
         return pb.TaskReportResponse(result=_result(accepted))
 
     @_rpc
     async def ReturnTask(self, d: Dispatcher, request):
-        return pb.TaskReportResponse(result=_result(await d.return_task(request.session_id, _ref(request))))
+        return pb.TaskReportResponse(result=_result(await d.tasks.return_task(request.session_id, _ref(request))))
 
     @_rpc
     async def SetDataset(self, d: Dispatcher, request):
@@ -153,11 +159,11 @@ class MasterServicer(pb_grpc.MasterServicer):
         spec = DatasetSpec(paths=tuple(s.paths), format=s.format, chunk_bytes=s.chunk_bytes,
                            chunks_per_task=s.chunks_per_task, num_epochs=s.num_epochs,
                            shuffle_seed=s.shuffle_seed)
-        return pb.SetDatasetResponse(num_tasks=await d.set_dataset(spec))
+        return pb.SetDatasetResponse(num_tasks=await d.dataset.set_dataset(spec))
 
     @_rpc
     async def RestartEpoch(self, d: Dispatcher, request):
-        return pb.RestartEpochResponse(current_epoch=await d.restart_epoch(request.epoch))
+        return pb.RestartEpochResponse(current_epoch=await d.epochs.restart(request.epoch))
 
     @_rpc
     async def GetStatus(self, d: Dispatcher, request):
@@ -171,7 +177,7 @@ class MasterServicer(pb_grpc.MasterServicer):
 
     @_rpc
     async def ListTasks(self, d: Dispatcher, request):
-        status = TaskStatus[pb.TaskState.Name(request.state)] if request.state else None
+        status = _task_status(request.state) if request.state else None
         epoch = request.epoch if request.HasField("epoch") else None
         tasks, token = inspection.list_tasks(d, status=status, epoch=epoch, page_size=request.page_size,
                                     page_token=request.page_token)
@@ -193,5 +199,5 @@ class MasterServicer(pb_grpc.MasterServicer):
 
     @_rpc
     async def RequestSaveModel(self, d: Dispatcher, request):
-        granted = await d.request_save_model(request.session_id, seconds(request.block))
+        granted = await d.save_model.request(request.session_id, seconds(request.block))
         return pb.RequestSaveModelResponse(granted=granted)

@@ -14,10 +14,10 @@ with the newer session.
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from master import metrics
-from paddlecloud.etcd import LeaseKeeper
 
 
 class SessionExpired(Exception):
@@ -46,8 +46,8 @@ class SessionInfo:
 
 
 class SessionRegistry:
-    def __init__(self, keeper: LeaseKeeper, *, ttl: float) -> None:
-        self.keeper = keeper
+    def __init__(self, refresh: Callable[[int], Awaitable[float]], *, ttl: float) -> None:
+        self._refresh = refresh  # refreshes a lease in etcd: its remaining TTL, <= 0 if it lapsed
         self.ttl = ttl
         self.by_session: dict[int, SessionInfo] = {}
         self.by_trainer: dict[str, int] = {}
@@ -97,6 +97,6 @@ class SessionRegistry:
         if force or now - info.last_refresh >= self.ttl / 6:
             info.last_refresh = now
             metrics.LEASE_REFRESHES.inc()
-            if await self.keeper.refresh(session) <= 0:
+            if await self._refresh(session) <= 0:
                 raise SessionExpired(session)
         return info

@@ -1,9 +1,10 @@
 """The task state machine of one job: pure, no I/O, no clock, no gRPC.
 
 Every change is a named event applied by `JobState.apply` (the tf.data service
-dispatcher's `Apply(update)` shape). The dispatcher applies an event only after
-etcd has durably accepted the write that stands for it, so this object always
-mirrors etcd; after a restart `JobState.restore` rebuilds it from what etcd holds.
+dispatcher's `Apply(update)` shape), dispatched by one exhaustive `match`. The
+dispatcher applies a durable event only after etcd took the transaction that stands
+for it (`master.store.txn_for`), so this object always mirrors etcd; after a restart
+`JobState.restore` rebuilds it from what etcd holds.
 
 Life cycle of a task within an epoch (DESIGN.md section 5):
 
@@ -12,21 +13,36 @@ Life cycle of a task within an epoch (DESIGN.md section 5):
     pending --fail (data or deadline)--> todo, or failed past max_task_failures
     pending --release (expiry, leave, supersede, return, restart)--> todo
 
-`reserved` exists only while a dispatch write is in flight, so two concurrent
-requests never pick the same task. The epoch ends when todo, reserved and pending
-are all empty, whatever transition emptied them; the dispatcher then persists
-`EpochAdvanced` (or `JobFailed` when every task of the epoch failed).
+A write in flight is a status of the machine, marked by `begin(event)` and ended by
+`apply(event)` (etcd took it) or `abandon(event)` (it did not): a dispatch holds its
+task `reserved`, so two concurrent requests never pick the same task; a finish,
+failure or return marks its pending task as being written, so no other report on it
+is accepted meanwhile; an epoch's end marks the epoch. The epoch ends when todo,
+reserved and pending are all empty, whatever transition emptied them; the dispatcher
+then commits `EpochAdvanced` (or `JobFailed` when every task of the epoch failed).
+
+Outside this module the state is read only through the queries below (the
+containers they return are read-only views or copies); nothing else mutates it.
+
+Adding a transition touches the event (a dataclass here, in `Durable` if etcd must
+hold it), its case in `apply` (and in `begin`/`abandon`, which say what its write in
+flight marks), its transaction in `master.store.txn_for`, and the room that commits
+it; `typing.assert_never` makes a missed case a type error.
 """
 
 from __future__ import annotations
 
 import enum
+import types
 from array import array
 from collections import deque
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from operator import attrgetter
+from typing import assert_never
 
 from master.partition import task_order
+from paddlecloud.phase import Phase
 
 
 class TaskStatus(enum.IntEnum):
@@ -43,14 +59,6 @@ class Outcome(enum.Enum):
     EPOCH_DONE = "EPOCH_DONE"
     JOB_DONE = "JOB_DONE"
     ALL_TASKS_FAILED = "ALL_TASKS_FAILED"
-
-
-class Phase(str, enum.Enum):
-    PENDING = "Pending"
-    STARTING = "Starting"
-    RUNNING = "Running"
-    SUCCEEDED = "Succeeded"
-    FAILED = "Failed"
 
 
 class InvalidTransition(RuntimeError):
@@ -82,7 +90,7 @@ class ReservationCancelled:
 @dataclass(frozen=True)
 class TaskAssigned:
     task: int
-    assignment: Assignment
+    assignment: Assignment  # attempt: 0 until etcd names it (the revision of the write)
 
 
 @dataclass(frozen=True)
@@ -120,8 +128,19 @@ class JobFailed:
     epoch: int
 
 
-Event = (TaskReserved | ReservationCancelled | TaskAssigned | TaskFinished | TaskFailed
-         | TaskReleased | EpochAdvanced | EpochRestarted | JobFailed)
+# Events that stand for an etcd transaction (`master.store.txn_for`); the others only
+# mark a write in flight (a reservation) or end one that failed.
+Durable = (TaskAssigned | TaskFinished | TaskFailed | TaskReleased | EpochAdvanced
+           | EpochRestarted | JobFailed)
+Event = TaskReserved | ReservationCancelled | Durable
+
+
+def committed(event: Durable, revision: int) -> Durable:
+    """The event as etcd took it at `revision`: an assignment's attempt is that revision."""
+    if isinstance(event, TaskAssigned):
+        a = event.assignment
+        return TaskAssigned(event.task, Assignment(a.session, a.trainer, revision, a.deadline))
+    return event
 
 
 @dataclass(frozen=True)
@@ -136,21 +155,44 @@ class Decision:
 # ---- the machine --------------------------------------------------------------------
 
 
-@dataclass
+def _read_only(slot: str, doc: str) -> property:
+    return property(attrgetter(slot), doc=doc)
+
+
 class JobState:
-    num_tasks: int
-    num_epochs: int
-    seed: int
-    max_failures: int
-    epoch: int = 0
-    failed_job: bool = False
-    status: bytearray = field(default_factory=bytearray)
-    failures: array = field(default_factory=lambda: array("H"))
-    todo: deque[int] = field(default_factory=deque)
-    reserved: dict[int, int] = field(default_factory=dict)            # task -> session
-    pending: dict[int, Assignment] = field(default_factory=dict)      # task -> assignment
-    held: dict[int, dict[int, None]] = field(default_factory=dict)    # session -> tasks, oldest first
-    counts: list[int] = field(default_factory=lambda: [0] * 5)       # by TaskStatus
+    """One job's tasks in the current epoch; see the module docstring for the rules."""
+
+    __slots__ = ("_num_tasks", "_num_epochs", "_seed", "_max_failures", "_epoch", "_failed_job",
+                 "_status", "_failures", "_todo", "_reserved", "_pending", "_held", "_counts",
+                 "_writing", "_ending")
+
+    def __init__(self, *, num_tasks: int, num_epochs: int, seed: int, max_failures: int) -> None:
+        self._num_tasks = num_tasks
+        self._num_epochs = num_epochs
+        self._seed = seed
+        self._max_failures = max_failures
+        self._epoch = 0
+        self._failed_job = False
+        self._status = bytearray()
+        self._failures = array("H")
+        self._todo: deque[int] = deque()
+        self._reserved: dict[int, int] = {}              # task -> session
+        self._pending: dict[int, Assignment] = {}        # task -> assignment
+        self._held: dict[int, dict[int, None]] = {}      # session -> tasks, oldest first
+        self._counts = [0] * 5                           # by TaskStatus
+        self._writing: set[int] = set()                  # pending tasks with a write in flight
+        self._ending = False                             # the epoch's end is being written
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, JobState):
+            return NotImplemented
+        return all(getattr(self, name) == getattr(other, name) for name in self.__slots__)
+
+    __hash__ = None  # type: ignore[assignment]  (mutable)
+
+    def __repr__(self) -> str:
+        return (f"JobState(epoch={self._epoch}/{self._num_epochs}, tasks={self._num_tasks}, "
+                f"counts={self._counts}, failed_job={self._failed_job})")
 
     @classmethod
     def new(cls, *, num_tasks: int, num_epochs: int, seed: int, max_failures: int,
@@ -166,197 +208,321 @@ class JobState:
         """Rebuilds the state from what etcd holds (the epoch's marks and live assignments)."""
         state = cls(num_tasks=num_tasks, num_epochs=num_epochs, seed=seed, max_failures=max_failures)
         state._begin_epoch(epoch)
-        state.failed_job = failed_job
-        if state.epoch >= num_epochs:
+        state._failed_job = failed_job
+        if state._epoch >= num_epochs:
             return state  # a failed job keeps its epoch's marks: rebuild them below
         for task in done:
             state._set(task, TaskStatus.DONE)
         for task, count in failures.items():
-            state.failures[task] = min(count, 0xFFFF)
-            if count > max_failures and state.status[task] == TaskStatus.TODO:
+            state._failures[task] = min(count, 0xFFFF)
+            if count > max_failures and state._status[task] == TaskStatus.TODO:
                 state._set(task, TaskStatus.FAILED)
         # oldest first, as the live path holds them (attempts are etcd revisions: they grow)
         for task, assignment in sorted(assignments.items(), key=lambda item: item[1].attempt):
-            if state.status[task] == TaskStatus.TODO:
+            if state._status[task] == TaskStatus.TODO:
                 state._set(task, TaskStatus.PENDING)
-                state.pending[task] = assignment
-                state.held.setdefault(assignment.session, {})[task] = None
-        state.todo = deque(t for t in state.todo if state.status[t] == TaskStatus.TODO)
+                state._pending[task] = assignment
+                state._held.setdefault(assignment.session, {})[task] = None
+        state._todo = deque(t for t in state._todo if state._status[t] == TaskStatus.TODO)
         return state
 
-    # -- queries --
+    # -- queries (read-only) --
+
+    num_tasks = _read_only("_num_tasks", "Tasks per epoch.")
+    num_epochs = _read_only("_num_epochs", "Epochs of the job.")
+    seed = _read_only("_seed", "The shuffle seed of the deal order.")
+    max_failures = _read_only("_max_failures", "Failures a task may have in an epoch before it ends failed.")
+    epoch = _read_only("_epoch", "The current epoch.")
+    failed_job = _read_only("_failed_job", "Every task of an epoch failed: the job failed.")
+
+    @property
+    def status(self) -> memoryview:
+        """Each task's `TaskStatus` value, by task id (read-only)."""
+        return memoryview(self._status).toreadonly()
+
+    @property
+    def failures(self) -> memoryview:
+        """Each task's failures in this epoch, by task id (read-only)."""
+        return memoryview(self._failures).toreadonly()
+
+    @property
+    def counts(self) -> list[int]:
+        """Tasks by `TaskStatus` (a copy)."""
+        return list(self._counts)
+
+    @property
+    def todo(self) -> tuple[int, ...]:
+        """The tasks left to deal, in order (a copy: for inspection and tests)."""
+        return tuple(self._todo)
+
+    @property
+    def reserved(self) -> Mapping[int, int]:
+        """task -> the session a dispatch write is in flight for."""
+        return types.MappingProxyType(self._reserved)
+
+    @property
+    def pending(self) -> Mapping[int, Assignment]:
+        """task -> its live assignment."""
+        return types.MappingProxyType(self._pending)
+
+    @property
+    def held(self) -> dict[int, tuple[int, ...]]:
+        """session -> the tasks it holds (reserved or pending), oldest first (a copy)."""
+        return {session: tuple(tasks) for session, tasks in self._held.items()}
 
     @property
     def job_over(self) -> bool:
-        return self.failed_job or self.epoch >= self.num_epochs
+        return self._failed_job or self._epoch >= self._num_epochs
 
     @property
     def epoch_complete(self) -> bool:
         """True when no task is left to hand out or wait for: the epoch must end."""
-        c = self.counts
+        c = self._counts
         return not self.job_over and c[TaskStatus.TODO] == c[TaskStatus.RESERVED] == c[TaskStatus.PENDING] == 0
 
     @property
     def all_failed(self) -> bool:
-        return self.counts[TaskStatus.FAILED] == self.num_tasks
+        return self._counts[TaskStatus.FAILED] == self._num_tasks
+
+    @property
+    def epoch_ending(self) -> bool:
+        """The write that ends this epoch is in flight."""
+        return self._ending
 
     @property
     def phase(self) -> Phase:
-        if self.failed_job:
+        if self._failed_job:
             return Phase.FAILED
-        return Phase.SUCCEEDED if self.epoch >= self.num_epochs else Phase.RUNNING
+        return Phase.SUCCEEDED if self._epoch >= self._num_epochs else Phase.RUNNING
 
     def held_by(self, session: int) -> list[int]:
-        return list(self.held.get(session, ()))
+        return list(self._held.get(session, ()))
+
+    def assignment(self, task: int) -> Assignment | None:
+        """The task's live assignment, if it is pending."""
+        return self._pending.get(task)
+
+    def writing(self, task: int) -> bool:
+        """A write that ends the task's assignment (finish, failure, return) is in flight."""
+        return task in self._writing
 
     def live_assignment(self, task: int, epoch: int, attempt: int) -> Assignment | None:
-        """The assignment a report names, if it is still the live one."""
-        if epoch != self.epoch or not 0 <= task < self.num_tasks:
+        """The assignment a report names, if it is still the live one and no write on it is in flight."""
+        if epoch != self._epoch or not 0 <= task < self._num_tasks or task in self._writing:
             return None
-        assignment = self.pending.get(task)
+        assignment = self._pending.get(task)
         return assignment if assignment is not None and assignment.attempt == attempt else None
 
-    def decide(self, *, session: int, epoch: int, cap: int,
-               releasing: frozenset[int] = frozenset()) -> Decision:
+    def decide(self, *, session: int, epoch: int, cap: int) -> Decision:
         """The outcomes table of DESIGN.md section 3 for a `GetTask` from a live session.
 
-        `releasing` holds the session's tasks whose finish is being written right now:
-        they neither count against the per-trainer cap nor are sent again.
+        The session's tasks whose finish, failure or return is being written neither
+        count against the per-trainer cap nor are sent again.
         """
         if epoch < 0:
             raise ValueError(f"epoch {epoch} is negative")
-        if self.failed_job:
+        if self._failed_job:
             return Decision(Outcome.ALL_TASKS_FAILED)
-        if self.job_over or epoch >= self.num_epochs:
+        if self.job_over or epoch >= self._num_epochs:
             return Decision(Outcome.JOB_DONE)
-        if epoch < self.epoch:
+        if epoch < self._epoch:
             return Decision(Outcome.EPOCH_DONE)
-        if epoch > self.epoch:
+        if epoch > self._epoch:
             return Decision(Outcome.WAIT)
-        held = [t for t in self.held.get(session, ()) if t not in releasing]
-        if len(held) >= cap or (held and not self.todo):
+        writing = self._writing
+        held = [t for t in self._held.get(session, ()) if t not in writing]
+        if len(held) >= cap or (held and not self._todo):
             # At the cap, or nothing left to give: re-send the oldest task it holds, so an
             # assignment whose answer was lost is never stranded.
             for task in held:
-                if task in self.pending:
-                    return Decision(Outcome.TASK, task, self.pending[task])
+                if task in self._pending:
+                    return Decision(Outcome.TASK, task, self._pending[task])
             return Decision(Outcome.WAIT)
-        if self.todo:
-            return Decision(Outcome.TASK, self.todo[0])
+        if self._todo:
+            return Decision(Outcome.TASK, self._todo[0])
         return Decision(Outcome.WAIT)
 
     def expired(self, now: float) -> Iterator[tuple[int, Assignment]]:
-        for task, assignment in self.pending.items():
-            if assignment.deadline and assignment.deadline <= now:
+        """Pending tasks past their deadline with no write in flight on them."""
+        for task, assignment in self._pending.items():
+            if assignment.deadline and assignment.deadline <= now and task not in self._writing:
                 yield task, assignment
+
+    # -- writes in flight --
+
+    def begin(self, event: Durable) -> None:
+        """Marks `event`'s write as in flight; `apply(event)` or `abandon(event)` ends it.
+
+        Raises InvalidTransition, changing nothing, when the event could not apply now.
+        """
+        match event:
+            case TaskAssigned(task=task, assignment=assignment):
+                self.apply(TaskReserved(task, assignment.session))
+            case TaskFinished(task=task, attempt=attempt) | TaskFailed(task=task, attempt=attempt) \
+                    | TaskReleased(task=task, attempt=attempt):
+                self._expect_live(task, attempt, event)
+                if task in self._writing:
+                    raise InvalidTransition(f"{event}: a write on task {task} is in flight already")
+                self._writing.add(task)
+            case EpochAdvanced() | JobFailed():
+                if self._ending:
+                    raise InvalidTransition(f"{event}: the end of epoch {self._epoch} is in flight already")
+                self._ending = True
+            case EpochRestarted():
+                pass  # written with the gate closed: nothing else is in flight
+            case _:
+                assert_never(event)
+
+    def abandon(self, event: Durable) -> None:
+        """The write of `event` did not happen (refused, or its outcome unknown): unmark it."""
+        match event:
+            case TaskAssigned(task=task):
+                if self._status[task] == TaskStatus.RESERVED:
+                    self.apply(ReservationCancelled(task))
+            case TaskFinished(task=task) | TaskFailed(task=task) | TaskReleased(task=task):
+                self._writing.discard(task)
+            case EpochAdvanced() | JobFailed():
+                self._ending = False
+            case EpochRestarted():
+                pass
+            case _:
+                assert_never(event)
 
     # -- transitions --
 
     def apply(self, event: Event) -> None:
-        handler = getattr(self, f"_on_{type(event).__name__}")
-        handler(event)
+        """Applies one event, or raises InvalidTransition and changes nothing."""
+        match event:
+            case TaskReserved():
+                self._reserve(event)
+            case ReservationCancelled():
+                self._cancel(event)
+            case TaskAssigned():
+                self._assign(event)
+            case TaskFinished():
+                self._finish(event)
+            case TaskFailed():
+                self._fail(event)
+            case TaskReleased():
+                self._release(event)
+            case EpochAdvanced():
+                self._advance(event)
+            case EpochRestarted():
+                self._restart(event)
+            case JobFailed():
+                self._fail_job(event)
+            case _:
+                assert_never(event)
 
-    def _on_TaskReserved(self, e: TaskReserved) -> None:
+    def _reserve(self, e: TaskReserved) -> None:
         self._expect(e.task, TaskStatus.TODO, e)
-        self.todo.remove(e.task) if self.todo[0] != e.task else self.todo.popleft()
+        self._todo.remove(e.task) if self._todo[0] != e.task else self._todo.popleft()
         self._set(e.task, TaskStatus.RESERVED)
-        self.reserved[e.task] = e.session
-        self.held.setdefault(e.session, {})[e.task] = None
+        self._reserved[e.task] = e.session
+        self._held.setdefault(e.session, {})[e.task] = None
 
-    def _on_ReservationCancelled(self, e: ReservationCancelled) -> None:
+    def _cancel(self, e: ReservationCancelled) -> None:
         self._expect(e.task, TaskStatus.RESERVED, e)
-        session = self.reserved.pop(e.task)
+        session = self._reserved.pop(e.task)
         self._unhold(session, e.task)
         self._requeue(e.task)
 
-    def _on_TaskAssigned(self, e: TaskAssigned) -> None:
+    def _assign(self, e: TaskAssigned) -> None:
         self._expect(e.task, TaskStatus.RESERVED, e)
-        session = self.reserved[e.task]
+        session = self._reserved[e.task]
         if session != e.assignment.session:
             raise InvalidTransition(f"{e}: reserved for session {session:x}")
-        del self.reserved[e.task]
+        del self._reserved[e.task]
         self._set(e.task, TaskStatus.PENDING)
-        self.pending[e.task] = e.assignment
+        self._pending[e.task] = e.assignment
 
-    def _on_TaskFinished(self, e: TaskFinished) -> None:
+    def _finish(self, e: TaskFinished) -> None:
         assignment = self._take_pending(e.task, e.attempt, e)
         self._unhold(assignment.session, e.task)
         self._set(e.task, TaskStatus.DONE)
 
-    def _on_TaskFailed(self, e: TaskFailed) -> None:
+    def _fail(self, e: TaskFailed) -> None:
         assignment = self._take_pending(e.task, e.attempt, e)
         self._unhold(assignment.session, e.task)
-        self.failures[e.task] = min(self.failures[e.task] + 1, 0xFFFF)
-        if self.failures[e.task] > self.max_failures:
+        self._failures[e.task] = min(self._failures[e.task] + 1, 0xFFFF)
+        if self._failures[e.task] > self._max_failures:
             self._set(e.task, TaskStatus.FAILED)
         else:
             self._requeue(e.task, front=False)
 
-    def _on_TaskReleased(self, e: TaskReleased) -> None:
+    def _release(self, e: TaskReleased) -> None:
         assignment = self._take_pending(e.task, e.attempt, e)
         self._unhold(assignment.session, e.task)
         self._requeue(e.task)
 
-    def _on_EpochAdvanced(self, e: EpochAdvanced) -> None:
-        if e.epoch != self.epoch + 1 or not self.epoch_complete:
-            raise InvalidTransition(f"{e}: epoch {self.epoch} is not complete")
+    def _advance(self, e: EpochAdvanced) -> None:
+        if e.epoch != self._epoch + 1 or not self.epoch_complete:
+            raise InvalidTransition(f"{e}: epoch {self._epoch} is not complete")
         self._begin_epoch(e.epoch)
 
-    def _on_EpochRestarted(self, e: EpochRestarted) -> None:
-        if not 0 <= e.epoch < self.num_epochs:
-            raise InvalidTransition(f"{e}: outside 0..{self.num_epochs - 1}")
-        self.failed_job = False
+    def _restart(self, e: EpochRestarted) -> None:
+        if not 0 <= e.epoch < self._num_epochs:
+            raise InvalidTransition(f"{e}: outside 0..{self._num_epochs - 1}")
+        self._failed_job = False
         self._begin_epoch(e.epoch)
 
-    def _on_JobFailed(self, e: JobFailed) -> None:
-        if e.epoch != self.epoch or not (self.epoch_complete and self.all_failed):
-            raise InvalidTransition(f"{e}: not every task of epoch {self.epoch} failed")
-        self.failed_job = True
+    def _fail_job(self, e: JobFailed) -> None:
+        if e.epoch != self._epoch or not (self.epoch_complete and self.all_failed):
+            raise InvalidTransition(f"{e}: not every task of epoch {self._epoch} failed")
+        self._failed_job = True
+        self._ending = False
 
     # -- helpers --
 
     def _begin_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-        over = epoch >= self.num_epochs
-        self.status = bytearray([TaskStatus.DONE if over else TaskStatus.TODO]) * self.num_tasks
-        self.failures = array("H", bytes(2 * self.num_tasks))
-        self.reserved.clear()
-        self.pending.clear()
-        self.held.clear()
+        self._epoch = epoch
+        over = epoch >= self._num_epochs
+        self._status = bytearray([TaskStatus.DONE if over else TaskStatus.TODO]) * self._num_tasks
+        self._failures = array("H", bytes(2 * self._num_tasks))
+        self._reserved.clear()
+        self._pending.clear()
+        self._held.clear()
+        self._writing.clear()
+        self._ending = False
         if over:
-            self.todo = deque()
-            self.counts = [0, 0, 0, self.num_tasks, 0]
+            self._todo = deque()
+            self._counts = [0, 0, 0, self._num_tasks, 0]
         else:
-            self.todo = deque(task_order(self.num_tasks, seed=self.seed, epoch=epoch))
-            self.counts = [self.num_tasks, 0, 0, 0, 0]
+            self._todo = deque(task_order(self._num_tasks, seed=self._seed, epoch=epoch))
+            self._counts = [self._num_tasks, 0, 0, 0, 0]
 
     def _set(self, task: int, status: TaskStatus) -> None:
-        self.counts[self.status[task]] -= 1
-        self.counts[status] += 1
-        self.status[task] = status
+        self._counts[self._status[task]] -= 1
+        self._counts[status] += 1
+        self._status[task] = status
 
     def _expect(self, task: int, status: TaskStatus, event: Event) -> None:
-        if not 0 <= task < self.num_tasks or self.status[task] != status:
-            actual = TaskStatus(self.status[task]).name if 0 <= task < self.num_tasks else "unknown"
+        if not 0 <= task < self._num_tasks or self._status[task] != status:
+            actual = TaskStatus(self._status[task]).name if 0 <= task < self._num_tasks else "unknown"
             raise InvalidTransition(f"{event}: task is {actual}, expected {status.name}")
 
-    def _take_pending(self, task: int, attempt: int, event: Event) -> Assignment:
+    def _expect_live(self, task: int, attempt: int, event: Event) -> Assignment:
         self._expect(task, TaskStatus.PENDING, event)
-        assignment = self.pending[task]
+        assignment = self._pending[task]
         if assignment.attempt != attempt:
             raise InvalidTransition(f"{event}: live attempt is {assignment.attempt}")
-        del self.pending[task]
+        return assignment
+
+    def _take_pending(self, task: int, attempt: int, event: Event) -> Assignment:
+        assignment = self._expect_live(task, attempt, event)
+        del self._pending[task]
+        self._writing.discard(task)
         return assignment
 
     def _unhold(self, session: int, task: int) -> None:
-        tasks = self.held.get(session)
+        tasks = self._held.get(session)
         if tasks is not None:
             tasks.pop(task, None)
             if not tasks:
-                del self.held[session]
+                del self._held[session]
 
     def _requeue(self, task: int, *, front: bool = True) -> None:
         """Back to todo. Returned tasks go first (they hold the epoch's end back);
         failed ones last, so a poisoned task does not crowd out healthy ones."""
         self._set(task, TaskStatus.TODO)
-        (self.todo.appendleft if front else self.todo.append)(task)
+        (self._todo.appendleft if front else self._todo.append)(task)

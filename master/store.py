@@ -1,11 +1,18 @@
-"""The master's etcd store: each state transition is one small transaction.
+"""The master's etcd store: each durable state event is one small transaction.
 
-Every write compares the leader key's creation revision (the election fence), so a
-deposed master that still runs changes nothing (invariant 4). Writes are group-
-committed: many RPCs' transactions ride as nested transactions in one etcd request,
-each with its own compares, so one failed compare never fails the others, and every
-caller is answered only after the request is durable. Keys written by one nested
-transaction never overlap another's in the same request (etcd refuses that).
+`txn_for(event, state)` is the one place a `master.state` event becomes its etcd
+transaction; the dispatcher commits an event by submitting that transaction and
+applying the event once etcd took it. Every write compares the leader key's
+creation revision (the election fence), so a deposed master that still runs
+changes nothing (invariant 4). Writes are group-committed: many RPCs' transactions
+ride as nested transactions in one etcd request, each with its own compares, so one
+failed compare never fails the others, and every caller is answered only after the
+request is durable. Keys written by one nested transaction never overlap another's
+in the same request (etcd refuses that).
+
+The store is also the master's only reader of etcd (the snapshot a cache is rebuilt
+from, the pservers, the save-model grant, the leader key, the watch of trainer keys)
+and the owner of the trainer leases' grant, refresh and revocation.
 
 What this does NOT do: decide anything. The dispatcher decides from its cache of
 `JobState`; this module only makes etcd agree, or says it did not.
@@ -18,23 +25,37 @@ import contextlib
 import json
 import logging
 from collections import deque
+from collections.abc import AsyncIterator, Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import assert_never
 
 import aetcd
+import grpc
 from aetcd import rpc
 
 from master import metrics
 from master.config import DatasetSpec
 from master.partition import FileEntry
-from master.state import Assignment
-from paddlecloud.etcd import Leadership
+from master.state import (
+    Assignment,
+    Durable,
+    EpochAdvanced,
+    EpochRestarted,
+    JobFailed,
+    JobState,
+    TaskAssigned,
+    TaskFailed,
+    TaskFinished,
+    TaskReleased,
+)
+from paddlecloud.etcd import EtcdUnavailable, Leadership, LeaseKeeper, read_range
 from paddlecloud.keys import JobKeys, prefix_range_end
+from paddlecloud.phase import Phase
 
 logger = logging.getLogger(__name__)
 
 MAX_TXN_OPS = 128  # etcd's default --max-txn-ops
 MAX_FILES_PIECE = 512 * 1024  # bytes of file list per `files/<n>` value (etcd values stay < 1 MiB)
-READ_PAGE = 5000
 
 
 class NotLeader(Exception):
@@ -46,7 +67,17 @@ class NotLeader(Exception):
 
 
 class StoreUnavailable(Exception):
-    """etcd did not answer; the write's outcome is unknown, so the cache must be rebuilt."""
+    """etcd did not answer: a write's outcome is unknown (the cache must be rebuilt), or a
+    read has no answer; the caller retries."""
+
+
+@contextlib.contextmanager
+def _etcd_answers(what: str) -> Iterator[None]:
+    """Turns etcd not answering a read or a lease call into StoreUnavailable."""
+    try:
+        yield
+    except (grpc.RpcError, aetcd.ClientError, EtcdUnavailable, asyncio.TimeoutError, OSError) as error:
+        raise StoreUnavailable(f"etcd did not answer {what}: {error}") from error
 
 
 # ---- building blocks ----------------------------------------------------------------
@@ -89,13 +120,31 @@ def nested_txn(compares: list[rpc.Compare], ops: list[rpc.RequestOp]) -> rpc.Req
     return rpc.RequestOp(request_txn=rpc.TxnRequest(compare=compares, success=ops))
 
 
+@dataclass(slots=True, frozen=True)
+class Txn:
+    """One write, ready to ride in a group-commit batch."""
+
+    op: rpc.RequestOp          # the nested transaction (the hot paths build it in place)
+    width: int                 # max(compares, ops): what etcd counts against --max-txn-ops
+    keys: frozenset[bytes] = frozenset()   # keys it writes: two writes of a key never share a batch
+    exclusive: bool = False    # rides alone (it writes whole prefixes)
+
+    @classmethod
+    def of(cls, compares: list[rpc.Compare], ops: list[rpc.RequestOp],
+           keys: Iterable[bytes] = (), *, exclusive: bool = False) -> Txn:
+        return cls(nested_txn(compares, ops), max(len(compares), len(ops)), frozenset(keys), exclusive)
+
+
 @dataclass(slots=True)
 class _Write:
-    txn: rpc.RequestOp   # built once, when submitted (the hot paths build it in place)
-    width: int           # max(compares, ops): what etcd counts against --max-txn-ops
-    keys: frozenset[bytes]
-    exclusive: bool
+    txn: Txn
     future: asyncio.Future[int | None] = field(repr=False)
+
+
+def _fail_all(writes: Iterable[_Write], error: Exception) -> None:
+    for write in writes:
+        if not write.future.done():
+            write.future.set_exception(error)
 
 
 class GroupCommitter:
@@ -130,10 +179,7 @@ class GroupCommitter:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        stopped = NotLeader(None)
-        for write in [*self._sending, *self._queue]:
-            if not write.future.done():
-                write.future.set_exception(stopped)
+        _fail_all([*self._sending, *self._queue], NotLeader(None))
         self._queue.clear()
         self._sending = []
 
@@ -141,17 +187,15 @@ class GroupCommitter:
                keys: frozenset[bytes] = frozenset(), *, exclusive: bool = False,
                ) -> asyncio.Future[int | None]:
         """Queues one transaction; the future resolves as `commit()` returns."""
-        return self.submit_txn(nested_txn(compares, ops), max(len(compares), len(ops)), keys,
-                               exclusive=exclusive)
+        return self.submit_txn(Txn.of(compares, ops, keys, exclusive=exclusive))
 
-    def submit_txn(self, txn: rpc.RequestOp, width: int, keys: frozenset[bytes] = frozenset(), *,
-                   exclusive: bool = False) -> asyncio.Future[int | None]:
-        """`submit()` of a nested transaction already built (see `nested_txn`)."""
+    def submit_txn(self, txn: Txn) -> asyncio.Future[int | None]:
+        """`submit()` of a transaction already built."""
         future = asyncio.get_running_loop().create_future()
         if self._stopped:
             future.set_exception(NotLeader(None))
             return future
-        self._queue.append(_Write(txn, width, keys, exclusive, future))
+        self._queue.append(_Write(txn, future))
         self._wakeup.set()
         return future
 
@@ -170,18 +214,18 @@ class GroupCommitter:
         touched: set[bytes] = set()
         widest = 0
         while self._queue:
-            write = self._queue[0]
-            if write.exclusive and batch:
+            txn = self._queue[0].txn
+            if txn.exclusive and batch:
                 break
-            if touched & write.keys:
+            if touched & txn.keys:
                 break  # keep per-key order: the rest waits for the next batch
-            width = max(widest, write.width)
+            width = max(widest, txn.width)
             if batch and len(batch) + 1 + width > MAX_TXN_OPS:
                 break
             widest = width
             batch.append(self._queue.popleft())
-            touched |= write.keys
-            if write.exclusive:
+            touched |= txn.keys
+            if txn.exclusive:
                 break
         return batch
 
@@ -195,26 +239,20 @@ class GroupCommitter:
                 self._sending = []
 
     async def _send(self, batch: list[_Write]) -> None:
-        request = rpc.TxnRequest(compare=[self._fence], success=[w.txn for w in batch],
+        request = rpc.TxnRequest(compare=[self._fence], success=[w.txn.op for w in batch],
                                  failure=[self._on_fence_failed])
         try:
             reply = await self._client.kvstub.Txn(request, timeout=self._timeout,
                                                   metadata=self._client.metadata)
         except Exception as error:  # grpc errors, timeouts: the outcome is unknown
-            failure = StoreUnavailable(f"etcd transaction failed: {error}")
-            for write in batch:
-                if not write.future.done():
-                    write.future.set_exception(failure)
+            _fail_all(batch, StoreUnavailable(f"etcd transaction failed: {error}"))
             return
         self.batches += 1
         self.writes += len(batch)
         metrics.BATCH_SIZE.observe(len(batch))
         if not reply.succeeded:
             kvs = reply.responses[0].response_range.kvs if reply.responses else []
-            failure = NotLeader(kvs[0].value.decode() if kvs else None)
-            for write in batch:
-                if not write.future.done():
-                    write.future.set_exception(failure)
+            _fail_all(batch, NotLeader(kvs[0].value.decode() if kvs else None))
             return
         revision = reply.header.revision
         for write, result in zip(batch, reply.responses, strict=True):
@@ -225,25 +263,6 @@ class GroupCommitter:
 # ---- reading ------------------------------------------------------------------------
 
 
-async def read_range(client: aetcd.Client, key: bytes, range_end: bytes, *,
-                     revision: int = 0, keys_only: bool = False) -> tuple[list, int]:
-    """All key-values in [key, range_end) at one revision, read in pages; returns (kvs, revision)."""
-    await client.connect()
-    kvs: list = []
-    start = key
-    while True:
-        reply = await client.kvstub.Range(
-            rpc.RangeRequest(key=start, range_end=range_end, limit=READ_PAGE,
-                             revision=revision, keys_only=keys_only),
-            timeout=30, metadata=client.metadata,
-        )
-        revision = revision or reply.header.revision
-        kvs.extend(reply.kvs)
-        if not reply.more or not reply.kvs:
-            return kvs, revision
-        start = reply.kvs[-1].key + b"\0"
-
-
 @dataclass
 class Snapshot:
     """What etcd holds of one job, read at one revision."""
@@ -252,7 +271,7 @@ class Snapshot:
     spec: DatasetSpec | None = None
     files: list[FileEntry] = field(default_factory=list)
     epoch: int | None = None
-    phase: str | None = None
+    phase: Phase | None = None
     trainers: dict[str, int] = field(default_factory=dict)        # trainer id -> session
     superseded: dict[int, str] = field(default_factory=dict)      # old session -> trainer id
     assignments: dict[int, Assignment] = field(default_factory=dict)
@@ -269,13 +288,14 @@ def encode_assignment(a: Assignment, epoch: int, trainer_json: bytes | None = No
 
 
 class EtcdStore:
-    """The job's keys in etcd, and the one transaction each transition takes."""
+    """The job's keys in etcd, and the one transaction each durable event takes."""
 
     def __init__(self, client: aetcd.Client, keys: JobKeys, leadership: Leadership) -> None:
         self.client = client
         self.keys = keys
         self.leadership = leadership
         self.committer = GroupCommitter(client, leadership)
+        self.keeper = LeaseKeeper(client)
         # The hot paths' keys, from prefixes computed once (JobKeys builds them from strings).
         self._assign_prefix = keys.kind_prefix("assign")
         self._done_prefix = keys.kind_prefix("done")
@@ -302,51 +322,93 @@ class EtcdStore:
 
     async def stop(self) -> None:
         await self.committer.stop()
+        await self.keeper.close()
 
-    # -- reading --
+    # -- the state's events --
 
-    async def load(self) -> Snapshot:
-        kvs, revision = await read_range(self.client, self.keys.prefix,
-                                         prefix_range_end(self.keys.prefix))
-        snap = Snapshot(revision=revision)
-        plen = len(self.keys.prefix)
-        pieces: list[tuple[bytes, bytes]] = []
-        for kv in kvs:
-            parts = kv.key[plen:].decode().split("/")
-            kind = parts[0]
-            if kind == "spec":
-                snap.spec = DatasetSpec.from_json(kv.value)
-            elif kind == "files":
-                pieces.append((kv.key, kv.value))
-            elif kind == "epoch":
-                snap.epoch = int(kv.value)
-            elif kind == "phase":
-                snap.phase = kv.value.decode()
-            elif kind == "trainers":
-                snap.trainers["/".join(parts[1:])] = int(kv.value)
-            elif kind == "superseded":
-                snap.superseded[int(parts[1])] = kv.value.decode()
-            elif kind == "assign":
-                raw = json.loads(kv.value)
-                snap.assignments[int(parts[1])] = Assignment(
-                    session=raw["session"], trainer=raw["trainer"],
-                    attempt=kv.mod_revision, deadline=raw["deadline"])
-            elif kind == "pservers":
-                snap.pservers[int(parts[1])] = kv.value.decode()
-            elif kind in ("done", "failures"):
-                pass  # read below, once the epoch is known
-        for _, value in sorted(pieces):
-            snap.files.extend(FileEntry(p, s) for p, s in json.loads(value))
-        if snap.epoch is not None:
-            for kv in kvs:
-                rest = kv.key[plen:]
-                if rest.startswith(f"done/{snap.epoch}/".encode()):
-                    snap.done.append(self.keys.task_of(kv.key))
-                elif rest.startswith(f"failures/{snap.epoch}/".encode()):
-                    snap.failures[self.keys.task_of(kv.key)] = int(kv.value)
-        return snap
+    def submit(self, event: Durable, state: JobState) -> asyncio.Future[int | None]:
+        """Queues `event`'s transaction; resolves to the revision, or None if a compare failed."""
+        return self.committer.submit_txn(self.txn_for(event, state))
 
-    # -- dataset --
+    def txn_for(self, event: Durable, state: JobState) -> Txn:
+        """The one etcd transaction that stands for `event`, applied to `state` as it is now."""
+        k = self.keys
+        match event:
+            case TaskAssigned(task=task, assignment=assignment):
+                return self._assign_txn(task, state.epoch, assignment)
+            case TaskFinished(task=task, attempt=attempt):
+                return self._finish_txn(task, state.epoch, attempt)
+            case TaskFailed(task=task, attempt=attempt):
+                # counts the failure iff `attempt` is live and the count is the cache's
+                before, failures = state.failures[task], k.failures(state.epoch, task)
+                return Txn.of([mod_revision_is(k.assign(task), attempt), version_is(failures, before)],
+                              [put(failures, str(before + 1)), delete(k.assign(task))],
+                              (k.assign(task), failures))
+            case TaskReleased(task=task, attempt=attempt):
+                return Txn.of([mod_revision_is(k.assign(task), attempt)], [delete(k.assign(task))],
+                              (k.assign(task),))
+            case EpochAdvanced(epoch=epoch):
+                # ends the epoch before `epoch` only if no assignment is live; old marks go
+                assign_prefix = k.kind_prefix("assign")
+                ops = [put(k.epoch, str(epoch)), delete_prefix(k.kind_prefix("done")),
+                       delete_prefix(k.kind_prefix("failures"))]
+                if epoch >= state.num_epochs:
+                    ops.append(put(k.phase, Phase.SUCCEEDED.value))
+                return Txn.of([value_is(k.epoch, str(epoch - 1)),
+                               version_is(assign_prefix, 0, prefix_range_end(assign_prefix))],
+                              ops, exclusive=True)
+            case JobFailed(epoch=epoch):
+                return Txn.of([value_is(k.epoch, str(epoch))], [put(k.phase, Phase.FAILED.value)],
+                              exclusive=True)
+            case EpochRestarted(epoch=epoch):
+                # sessions stay; their assignments are gone
+                return Txn.of([], [put(k.epoch, str(epoch)), put(k.phase, Phase.RUNNING.value),
+                                   delete_prefix(k.kind_prefix("done")),
+                                   delete_prefix(k.kind_prefix("failures")),
+                                   delete_prefix(k.kind_prefix("assign"))], exclusive=True)
+            case _:
+                assert_never(event)
+
+    def _assign_txn(self, task: int, epoch: int, assignment: Assignment) -> Txn:
+        """Compares: the trainer's key still names this session, the task has no assignment
+        and no done mark this epoch, the epoch has not moved. Built in place (hot path);
+        the write's revision is the attempt."""
+        trainer_key, trainer_json = self._trainer(assignment.trainer)
+        assign_key = self._assign_key(task)
+        op = rpc.RequestOp()
+        txn = op.request_txn
+        add = txn.compare.add
+        add(key=trainer_key, target=_VALUE, result=_EQUAL, value=b"%d" % assignment.session)
+        add(key=assign_key, target=_VERSION, result=_EQUAL, version=0)
+        add(key=self._done_key(epoch, task), target=_VERSION, result=_EQUAL, version=0)
+        add(key=self._epoch_key, target=_VALUE, result=_EQUAL, value=b"%d" % epoch)
+        request = txn.success.add().request_put
+        request.key = assign_key
+        request.value = encode_assignment(assignment, epoch, trainer_json)
+        request.lease = assignment.session
+        return Txn(op, 4, frozenset((assign_key,)))
+
+    def _finish_txn(self, task: int, epoch: int, attempt: int) -> Txn:
+        """Counts the task done for `epoch` iff `attempt` is its live assignment (invariant 2).
+
+        Compares: the assignment is the one of `attempt`, no done mark yet; puts the mark,
+        deletes the assignment. Built in place (hot path).
+        """
+        assign_key, done_key = self._assign_key(task), self._done_key(epoch, task)
+        op = rpc.RequestOp()
+        txn = op.request_txn
+        add = txn.compare.add
+        add(key=assign_key, target=_MOD, result=_EQUAL, mod_revision=attempt)
+        add(key=done_key, target=_VERSION, result=_EQUAL, version=0)
+        txn.success.add().request_put.key = done_key
+        txn.success.add().request_delete_range.key = assign_key
+        return Txn(op, 2, frozenset((assign_key, done_key)))
+
+    # -- other writes: not task-state events --
+
+    async def commit(self, compares: list[rpc.Compare], ops: list[rpc.RequestOp],
+                     keys: frozenset[bytes] = frozenset(), *, exclusive: bool = False) -> int | None:
+        return await self.committer.commit(compares, ops, keys, exclusive=exclusive)
 
     async def freeze_dataset(self, spec: DatasetSpec, files: list[FileEntry], *, epoch: int) -> bool:
         """Writes the file list, then the spec and epoch; False if a spec was there already."""
@@ -372,97 +434,8 @@ class EtcdStore:
         )
         return revision is not None
 
-    # -- tasks --
-
-    async def commit(self, compares: list[rpc.Compare], ops: list[rpc.RequestOp],
-                     keys: frozenset[bytes] = frozenset(), *, exclusive: bool = False) -> int | None:
-        return await self.committer.commit(compares, ops, keys, exclusive=exclusive)
-
-    def assign(self, task: int, epoch: int, assignment: Assignment) -> asyncio.Future[int | None]:
-        """Resolves to the attempt (the revision of the write), or None if the session or task moved.
-
-        Compares: the trainer's key still names this session, the task has no assignment
-        and no done mark this epoch, the epoch has not moved. Built in place (hot path).
-        """
-        trainer_key, trainer_json = self._trainer(assignment.trainer)
-        assign_key = self._assign_key(task)
-        op = rpc.RequestOp()
-        txn = op.request_txn
-        add = txn.compare.add
-        add(key=trainer_key, target=_VALUE, result=_EQUAL, value=b"%d" % assignment.session)
-        add(key=assign_key, target=_VERSION, result=_EQUAL, version=0)
-        add(key=self._done_key(epoch, task), target=_VERSION, result=_EQUAL, version=0)
-        add(key=self._epoch_key, target=_VALUE, result=_EQUAL, value=b"%d" % epoch)
-        request = txn.success.add().request_put
-        request.key = assign_key
-        request.value = encode_assignment(assignment, epoch, trainer_json)
-        request.lease = assignment.session
-        return self.committer.submit_txn(op, 4, frozenset((assign_key,)))
-
-    def finish(self, task: int, epoch: int, attempt: int) -> asyncio.Future[int | None]:
-        """Counts the task done for `epoch` iff `attempt` is its live assignment (invariant 2).
-
-        Compares: the assignment is the one of `attempt`, no done mark yet; puts the mark,
-        deletes the assignment. Built in place (hot path).
-        """
-        assign_key, done_key = self._assign_key(task), self._done_key(epoch, task)
-        op = rpc.RequestOp()
-        txn = op.request_txn
-        add = txn.compare.add
-        add(key=assign_key, target=_MOD, result=_EQUAL, mod_revision=attempt)
-        add(key=done_key, target=_VERSION, result=_EQUAL, version=0)
-        txn.success.add().request_put.key = done_key
-        txn.success.add().request_delete_range.key = assign_key
-        return self.committer.submit_txn(op, 2, frozenset((assign_key, done_key)))
-
-    def fail(self, task: int, epoch: int, attempt: int, *,
-             failures_before: int) -> asyncio.Future[int | None]:
-        k = self.keys
-        return self.committer.submit(
-            [mod_revision_is(k.assign(task), attempt),
-             version_is(k.failures(epoch, task), failures_before)],
-            [put(k.failures(epoch, task), str(failures_before + 1)), delete(k.assign(task))],
-            frozenset([k.assign(task), k.failures(epoch, task)]),
-        )
-
-    def release(self, task: int, attempt: int) -> asyncio.Future[int | None]:
-        k = self.keys
-        return self.committer.submit([mod_revision_is(k.assign(task), attempt)],
-                                     [delete(k.assign(task))], frozenset([k.assign(task)]))
-
-    async def advance_epoch(self, epoch: int, *, num_epochs: int) -> bool:
-        """Ends `epoch`: only if no assignment is live; old marks are deleted."""
-        k = self.keys
-        assign_prefix = k.kind_prefix("assign")
-        ops = [put(k.epoch, str(epoch + 1)), delete_prefix(k.kind_prefix("done")),
-               delete_prefix(k.kind_prefix("failures"))]
-        if epoch + 1 >= num_epochs:
-            ops.append(put(k.phase, "Succeeded"))
-        return await self.commit(
-            [value_is(k.epoch, str(epoch)),
-             version_is(assign_prefix, 0, prefix_range_end(assign_prefix))],
-            ops, exclusive=True,
-        ) is not None
-
-    async def fail_job(self, epoch: int) -> bool:
-        k = self.keys
-        return await self.commit([value_is(k.epoch, str(epoch))], [put(k.phase, "Failed")],
-                                 exclusive=True) is not None
-
-    async def restart_epoch(self, epoch: int) -> bool:
-        k = self.keys
-        return await self.commit(
-            [],
-            [put(k.epoch, str(epoch)), put(k.phase, "Running"),
-             delete_prefix(k.kind_prefix("done")), delete_prefix(k.kind_prefix("failures")),
-             delete_prefix(k.kind_prefix("assign"))],
-            exclusive=True,
-        ) is not None
-
-    async def set_phase(self, phase: str) -> None:
-        await self.commit([], [put(self.keys.phase, phase)], frozenset([self.keys.phase]))
-
-    # -- sessions --
+    async def set_phase(self, phase: Phase) -> None:
+        await self.commit([], [put(self.keys.phase, phase.value)], frozenset([self.keys.phase]))
 
     async def open_session(self, trainer: str, session: int, *, superseded: int | None) -> bool:
         """Binds `trainer` to the new session; the superseded one is remembered on the new lease."""
@@ -477,3 +450,94 @@ class EtcdStore:
         return await self.commit([version_is(k.save_model, 0)],
                                  [put(k.save_model, trainer, lease=lease)],
                                  frozenset([k.save_model])) is not None
+
+    # -- leases --
+
+    async def grant_lease(self, ttl: float) -> int:
+        """A new lease of `ttl` seconds (at least 1); its id."""
+        with _etcd_answers("a lease grant"):
+            return (await self.client.lease(max(1, round(ttl)))).id
+
+    async def revoke_lease(self, lease: int) -> None:
+        """Revokes `lease` (its keys go with it); a lease already gone is no error."""
+        with contextlib.suppress(aetcd.ClientError):
+            await self.client.revoke_lease(lease)
+
+    async def refresh_lease(self, lease: int) -> float:
+        """Refreshes `lease`; its remaining TTL, <= 0 when it had lapsed."""
+        with _etcd_answers("a lease refresh"):
+            return await self.keeper.refresh(lease)
+
+    # -- reading --
+
+    async def load(self) -> Snapshot:
+        with _etcd_answers("the job's keys"):
+            kvs, revision = await read_range(self.client, self.keys.prefix,
+                                             prefix_range_end(self.keys.prefix))
+        snap = Snapshot(revision=revision)
+        plen = len(self.keys.prefix)
+        pieces: list[tuple[bytes, bytes]] = []
+        for kv in kvs:
+            parts = kv.key[plen:].decode().split("/")
+            kind = parts[0]
+            if kind == "spec":
+                snap.spec = DatasetSpec.from_json(kv.value)
+            elif kind == "files":
+                pieces.append((kv.key, kv.value))
+            elif kind == "epoch":
+                snap.epoch = int(kv.value)
+            elif kind == "phase":
+                snap.phase = Phase(kv.value.decode())
+            elif kind == "trainers":
+                snap.trainers["/".join(parts[1:])] = int(kv.value)
+            elif kind == "superseded":
+                snap.superseded[int(parts[1])] = kv.value.decode()
+            elif kind == "assign":
+                raw = json.loads(kv.value)
+                snap.assignments[int(parts[1])] = Assignment(
+                    session=raw["session"], trainer=raw["trainer"],
+                    attempt=kv.mod_revision, deadline=raw["deadline"])
+            elif kind == "pservers":
+                snap.pservers[int(parts[1])] = kv.value.decode()
+            elif kind in ("done", "failures"):
+                pass  # read below, once the epoch is known
+        for _, value in sorted(pieces):
+            snap.files.extend(FileEntry(p, s) for p, s in json.loads(value))
+        if snap.epoch is not None:
+            for kv in kvs:
+                rest = kv.key[plen:]
+                if rest.startswith(f"done/{snap.epoch}/".encode()):
+                    snap.done.append(self.keys.task_of(kv.key))
+                elif rest.startswith(f"failures/{snap.epoch}/".encode()):
+                    snap.failures[self.keys.task_of(kv.key)] = int(kv.value)
+        return snap
+
+    async def pservers(self) -> list[str]:
+        """The registered pservers' endpoints, by index."""
+        prefix = self.keys.kind_prefix("pservers")
+        with _etcd_answers("the pservers"):
+            kvs, _ = await read_range(self.client, prefix, prefix_range_end(prefix))
+        return [kv.value.decode() for kv in sorted(kvs, key=lambda kv: self.keys.task_of(kv.key))]
+
+    async def save_model_holder(self) -> str | None:
+        """The trainer that holds the save-model grant, if one does."""
+        with _etcd_answers("the save-model grant"):
+            current = await self.client.get(self.keys.save_model)
+        return current.value.decode() if current is not None else None
+
+    async def confirm_leadership(self) -> None:
+        """Raises NotLeader (naming the leader when one is known) unless our leadership stands."""
+        with _etcd_answers("the leader key"):
+            current = await self.client.get(self.keys.leader)
+        if current is None or current.create_revision != self.leadership.create_revision:
+            raise NotLeader(current.value.decode() if current is not None else None)
+
+    async def ended_sessions(self, start_revision: int) -> AsyncIterator[int]:
+        """The sessions whose `trainers/<id>` key etcd deletes from `start_revision` on
+        (a lease lapsed or was revoked), as they go."""
+        prefix = self.keys.kind_prefix("trainers")
+        watch = await self.client.watch(prefix, range_end=prefix_range_end(prefix),
+                                        start_revision=start_revision, prev_kv=True)
+        async for event in watch:
+            if event.kind == "DELETE" and event.prev_kv is not None:
+                yield int(event.prev_kv.value)

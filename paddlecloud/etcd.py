@@ -75,6 +75,28 @@ async def connect(endpoints: str, *, timeout: float = 10.0) -> aetcd.Client:
         await asyncio.sleep(0.2)
 
 
+READ_PAGE = 5000  # key-values per Range request of `read_range`
+
+
+async def read_range(client: aetcd.Client, key: bytes, range_end: bytes, *,
+                     revision: int = 0, keys_only: bool = False) -> tuple[list, int]:
+    """All key-values in [key, range_end) at one revision, read in pages; returns (kvs, revision)."""
+    await client.connect()
+    kvs: list = []
+    start = key
+    while True:
+        reply = await client.kvstub.Range(
+            rpc.RangeRequest(key=start, range_end=range_end, limit=READ_PAGE,
+                             revision=revision, keys_only=keys_only),
+            timeout=30, metadata=client.metadata,
+        )
+        revision = revision or reply.header.revision
+        kvs.extend(reply.kvs)
+        if not reply.more or not reply.kvs:
+            return kvs, revision
+        start = reply.kvs[-1].key + b"\0"
+
+
 class LeaseKeeper:
     """Refreshes leases over one long-lived LeaseKeepAlive stream.
 

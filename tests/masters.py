@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -89,5 +90,17 @@ def stub(channel: grpc.aio.Channel) -> pb_grpc.MasterStub:
     return pb_grpc.MasterStub(channel)
 
 
+@contextlib.asynccontextmanager
+async def serving_stub(start_master, data: Path, *, files: int, records_per_file: int):
+    """A master started on `files` files of records written under `data`, once it serves: its stub."""
+    from datasets import write_records
+
+    write_records(data, files=files, records_per_file=records_per_file)
+    proc = start_master("--input", str(data))
+    await wait_serving(proc.address, process=proc)
+    async with grpc.aio.insecure_channel(proc.address) as channel:
+        yield stub(channel)
+
+
 # wait_for and wait_until live in tests/waiting.py; re-exported for the tests that import them here.
-__all__ = ["MasterProcess", "wait_serving", "wait_for", "wait_until", "stub", "pb"]
+__all__ = ["MasterProcess", "wait_serving", "wait_for", "wait_until", "stub", "serving_stub", "pb"]

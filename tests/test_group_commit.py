@@ -64,33 +64,32 @@ async def test_a_stopped_committer_refuses_writes(leading):
 
 
 def test_the_hot_paths_build_the_same_requests_as_the_generic_builders():
-    """assign/finish build their nested transactions in place, from cached key prefixes:
-    byte for byte what the plain compare/op helpers give."""
+    """The transactions of TaskAssigned and TaskFinished are built in place, from cached key
+    prefixes: byte for byte what the plain compare/op helpers give."""
     import json
 
-    from master.state import Assignment
+    from master.state import Assignment, JobState, TaskAssigned, TaskFinished
     from master.store import EtcdStore, delete, encode_assignment, mod_revision_is, nested_txn
     from paddlecloud.etcd import Leadership
     from paddlecloud.keys import JobKeys
 
     k = JobKeys("local", "job-x")
     store = EtcdStore(None, k, Leadership(k.leader, 5))
-    built = []
-    store.committer.submit_txn = lambda txn, width, keys, exclusive=False: built.append((txn, width, keys))
     for a, epoch, task in [(Assignment(7587890123456, "t-12", 0, 1790000000.125), 3, 17),
                            (Assignment(1, 'we"ird\u00e9', 0, 0.0), 0, 0)]:
+        state = JobState.new(num_tasks=20, num_epochs=5, seed=0, max_failures=3, epoch=epoch)
         value = json.dumps({"session": a.session, "trainer": a.trainer, "epoch": epoch,
                             "deadline": a.deadline}, separators=(",", ":")).encode()
         assert encode_assignment(a, epoch) == value
-        store.assign(task, epoch, a)
+        built = store.txn_for(TaskAssigned(task, a), state)
         expected = nested_txn(
             [value_is(k.trainer(a.trainer), str(a.session)), version_is(k.assign(task), 0),
              version_is(k.done(epoch, task), 0), value_is(k.epoch, str(epoch))],
             [put(k.assign(task), value, lease=a.session)])
-        assert built[-1][0].SerializeToString() == expected.SerializeToString()
-        assert built[-1][1:] == (4, frozenset([k.assign(task)]))
-        store.finish(task, epoch, 123456)
+        assert built.op.SerializeToString() == expected.SerializeToString()
+        assert (built.width, built.keys, built.exclusive) == (4, frozenset([k.assign(task)]), False)
+        built = store.txn_for(TaskFinished(task, 123456), state)
         expected = nested_txn([mod_revision_is(k.assign(task), 123456), version_is(k.done(epoch, task), 0)],
                               [put(k.done(epoch, task), ""), delete(k.assign(task))])
-        assert built[-1][0].SerializeToString() == expected.SerializeToString()
-        assert built[-1][1:] == (2, frozenset([k.assign(task), k.done(epoch, task)]))
+        assert built.op.SerializeToString() == expected.SerializeToString()
+        assert (built.width, built.keys, built.exclusive) == (2, frozenset([k.assign(task), k.done(epoch, task)]), False)

@@ -9,7 +9,7 @@ import time
 import grpc
 import pytest
 from datasets import write_records
-from masters import pb, stub, wait_serving
+from masters import pb, serving_stub, stub, wait_serving
 
 from paddlecloud.etcd_server import free_port
 
@@ -24,11 +24,8 @@ def run_master(*args: str, etcd: str, job: str, timeout: float = 60) -> subproce
 
 @pytest.fixture
 async def master(tmp_path, start_master):
-    write_records(tmp_path / "data", files=2, records_per_file=2)
-    proc = start_master("--input", str(tmp_path / "data"))
-    await wait_serving(proc.address, process=proc)
-    async with grpc.aio.insecure_channel(proc.address) as channel:
-        yield stub(channel)
+    async with serving_stub(start_master, tmp_path / "data", files=2, records_per_file=2) as master:
+        yield master
 
 
 async def expect_error(call, code: grpc.StatusCode, *fragments: str) -> str:

@@ -13,6 +13,7 @@ from etcd_history import done_marks, per_epoch
 from masters import pb, stub, wait_for, wait_serving
 
 from paddlecloud.keys import JobKeys
+from paddlecloud.wire import seconds
 
 
 def ref(task: pb.Task) -> pb.TaskRef:
@@ -66,7 +67,7 @@ async def test_twenty_tasks_over_ten_epochs_each_handed_out_once_per_epoch(
         assert sorted(t.id for t in handed) == list(range(20))
         # A 21st request, from a trainer holding nothing, waits: everything is pending.
         reply = await master.GetTask(pb.GetTaskRequest(session_id=latecomer, epoch=epoch))
-        assert reply.outcome == pb.WAIT and reply.retry_after.ToMilliseconds() > 0
+        assert reply.outcome == pb.WAIT and seconds(reply.retry_after) >= 0.001
         results = await asyncio.gather(*(master.TaskFinished(report(hoarder, t)) for t in handed))
         assert all(r.result == pb.ACCEPTED for r in results)
         # A finished task reported failed afterwards stays done: the report is STALE.
@@ -99,7 +100,7 @@ async def run_trainer(master, trainer_id: str, *, accepted: Counter) -> None:
         elif reply.outcome == pb.EPOCH_DONE:
             epoch = reply.current_epoch
         elif reply.outcome == pb.WAIT:
-            await asyncio.sleep(reply.retry_after.ToMilliseconds() / 1000 / 5)
+            await asyncio.sleep(seconds(reply.retry_after) / 5)
         else:
             assert reply.outcome == pb.JOB_DONE
             return
@@ -296,7 +297,7 @@ async def test_get_task_before_the_dataset_is_known_waits(start_master, channel_
     master = await channel_to(proc.address)
     session = await register(master, "early")
     reply = await master.GetTask(pb.GetTaskRequest(session_id=session, epoch=0))
-    assert reply.outcome == pb.WAIT and reply.retry_after.ToMilliseconds() > 0
+    assert reply.outcome == pb.WAIT and seconds(reply.retry_after) >= 0.001
     status = await master.GetStatus(pb.GetStatusRequest())
     assert status.phase == "Pending" and not status.has_dataset
 

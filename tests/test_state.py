@@ -23,7 +23,6 @@ from master.state import (
     JobFailed,
     JobState,
     Outcome,
-    Phase,
     ReservationCancelled,
     TaskAssigned,
     TaskFailed,
@@ -32,6 +31,7 @@ from master.state import (
     TaskReserved,
     TaskStatus,
 )
+from paddlecloud.phase import Phase
 
 S1, S2, S3 = 0x11, 0x22, 0x33
 RELEASE_CAUSES = ("expiry", "leave", "superseded", "return")
@@ -129,10 +129,17 @@ class Harness:
 
     def decide(self, session: int = S1, epoch: int | None = None,
                releasing: frozenset[int] = frozenset()) -> Decision:
+        """decide() while the finishes of `releasing` are being written (begun, not applied)."""
+        finishes = [TaskFinished(t, self.state.pending[t].attempt) for t in sorted(releasing)]
+        for finish in finishes:
+            self.state.begin(finish)
         before = copy.deepcopy(self.state)
         d = self.state.decide(session=session, epoch=self.state.epoch if epoch is None else epoch,
-                              cap=self.cap, releasing=releasing)
+                              cap=self.cap)
         assert self.state == before, "decide must not change the state"
+        for finish in finishes:
+            self.state.abandon(finish)
+        check(self.state)
         return d
 
     def finish_epoch(self, session: int = S1) -> None:
@@ -1035,8 +1042,13 @@ class JobMachine(RuleBasedStateMachine):
         a task from todo when it says so, and returns it."""
         s = self.state
         held = s.held_by(session)
-        rel = frozenset(held[:1]) if releasing else frozenset()
-        d = s.decide(session=session, epoch=s.epoch, cap=self.cap, releasing=rel)
+        # a finish of its oldest pending task being written (begun, not yet applied)
+        rel = frozenset(t for t in held[:1] if t in s.pending) if releasing else frozenset()
+        for t in rel:
+            s.begin(TaskFinished(t, s.pending[t].attempt))
+        d = s.decide(session=session, epoch=s.epoch, cap=self.cap)
+        for t in rel:
+            s.abandon(TaskFinished(t, s.pending[t].attempt))
         assert d.outcome in (Outcome.TASK, Outcome.WAIT)
         live = [t for t in held if t not in rel]
         if d.outcome is Outcome.WAIT:
@@ -1254,3 +1266,86 @@ def test_seeded_random_walks_keep_the_invariants_and_reach_the_end_of_jobs():
                 break
     # the walks are long enough to finish jobs both ways
     assert ends[Phase.SUCCEEDED] >= 20 and ends[Phase.FAILED] >= 4, ends
+
+
+# ---- writes in flight ---------------------------------------------------------------------
+
+
+def test_a_task_being_written_is_no_live_assignment_and_a_second_write_is_refused():
+    h = Harness(num_tasks=3)
+    task, a = h.dispatch()
+    finish = TaskFinished(task, a.attempt)
+    h.state.begin(finish)
+    assert h.state.writing(task)
+    assert h.state.live_assignment(task, 0, a.attempt) is None
+    before = copy.deepcopy(h.state)
+    with pytest.raises(InvalidTransition):
+        h.state.begin(TaskFailed(task, a.attempt, "failure"))
+    assert h.state == before
+    h.apply(finish)
+    assert not h.state.writing(task) and h.state.status[task] == TaskStatus.DONE
+
+
+def test_an_abandoned_write_leaves_the_task_live_as_before():
+    h = Harness(num_tasks=3)
+    task, a = h.dispatch()
+    before = copy.deepcopy(h.state)
+    release = TaskReleased(task, a.attempt, "return")
+    h.state.begin(release)
+    h.state.abandon(release)
+    assert h.state == before
+    assert h.state.live_assignment(task, 0, a.attempt) == a
+
+
+def test_beginning_a_write_on_a_stale_attempt_is_refused_and_changes_nothing():
+    h = Harness(num_tasks=3)
+    task, a = h.dispatch()
+    before = copy.deepcopy(h.state)
+    with pytest.raises(InvalidTransition):
+        h.state.begin(TaskFinished(task, a.attempt + 1))
+    assert h.state == before
+
+
+def test_a_dispatch_in_flight_is_a_reservation_and_its_abandon_a_cancellation():
+    h = Harness(num_tasks=3)
+    first = h.state.todo[0]
+    assigned = TaskAssigned(first, Assignment(S1, "t", 0, 0.0))
+    h.state.begin(assigned)
+    assert h.state.reserved == {first: S1}
+    h.state.abandon(assigned)
+    assert h.state.reserved == {} and h.state.todo[0] == first
+    check(h.state)
+
+
+def test_tasks_being_written_pass_no_deadline():
+    h = Harness(num_tasks=3)
+    task, a = h.dispatch(deadline=5.0)
+    assert [t for t, _ in h.state.expired(10.0)] == [task]
+    h.state.begin(TaskFailed(task, a.attempt, "deadline"))
+    assert list(h.state.expired(10.0)) == []
+
+
+def test_the_end_of_an_epoch_is_in_flight_once():
+    h = Harness(num_tasks=1, num_epochs=2)
+    task, _ = h.dispatch()
+    h.finish(task)
+    advance = EpochAdvanced(1)
+    h.state.begin(advance)
+    assert h.state.epoch_ending
+    with pytest.raises(InvalidTransition):
+        h.state.begin(EpochAdvanced(1))
+    h.apply(advance)
+    assert h.state.epoch == 1 and not h.state.epoch_ending
+
+
+def test_outside_readers_get_read_only_views():
+    h = Harness(num_tasks=3)
+    task, _ = h.dispatch()
+    with pytest.raises(TypeError):
+        h.state.pending[task] = None
+    with pytest.raises(TypeError):
+        h.state.status[task] = TaskStatus.DONE
+    with pytest.raises(AttributeError):
+        h.state.epoch = 5
+    h.state.counts[TaskStatus.TODO] = 99
+    assert h.state.counts[TaskStatus.TODO] == 2

@@ -1,0 +1,281 @@
+"""The leading master's core: the cache of one job, the gate every call passes, and
+the one way the cache changes (`commit`: write the event durably, then apply it).
+
+The cache (`spec`, `partition`, `state`, the session registry) mirrors etcd. It is
+rebuilt from etcd (`schedule_rebuild`) when a write's outcome is unknown (etcd did
+not answer), when etcd refused a write the cache thought valid, or when an event did
+not fit the cache (`InvalidTransition`: logged with its traceback; the caller is told
+to retry). New calls wait at the gate while the rebuild runs; calls already inside
+finish first. The rooms (`master.trainers`, `master.tasks`, `master.epochs`, ...)
+decide; this module is where their decisions become writes and cache changes.
+
+What this does NOT do: decide what to write (the rooms do), or talk to etcd other
+than through `master.store`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from typing import Any
+
+from master import metrics
+from master.config import DatasetSpec, MasterConfig
+from master.partition import FileEntry, Partition
+from master.sessions import SessionRegistry
+from master.state import Durable, Event, InvalidTransition, JobState, committed
+from master.store import EtcdStore, NotLeader, Snapshot, StoreUnavailable
+from paddlecloud.phase import Phase
+
+logger = logging.getLogger(__name__)
+
+REBUILD_RETRY = 1.0  # seconds between attempts to reload the cache from etcd
+
+
+class InvalidArgument(ValueError):
+    """The caller's fault; the message names the bad value."""
+
+
+class FailedPrecondition(RuntimeError):
+    """The request conflicts with the job's state; the message says which."""
+
+
+class CacheOutOfStep(Exception):
+    """An event did not fit the cache: it is being rebuilt from etcd; the caller retries."""
+
+
+def partition_of(spec: DatasetSpec, files: list[FileEntry]) -> Partition:
+    return Partition(files, chunk_bytes=spec.chunk_bytes, chunks_per_task=spec.chunks_per_task,
+                     splits_files=spec.splits_files)
+
+
+class Core:
+    def __init__(self, *, store: EtcdStore, config: MasterConfig) -> None:
+        self.store = store
+        self.config = config
+        self.policy = config.policy
+        self.sessions = SessionRegistry(store.refresh_lease, ttl=self.policy.session_ttl)
+        self.spec: DatasetSpec | None = None
+        self.partition: Partition | None = None
+        self.state: JobState | None = None
+        self.loaded_phase: Phase | None = None   # the `phase` key as the last load found it
+        self.requeued = 0                        # tasks put back since this master leads
+        self.deposed: asyncio.Future[Exception] = asyncio.get_running_loop().create_future()
+        # Set by the dispatcher that wires the rooms: what follows a change, and a load.
+        self.on_change: Callable[[], None] = lambda: None
+        self.on_load: Callable[[Snapshot], None] = lambda snap: None
+        self._ready = asyncio.Event()
+        self._inflight = 0
+        self._drained = asyncio.Event()
+        self._drained.set()
+        self._rebuilding: asyncio.Task[None] | None = None
+        self._background: set[asyncio.Task] = set()
+
+    # ---- the gate -----------------------------------------------------------------
+
+    def open(self) -> None:
+        self._ready.set()
+
+    @property
+    def serving(self) -> bool:
+        """The gate is open (no rebuild or exclusive call under way)."""
+        return self._ready.is_set()
+
+    @contextlib.asynccontextmanager
+    async def admitted(self) -> AsyncIterator[None]:
+        """Admits one call: waits while the cache is rebuilt; counts the call in flight.
+
+        The seams are decided here: a store fault deposes this master (NotLeader) or
+        rebuilds the cache (StoreUnavailable) and goes on up; an InvalidTransition is a
+        cache out of step (or a bug): logged with its traceback, the cache rebuilt, and
+        the caller told to retry (CacheOutOfStep).
+        """
+        if self.deposed.done():
+            raise self.deposed.result()
+        await self._ready.wait()
+        if self.deposed.done():
+            raise self.deposed.result()
+        self._inflight += 1
+        self._drained.clear()
+        try:
+            yield
+        except (StoreUnavailable, NotLeader) as error:
+            self.on_store_error(error, where="rpc")
+            raise
+        except InvalidTransition as error:
+            logger.error("a transition did not fit the cache; rebuilding it from etcd", exc_info=error)
+            self.schedule_rebuild()
+            raise CacheOutOfStep(f"the master's cache is being rebuilt ({error}): retry") from error
+        finally:
+            self._inflight -= 1
+            if self._inflight == 0:
+                self._drained.set()
+
+    @contextlib.asynccontextmanager
+    async def exclusive(self) -> AsyncIterator[None]:
+        """Closes the gate and waits until no call is in flight (call it outside `admitted`)."""
+        self._ready.clear()
+        try:
+            await self._drained.wait()
+            yield
+        except (StoreUnavailable, NotLeader) as error:
+            self.on_store_error(error, where="exclusive")
+            raise
+        finally:
+            if not self.deposed.done():
+                self._ready.set()
+
+    async def guarded(self, coro: Coroutine[Any, Any, Any]) -> None:
+        """Runs a background step as a call through the gate."""
+        try:
+            async with self.admitted():
+                await coro
+        finally:
+            coro.close()  # not started when the gate refused it
+
+    # ---- the one way the cache changes ----------------------------------------------
+
+    def commit(self, event: Durable) -> Awaitable[int | None]:
+        """Writes `event` durably, then applies it to the cache.
+
+        The write is marked in flight in the state and its transaction queued now, so
+        the writes of one call ride the same group-commit batch; await the result: the
+        revision etcd took it at, or None when a compare failed (the mark is then gone
+        and the cache unchanged: the caller decides what a refusal means).
+        """
+        state = self.state
+        assert state is not None, "no dataset: nothing to commit"
+        state.begin(event)
+        return self.write(state, event)
+
+    def write(self, state: JobState, event: Durable) -> Awaitable[int | None]:
+        """`commit()` of an event whose write `state.begin` already marked."""
+        try:
+            future = self.store.submit(event, state)
+        except BaseException:
+            state.abandon(event)
+            raise
+        return self._settle(state, event, future)
+
+    async def _settle(self, state: JobState, event: Durable, future: Awaitable[int | None]) -> int | None:
+        try:
+            revision = await future
+        except BaseException:
+            if self.state is state:
+                state.abandon(event)
+            raise
+        if self.state is not state:  # the cache was rebuilt from etcd meanwhile: etcd has it, or not
+            return revision
+        if revision is None:
+            state.abandon(event)
+            return None
+        state.apply(committed(event, revision))
+        self.on_change()
+        return revision
+
+    def mirror(self, event: Event) -> None:
+        """Applies an event etcd already holds without a write of ours (a lapsed or revoked
+        lease took the keys with it)."""
+        assert self.state is not None
+        self.state.apply(event)
+        self.on_change()
+
+    def count_requeue(self, cause: str) -> None:
+        self.requeued += 1
+        metrics.REQUEUES.labels(cause).inc()
+
+    def adopt(self, spec: DatasetSpec, partition: Partition, state: JobState) -> None:
+        """The dataset was frozen in etcd: cache it, with the state of a new job."""
+        self.spec, self.partition, self.state = spec, partition, state
+
+    # ---- loading and rebuilding -------------------------------------------------------
+
+    async def load(self) -> None:
+        """(Re)builds the cache from one snapshot of etcd."""
+        snap = await self.store.load()
+        self.loaded_phase = snap.phase
+        self.sessions.restore(snap.trainers, snap.superseded)
+        if snap.spec is not None:
+            self.spec = snap.spec
+            self.partition = partition_of(snap.spec, snap.files)
+            self.state = JobState.restore(
+                num_tasks=self.partition.num_tasks, num_epochs=snap.spec.num_epochs,
+                seed=snap.spec.shuffle_seed, max_failures=self.policy.max_task_failures,
+                epoch=snap.epoch or 0, failed_job=snap.phase is Phase.FAILED,
+                done=snap.done, failures=snap.failures,
+                assignments={t: a for t, a in snap.assignments.items()
+                             if a.session in self.sessions.by_session},
+            )
+        self.on_load(snap)
+        logger.info("cache loaded at revision %d: epoch %s, %d sessions, %d live assignments",
+                    snap.revision, snap.epoch, len(snap.trainers), len(snap.assignments))
+
+    def schedule_rebuild(self) -> None:
+        if self._rebuilding is None or self._rebuilding.done():
+            self._rebuilding = asyncio.create_task(self._rebuild(), name="rebuild")
+
+    async def _rebuild(self) -> None:
+        self._ready.clear()
+        try:
+            while True:
+                await self._drained.wait()
+                try:
+                    await self.load()
+                    break
+                except NotLeader as error:
+                    self.depose(error)
+                    return
+                except Exception as error:
+                    logger.warning("rebuild failed (%s); retrying", error)
+                    await asyncio.sleep(REBUILD_RETRY)
+        finally:
+            if not self.deposed.done():
+                self._ready.set()
+        self.on_change()
+
+    # ---- faults and background steps ----------------------------------------------------
+
+    def depose(self, error: Exception) -> None:
+        if not self.deposed.done():
+            self.deposed.set_result(error)
+
+    def on_store_error(self, error: BaseException, *, where: str) -> None:
+        if isinstance(error, NotLeader):
+            self.depose(error)
+        elif isinstance(error, StoreUnavailable):
+            logger.warning("%s: %s; rebuilding the cache from etcd", where, error)
+            self.schedule_rebuild()
+        else:
+            logger.error("%s failed; rebuilding the cache from etcd", where, exc_info=error)
+            self.schedule_rebuild()
+
+    def spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> None:
+        """Runs a background step; its failure is handled as a store fault or a bug."""
+        task = asyncio.ensure_future(coro)
+        task.set_name(name)
+        self._background.add(task)
+        task.add_done_callback(self._background_done)
+
+    def _background_done(self, task: asyncio.Task) -> None:
+        self._background.discard(task)
+        if task.cancelled():
+            return
+        error = task.exception()
+        if isinstance(error, CacheOutOfStep):
+            return  # logged, and the rebuild scheduled, at the gate
+        if error is not None:
+            self.on_store_error(error, where=task.get_name())
+
+    async def stop(self) -> None:
+        """Stops serving: calls at the gate or in flight fail with NotLeader."""
+        self.depose(NotLeader(None))
+        self._ready.set()  # wake the calls waiting at the gate: they see `deposed`
+        tasks = [t for t in [*self._background, self._rebuilding] if t is not None]
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        await self.store.stop()

@@ -1,0 +1,78 @@
+"""The epochs room: an epoch ends on whatever transition completed it; RestartEpoch.
+
+After every change of the cache the core asks `maybe_end()`: when todo, reserved and
+pending are all empty, the epoch's end is committed in the background —
+`EpochAdvanced`, or `JobFailed` when every task of the epoch failed — so an epoch
+can never stall (PaddlePaddle issue #5279). Its write in flight is a mark in the
+state, so it is committed once.
+
+What this does NOT do: restart an epoch while any call is in flight (RestartEpoch
+closes the gate first).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from master import metrics
+from master.core import Core, FailedPrecondition, InvalidArgument
+from master.state import EpochAdvanced, EpochRestarted, JobFailed, JobState
+
+logger = logging.getLogger(__name__)
+
+
+class Epochs:
+    def __init__(self, core: Core) -> None:
+        self.core = core
+
+    def maybe_end(self) -> None:
+        state = self.core.state
+        if state is None or state.epoch_ending:
+            return
+        event = self._end_of(state)
+        if event is None:
+            return
+        state.begin(event)  # the end of this epoch is in flight from now on: once
+        self.core.spawn(self._end(state, event), "end-epoch")
+
+    @staticmethod
+    def _end_of(state: JobState) -> JobFailed | EpochAdvanced | None:
+        """The event that ends the current epoch, once it is complete."""
+        if not state.epoch_complete:
+            return None
+        return JobFailed(state.epoch) if state.all_failed else EpochAdvanced(state.epoch + 1)
+
+    async def _end(self, state: JobState, event: JobFailed | EpochAdvanced) -> None:
+        core = self.core
+        try:
+            async with core.admitted():
+                if core.state is not state or self._end_of(state) != event or not state.epoch_ending:
+                    return  # rebuilt or restarted meanwhile: the cache decides afresh
+                revision = await core.write(state, event)
+        except BaseException:
+            if core.state is state and state.epoch_ending:
+                state.abandon(event)
+            raise
+        if core.state is not state:
+            return
+        if revision is None:
+            core.schedule_rebuild()  # etcd's epoch is not the cache's
+        elif isinstance(event, JobFailed):
+            logger.error("every task of epoch %d failed: the job failed", event.epoch)
+        else:
+            metrics.EPOCHS.inc()
+            logger.info("epoch %d complete", event.epoch - 1)
+
+    async def restart(self, epoch: int) -> int:
+        core = self.core
+        async with core.admitted():
+            state = core.state
+            if state is None:
+                raise FailedPrecondition("the job has no dataset yet: nothing to restart")
+            if not 0 <= epoch < state.num_epochs:
+                raise InvalidArgument(f"epoch {epoch} is outside 0..{state.num_epochs - 1}")
+        # Exclusive: no call may be in flight while every assignment is dropped.
+        async with core.exclusive():
+            await core.commit(EpochRestarted(epoch))  # sessions stay; their assignments go
+            logger.info("epoch %d restarted", epoch)
+            return epoch

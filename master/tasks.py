@@ -1,0 +1,239 @@
+"""The tasks room: GetTask, the reports (finished, failed, returned), and task deadlines.
+
+Each call decides from the cached `JobState` and commits its events through the
+core (`Core.commit`: the write durably, then the cache). The writes of one GetTask
+(the finishes it carries and the next dispatch) are queued together, so they ride
+one group-commit batch. A task with a write in flight is marked so in the state:
+any other report on it is STALE meanwhile (it is being changed already).
+
+What this does NOT do: count a report done from the cache's word alone; only etcd's
+compare on the live assignment does (invariant 2).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable
+from dataclasses import dataclass, field
+
+from master import metrics
+from master.core import Core, InvalidArgument
+from master.partition import ChunkRange
+from master.sessions import SessionExpired, SessionSuperseded
+from master.state import (
+    Assignment,
+    JobState,
+    Outcome,
+    TaskAssigned,
+    TaskFailed,
+    TaskFinished,
+    TaskReleased,
+)
+from master.trainers import Trainers
+
+logger = logging.getLogger(__name__)
+
+WAIT_RETRY = 0.5          # seconds a trainer is told to wait when nothing is free
+EPOCH_END_RETRY = 0.05    # ... when the epoch is complete and its end is being written
+DISPATCH_RETRY = 0.05     # ... when etcd refused a dispatch the cache thought valid
+NO_DATASET_RETRY = 1.0
+
+
+@dataclass(frozen=True)
+class TaskRef:
+    task: int
+    epoch: int
+    attempt: int
+
+
+@dataclass(frozen=True)
+class TaskView:
+    task: int
+    epoch: int
+    attempt: int
+    chunks: list[ChunkRange]
+    format: str
+
+
+@dataclass(frozen=True)
+class GetTaskResult:
+    outcome: Outcome
+    current_epoch: int
+    task: TaskView | None = None
+    retry_after: float = 0.0
+    finished_results: list[bool] = field(default_factory=list)
+
+
+class Tasks:
+    def __init__(self, core: Core, trainers: Trainers) -> None:
+        self.core = core
+        self.trainers = trainers
+
+    async def get_task(self, session: int, epoch: int, finished: list[TaskRef]) -> GetTaskResult:
+        if epoch < 0:
+            raise InvalidArgument(f"epoch {epoch} is negative: epochs count from 0")
+        core = self.core
+        async with core.admitted():
+            info = await self.trainers.touch(session)
+            state = core.state
+            if state is None:
+                return GetTaskResult(Outcome.WAIT, 0, retry_after=NO_DATASET_RETRY,
+                                     finished_results=[False] * len(finished))
+            finishing = [self._finish(state, session, ref) for ref in finished]
+            dispatch: Awaitable[int | None] | None = None
+            results: list[bool] = []
+            awaited = 0  # finishing writes awaited so far (one that raised included)
+            try:
+                decision = state.decide(session=session, epoch=epoch, cap=core.policy.max_tasks_per_trainer)
+                if decision.outcome is Outcome.TASK and decision.held is None:
+                    deadline = time.time() + core.policy.task_timeout if core.policy.task_timeout else 0.0
+                    dispatch = core.commit(TaskAssigned(decision.task,
+                                                        Assignment(session, info.trainer, 0, deadline)))
+                for finish in finishing:
+                    awaited += 1
+                    results.append(await finish if finish is not None else False)
+            except BaseException:
+                # settle every write already queued (the caller retries); their outcome is etcd's
+                for pending in [*finishing[awaited:], dispatch]:
+                    if pending is not None:
+                        with contextlib.suppress(BaseException):
+                            await pending
+                raise
+            if decision.outcome is not Outcome.TASK:
+                retry = 0.0
+                if decision.outcome is Outcome.WAIT:
+                    # The epoch's end is being written: the next epoch is a moment away.
+                    retry = EPOCH_END_RETRY if state.epoch_complete else WAIT_RETRY
+                return GetTaskResult(decision.outcome, state.epoch, retry_after=retry,
+                                     finished_results=results)
+            if decision.held is not None:
+                attempt = decision.held.attempt
+            else:
+                attempt = await self._dispatched(state, session, dispatch)
+                if attempt is None:
+                    return GetTaskResult(Outcome.WAIT, state.epoch, retry_after=DISPATCH_RETRY,
+                                         finished_results=results)
+            return GetTaskResult(Outcome.TASK, state.epoch, task=self._view(decision.task, state.epoch, attempt),
+                                 finished_results=results)
+
+    def _view(self, task: int, epoch: int, attempt: int) -> TaskView:
+        core = self.core
+        assert core.partition is not None and core.spec is not None
+        return TaskView(task, epoch, attempt, core.partition.task_chunks(task), core.spec.format)
+
+    async def _dispatched(self, state: JobState, session: int, dispatch: Awaitable[int | None]) -> int | None:
+        """The attempt of a dispatch once etcd took it; None when it did not (answer WAIT)."""
+        attempt = await dispatch
+        if self.core.state is not state:
+            return None
+        if attempt is None:
+            # The session's key or the epoch moved under us: the session is gone, or the cache is stale.
+            if session in self.core.sessions.by_session:
+                self.core.schedule_rebuild()
+                return None
+            raise SessionExpired(session)
+        metrics.DISPATCHES.inc()
+        return attempt
+
+    def _finish(self, state: JobState, session: int, ref: TaskRef) -> Awaitable[bool] | None:
+        """Queues the finish when `ref` is this session's live assignment; else None (STALE)."""
+        if not self._is_live(state, session, ref):
+            metrics.STALE_REPORTS.labels("finished").inc()
+            return None
+        return self._finished(state, ref, self.core.commit(TaskFinished(ref.task, ref.attempt)))
+
+    async def _finished(self, state: JobState, ref: TaskRef, write: Awaitable[int | None]) -> bool:
+        accepted = await self._settled(state, ref, write)
+        (metrics.FINISHES if accepted else metrics.STALE_REPORTS.labels("finished")).inc()
+        return accepted
+
+    async def _settled(self, state: JobState, ref: TaskRef, write: Awaitable[int | None]) -> bool:
+        """Awaits a report's write; a refusal on a task the cache held live is explained."""
+        revision = await write
+        if revision is None and self.core.state is state:
+            self._write_refused(state, ref)
+        return revision is not None
+
+    def _write_refused(self, state: JobState, ref: TaskRef) -> None:
+        """etcd refused a write on a task the cache held live: its session must be gone."""
+        assignment = state.assignment(ref.task)
+        if assignment is None or assignment.attempt != ref.attempt:
+            return
+        if assignment.session not in self.core.sessions.by_session:
+            self.core.mirror(TaskReleased(ref.task, ref.attempt, "expiry"))
+            self.core.count_requeue("expiry")
+        else:
+            self.core.schedule_rebuild()
+
+    async def _report_state(self, session: int) -> JobState | None:
+        """Reports are never errors for staleness: an unknown session's report is STALE."""
+        try:
+            await self.trainers.touch(session)
+        except (SessionExpired, SessionSuperseded):
+            return None
+        return self.core.state
+
+    @staticmethod
+    def _is_live(state: JobState, session: int, ref: TaskRef) -> bool:
+        assignment = state.live_assignment(ref.task, ref.epoch, ref.attempt)
+        return assignment is not None and assignment.session == session
+
+    async def task_finished(self, session: int, ref: TaskRef) -> bool:
+        async with self.core.admitted():
+            state = await self._report_state(session)
+            if state is None:
+                return False
+            finish = self._finish(state, session, ref)
+            return await finish if finish is not None else False
+
+    async def task_failed(self, session: int, ref: TaskRef, reason: str) -> bool:
+        async with self.core.admitted():
+            state = await self._report_state(session)
+            if state is None or not self._is_live(state, session, ref):
+                metrics.STALE_REPORTS.labels("failed").inc()
+                return False
+            logger.info("task %d (epoch %d, attempt %d) failed: %s", ref.task, ref.epoch, ref.attempt, reason)
+            return await self._fail(state, ref, cause="failure")
+
+    async def return_task(self, session: int, ref: TaskRef) -> bool:
+        async with self.core.admitted():
+            state = await self._report_state(session)
+            if state is None or not self._is_live(state, session, ref):
+                metrics.STALE_REPORTS.labels("returned").inc()
+                return False
+            returned = await self._settled(state, ref,
+                                           self.core.commit(TaskReleased(ref.task, ref.attempt, "return")))
+            if returned:
+                self.core.count_requeue("return")
+            return returned
+
+    async def _fail(self, state: JobState, ref: TaskRef, *, cause: str) -> bool:
+        if not await self._settled(state, ref, self.core.commit(TaskFailed(ref.task, ref.attempt, cause))):
+            return False
+        self.core.count_requeue(cause)
+        return True
+
+    # ---- deadlines --------------------------------------------------------------------
+
+    async def deadline_loop(self) -> None:
+        """Fails the tasks past their deadline (`--task-timeout`): a live but stuck trainer."""
+        timeout = self.core.policy.task_timeout
+        if not timeout:
+            return
+        period = min(1.0, timeout / 4)
+        while True:
+            await asyncio.sleep(period)
+            state = self.core.state
+            if state is None or not self.core.serving:
+                continue
+            for task, assignment in list(state.expired(time.time())):
+                logger.info("task %d passed its deadline (trainer %s)", task, assignment.trainer)
+                ref = TaskRef(task, state.epoch, assignment.attempt)
+                self.core.spawn(self.core.guarded(self._deadline_passed(state, ref)), f"deadline-{task}")
+
+    async def _deadline_passed(self, state: JobState, ref: TaskRef) -> None:
+        if self.core.state is state and state.live_assignment(ref.task, ref.epoch, ref.attempt) is not None:
+            await self._fail(state, ref, cause="deadline")

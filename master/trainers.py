@@ -1,0 +1,153 @@
+"""The sessions room: trainers register, keep alive, leave, supersede and die.
+
+A session is an etcd lease the master grants and refreshes only when the trainer
+calls (`master.sessions`). When a session ends — revoked here (leave, supersede) or
+lapsed (seen by the watch of `trainers/<id>` keys) — etcd has already dropped its
+`assign/<task>` keys with the lease, so the tasks it held are mirrored back to todo
+in the cache (no write, no failure counted).
+
+What this does NOT do: keep a lease alive on its own, or touch a task's state other
+than by mirroring what a lease took with it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass
+
+from master.core import Core, InvalidArgument
+from master.sessions import SessionExpired, SessionInfo, SessionSuperseded
+from master.state import InvalidTransition, TaskReleased
+from master.store import NotLeader, Snapshot
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Registration:
+    session: int
+    ttl: float
+    current_epoch: int
+    num_epochs: int
+
+
+class Trainers:
+    def __init__(self, core: Core) -> None:
+        self.core = core
+        self.registry = core.sessions
+        self._ending: set[int] = set()  # sessions this master is revoking right now
+        self._register_lock = asyncio.Lock()
+        self._watch: asyncio.Task[None] | None = None
+
+    async def register(self, trainer: str) -> Registration:
+        if not trainer or trainer.strip() != trainer:
+            raise InvalidArgument(f"trainer id {trainer!r} must be a non-empty string without spaces around it")
+        core, store = self.core, self.core.store
+        async with core.admitted(), self._register_lock:
+            lease = await store.grant_lease(core.policy.session_ttl)
+            old = self.registry.by_trainer.get(trainer)
+            try:
+                if old is not None:
+                    await self._end(old, cause="superseded")
+                await store.open_session(trainer, lease, superseded=old)
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    await store.revoke_lease(lease)
+                raise
+            self.registry.add(trainer, lease, supersedes=old)
+            logger.info("trainer %s registered: session %d%s", trainer, lease,
+                        f" (supersedes {old})" if old else "")
+            state = core.state
+            return Registration(
+                session=lease, ttl=core.policy.session_ttl,
+                current_epoch=state.epoch if state else 0,
+                num_epochs=core.spec.num_epochs if core.spec else 0,
+            )
+
+    async def keep_alive(self, session: int) -> float:
+        async with self.core.admitted():
+            await self.touch(session, force=True)
+            return self.core.policy.session_ttl
+
+    async def leave(self, session: int) -> None:
+        async with self.core.admitted():
+            if session in self.registry.by_session:
+                await self._end(session, cause="leave")
+
+    async def touch(self, session: int, *, force: bool = False) -> SessionInfo:
+        """The trainer called: refresh its lease (always when `force`, else throttled).
+
+        Raises SessionExpired (the session is then ended here too) or SessionSuperseded,
+        but only once this master made sure it still leads: a paused, deposed leader
+        would not know the sessions opened since.
+        """
+        try:
+            return await self.registry.touch(session, force=force)
+        except (SessionExpired, SessionSuperseded) as error:
+            try:
+                await self.core.store.confirm_leadership()
+            except NotLeader as deposed:
+                self.core.depose(deposed)
+                raise
+            if isinstance(error, SessionExpired):
+                self.gone(session, cause="expiry")
+            raise
+
+    async def _end(self, session: int, *, cause: str) -> None:
+        self._ending.add(session)  # the watch sees the lease go first: let the cause be ours
+        try:
+            await self.core.store.revoke_lease(session)
+            self.gone(session, cause=cause)
+        finally:
+            self._ending.discard(session)
+
+    def gone(self, session: int, *, cause: str) -> None:
+        """The session's lease is gone, so are its assignments in etcd: mirror that.
+
+        A task with a write in flight is left to that write: etcd refuses it now, and
+        its refusal releases the task (`master.tasks`).
+        """
+        if cause != "superseded":
+            self.registry.forget_superseded_by(session)
+        info = self.registry.remove(session)
+        state = self.core.state
+        if info is None or state is None:
+            return
+        for task in state.held_by(session):
+            assignment = state.assignment(task)
+            if assignment is not None and not state.writing(task):
+                self.core.mirror(TaskReleased(task, assignment.attempt, cause))
+                self.core.count_requeue(cause)
+        logger.info("session %d of trainer %s ended (%s)", session, info.trainer, cause)
+        self.core.on_change()
+
+    # ---- the watch of trainer keys --------------------------------------------------
+
+    def watch_from(self, snap: Snapshot) -> None:
+        """(Re)starts the watch just after the snapshot the cache was loaded from."""
+        if self._watch is not None:
+            self._watch.cancel()
+        self._watch = asyncio.create_task(self._watch_ended(snap.revision + 1), name="watch-sessions")
+
+    async def _watch_ended(self, start_revision: int) -> None:
+        """etcd deletes `trainers/<id>` when a lease lapses: that is how a dead trainer is seen."""
+        try:
+            async for session in self.core.store.ended_sessions(start_revision):
+                if session in self.registry.by_session and session not in self._ending:
+                    self.gone(session, cause="expiry")
+        except asyncio.CancelledError:
+            raise
+        except InvalidTransition:
+            logger.exception("an ended session did not fit the cache; rebuilding it from etcd")
+            self.core.schedule_rebuild()
+        except Exception as error:
+            logger.warning("session watch broke (%s); rebuilding", error)
+            self.core.schedule_rebuild()
+
+    async def stop(self) -> None:
+        if self._watch is not None:
+            self._watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._watch

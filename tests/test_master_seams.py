@@ -1,0 +1,188 @@
+"""How the master's seams answer: the machine-readable errors a client acts on, read off
+real RPCs against real masters; a cache out of step inside an RPC; the election loop's
+expected faults and bugs."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import aetcd
+import grpc
+import pytest
+from datasets import write_records
+from masters import pb, serving_stub, stub, wait_for, wait_serving
+
+from master.config import DatasetSpec, MasterConfig, Policy
+from master.dispatcher import Dispatcher
+from master.server import MasterNode
+from master.servicer import MasterServicer
+from paddlecloud import etcd
+from paddlecloud.api import pb_grpc
+from paddlecloud.etcd_server import free_port
+from paddlecloud.keys import JobKeys
+from paddlecloud.wire import Reason, error_info
+
+
+async def rpc_error(call) -> grpc.aio.AioRpcError:
+    with pytest.raises(grpc.aio.AioRpcError) as error:
+        await call
+    return error.value
+
+
+# ---- google.rpc.ErrorInfo on real RPCs ----------------------------------------------------
+
+
+async def test_a_standby_names_the_leader_in_the_error_info(tmp_path, start_master):
+    write_records(tmp_path / "data", files=1, records_per_file=2)
+    first = start_master("--input", str(tmp_path / "data"), name="first")
+    await wait_serving(first.address, process=first)
+    second = start_master("--input", str(tmp_path / "data"), name="second")
+    async with grpc.aio.insecure_channel(second.address) as channel:
+        master = stub(channel)
+
+        async def names_the_leader() -> bool:
+            try:
+                await master.GetStatus(pb.GetStatusRequest(), timeout=2)
+            except grpc.aio.AioRpcError as error:
+                if error.code() != grpc.StatusCode.UNAVAILABLE:
+                    raise
+                return error_info(error) == (Reason.NOT_LEADER, {"leader": first.address})
+            raise AssertionError("the second master serves while the first leads")
+        await wait_for(names_the_leader, message="the standby never named the leader")
+        error = await rpc_error(master.RegisterTrainer(pb.RegisterTrainerRequest(trainer_id="t")))
+        assert error.code() == grpc.StatusCode.UNAVAILABLE
+        assert error_info(error) == (Reason.NOT_LEADER, {"leader": first.address})
+        assert first.address in error.details()  # the human message stays
+
+
+@pytest.fixture
+async def master(tmp_path, start_master):
+    async with serving_stub(start_master, tmp_path / "data", files=1, records_per_file=4) as master:
+        yield master
+
+
+async def test_an_expired_session_says_so_in_the_error_info(master):
+    for call in (master.GetTask(pb.GetTaskRequest(session_id=4242, epoch=0)),
+                 master.KeepAlive(pb.KeepAliveRequest(session_id=4242))):
+        error = await rpc_error(call)
+        assert error.code() == grpc.StatusCode.NOT_FOUND
+        assert error_info(error) == (Reason.SESSION_EXPIRED, {})
+        assert "4242" in error.details()
+
+
+async def test_a_superseded_session_names_its_trainer_in_the_error_info(master):
+    old = await master.RegisterTrainer(pb.RegisterTrainerRequest(trainer_id="trainer-7"))
+    new = await master.RegisterTrainer(pb.RegisterTrainerRequest(trainer_id="trainer-7"))
+    assert new.session_id != old.session_id
+    for call in (master.GetTask(pb.GetTaskRequest(session_id=old.session_id, epoch=0)),
+                 master.KeepAlive(pb.KeepAliveRequest(session_id=old.session_id))):
+        error = await rpc_error(call)
+        assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert error_info(error) == (Reason.SESSION_SUPERSEDED, {"trainer": "trainer-7"})
+    reply = await master.GetTask(pb.GetTaskRequest(session_id=new.session_id, epoch=0))
+    assert reply.outcome == pb.TASK
+
+
+async def test_an_error_that_is_not_the_callers_fault_carries_no_error_info(master):
+    error = await rpc_error(master.GetTask(pb.GetTaskRequest(session_id=1, epoch=-1)))
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert error_info(error) is None
+
+
+# ---- a cache out of step inside an RPC ----------------------------------------------------
+
+
+@pytest.fixture
+async def in_process(tmp_path, etcd_endpoint, job_name):
+    """A real Dispatcher on a real etcd behind the real servicer on a real gRPC server, in
+    this process, so a test can put the cache out of step behind the machine's back."""
+    write_records(tmp_path / "data", files=1, records_per_file=4)
+    config = MasterConfig(job=job_name, namespace="local", etcd_endpoints=etcd_endpoint,
+                          policy=Policy(session_ttl=10, task_timeout=0),
+                          dataset=DatasetSpec(paths=(str(tmp_path / "data"),), chunk_bytes=1))
+    client = await etcd.connect(etcd_endpoint)
+    session = await etcd.Session(client, ttl=10).open()
+    leadership = await etcd.Election(session, JobKeys("local", job_name).leader).campaign("me")
+    dispatcher = Dispatcher(client=client, config=config, leadership=leadership, advertise="me")
+    await dispatcher.start()
+    server = grpc.aio.server()
+    pb_grpc.add_MasterServicer_to_server(
+        MasterServicer(dispatcher=lambda: dispatcher, leader_hint=lambda: None), server)
+    port = free_port()
+    server.add_insecure_port(f"127.0.0.1:{port}")
+    await server.start()
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        yield dispatcher, stub(channel)
+    await server.stop(grace=None)
+    await dispatcher.stop()
+    await session.close()
+    await client.close()
+
+
+async def test_an_invalid_transition_in_an_rpc_is_logged_rebuilds_the_cache_and_answers_unavailable(
+        in_process, caplog):
+    dispatcher, master = in_process
+    reg = await master.RegisterTrainer(pb.RegisterTrainerRequest(trainer_id="t0"))
+    corrupt = dispatcher.core.state
+    corrupt._todo.appendleft(10**6)  # a task the job does not have: the cache is out of step
+    with caplog.at_level(logging.ERROR, logger="master.core"):
+        error = await rpc_error(master.GetTask(pb.GetTaskRequest(session_id=reg.session_id, epoch=0)))
+    assert error.code() == grpc.StatusCode.UNAVAILABLE, error.details()
+    assert "retry" in error.details()
+    logged = [r for r in caplog.records if r.exc_info and "InvalidTransition" in str(r.exc_info[0])]
+    assert logged, [r.getMessage() for r in caplog.records]
+    await wait_for(lambda: dispatcher.core.state is not corrupt and dispatcher.core.serving,
+                   message="the cache was not rebuilt")
+    reply = await master.GetTask(pb.GetTaskRequest(session_id=reg.session_id, epoch=0))
+    assert reply.outcome == pb.TASK and 0 <= reply.task.id < dispatcher.core.state.num_tasks
+
+
+async def test_a_bug_inside_an_rpc_is_internal_not_invalid_argument(in_process, caplog):
+    """Only the dispatcher's own InvalidArgument is the caller's fault; a ValueError from a bug
+    is INTERNAL, logged with its traceback."""
+    dispatcher, master = in_process
+    dispatcher.core.state._status[0] = 200  # no TaskStatus: ListTasks meets a ValueError
+    with caplog.at_level(logging.ERROR, logger="master.servicer"):
+        error = await rpc_error(master.ListTasks(pb.ListTasksRequest()))
+    assert error.code() == grpc.StatusCode.INTERNAL, error.details()
+    assert "ValueError" in error.details()
+    assert any(r.exc_info for r in caplog.records if r.name == "master.servicer")
+
+
+# ---- the election loop ------------------------------------------------------------------------
+
+
+async def test_an_unreachable_etcd_is_retried_with_backoff_and_a_warning(job_name, caplog):
+    port = free_port()  # nothing listens there
+    config = MasterConfig(job=job_name, namespace="local", etcd_endpoints=f"127.0.0.1:{port}")
+    client = aetcd.Client(host="127.0.0.1", port=port, timeout=1)
+    node = MasterNode(config, client)
+    with caplog.at_level(logging.WARNING, logger="master.server"):
+        run = asyncio.create_task(node.run())
+        await wait_for(lambda: sum("retrying in" in r.getMessage() for r in caplog.records) >= 2,
+                       timeout=30, message="the campaign was not retried")
+        assert not run.done()
+        node.stopping.set()
+        await asyncio.wait_for(run, 30)
+    waits = [r.getMessage().rsplit("retrying in ", 1)[1] for r in caplog.records if "retrying in" in r.getMessage()]
+    assert waits[:2] == ["0.5s", "1.0s"], waits  # backoff doubles
+    assert node.fatal is None and node.exit_code() == 0
+    await client.close()
+
+
+class BuggyNode(MasterNode):
+    async def _term(self) -> None:
+        raise TypeError("a bug in the master")
+
+
+async def test_a_bug_in_the_election_loop_is_logged_with_its_traceback_and_exits_non_zero(
+        etcd_endpoint, job_name, caplog):
+    client = await etcd.connect(etcd_endpoint)
+    node = BuggyNode(MasterConfig(job=job_name, namespace="local", etcd_endpoints=etcd_endpoint), client)
+    with caplog.at_level(logging.ERROR, logger="master.server"):
+        await asyncio.wait_for(node.run(), 30)
+    assert isinstance(node.fatal, TypeError)
+    assert node.exit_code() == 1
+    assert any(r.exc_info and r.exc_info[0] is TypeError for r in caplog.records)
+    await client.close()
