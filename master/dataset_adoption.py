@@ -15,8 +15,8 @@ import logging
 
 from master.config import DatasetSpec, SpecError
 from master.core import Core, FailedPrecondition, InvalidArgument, partition_of
-from paddlecloud.datasets import list_files
 from master.state import JobState
+from paddlecloud.datasets import list_files
 
 logger = logging.getLogger(__name__)
 
