@@ -197,7 +197,9 @@ def test_two_processes_with_one_trainer_id_the_older_stops(tmp_path, start_maste
     write_records(tmp_path / "data", files=4, records_per_file=40)
     proc = serving(start_master("--input", str(tmp_path / "data"), "--chunk-bytes", "200"))
     log = tmp_path / "records.tsv"
-    older = started_reading(start_trainer, "same", master=proc.address, log=log, delay="0.01")
+    # The older reads slowly (8 s of data) so that it is still reading when the newer,
+    # started on a loaded machine, registers.
+    older = started_reading(start_trainer, "same", master=proc.address, log=log, delay="0.05")
     newer = start_trainer("same", master=proc.address, log=log, args=("--delay", "0.001"))
     assert older.wait() == 4
     assert "superseded by a newer session of trainer same" in older.output_text()
