@@ -43,6 +43,9 @@ if str(ROOT) not in sys.path:  # run as `python bench/autoscale.py` from a check
 
 from autoscaler import Cluster, Job, Node, plan  # noqa: E402
 
+sys.path.insert(0, str(ROOT / "bench"))
+from common import pyplot  # noqa: E402
+
 GIB = 2**30
 TARGET_MS = 100.0
 SECTION = "autoscaler"
@@ -280,13 +283,9 @@ def _ratio(on: float, off: float) -> str:
 
 
 def plot(results: dict, path: Path) -> bool:
-    try:
-        import matplotlib
-    except ImportError:
-        print("note: no plot drawn: matplotlib is missing (pip install -e '.[bench]')", file=sys.stderr)
+    plt = pyplot()
+    if plt is None:
         return False
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
     s = results["simulation"]
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))

@@ -263,3 +263,16 @@ def table(cols: list[str], rows: list[list[str]]) -> list[str]:
     for r in rows:
         lines.append("  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)))
     return lines
+
+
+def pyplot():
+    """matplotlib's pyplot on the Agg backend, or None (and a note) when it is not installed."""
+    try:
+        import matplotlib
+    except ImportError:
+        print("note: no plot drawn: matplotlib is missing (pip install -e '.[bench]')", file=sys.stderr)
+        return None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt

@@ -36,6 +36,7 @@ SHIFT = 0.12  # the plot draws re-queue points this far left of their TTL, failo
 
 # The dispatch targets are dispatch.py's own (issue 3); faults' and footprint's goals are issue 7's.
 sys.path.insert(0, str(BENCH))
+from common import pyplot  # noqa: E402
 from dispatch import TARGETS  # noqa: E402
 from faults import GOALS  # noqa: E402
 
@@ -217,13 +218,9 @@ def replace_sections(text: str, parts: dict[str, list[str]]) -> str:
 
 def plot(results: dict, path: Path) -> bool:
     """Draws the png; False (and a note) when matplotlib is not installed."""
-    try:
-        import matplotlib
-    except ImportError:
-        print("note: no plot drawn: matplotlib is missing (pip install -e '.[bench]')", file=sys.stderr)
+    plt = pyplot()
+    if plt is None:
         return False
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.8))
     rows = results["dispatch"]["rows"]
