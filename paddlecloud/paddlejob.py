@@ -15,7 +15,7 @@ each field the meaning paddle-operator's `api/v1/paddlejob_types.go` gives it:
   a Volcano `PodGroup` document in the same file, applied with the job;
 * `elastic` and `worker.requests` / `worker.limits`: stored as the job's elastic
   level and trainer range (min / max); not yet acted on;
-* paddlecloud's own: `input` (a path, glob or URL, or a list of them), `output`,
+* paddlecloud's own: `input` (a list of paths, globs or URLs), `output`,
   `epochs`, `format`, `chunkBytes` (`64MiB`, or bytes), `dataVolume`
   (`{claim, mountPath}`) and `noAgent`.
 
@@ -316,10 +316,9 @@ def _own_fields(spec: Mapping[str, Any]) -> dict[str, Any]:
     values: dict[str, Any] = {}
     if spec.get("input") is not None:
         inputs = spec["input"]
-        inputs = [inputs] if isinstance(inputs, str) else inputs
         if not isinstance(inputs, list) or not inputs:
-            raise JobSpecError(f"invalid spec.input {spec['input']!r:.40}: give a path, glob or "
-                               "URL, or a list of them")
+            raise JobSpecError(f"invalid spec.input {spec['input']!r:.40}: give a list of paths, "
+                               "globs or URLs, e.g. ['/data/train-*.csv']")
         values["inputs"] = tuple(_string(i, where="spec.input item") for i in inputs)
     if spec.get("output") is not None:
         values["output"] = _string(spec["output"], where="spec.output")

@@ -452,6 +452,8 @@ def _pod_template(spec: JobSpec, role: str, *, template: Mapping[str, Any] | Non
     if agent:
         container["command"] = _command(spec, role=role, container=container)
         container.pop("args", None)
+    elif template is None:  # --no-agent with --module: the module, without the agent
+        container["command"] = ["python", "-m", spec.module]
     container["env"] = _merge_env(where=where, ours=env, theirs=container.get("env") or [])
     port, host = paddle_port(spec), spec.intranet == "HostNetwork"
     _add_port(container, name="paddle", port=port, host=host)
