@@ -33,6 +33,7 @@ logger = logging.getLogger(__name__)
 
 GROUP, VERSION = PADDLEJOB_API_VERSION.split("/")
 PLURAL, SINGULAR, KIND, SHORT_NAME = "paddlejobs", "paddlejob", "PaddleJob", "pdj"
+SIZE_PATTERN = r"^[0-9]+(\.[0-9]+)?\s*([kKmMgG]([iI]?[bB])?|[bB])?$"  # paddlecloud.units sizes
 HEADER = """\
 # The PaddleJob resource: paddle-operator's batch.paddlepaddle.org/v1 PaddleJob, with
 # paddlecloud's own fields beside (input, output, epochs, format, chunkBytes,
@@ -140,7 +141,8 @@ def spec_schema() -> dict[str, Any]:
             "output": string,
             "epochs": {"type": "integer", "minimum": 1},
             "format": {"type": "string", "enum": list(DATA_FORMATS)},
-            "chunkBytes": {**_quantity(), "description": "Chunk size, e.g. 64MiB, or bytes."},
+            "chunkBytes": {**_quantity(), "minimum": 1, "pattern": SIZE_PATTERN,
+                           "description": "Chunk size, e.g. 64MiB, or bytes."},
             "dataVolume": {
                 "type": "object",
                 "required": ["claim", "mountPath"],
