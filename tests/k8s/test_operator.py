@@ -1,0 +1,260 @@
+"""`paddlecloud operator` against kmock: Kopf's own runner, real watch streams, real client.
+
+The operator runs in `kopf.testing.KopfRunner` (a thread of its own) with the
+handlers `paddlecloud operator` registers; the tests act as kubectl and as the
+job's master (which writes its phase on its Deployment and creates the workloads
+with its own deployer code). kmock runs no garbage collector: where a real cluster
+would collect objects through owner references, the tests assert those references
+(PaddleJob -> master Deployment and ConfigMap -> Service, StatefulSets, Job) AND
+the operator's own deletes, which leave nothing of the job behind even without one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import kmock
+import pytest
+import yaml
+from kopf.testing import KopfRunner
+
+from master.k8s_deployer import KubernetesDeployer
+from paddlecloud.k8s import manifests
+from paddlecloud.keys import JobKeys
+from paddlecloud.paddlejob import translate
+from pdj_operator.handlers import OperatorConfig, make_registry, make_settings
+
+NS = "ml"
+GROUP, VERSION, PLURAL = "batch.paddlepaddle.org", "v1", "paddlejobs"
+
+
+def paddlejob(name: str = "ctr", **spec: Any) -> dict[str, Any]:
+    def role(replicas: int) -> dict[str, Any]:
+        return {"replicas": replicas, "template": {"spec": {"containers": [
+            {"name": "paddle", "image": "img", "command": ["python", "-m", "ctr.train"]}]}}}
+
+    return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "PaddleJob",
+            "metadata": {"name": name, "namespace": NS},
+            "spec": {"ps": role(2), "worker": role(3), "withGloo": 1, **spec}}
+
+
+@contextlib.asynccontextmanager
+async def running_operator(config: OperatorConfig, *args: str) -> AsyncIterator[KopfRunner]:
+    """The operator in Kopf's runner; entered and left off the loop that serves kmock."""
+    runner = KopfRunner(["run", "--verbose", "--namespace", NS, *(args or ("--standalone",))],
+                        registry=make_registry(config), settings=make_settings(), timeout=30)
+    await asyncio.to_thread(runner.__enter__)
+    try:
+        yield runner
+    finally:
+        await asyncio.to_thread(runner.__exit__, None, None, None)
+
+
+@pytest.fixture
+def config(kubeconfig: str) -> OperatorConfig:
+    return OperatorConfig(kubeconfig=kubeconfig, interval=0.2, clear_etcd=False,
+                          grpc_timeout=0.2, master_address="127.0.0.1:1")
+
+
+@pytest.fixture
+def api(api_client: Any) -> Any:
+    from kubernetes import client
+
+    return client.CustomObjectsApi(api_client)
+
+
+async def apply(api: Any, doc: dict[str, Any]) -> None:
+    await asyncio.to_thread(api.create_namespaced_custom_object, GROUP, VERSION, NS, PLURAL, doc)
+
+
+def events(k8s: Any, reason: str) -> list[dict[str, Any]]:
+    return [obj.raw for (resource, _, _), obj in k8s.kmock.objects.items()
+            if resource.plural == "events" and obj.raw.get("reason") == reason]
+
+
+def play_master(k8s: Any, name: str, *, phase: str) -> None:
+    """What the leading master writes: its phase, as the annotation of its Deployment."""
+    k8s.kmock.objects[manifests_key("deployments", manifests.master_name(name))].patch(
+        {"metadata": {"annotations": {manifests.PHASE_ANNOTATION: phase}}})
+
+
+KINDS = {"deployments": ("apps", "v1"), "statefulsets": ("apps", "v1"),
+         "kopfpeerings": ("kopf.dev", "v1")}
+
+
+def manifests_key(resource: str, name: str) -> Any:
+    """The emulator's key of an object (to play a controller on it)."""
+    group, version = KINDS[resource]
+    return (kmock.resource(group, version, resource), NS, name)
+
+
+async def test_apply_creates_the_master_owned_by_the_paddlejob(k8s_crds, api, config):
+    k8s = k8s_crds
+    async with running_operator(config):
+        await apply(api, paddlejob(elastic=1, worker={**paddlejob()["spec"]["worker"],
+                                                      "requests": 2, "limits": 5}))
+        await k8s.wait_for(lambda: k8s.stored("deployments", NS, "ctr-master"), what="master")
+        await k8s.wait_for(lambda: k8s.stored("services", NS, "ctr-master"), what="master Service")
+        await k8s.wait_for(lambda: (k8s.stored("paddlejobs", NS, "ctr").get("status") or {}).get("mode"),
+                           what="status")
+        await k8s.wait_for(lambda: events(k8s, "Created"), what="Created event")
+    pdj = k8s.stored("paddlejobs", NS, "ctr")
+    deployment = k8s.stored("deployments", NS, "ctr-master")
+    # the same objects `job submit` renders, owned by the PaddleJob
+    spec = translate(pdj, etcd_endpoints=config.etcd_endpoints, image=config.image).validate()
+    expected = next(o for o in manifests.submit_objects(spec) if o["kind"] == "Deployment")
+    assert deployment["spec"] == expected["spec"]
+    owner = deployment["metadata"]["ownerReferences"][0]
+    assert (owner["kind"], owner["name"], owner["uid"], owner["controller"]) == (
+        "PaddleJob", "ctr", pdj["metadata"]["uid"], True)
+    spec_map = k8s.stored("configmaps", NS, "ctr-spec")
+    assert spec_map["metadata"]["ownerReferences"][0]["uid"] == pdj["metadata"]["uid"]
+    assert yaml.safe_load(spec_map["data"]["job.yaml"])["max_trainers"] == 5
+    service = k8s.stored("services", NS, "ctr-master")
+    assert service["metadata"]["ownerReferences"][0]["uid"] == deployment["metadata"]["uid"]
+    status = pdj["status"]
+    assert (status["phase"], status["mode"]) == ("Pending", "PS")
+    assert status["trainerRange"] == "2..5 (not yet acted on)"
+    assert status["elastic"] == "level 1: not yet acted on"
+    assert "InvalidSpec" not in str(status)
+
+
+async def test_an_invalid_paddlejob_fails_with_its_reason_and_creates_nothing(k8s_crds, api, config):
+    k8s = k8s_crds
+    async with running_operator(config):
+        await apply(api, paddlejob(name="typo", cleanPolicy="Never"))
+        await k8s.wait_for(lambda: events(k8s, "InvalidSpec"), what="InvalidSpec event")
+        await k8s.wait_for(lambda: (k8s.stored("paddlejobs", NS, "typo").get("status") or {}).get("phase"),
+                           what="status")
+    status = k8s.stored("paddlejobs", NS, "typo")["status"]
+    assert status["phase"] == "Failed" and "did you mean spec.cleanPodPolicy?" in status["message"]
+    assert "did you mean spec.cleanPodPolicy?" in events(k8s, "InvalidSpec")[0]["message"]
+    assert k8s.stored("deployments", NS, "typo-master") is None
+
+
+async def test_the_masters_phase_and_counts_reach_the_status_and_a_deleted_workload_returns(
+        k8s_crds, api, api_client, config):
+    k8s = k8s_crds
+    async with running_operator(config):
+        await apply(api, paddlejob())
+        await k8s.wait_for(lambda: k8s.stored("deployments", NS, "ctr-master"), what="master")
+        # the master's part: its deployer creates the workloads, it writes its phase
+        spec = translate(k8s.stored("paddlejobs", NS, "ctr"), etcd_endpoints=config.etcd_endpoints,
+                         image=config.image).validate()
+        deployer = KubernetesDeployer(spec, api_client=api_client)
+        await deployer.create_pservers()
+        await deployer.create_trainers()
+        k8s.kmock.objects[manifests_key("statefulsets", "ctr-ps")].patch(
+            {"status": {"replicas": 2, "readyReplicas": 2}})
+        k8s.set_job_status(NS, "ctr-trainer", {"active": 3, "ready": 2})
+        play_master(k8s, "ctr", phase="Running")
+
+        def shows_running() -> bool:
+            status = k8s.stored("paddlejobs", NS, "ctr").get("status") or {}
+            return status.get("phase") == "Running" and (status.get("worker") or {}).get("ready") == 2
+
+        await k8s.wait_for(shows_running, what="Running with 2 ready trainers")
+        status = k8s.stored("paddlejobs", NS, "ctr")["status"]
+        assert status["ps"]["summary"] == "2/2" and status["worker"]["summary"] == "2/3"
+        assert {c["type"]: c["status"] for c in status["conditions"]} == {
+            "Created": "True", "Running": "True", "Succeeded": "False", "Failed": "False"}
+        assert status["startTime"]
+        await k8s.wait_for(lambda: events(k8s, "Running"), what="Running event")
+
+        # a role workload deleted by hand comes back, from the master's own deployer code
+        from kubernetes import client
+
+        await asyncio.to_thread(client.BatchV1Api(api_client).delete_namespaced_job,
+                                "ctr-trainer", NS)
+        assert k8s.stored("jobs", NS, "ctr-trainer") is None
+        await k8s.wait_for(lambda: k8s.stored("jobs", NS, "ctr-trainer"), what="Job re-created")
+        await k8s.wait_for(lambda: events(k8s, "WorkloadRecreated"), what="WorkloadRecreated event")
+        job = k8s.stored("jobs", NS, "ctr-trainer")
+        assert job["metadata"]["ownerReferences"][0]["uid"] == \
+            k8s.stored("deployments", NS, "ctr-master")["metadata"]["uid"]
+        assert job["spec"] == manifests.trainer_job(spec, None)["spec"]
+
+        # the end: the phase is mirrored, and nothing the master removed comes back
+        play_master(k8s, "ctr", phase="Succeeded")
+        await asyncio.to_thread(client.BatchV1Api(api_client).delete_namespaced_job,
+                                "ctr-trainer", NS)
+        await k8s.wait_for(lambda: (k8s.stored("paddlejobs", NS, "ctr")["status"].get("phase")
+                                    == "Succeeded"), what="Succeeded")
+        await k8s.wait_for(lambda: k8s.stored("paddlejobs", NS, "ctr")["status"].get("completionTime"),
+                           what="completion time")
+        creates = len(k8s.posted())
+        await asyncio.sleep(1.0)  # five timer rounds: a re-creation would show as a create
+        assert len(k8s.posted()) == creates and k8s.stored("jobs", NS, "ctr-trainer") is None
+
+
+async def test_deleting_the_paddlejob_removes_everything_and_its_etcd_keys(
+        k8s_crds, api, api_client, kubeconfig, etcd_endpoint):
+    k8s = k8s_crds
+    config = OperatorConfig(kubeconfig=kubeconfig, interval=0.2, etcd_endpoints=etcd_endpoint,
+                            grpc_timeout=0.2, master_address="127.0.0.1:1")
+    from paddlecloud.etcd import connect
+
+    etcd = await connect(etcd_endpoint)
+    key = JobKeys(NS, "gone").prefix + b"epoch"
+    await etcd.put(key, b"1")
+    try:
+        async with running_operator(config):
+            await apply(api, paddlejob(name="gone", intranet="Service"))
+            await k8s.wait_for(lambda: k8s.stored("deployments", NS, "gone-master"), what="master")
+            spec = translate(k8s.stored("paddlejobs", NS, "gone"), etcd_endpoints=etcd_endpoint,
+                             image=config.image).validate()
+            deployer = KubernetesDeployer(spec, api_client=api_client)
+            await deployer.create_pservers()
+            await deployer.create_trainers()
+            uid = k8s.stored("deployments", NS, "gone-master")["metadata"]["uid"]
+            owned = [(r, n) for r, n in k8s.posted() if n and n.startswith("gone-")
+                     and r not in ("deployments", "configmaps")]
+            assert ("services", "gone-ps-1") in owned and ("jobs", "gone-trainer") in owned
+            for resource, name in owned:  # what the garbage collector would remove
+                refs = k8s.stored(resource, NS, name)["metadata"]["ownerReferences"]
+                assert refs[0]["uid"] == uid, (resource, name)
+
+            await asyncio.to_thread(api.delete_namespaced_custom_object, GROUP, VERSION, NS,
+                                    PLURAL, "gone")
+            await k8s.wait_for(lambda: k8s.stored("paddlejobs", NS, "gone") is None,
+                               what="the PaddleJob gone (finalizer released)")
+        for resource, name in [*owned, ("deployments", "gone-master"), ("configmaps", "gone-spec")]:
+            assert k8s.stored(resource, NS, name) is None, (resource, name)
+        deletes = {(r, s) for m, r, s in k8s.requests() if m == "DELETE"}
+        assert {("deployments", None), ("statefulsets", None), ("jobs", None)} <= deletes
+        assert (await etcd.get(key)) is None
+    finally:
+        await etcd.close()
+
+
+async def test_of_two_operators_only_the_higher_priority_acts(k8s_crds, api, kubeconfig):
+    k8s = k8s_crds
+    k8s.kmock.objects[manifests_key("kopfpeerings", "pdj-test")] = {
+        "apiVersion": "kopf.dev/v1", "kind": "KopfPeering",
+        "metadata": {"name": "pdj-test", "namespace": NS}}
+
+    def config(image: str) -> OperatorConfig:
+        return OperatorConfig(kubeconfig=kubeconfig, interval=0.2, clear_etcd=False, image=image,
+                              grpc_timeout=0.2, master_address="127.0.0.1:1")
+
+    def peers() -> int:
+        return len(k8s.stored("kopfpeerings", NS, "pdj-test").get("status") or {})
+
+    async with running_operator(config("reg/high:1"), "--peering", "pdj-test", "--priority", "200"):
+        await k8s.wait_for(lambda: peers() == 1, what="the first operator in the peering")
+        async with running_operator(config("reg/low:1"), "--peering", "pdj-test",
+                                    "--priority", "100") as low:
+            await k8s.wait_for(lambda: peers() == 2, what="both operators in the peering")
+            await apply(api, paddlejob(name="solo"))
+            await k8s.wait_for(lambda: k8s.stored("deployments", NS, "solo-master"), what="master")
+            await k8s.wait_for(lambda: events(k8s, "Created"), what="Created event")
+            await asyncio.sleep(1.0)  # five timer rounds of a second operator, were it acting
+    creates = [n for r, n in k8s.posted() if r == "deployments"]
+    assert creates == ["solo-master"]
+    image = k8s.stored("deployments", NS, "solo-master")["spec"]["template"]["spec"]["containers"][0]["image"]
+    assert image == "reg/high:1"
+    assert len(events(k8s, "Created")) == 1
+    assert "Pausing operations in favour of" in low.output
