@@ -167,10 +167,13 @@ async def test_the_masters_phase_and_counts_reach_the_status_and_a_deleted_workl
         # a role workload deleted by hand comes back, from the master's own deployer code
         from kubernetes import client
 
+        def job_creates() -> int:
+            return sum(1 for resource, name in k8s.posted() if (resource, name) == ("jobs", "ctr-trainer"))
+
         await asyncio.to_thread(client.BatchV1Api(api_client).delete_namespaced_job,
                                 "ctr-trainer", NS)
-        assert k8s.stored("jobs", NS, "ctr-trainer") is None
-        await k8s.wait_for(lambda: k8s.stored("jobs", NS, "ctr-trainer"), what="Job re-created")
+        await k8s.wait_for(lambda: job_creates() == 2 and k8s.stored("jobs", NS, "ctr-trainer"),
+                           what="Job re-created")
         await k8s.wait_for(lambda: events(k8s, "WorkloadRecreated"), what="WorkloadRecreated event")
         job = k8s.stored("jobs", NS, "ctr-trainer")
         assert job["metadata"]["ownerReferences"][0]["uid"] == \
@@ -230,31 +233,52 @@ async def test_deleting_the_paddlejob_removes_everything_and_its_etcd_keys(
         await etcd.close()
 
 
-async def test_of_two_operators_only_the_higher_priority_acts(k8s_crds, api, kubeconfig):
+async def test_of_two_operators_only_the_higher_priority_acts_and_the_other_takes_over(
+        k8s_crds, api, api_client, kubeconfig):
     k8s = k8s_crds
     k8s.kmock.objects[manifests_key("kopfpeerings", "pdj-test")] = {
         "apiVersion": "kopf.dev/v1", "kind": "KopfPeering",
         "metadata": {"name": "pdj-test", "namespace": NS}}
+    from kubernetes import client
 
-    def config(image: str) -> OperatorConfig:
+    apps = client.AppsV1Api(api_client)
+
+    def config(image: str) -> OperatorConfig:  # the image tells the two operators' work apart
         return OperatorConfig(kubeconfig=kubeconfig, interval=0.2, clear_etcd=False, image=image,
                               grpc_timeout=0.2, master_address="127.0.0.1:1")
 
     def peers() -> int:
         return len(k8s.stored("kopfpeerings", NS, "pdj-test").get("status") or {})
 
-    async with running_operator(config("reg/high:1"), "--peering", "pdj-test", "--priority", "200"):
-        await k8s.wait_for(lambda: peers() == 1, what="the first operator in the peering")
-        async with running_operator(config("reg/low:1"), "--peering", "pdj-test",
-                                    "--priority", "100") as low:
+    def master_image() -> str | None:
+        deployment = k8s.stored("deployments", NS, "solo-master")
+        return deployment and deployment["spec"]["template"]["spec"]["containers"][0]["image"]
+
+    def created_images() -> list[str]:
+        return [c["image"] for r in list(k8s.kmock)
+                if str(r.method.value).upper() == "POST" and r.resource
+                and r.resource.plural == "deployments"
+                for c in r.data["spec"]["template"]["spec"]["containers"]]
+
+    async def delete_master() -> None:
+        await asyncio.to_thread(apps.delete_namespaced_deployment, "solo-master", NS)
+
+    await apply(api, paddlejob(name="solo"))
+    async with contextlib.AsyncExitStack() as low_stack:
+        async with running_operator(config("reg/high:1"), "--peering", "pdj-test",
+                                    "--priority", "200"):
+            await k8s.wait_for(lambda: peers() == 1, what="the first operator in the peering")
+            await k8s.wait_for(lambda: master_image() == "reg/high:1", what="master by high")
+            await low_stack.enter_async_context(running_operator(
+                config("reg/low:1"), "--peering", "pdj-test", "--priority", "100"))
             await k8s.wait_for(lambda: peers() == 2, what="both operators in the peering")
-            await apply(api, paddlejob(name="solo"))
-            await k8s.wait_for(lambda: k8s.stored("deployments", NS, "solo-master"), what="master")
-            await k8s.wait_for(lambda: events(k8s, "Created"), what="Created event")
-            await asyncio.sleep(1.0)  # five timer rounds of a second operator, were it acting
-    creates = [n for r, n in k8s.posted() if r == "deployments"]
-    assert creates == ["solo-master"]
-    image = k8s.stored("deployments", NS, "solo-master")["spec"]["template"]["spec"]["containers"][0]["image"]
-    assert image == "reg/high:1"
-    assert len(events(k8s, "Created")) == 1
-    assert "Pausing operations in favour of" in low.output
+            # while both run, only the higher priority acts: it re-creates a deleted master
+            await delete_master()
+            await k8s.wait_for(lambda: master_image() == "reg/high:1", what="master again, by high")
+            await asyncio.sleep(1.0)  # five timer rounds of the lower one, were it acting
+            assert "reg/low:1" not in created_images()
+        # the higher one is gone (it left the peering): the lower one takes over
+        await k8s.wait_for(lambda: peers() == 1, what="the first operator out of the peering")
+        await delete_master()
+        await k8s.wait_for(lambda: master_image() == "reg/low:1", what="master by low")
+    assert len(events(k8s, "MasterRecreated")) == 2
