@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import kmock
@@ -25,9 +26,10 @@ from master.k8s_deployer import KubernetesDeployer
 from paddlecloud.k8s import manifests
 from paddlecloud.keys import JobKeys
 from paddlecloud.paddlejob import translate
-from pdj_operator.handlers import OperatorConfig, make_registry, make_settings
+from pdj_operator.handlers import USER_AGENT, OperatorConfig, make_registry, make_settings
 
 NS = "ml"
+REPO = Path(__file__).resolve().parents[2]
 GROUP, VERSION, PLURAL = "batch.paddlepaddle.org", "v1", "paddlejobs"
 
 
@@ -91,6 +93,33 @@ def manifests_key(resource: str, name: str) -> Any:
     return (kmock.resource(group, version, resource), NS, name)
 
 
+def operator_rules() -> set[tuple[str, str, str]]:
+    """(API group, resource, verb) the operator's Role in deploy/operator.yaml grants."""
+    docs = [d for d in yaml.safe_load_all((REPO / "deploy/operator.yaml").read_text()) if d]
+    role = next(d for d in docs if d["kind"] == "Role")
+    return {(group, resource, verb) for rule in role["rules"] for group in rule["apiGroups"]
+            for resource in rule["resources"] for verb in rule["verbs"]}
+
+
+def assert_operator_rights(k8s: Any) -> None:
+    """Every request the operator made (Kopf's and its client's) is granted by its Role."""
+    used = set()
+    for request in list(k8s.kmock):
+        agent = request.headers.get("User-Agent", "")
+        if not (agent.startswith("kopf/") or agent == USER_AGENT) or request.resource is None \
+                or not request.resource.plural:
+            continue
+        method = str(request.method.value).upper()
+        if method == "GET":
+            verb = "get" if request.name else ("watch" if request.params.get("watch") else "list")
+        else:
+            verb = {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}[method]
+        resource = request.resource.plural + (f"/{request.subresource}" if request.subresource else "")
+        used.add((request.resource.group, resource, verb))
+    assert used, "the operator made no request"
+    assert used <= operator_rules(), used - operator_rules()
+
+
 async def test_apply_creates_the_master_owned_by_the_paddlejob(k8s_crds, api, config):
     k8s = k8s_crds
     async with running_operator(config):
@@ -120,6 +149,7 @@ async def test_apply_creates_the_master_owned_by_the_paddlejob(k8s_crds, api, co
     assert status["trainerRange"] == "2..5 (not yet acted on)"
     assert status["elastic"] == "level 1: not yet acted on"
     assert "InvalidSpec" not in str(status)
+    assert_operator_rights(k8s)
 
 
 async def test_an_invalid_paddlejob_fails_with_its_reason_and_creates_nothing(k8s_crds, api, config):
@@ -191,6 +221,7 @@ async def test_the_masters_phase_and_counts_reach_the_status_and_a_deleted_workl
         creates = len(k8s.posted())
         await asyncio.sleep(1.0)  # five timer rounds: a re-creation would show as a create
         assert len(k8s.posted()) == creates and k8s.stored("jobs", NS, "ctr-trainer") is None
+    assert_operator_rights(k8s)
 
 
 async def test_deleting_the_paddlejob_removes_everything_and_its_etcd_keys(
@@ -229,6 +260,7 @@ async def test_deleting_the_paddlejob_removes_everything_and_its_etcd_keys(
         deletes = {(r, s) for m, r, s in k8s.requests() if m == "DELETE"}
         assert {("deployments", None), ("statefulsets", None), ("jobs", None)} <= deletes
         assert (await etcd.get(key)) is None
+        assert_operator_rights(k8s)
     finally:
         await etcd.close()
 
@@ -282,3 +314,40 @@ async def test_of_two_operators_only_the_higher_priority_acts_and_the_other_take
         await delete_master()
         await k8s.wait_for(lambda: master_image() == "reg/low:1", what="master by low")
     assert len(events(k8s, "MasterRecreated")) == 2
+    assert_operator_rights(k8s)
+
+
+def test_the_operator_manifest_is_strictly_valid_and_least_privilege():
+    import kubernetes_validate
+
+    docs = [d for d in yaml.safe_load_all((REPO / "deploy/operator.yaml").read_text()) if d]
+    for doc in docs:
+        if doc["kind"] == "KopfPeering":  # its CRD is in the same file
+            continue
+        for version in ("1.28", kubernetes_validate.latest_version()):
+            kubernetes_validate.validate(doc, version, strict=True)
+    kinds = [d["kind"] for d in docs]
+    assert "ClusterRole" not in kinds and "ClusterRoleBinding" not in kinds
+    assert all(verb not in {"*", "deletecollection", "escalate", "bind", "impersonate"}
+               for _, _, verb in operator_rules())
+    assert not any(resource in {"secrets", "pods", "roles", "rolebindings"}
+                   for _, resource, _ in operator_rules())
+    deployment = next(d for d in docs if d["kind"] == "Deployment")
+    assert deployment["spec"]["replicas"] == 2
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--peering=paddlecloud-operator" in args
+    peering = next(d for d in docs if d["kind"] == "KopfPeering")
+    assert peering["metadata"]["name"] == "paddlecloud-operator"
+
+
+def test_the_operator_command_needs_a_scope():
+    from click.testing import CliRunner
+
+    from paddlecloud.cli import main
+
+    result = CliRunner().invoke(main, ["operator"])
+    assert result.exit_code == 2 and "--namespace NS" in result.output
+    result = CliRunner().invoke(main, ["operator", "-n", "ml", "-A"])
+    assert result.exit_code == 2 and "--all-namespaces" in result.output
+    result = CliRunner().invoke(main, ["operator", "-n", "ml", "--interval", "-1s"])
+    assert result.exit_code == 2 and "'-1s'" in result.output
