@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -313,7 +314,8 @@ async def test_of_two_operators_only_the_higher_priority_acts_and_the_other_take
         await k8s.wait_for(lambda: peers() == 1, what="the first operator out of the peering")
         await delete_master()
         await k8s.wait_for(lambda: master_image() == "reg/low:1", what="master by low")
-    assert len(events(k8s, "MasterRecreated")) == 2
+        await k8s.wait_for(lambda: len(events(k8s, "MasterRecreated")) == 2,
+                           what="a MasterRecreated event from each operator")
     assert_operator_rights(k8s)
 
 
@@ -351,3 +353,51 @@ def test_the_operator_command_needs_a_scope():
     assert result.exit_code == 2 and "--all-namespaces" in result.output
     result = CliRunner().invoke(main, ["operator", "-n", "ml", "--interval", "-1s"])
     assert result.exit_code == 2 and "'-1s'" in result.output
+
+
+async def test_epoch_progress_comes_from_the_masters_get_status(
+        k8s_crds, api, kubeconfig, start_master, tmp_path):
+    """A real master (real etcd, real gRPC) answers GetStatus; the operator shows its epochs."""
+    from masters import wait_serving
+
+    k8s = k8s_crds
+    data = tmp_path / "train.csv"
+    data.write_text("".join(f"{i},{i * 2}\n" for i in range(100)))
+    name = f"epochs-{uuid.uuid4().hex[:6]}"
+    master = start_master("--namespace", NS, "--input", str(data), "--epochs", "3", job=name)
+    await wait_serving(master.address, process=master)
+    config = OperatorConfig(kubeconfig=kubeconfig, interval=0.2, clear_etcd=False,
+                            master_address=master.address)
+    async with running_operator(config):
+        await apply(api, paddlejob(name=name))
+        await k8s.wait_for(lambda: (k8s.stored("paddlejobs", NS, name).get("status") or {}).get("epoch"),
+                           what="the epoch in the status")
+    status = k8s.stored("paddlejobs", NS, name)["status"]
+    assert status["epoch"] == "0/3"  # no trainer has finished a task yet
+    # the master's phase wins over a stale annotation once the master answers
+    assert status["phase"] in ("Pending", "Starting", "Running")
+
+
+def test_conditions_move_their_transition_time_only_when_they_change():
+    from pdj_operator.status import conditions
+
+    first = conditions("Running", now="t1")
+    assert {c["type"]: c["status"] for c in first} == {
+        "Created": "True", "Running": "True", "Succeeded": "False", "Failed": "False"}
+    same = conditions("Running", now="t2", previous=first)
+    assert [c["lastTransitionTime"] for c in same] == ["t1"] * 4
+    done = {c["type"]: c for c in conditions("Succeeded", now="t3", previous=same)}
+    assert (done["Running"]["status"], done["Running"]["lastTransitionTime"]) == ("False", "t3")
+    assert (done["Succeeded"]["status"], done["Succeeded"]["lastTransitionTime"]) == ("True", "t3")
+    assert (done["Failed"]["lastTransitionTime"], done["Created"]["lastTransitionTime"]) == ("t1", "t1")
+
+
+@pytest.mark.parametrize("phase, current, total, shown", [
+    ("Running", 1, 3, "1/3"), ("Succeeded", 2, 3, "3/3"), ("Running", 0, 0, None)])
+def test_epoch_progress_counts_the_epochs_done(phase, current, total, shown):
+    from pdj_operator.status import MasterView, epoch_progress
+
+    view = MasterView(phase=phase, current_epoch=current, num_epochs=total, has_dataset=True)
+    assert epoch_progress(view) == shown
+    assert epoch_progress(MasterView(phase=phase, current_epoch=current, num_epochs=total,
+                                     has_dataset=False)) is None
