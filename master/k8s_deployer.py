@@ -376,7 +376,7 @@ class KubernetesDeployer(Deployer):
                              (manifests.HETER, manifests.heter_statefulset)):
             if not self.spec.replicas_of(role):
                 continue
-            for service in manifests.role_services(self.spec, role, owner):
+            for service in manifests.role_services(self.spec, role, owner=owner):
                 await self._ensure_service(service)
             await self._ensure(render(self.spec, owner), resource="statefulsets",
                                create=self._apps.create_namespaced_stateful_set,
@@ -388,7 +388,7 @@ class KubernetesDeployer(Deployer):
         if self.spec.uses_volcano:
             await self._ensure_podgroup(manifests.gang_size(self.spec))
         if manifests.needs_trainer_service(self.spec):
-            for service in manifests.role_services(self.spec, manifests.TRAINER, owner):
+            for service in manifests.role_services(self.spec, manifests.TRAINER, owner=owner):
                 await self._ensure_service(service)
         await self._ensure(manifests.trainer_job(self.spec, owner), resource="jobs",
                            create=self._batch.create_namespaced_job,
@@ -415,7 +415,7 @@ class KubernetesDeployer(Deployer):
             await self._delete(self._apps.delete_namespaced_stateful_set, name, ns,
                                resource="statefulsets", target=name)
         for role in (manifests.TRAINER, manifests.HETER, manifests.PSERVER):
-            for service in manifests.role_services(self.spec, role, None):
+            for service in manifests.role_services(self.spec, role, owner=None):
                 name = service["metadata"]["name"]
                 await self._delete(self._core.delete_namespaced_service, name, ns,
                                    resource="services", target=name)

@@ -123,7 +123,7 @@ class JobObjects:
                 return None
             raise
 
-    async def _create(self, fn: Any, read: Any, body: dict[str, Any], *, owner_uid: str,
+    async def _create(self, fn: Any, body: dict[str, Any], *, read: Any, owner_uid: str,
                       patch: Any = None) -> dict[str, Any]:
         """Creates `body`, or returns the existing object when `owner_uid` owns it.
 
@@ -159,20 +159,21 @@ class JobObjects:
         for obj in manifests.submit_objects(spec):
             if obj["kind"] == "ConfigMap":
                 obj["metadata"]["ownerReferences"] = [owner]
-                await self._create(self.core.create_namespaced_config_map,
-                                   self.core.read_namespaced_config_map, obj, owner_uid=owner["uid"])
+                await self._create(self.core.create_namespaced_config_map, obj,
+                                   read=self.core.read_namespaced_config_map, owner_uid=owner["uid"])
             elif obj["kind"] == "Deployment":
                 obj["metadata"]["ownerReferences"] = [owner]
-                deployment = await self._create(self.apps.create_namespaced_deployment,
-                                                self.apps.read_namespaced_deployment, obj,
+                deployment = await self._create(self.apps.create_namespaced_deployment, obj,
+                                                read=self.apps.read_namespaced_deployment,
                                                 owner_uid=owner["uid"])
         uid = (deployment.get("metadata") or {}).get("uid")
         if not uid:
             raise kopf.TemporaryError(f"Deployment {manifests.master_name(spec.name)} has no uid yet",
                                       delay=1)
         service = manifests.master_service(spec, manifests.owner_reference(spec.name, uid))
-        await self._create(self.core.create_namespaced_service, self.core.read_namespaced_service,
-                           service, owner_uid=uid, patch=self.core.patch_namespaced_service)
+        await self._create(self.core.create_namespaced_service, service,
+                           read=self.core.read_namespaced_service, owner_uid=uid,
+                           patch=self.core.patch_namespaced_service)
         return deployment
 
     async def deployment(self, spec: JobSpec) -> dict[str, Any] | None:

@@ -180,7 +180,7 @@ def gloo_port(spec: JobSpec) -> int:
     return paddle_port(spec) + 1
 
 
-def role_host(spec: JobSpec, role: str, index: int | str) -> str:
+def role_host(spec: JobSpec, role: str, *, index: int | str) -> str:
     """The stable DNS name of a role's pod `index` (see the module doc)."""
     name = role_name(spec.name, role)
     if spec.intranet == "Service":
@@ -190,11 +190,11 @@ def role_host(spec: JobSpec, role: str, index: int | str) -> str:
 
 def role_endpoints(spec: JobSpec, role: str) -> list[str]:
     port = paddle_port(spec)
-    return [f"{role_host(spec, role, i)}:{port}" for i in range(spec.replicas_of(role))]
+    return [f"{role_host(spec, role, index=i)}:{port}" for i in range(spec.replicas_of(role))]
 
 
 def pserver_host(spec: JobSpec, index: int) -> str:
-    return role_host(spec, PSERVER, index)
+    return role_host(spec, PSERVER, index=index)
 
 
 def pserver_endpoints(spec: JobSpec) -> list[str]:
@@ -202,7 +202,7 @@ def pserver_endpoints(spec: JobSpec) -> list[str]:
 
 
 def trainer_host(spec: JobSpec, index: int | str) -> str:
-    return role_host(spec, TRAINER, index)
+    return role_host(spec, TRAINER, index=index)
 
 
 def trainer_endpoints(spec: JobSpec) -> list[str]:
@@ -538,7 +538,7 @@ def _role_gloo_port(spec: JobSpec, role: str) -> bool:
     return role == PSERVER if spec.pservers else role == TRAINER
 
 
-def role_services(spec: JobSpec, role: str, owner: Mapping[str, Any] | None) -> list[Manifest]:
+def role_services(spec: JobSpec, role: str, *, owner: Mapping[str, Any] | None) -> list[Manifest]:
     """A role's headless Service (its pods' DNS names), then, with intranet Service, one
     headless Service per pod, named as the pod, as paddle-operator makes them."""
     name = role_name(spec.name, role)
@@ -555,7 +555,7 @@ def role_services(spec: JobSpec, role: str, owner: Mapping[str, Any] | None) -> 
 
 def pserver_service(spec: JobSpec, owner: Mapping[str, Any] | None) -> Manifest:
     """The headless Service that gives every pserver its stable DNS name."""
-    return role_services(spec, PSERVER, owner)[0]
+    return role_services(spec, PSERVER, owner=owner)[0]
 
 
 def _statefulset(spec: JobSpec, role: str, *, env: list[dict[str, Any]],
@@ -589,7 +589,7 @@ def heter_statefulset(spec: JobSpec, owner: Mapping[str, Any] | None) -> Manifes
 
 def trainer_service(spec: JobSpec, owner: Mapping[str, Any] | None) -> Manifest:
     """The headless Service that gives every trainer its stable DNS name (collective/gloo)."""
-    return role_services(spec, TRAINER, owner)[0]
+    return role_services(spec, TRAINER, owner=owner)[0]
 
 
 def trainer_backoff_limit(spec: JobSpec) -> int:
@@ -654,11 +654,11 @@ def master_objects(spec: JobSpec, owner: Mapping[str, Any] | None) -> list[Manif
     if spec.uses_volcano:
         out.append(podgroup(spec, owner))
     if spec.pservers:
-        out += [*role_services(spec, PSERVER, owner), pserver_statefulset(spec, owner)]
+        out += [*role_services(spec, PSERVER, owner=owner), pserver_statefulset(spec, owner)]
     if spec.heters:
-        out += [*role_services(spec, HETER, owner), heter_statefulset(spec, owner)]
+        out += [*role_services(spec, HETER, owner=owner), heter_statefulset(spec, owner)]
     if needs_trainer_service(spec):
-        out += role_services(spec, TRAINER, owner)
+        out += role_services(spec, TRAINER, owner=owner)
     out.append(trainer_job(spec, owner))
     return out
 
