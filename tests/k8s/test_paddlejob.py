@@ -390,3 +390,15 @@ def test_submit_f_takes_a_paddlejob_with_its_podgroup(tmp_path):
     misspelt.write_text(yaml.safe_dump(paddlejob(cleanPolicy="Never")))
     result = _submit("-f", str(misspelt))
     assert result.exit_code != 0 and "did you mean spec.cleanPodPolicy?" in result.output
+
+
+def test_submit_no_agent_runs_the_module_bare_with_paddlecloud_beside_it():
+    result = _submit("t", "--module", "m.train", "--pservers", "1", "--no-agent")
+    assert result.exit_code == 0, result.output
+    docs = list(yaml.safe_load_all(result.output))
+    pods = {d["kind"]: d["spec"]["template"]["spec"] for d in docs if d["kind"] in ("Job", "StatefulSet")}
+    assert pods["Job"]["containers"][0]["command"] == ["python", "-m", "m.train"]
+    assert [c["name"] for c in pods["Job"]["initContainers"]] == ["wait-pservers"]
+    assert [c["name"] for c in pods["StatefulSet"]["initContainers"]] == ["paddlecloud-agent"]
+    for doc in docs:
+        check(doc, SIDECAR_VERSIONS)
