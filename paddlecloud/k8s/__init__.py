@@ -1,5 +1,6 @@
 """Kubernetes support shared by the CLI (`paddlecloud job ...`) and the master's deployer.
 
 `manifests` renders the job's objects as plain dicts; nothing here talks to an API
-server (that is `master.k8s_deployer` and `paddlecloud.jobs_cli`).
+server (that is `master.k8s_deployer`, `paddlecloud.jobs_cli` and `pdj_operator`).
+`portwatch` is the helper that runs beside images without paddlecloud.
 """
