@@ -218,6 +218,7 @@ class KubernetesDeployer(Deployer):
             read=self._custom.get_namespaced_custom_object,
             create_args=group_args, read_args=(*group_args, name),
         )
+        min_member = body["spec"]["minMember"]  # capped by the user's minMember, if any
         if (existing.get("spec") or {}).get("minMember") != min_member:
             await self._call(self._custom.patch_namespaced_custom_object, *group_args, name,
                              {"spec": {"minMember": min_member}},
@@ -226,26 +227,33 @@ class KubernetesDeployer(Deployer):
             logger.info("PodGroup %s/%s: minMember=%d", self.namespace, name, min_member)
 
     async def create_pservers(self) -> None:
-        """PodGroup (minMember = pservers, for now), headless Service, StatefulSet."""
+        """PodGroup (minMember = pservers and heters, for now), Services, StatefulSets."""
         if not self.spec.pservers:
             return
         owner = await self.owner()
-        if self.spec.uses_volcano:
+        early = manifests.gang_size(self.spec, (manifests.PSERVER, manifests.HETER))
+        if early:
             # The trainers come only once every pserver has registered, so a gang of
             # pservers + trainers could never form yet: the group grows in create_trainers.
-            await self._ensure_podgroup(self.spec.pservers)
-        await self._ensure_service(manifests.pserver_service(self.spec, owner))
-        await self._ensure(manifests.pserver_statefulset(self.spec, owner), resource="statefulsets",
-                           create=self._apps.create_namespaced_stateful_set,
-                           read=self._apps.read_namespaced_stateful_set)
+            await self._ensure_podgroup(early)
+        for role, render in ((manifests.PSERVER, manifests.pserver_statefulset),
+                             (manifests.HETER, manifests.heter_statefulset)):
+            if not self.spec.replicas_of(role):
+                continue
+            for service in manifests.role_services(self.spec, role, owner=owner):
+                await self._ensure_service(service)
+            await self._ensure(render(self.spec, owner), resource="statefulsets",
+                               create=self._apps.create_namespaced_stateful_set,
+                               read=self._apps.read_namespaced_stateful_set)
 
     async def create_trainers(self) -> None:
         """PodGroup (minMember = pservers + trainers), trainer Service if needed, the Job."""
         owner = await self.owner()
         if self.spec.uses_volcano:
-            await self._ensure_podgroup(self.spec.pservers + self.spec.trainers)
+            await self._ensure_podgroup(manifests.gang_size(self.spec))
         if manifests.needs_trainer_service(self.spec):
-            await self._ensure_service(manifests.trainer_service(self.spec, owner))
+            for service in manifests.role_services(self.spec, manifests.TRAINER, owner=owner):
+                await self._ensure_service(service)
         await self._ensure(manifests.trainer_job(self.spec, owner), resource="jobs",
                            create=self._batch.create_namespaced_job,
                            read=self._batch.read_namespaced_job)
@@ -269,17 +277,20 @@ class KubernetesDeployer(Deployer):
             logger.info("cleanPodPolicy %s keeps the pods of a %s job", policy,
                         "succeeded" if succeeded else "failed")
             return
-        job, ps = manifests.trainer_name(self.spec.name), manifests.pserver_name(self.spec.name)
+        job = manifests.trainer_name(self.spec.name)
         ns = self.namespace
         await self._delete(self._batch.delete_namespaced_job, job, ns, resource="jobs", target=job)
-        await self._delete(self._core.delete_namespaced_service, job, ns, resource="services",
-                           target=job)
-        await self._delete(self._apps.delete_namespaced_stateful_set, ps, ns,
-                           resource="statefulsets", target=ps)
-        await self._delete(self._core.delete_namespaced_service, ps, ns, resource="services",
-                           target=ps)
+        for role in (manifests.HETER, manifests.PSERVER):
+            name = manifests.role_name(self.spec.name, role)
+            await self._delete(self._apps.delete_namespaced_stateful_set, name, ns,
+                               resource="statefulsets", target=name)
+        for role in (manifests.TRAINER, manifests.HETER, manifests.PSERVER):
+            for service in manifests.role_services(self.spec, role, owner=None):
+                name = service["metadata"]["name"]
+                await self._delete(self._core.delete_namespaced_service, name, ns,
+                                   resource="services", target=name)
         if self.spec.uses_volcano:
-            group = manifests.podgroup_name(self.spec.name)
+            group = manifests.podgroup_name(self.spec)
             await self._delete(self._custom.delete_namespaced_custom_object, VOLCANO_GROUP,
                                VOLCANO_VERSION, ns, PODGROUPS, group, resource=PODGROUPS,
                                target=group)

@@ -11,6 +11,7 @@ import click
 from master.cli import master_command
 from paddlecloud.jobs_cli import job
 from paddlecloud.local.cli import local
+from pdj_operator.cli import operator_command
 from pserver_agent.cli import pserver_command
 from trainer_agent.launcher import trainer_command
 
@@ -26,6 +27,7 @@ main.add_command(trainer_command)
 main.add_command(job)
 main.add_command(pserver_command)
 main.add_command(local)
+main.add_command(operator_command)
 
 if __name__ == "__main__":
     main()

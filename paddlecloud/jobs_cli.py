@@ -26,10 +26,10 @@ from pathlib import Path
 from typing import Any
 
 import click
-import yaml
 
 from paddlecloud.jobspec import (
     CLEAN_POD_POLICIES,
+    DATA_FORMATS,
     DEFAULT_ETCD_ENDPOINTS,
     DEFAULT_IMAGE,
     DataVolume,
@@ -38,6 +38,7 @@ from paddlecloud.jobspec import (
     parse_env,
 )
 from paddlecloud.k8s import manifests
+from paddlecloud.paddlejob import chunk_bytes, load_documents, translate_documents
 
 logger = logging.getLogger(__name__)
 
@@ -137,15 +138,13 @@ def read_package(path: Path) -> dict[str, bytes]:
     return files
 
 
-def _load_paddlejob(path: str) -> dict[str, Any]:
+def _load_paddlejob(path: str) -> list[dict[str, Any]]:
+    """The documents of a PaddleJob file (the PaddleJob, and its PodGroup if any)."""
     try:
-        with open(path, encoding="utf-8") as f:
-            docs = [d for d in yaml.safe_load_all(f) if d is not None]
-    except (OSError, yaml.YAMLError) as error:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as error:
         raise JobSpecError(f"cannot read {path}: {error}") from None
-    if len(docs) != 1:
-        raise JobSpecError(f"{path} holds {len(docs)} YAML documents: give exactly one PaddleJob")
-    return docs[0]
+    return load_documents(text, source=path)
 
 
 def build_spec(*, name: str | None, paddlejob: str | None, package: Mapping[str, bytes] | None,
@@ -165,6 +164,9 @@ def build_spec(*, name: str | None, paddlejob: str | None, package: Mapping[str,
         "data_volume": data_volume,
         "clean_pod_policy": options["clean_pod_policy"],
         "namespace": options["namespace"],
+        "data_format": options["data_format"],
+        "chunk_bytes": chunk_bytes(options["chunk_bytes"]) if options["chunk_bytes"] else None,
+        "no_agent": options["no_agent"] or None,
     }
     pod_shape = ("trainers", "pservers", "trainer_cpu", "trainer_memory", "trainer_gpu",
                  "pserver_cpu", "pserver_memory")
@@ -176,8 +178,8 @@ def build_spec(*, name: str | None, paddlejob: str | None, package: Mapping[str,
                 f"{flags} cannot be combined with -f: set replicas and resources in the PaddleJob's "
                 "spec.ps / spec.worker"
             )
-        doc = _load_paddlejob(paddlejob)
-        return JobSpec.from_paddlejob(doc, name=name, **common)
+        docs = _load_paddlejob(paddlejob)
+        return translate_documents(docs, source=paddlejob, name=name, **common)
     if not name:
         raise JobSpecError("no job name: give NAME (or -f job.yaml with metadata.name)")
     values = {k: v for k, v in common.items() if v is not None}
@@ -225,6 +227,12 @@ def render_dry_run(spec: JobSpec, package: Mapping[str, bytes] | None) -> str:
               help="A PVC mounted at PATH in the master (read-only) and every trainer.")
 @click.option("--clean-pod-policy", type=click.Choice(CLEAN_POD_POLICIES),
               help="Which ending removes the pods (as paddle-operator)  [default: OnCompletion]")
+@click.option("--format", "data_format", type=click.Choice(DATA_FORMATS),
+              help="Input format: lines (csv, tsv, jsonl, text) or file  [default: lines]")
+@click.option("--chunk-bytes", metavar="SIZE",
+              help="Size of a data chunk, e.g. 64MiB or 1GiB  [default: 64MiB]")
+@click.option("--no-agent", is_flag=True, default=False,
+              help="Run every role's image entrypoint unchanged (paddlecloud runs beside it).")
 @click.option("--dry-run", is_flag=True, help="Print the manifests as a YAML stream; touch nothing.")
 @_kubeconfig_option
 def submit_command(name: str | None, paddlejob: str | None, dry_run: bool,

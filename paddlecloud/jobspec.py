@@ -1,7 +1,7 @@
 """`JobSpec`: everything a paddlecloud job on Kubernetes needs, in one frozen value.
 
 The CLI builds a `JobSpec` from `paddlecloud job submit` flags or from a
-paddle-operator `PaddleJob` YAML (`from_paddlejob`), checks it (`validate`), and
+paddle-operator `PaddleJob` YAML (`paddlecloud.paddlejob`), checks it (`validate`), and
 stores it as YAML in the job's ConfigMap (`to_yaml`); the master reads it back with
 `--job-spec` (`from_yaml`) and renders the pservers and trainers from it
 (`paddlecloud.k8s.manifests`).
@@ -34,9 +34,10 @@ DEFAULT_ETCD_ENDPOINTS = "http://paddlecloud-etcd:2379"  # the client Service of
 MAX_NAME_LENGTH = 40  # pod names add suffixes such as "-trainer-12" and must stay within 63
 
 CLEAN_POD_POLICIES = ("Always", "OnFailure", "OnCompletion", "Never")
-# paddle-operator spells the host-network mode "Host"; the issue calls it "HostNetwork".
+DATA_FORMATS = ("lines", "file")  # what the trainer library's readers take (master --format)
+HOST_PORT_RANGE = (30000, 32000)  # Host intranet: where a job's host ports are chosen
+# paddle-operator spells the host-network mode "Host"; the spec stores "HostNetwork".
 INTRANETS = ("PodIP", "Service", "HostNetwork")
-_INTRANET_ALIASES = {"Host": "HostNetwork"}
 
 PADDLEJOB_API_VERSION = "batch.paddlepaddle.org/v1"
 PADDLEJOB_KIND = "PaddleJob"
@@ -44,6 +45,9 @@ PADDLEJOB_KIND = "PaddleJob"
 # Environment variables paddlecloud injects itself (DESIGN.md section 8); a user's
 # `-e` may not set them, since two values for one name would silently fight.
 RESERVED_ENV = frozenset({
+    "PADDLE_HETER_ENDPOINTS", "PADDLE_ALL_HETER_TRAINER_IP_PORT_LIST", "PADDLE_HETER_TRAINER_ID",
+    "PADDLE_NEXT_HETER_TRAINER_IP_PORT_LIST", "PADDLE_PREVIOUS_HETER_TRAINER_IP_PORT_LIST",
+    "STAGE_ID", "STAGE_NUM", "PADDLE_STAGE_TRAINERS_NUM", "HETER_DEVICE_TYPE",
     "TRAINING_ROLE", "PADDLE_TRAINING_ROLE", "PADDLE_TRAINER_ID", "PADDLE_TRAINERS_NUM",
     "PADDLE_PSERVERS_IP_PORT_LIST", "PADDLE_PSERVERS_NUM", "PADDLE_PORT", "POD_IP", "POD_NAME",
     "PADDLE_PSERVER_ID", "PADDLE_TRAINER_ENDPOINTS", "PADDLE_CURRENT_ENDPOINT",
@@ -99,9 +103,15 @@ class DataVolume:
 class JobSpec:
     """One job. Counts, resources and policies as `paddlecloud job submit` takes them.
 
-    `ps_template`/`worker_template` are pod templates from a `PaddleJob`; when set,
-    they replace the pods paddlecloud would build from `image`/`module`/resources
-    (paddlecloud still injects its environment, labels and volumes into them).
+    `ps_template`/`worker_template`/`heter_template` are pod templates from a
+    `PaddleJob`; when set, they replace the pods paddlecloud would build from
+    `image`/`module`/resources (paddlecloud still injects its environment, labels and
+    volumes into them), and each keeps the `schedulerName` it was written with.
+
+    `min_trainers`/`max_trainers` are the trainer range (0: equal to `trainers`);
+    they are stored and shown, not yet acted on (elasticity is the elastic jobs
+    issue's). `elastic` is paddle-operator's `spec.elastic` level, kept as given.
+    `no_agent`: every role runs its image's own entrypoint (see `manifests`).
     """
 
     name: str
@@ -128,10 +138,21 @@ class JobSpec:
     queue: str = ""  # Volcano queue (PaddleJob spec.schedulingPolicy.queue)
     priority_class: str = ""  # PodGroup priorityClassName (spec.schedulingPolicy.priorityClass)
     min_resources: Mapping[str, str] | None = None  # PodGroup minResources
-    intranet: str = "Service"
+    intranet: str = "PodIP"  # paddle-operator's default
     with_gloo: int = 0
     ps_template: Mapping[str, Any] | None = field(default=None, compare=True, repr=False)
     worker_template: Mapping[str, Any] | None = field(default=None, compare=True, repr=False)
+    heters: int = 0  # heterogeneous PS: heter trainers (paddle-operator spec.heter)
+    heter_template: Mapping[str, Any] | None = field(default=None, compare=True, repr=False)
+    min_member: int = 0  # Volcano PodGroup minMember (0: every pod of the job)
+    podgroup_name: str = ""  # the PodGroup's name when a document names one ("" = the job's)
+    host_port: int = 0  # Host intranet: the job's first host port (0: chosen from the name)
+    min_trainers: int = 0
+    max_trainers: int = 0
+    elastic: int | None = None
+    data_format: str = "lines"
+    chunk_bytes: int = 0  # 0: the master's default (64 MiB)
+    no_agent: bool = False
 
     # ---- derived ----------------------------------------------------------------
     @property
@@ -139,9 +160,38 @@ class JobSpec:
         """No pservers: trainers talk to each other (NCCL on GPUs, gloo on CPUs)."""
         return self.pservers == 0
 
+    def template_of(self, role: str) -> Mapping[str, Any] | None:
+        """The PaddleJob pod template of `role` (pserver, trainer, heter), or None."""
+        return {"pserver": self.ps_template, "trainer": self.worker_template,
+                "heter": self.heter_template}[role]
+
+    def replicas_of(self, role: str) -> int:
+        return {"pserver": self.pservers, "trainer": self.trainers, "heter": self.heters}[role]
+
+    def scheduler_of(self, role: str) -> str:
+        """The scheduler of a role's pods: its template's, as written, else the job's."""
+        template = self.template_of(role)
+        if template is not None:
+            return str((template.get("spec") or {}).get("schedulerName") or "")
+        return self.scheduler_name
+
+    @property
+    def roles(self) -> tuple[str, ...]:
+        """The roles that have pods, in start order."""
+        return tuple(r for r in ("pserver", "heter", "trainer") if self.replicas_of(r))
+
+    @property
+    def volcano_roles(self) -> tuple[str, ...]:
+        return tuple(r for r in self.roles if self.scheduler_of(r) == "volcano")
+
     @property
     def uses_volcano(self) -> bool:
-        return self.scheduler_name == "volcano"
+        return bool(self.volcano_roles)
+
+    @property
+    def trainer_range(self) -> tuple[int, int]:
+        """(min, max) trainers; a fixed job: both equal `trainers`."""
+        return (self.min_trainers or self.trainers, self.max_trainers or self.trainers)
 
     # ---- checks -----------------------------------------------------------------
     def validate(self) -> JobSpec:
@@ -164,6 +214,29 @@ class JobSpec:
         _check_count("pservers", self.pservers, minimum=0)
         _check_count("epochs", self.epochs, minimum=1)
         _check_count("trainer GPUs", self.trainer_gpu, minimum=0)
+        _check_count("heter trainers", self.heters, minimum=0)
+        _check_count("chunk bytes", self.chunk_bytes, minimum=0)
+        _check_count("PodGroup minMember", self.min_member, minimum=0)
+        low, high = self.trainer_range
+        if not 1 <= low <= self.trainers <= high:
+            raise JobSpecError(
+                f"invalid trainer range {low}..{high} for {self.trainers} trainers: need "
+                "1 <= min <= trainers <= max (spec.worker.requests <= replicas <= limits)"
+            )
+        if self.data_format not in DATA_FORMATS:
+            raise JobSpecError(
+                f"invalid format {self.data_format!r}: use one of {', '.join(DATA_FORMATS)}"
+            )
+        if self.heters and not self.pservers:
+            raise JobSpecError(
+                f"{self.heters} heter trainers but no pservers: heterogeneous PS (spec.heter) "
+                "needs spec.ps"
+            )
+        if self.host_port and not HOST_PORT_RANGE[0] <= self.host_port < HOST_PORT_RANGE[1]:
+            raise JobSpecError(
+                f"invalid host port {self.host_port}: use {HOST_PORT_RANGE[0]}.."
+                f"{HOST_PORT_RANGE[1] - 1}"
+            )
         for what, value in (("trainer CPU", self.trainer_cpu), ("pserver CPU", self.pserver_cpu),
                             ("trainer memory", self.trainer_memory),
                             ("pserver memory", self.pserver_memory)):
@@ -181,6 +254,8 @@ class JobSpec:
                 "no trainer program: give --module (run as `python -m MODULE`) or a PaddleJob "
                 "with spec.worker.template (-f job.yaml)"
             )
+        if self.heters and self.heter_template is None:
+            raise JobSpecError("heter trainers need a pod template (PaddleJob spec.heter.template)")
         if self.pservers and self.ps_template is None and not self.module:
             raise JobSpecError(
                 "no pserver program: give --module (pservers run it with TRAINING_ROLE=PSERVER) "
@@ -240,10 +315,18 @@ class JobSpec:
             )
         if self.scheduler_name and not _DNS_1123_SUBDOMAIN.fullmatch(self.scheduler_name):
             raise JobSpecError(f"invalid schedulerName {self.scheduler_name!r}")
-        if (self.queue or self.priority_class or self.min_resources) and not self.uses_volcano:
+        if (self.queue or self.priority_class or self.min_resources or self.min_member
+                or self.podgroup_name) and not self.uses_volcano:
             raise JobSpecError(
-                "schedulingPolicy (queue, priorityClass, minResources) needs the Volcano scheduler: "
-                "set schedulerName: volcano in the pod templates"
+                "schedulingPolicy (minAvailable, queue, priorityClass, minResources) and a PodGroup "
+                "need the Volcano scheduler: set schedulerName: volcano in a pod template"
+            )
+        gang = sum(self.replicas_of(r) for r in self.volcano_roles)
+        if self.min_member and not 1 <= self.min_member <= gang:
+            raise JobSpecError(
+                f"PodGroup minMember {self.min_member} is more than the {gang} pods scheduled by "
+                f"Volcano ({', '.join(f'{self.replicas_of(r)} {r}' for r in self.volcano_roles)}): "
+                "the gang could never be scheduled; use at most that"
             )
         if self.pservers and self.ps_template is None and self.worker_template is not None:
             raise JobSpecError("a PaddleJob with pservers needs spec.ps.template")
@@ -310,116 +393,16 @@ class JobSpec:
     # ---- paddle-operator PaddleJob ------------------------------------------------
     @classmethod
     def from_paddlejob(cls, doc: Mapping[str, Any], **overrides: Any) -> JobSpec:
-        """A spec from a paddle-operator `PaddleJob` (`batch.paddlepaddle.org/v1`).
+        """A spec from a paddle-operator `PaddleJob`: `paddlecloud.paddlejob.translate`,
+        the one translation `job submit -f` and the operator share."""
+        from paddlecloud.paddlejob import translate
 
-        `overrides` are JobSpec fields that win over the document (the CLI passes
-        --namespace, --input, --etcd-endpoints...). What paddlecloud cannot run is
-        refused by name: `spec.heter`, `spec.elastic`, `spec.sampleSetRef`, an unknown
-        `intranet`, elastic replica ranges.
-        """
-        if not isinstance(doc, Mapping):
-            raise JobSpecError(f"a PaddleJob is a mapping, not {type(doc).__name__}")
-        api_version, kind = doc.get("apiVersion"), doc.get("kind")
-        if kind != PADDLEJOB_KIND:
-            raise JobSpecError(f"kind {kind!r} is not supported: -f takes a {PADDLEJOB_KIND}")
-        if api_version != PADDLEJOB_API_VERSION:
-            raise JobSpecError(
-                f"apiVersion {api_version!r} is not supported: use {PADDLEJOB_API_VERSION}"
-            )
-        meta = doc.get("metadata") or {}
-        spec = doc.get("spec") or {}
-        refused = {
-            "heter": "spec.heter (heterogeneous pservers) is not supported by paddlecloud",
-            "elastic": "spec.elastic is not supported: paddlecloud's master makes every job "
-                       "elastic; remove spec.elastic",
-            "sampleSetRef": "spec.sampleSetRef (paddle-operator's SampleSet cache) is not "
-                            "supported: mount the data with --data-volume CLAIM:PATH",
-        }
-        for key, message in refused.items():
-            if spec.get(key) is not None:
-                raise JobSpecError(message)
-        known = {"cleanPodPolicy", "schedulingPolicy", "intranet", "withGloo", "ps", "worker"}
-        unknown = sorted(set(spec) - known - set(refused))
-        if unknown:
-            raise JobSpecError(f"unknown PaddleJob field(s): {', '.join('spec.' + k for k in unknown)}")
-
-        worker = spec.get("worker")
-        if not worker:
-            raise JobSpecError("the PaddleJob has no spec.worker: at least one trainer is needed")
-        ps = spec.get("ps")
-        trainers, worker_template = _role_of_paddlejob("worker", worker)
-        pservers, ps_template = _role_of_paddlejob("ps", ps) if ps else (0, None)
-
-        intranet = spec.get("intranet") or "PodIP"  # paddle-operator's default
-        intranet = _INTRANET_ALIASES.get(intranet, intranet)
-        if intranet not in INTRANETS:
-            raise JobSpecError(
-                f"unsupported intranet {spec.get('intranet')!r}: use PodIP, Service or Host"
-            )
-        schedulers = {t["spec"].get("schedulerName", "") for t in (worker_template, ps_template) if t}
-        if len(schedulers) > 1:
-            raise JobSpecError(
-                f"spec.ps and spec.worker use different schedulers ({', '.join(sorted(schedulers))}): "
-                "use one schedulerName for the whole job"
-            )
-        policy = spec.get("schedulingPolicy") or {}
-        unknown = sorted(set(policy) - {"minAvailable", "queue", "priorityClass", "minResources"})
-        if unknown:
-            raise JobSpecError(
-                f"unknown field(s) {', '.join('spec.schedulingPolicy.' + k for k in unknown)}"
-            )
-        if policy.get("minAvailable") not in (None, trainers + pservers):
-            raise JobSpecError(
-                f"spec.schedulingPolicy.minAvailable={policy['minAvailable']!r} is not supported: "
-                f"paddlecloud gang-schedules the whole job (minMember = {trainers + pservers})"
-            )
-        values: dict[str, Any] = {
-            "name": meta.get("name", ""),
-            "namespace": meta.get("namespace") or "default",
-            "trainers": trainers,
-            "pservers": pservers,
-            "worker_template": worker_template,
-            "ps_template": ps_template,
-            "clean_pod_policy": spec.get("cleanPodPolicy") or "OnCompletion",
-            "intranet": intranet,
-            "with_gloo": spec.get("withGloo") or 0,
-            "scheduler_name": schedulers.pop() if schedulers else "",
-            "queue": policy.get("queue") or "",
-            "priority_class": policy.get("priorityClass") or "",
-            "min_resources": (
-                {str(k): str(v) for k, v in policy["minResources"].items()}
-                if policy.get("minResources") else None
-            ),
-        }
-        values.update({k: v for k, v in overrides.items() if v is not None})
-        return cls(**values)
+        return translate(doc, **overrides)
 
 
 def _check_count(what: str, value: object, *, minimum: int) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
         raise JobSpecError(f"invalid number of {what} {value!r}: must be an integer >= {minimum}")
-
-
-def _role_of_paddlejob(role: str, resource: Mapping[str, Any]) -> tuple[int, dict[str, Any]]:
-    """(replicas, pod template) of `spec.ps` or `spec.worker`; refuses elastic ranges by name."""
-    for key in ("requests", "limits"):
-        if resource.get(key) is not None:
-            raise JobSpecError(
-                f"spec.{role}.{key} (elastic replica ranges) is not supported: give "
-                f"spec.{role}.replicas only"
-            )
-    unknown = sorted(set(resource) - {"replicas", "template", "requests", "limits"})
-    if unknown:
-        raise JobSpecError(f"unknown field(s) {', '.join(f'spec.{role}.{k}' for k in unknown)}")
-    replicas = resource.get("replicas")
-    template = copy.deepcopy(dict(resource.get("template") or {}))
-    pod_spec = template.get("spec") or {}
-    containers = pod_spec.get("containers") or []
-    if not containers:
-        raise JobSpecError(f"spec.{role}.template.spec.containers is empty: give the container to run")
-    template["spec"] = pod_spec
-    _check_count(f"spec.{role}.replicas", replicas, minimum=1)
-    return replicas, template
 
 
 def parse_env(pairs: Iterable[str]) -> tuple[tuple[str, str], ...]:

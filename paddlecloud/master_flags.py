@@ -16,13 +16,15 @@ logger = logging.getLogger(__name__)
 
 def master_flags(*, job: str, namespace: str, etcd_endpoints: str, port: int, advertise: str,
                  host: str | None = None, inputs: Sequence[str] = (), epochs: int | None = None,
+                 data_format: str | None = None, chunk_bytes: int | None = None,
                  start_epoch: int | None = None, resume_from: str | None = None,
                  session_ttl: str | None = None, election_ttl: str | None = None,
                  metrics_port: int | None = None, extra: Sequence[str] = ()) -> list[str]:
     """The flags after `paddlecloud master`; None (or empty) leaves a flag to its default.
 
-    `epochs` and `resume_from` are given only with `inputs` (they belong to the
-    dataset); `extra` flags come last, as given.
+    `epochs`, `data_format`, `chunk_bytes` and `resume_from` are given only with
+    `inputs` (they belong to the dataset; a chunk size of 0 is the master's default);
+    `extra` flags come last, as given.
     """
     flags = ["--job", job, "--namespace", namespace, "--etcd-endpoints", etcd_endpoints]
     if host is not None:
@@ -35,6 +37,10 @@ def master_flags(*, job: str, namespace: str, etcd_endpoints: str, port: int, ad
         flags += [arg for pattern in inputs for arg in ("--input", pattern)]
         if epochs is not None:
             flags += ["--epochs", str(epochs)]
+        if data_format is not None:
+            flags += ["--format", data_format]
+        if chunk_bytes:
+            flags += ["--chunk-bytes", str(chunk_bytes)]
         if resume_from:
             flags += ["--resume-from", resume_from]
     return [*flags, *extra]

@@ -2,5 +2,6 @@
 
 `manifests` renders the job's objects as plain dicts, with no I/O; `client` is how
 every caller talks to an API server (credentials, retries, errors that say what to
-do), for `master.k8s_deployer` and `paddlecloud.jobs_cli`.
+do), for `master.k8s_deployer`, `paddlecloud.jobs_cli` and `pdj_operator`;
+`portwatch` is the helper that runs beside images without paddlecloud.
 """

@@ -6,18 +6,31 @@ master's deployer renders what the leading master creates (the pservers'
 StatefulSet and headless Service, the trainers' Indexed Job, a Volcano PodGroup),
 and `rbac()` renders the namespace-scoped rights the master needs.
 
-Endpoints. Every pserver's endpoint is its stable per-pod DNS name behind the
-headless Service, `NAME-ps-<i>.NAME-ps.NS.svc:PORT`, for the life of the job (a
-restarted pserver keeps its name, not its IP). A pserver's `POD_IP` is that same
-name, built from its own pod name (`$(POD_NAME).NAME-ps.NS.svc`), so its
-`POD_IP:PADDLE_PORT` appears exactly once in `PADDLE_PSERVERS_IP_PORT_LIST`, which is
-how PaddlePaddle finds its pserver id. The names resolve to the pod IPs, so the
-`PodIP` and `Service` intranet modes of paddle-operator are served the same way;
-`HostNetwork` runs the pods on the node's network (one per node and role).
+Endpoints. Every pserver's endpoint is a stable DNS name for the life of the job (a
+restarted pserver keeps its name, not its IP): with intranet `PodIP` (and `Host`)
+its per-pod name behind the role's headless Service, `NAME-ps-<i>.NAME-ps.NS.svc`;
+with intranet `Service` its own Service, `NAME-ps-<i>.NS.svc` (one headless
+Service per pod, as paddle-operator makes them). A pserver's `POD_IP` is that same
+name, built from its own pod name, so its `POD_IP:PADDLE_PORT` appears exactly once
+in `PADDLE_PSERVERS_IP_PORT_LIST`, which is how PaddlePaddle finds its pserver id.
+Trainers (collective or gloo) and heter trainers are named the same way. `Host`
+runs the pods on the node's network on a port pair chosen per job (`paddle_port`)
+and declared as host ports, so the scheduler never puts two pods that want one
+port on one node.
+
+Two ways to run a role's container. With the agent (a `command:` given, or
+--module): `paddlecloud pserver|trainer -- <cmd>`, the image must hold paddlecloud.
+Without (no `command:`, or `no_agent`): the image's own entrypoint runs unchanged
+with the environment PaddlePaddle reads, and paddlecloud's part runs beside it
+from the paddlecloud image: trainers and heter trainers get an init container
+that waits until every pserver listens (start order); pservers get a native
+sidecar (a `restartPolicy: Always` init container, Kubernetes >= 1.29) running the
+pserver agent, which claims the pod's slot and registers it in etcd, and holds it
+while the pserver listens.
 
 What this does NOT guarantee: that the API server accepts a user's raw pod
-template from a PaddleJob (it is merged, not validated, here), nor that the image
-holds `paddlecloud` (every pod runs `paddlecloud pserver|trainer -- <cmd>`).
+template from a PaddleJob (it is merged, not validated, here), nor that an image
+run with the agent holds `paddlecloud`.
 """
 
 from __future__ import annotations
@@ -25,13 +38,14 @@ from __future__ import annotations
 import base64
 import copy
 import logging
+import zlib
 from collections.abc import Mapping
 from typing import Any
 
 import yaml
 
 from paddlecloud.checkpoints import checkpoints_dir
-from paddlecloud.jobspec import JobSpec, JobSpecError
+from paddlecloud.jobspec import HOST_PORT_RANGE, JobSpec, JobSpecError
 from paddlecloud.master_flags import master_flags
 from paddlecloud.phase import Phase
 
@@ -48,9 +62,13 @@ PHASE_ANNOTATION = "paddlecloud.org/phase"
 PHASE_REASON_ANNOTATION = "paddlecloud.org/phase-reason"
 COMPLETION_INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
 POD_INDEX_LABEL = "apps.kubernetes.io/pod-index"  # set by the StatefulSet controller (k8s >= 1.28)
+POD_NAME_LABEL = "statefulset.kubernetes.io/pod-name"  # set by the StatefulSet controller
+COMPLETION_INDEX_LABEL = "batch.kubernetes.io/job-completion-index"  # Job controller, k8s >= 1.28
 PODGROUP_ANNOTATION = "scheduling.k8s.io/group-name"
 
-MASTER, PSERVER, TRAINER = "master", "pserver", "trainer"
+MASTER, PSERVER, TRAINER, HETER = "master", "pserver", "trainer", "heter"
+TRAINING_ROLES = {PSERVER: "PSERVER", TRAINER: "TRAINER", HETER: "HETER_TRAINER"}
+TEMPLATE_FIELD = {PSERVER: "ps", TRAINER: "worker", HETER: "heter"}  # the PaddleJob's names
 # A Pod's status.phase values: Kubernetes' words for a pod, not the job's `Phase`.
 POD_PHASES = ("Pending", "Running", "Succeeded", "Failed")
 
@@ -59,6 +77,7 @@ MASTER_PORT = 8080
 METRICS_PORT = 9090
 PADDLE_PORT = 36000  # every pserver and collective trainer listens here (one per pod)
 GLOO_HTTP_PORT = 36001  # the gloo HTTP rendezvous store, on pserver 0 or trainer 0
+HOST_PORTS_PER_JOB = 2  # Host intranet: PADDLE_PORT and the gloo port, side by side
 
 # Names and paths.
 SERVICE_ACCOUNT = "paddlecloud-master"
@@ -88,6 +107,15 @@ def trainer_name(job: str) -> str:
     return f"{job}-trainer"
 
 
+def heter_name(job: str) -> str:
+    return f"{job}-heter"
+
+
+def role_name(job: str, role: str) -> str:
+    """The workload (and headless Service) name of a role's pods."""
+    return {PSERVER: pserver_name, TRAINER: trainer_name, HETER: heter_name}[role](job)
+
+
 def spec_configmap_name(job: str) -> str:
     return f"{job}-spec"
 
@@ -96,8 +124,8 @@ def package_configmap_name(job: str) -> str:
     return f"{job}-package"
 
 
-def podgroup_name(job: str) -> str:
-    return job
+def podgroup_name(spec: JobSpec) -> str:
+    return spec.podgroup_name or spec.name
 
 
 def labels(spec: JobSpec, role: str) -> dict[str, str]:
@@ -138,22 +166,57 @@ def _metadata(spec: JobSpec, *, name: str, role: str,
 
 
 # ---- endpoints --------------------------------------------------------------------------
-def pserver_host(spec: JobSpec, index: int) -> str:
-    name = pserver_name(spec.name)
+def paddle_port(spec: JobSpec) -> int:
+    """The port every pserver, heter and collective trainer listens on.
+
+    On the node's network (intranet Host) a pair of host ports chosen from the job's
+    namespace and name, so that two jobs seldom want the same; the pods declare them
+    as host ports, so when two do, the scheduler keeps them on different nodes.
+    """
+    if spec.intranet != "HostNetwork":
+        return PADDLE_PORT
+    if spec.host_port:
+        return spec.host_port
+    low, high = HOST_PORT_RANGE
+    slots = (high - low) // HOST_PORTS_PER_JOB
+    return low + zlib.crc32(f"{spec.namespace}/{spec.name}".encode()) % slots * HOST_PORTS_PER_JOB
+
+
+def gloo_port(spec: JobSpec) -> int:
+    return paddle_port(spec) + 1
+
+
+def role_host(spec: JobSpec, role: str, *, index: int | str) -> str:
+    """The stable DNS name of a role's pod `index` (see the module doc)."""
+    name = role_name(spec.name, role)
+    if spec.intranet == "Service":
+        return f"{name}-{index}.{spec.namespace}.svc"
     return f"{name}-{index}.{name}.{spec.namespace}.svc"
+
+
+def role_endpoints(spec: JobSpec, role: str) -> list[str]:
+    port = paddle_port(spec)
+    return [f"{role_host(spec, role, index=i)}:{port}" for i in range(spec.replicas_of(role))]
+
+
+def pserver_host(spec: JobSpec, index: int) -> str:
+    return role_host(spec, PSERVER, index=index)
 
 
 def pserver_endpoints(spec: JobSpec) -> list[str]:
-    return [f"{pserver_host(spec, i)}:{PADDLE_PORT}" for i in range(spec.pservers)]
+    return role_endpoints(spec, PSERVER)
 
 
 def trainer_host(spec: JobSpec, index: int | str) -> str:
-    name = trainer_name(spec.name)
-    return f"{name}-{index}.{name}.{spec.namespace}.svc"
+    return role_host(spec, TRAINER, index=index)
 
 
 def trainer_endpoints(spec: JobSpec) -> list[str]:
-    return [f"{trainer_host(spec, i)}:{PADDLE_PORT}" for i in range(spec.trainers)]
+    return role_endpoints(spec, TRAINER)
+
+
+def heter_endpoints(spec: JobSpec) -> list[str]:
+    return role_endpoints(spec, HETER)
 
 
 def master_address(job: str, namespace: str) -> str:
@@ -166,13 +229,18 @@ def master_endpoint(spec: JobSpec) -> str:
 
 
 def needs_trainer_service(spec: JobSpec) -> bool:
-    """Trainers that talk to each other (collective, or gloo) need stable names."""
-    return spec.collective or spec.with_gloo > 0
+    """Trainers that talk to each other (collective, gloo) or to heter trainers need names."""
+    return spec.collective or spec.with_gloo > 0 or spec.heters > 0
 
 
 def gloo_http_endpoint(spec: JobSpec) -> str:
     host = pserver_host(spec, 0) if spec.pservers else trainer_host(spec, 0)
-    return f"{host}:{GLOO_HTTP_PORT}"
+    return f"{host}:{gloo_port(spec)}"
+
+
+def gets_gloo(spec: JobSpec, role: str) -> bool:
+    """withGloo 1: trainers (and heter trainers); 2: pservers too (paddle-operator's meaning)."""
+    return bool(spec.with_gloo) and (role != PSERVER or spec.with_gloo == 2)
 
 
 # ---- environment (DESIGN.md section 8) ------------------------------------------------------
@@ -192,11 +260,13 @@ def _common_env(spec: JobSpec, role: str) -> list[dict[str, Any]]:
         _value("PADDLE_MASTER_ENDPOINT", master_endpoint(spec)),
         _value("PADDLE_TRAINERS_NUM", spec.trainers),
         _value("PADDLE_PSERVERS_NUM", spec.pservers),
-        _value("PADDLE_PORT", PADDLE_PORT),
+        _value("PADDLE_PORT", paddle_port(spec)),
     ]
     if spec.pservers:
         env.append(_value("PADDLE_PSERVERS_IP_PORT_LIST", ",".join(pserver_endpoints(spec))))
-    if spec.with_gloo and (role == TRAINER or spec.with_gloo == 2):
+    if spec.heters:
+        env += _heter_env(spec, role)
+    if gets_gloo(spec, role):
         env += [
             _value("PADDLE_WITH_GLOO", spec.with_gloo),
             _value("PADDLE_GLOO_RENDEZVOUS", 3),  # 3: the HTTP store
@@ -212,6 +282,35 @@ def _common_env(spec: JobSpec, role: str) -> list[dict[str, Any]]:
     return env
 
 
+def _heter_env(spec: JobSpec, role: str) -> list[dict[str, Any]]:
+    """What Paddle's heterogeneous PS reads: two stages, the trainers (1) and the heters (2)."""
+    heters = ",".join(heter_endpoints(spec))
+    env = [
+        _value("PADDLE_HETER_ENDPOINTS", heters),  # paddle-operator's name
+        _value("PADDLE_ALL_HETER_TRAINER_IP_PORT_LIST", heters),
+        _value("STAGE_NUM", 2),
+        _value("PADDLE_STAGE_TRAINERS_NUM", f"[{spec.trainers}, {spec.heters}]"),
+    ]
+    if role == TRAINER:
+        env += [_value("STAGE_ID", 1), _value("PADDLE_NEXT_HETER_TRAINER_IP_PORT_LIST", heters)]
+    elif role == HETER:
+        template = spec.heter_template or {}
+        gpu = any(_wants_gpu(c) for c in (template.get("spec") or {}).get("containers") or [])
+        env += [
+            _value("STAGE_ID", 2),
+            _value("HETER_DEVICE_TYPE", "gpu" if gpu else "cpu"),
+            _value("PADDLE_PREVIOUS_HETER_TRAINER_IP_PORT_LIST", ",".join(trainer_endpoints(spec))),
+        ]
+    return env
+
+
+def _own_host(spec: JobSpec, role: str) -> str:
+    """A StatefulSet pod's own stable name, from its pod name (`$(POD_NAME)`)."""
+    if spec.intranet == "Service":
+        return f"$(POD_NAME).{spec.namespace}.svc"
+    return f"$(POD_NAME).{role_name(spec.name, role)}.{spec.namespace}.svc"
+
+
 def pserver_env(spec: JobSpec) -> list[dict[str, Any]]:
     """A pserver's POD_IP is its stable DNS name, so POD_IP:PADDLE_PORT is in the list once."""
     return [
@@ -219,8 +318,21 @@ def pserver_env(spec: JobSpec) -> list[dict[str, Any]]:
         _value("PADDLE_TRAINING_ROLE", "PSERVER"),
         _field("POD_NAME", "metadata.name"),
         _field("PADDLE_PSERVER_ID", f"metadata.labels['{POD_INDEX_LABEL}']"),
-        _value("POD_IP", f"$(POD_NAME).{pserver_name(spec.name)}.{spec.namespace}.svc"),
+        _value("POD_IP", _own_host(spec, PSERVER)),
         *_common_env(spec, PSERVER),
+    ]
+
+
+def heter_env(spec: JobSpec) -> list[dict[str, Any]]:
+    """A heter trainer: HETER_TRAINER, its own endpoint once in the heter list."""
+    return [
+        _value("TRAINING_ROLE", "HETER_TRAINER"),
+        _value("PADDLE_TRAINING_ROLE", "HETER_TRAINER"),
+        _field("POD_NAME", "metadata.name"),
+        _field("PADDLE_HETER_TRAINER_ID", f"metadata.labels['{POD_INDEX_LABEL}']"),
+        _value("POD_IP", _own_host(spec, HETER)),
+        _value("PADDLE_CURRENT_ENDPOINT", f"$(POD_IP):{paddle_port(spec)}"),
+        *_common_env(spec, HETER),
     ]
 
 
@@ -235,7 +347,8 @@ def trainer_env(spec: JobSpec) -> list[dict[str, Any]]:
     if needs_trainer_service(spec):
         env += [
             _value("PADDLE_TRAINER_ENDPOINTS", ",".join(trainer_endpoints(spec))),
-            _value("PADDLE_CURRENT_ENDPOINT", f"{trainer_host(spec, '$(PADDLE_TRAINER_ID)')}:{PADDLE_PORT}"),
+            _value("PADDLE_CURRENT_ENDPOINT",
+                   f"{trainer_host(spec, '$(PADDLE_TRAINER_ID)')}:{paddle_port(spec)}"),
         ]
     return env + _common_env(spec, TRAINER)
 
@@ -253,19 +366,52 @@ def _wants_gpu(container: Mapping[str, Any]) -> bool:
     return any("nvidia.com/gpu" in (resources.get(k) or {}) for k in ("limits", "requests"))
 
 
-def _command(spec: JobSpec, *, role: str, container: Mapping[str, Any], where: str) -> list[str]:
+def runs_agent(spec: JobSpec, role: str, container: Mapping[str, Any]) -> bool:
+    """Whether a role's container runs under paddlecloud's agent (see the module doc).
+
+    Heter trainers never do: they run their command (or entrypoint) as written.
+    """
+    if role == HETER or spec.no_agent:
+        return False
+    return bool(container.get("command")) or bool(spec.module)
+
+
+def _command(spec: JobSpec, *, role: str, container: Mapping[str, Any]) -> list[str]:
     """`paddlecloud <role> -- <program>`: the agent registers/supervises the program."""
     program = [*(container.get("command") or []), *(container.get("args") or [])]
     if program[:2] == ["paddlecloud", role]:
         return [str(p) for p in program]
-    if not program:
-        if not spec.module:
-            raise JobSpecError(
-                f"{where}.containers[0] has no command: paddlecloud runs the program under its "
-                f"{role} agent, so give `command:` (or --module)"
-            )
+    if not container.get("command"):
         program = ["python", "-m", spec.module]
     return ["paddlecloud", role, "--", *[str(p) for p in program]]
+
+
+PORTWATCH = ["python", "-m", "paddlecloud.k8s.portwatch"]
+HELPER_RESOURCES = {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}}
+
+
+def wait_for_pservers_container(spec: JobSpec) -> dict[str, Any]:
+    """The init container that holds a trainer (or heter) until every pserver listens."""
+    return {
+        "name": "wait-pservers",
+        "image": spec.image,
+        "command": [*PORTWATCH, "--wait", "$(PADDLE_PSERVERS_IP_PORT_LIST)"],
+        "env": [_value("PADDLE_PSERVERS_IP_PORT_LIST", ",".join(pserver_endpoints(spec)))],
+        "resources": copy.deepcopy(HELPER_RESOURCES),
+    }
+
+
+def pserver_sidecar(spec: JobSpec, env: list[dict[str, Any]]) -> dict[str, Any]:
+    """The native sidecar of an agentless pserver: the pserver agent claims the pod's slot,
+    registers `POD_IP:PADDLE_PORT` in etcd and holds it while the pserver listens."""
+    return {
+        "name": "paddlecloud-agent",
+        "image": spec.image,
+        "restartPolicy": "Always",  # a native sidecar (Kubernetes >= 1.29)
+        "command": ["paddlecloud", PSERVER, "--", *PORTWATCH, "--hold", "127.0.0.1:$(PADDLE_PORT)"],
+        "env": copy.deepcopy(env),
+        "resources": copy.deepcopy(HELPER_RESOURCES),
+    }
 
 
 def _merge_env(*, where: str, ours: list[dict[str, Any]], theirs: list[Any]) -> list[dict[str, Any]]:
@@ -279,17 +425,19 @@ def _merge_env(*, where: str, ours: list[dict[str, Any]], theirs: list[Any]) -> 
     return [*ours, *copy.deepcopy(list(theirs))]
 
 
-def _add_port(container: dict[str, Any], *, name: str, port: int) -> None:
+def _add_port(container: dict[str, Any], *, name: str, port: int, host: bool) -> None:
+    """A named container port; on the node's network also a host port (the scheduler then
+    never puts two pods wanting it on one node)."""
     ports = container.setdefault("ports", [])
     if any(p.get("containerPort") == port or p.get("name") == name for p in ports):
         return
-    ports.append({"name": name, "containerPort": port})
+    ports.append({"name": name, "containerPort": port, **({"hostPort": port} if host else {})})
 
 
 def _pod_template(spec: JobSpec, role: str, *, template: Mapping[str, Any] | None,
                   env: list[dict[str, Any]]) -> dict[str, Any]:
     """A pod template: the PaddleJob's (merged) or one built from the spec's resources."""
-    where = f"spec.{'ps' if role == PSERVER else 'worker'}.template.spec"
+    where = f"spec.{TEMPLATE_FIELD[role]}.template.spec"
     tpl = copy.deepcopy(dict(template)) if template is not None else {}
     meta = tpl.setdefault("metadata", {})
     for key in ("name", "namespace", "generateName", "ownerReferences"):
@@ -306,12 +454,24 @@ def _pod_template(spec: JobSpec, role: str, *, template: Mapping[str, Any] | Non
             resources = _resources(spec.trainer_cpu, spec.trainer_memory, spec.trainer_gpu)
         container = {"name": role, "image": spec.image, "resources": resources}
         containers = pod["containers"] = [container]
-    container["command"] = _command(spec, role=role, container=container, where=where)
-    container.pop("args", None)
+    agent = runs_agent(spec, role, container)
+    if agent:
+        container["command"] = _command(spec, role=role, container=container)
+        container.pop("args", None)
+    elif template is None:  # --no-agent with --module: the module, without the agent
+        container["command"] = ["python", "-m", spec.module]
     container["env"] = _merge_env(where=where, ours=env, theirs=container.get("env") or [])
-    _add_port(container, name="paddle", port=PADDLE_PORT)
-    if spec.with_gloo and (role == TRAINER or spec.with_gloo == 2):
-        _add_port(container, name="gloo-http", port=GLOO_HTTP_PORT)
+    port, host = paddle_port(spec), spec.intranet == "HostNetwork"
+    _add_port(container, name="paddle", port=port, host=host)
+    if gets_gloo(spec, role):
+        _add_port(container, name="gloo-http", port=gloo_port(spec), host=host)
+    if not agent:
+        ours = []
+        if role != PSERVER and spec.pservers:
+            ours.append(wait_for_pservers_container(spec))
+        if role == PSERVER:
+            ours.append(pserver_sidecar(spec, container["env"]))
+        pod["initContainers"] = [*ours, *(pod.get("initContainers") or [])]
 
     mounts = container.setdefault("volumeMounts", [])
     volumes = pod.setdefault("volumes", [])
@@ -334,11 +494,11 @@ def _pod_template(spec: JobSpec, role: str, *, template: Mapping[str, Any] | Non
         pod.pop("volumes")
 
     pod.setdefault("automountServiceAccountToken", False)
-    if spec.scheduler_name:
-        pod["schedulerName"] = spec.scheduler_name
-    if spec.uses_volcano:
+    if template is None and spec.scheduler_name:
+        pod["schedulerName"] = spec.scheduler_name  # a template's is kept as written
+    if spec.scheduler_of(role) == "volcano":
         meta["annotations"] = {**(meta.get("annotations") or {}),
-                               PODGROUP_ANNOTATION: podgroup_name(spec.name)}
+                               PODGROUP_ANNOTATION: podgroup_name(spec)}
     if spec.intranet == "HostNetwork":
         pod["hostNetwork"] = True
         pod["dnsPolicy"] = "ClusterFirstWithHostNet"
@@ -353,11 +513,16 @@ def _pod_template(spec: JobSpec, role: str, *, template: Mapping[str, Any] | Non
 
 
 # ---- the objects the master creates --------------------------------------------------------
-def _headless_service(spec: JobSpec, *, name: str, role: str, owner: Mapping[str, Any] | None,
-                      gloo: bool) -> Manifest:
-    ports = [{"name": "paddle", "port": PADDLE_PORT, "targetPort": PADDLE_PORT}]
+def _service_ports(spec: JobSpec, *, gloo: bool) -> list[dict[str, Any]]:
+    port = paddle_port(spec)
+    ports = [{"name": "paddle", "port": port, "targetPort": port}]
     if gloo:
-        ports.append({"name": "gloo-http", "port": GLOO_HTTP_PORT, "targetPort": GLOO_HTTP_PORT})
+        ports.append({"name": "gloo-http", "port": gloo_port(spec), "targetPort": gloo_port(spec)})
+    return ports
+
+
+def _headless_service(spec: JobSpec, *, name: str, role: str, owner: Mapping[str, Any] | None,
+                      gloo: bool, pod_selector: Mapping[str, str] | None = None) -> Manifest:
     return {
         "apiVersion": "v1",
         "kind": "Service",
@@ -366,40 +531,71 @@ def _headless_service(spec: JobSpec, *, name: str, role: str, owner: Mapping[str
             "clusterIP": "None",
             # peers must resolve each other before they are ready
             "publishNotReadyAddresses": True,
-            "selector": selector(spec, role),
-            "ports": ports,
+            "selector": {**selector(spec, role), **(pod_selector or {})},
+            "ports": _service_ports(spec, gloo=gloo),
         },
     }
 
 
+def _role_gloo_port(spec: JobSpec, role: str) -> bool:
+    """Whether the role's pod 0 serves the gloo rendezvous store (pserver 0, else trainer 0)."""
+    if not spec.with_gloo:
+        return False
+    return role == PSERVER if spec.pservers else role == TRAINER
+
+
+def role_services(spec: JobSpec, role: str, *, owner: Mapping[str, Any] | None) -> list[Manifest]:
+    """A role's headless Service (its pods' DNS names), then, with intranet Service, one
+    headless Service per pod, named as the pod, as paddle-operator makes them."""
+    name = role_name(spec.name, role)
+    gloo = _role_gloo_port(spec, role)
+    out = [_headless_service(spec, name=name, role=role, owner=owner, gloo=gloo)]
+    if spec.intranet == "Service":
+        for i in range(spec.replicas_of(role)):
+            pod = ({COMPLETION_INDEX_LABEL: str(i)} if role == TRAINER
+                   else {POD_NAME_LABEL: f"{name}-{i}"})
+            out.append(_headless_service(spec, name=f"{name}-{i}", role=role, owner=owner,
+                                         gloo=gloo, pod_selector=pod))
+    return out
+
+
 def pserver_service(spec: JobSpec, owner: Mapping[str, Any] | None) -> Manifest:
     """The headless Service that gives every pserver its stable DNS name."""
-    return _headless_service(spec, name=pserver_name(spec.name), role=PSERVER, owner=owner,
-                             gloo=spec.with_gloo > 0 and spec.pservers > 0)
+    return role_services(spec, PSERVER, owner=owner)[0]
 
 
-def pserver_statefulset(spec: JobSpec, owner: Mapping[str, Any] | None) -> Manifest:
-    """The pservers: the ordinal is the pserver index, each runs `paddlecloud pserver -- <cmd>`."""
-    template = _pod_template(spec, PSERVER, template=spec.ps_template, env=pserver_env(spec))
+def _statefulset(spec: JobSpec, role: str, *, env: list[dict[str, Any]],
+                 owner: Mapping[str, Any] | None) -> Manifest:
+    template = _pod_template(spec, role, template=spec.template_of(role), env=env)
     template["spec"]["restartPolicy"] = "Always"  # the only policy a StatefulSet takes
+    name = role_name(spec.name, role)
     return {
         "apiVersion": "apps/v1",
         "kind": "StatefulSet",
-        "metadata": _metadata(spec, name=pserver_name(spec.name), role=PSERVER, owner=owner),
+        "metadata": _metadata(spec, name=name, role=role, owner=owner),
         "spec": {
-            "serviceName": pserver_name(spec.name),
-            "replicas": spec.pservers,
+            "serviceName": name,
+            "replicas": spec.replicas_of(role),
             "podManagementPolicy": "Parallel",
-            "selector": {"matchLabels": selector(spec, PSERVER)},
+            "selector": {"matchLabels": selector(spec, role)},
             "template": template,
         },
     }
 
 
+def pserver_statefulset(spec: JobSpec, owner: Mapping[str, Any] | None) -> Manifest:
+    """The pservers: the ordinal is the pserver index (with the agent: `paddlecloud pserver -- <cmd>`)."""
+    return _statefulset(spec, PSERVER, env=pserver_env(spec), owner=owner)
+
+
+def heter_statefulset(spec: JobSpec, owner: Mapping[str, Any] | None) -> Manifest:
+    """The heter trainers (heterogeneous PS): stable names, the ordinal is the heter id."""
+    return _statefulset(spec, HETER, env=heter_env(spec), owner=owner)
+
+
 def trainer_service(spec: JobSpec, owner: Mapping[str, Any] | None) -> Manifest:
     """The headless Service that gives every trainer its stable DNS name (collective/gloo)."""
-    return _headless_service(spec, name=trainer_name(spec.name), role=TRAINER, owner=owner,
-                             gloo=spec.with_gloo > 0 and spec.pservers == 0)
+    return role_services(spec, TRAINER, owner=owner)[0]
 
 
 def trainer_backoff_limit(spec: JobSpec) -> int:
@@ -429,9 +625,21 @@ def trainer_job(spec: JobSpec, owner: Mapping[str, Any] | None) -> Manifest:
     }
 
 
+def gang_size(spec: JobSpec, roles: tuple[str, ...] | None = None) -> int:
+    """The pods of `roles` (default: all) that Volcano schedules."""
+    return sum(spec.replicas_of(r) for r in spec.volcano_roles if roles is None or r in roles)
+
+
 def podgroup(spec: JobSpec, owner: Mapping[str, Any] | None, *, min_member: int | None = None) -> Manifest:
-    """A Volcano PodGroup for gang scheduling; `min_member` defaults to pservers + trainers."""
-    body: dict[str, Any] = {"minMember": spec.pservers + spec.trainers if min_member is None else min_member}
+    """A Volcano PodGroup for gang scheduling.
+
+    `min_member` is the gang of the roles deployed so far (default: the whole job's);
+    a minMember the user gave (schedulingPolicy.minAvailable, a PodGroup document)
+    caps it, so the pservers, which start before the trainers, are never held back
+    waiting for trainers that come only once the pservers have registered.
+    """
+    staged = gang_size(spec) if min_member is None else min_member
+    body: dict[str, Any] = {"minMember": min(staged, spec.min_member) if spec.min_member else staged}
     if spec.queue:
         body["queue"] = spec.queue
     if spec.priority_class:
@@ -441,7 +649,7 @@ def podgroup(spec: JobSpec, owner: Mapping[str, Any] | None, *, min_member: int 
     return {
         "apiVersion": VOLCANO_API_VERSION,
         "kind": "PodGroup",
-        "metadata": _metadata(spec, name=podgroup_name(spec.name), role=MASTER, owner=owner),
+        "metadata": _metadata(spec, name=podgroup_name(spec), role=MASTER, owner=owner),
         "spec": body,
     }
 
@@ -452,9 +660,11 @@ def master_objects(spec: JobSpec, owner: Mapping[str, Any] | None) -> list[Manif
     if spec.uses_volcano:
         out.append(podgroup(spec, owner))
     if spec.pservers:
-        out += [pserver_service(spec, owner), pserver_statefulset(spec, owner)]
+        out += [*role_services(spec, PSERVER, owner=owner), pserver_statefulset(spec, owner)]
+    if spec.heters:
+        out += [*role_services(spec, HETER, owner=owner), heter_statefulset(spec, owner)]
     if needs_trainer_service(spec):
-        out.append(trainer_service(spec, owner))
+        out += role_services(spec, TRAINER, owner=owner)
     out.append(trainer_job(spec, owner))
     return out
 
@@ -529,7 +739,8 @@ def master_command(spec: JobSpec) -> list[str]:
     flags = master_flags(
         job=spec.name, namespace=spec.namespace, etcd_endpoints=spec.etcd_endpoints,
         port=MASTER_PORT, advertise=f"$(POD_IP):{MASTER_PORT}", metrics_port=METRICS_PORT,
-        inputs=spec.inputs or (), epochs=spec.epochs,
+        inputs=spec.inputs or (), epochs=spec.epochs, data_format=spec.data_format,
+        chunk_bytes=spec.chunk_bytes,
         # a job started again on the same output resumes after its checkpoint
         resume_from=checkpoints_dir(spec.output) if spec.output else None,
         extra=("--deployer", "kubernetes", "--job-spec", f"{SPEC_MOUNT}/{SPEC_KEY}"),

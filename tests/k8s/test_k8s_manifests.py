@@ -335,12 +335,14 @@ def _paddlejob(**spec: Any) -> dict[str, Any]:
     ({**_paddlejob(), "apiVersion": "batch.paddlepaddle.org/v1alpha1"},
      ["'batch.paddlepaddle.org/v1alpha1'", "use batch.paddlepaddle.org/v1"]),
     ({**_paddlejob(), "kind": "PyTorchJob"}, ["'PyTorchJob'", "PaddleJob"]),
-    (_paddlejob(heter={"replicas": 1}), ["spec.heter"]),
+    (_paddlejob(heter={"replicas": 1, "template": {"spec": {"containers": [
+        {"name": "heter", "image": "img"}]}}}), ["spec.heter", "needs spec.ps"]),
     (_paddlejob(intranet="Overlay"), ["'Overlay'", "PodIP, Service or Host"]),
-    (_paddlejob(elastic=1), ["spec.elastic"]),
+    (_paddlejob(elastic=-1), ["spec.elastic", "-1"]),
     (_paddlejob(sampleSetRef={"name": "s"}), ["spec.sampleSetRef", "--data-volume"]),
     (_paddlejob(surprise=True), ["spec.surprise"]),
-    (_paddlejob(schedulingPolicy={"minAvailable": 1}), ["minAvailable=1"]),
+    (_paddlejob(cleanPolicy="Never"), ["spec.cleanPolicy", "did you mean spec.cleanPodPolicy?"]),
+    (_paddlejob(schedulingPolicy={"minAvailable": 1}), ["minAvailable", "Volcano"]),
 ])
 def test_a_paddlejob_with_what_paddlecloud_cannot_run_is_refused_by_name(doc, words):
     with pytest.raises(JobSpecError) as caught:
@@ -360,13 +362,15 @@ def test_paddlejob_host_intranet_and_templates():
     assert pod["containers"][0]["image"] == "img"  # the template's image is kept
 
 
-def test_a_template_without_command_or_with_our_env_is_refused():
+def test_a_template_without_command_runs_its_entrypoint_and_our_env_is_refused():
     doc = _paddlejob()
     del doc["spec"]["worker"]["template"]["spec"]["containers"][0]["command"]
     spec = JobSpec.from_paddlejob(doc)
-    with pytest.raises(JobSpecError, match=r"spec.worker.template.spec.containers\[0\] has no command"):
-        manifests.trainer_job(spec, None)
-    assert manifests.trainer_job(spec.replace(module="x.train"), None)  # --module fills it in
+    container = manifests.trainer_job(spec, None)["spec"]["template"]["spec"]["containers"][0]
+    assert "command" not in container  # the image's entrypoint, unchanged
+    with_module = manifests.trainer_job(spec.replace(module="x.train"), None)  # --module fills it in
+    assert with_module["spec"]["template"]["spec"]["containers"][0]["command"] == [
+        "paddlecloud", "trainer", "--", "python", "-m", "x.train"]
     doc = _paddlejob()
     doc["spec"]["worker"]["template"]["spec"]["containers"][0]["env"] = [
         {"name": "PADDLE_TRAINER_ID", "value": "0"}]
@@ -380,3 +384,16 @@ def test_a_package_over_a_configmap_is_refused_with_the_way_out():
         manifests.package_configmap(spec, {"w.bin": b"\xff" * (800 * 1024)})  # base64: 1.07 MB
     with pytest.raises(JobSpecError, match="'a b.py'"):
         manifests.package_key("a b.py")
+
+
+def test_the_master_is_given_the_jobs_format_and_chunk_size():
+    docs = list(yaml.safe_load_all(dry_run(["fmt", "--module", "m.train", "--input", "/data/*.bin",
+                                            "--format", "file", "--chunk-bytes", "1MiB"])))
+    master = next(d for d in docs if d["kind"] == "Deployment")
+    command = master["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert command[command.index("--format") + 1] == "file"
+    assert command[command.index("--chunk-bytes") + 1] == str(2**20)
+    defaults = list(yaml.safe_load_all(dry_run(["dflt", "--module", "m.train", "--input", "/d/*"])))
+    command = next(d for d in defaults if d["kind"] == "Deployment")["spec"]["template"]["spec"][
+        "containers"][0]["command"]
+    assert "--chunk-bytes" not in command  # 0: the master's own default

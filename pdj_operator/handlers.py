@@ -1,0 +1,430 @@
+"""`paddlecloud operator`'s Kopf handlers: a thin translator from a PaddleJob to its master.
+
+For each PaddleJob (`paddlejobs.batch.paddlepaddle.org/v1`):
+
+* created (or found at the operator's start): translated by the one translation
+  (`paddlecloud.paddlejob`) and given the same objects `paddlecloud job submit`
+  creates (`manifests.submit_objects`: the job-spec ConfigMap, the master
+  Deployment, its Service), the Deployment and the ConfigMap owned by the
+  PaddleJob, so one `kubectl delete pdj NAME` removes the job through the garbage
+  collector; the master stays the deployer of the pservers and trainers;
+* every `interval` seconds (a timer): the master's phase (its Deployment's
+  annotation) and the workloads' counts, and the epochs from the master's
+  GetStatus when it answers, are mirrored into the PaddleJob's status and
+  conditions, with an Event on each phase change; a master Deployment or a role
+  workload deleted by hand while the job runs is created again (the workloads by
+  the master's own deployer code, `master.k8s_deployer.KubernetesDeployer`);
+* deleted: everything labelled with the job is deleted explicitly too (the
+  garbage collector would, but not at once), and the job's etcd keys are cleared,
+  as `paddlecloud job delete` does.
+
+Two operators: with peering (Kopf's, `--peering NAME`), the one of the higher
+priority acts and the other pauses until it is gone.
+
+What this does NOT guarantee: that the master runs (image, RBAC, etcd are the
+cluster's); a spec changed after creation is not applied to a running job (an
+Event says so: delete and apply again).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import logging
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import kopf
+
+from master.k8s_deployer import KubernetesDeployer, RetryPolicy, api_status, call, load_api_client
+from paddlecloud.jobspec import (
+    DEFAULT_ETCD_ENDPOINTS,
+    DEFAULT_IMAGE,
+    PADDLEJOB_API_VERSION,
+    JobSpec,
+    JobSpecError,
+)
+from paddlecloud.k8s import manifests
+from paddlecloud.paddlejob import translate
+from paddlecloud.phase import TERMINAL, Phase
+from pdj_operator import crd
+from pdj_operator.status import MasterView, conditions, job_status
+
+logger = logging.getLogger(__name__)
+
+COMPONENT = "paddlecloud-operator"
+USER_AGENT = f"{COMPONENT}/1"
+
+
+@dataclass(frozen=True)
+class OperatorConfig:
+    """What every PaddleJob gets from the operator, and how often it looks.
+
+    `master_address` is a template with `{name}` and `{namespace}` (the default is
+    the master Service's address, reachable in the cluster).
+    """
+
+    etcd_endpoints: str = DEFAULT_ETCD_ENDPOINTS
+    image: str = DEFAULT_IMAGE
+    kubeconfig: str | None = None
+    interval: float = 10.0
+    master_address: str = "{name}-master.{namespace}.svc:" + str(manifests.MASTER_PORT)
+    grpc_timeout: float = 2.0
+    clear_etcd: bool = True
+    etcd_timeout: float = 5.0
+
+    def __post_init__(self) -> None:
+        if self.interval <= 0:
+            raise ValueError(f"invalid interval {self.interval!r}: must be > 0 seconds")
+        if self.grpc_timeout <= 0 or self.etcd_timeout <= 0:
+            raise ValueError("timeouts must be > 0 seconds")
+
+
+def _now() -> str:
+    return datetime.datetime.now(tz=datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def pdj_owner(body: Mapping[str, Any]) -> dict[str, Any]:
+    """An owner reference to the PaddleJob: deleting it deletes the owned object."""
+    meta = body["metadata"]
+    return {"apiVersion": PADDLEJOB_API_VERSION, "kind": crd.KIND, "name": meta["name"],
+            "uid": meta["uid"], "controller": True, "blockOwnerDeletion": True}
+
+
+class JobObjects:
+    """The Kubernetes calls of one operator: the job's objects, Events, the master's status.
+
+    The client blocks; every call runs off the event loop, retried as the master's
+    deployer retries (`master.k8s_deployer.call`).
+    """
+
+    def __init__(self, config: OperatorConfig, *, api_client: Any | None = None) -> None:
+        from kubernetes import client
+
+        self.config = config
+        self.api = api_client if api_client is not None else load_api_client(config.kubeconfig)
+        self.api.user_agent = USER_AGENT  # its requests stand apart in the API server's audit log
+        self.core = client.CoreV1Api(self.api)
+        self.apps = client.AppsV1Api(self.api)
+        self.batch = client.BatchV1Api(self.api)
+        self.custom = client.CustomObjectsApi(self.api)
+        self.retry = RetryPolicy(attempts=3, initial_wait=0.2)
+
+    def _dict(self, obj: Any) -> dict[str, Any]:
+        return obj if isinstance(obj, dict) else self.api.sanitize_for_serialization(obj)
+
+    async def read(self, fn: Any, *args: Any) -> dict[str, Any] | None:
+        try:
+            return self._dict(await call(self.retry, fn, *args))
+        except Exception as error:
+            if api_status(error) == 404:
+                return None
+            raise
+
+    async def _create(self, fn: Any, body: dict[str, Any], *, read: Any, owner_uid: str,
+                      patch: Any = None) -> dict[str, Any]:
+        """Creates `body`, or returns the existing object when `owner_uid` owns it.
+
+        With `patch`, an existing object of the same job owned by an earlier master
+        Deployment (one deleted by hand, not yet collected) is given to the new one.
+        """
+        ns, name = body["metadata"]["namespace"], body["metadata"]["name"]
+        try:
+            return self._dict(await call(self.retry, fn, ns, body))
+        except Exception as error:
+            if api_status(error) != 409:
+                raise
+        existing = await self.read(read, name, ns) or {}
+        meta = existing.get("metadata") or {}
+        owners = {o.get("uid") for o in meta.get("ownerReferences") or []}
+        same_job = (meta.get("labels") or {}).get(manifests.JOB_LABEL) == \
+            body["metadata"]["labels"][manifests.JOB_LABEL]
+        if owner_uid not in owners and patch is not None and same_job:
+            ours = {"metadata": {"ownerReferences": body["metadata"]["ownerReferences"]}}
+            return self._dict(await call(self.retry, patch, name, ns, ours,
+                                         _content_type="application/merge-patch+json"))
+        if owner_uid not in owners:
+            raise kopf.PermanentError(
+                f"{body['kind']} {name} already exists in namespace {ns} and is not this "
+                "PaddleJob's (a job submitted with `paddlecloud job submit`?): delete it or "
+                "rename the PaddleJob")
+        return existing
+
+    async def ensure_master(self, spec: JobSpec, body: Mapping[str, Any]) -> dict[str, Any]:
+        """The objects `paddlecloud job submit` creates, owned by the PaddleJob; the Deployment."""
+        owner = pdj_owner(body)
+        deployment: dict[str, Any] = {}
+        for obj in manifests.submit_objects(spec):
+            if obj["kind"] == "ConfigMap":
+                obj["metadata"]["ownerReferences"] = [owner]
+                await self._create(self.core.create_namespaced_config_map, obj,
+                                   read=self.core.read_namespaced_config_map, owner_uid=owner["uid"])
+            elif obj["kind"] == "Deployment":
+                obj["metadata"]["ownerReferences"] = [owner]
+                deployment = await self._create(self.apps.create_namespaced_deployment, obj,
+                                                read=self.apps.read_namespaced_deployment,
+                                                owner_uid=owner["uid"])
+        uid = (deployment.get("metadata") or {}).get("uid")
+        if not uid:
+            raise kopf.TemporaryError(f"Deployment {manifests.master_name(spec.name)} has no uid yet",
+                                      delay=1)
+        service = manifests.master_service(spec, manifests.owner_reference(spec.name, uid))
+        await self._create(self.core.create_namespaced_service, service,
+                           read=self.core.read_namespaced_service, owner_uid=uid,
+                           patch=self.core.patch_namespaced_service)
+        return deployment
+
+    async def deployment(self, spec: JobSpec) -> dict[str, Any] | None:
+        return await self.read(self.apps.read_namespaced_deployment,
+                               manifests.master_name(spec.name), spec.namespace)
+
+    async def workloads(self, spec: JobSpec) -> dict[str, dict[str, Any] | None]:
+        out: dict[str, dict[str, Any] | None] = {}
+        for role in spec.roles:
+            name = manifests.role_name(spec.name, role)
+            if role == manifests.TRAINER:
+                out[role] = await self.read(self.batch.read_namespaced_job, name, spec.namespace)
+            else:
+                out[role] = await self.read(self.apps.read_namespaced_stateful_set, name,
+                                            spec.namespace)
+        return out
+
+    async def delete_all(self, spec: JobSpec) -> list[str]:
+        """Deletes every object labelled with the job (the master first); returns what went."""
+        from kubernetes import client
+
+        options = client.V1DeleteOptions(propagation_policy="Background")
+        ns, selector = spec.namespace, manifests.label_selector(spec.name)
+        kinds = [
+            ("deployments", self.apps.list_namespaced_deployment, self.apps.delete_namespaced_deployment),
+            ("jobs", self.batch.list_namespaced_job, self.batch.delete_namespaced_job),
+            ("statefulsets", self.apps.list_namespaced_stateful_set,
+             self.apps.delete_namespaced_stateful_set),
+            ("services", self.core.list_namespaced_service, self.core.delete_namespaced_service),
+            ("configmaps", self.core.list_namespaced_config_map,
+             self.core.delete_namespaced_config_map),
+        ]
+        deleted = []
+        for resource, list_fn, delete_fn in kinds:
+            listed = self._dict(await call(self.retry, list_fn, ns, label_selector=selector))
+            for item in listed.get("items") or []:
+                name = item["metadata"]["name"]
+                try:
+                    await call(self.retry, delete_fn, name, ns, body=options)
+                    deleted.append(f"{resource}/{name}")
+                except Exception as error:
+                    if api_status(error) != 404:
+                        raise
+        if spec.uses_volcano:
+            group, version = manifests.VOLCANO_API_VERSION.split("/")
+            name = manifests.podgroup_name(spec)
+            try:
+                await call(self.retry, self.custom.delete_namespaced_custom_object, group, version,
+                           ns, "podgroups", name)
+                deleted.append(f"podgroups/{name}")
+            except Exception as error:
+                if api_status(error) != 404:
+                    raise
+        return deleted
+
+    async def event(self, body: Mapping[str, Any], *, kind: str, reason: str, message: str) -> None:
+        """Records a Kubernetes Event on the PaddleJob (`kubectl describe pdj` shows it)."""
+        meta = body["metadata"]
+        now = _now()
+        event = {
+            "apiVersion": "v1", "kind": "Event",
+            "metadata": {"name": f"{meta['name']}.{uuid.uuid4().hex[:16]}",
+                         "namespace": meta["namespace"]},
+            "involvedObject": {"apiVersion": PADDLEJOB_API_VERSION, "kind": crd.KIND,
+                               "name": meta["name"], "namespace": meta["namespace"],
+                               "uid": meta.get("uid")},
+            "type": kind, "reason": reason, "message": message[:1024],
+            "source": {"component": COMPONENT}, "reportingComponent": COMPONENT,
+            "firstTimestamp": now, "lastTimestamp": now, "count": 1,
+        }
+        try:
+            await call(self.retry, self.core.create_namespaced_event, meta["namespace"], event)
+        except Exception as error:  # an Event is a courtesy: never fail a handler for one
+            logger.warning("could not record event %s on %s: %s", reason, meta["name"], error)
+
+    async def master_view(self, spec: JobSpec) -> MasterView | None:
+        """The master's GetStatus, None when it does not answer in time."""
+        address = self.config.master_address.format(name=spec.name, namespace=spec.namespace)
+        try:
+            reply = await asyncio.to_thread(_get_status, address, self.config.grpc_timeout)
+        except Exception as error:  # not up yet, or unreachable from here
+            logger.debug("master %s of %s did not answer: %s", address, spec.name, error)
+            return None
+        return MasterView(phase=reply.phase, current_epoch=reply.current_epoch,
+                          num_epochs=reply.num_epochs, has_dataset=reply.has_dataset)
+
+    async def clear_etcd(self, spec: JobSpec) -> int:
+        """Deletes the job's keys under /paddlecloud/NS/NAME/, as `paddlecloud job delete` does."""
+        from paddlecloud.etcd import connect
+        from paddlecloud.keys import JobKeys
+
+        client = await connect(spec.etcd_endpoints, timeout=self.config.etcd_timeout)
+        try:
+            result = await client.delete_prefix(JobKeys(spec.namespace, spec.name).prefix)
+            return int(getattr(result, "deleted", 0) or 0)
+        finally:
+            await client.close()
+
+
+def _get_status(address: str, timeout: float) -> Any:
+    import grpc
+
+    from paddlecloud.api import pb, pb_grpc
+
+    with grpc.insecure_channel(address) as channel:
+        return pb_grpc.MasterStub(channel).GetStatus(pb.GetStatusRequest(), timeout=timeout)
+
+
+def spec_of(body: Mapping[str, Any], config: OperatorConfig) -> JobSpec:
+    """The one translation, with what the operator gives every job."""
+    return translate(body, etcd_endpoints=config.etcd_endpoints, image=config.image).validate()
+
+
+def make_settings() -> kopf.OperatorSettings:
+    """Kopf's settings for this operator (`kopf.run(settings=)`).
+
+    Scanning is off: the operator serves the namespaces it is given (which must
+    exist) or all of them, and the PaddleJob CRD must be installed before it starts
+    (Kopf would otherwise list namespaces and CRDs all the time, and need the
+    rights to).
+    """
+    settings = kopf.OperatorSettings()
+    settings.scanning.disabled = True
+    settings.posting.enabled = False  # our own Events, named and worded for the job
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="paddlecloud.org")
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix="paddlecloud.org")
+    settings.watching.server_timeout = 60
+    return settings
+
+
+def make_registry(config: OperatorConfig, *,
+                  objects: JobObjects | None = None) -> kopf.OperatorRegistry:
+    """The operator's handlers, registered on a registry of their own (`kopf.run(registry=)`)."""
+    registry = kopf.OperatorRegistry()
+    resource = (crd.GROUP, crd.VERSION, crd.PLURAL)
+    state: dict[str, JobObjects] = {}
+
+    def jobs() -> JobObjects:
+        if "objects" not in state:
+            state["objects"] = objects if objects is not None else JobObjects(config)
+        return state["objects"]
+
+    @kopf.on.login(registry=registry)
+    def login(**_: Any) -> kopf.ConnectionInfo:
+        conf = load_api_client(config.kubeconfig).configuration
+        header = conf.get_api_key_with_prefix("BearerToken") or conf.get_api_key_with_prefix(
+            "authorization")
+        scheme, _sep, token = (header or "").rpartition(" ")
+        return kopf.ConnectionInfo(
+            server=conf.host, ca_path=conf.ssl_ca_cert, insecure=not conf.verify_ssl,
+            scheme=scheme or ("Bearer" if token else None), token=token or None,
+            certificate_path=conf.cert_file, private_key_path=conf.key_file)
+
+    @kopf.on.resume(*resource, registry=registry)
+    @kopf.on.create(*resource, registry=registry)
+    async def apply(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
+        try:
+            spec = spec_of(body, config)
+        except JobSpecError as error:
+            patch.status.update({"phase": Phase.FAILED.value, "message": str(error),
+                                 "conditions": [{"type": "Created", "status": "False",
+                                                 "reason": "InvalidSpec", "message": str(error),
+                                                 "lastTransitionTime": _now()}]})
+            await jobs().event(body, kind="Warning", reason="InvalidSpec", message=str(error))
+            raise kopf.PermanentError(str(error)) from None
+        existed = await jobs().deployment(spec) is not None
+        await jobs().ensure_master(spec, body)
+        if not existed:
+            await jobs().event(body, kind="Normal", reason="Created",
+                               message=f"master Deployment {manifests.master_name(spec.name)} created")
+        patch.status.update({
+            **job_status(spec, deployment=None, workloads={}, master=None),
+            "phase": (body.get("status") or {}).get("phase") or Phase.PENDING.value,
+            "observedGeneration": body.metadata.get("generation") or 0,
+        })
+
+    @kopf.on.update(*resource, field="spec", registry=registry)
+    async def changed(body: kopf.Body, **_: Any) -> None:
+        await jobs().event(body, kind="Warning", reason="SpecChanged", message=(
+            "a PaddleJob's spec is read when the job starts: the running job keeps its spec; "
+            "delete the PaddleJob and apply it again to run the new one"))
+
+    @kopf.timer(*resource, interval=config.interval, registry=registry)
+    async def observe(body: kopf.Body, status: kopf.Status, patch: kopf.Patch, **_: Any) -> None:
+        try:
+            spec = spec_of(body, config)
+        except JobSpecError:
+            return  # `apply` reported it
+        old_phase = status.get("phase")
+        if not status.get("master"):
+            return  # `apply` has not created the master yet
+        deployment = await jobs().deployment(spec)
+        if deployment is None:
+            if old_phase not in {p.value for p in TERMINAL}:
+                await jobs().ensure_master(spec, body)
+                await jobs().event(body, kind="Warning", reason="MasterRecreated", message=(
+                    f"master Deployment {manifests.master_name(spec.name)} was deleted while the "
+                    "job ran: created again (it resumes from etcd)"))
+            return
+        workloads = await jobs().workloads(spec)
+        master = await jobs().master_view(spec)
+        new = job_status(spec, deployment=deployment, workloads=workloads, master=master)
+        await _recreate_missing(spec, body=body, phase=new["phase"], workloads=workloads,
+                                jobs=jobs())
+        now = _now()
+        new["conditions"] = conditions(new["phase"], now=now, previous=status.get("conditions"))
+        if new["phase"] == Phase.RUNNING and not status.get("startTime"):
+            new["startTime"] = now
+        if new["phase"] in {p.value for p in TERMINAL} and not status.get("completionTime"):
+            new["completionTime"] = now
+        patch.status.update(new)
+        if new["phase"] != old_phase:
+            await jobs().event(body, kind="Warning" if new["phase"] == Phase.FAILED else "Normal",
+                               reason=new["phase"],
+                               message=f"job phase {old_phase or 'none'} -> {new['phase']}")
+
+    @kopf.on.delete(*resource, registry=registry)
+    async def delete(body: kopf.Body, **_: Any) -> None:
+        try:
+            spec = spec_of(body, config)
+        except JobSpecError:
+            return  # nothing was created for it
+        deleted = await jobs().delete_all(spec)
+        logger.info("PaddleJob %s/%s deleted: %s", spec.namespace, spec.name, ", ".join(deleted))
+        if config.clear_etcd:
+            try:
+                count = await jobs().clear_etcd(spec)
+                logger.info("cleared %d etcd keys of %s/%s", count, spec.namespace, spec.name)
+            except Exception as error:  # etcd down: the keys stay; `job delete` can clear them
+                logger.warning("could not clear the etcd keys of %s/%s: %s (run `paddlecloud job "
+                               "delete %s -n %s` later)", spec.namespace, spec.name, error,
+                               spec.name, spec.namespace)
+
+    return registry
+
+
+async def _recreate_missing(spec: JobSpec, *, body: Mapping[str, Any], phase: str,
+                            workloads: Mapping[str, Any], jobs: JobObjects) -> None:
+    """Creates again a role workload deleted by hand, with the master's own deployer code.
+
+    Pservers (and heters) exist from Starting on, trainers from Running on; a job
+    in a terminal phase had them removed on purpose (cleanPodPolicy).
+    """
+    deployer = KubernetesDeployer(spec, api_client=jobs.api)
+    early = [r for r in (manifests.PSERVER, manifests.HETER) if r in workloads]
+    if phase in (Phase.STARTING, Phase.RUNNING) and any(workloads[r] is None for r in early):
+        await deployer.create_pservers()
+        await jobs.event(body, kind="Warning", reason="WorkloadRecreated", message=(
+            f"{', '.join(manifests.role_name(spec.name, r) for r in early if workloads[r] is None)}"
+            " deleted by hand: created again"))
+    if phase == Phase.RUNNING and workloads.get(manifests.TRAINER, {}) is None:
+        await deployer.create_trainers()
+        await jobs.event(body, kind="Warning", reason="WorkloadRecreated", message=(
+            f"Job {manifests.trainer_name(spec.name)} deleted by hand: created again"))

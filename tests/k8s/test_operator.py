@@ -1,0 +1,405 @@
+"""`paddlecloud operator` against kmock: Kopf's own runner, real watch streams, real client.
+
+The operator runs in `kopf.testing.KopfRunner` (a thread of its own) with the
+handlers `paddlecloud operator` registers; the tests act as kubectl and as the
+job's master (which writes its phase on its Deployment and creates the workloads
+with its own deployer code). kmock runs no garbage collector: where a real cluster
+would collect objects through owner references, the tests assert those references
+(PaddleJob -> master Deployment and ConfigMap -> Service, StatefulSets, Job) AND
+the operator's own deletes, which leave nothing of the job behind even without one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import kmock
+import pytest
+import yaml
+from kopf.testing import KopfRunner
+
+from master.k8s_deployer import KubernetesDeployer
+from paddlecloud.k8s import manifests
+from paddlecloud.keys import JobKeys
+from paddlecloud.paddlejob import translate
+from pdj_operator.handlers import USER_AGENT, OperatorConfig, make_registry, make_settings
+
+NS = "ml"
+REPO = Path(__file__).resolve().parents[2]
+GROUP, VERSION, PLURAL = "batch.paddlepaddle.org", "v1", "paddlejobs"
+
+
+def paddlejob(name: str = "ctr", **spec: Any) -> dict[str, Any]:
+    def role(replicas: int) -> dict[str, Any]:
+        return {"replicas": replicas, "template": {"spec": {"containers": [
+            {"name": "paddle", "image": "img", "command": ["python", "-m", "ctr.train"]}]}}}
+
+    return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "PaddleJob",
+            "metadata": {"name": name, "namespace": NS},
+            "spec": {"ps": role(2), "worker": role(3), "withGloo": 1, **spec}}
+
+
+@contextlib.asynccontextmanager
+async def running_operator(config: OperatorConfig, *args: str) -> AsyncIterator[KopfRunner]:
+    """The operator in Kopf's runner; entered and left off the loop that serves kmock."""
+    runner = KopfRunner(["run", "--verbose", "--namespace", NS, *(args or ("--standalone",))],
+                        registry=make_registry(config), settings=make_settings(), timeout=30)
+    await asyncio.to_thread(runner.__enter__)
+    try:
+        yield runner
+    finally:
+        await asyncio.to_thread(runner.__exit__, None, None, None)
+
+
+@pytest.fixture
+def config(kubeconfig: str) -> OperatorConfig:
+    return OperatorConfig(kubeconfig=kubeconfig, interval=0.2, clear_etcd=False,
+                          grpc_timeout=0.2, master_address="127.0.0.1:1")
+
+
+@pytest.fixture
+def api(api_client: Any) -> Any:
+    from kubernetes import client
+
+    return client.CustomObjectsApi(api_client)
+
+
+async def apply(api: Any, doc: dict[str, Any]) -> None:
+    await asyncio.to_thread(api.create_namespaced_custom_object, GROUP, VERSION, NS, PLURAL, doc)
+
+
+def events(k8s: Any, reason: str) -> list[dict[str, Any]]:
+    return [obj.raw for (resource, _, _), obj in k8s.kmock.objects.items()
+            if resource.plural == "events" and obj.raw.get("reason") == reason]
+
+
+def play_master(k8s: Any, name: str, *, phase: str) -> None:
+    """What the leading master writes: its phase, as the annotation of its Deployment."""
+    k8s.kmock.objects[manifests_key("deployments", manifests.master_name(name))].patch(
+        {"metadata": {"annotations": {manifests.PHASE_ANNOTATION: phase}}})
+
+
+KINDS = {"deployments": ("apps", "v1"), "statefulsets": ("apps", "v1"),
+         "kopfpeerings": ("kopf.dev", "v1")}
+
+
+def manifests_key(resource: str, name: str) -> Any:
+    """The emulator's key of an object (to play a controller on it)."""
+    group, version = KINDS[resource]
+    return (kmock.resource(group, version, resource), NS, name)
+
+
+def operator_rules() -> set[tuple[str, str, str]]:
+    """(API group, resource, verb) the operator's Role in deploy/operator.yaml grants."""
+    docs = [d for d in yaml.safe_load_all((REPO / "deploy/operator.yaml").read_text()) if d]
+    role = next(d for d in docs if d["kind"] == "Role")
+    return {(group, resource, verb) for rule in role["rules"] for group in rule["apiGroups"]
+            for resource in rule["resources"] for verb in rule["verbs"]}
+
+
+def assert_operator_rights(k8s: Any) -> None:
+    """Every request the operator made (Kopf's and its client's) is granted by its Role."""
+    used = set()
+    for request in list(k8s.kmock):
+        agent = request.headers.get("User-Agent", "")
+        if not (agent.startswith("kopf/") or agent == USER_AGENT) or request.resource is None \
+                or not request.resource.plural:
+            continue
+        method = str(request.method.value).upper()
+        if method == "GET":
+            verb = "get" if request.name else ("watch" if request.params.get("watch") else "list")
+        else:
+            verb = {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}[method]
+        resource = request.resource.plural + (f"/{request.subresource}" if request.subresource else "")
+        used.add((request.resource.group, resource, verb))
+    assert used, "the operator made no request"
+    assert used <= operator_rules(), used - operator_rules()
+
+
+async def test_apply_creates_the_master_owned_by_the_paddlejob(k8s_crds, api, config):
+    k8s = k8s_crds
+    async with running_operator(config):
+        await apply(api, paddlejob(elastic=1, worker={**paddlejob()["spec"]["worker"],
+                                                      "requests": 2, "limits": 5}))
+        await k8s.wait_for(lambda: k8s.stored("deployments", NS, "ctr-master"), what="master")
+        await k8s.wait_for(lambda: k8s.stored("services", NS, "ctr-master"), what="master Service")
+        await k8s.wait_for(lambda: (k8s.stored("paddlejobs", NS, "ctr").get("status") or {}).get("mode"),
+                           what="status")
+        await k8s.wait_for(lambda: events(k8s, "Created"), what="Created event")
+    pdj = k8s.stored("paddlejobs", NS, "ctr")
+    deployment = k8s.stored("deployments", NS, "ctr-master")
+    # the same objects `job submit` renders, owned by the PaddleJob
+    spec = translate(pdj, etcd_endpoints=config.etcd_endpoints, image=config.image).validate()
+    expected = next(o for o in manifests.submit_objects(spec) if o["kind"] == "Deployment")
+    assert deployment["spec"] == expected["spec"]
+    owner = deployment["metadata"]["ownerReferences"][0]
+    assert (owner["kind"], owner["name"], owner["uid"], owner["controller"]) == (
+        "PaddleJob", "ctr", pdj["metadata"]["uid"], True)
+    spec_map = k8s.stored("configmaps", NS, "ctr-spec")
+    assert spec_map["metadata"]["ownerReferences"][0]["uid"] == pdj["metadata"]["uid"]
+    assert yaml.safe_load(spec_map["data"]["job.yaml"])["max_trainers"] == 5
+    service = k8s.stored("services", NS, "ctr-master")
+    assert service["metadata"]["ownerReferences"][0]["uid"] == deployment["metadata"]["uid"]
+    status = pdj["status"]
+    assert (status["phase"], status["mode"]) == ("Pending", "PS")
+    assert status["trainerRange"] == "2..5 (not yet acted on)"
+    assert status["elastic"] == "level 1: not yet acted on"
+    assert "InvalidSpec" not in str(status)
+    assert_operator_rights(k8s)
+
+
+async def test_an_invalid_paddlejob_fails_with_its_reason_and_creates_nothing(k8s_crds, api, config):
+    k8s = k8s_crds
+    async with running_operator(config):
+        await apply(api, paddlejob(name="typo", cleanPolicy="Never"))
+        await k8s.wait_for(lambda: events(k8s, "InvalidSpec"), what="InvalidSpec event")
+        await k8s.wait_for(lambda: (k8s.stored("paddlejobs", NS, "typo").get("status") or {}).get("phase"),
+                           what="status")
+    status = k8s.stored("paddlejobs", NS, "typo")["status"]
+    assert status["phase"] == "Failed" and "did you mean spec.cleanPodPolicy?" in status["message"]
+    assert "did you mean spec.cleanPodPolicy?" in events(k8s, "InvalidSpec")[0]["message"]
+    assert k8s.stored("deployments", NS, "typo-master") is None
+
+
+async def test_the_masters_phase_and_counts_reach_the_status_and_a_deleted_workload_returns(
+        k8s_crds, api, api_client, config):
+    k8s = k8s_crds
+    async with running_operator(config):
+        await apply(api, paddlejob())
+        await k8s.wait_for(lambda: k8s.stored("deployments", NS, "ctr-master"), what="master")
+        # the master's part: its deployer creates the workloads, it writes its phase
+        spec = translate(k8s.stored("paddlejobs", NS, "ctr"), etcd_endpoints=config.etcd_endpoints,
+                         image=config.image).validate()
+        deployer = KubernetesDeployer(spec, api_client=api_client)
+        await deployer.create_pservers()
+        await deployer.create_trainers()
+        k8s.kmock.objects[manifests_key("statefulsets", "ctr-ps")].patch(
+            {"status": {"replicas": 2, "readyReplicas": 2}})
+        k8s.set_job_status(NS, "ctr-trainer", {"active": 3, "ready": 2})
+        play_master(k8s, "ctr", phase="Running")
+
+        def shows_running() -> bool:
+            status = k8s.stored("paddlejobs", NS, "ctr").get("status") or {}
+            return status.get("phase") == "Running" and (status.get("worker") or {}).get("ready") == 2
+
+        await k8s.wait_for(shows_running, what="Running with 2 ready trainers")
+        status = k8s.stored("paddlejobs", NS, "ctr")["status"]
+        assert status["ps"]["summary"] == "2/2" and status["worker"]["summary"] == "2/3"
+        assert {c["type"]: c["status"] for c in status["conditions"]} == {
+            "Created": "True", "Running": "True", "Succeeded": "False", "Failed": "False"}
+        assert status["startTime"]
+        await k8s.wait_for(lambda: events(k8s, "Running"), what="Running event")
+
+        # a role workload deleted by hand comes back, from the master's own deployer code
+        from kubernetes import client
+
+        def job_creates() -> int:
+            return sum(1 for resource, name in k8s.posted() if (resource, name) == ("jobs", "ctr-trainer"))
+
+        await asyncio.to_thread(client.BatchV1Api(api_client).delete_namespaced_job,
+                                "ctr-trainer", NS)
+        await k8s.wait_for(lambda: job_creates() == 2 and k8s.stored("jobs", NS, "ctr-trainer"),
+                           what="Job re-created")
+        await k8s.wait_for(lambda: events(k8s, "WorkloadRecreated"), what="WorkloadRecreated event")
+        job = k8s.stored("jobs", NS, "ctr-trainer")
+        assert job["metadata"]["ownerReferences"][0]["uid"] == \
+            k8s.stored("deployments", NS, "ctr-master")["metadata"]["uid"]
+        assert job["spec"] == manifests.trainer_job(spec, None)["spec"]
+
+        # the end: the phase is mirrored, and nothing the master removed comes back
+        play_master(k8s, "ctr", phase="Succeeded")
+        await asyncio.to_thread(client.BatchV1Api(api_client).delete_namespaced_job,
+                                "ctr-trainer", NS)
+        await k8s.wait_for(lambda: (k8s.stored("paddlejobs", NS, "ctr")["status"].get("phase")
+                                    == "Succeeded"), what="Succeeded")
+        await k8s.wait_for(lambda: k8s.stored("paddlejobs", NS, "ctr")["status"].get("completionTime"),
+                           what="completion time")
+        creates = len(k8s.posted())
+        await asyncio.sleep(1.0)  # five timer rounds: a re-creation would show as a create
+        assert len(k8s.posted()) == creates and k8s.stored("jobs", NS, "ctr-trainer") is None
+    assert_operator_rights(k8s)
+
+
+async def test_deleting_the_paddlejob_removes_everything_and_its_etcd_keys(
+        k8s_crds, api, api_client, kubeconfig, etcd_endpoint):
+    k8s = k8s_crds
+    config = OperatorConfig(kubeconfig=kubeconfig, interval=0.2, etcd_endpoints=etcd_endpoint,
+                            grpc_timeout=0.2, master_address="127.0.0.1:1")
+    from paddlecloud.etcd import connect
+
+    etcd = await connect(etcd_endpoint)
+    key = JobKeys(NS, "gone").prefix + b"epoch"
+    await etcd.put(key, b"1")
+    try:
+        async with running_operator(config):
+            await apply(api, paddlejob(name="gone", intranet="Service"))
+            await k8s.wait_for(lambda: k8s.stored("deployments", NS, "gone-master"), what="master")
+            spec = translate(k8s.stored("paddlejobs", NS, "gone"), etcd_endpoints=etcd_endpoint,
+                             image=config.image).validate()
+            deployer = KubernetesDeployer(spec, api_client=api_client)
+            await deployer.create_pservers()
+            await deployer.create_trainers()
+            uid = k8s.stored("deployments", NS, "gone-master")["metadata"]["uid"]
+            owned = [(r, n) for r, n in k8s.posted() if n and n.startswith("gone-")
+                     and r not in ("deployments", "configmaps")]
+            assert ("services", "gone-ps-1") in owned and ("jobs", "gone-trainer") in owned
+            for resource, name in owned:  # what the garbage collector would remove
+                refs = k8s.stored(resource, NS, name)["metadata"]["ownerReferences"]
+                assert refs[0]["uid"] == uid, (resource, name)
+
+            await asyncio.to_thread(api.delete_namespaced_custom_object, GROUP, VERSION, NS,
+                                    PLURAL, "gone")
+            await k8s.wait_for(lambda: k8s.stored("paddlejobs", NS, "gone") is None,
+                               what="the PaddleJob gone (finalizer released)")
+        for resource, name in [*owned, ("deployments", "gone-master"), ("configmaps", "gone-spec")]:
+            assert k8s.stored(resource, NS, name) is None, (resource, name)
+        deletes = {(r, s) for m, r, s in k8s.requests() if m == "DELETE"}
+        assert {("deployments", None), ("statefulsets", None), ("jobs", None)} <= deletes
+        assert (await etcd.get(key)) is None
+        assert_operator_rights(k8s)
+    finally:
+        await etcd.close()
+
+
+async def test_of_two_operators_only_the_higher_priority_acts_and_the_other_takes_over(
+        k8s_crds, api, api_client, kubeconfig):
+    k8s = k8s_crds
+    k8s.kmock.objects[manifests_key("kopfpeerings", "pdj-test")] = {
+        "apiVersion": "kopf.dev/v1", "kind": "KopfPeering",
+        "metadata": {"name": "pdj-test", "namespace": NS}}
+    from kubernetes import client
+
+    apps = client.AppsV1Api(api_client)
+
+    def config(image: str) -> OperatorConfig:  # the image tells the two operators' work apart
+        return OperatorConfig(kubeconfig=kubeconfig, interval=0.2, clear_etcd=False, image=image,
+                              grpc_timeout=0.2, master_address="127.0.0.1:1")
+
+    def peers() -> int:
+        return len(k8s.stored("kopfpeerings", NS, "pdj-test").get("status") or {})
+
+    def master_image() -> str | None:
+        deployment = k8s.stored("deployments", NS, "solo-master")
+        return deployment and deployment["spec"]["template"]["spec"]["containers"][0]["image"]
+
+    def created_images() -> list[str]:
+        return [c["image"] for r in list(k8s.kmock)
+                if str(r.method.value).upper() == "POST" and r.resource
+                and r.resource.plural == "deployments"
+                for c in r.data["spec"]["template"]["spec"]["containers"]]
+
+    async def delete_master() -> None:
+        await asyncio.to_thread(apps.delete_namespaced_deployment, "solo-master", NS)
+
+    await apply(api, paddlejob(name="solo"))
+    async with contextlib.AsyncExitStack() as low_stack:
+        async with running_operator(config("reg/high:1"), "--peering", "pdj-test",
+                                    "--priority", "200"):
+            await k8s.wait_for(lambda: peers() == 1, what="the first operator in the peering")
+            await k8s.wait_for(lambda: master_image() == "reg/high:1", what="master by high")
+            await low_stack.enter_async_context(running_operator(
+                config("reg/low:1"), "--peering", "pdj-test", "--priority", "100"))
+            await k8s.wait_for(lambda: peers() == 2, what="both operators in the peering")
+            # while both run, only the higher priority acts: it re-creates a deleted master
+            await delete_master()
+            await k8s.wait_for(lambda: master_image() == "reg/high:1", what="master again, by high")
+            await asyncio.sleep(1.0)  # five timer rounds of the lower one, were it acting
+            assert "reg/low:1" not in created_images()
+        # the higher one is gone (it left the peering): the lower one takes over
+        await k8s.wait_for(lambda: peers() == 1, what="the first operator out of the peering")
+        await delete_master()
+        await k8s.wait_for(lambda: master_image() == "reg/low:1", what="master by low")
+        # an Event for each creation of the master: the first, and one per re-creation (by the
+        # timer, MasterRecreated, or by the lower operator's resume handler, Created)
+        await k8s.wait_for(lambda: len(events(k8s, "MasterRecreated")) + len(events(k8s, "Created"))
+                           >= 3, what="an Event for each creation of the master")
+    assert_operator_rights(k8s)
+
+
+def test_the_operator_manifest_is_strictly_valid_and_least_privilege():
+    import kubernetes_validate
+
+    docs = [d for d in yaml.safe_load_all((REPO / "deploy/operator.yaml").read_text()) if d]
+    for doc in docs:
+        if doc["kind"] == "KopfPeering":  # its CRD is in the same file
+            continue
+        for version in ("1.28", kubernetes_validate.latest_version()):
+            kubernetes_validate.validate(doc, version, strict=True)
+    kinds = [d["kind"] for d in docs]
+    assert "ClusterRole" not in kinds and "ClusterRoleBinding" not in kinds
+    assert all(verb not in {"*", "deletecollection", "escalate", "bind", "impersonate"}
+               for _, _, verb in operator_rules())
+    assert not any(resource in {"secrets", "pods", "roles", "rolebindings"}
+                   for _, resource, _ in operator_rules())
+    deployment = next(d for d in docs if d["kind"] == "Deployment")
+    assert deployment["spec"]["replicas"] == 2
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--peering=paddlecloud-operator" in args
+    peering = next(d for d in docs if d["kind"] == "KopfPeering")
+    assert peering["metadata"]["name"] == "paddlecloud-operator"
+
+
+def test_the_operator_command_needs_a_scope():
+    from click.testing import CliRunner
+
+    from paddlecloud.cli import main
+
+    result = CliRunner().invoke(main, ["operator"])
+    assert result.exit_code == 2 and "--namespace NS" in result.output
+    result = CliRunner().invoke(main, ["operator", "-n", "ml", "-A"])
+    assert result.exit_code == 2 and "--all-namespaces" in result.output
+    result = CliRunner().invoke(main, ["operator", "-n", "ml", "--interval", "-1s"])
+    assert result.exit_code == 2 and "'-1s'" in result.output
+
+
+async def test_epoch_progress_comes_from_the_masters_get_status(
+        k8s_crds, api, kubeconfig, start_master, tmp_path):
+    """A real master (real etcd, real gRPC) answers GetStatus; the operator shows its epochs."""
+    from masters import wait_serving
+
+    k8s = k8s_crds
+    data = tmp_path / "train.csv"
+    data.write_text("".join(f"{i},{i * 2}\n" for i in range(100)))
+    name = f"epochs-{uuid.uuid4().hex[:6]}"
+    master = start_master("--namespace", NS, "--input", str(data), "--epochs", "3", job=name)
+    await wait_serving(master.address, process=master)
+    config = OperatorConfig(kubeconfig=kubeconfig, interval=0.2, clear_etcd=False,
+                            master_address=master.address)
+    async with running_operator(config):
+        await apply(api, paddlejob(name=name))
+        await k8s.wait_for(lambda: (k8s.stored("paddlejobs", NS, name).get("status") or {}).get("epoch"),
+                           what="the epoch in the status")
+    status = k8s.stored("paddlejobs", NS, name)["status"]
+    assert status["epoch"] == "0/3"  # no trainer has finished a task yet
+    # the master's phase wins over a stale annotation once the master answers
+    assert status["phase"] in ("Pending", "Starting", "Running")
+
+
+def test_conditions_move_their_transition_time_only_when_they_change():
+    from pdj_operator.status import conditions
+
+    first = conditions("Running", now="t1")
+    assert {c["type"]: c["status"] for c in first} == {
+        "Created": "True", "Running": "True", "Succeeded": "False", "Failed": "False"}
+    same = conditions("Running", now="t2", previous=first)
+    assert [c["lastTransitionTime"] for c in same] == ["t1"] * 4
+    done = {c["type"]: c for c in conditions("Succeeded", now="t3", previous=same)}
+    assert (done["Running"]["status"], done["Running"]["lastTransitionTime"]) == ("False", "t3")
+    assert (done["Succeeded"]["status"], done["Succeeded"]["lastTransitionTime"]) == ("True", "t3")
+    assert (done["Failed"]["lastTransitionTime"], done["Created"]["lastTransitionTime"]) == ("t1", "t1")
+
+
+@pytest.mark.parametrize("phase, current, total, shown", [
+    ("Running", 1, 3, "1/3"), ("Succeeded", 2, 3, "3/3"), ("Running", 0, 0, None)])
+def test_epoch_progress_counts_the_epochs_done(phase, current, total, shown):
+    from pdj_operator.status import MasterView, epoch_progress
+
+    view = MasterView(phase=phase, current_epoch=current, num_epochs=total, has_dataset=True)
+    assert epoch_progress(view) == shown
+    assert epoch_progress(MasterView(phase=phase, current_epoch=current, num_epochs=total,
+                                     has_dataset=False)) is None
