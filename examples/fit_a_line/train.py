@@ -28,6 +28,7 @@ import numpy as np  # noqa: E402
 import paddle  # noqa: E402
 import paddle.distributed as dist  # noqa: E402
 
+from paddlecloud.checkpoints import checkpoints_dir  # noqa: E402
 from trainer_agent.checkpoint import TrainStatus  # noqa: E402
 from trainer_agent.paddle import (  # noqa: E402
     MasterDataset,
@@ -86,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     model = paddle.nn.Linear(FEATURES, 1)
     optimizer = paddle.optimizer.Momentum(learning_rate=args.lr, momentum=args.momentum,
                                           parameters=model.parameters())
-    checkpoints = os.path.join(args.output, "checkpoints")
+    checkpoints = checkpoints_dir(args.output)
     # Every trainer loads the same checkpoint; the master was started at its
     # TrainStatus.next() by the launcher (--start-epoch, or RestartEpoch when a
     # collective group restarts), so no epoch before it is fed again.

@@ -35,6 +35,7 @@ import grpc
 from paddlecloud import checkpoints, etcd
 from paddlecloud.api import pb, pb_grpc
 from paddlecloud.etcd_server import EtcdServer, free_port
+from paddlecloud.exits import signal_exit_code
 from paddlecloud.keys import JobKeys, prefix_range_end
 from paddlecloud.local.children import Child
 from paddlecloud.local.deployer import JobFailed, LocalDeployer, launcher_command
@@ -236,7 +237,7 @@ class LocalJob:
         if keeper in done:
             keeper.result()  # raises why the masters cannot go on
         self._event(f"stopping on {signal.Signals(self.stop_signal).name}" if self.stop_signal else "stopping")
-        return 128 + (self.stop_signal or signal.SIGTERM)
+        return signal_exit_code(self.stop_signal or signal.SIGTERM)
 
     async def _keep_masters(self) -> None:
         """Polls the masters' status and starts a dead master again; runs until cancelled."""
