@@ -110,7 +110,7 @@ class EpochModel(BaseModel):
 
 class TrainerModel(BaseModel):
     trainer: str
-    session: int | None = Field(None, description="operators only")
+    session: str | None = Field(None, description="operators only; a string: 64-bit ids lose digits as JS numbers")
     session_age_s: float = Field(description="since this master first saw the session (to a second)")
     tasks: list[int]
     since_last_call_s: float = Field(description="since the trainer's last call (a keep-alive or a report)")
@@ -327,7 +327,7 @@ class StatusPage:
         now = time.monotonic()
         rec = self.recorder
         trainers = [
-            TrainerModel(trainer=t.trainer, session=t.session if operator else None,
+            TrainerModel(trainer=t.trainer, session=str(t.session) if operator else None,
                          session_age_s=round(now - rec.first_seen.get(t.session, now), 1),
                          tasks=t.tasks, since_last_call_s=round(t.since_last_call, 1),
                          restarts=rec.restarts.get(t.trainer, 0))
