@@ -53,6 +53,7 @@ ROLES = (OPERATOR, VIEWER, TRAINER)
 # What needs no token: the page's shell and code, and the schema (no job data in them).
 PUBLIC_PATHS = ("/", "/api/schema")
 PUBLIC_PREFIXES = ("/static/",)
+ROLE = web.RequestKey("role", str)  # the caller's role, as `authorize` decided it
 
 
 # ---- authorization ------------------------------------------------------------------------
@@ -254,7 +255,7 @@ class StatusPage:
     def app(self) -> web.Application:
         @web.middleware
         async def guard(request: web.Request, handler):
-            request["role"] = authorize(request, tokens=self.tokens)
+            request[ROLE] = authorize(request, tokens=self.tokens)
             return await handler(request)
 
         app = web.Application(middlewares=[guard])
@@ -312,7 +313,7 @@ class StatusPage:
         return _json(self.recorder.series())
 
     async def _job(self, request: web.Request) -> web.Response:
-        return _json(await self.job_model(operator=request["role"] == OPERATOR))
+        return _json(await self.job_model(operator=request[ROLE] == OPERATOR))
 
     async def job_model(self, *, operator: bool) -> JobModel:
         """The page's job panel, as this master knows it now."""
