@@ -76,3 +76,26 @@ def test_the_page_follows_a_local_job_to_its_end(tmp_path, run_job, job_name):
         assert page.evaluate("window.renders") > renders
         assert page.evaluate("performance.getEntriesByType('navigation').length") == 1
     assert run.wait(timeout=120) == 0, run.text()
+
+
+@pytest.mark.timeout(180)
+def test_a_failed_job_shows_why_at_the_top_and_its_tasks_reasons_escaped(tmp_path, run_job):
+    require_browser()
+    data = tmp_path / "data"
+    data.mkdir()
+    for f in range(2):  # every record poisoned, with markup in it: each task fails every attempt
+        (data / f"part-{f}.csv").write_text(
+            "".join(f"<img src=x onerror=injected=1><b>{f}{i}</b>POISON\n" for i in range(3)))
+    run = run_job("--module", STUB, "--input", str(data), "--restart", "trainer")
+    url = wait_until(lambda: re.search(r"status page of master 0: (http://\S+)", run.text()),
+                     timeout=60, message="no status page URL printed", details=run.text).group(1)
+    with chromium_page() as page:
+        page.goto(url)
+        page.get_by_test_id("phase").filter(has_text="Failed").wait_for(timeout=PAGE_WAIT_MS)
+        banner = page.locator("#failure")
+        assert banner.is_visible() and "every task of epoch 0 failed" in banner.inner_text()
+        reasons = page.locator("#failed-tasks td.reasons").first.inner_text()
+        assert "poisoned record" in reasons and "<img src=x onerror=injected=1><b>" in reasons  # as text
+        assert page.locator("#failed-tasks b, #failed-tasks img").count() == 0
+        assert page.evaluate("window.injected === undefined")
+    assert run.wait(timeout=120) == 1, run.text()
