@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -32,6 +33,22 @@ def run_job(tmp_path, job_name):
         run.stop()
 
 
+def page_url(run: LocalRun) -> str:
+    """The URL the CLI printed, once the master listens there (it prints it as it starts it)."""
+    url = wait_until(lambda: re.search(r"status page of master 0: (http://\S+)", run.text()),
+                     timeout=60, message="no status page URL printed", details=run.text).group(1)
+
+    def answers() -> bool:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as reply:
+                return reply.status == 200
+        except OSError:
+            return False
+
+    wait_until(answers, timeout=60, message=f"nothing answers at {url}", details=run.text)
+    return url
+
+
 def number(page, testid: str) -> float:
     return float(page.get_by_test_id(testid).inner_text())
 
@@ -43,8 +60,7 @@ def test_the_page_follows_a_local_job_to_its_end(tmp_path, run_job, job_name):
     run = run_job("--module", STUB, "--input", str(tmp_path / "data"), "--trainers", "2",
                   "--epochs", "2", "--chunk-bytes", "300", "--restart", "trainer",
                   "--session-ttl", "2s", "--", "--delay", "0.04")
-    url = wait_until(lambda: re.search(r"status page of master 0: (http://\S+)", run.text()),
-                     timeout=60, message="no status page URL printed", details=run.text).group(1)
+    url = page_url(run)
     with chromium_page() as page:
         page.goto(url)
         page.get_by_test_id("phase").filter(has_text="Running").wait_for(timeout=PAGE_WAIT_MS)
@@ -87,8 +103,7 @@ def test_a_failed_job_shows_why_at_the_top_and_its_tasks_reasons_escaped(tmp_pat
         (data / f"part-{f}.csv").write_text(
             "".join(f"<img src=x onerror=injected=1><b>{f}{i}</b>POISON\n" for i in range(3)))
     run = run_job("--module", STUB, "--input", str(data), "--restart", "trainer")
-    url = wait_until(lambda: re.search(r"status page of master 0: (http://\S+)", run.text()),
-                     timeout=60, message="no status page URL printed", details=run.text).group(1)
+    url = page_url(run)
     with chromium_page() as page:
         page.goto(url)
         page.get_by_test_id("phase").filter(has_text="Failed").wait_for(timeout=PAGE_WAIT_MS)
