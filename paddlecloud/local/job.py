@@ -88,6 +88,7 @@ class Progress:
     requeued: int = 0
     restarts: int = 0
     leader: str = ""
+    page: str = ""          # the first master's status page
     events: list[str] = field(default_factory=list)
 
 
@@ -201,6 +202,7 @@ class LocalJob:
             await child.start()
             self.masters.append(child)
             self.page_urls.append(f"http://127.0.0.1:{page_port}/")
+            self.progress.page = self.progress.page or self.page_urls[-1]
             self._event(f"status page of {child.name}: {self.page_urls[-1]}"
                         + (" (the leader's shows the job)" if s.masters > 1 else ""))
 
