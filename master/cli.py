@@ -39,7 +39,7 @@ from paddlecloud.clitypes import DURATION, NON_NEGATIVE, SIZE
 @click.option("--max-task-failures", type=NON_NEGATIVE, default=3, show_default=True)
 @click.option("--max-tasks-per-trainer", type=click.IntRange(min=1), default=2, show_default=True)
 @click.option("--metrics-port", type=click.IntRange(1, 65535), default=None,
-              help="Serve Prometheus metrics on this port.")
+              help="Serve the status page, its JSON and Prometheus metrics on this port (on --host).")
 @click.option("--deployer", type=click.Choice(["none", "kubernetes"]), default="none", show_default=True,
               help="kubernetes: the leader creates the job's pservers and trainers (needs --job-spec).")
 @click.option("--job-spec", type=click.Path(exists=True, dir_okay=False),

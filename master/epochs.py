@@ -74,5 +74,6 @@ class Epochs:
         # Exclusive: no call may be in flight while every assignment is dropped.
         async with core.exclusive():
             await core.commit(EpochRestarted(epoch))  # sessions stay; their assignments go
+            metrics.EPOCH_RESTARTS.inc()
             logger.info("epoch %d restarted", epoch)
             return epoch

@@ -139,3 +139,94 @@ def list_trainers(d: Dispatcher, *, page_size: int, page_token: str) -> tuple[li
         held = state.held_by(session) if state else []
         views.append(TrainerView(trainer, session, held, now - info.last_call))
     return views, (ids[size - 1] if len(ids) > size else "")
+
+
+# ---- views of the status page (`master.web`) ---------------------------------------------
+
+
+@dataclass(frozen=True)
+class EpochBar:
+    """One epoch's tasks. Past epochs keep no counts (their marks are deleted at their end):
+    they show as complete, every task done."""
+
+    epoch: int
+    stage: str  # "complete", "current" or "future"
+    done: int
+    pending: int
+    todo: int
+    failed: int
+
+
+@dataclass(frozen=True)
+class TaskFailures:
+    task: int
+    status: TaskStatus
+    failures: int
+
+
+def epoch_bars(d: Dispatcher) -> list[EpochBar]:
+    """A bar per epoch of the job, in order; none before the job has a dataset."""
+    state = d.core.state
+    if state is None:
+        return []
+    c = state.counts
+    n = state.num_tasks
+    bars = []
+    for epoch in range(state.num_epochs):
+        if epoch < state.epoch:
+            bars.append(EpochBar(epoch, "complete", n, 0, 0, 0))
+        elif epoch == state.epoch:
+            bars.append(EpochBar(epoch, "current", c[TaskStatus.DONE],
+                                 c[TaskStatus.PENDING] + c[TaskStatus.RESERVED], c[TaskStatus.TODO],
+                                 c[TaskStatus.FAILED]))
+        else:
+            bars.append(EpochBar(epoch, "future", 0, 0, n, 0))
+    return bars
+
+
+def all_trainers(d: Dispatcher) -> list[TrainerView]:
+    """Every live session, in trainer-id order (`list_trainers` without pages)."""
+    now = time.monotonic()
+    sessions, state = d.core.sessions, d.core.state
+    views = []
+    for trainer in sorted(sessions.by_trainer):
+        session = sessions.by_trainer[trainer]
+        info = sessions.by_session[session]
+        views.append(TrainerView(trainer, session, state.held_by(session) if state else [],
+                                 now - info.last_call))
+    return views
+
+
+def failed_tasks(d: Dispatcher, *, limit: int) -> list[int]:
+    """Up to `limit` tasks of the current epoch that failed for good, in id order."""
+    state = d.core.state
+    if state is None or not state.counts[TaskStatus.FAILED]:
+        return []
+    failed = TaskStatus.FAILED.value
+    return [task for task, status in enumerate(state.status) if status == failed][:limit]
+
+
+def task_failures(d: Dispatcher, tasks: list[int]) -> list[TaskFailures]:
+    """The current epoch's status and failure count of each task named (unknown ids skipped)."""
+    state = d.core.state
+    if state is None:
+        return []
+    statuses, failures = state.status, state.failures
+    found = []
+    for task in tasks:
+        if 0 <= task < state.num_tasks:
+            raw = TaskStatus(statuses[task])
+            found.append(TaskFailures(task, TaskStatus.PENDING if raw is TaskStatus.RESERVED else raw,
+                                      failures[task]))
+    return found
+
+
+def failure_reason(d: Dispatcher) -> str:
+    """Why the job failed, as far as this master knows; "" when it did not."""
+    state = d.core.state
+    if state is not None and state.failed_job:
+        return (f"every task of epoch {state.epoch} failed "
+                f"(each after {d.core.policy.max_task_failures} failures)")
+    if d.deployment.phase_override is Phase.FAILED or d.loaded_phase is Phase.FAILED:
+        return "the job's deployment failed (the master's log and its Deployment's annotations say why)"
+    return ""

@@ -1,15 +1,22 @@
-"""Prometheus metrics of the master (`--metrics-port`).
+"""Prometheus metrics of the master, and the recent reasons of failed tasks.
 
 Counters and histograms are updated where things happen; the gauges of task
 counts, epoch and sessions are read from the live state at scrape time, so the
-hot path pays nothing for them.
+hot path pays nothing for them. They are served as `/metrics` on the master's
+HTTP port (`master.web`), whose status page also samples the counters.
+
+`FAILURE_REASONS` keeps the last reasons a trainer gave for each failed task, in
+bounded memory (the oldest task's entry goes first): what this does NOT do is keep
+them across a master's restart or failover (the master's log has them all).
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict, deque
 from collections.abc import Callable
+from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -32,6 +39,8 @@ BATCH_SIZE = Histogram("paddlecloud_master_etcd_batch_writes",
 LEASE_REFRESHES = Counter("paddlecloud_master_lease_refreshes",
                           "Trainer leases refreshed in etcd (KeepAlive, or piggybacked on a call)",
                           registry=REGISTRY)
+EPOCH_RESTARTS = Counter("paddlecloud_master_epoch_restarts",
+                         "RestartEpoch calls (a collective group's restart)", registry=REGISTRY)
 
 
 class StateCollector(Collector):
@@ -54,6 +63,61 @@ class StateCollector(Collector):
                                 value=1 if numbers else 0)
 
 
-def serve(port: int, read: Callable[[], dict | None]) -> None:
+def collect_state(read: Callable[[], dict | None]) -> None:
+    """Adds the live gauges (read at scrape time) to the registry; once per process."""
     REGISTRY.register(StateCollector(read))
-    start_http_server(port, registry=REGISTRY)
+
+
+def exposition() -> bytes:
+    """The Prometheus text of every metric (what `/metrics` answers)."""
+    return generate_latest(REGISTRY)
+
+
+def counter_values(counter: Counter) -> dict[str, float]:
+    """A counter's totals by its one label's value ("" for an unlabelled counter)."""
+    values: dict[str, float] = {}
+    for family in counter.collect():
+        for sample in family.samples:
+            if sample.name.endswith("_total"):
+                label = next(iter(sample.labels.values()), "")
+                values[label] = sample.value
+    return values
+
+
+@dataclass(frozen=True)
+class FailureReason:
+    epoch: int
+    attempt: int
+    trainer: str
+    reason: str
+    at: float  # seconds since the epoch (wall clock)
+
+
+class FailureReasons:
+    """The last `per_task` reasons of at most `tasks` failed tasks (the least recent goes first)."""
+
+    def __init__(self, *, per_task: int = 5, tasks: int = 1000, reason_chars: int = 500) -> None:
+        self.per_task = per_task
+        self.tasks = tasks
+        self.reason_chars = reason_chars
+        self._by_task: OrderedDict[int, deque[FailureReason]] = OrderedDict()
+
+    def record(self, task: int, *, epoch: int, attempt: int, trainer: str, reason: str,
+               at: float) -> None:
+        ring = self._by_task.pop(task, None) or deque(maxlen=self.per_task)
+        if len(reason) > self.reason_chars:
+            reason = reason[:self.reason_chars] + "..."
+        ring.append(FailureReason(epoch, attempt, trainer, reason, at))
+        self._by_task[task] = ring
+        while len(self._by_task) > self.tasks:
+            self._by_task.popitem(last=False)
+
+    def of(self, task: int) -> list[FailureReason]:
+        return list(self._by_task.get(task, ()))
+
+    def tasks_seen(self) -> list[int]:
+        """The tasks with reasons kept, the most recent failure last."""
+        return list(self._by_task)
+
+
+FAILURE_REASONS = FailureReasons()

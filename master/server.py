@@ -31,6 +31,7 @@ from master.config import MasterConfig, SpecError
 from master.dispatcher import Dispatcher
 from master.servicer import MasterServicer
 from master.store import NotLeader, StoreUnavailable
+from master.web import StatusPage
 from paddlecloud import etcd
 from paddlecloud.api import SERVICE_NAME, pb_grpc
 from paddlecloud.keys import JobKeys
@@ -203,9 +204,21 @@ async def serve(config: MasterConfig) -> int:
         await client.close()
         return 1
     await server.start()
+    page = None
     if config.metrics_port:
-        metrics.serve(config.metrics_port,
-                      lambda: inspection.metrics_snapshot(node.dispatcher) if node.dispatcher else None)
+        metrics.collect_state(
+            lambda: inspection.metrics_snapshot(node.dispatcher) if node.dispatcher else None)
+        page = StatusPage(job=config.job, namespace=config.namespace, advertise=node.advertise,
+                          dispatcher=lambda: node.dispatcher, leader_hint=lambda: node.leader_hint)
+        try:
+            await page.start(host=config.host, port=config.metrics_port)
+        except OSError as error:
+            logger.error("cannot serve the status page on %s:%d: %s", config.host,
+                         config.metrics_port, error)
+            await server.stop(grace=None)
+            await client.close()
+            return 1
+        logger.info("status page and /metrics at http://%s:%d/", config.host, page.port)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, node.stopping.set)
@@ -214,6 +227,8 @@ async def serve(config: MasterConfig) -> int:
     try:
         await node.run()
     finally:
+        if page is not None:
+            await page.stop()
         await server.stop(grace=1)
         await client.close()
     if isinstance(node.fatal, SpecError):

@@ -196,6 +196,8 @@ class Tasks:
                 metrics.STALE_REPORTS.labels("failed").inc()
                 return False
             logger.info("task %d (epoch %d, attempt %d) failed: %s", ref.task, ref.epoch, ref.attempt, reason)
+            metrics.FAILURE_REASONS.record(ref.task, epoch=ref.epoch, attempt=ref.attempt, reason=reason,
+                                           trainer=state.assignment(ref.task).trainer, at=time.time())
             return await self._fail(state, ref, cause="failure")
 
     async def return_task(self, session: int, ref: TaskRef) -> bool:

@@ -365,6 +365,15 @@ def fetch_master_status(address: str, *, timeout: float) -> Any:
         return pb_grpc.MasterStub(channel).GetStatus(pb.GetStatusRequest(), timeout=timeout)
 
 
+def status_page_instructions(name: str, namespace: str, *, local_port: int) -> str:
+    """How to reach a Kubernetes job's status page: its master Service's page port, forwarded."""
+    return (f"the status page of job {name} is served by its leading master on port "
+            f"{manifests.METRICS_PORT}; from outside the cluster run\n"
+            f"  kubectl -n {namespace} port-forward svc/{manifests.master_name(name)} "
+            f"{local_port}:{manifests.METRICS_PORT}\n"
+            f"and open http://127.0.0.1:{local_port}/")
+
+
 @job.command("status")
 @click.argument("name")
 @_namespace_option()
@@ -372,10 +381,17 @@ def fetch_master_status(address: str, *, timeout: float) -> Any:
               help="The master's gRPC address (default: its Service, NAME-master.NS.svc:8080).")
 @click.option("--timeout", type=float, default=3.0, show_default=True,
               help="Seconds to wait for the master.")
+@click.option("--web", is_flag=True,
+              help="Print how to open the job's status page: a kubectl port-forward and its URL.")
+@click.option("--local-port", type=click.IntRange(1, 65535), default=manifests.METRICS_PORT,
+              show_default=True, help="With --web: the local end of the port-forward.")
 @_kubeconfig_option
 def status_command(name: str, namespace: str, master_address: str | None, timeout: float,
-                   kubeconfig: str | None) -> None:
-    """Phase, pods per role, and the master's progress of job NAME."""
+                   web: bool, local_port: int, kubeconfig: str | None) -> None:
+    """Phase, pods per role, and the master's progress of job NAME.
+
+    With --web, the commands that open the job's status page from outside the
+    cluster (this CLI does not hold a port-forward open itself)."""
     import grpc
     from rich.console import Console
     from rich.progress_bar import ProgressBar
@@ -387,6 +403,9 @@ def status_command(name: str, namespace: str, master_address: str | None, timeou
                       resource="deployments")
     if deployment is None:
         raise _fail(f"job {name} not found in namespace {namespace}")
+    if web:
+        click.echo(status_page_instructions(name, namespace, local_port=local_port))
+        return
     pods = _call(core.list_namespaced_pod, namespace, label_selector=manifests.label_selector(name),
                  verb="list", resource="pods", namespace=namespace)
     counts = pod_counts(pods.items or [], name)

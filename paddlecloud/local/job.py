@@ -48,6 +48,7 @@ logger = logging.getLogger(__name__)
 NAMESPACE = "local"
 TRAINERS_EXITED_GRACE = 5.0  # seconds the master's phase may lag the trainers' exit
 POLL_INTERVAL = 0.5          # seconds between two looks at the master and the children
+PAGE_LINGER = 2.0            # seconds the masters serve their status page after the job's end
 
 
 @dataclass(frozen=True)
@@ -88,6 +89,7 @@ class Progress:
     requeued: int = 0
     restarts: int = 0
     leader: str = ""
+    page: str = ""          # the first master's status page
     events: list[str] = field(default_factory=list)
 
 
@@ -119,6 +121,7 @@ class LocalJob:
         self._master_restarts = 0
         self._etcd_dir: str | None = None
         self._channels: dict[str, grpc.aio.Channel] = {}
+        self.page_urls: list[str] = []   # each master's status page (its --metrics-port)
 
     @property
     def trainers(self) -> list[Child]:
@@ -190,15 +193,19 @@ class LocalJob:
     async def _start_masters(self) -> None:
         s = self.spec
         for index in range(s.masters):
-            port = free_port()
+            port, page_port = free_port(), free_port()
             command = [sys.executable, "-m", "paddlecloud", "master", *master_flags(
                 job=s.job, namespace=NAMESPACE, etcd_endpoints=self.etcd_endpoint, host="127.0.0.1",
                 port=port, advertise=f"127.0.0.1:{port}", session_ttl=s.session_ttl,
                 election_ttl=s.election_ttl, start_epoch=s.start_epoch, inputs=s.inputs,
-                epochs=s.epochs, extra=s.master_args)]
+                epochs=s.epochs, metrics_port=page_port, extra=s.master_args)]
             child = self._child("master", index, command, self._env(master=True))
             await child.start()
             self.masters.append(child)
+            self.page_urls.append(f"http://127.0.0.1:{page_port}/")
+            self.progress.page = self.progress.page or self.page_urls[-1]
+            self._event(f"status page of {child.name}: {self.page_urls[-1]}"
+                        + (" (the leader's shows the job)" if s.masters > 1 else ""))
 
     def _user_command(self, module: str | None = None, args: tuple[str, ...] | None = None) -> list[str]:
         """`python -m MODULE ARGS`, with the user's package path first on its PYTHONPATH.
@@ -233,6 +240,8 @@ class LocalJob:
                 task.cancel()
             await asyncio.gather(job, keeper, stop, return_exceptions=True)
         if job in done:
+            # The masters outlive the end by a page refresh, so an open status page shows it.
+            await asyncio.sleep(PAGE_LINGER)
             return 0 if job.result().phase == Phase.SUCCEEDED else 1
         if keeper in done:
             keeper.result()  # raises why the masters cannot go on

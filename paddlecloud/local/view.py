@@ -1,7 +1,7 @@
 """What `paddlecloud local train` shows: children's log lines, prefixed, and a live progress panel.
 
-On a terminal the panel (epoch, tasks done/total, trainers alive, re-queues) stays
-at the bottom and log lines scroll above it; elsewhere (CI, a pipe) a plain
+On a terminal the panel (epoch, tasks done/total, trainers alive, re-queues, and
+the status page's URL) stays at the bottom and log lines scroll above it; elsewhere (CI, a pipe) a plain
 progress line is printed whenever the numbers change, at most every two seconds.
 """
 
@@ -66,4 +66,6 @@ class ConsoleView:
                       f"tasks {p.done}/{p.num_tasks}", f"trainers alive {p.trainers_alive}",
                       f"re-queued {p.requeued}", f"restarts {p.restarts}")
         bar = ProgressBar(total=max(p.num_tasks, 1), completed=p.done, width=60)
+        if p.page:
+            return Group(table, Text(f"status page: {p.page}", style="dim"), bar)
         return Group(table, bar)

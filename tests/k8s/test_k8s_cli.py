@@ -266,3 +266,14 @@ def test_the_job_group_is_a_paddlecloud_subcommand():
     assert result.exit_code == 0
     for command in ("submit", "list", "status", "logs", "delete"):
         assert command in result.output
+
+
+async def test_status_web_prints_the_port_forward_to_the_status_page(k8s, kubeconfig):
+    assert (await run(*submit_args("webbed", kubeconfig))).exit_code == 0
+    result = await run("status", "webbed", "-n", "ml", "--kubeconfig", kubeconfig, "--web",
+                       "--local-port", "18080")
+    assert result.exit_code == 0, result.output
+    assert "kubectl -n ml port-forward svc/webbed-master 18080:9090" in result.output
+    assert "http://127.0.0.1:18080/" in result.output
+    missing = await run("status", "ghost", "-n", "ml", "--kubeconfig", kubeconfig, "--web")
+    assert missing.exit_code == 1 and "job ghost not found in namespace ml" in missing.output

@@ -1,0 +1,358 @@
+"""The master's HTTP port: its job's status page at `/`, the page's JSON under `/api/`,
+and Prometheus' `/metrics` (DESIGN §11).
+
+One aiohttp application on the master's own event loop. Handlers read the job
+only through `master.inspection`'s read-only views and answer from memory (one
+etcd read, the pservers, per `/api/job`), so a page open in a browser costs the
+loop a few milliseconds a second. A `Recorder`, a background task owned by the
+`StatusPage` (named, cancelled on `stop()`), samples the master's counters every
+second into ring buffers of an hour: the page's plots.
+
+Every request passes `authorize()`, the one place a caller's access is decided
+(a bearer token in the `Authorization` header, or `?token=` which the page keeps
+in sessionStorage). With no tokens configured — today, until the security issue's
+token file is wired in — every caller is an operator. A viewer sees no session ids.
+
+Until the Job Server exists, `/` is this master's own job only; the page is laid
+out so that a jobs list can take its place above the job's panel.
+
+What this does NOT do: keep the time series across a restart or failover of the
+master (they start with its term of leadership), or count a trainer restarted
+twice within one sampling second as more than one restart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import importlib.resources
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Literal
+
+from aiohttp import web
+from pydantic import BaseModel, Field
+
+from master import inspection, metrics
+
+if TYPE_CHECKING:
+    from master.dispatcher import Dispatcher
+
+logger = logging.getLogger(__name__)
+
+SAMPLE_PERIOD = 1.0        # seconds between two samples of the counters
+HISTORY = 3600             # samples kept: an hour
+FAILED_TASKS_SHOWN = 100   # failed tasks listed on the page at most
+CAUSES = ("expiry", "leave", "superseded", "failure", "deadline", "return")
+
+OPERATOR, VIEWER, TRAINER = "operator", "viewer", "trainer"
+ROLES = (OPERATOR, VIEWER, TRAINER)
+# What needs no token: the page's shell and code, and the schema (no job data in them).
+PUBLIC_PATHS = ("/", "/api/schema")
+PUBLIC_PREFIXES = ("/static/",)
+ROLE = web.RequestKey("role", str)  # the caller's role, as `authorize` decided it
+
+
+# ---- authorization ------------------------------------------------------------------------
+
+
+def token_of(request: web.Request) -> str | None:
+    """The caller's bearer token: the `Authorization` header's, else the `token` query parameter."""
+    header = request.headers.get("Authorization", "")
+    if header:
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            raise web.HTTPUnauthorized(text="the Authorization header must be 'Bearer <token>'")
+        return token.strip()
+    return request.query.get("token") or None
+
+
+def authorize(request: web.Request, *, tokens: Mapping[str, str]) -> str:
+    """The caller's role for this request, or an HTTP error: the one decision of access.
+
+    `tokens` maps a token to its role; empty, everyone is an operator (a master
+    without tokens is for loopback or explicitly insecure use). The page's shell,
+    code and schema are open; its data needs a viewer or an operator.
+    """
+    path = request.path
+    public = path in PUBLIC_PATHS or path.startswith(PUBLIC_PREFIXES)
+    if not tokens:
+        return OPERATOR
+    token = token_of(request)
+    role = None
+    if token is not None:
+        for known, known_role in tokens.items():
+            if hmac.compare_digest(known.encode(), token.encode()):
+                role = known_role
+    if public:
+        return role or VIEWER
+    if role is None:
+        raise web.HTTPUnauthorized(text="a viewer's or an operator's token is needed",
+                                   headers={"WWW-Authenticate": "Bearer"})
+    if role not in (OPERATOR, VIEWER):
+        raise web.HTTPForbidden(text=f"a {role}'s token does not open the status page")
+    return role
+
+
+# ---- the page's JSON: its models are its schema ---------------------------------------------
+
+
+class EpochModel(BaseModel):
+    epoch: int
+    stage: Literal["complete", "current", "future"]
+    done: int
+    pending: int
+    todo: int
+    failed: int
+
+
+class TrainerModel(BaseModel):
+    trainer: str
+    session: str | None = Field(None, description="operators only; a string: 64-bit ids lose digits as JS numbers")
+    session_age_s: float = Field(description="since this master first saw the session (to a second)")
+    tasks: list[int]
+    since_last_call_s: float = Field(description="since the trainer's last call (a keep-alive or a report)")
+    restarts: int = Field(description="new sessions of this trainer id seen by this master")
+
+
+class ReasonModel(BaseModel):
+    epoch: int
+    attempt: int
+    trainer: str
+    reason: str
+    at: float
+
+
+class FailedTaskModel(BaseModel):
+    task: int
+    status: Literal["todo", "pending", "done", "failed"]
+    failures: int
+    reasons: list[ReasonModel]
+
+
+class JobModel(BaseModel):
+    job: str
+    namespace: str
+    this_master: str
+    role: Literal["leader", "standby"]
+    leader: str
+    phase: str
+    failure_reason: str = ""
+    epoch: int = 0
+    num_epochs: int = 0
+    num_tasks: int = 0
+    counts: dict[str, int] = Field(default_factory=dict)
+    requeued: int = 0
+    trainers_alive: int = 0
+    pservers: list[str] = Field(default_factory=list)
+    epochs: list[EpochModel] = Field(default_factory=list)
+    trainers: list[TrainerModel] = Field(default_factory=list)
+    failed_tasks: list[FailedTaskModel] = Field(default_factory=list)
+    finished_total: float = 0
+    requeues_total: dict[str, float] = Field(default_factory=dict)
+    viewer_role: Literal["operator", "viewer"]
+    at: float
+
+
+class SeriesModel(BaseModel):
+    period_s: float
+    end: float = Field(description="wall time of the last sample")
+    finished_per_s: list[float]
+    requeues: dict[str, list[float]] = Field(description="re-queues per second, by cause")
+    trainers_alive: list[int]
+    trainer_restarts: list[int]
+    group_restarts: list[float] = Field(description="RestartEpoch calls per second")
+
+
+def schema() -> dict:
+    return {"job": JobModel.model_json_schema(), "series": SeriesModel.model_json_schema()}
+
+
+# ---- the time series ------------------------------------------------------------------------
+
+
+class Recorder:
+    """Ring buffers of the last hour, one sample a second, and what it learns of sessions."""
+
+    def __init__(self, *, history: int = HISTORY) -> None:
+        self.history = history
+        self.end = 0.0
+        self.finished: deque[float] = deque(maxlen=history)
+        self.requeues: dict[str, deque[float]] = {c: deque(maxlen=history) for c in CAUSES}
+        self.alive: deque[int] = deque(maxlen=history)
+        self.trainer_restarts: deque[int] = deque(maxlen=history)
+        self.group_restarts: deque[float] = deque(maxlen=history)
+        self.first_seen: dict[int, float] = {}    # session -> monotonic time first seen
+        self.sessions: dict[str, int] = {}        # trainer -> the last session seen of it
+        self.restarts: dict[str, int] = {}        # trainer -> new sessions of it seen
+        self._last: tuple[float, dict[str, float], float] | None = None
+
+    def sample(self, trainers: list[inspection.TrainerView] | None) -> None:
+        """Takes one sample: the counters' increase since the last, and the live sessions."""
+        finished = metrics.counter_values(metrics.FINISHES).get("", 0.0)
+        requeues = metrics.counter_values(metrics.REQUEUES)
+        restarts = metrics.counter_values(metrics.EPOCH_RESTARTS).get("", 0.0)
+        last = self._last or (finished, requeues, restarts)
+        self._last = (finished, requeues, restarts)
+        self.end = time.time()
+        self.finished.append(finished - last[0])
+        for cause in requeues.keys() - self.requeues.keys():
+            self.requeues[cause] = deque([0.0] * (len(self.finished) - 1), maxlen=self.history)
+        for cause, ring in self.requeues.items():
+            ring.append(requeues.get(cause, 0.0) - last[1].get(cause, 0.0))
+        self.group_restarts.append(restarts - last[2])
+        self.alive.append(len(trainers) if trainers is not None else 0)
+        self.trainer_restarts.append(self._see_sessions(trainers or []))
+
+    def _see_sessions(self, trainers: list[inspection.TrainerView]) -> int:
+        now = time.monotonic()
+        live = set()
+        restarted = 0
+        for view in trainers:
+            live.add(view.session)
+            self.first_seen.setdefault(view.session, now)
+            before = self.sessions.get(view.trainer)
+            if before is not None and before != view.session:
+                self.restarts[view.trainer] = self.restarts.get(view.trainer, 0) + 1
+                restarted += 1
+            self.sessions[view.trainer] = view.session
+        for gone in self.first_seen.keys() - live:
+            del self.first_seen[gone]
+        return restarted
+
+    def series(self) -> SeriesModel:
+        return SeriesModel(period_s=SAMPLE_PERIOD, end=self.end, finished_per_s=list(self.finished),
+                           requeues={c: list(r) for c, r in self.requeues.items()},
+                           trainers_alive=list(self.alive),
+                           trainer_restarts=list(self.trainer_restarts),
+                           group_restarts=list(self.group_restarts))
+
+
+# ---- the application ------------------------------------------------------------------------
+
+
+class StatusPage:
+    """The master's HTTP port: the page, its JSON, `/metrics`; and the recorder's task."""
+
+    def __init__(self, *, job: str, namespace: str, advertise: str,
+                 dispatcher: Callable[[], Dispatcher | None], leader_hint: Callable[[], str | None],
+                 tokens: Mapping[str, str] | None = None) -> None:
+        self.job, self.namespace, self.advertise = job, namespace, advertise
+        self.dispatcher = dispatcher
+        self.leader_hint = leader_hint
+        self.tokens = dict(tokens or {})
+        bad = {role for role in self.tokens.values() if role not in ROLES}
+        if bad:
+            raise ValueError(f"token roles {sorted(bad)}: must be one of {', '.join(ROLES)}")
+        self.recorder = Recorder()
+        self._runner: web.AppRunner | None = None
+        self._sampler: asyncio.Task[None] | None = None
+        self.port = 0
+
+    def app(self) -> web.Application:
+        @web.middleware
+        async def guard(request: web.Request, handler):
+            request[ROLE] = authorize(request, tokens=self.tokens)
+            return await handler(request)
+
+        app = web.Application(middlewares=[guard])
+        static = importlib.resources.files("master") / "static"
+        app.router.add_get("/", self._index)
+        app.router.add_get("/api/job", self._job)
+        app.router.add_get("/api/series", self._series)
+        app.router.add_get("/api/schema", self._schema)
+        app.router.add_get("/metrics", self._metrics)
+        app.router.add_static("/static/", str(static))
+        return app
+
+    async def start(self, *, host: str, port: int) -> None:
+        """Listens on `host:port` (0: a free port, then in `self.port`) and starts sampling."""
+        self._runner = web.AppRunner(self.app(), access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, host, port)
+        await site.start()
+        self.port = self._runner.addresses[0][1]
+        self._sampler = asyncio.create_task(self._sample_forever(), name="status-page-sampler")
+
+    async def stop(self) -> None:
+        if self._sampler is not None:
+            self._sampler.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sampler
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    async def _sample_forever(self) -> None:
+        """Samples the counters every second until cancelled; a failed sample is logged, not fatal."""
+        while True:
+            try:
+                d = self.dispatcher()
+                self.recorder.sample(inspection.all_trainers(d) if d is not None else None)
+            except Exception:
+                logger.exception("the status page's sample failed")
+            await asyncio.sleep(SAMPLE_PERIOD)
+
+    # ---- handlers -----------------------------------------------------------------------
+
+    async def _index(self, request: web.Request) -> web.StreamResponse:
+        page = importlib.resources.files("master") / "static" / "index.html"
+        return web.Response(text=page.read_text(encoding="utf-8"), content_type="text/html",
+                            headers={"Cache-Control": "no-store"})
+
+    async def _schema(self, request: web.Request) -> web.Response:
+        return web.json_response(schema())
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        return web.Response(body=metrics.exposition(),
+                            headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+
+    async def _series(self, request: web.Request) -> web.Response:
+        return _json(self.recorder.series())
+
+    async def _job(self, request: web.Request) -> web.Response:
+        return _json(await self.job_model(operator=request[ROLE] == OPERATOR))
+
+    async def job_model(self, *, operator: bool) -> JobModel:
+        """The page's job panel, as this master knows it now."""
+        d = self.dispatcher()
+        common = dict(job=self.job, namespace=self.namespace, this_master=self.advertise,
+                      viewer_role=OPERATOR if operator else VIEWER, at=time.time(),
+                      finished_total=metrics.counter_values(metrics.FINISHES).get("", 0.0),
+                      requeues_total=metrics.counter_values(metrics.REQUEUES))
+        if d is None:
+            return JobModel(role="standby", leader=self.leader_hint() or "", phase="Standby", **common)
+        status = await inspection.status(d)
+        now = time.monotonic()
+        rec = self.recorder
+        trainers = [
+            TrainerModel(trainer=t.trainer, session=str(t.session) if operator else None,
+                         session_age_s=round(now - rec.first_seen.get(t.session, now), 1),
+                         tasks=t.tasks, since_last_call_s=round(t.since_last_call, 1),
+                         restarts=rec.restarts.get(t.trainer, 0))
+            for t in inspection.all_trainers(d)]
+        shown = list(dict.fromkeys([*reversed(metrics.FAILURE_REASONS.tasks_seen()),
+                                    *inspection.failed_tasks(d, limit=FAILED_TASKS_SHOWN)]))
+        failed = [
+            FailedTaskModel(task=f.task, status=f.status.name.lower(), failures=f.failures,
+                            reasons=[ReasonModel(**vars(r)) for r in metrics.FAILURE_REASONS.of(f.task)])
+            for f in inspection.task_failures(d, shown[:FAILED_TASKS_SHOWN])
+            if f.failures or f.status.name == "FAILED"]
+        return JobModel(
+            role="leader", leader=status.leader, phase=status.phase,
+            failure_reason=inspection.failure_reason(d) if status.phase == "Failed" else "",
+            epoch=status.epoch, num_epochs=status.num_epochs, num_tasks=status.num_tasks,
+            counts=status.counts, requeued=status.requeued, trainers_alive=status.trainers_alive,
+            pservers=status.pservers,
+            epochs=[EpochModel(**vars(bar)) for bar in inspection.epoch_bars(d)],
+            trainers=trainers, failed_tasks=failed, **common)
+
+
+def _json(model: BaseModel) -> web.Response:
+    return web.Response(body=model.model_dump_json(exclude_none=True).encode(),
+                        content_type="application/json", headers={"Cache-Control": "no-store"})
+
+
+__all__ = ["StatusPage", "Recorder", "authorize", "schema", "JobModel", "SeriesModel"]

@@ -1,0 +1,116 @@
+"""The status page in a real headless browser, on a local job with stub trainers."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import urllib.request
+from pathlib import Path
+
+import pytest
+from browser import chromium_page, require_browser
+from datasets import write_records
+from local_runs import LocalRun
+from masters import wait_until
+from processes import find
+
+STUB = "trainer_agent.stub"
+SCREENSHOT = Path(__file__).resolve().parents[1] / "docs" / "status-page.png"
+PAGE_WAIT_MS = 60_000
+
+
+@pytest.fixture
+def run_job(tmp_path, job_name):
+    runs: list[LocalRun] = []
+
+    def start(*args: str) -> LocalRun:
+        runs.append(LocalRun(tmp_path, job_name, *args))
+        return runs[-1]
+
+    yield start
+    for run in runs:
+        run.stop()
+
+
+def page_url(run: LocalRun) -> str:
+    """The URL the CLI printed, once the master listens there (it prints it as it starts it)."""
+    url = wait_until(lambda: re.search(r"status page of master 0: (http://\S+)", run.text()),
+                     timeout=60, message="no status page URL printed", details=run.text).group(1)
+
+    def answers() -> bool:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as reply:
+                return reply.status == 200
+        except OSError:
+            return False
+
+    wait_until(answers, timeout=60, message=f"nothing answers at {url}", details=run.text)
+    return url
+
+
+def number(page, testid: str) -> float:
+    return float(page.get_by_test_id(testid).inner_text())
+
+
+@pytest.mark.timeout(240)
+def test_the_page_follows_a_local_job_to_its_end(tmp_path, run_job, job_name):
+    require_browser()
+    write_records(tmp_path / "data", files=6, records_per_file=60)
+    run = run_job("--module", STUB, "--input", str(tmp_path / "data"), "--trainers", "2",
+                  "--epochs", "2", "--chunk-bytes", "300", "--restart", "trainer",
+                  "--session-ttl", "2s", "--", "--delay", "0.04")
+    url = page_url(run)
+    with chromium_page() as page:
+        page.goto(url)
+        page.get_by_test_id("phase").filter(has_text="Running").wait_for(timeout=PAGE_WAIT_MS)
+        page.wait_for_function("() => Number(document.getElementById('finished').textContent) > 0",
+                               timeout=PAGE_WAIT_MS)
+        first = number(page, "finished")
+        page.wait_for_function(f"() => Number(document.getElementById('finished').textContent) > {first}",
+                               timeout=PAGE_WAIT_MS)
+        # A trainer frozen past its session's TTL: its tasks come back, cause expiry...
+        victim = wait_until(lambda: find(job_name, module=STUB, PADDLE_TRAINER_ID="1"), timeout=30)[0]
+        os.kill(victim, signal.SIGSTOP)
+        try:
+            page.get_by_test_id("requeue-causes").filter(has_text="expiry").wait_for(timeout=PAGE_WAIT_MS)
+        finally:
+            os.kill(victim, signal.SIGKILL)  # ... then killed: the local job restarts it
+        page.wait_for_function("() => Number(document.getElementById('restarts').textContent) >= 1",
+                               timeout=PAGE_WAIT_MS)
+        assert page.locator("#trainers tr[data-trainer='1'] td").last.inner_text() == "1"
+        # The epoch advances on the page.
+        page.wait_for_function("() => document.getElementById('epoch').textContent === '2'",
+                               timeout=PAGE_WAIT_MS)
+        assert page.locator("#epochs .epoch[data-stage='complete']").count() >= 1
+        assert page.locator("#plot-requeues polyline[data-series='expiry']").count() == 1
+        SCREENSHOT.parent.mkdir(exist_ok=True)
+        page.screenshot(path=str(SCREENSHOT), full_page=True)
+        # The job's end shows on the page, with no reload.
+        renders = page.evaluate("window.renders")
+        page.get_by_test_id("phase").filter(has_text="Succeeded").wait_for(timeout=PAGE_WAIT_MS)
+        assert page.evaluate("window.renders") > renders
+        assert page.evaluate("performance.getEntriesByType('navigation').length") == 1
+    assert run.wait(timeout=120) == 0, run.text()
+
+
+@pytest.mark.timeout(180)
+def test_a_failed_job_shows_why_at_the_top_and_its_tasks_reasons_escaped(tmp_path, run_job):
+    require_browser()
+    data = tmp_path / "data"
+    data.mkdir()
+    for f in range(2):  # every record poisoned, with markup in it: each task fails every attempt
+        (data / f"part-{f}.csv").write_text(
+            "".join(f"<img src=x onerror=injected=1><b>{f}{i}</b>POISON\n" for i in range(3)))
+    run = run_job("--module", STUB, "--input", str(data), "--restart", "trainer")
+    url = page_url(run)
+    with chromium_page() as page:
+        page.goto(url)
+        page.get_by_test_id("phase").filter(has_text="Failed").wait_for(timeout=PAGE_WAIT_MS)
+        banner = page.locator("#failure")
+        assert banner.is_visible() and "every task of epoch 0 failed" in banner.inner_text()
+        reasons = page.locator("#failed-tasks td.reasons").first.inner_text()
+        assert "poisoned record" in reasons and "<img src=x onerror=injected=1><b>" in reasons  # as text
+        assert page.locator("#failed-tasks b, #failed-tasks img").count() == 0
+        assert page.evaluate("window.injected === undefined")
+    assert run.wait(timeout=120) == 1, run.text()
