@@ -48,6 +48,7 @@ from master.state import (
     TaskFinished,
     TaskReleased,
 )
+from paddlecloud.elastic import TrainerRange
 from paddlecloud.etcd import EtcdUnavailable, Leadership, LeaseKeeper, read_range
 from paddlecloud.keys import JobKeys, prefix_range_end
 from paddlecloud.phase import Phase
@@ -436,6 +437,33 @@ class EtcdStore:
 
     async def set_phase(self, phase: Phase) -> None:
         await self.commit([], [put(self.keys.phase, phase.value)], frozenset([self.keys.phase]))
+
+    # -- the trainer range (DESIGN.md section 11) --
+
+    async def init_trainer_size(self, span: TrainerRange, desired: int) -> bool:
+        """Writes the range and the desired size once; False if the job has a range already."""
+        k = self.keys
+        return await self.commit([version_is(k.trainers_range, 0)],
+                                 [put(k.trainers_range, span.to_json()),
+                                  put(k.trainers_desired, str(desired))],
+                                 frozenset([k.trainers_range, k.trainers_desired])) is not None
+
+    async def set_trainers_desired(self, desired: int, *, span: TrainerRange) -> bool:
+        """The desired size, while the range is still `span`; False if it changed meanwhile."""
+        k = self.keys
+        return await self.commit([value_is(k.trainers_range, span.to_json())],
+                                 [put(k.trainers_desired, str(desired))],
+                                 frozenset([k.trainers_desired])) is not None
+
+    async def trainer_size(self) -> tuple[TrainerRange, int] | None:
+        """(range, desired) as etcd holds them, None before they were written."""
+        k = self.keys
+        with _etcd_answers("the trainer range"):
+            span = await self.client.get(k.trainers_range)
+            desired = await self.client.get(k.trainers_desired)
+        if span is None or desired is None:
+            return None
+        return TrainerRange.from_json(span.value), int(desired.value)
 
     async def open_session(self, trainer: str, session: int, *, superseded: int | None) -> bool:
         """Binds `trainer` to the new session; the superseded one is remembered on the new lease."""

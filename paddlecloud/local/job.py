@@ -55,9 +55,11 @@ class LocalJobSpec:
     module: str
     output: Path
     inputs: tuple[str, ...]
-    trainers: int = 1
+    trainers: int = 1                    # the group's size at start (the desired size)
     pservers: int = 0
     epochs: int = 1
+    min_trainers: int | None = None      # the elastic range; None: `trainers`
+    max_trainers: int | None = None
     masters: int = 1
     package_path: Path | None = None
     env: tuple[tuple[str, str], ...] = ()
@@ -84,6 +86,9 @@ class Progress:
     done: int = 0
     num_tasks: int = 0
     trainers_alive: int = 0
+    min_trainers: int = 0
+    max_trainers: int = 0
+    desired_trainers: int = 0
     requeued: int = 0
     restarts: int = 0
     leader: str = ""
@@ -194,7 +199,8 @@ class LocalJob:
                 job=s.job, namespace=NAMESPACE, etcd_endpoints=self.etcd_endpoint, host="127.0.0.1",
                 port=port, advertise=f"127.0.0.1:{port}", session_ttl=s.session_ttl,
                 election_ttl=s.election_ttl, start_epoch=s.start_epoch, inputs=s.inputs,
-                epochs=s.epochs, extra=s.master_args)]
+                epochs=s.epochs, extra=s.master_args,
+                trainers=(s.trainers, s.min_trainers or s.trainers, s.max_trainers or s.trainers))]
             child = self._child("master", index, command, self._env(master=True))
             await child.start()
             self.masters.append(child)
@@ -222,6 +228,7 @@ class LocalJob:
             registered_pservers=self._registered_pservers, master_state=self._master_state,
             poll_interval=POLL_INTERVAL,
             graces=Graces(done=self.spec.done_grace, exited=TRAINERS_EXITED_GRACE),
+            desired_trainers=self._desired_trainers,
         ), name="supervise")
         keeper = asyncio.create_task(self._keep_masters(), name="keep-masters")
         stop = asyncio.create_task(self.stopping.wait(), name="stopping")
@@ -255,6 +262,10 @@ class LocalJob:
         return MasterState(has_dataset=True, done=phase == Phase.SUCCEEDED.value,
                            failed=phase == Phase.FAILED.value)
 
+    async def _desired_trainers(self) -> int | None:
+        """The size the master holds in etcd (ScaleTrainers changes it), None before it answered."""
+        return (self._status.desired_trainers or None) if self._status is not None else None
+
     async def _poll_status(self) -> None:
         for master in self.masters:
             if not master.running:
@@ -268,6 +279,8 @@ class LocalJob:
             p.phase, p.epoch, p.num_epochs = status.phase, status.current_epoch, status.num_epochs or p.num_epochs
             p.done, p.num_tasks = status.counts.done, status.num_tasks
             p.trainers_alive, p.requeued, p.leader = status.trainers_alive, status.requeued, status.leader
+            p.min_trainers, p.max_trainers = status.min_trainers, status.max_trainers
+            p.desired_trainers = status.desired_trainers
             break
         self.progress.restarts = self._master_restarts + self.deployer.restarts
         self.on_progress(self.progress)

@@ -379,6 +379,12 @@ class FakeDeployer(Deployer):
     async def create_trainers(self) -> None:
         self.calls.append("trainers")
 
+    async def scale(self, trainers: int) -> None:
+        self.calls.append(f"scale({trainers})")
+
+    async def restart_trainers(self) -> None:
+        self.calls.append("restart")
+
     async def reconcile(self) -> None:
         self.calls.append("reconcile")
 

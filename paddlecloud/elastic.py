@@ -1,0 +1,72 @@
+"""A job's trainer range: `min_trainers <= desired <= max_trainers` (DESIGN.md section 11).
+
+One small value shared by the CLIs, the job spec, the master (which keeps it in
+etcd under the job's `trainers-range` and `trainers-desired` keys) and both
+deployers. A fixed job has min = max = desired.
+
+What this does NOT do: decide when to scale (a user, a schedule or an autoscaler
+does), nor converge to the size (the deployers do).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+
+logger = logging.getLogger(__name__)
+
+
+class RangeError(ValueError):
+    """A trainer count or range that cannot be: the message names the value and the range."""
+
+
+@dataclass(frozen=True)
+class TrainerRange:
+    minimum: int
+    maximum: int
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.minimum <= self.maximum:
+            raise RangeError(f"trainer range {self.minimum}..{self.maximum}: need "
+                             "1 <= min_trainers <= max_trainers")
+
+    @classmethod
+    def fixed(cls, trainers: int) -> TrainerRange:
+        return cls(trainers, trainers)
+
+    @classmethod
+    def of(cls, *, trainers: int | None, minimum: int | None, maximum: int | None) -> tuple[TrainerRange, int]:
+        """The range and the desired size at start from `--trainers`, `--min/--max-trainers`.
+
+        A bound not given is `trainers` (or the other bound); `trainers` not given is
+        the maximum (an elastic job starts as large as it may).
+        """
+        low = minimum if minimum is not None else (trainers if trainers is not None else maximum or 1)
+        high = maximum if maximum is not None else (trainers if trainers is not None else max(low, 1))
+        span = cls(low, high)
+        desired = trainers if trainers is not None else span.maximum
+        span.check(desired)
+        return span, desired
+
+    @property
+    def elastic(self) -> bool:
+        return self.minimum < self.maximum
+
+    def check(self, trainers: int) -> int:
+        """`trainers` if it lies in the range; else a RangeError naming both."""
+        if not self.minimum <= trainers <= self.maximum:
+            raise RangeError(f"{trainers} trainers is outside the job's range "
+                             f"{self.minimum}..{self.maximum} (min_trainers..max_trainers)")
+        return trainers
+
+    def to_json(self) -> str:
+        return json.dumps({"min": self.minimum, "max": self.maximum})
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> TrainerRange:
+        raw = json.loads(text)
+        return cls(int(raw["min"]), int(raw["max"]))
+
+    def __str__(self) -> str:
+        return f"{self.minimum}..{self.maximum}"

@@ -1,0 +1,106 @@
+"""Elastic local jobs: a trainer range, `paddlecloud job scale` while the job runs (PS mode)."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+
+import grpc
+import pytest
+from datasets import write_records
+from etcd_history import check_exactly_once, done_events
+from local_runs import LocalRun
+from trainers import read_log
+from waiting import wait_until
+
+from paddlecloud import etcd
+from paddlecloud.api import pb, pb_grpc
+from paddlecloud.history import mark_history
+from paddlecloud.keys import JobKeys
+
+STUB = "trainer_agent.stub"
+
+
+@pytest.fixture
+def local_run(tmp_path, job_name):
+    runs = []
+
+    def start(*args: str) -> LocalRun:
+        run = LocalRun(tmp_path, job_name, *args)
+        runs.append(run)
+        return run
+
+    yield start
+    for run in runs:
+        run.stop()
+
+
+async def _leader(endpoint: str, keys: JobKeys) -> str:
+    client = await etcd.connect(endpoint)
+    try:
+        found = await client.get(keys.leader)
+        return found.value.decode() if found is not None else ""
+    finally:
+        await client.close()
+
+
+def _status(address: str) -> pb.GetStatusResponse:
+    with grpc.insecure_channel(address) as channel:
+        return pb_grpc.MasterStub(channel).GetStatus(pb.GetStatusRequest(), timeout=5)
+
+
+def _alive(address: str) -> int:
+    """Trainers alive, -1 while the master does not serve yet (elected, still loading)."""
+    try:
+        return _status(address).trainers_alive
+    except grpc.RpcError:
+        return -1
+
+
+def _scale(job: str, address: str, trainers: int) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "paddlecloud", "job", "scale", job, "--trainers",
+                           str(trainers), "--master", address], capture_output=True, text=True,
+                          timeout=60)
+
+
+def test_ps_job_scaled_2_4_1_3_counts_every_task_once_and_no_failure(tmp_path, local_run, job_name,
+                                                                      etcd_endpoint):
+    keys = JobKeys("local", job_name)
+    write_records(tmp_path / "data", files=6, records_per_file=100)
+    run = local_run("--module", STUB, "--input", str(tmp_path / "data"), "--trainers", "2",
+                    "--min-trainers", "1", "--max-trainers", "4", "--pservers", "1",
+                    "--pserver-module", "pserver_agent.stub", "--epochs", "3", "--chunk-bytes", "300",
+                    "--etcd-endpoints", etcd_endpoint, "--", "--delay", "0.03")
+    wait_until(lambda: asyncio.run(_leader(etcd_endpoint, keys)), timeout=60, message="no leader")
+    address = asyncio.run(_leader(etcd_endpoint, keys))
+    wait_until(lambda: _alive(address) == 2, timeout=90, message="2 trainers never alive")
+    status = _status(address)
+    assert (status.min_trainers, status.max_trainers, status.desired_trainers) == (1, 4, 2)
+
+    refused = _scale(job_name, address, 5)
+    assert refused.returncode != 0 and "5 trainers is outside the job's range 1..4" in refused.stderr
+
+    for size in (4, 1, 3):
+        read_before = len(read_log(run.records))
+        done = _scale(job_name, address, size)
+        assert done.returncode == 0, done.stderr
+        assert f"desired trainers {size} (range 1..4)" in done.stdout
+        wait_until(lambda size=size: _alive(address) == size, timeout=90,
+                   message=f"the job never ran {size} trainers")
+        assert _status(address).desired_trainers == size
+        # the new size trains: records keep coming (the job is not over yet)
+        wait_until(lambda n=read_before: len(read_log(run.records)) >= n + 20 or run.process.poll() is not None,
+                   timeout=90, message=f"no progress at {size} trainers")
+        assert run.process.poll() is None, "the job ended before the resize sequence was through"
+
+    assert run.wait() == 0, run.text()
+    text = run.text()
+    assert "scaling the trainers 2 -> 4" in text and "scaling the trainers 4 -> 1" in text
+    assert "scaling the trainers 1 -> 3" in text and "restarting it" not in text
+    # trainers 2 and 3 joined and read records; every task counted once per epoch
+    assert {"0", "1", "2", "3"} <= {t for _, t, _, _ in read_log(run.records)}
+    events = asyncio.run(done_events(etcd_endpoint, keys))
+    check_exactly_once(events, num_tasks=len({t for _, _, t in events}), num_epochs=3)
+    # the trainers that left gave their tasks back: no failure was ever counted
+    assert asyncio.run(mark_history(etcd_endpoint, keys, "failures")) == []
