@@ -1,0 +1,159 @@
+"""Elastic jobs on Kubernetes (kmock): `scale` in PS mode, group restarts in collective mode."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from typing import Any
+
+import kubernetes_validate
+import pytest
+from test_k8s_deployer import FAST_RETRY, NS, create_master, env_of, make_spec, short
+
+from master.k8s_deployer import KubernetesDeployer
+from paddlecloud.jobspec import JobSpecError
+from paddlecloud.k8s import manifests
+
+VERSIONS = ("1.28", kubernetes_validate.latest_version())
+
+
+def check_valid(job: dict[str, Any]) -> None:
+    """The Job as stored, less what the API server adds, is strictly valid (1.28 and newest)."""
+    doc = copy.deepcopy(job)
+    doc.pop("status", None)
+    for key in ("uid", "creationTimestamp", "resourceVersion"):
+        doc["metadata"].pop(key, None)
+    for version in VERSIONS:
+        kubernetes_validate.validate(doc, version, strict=True)
+
+
+class EpochRestarts:
+    """RestartEpoch as the master's deployer issues it, recorded with the Job seen at that moment."""
+
+    def __init__(self, k8s: Any, name: str) -> None:
+        self.k8s, self.name = k8s, name
+        self.jobs_present: list[bool] = []
+
+    async def __call__(self) -> None:
+        self.jobs_present.append(self.k8s.stored("jobs", NS, self.name) is not None)
+
+
+def add_group(k8s: Any, spec: Any, size: int, generation: str) -> list[str]:
+    """Plays the Job controller: one running pod per index."""
+    names = [f"{manifests.trainer_name(spec.name)}-{i}-{generation}" for i in range(size)]
+    for name in names:
+        k8s.add_pod(spec, manifests.TRAINER, name)
+    return names
+
+
+async def delete_pod(api_client: Any, name: str) -> None:
+    from kubernetes import client
+
+    await asyncio.to_thread(client.CoreV1Api(api_client).delete_namespaced_pod, name, NS)
+
+
+def test_a_range_outside_min_max_is_refused_naming_it():
+    with pytest.raises(JobSpecError, match=r"5 trainers is outside the job's range 1\.\.4"):
+        make_spec("bad", trainers=5, min_trainers=1, max_trainers=4)
+    with pytest.raises(JobSpecError, match=r"trainer range 3\.\.2"):
+        make_spec("bad", trainers=2, min_trainers=3, max_trainers=2)
+
+
+async def test_ps_scale_changes_only_the_trainer_job_size(k8s, api_client, job_name):
+    spec = make_spec(short(job_name), trainers=2, min_trainers=1, max_trainers=4, pservers=2)
+    await create_master(api_client, spec)
+    restarts = EpochRestarts(k8s, manifests.trainer_name(spec.name))
+    deployer = KubernetesDeployer(spec, api_client=api_client, retry=FAST_RETRY, restart_epoch=restarts)
+    await deployer.create_pservers()
+    await deployer.create_trainers()
+    trainer, ps = manifests.trainer_name(spec.name), manifests.pserver_name(spec.name)
+    before = copy.deepcopy(k8s.stored("jobs", NS, trainer))
+    sts_before = copy.deepcopy(k8s.stored("statefulsets", NS, ps))
+    posted = k8s.posted()
+
+    for size in (4, 1, 3):
+        await deployer.scale(size)
+        job = k8s.stored("jobs", NS, trainer)
+        assert job["spec"]["parallelism"] == job["spec"]["completions"] == size
+        assert (await deployer.trainer_status()).desired == size
+        # nothing but the size changed: the pod template, the pservers, no object re-created
+        assert job["spec"]["template"] == before["spec"]["template"]
+        assert k8s.stored("statefulsets", NS, ps) == sts_before
+        assert k8s.posted() == posted
+        check_valid(job)
+    assert restarts.jobs_present == []  # PS mode restarts nobody
+    # a master that takes over adopts the Job at the size it was scaled to: no restart, no patch
+    successor = KubernetesDeployer(spec, api_client=api_client, retry=FAST_RETRY, restart_epoch=restarts)
+    await successor.create_trainers()
+    patches = sum(1 for method, resource, _ in k8s.requests() if (method, resource) == ("PATCH", "jobs"))
+    await successor.scale(3)
+    assert successor.size == 3 and restarts.jobs_present == []
+    assert sum(1 for m, r, _ in k8s.requests() if (m, r) == ("PATCH", "jobs")) == patches
+
+
+async def test_collective_lost_pod_restarts_the_whole_group(k8s, api_client, job_name):
+    spec = make_spec(short(job_name), trainers=3, min_trainers=1, max_trainers=4, pservers=0)
+    await create_master(api_client, spec)
+    trainer = manifests.trainer_name(spec.name)
+    restarts = EpochRestarts(k8s, trainer)
+    deployer = KubernetesDeployer(spec, api_client=api_client, retry=FAST_RETRY, restart_epoch=restarts)
+    await deployer.create_trainers()
+    first = add_group(k8s, spec, 3, "a")
+    await deployer.reconcile()  # the group is seen whole
+    await deployer.reconcile()
+    assert restarts.jobs_present == [] and k8s.posted().count(("jobs", trainer)) == 1
+
+    await delete_pod(api_client, first[1])
+    await deployer.reconcile()
+    # the old Job (and with it every pod) was gone before RestartEpoch; then a new Job
+    assert restarts.jobs_present == [False]
+    assert k8s.posted().count(("jobs", trainer)) == 2
+    job = k8s.stored("jobs", NS, trainer)
+    assert job["spec"]["parallelism"] == job["spec"]["completions"] == 3
+    env = env_of(job)
+    assert env["PADDLE_TRAINERS_NUM"] == "3"
+    assert env["PADDLE_TRAINER_ENDPOINTS"].count(",") == 2
+    assert deployer.restarts == 1
+    check_valid(job)
+
+
+async def test_collective_scale_restarts_the_group_at_the_new_size(k8s, api_client, job_name):
+    spec = make_spec(short(job_name), trainers=2, min_trainers=1, max_trainers=4, pservers=0)
+    await create_master(api_client, spec)
+    trainer = manifests.trainer_name(spec.name)
+    restarts = EpochRestarts(k8s, trainer)
+    deployer = KubernetesDeployer(spec, api_client=api_client, retry=FAST_RETRY, restart_epoch=restarts)
+    await deployer.create_trainers()
+    add_group(k8s, spec, 2, "a")
+    await deployer.reconcile()
+
+    await deployer.scale(4)
+    assert restarts.jobs_present == [False]
+    job = k8s.stored("jobs", NS, trainer)
+    assert job["spec"]["parallelism"] == job["spec"]["completions"] == 4
+    env = env_of(job)
+    assert env["PADDLE_TRAINERS_NUM"] == "4"
+    host = manifests.trainer_host(spec, 0).split(".", 1)[1]
+    assert env["PADDLE_TRAINER_ENDPOINTS"] == ",".join(
+        f"{trainer}-{i}.{host}:{manifests.PADDLE_PORT}" for i in range(4))
+    assert deployer.restarts == 0  # a resize does not count against the restart limit
+    check_valid(job)
+
+
+async def test_a_group_restart_loop_ends_at_the_restart_limit(k8s, api_client, job_name):
+    spec = make_spec(short(job_name), trainers=2, pservers=0)
+    await create_master(api_client, spec)
+    trainer = manifests.trainer_name(spec.name)
+    restarts = EpochRestarts(k8s, trainer)
+    deployer = KubernetesDeployer(spec, api_client=api_client, retry=FAST_RETRY,
+                                  restart_epoch=restarts, restart_limit=1)
+    await deployer.create_trainers()
+    for generation in ("a", "b"):
+        pods = add_group(k8s, spec, 2, generation)
+        await deployer.reconcile()
+        await delete_pod(api_client, pods[0])
+        await deployer.reconcile()
+    status = await deployer.trainer_status()
+    assert status.gave_up and "--restart-limit 1" in status.detail
+    assert restarts.jobs_present == [False]  # one restart, then it gave up
+    assert k8s.stored("jobs", NS, trainer) is None
