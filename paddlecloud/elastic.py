@@ -39,11 +39,12 @@ class TrainerRange:
     def of(cls, *, trainers: int | None, minimum: int | None, maximum: int | None) -> tuple[TrainerRange, int]:
         """The range and the desired size at start from `--trainers`, `--min/--max-trainers`.
 
-        A bound not given is `trainers` (or the other bound); `trainers` not given is
-        the maximum (an elastic job starts as large as it may).
+        A bound not given is `trainers` (kept within the other bound); `trainers` not
+        given is the maximum (an elastic job starts as large as it may).
         """
-        low = minimum if minimum is not None else (trainers if trainers is not None else maximum or 1)
-        high = maximum if maximum is not None else (trainers if trainers is not None else max(low, 1))
+        size = trainers if trainers is not None else (maximum or minimum or 1)
+        low = minimum if minimum is not None else min(size, maximum or size)
+        high = maximum if maximum is not None else max(size, minimum or size)
         span = cls(low, high)
         desired = trainers if trainers is not None else span.maximum
         span.check(desired)
