@@ -14,6 +14,8 @@ import json
 import logging
 from dataclasses import dataclass
 
+from paddlecloud.units import parse_duration
+
 logger = logging.getLogger(__name__)
 
 
@@ -71,3 +73,25 @@ class TrainerRange:
 
     def __str__(self) -> str:
         return f"{self.minimum}..{self.maximum}"
+
+
+def parse_schedule(text: str) -> tuple[tuple[float, int], ...]:
+    """`2@0s,4@20s,1@40s` -> ((0.0, 2), (20.0, 4), (40.0, 1)): sizes at times since the job
+    started, in order (the EDL demo's job server changing the pod count on a timer)."""
+    steps: list[tuple[float, int]] = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        size, at, when = part.partition("@")
+        try:
+            if not at:
+                raise ValueError
+            step = (parse_duration(when), int(size))
+        except ValueError:
+            raise RangeError(f"resize step {part[:40]!r}: write SIZE@TIME, e.g. 4@20s") from None
+        if step[1] < 1:
+            raise RangeError(f"resize step {part[:40]!r}: the size must be at least 1")
+        if steps and step[0] < steps[-1][0]:
+            raise RangeError(f"resize step {part[:40]!r} comes before the step ahead of it")
+        steps.append(step)
+    if not steps:
+        raise RangeError(f"resize schedule {text[:40]!r} has no step: write e.g. 2@0s,4@20s")
+    return tuple(steps)

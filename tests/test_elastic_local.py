@@ -104,3 +104,37 @@ def test_ps_job_scaled_2_4_1_3_counts_every_task_once_and_no_failure(tmp_path, l
     check_exactly_once(events, num_tasks=len({t for _, _, t in events}), num_epochs=3)
     # the trainers that left gave their tasks back: no failure was ever counted
     assert asyncio.run(mark_history(etcd_endpoint, keys, "failures")) == []
+
+
+def test_collective_resize_schedule_restarts_the_group_at_each_size(tmp_path, local_run, job_name,
+                                                                    etcd_endpoint):
+    keys = JobKeys("local", job_name)
+    write_records(tmp_path / "data", files=4, records_per_file=60)
+    run = local_run("--module", STUB, "--input", str(tmp_path / "data"), "--resize-schedule",
+                    "2@0s,1@6s,3@12s", "--epochs", "2", "--chunk-bytes", "300",
+                    "--etcd-endpoints", etcd_endpoint, "--", "--delay", "0.05")
+    assert run.wait() == 0, run.text()
+    text = run.text()
+    assert "scaling the trainers 2 -> 1" in text and "scaling the trainers 1 -> 3" in text
+    assert text.count("the master restarted epoch") == 2  # one group restart per resize
+    assert "restarting the trainer group" not in text     # nobody died
+    # the group of 3 ran with ids 0..2 and PADDLE_TRAINERS_NUM=3
+    assert "resize schedule: 3 trainers at 12s" in text
+    assert (run.output / "logs" / "trainer-2.log").read_text().count("registered") >= 1
+    events = asyncio.run(done_events(etcd_endpoint, keys))
+    check_exactly_once(events, num_tasks=len({t for _, _, t in events}), num_epochs=2)
+
+
+@pytest.mark.parametrize("schedule, fragment", [
+    ("2@5s,3@1s", "resize step '3@1s' comes before"),
+    ("2@0s,4", "resize step '4': write SIZE@TIME"),
+    ("2@0s,5@1s --max-trainers 4", "5 trainers is outside the job's range 2..4"),
+])
+def test_a_bad_resize_schedule_is_a_usage_error_naming_it(tmp_path, job_name, schedule, fragment):
+    write_records(tmp_path / "data", files=1, records_per_file=5)
+    value, *more = schedule.split()
+    result = subprocess.run([sys.executable, "-m", "paddlecloud", "local", "train", "--job", job_name,
+                             "--module", STUB, "--input", str(tmp_path / "data"), "--output",
+                             str(tmp_path / "out"), "--resize-schedule", value, *more],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and fragment in result.stderr, result.stderr

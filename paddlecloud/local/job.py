@@ -60,6 +60,7 @@ class LocalJobSpec:
     epochs: int = 1
     min_trainers: int | None = None      # the elastic range; None: `trainers`
     max_trainers: int | None = None
+    resize_schedule: tuple[tuple[float, int], ...] = ()  # (seconds since start, size): ScaleTrainers
     masters: int = 1
     package_path: Path | None = None
     env: tuple[tuple[str, str], ...] = ()
@@ -232,12 +233,13 @@ class LocalJob:
         ), name="supervise")
         keeper = asyncio.create_task(self._keep_masters(), name="keep-masters")
         stop = asyncio.create_task(self.stopping.wait(), name="stopping")
+        schedule = asyncio.create_task(self._follow_schedule(), name="resize-schedule")
         try:
             done, _ = await asyncio.wait({job, keeper, stop}, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            for task in (job, keeper, stop):
+            for task in (job, keeper, stop, schedule):
                 task.cancel()
-            await asyncio.gather(job, keeper, stop, return_exceptions=True)
+            await asyncio.gather(job, keeper, stop, schedule, return_exceptions=True)
         if job in done:
             return 0 if job.result().phase == Phase.SUCCEEDED else 1
         if keeper in done:
@@ -310,6 +312,24 @@ class LocalJob:
                 await asyncio.sleep(POLL_INTERVAL)
                 await self._poll_status()
                 address = self.progress.leader
+
+    async def _follow_schedule(self) -> None:
+        """`--resize-schedule`: ScaleTrainers at each step's time since the job started, on the
+        leader (the deployer converges as for `paddlecloud job scale`); ends after the last step."""
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        for at, size in self.spec.resize_schedule:
+            await asyncio.sleep(max(0.0, started + at - loop.time()))
+            while True:
+                try:
+                    await self._master(self.progress.leader).ScaleTrainers(
+                        pb.ScaleTrainersRequest(trainers=size), timeout=10)
+                    break
+                except grpc.aio.AioRpcError as error:
+                    if error.code() == grpc.StatusCode.INVALID_ARGUMENT:
+                        raise JobFailed(f"resize schedule: {error.details()}") from None
+                    await asyncio.sleep(POLL_INTERVAL)  # no leader yet, or it changed
+            self._event(f"resize schedule: {size} trainers at {at:g}s")
 
     @staticmethod
     def _last_line(child: Child) -> str:
