@@ -163,7 +163,8 @@ class MasterServicer(pb_grpc.MasterServicer):
 
     @_rpc
     async def RestartEpoch(self, d: Dispatcher, request):
-        return pb.RestartEpochResponse(current_epoch=await d.epochs.restart(request.epoch))
+        return pb.RestartEpochResponse(current_epoch=await d.epochs.restart(
+            request.epoch, done=request.done_tasks))
 
     @_rpc
     async def GetStatus(self, d: Dispatcher, request):
