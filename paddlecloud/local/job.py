@@ -313,6 +313,11 @@ class LocalJob:
                 await self._poll_status()
                 address = self.progress.leader
 
+    async def scale(self, trainers: int) -> pb.ScaleTrainersResponse:
+        """`ScaleTrainers` on the leader the last status poll named; raises its AioRpcError."""
+        return await self._master(self.progress.leader).ScaleTrainers(
+            pb.ScaleTrainersRequest(trainers=trainers), timeout=10)
+
     async def _follow_schedule(self) -> None:
         """`--resize-schedule`: ScaleTrainers at each step's time since the job started, on the
         leader (the deployer converges as for `paddlecloud job scale`); ends after the last step."""
@@ -322,8 +327,7 @@ class LocalJob:
             await asyncio.sleep(max(0.0, started + at - loop.time()))
             while True:
                 try:
-                    await self._master(self.progress.leader).ScaleTrainers(
-                        pb.ScaleTrainersRequest(trainers=size), timeout=10)
+                    await self.scale(size)
                     break
                 except grpc.aio.AioRpcError as error:
                     if error.code() == grpc.StatusCode.INVALID_ARGUMENT:
