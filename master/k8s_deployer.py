@@ -333,6 +333,7 @@ class KubernetesDeployer(Deployer):
         if self._members is None:
             if len(pods) >= self.size:
                 self._members = pods  # the group, once every member runs
+                logger.info("the trainer group of %d runs: %s", self.size, ", ".join(sorted(pods)))
             return
         lost = sorted(p for p, restarts in self._members.items()
                       if p not in pods or pods[p] > restarts)

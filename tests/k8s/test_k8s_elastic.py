@@ -6,9 +6,12 @@ import asyncio
 import copy
 from typing import Any
 
+import grpc
 import kubernetes_validate
 import pytest
+from masters import pb, stub, wait_serving
 from test_k8s_deployer import FAST_RETRY, NS, create_master, env_of, make_spec, short
+from test_k8s_master_process import start_deploying_master
 
 from master.k8s_deployer import KubernetesDeployer
 from paddlecloud.jobspec import JobSpecError
@@ -157,3 +160,43 @@ async def test_a_group_restart_loop_ends_at_the_restart_limit(k8s, api_client, j
     assert status.gave_up and "--restart-limit 1" in status.detail
     assert restarts.jobs_present == [False]  # one restart, then it gave up
     assert k8s.stored("jobs", NS, trainer) is None
+
+
+async def test_a_deploying_master_restarts_a_collective_group_on_scale_and_on_a_lost_pod(
+        tmp_path, k8s, api_client, kubeconfig, etcd_endpoint, job_name, monkeypatch, start_master):
+    name = short(job_name)
+    spec, proc = await start_deploying_master(tmp_path, api_client, kubeconfig, etcd_endpoint,
+                                              monkeypatch, start_master, name=name, namespace=NS,
+                                              min_trainers=1, max_trainers=3)
+    trainer = manifests.trainer_name(name)
+    await wait_serving(proc.address, process=proc)
+    await k8s.wait_for(lambda: k8s.stored("jobs", NS, trainer), timeout=30, what="the trainer Job")
+    first = add_group(k8s, spec, 2, "a")
+    async with grpc.aio.insecure_channel(proc.address) as channel:
+        master = stub(channel)
+        status = await master.GetStatus(pb.GetStatusRequest())
+        assert (status.min_trainers, status.max_trainers, status.desired_trainers) == (1, 3, 2)
+        reply = await master.ScaleTrainers(pb.ScaleTrainersRequest(trainers=3))
+        assert reply.desired_trainers == 3
+
+    def job_of_size(size: int, posts: int):
+        job = k8s.stored("jobs", NS, trainer)
+        return (job is not None and job["spec"]["parallelism"] == size
+                and k8s.posted().count(("jobs", trainer)) == posts)
+
+    await k8s.wait_for(lambda: job_of_size(3, 2), timeout=30, what="the group restarted at 3")
+    env = env_of(k8s.stored("jobs", NS, trainer))
+    assert env["PADDLE_TRAINERS_NUM"] == "3" and env["PADDLE_TRAINER_ENDPOINTS"].count(",") == 2
+    await k8s.wait_for(lambda: proc.log().count("group restart: the master restarted epoch 0") == 1,
+                       timeout=30, what="RestartEpoch with the scale")
+
+    for pod in first:  # the garbage collector's part: the old Job's pods go with it
+        await delete_pod(api_client, pod)
+    pods = add_group(k8s, spec, 3, "b")
+    await k8s.wait_for(lambda: f"the trainer group of 3 runs: {', '.join(pods)}" in proc.log(),
+                       timeout=30, what="the new group seen whole")
+    await delete_pod(api_client, pods[2])
+    await k8s.wait_for(lambda: job_of_size(3, 3), timeout=30, what="the group restarted after a lost pod")
+    await k8s.wait_for(lambda: proc.log().count("group restart: the master restarted epoch 0") == 2,
+                       timeout=30, what="RestartEpoch with the lost pod")
+    assert f"trainer pod(s) {pods[2]} lost: restarting the trainer group" in proc.log()
