@@ -138,3 +138,13 @@ def test_a_bad_resize_schedule_is_a_usage_error_naming_it(tmp_path, job_name, sc
                              str(tmp_path / "out"), "--resize-schedule", value, *more],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 2 and fragment in result.stderr, result.stderr
+
+
+def test_the_progress_view_shows_the_trainer_range_once_the_master_told_it():
+    from paddlecloud.local.job import Progress
+    from paddlecloud.local.view import ConsoleView
+
+    p = Progress(phase="Running", num_epochs=2, trainers_alive=3)
+    assert "range" not in ConsoleView.plain(p)
+    p.min_trainers, p.max_trainers, p.desired_trainers = 1, 4, 3
+    assert "trainers alive 3 (desired 3, range 1..4)" in ConsoleView.plain(p)
