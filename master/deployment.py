@@ -87,21 +87,23 @@ def epoch_restarter(dispatcher: Dispatcher, spec: JobSpec) -> Callable[[], Await
     """RestartEpoch at the position of the job's last checkpoint, for a collective group restart.
 
     The checkpoint is read where the trainers write it (`spec.output`, a path the
-    master mounts or an fsspec URL); none there (or no output) is epoch 0, which is
-    where a model without a checkpoint starts too. A job without a dataset has no
-    epoch to restart.
+    master mounts or an fsspec URL); one saved inside an epoch resumes it with the tasks
+    it consumed done; none there (or no output) is epoch 0, which is where a model
+    without a checkpoint starts too. A job without a dataset has no epoch to restart.
     """
 
     async def restart() -> None:
         if dispatcher.spec is None:
             return
-        epoch = 0
+        epoch, done = 0, ()
         if spec.output:
-            epoch = await asyncio.to_thread(checkpoints.resume_epoch,
-                                            checkpoints.checkpoints_dir(spec.output))
-        epoch = min(epoch, dispatcher.spec.num_epochs - 1)
-        await dispatcher.epochs.restart(epoch)
-        logger.info("group restart: the master restarted epoch %d", epoch)
+            epoch, done = await asyncio.to_thread(checkpoints.resume_point,
+                                                  checkpoints.checkpoints_dir(spec.output))
+        if epoch >= dispatcher.spec.num_epochs:
+            epoch, done = dispatcher.spec.num_epochs - 1, ()
+        await dispatcher.epochs.restart(epoch, done=done)
+        logger.info("group restart: the master restarted epoch %d%s", epoch,
+                    f" with the checkpoint's {len(done)} tasks done" if done else "")
 
     return restart
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import subprocess
 import sys
 
@@ -11,6 +13,7 @@ import pytest
 from datasets import write_records
 from etcd_history import check_exactly_once, done_events
 from local_runs import LocalRun
+from processes import find
 from trainers import read_log
 from waiting import wait_until
 
@@ -148,3 +151,39 @@ def test_the_progress_view_shows_the_trainer_range_once_the_master_told_it():
     assert "range" not in ConsoleView.plain(p)
     p.min_trainers, p.max_trainers, p.desired_trainers = 1, 4, 3
     assert "trainers alive 3 (desired 3, range 1..4)" in ConsoleView.plain(p)
+
+
+def _done_tasks(address: str, epoch: int) -> list[int]:
+    with grpc.insecure_channel(address) as channel:
+        reply = pb_grpc.MasterStub(channel).ListTasks(
+            pb.ListTasksRequest(state=pb.DONE, epoch=epoch, page_size=1000), timeout=5)
+    return [t.id for t in reply.tasks]
+
+
+def test_a_group_restart_resumes_the_epoch_with_the_checkpoints_tasks_done(tmp_path, local_run, job_name,
+                                                                           etcd_endpoint):
+    """The granted trainer's checkpoint inside epoch 0 names the tasks the model consumed (here
+    written by the test, as the trainer would): after a trainer dies, the group restarts epoch
+    0 with exactly those done, so their records are not read again in that epoch."""
+    from trainer_agent.checkpoint import TrainStatus, save_checkpoint
+
+    keys = JobKeys("local", job_name)
+    write_records(tmp_path / "data", files=4, records_per_file=60)
+    run = local_run("--module", STUB, "--input", str(tmp_path / "data"), "--trainers", "2",
+                    "--epochs", "2", "--chunk-bytes", "300", "--etcd-endpoints", etcd_endpoint,
+                    "--", "--delay", "0.03")
+    wait_until(lambda: asyncio.run(_leader(etcd_endpoint, keys)), timeout=60, message="no leader")
+    address = asyncio.run(_leader(etcd_endpoint, keys))
+    wait_until(lambda: _alive(address) >= 0 and len(_done_tasks(address, 0)) >= 3, timeout=90,
+               message="no task done")
+    consumed = tuple(_done_tasks(address, 0))
+    save_checkpoint(str(run.output / "checkpoints"), {}, TrainStatus(0, tasks_done=consumed))
+    os.kill(find(job_name, module=STUB, PADDLE_TRAINER_ID="0")[0], signal.SIGKILL)
+    assert run.wait() == 0, run.text()
+    assert f"the master restarted epoch 0 with the checkpoint's {len(consumed)} tasks done" in run.text()
+    rows = read_log(run.records)
+    for task in consumed:  # read once in epoch 0: before the checkpoint, never after the restart
+        records = [r for e, _, t, r in rows if e == 0 and t == task]
+        assert records and len(records) == len(set(records)), (task, records)
+    events = asyncio.run(done_events(etcd_endpoint, keys))
+    check_exactly_once(events, num_tasks=len({t for _, _, t in events}), num_epochs=2)

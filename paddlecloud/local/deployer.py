@@ -54,14 +54,15 @@ class LocalDeployer(Deployer):
 
     `spawn(role, index, command, env)` makes a child (the job decides where its log
     goes); `user_env()` is the environment of the user's code (with its package
-    path); `restart_epoch(epoch)` asks the master to restart an epoch (group mode).
+    path); `restart_epoch(epoch, done)` asks the master to restart an epoch with the tasks
+    a checkpoint saved inside it consumed done (group mode).
     """
 
     def __init__(self, *, trainers: int, pservers: int, trainer_command: list[str],
                  pserver_command: list[str], output: Path, restart_limit: int, restart_mode: str,
                  spawn: Callable[[str, int, list[str], dict[str, str]], Child],
                  user_env: Callable[[], dict[str, str]],
-                 restart_epoch: Callable[[int], Awaitable[None]],
+                 restart_epoch: Callable[[int, tuple[int, ...]], Awaitable[None]],
                  event: Callable[[str], None]) -> None:
         if restart_mode not in RESTART_MODES:
             raise ValueError(f"restart mode {restart_mode!r}: must be one of {', '.join(RESTART_MODES)}")
@@ -176,7 +177,8 @@ class LocalDeployer(Deployer):
         """The group restart; `counted` (a death, not a resize) counts against the limit."""
         restarts = max((t.restarts for t in self.trainers), default=0)
         await asyncio.gather(*(t.stop(grace=GROUP_STOP_GRACE) for t in self.trainers))
-        await self._restart_epoch(checkpoints.resume_epoch(checkpoints.checkpoints_dir(str(self.output))))
+        epoch, done = checkpoints.resume_point(checkpoints.checkpoints_dir(str(self.output)))
+        await self._restart_epoch(epoch, done)
         await self._start_trainers()
         for trainer in self.trainers:
             trainer.restarts = restarts + counted

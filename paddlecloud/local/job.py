@@ -298,13 +298,15 @@ class LocalJob:
         self._event(f"{master.name} {why}: restarting it (restart {master.restarts + 1})")
         await master.restart()
 
-    async def _restart_epoch(self, epoch: int) -> None:
+    async def _restart_epoch(self, epoch: int, done: tuple[int, ...] = ()) -> None:
         address = self.progress.leader
         deadline = time.monotonic() + 60
         while True:
             try:
-                await self._master(address).RestartEpoch(pb.RestartEpochRequest(epoch=epoch), timeout=10)
-                self._event(f"the master restarted epoch {epoch}")
+                await self._master(address).RestartEpoch(
+                    pb.RestartEpochRequest(epoch=epoch, done_tasks=done), timeout=10)
+                self._event(f"the master restarted epoch {epoch}"
+                            + (f" with the checkpoint's {len(done)} tasks done" if done else ""))
                 return
             except grpc.aio.AioRpcError as error:
                 if time.monotonic() > deadline:
