@@ -200,3 +200,25 @@ async def test_a_deploying_master_restarts_a_collective_group_on_scale_and_on_a_
     await k8s.wait_for(lambda: proc.log().count("group restart: the master restarted epoch 0") == 2,
                        timeout=30, what="RestartEpoch with the lost pod")
     assert f"trainer pod(s) {pods[2]} lost: restarting the trainer group" in proc.log()
+
+
+def test_submit_takes_a_trainer_range_and_refuses_a_size_outside_it():
+    import yaml
+    from click.testing import CliRunner
+
+    from paddlecloud.jobs_cli import job
+    from paddlecloud.jobspec import JobSpec
+
+    runner = CliRunner()
+    result = runner.invoke(job, ["submit", "ela", "--module", "m.train", "--min-trainers", "2",
+                                 "--max-trainers", "5", "--dry-run"])
+    assert result.exit_code == 0, result.output
+    docs = [d for d in yaml.safe_load_all(result.output) if d]
+    config = next(d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "ela-spec")
+    spec = JobSpec.from_yaml(config["data"]["job.yaml"])
+    assert (spec.min_trainers, spec.max_trainers, spec.trainers) == (2, 5, 5)  # starts at its most
+    trainers = next(d for d in docs if d["kind"] == "Job")
+    assert trainers["spec"]["parallelism"] == trainers["spec"]["completions"] == 5
+    refused = runner.invoke(job, ["submit", "ela", "--module", "m.train", "--trainers", "6",
+                                  "--max-trainers", "5", "--dry-run"])
+    assert refused.exit_code == 1 and "6 trainers is outside the job's range" in refused.output
