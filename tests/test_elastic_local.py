@@ -92,9 +92,14 @@ def test_ps_job_scaled_2_4_1_3_counts_every_task_once_and_no_failure(tmp_path, l
         wait_until(lambda size=size: _alive(address) == size, timeout=90,
                    message=f"the job never ran {size} trainers")
         assert _status(address).desired_trainers == size
-        # the new size trains: records keep coming (the job is not over yet)
-        wait_until(lambda n=read_before: len(read_log(run.records)) >= n + 20 or run.process.poll() is not None,
-                   timeout=90, message=f"no progress at {size} trainers")
+        # the new size trains: records keep coming, from the new trainers too (the job goes on)
+        joined = {str(i) for i in range(size)} if size == 4 else set()
+
+        def trained(n=read_before, joined=joined) -> bool:
+            rows = read_log(run.records)
+            return (len(rows) >= n + 20 and joined <= {t for _, t, _, _ in rows[n:]}
+                    or run.process.poll() is not None)
+        wait_until(trained, timeout=90, message=f"no progress at {size} trainers")
         assert run.process.poll() is None, "the job ended before the resize sequence was through"
 
     assert run.wait() == 0, run.text()
