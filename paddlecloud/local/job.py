@@ -315,8 +315,11 @@ class LocalJob:
                 await self._poll_status()
                 address = self.progress.leader
 
-    async def scale(self, trainers: int) -> pb.ScaleTrainersResponse:
-        """`ScaleTrainers` on the leader the last status poll named; raises its AioRpcError."""
+    async def scale(self, trainers: int) -> pb.ScaleTrainersResponse | None:
+        """`ScaleTrainers` on the leader the last status poll named (None while none is known);
+        raises its AioRpcError."""
+        if not self.progress.leader:
+            return None
         return await self._master(self.progress.leader).ScaleTrainers(
             pb.ScaleTrainersRequest(trainers=trainers), timeout=10)
 
@@ -329,13 +332,16 @@ class LocalJob:
             await asyncio.sleep(max(0.0, started + at - loop.time()))
             while True:
                 try:
-                    await self.scale(size)
-                    break
+                    if await self.scale(size) is not None:
+                        self._event(f"resize schedule: {size} trainers at {at:g}s")
+                        break
+                    await asyncio.sleep(POLL_INTERVAL)  # no leader known yet
                 except grpc.aio.AioRpcError as error:
-                    if error.code() == grpc.StatusCode.INVALID_ARGUMENT:
-                        raise JobFailed(f"resize schedule: {error.details()}") from None
-                    await asyncio.sleep(POLL_INTERVAL)  # no leader yet, or it changed
-            self._event(f"resize schedule: {size} trainers at {at:g}s")
+                    if error.code() == grpc.StatusCode.INVALID_ARGUMENT:  # e.g. etcd's range differs
+                        self._event(f"resize schedule: {size} trainers at {at:g}s refused: "
+                                    f"{error.details()}")
+                        break
+                    await asyncio.sleep(POLL_INTERVAL)  # no leader serving yet, or it changed
 
     @staticmethod
     def _last_line(child: Child) -> str:

@@ -179,9 +179,10 @@ class Chaos:
             size = self.rng.choice([n for n in range(low, high + 1)
                                     if n != job.progress.desired_trainers] or [high])
             try:
-                await job.scale(size)
+                if await job.scale(size) is None:
+                    return  # no leader known now (another fault): not injected
             except grpc.aio.AioRpcError:
-                return  # no leader serving now (another fault): not injected
+                return  # the leader does not serve now (another fault): not injected
             self.injected.append(f"resize->{size}")
             return
         self.injected.append(fault)
