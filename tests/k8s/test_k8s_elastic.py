@@ -12,6 +12,7 @@ import pytest
 from masters import pb, stub, wait_serving
 from test_k8s_deployer import FAST_RETRY, NS, create_master, env_of, make_spec, short
 from test_k8s_master_process import start_deploying_master
+from waiting import wait_for
 
 from master.k8s_deployer import KubernetesDeployer
 from paddlecloud.jobspec import JobSpecError
@@ -222,3 +223,36 @@ def test_submit_takes_a_trainer_range_and_refuses_a_size_outside_it():
     refused = runner.invoke(job, ["submit", "ela", "--module", "m.train", "--trainers", "6",
                                   "--max-trainers", "5", "--dry-run"])
     assert refused.exit_code == 1 and "6 trainers is outside the job's range" in refused.output
+
+
+async def test_supervise_hands_the_desired_size_to_the_deployer_until_the_data_is_done():
+    from test_k8s_deployer import BUSY, FakeDeployer
+
+    from paddlecloud.supervision import Graces, MasterState, supervise
+
+    sizes = iter([None, 2, 3, 3, 1])
+    data = {"done": False}
+
+    async def desired() -> int | None:
+        return next(sizes, 1)
+
+    async def master_state() -> MasterState:
+        return MasterState(has_dataset=True, **data)
+
+    async def no_pservers() -> int:
+        return 0
+
+    deployer = FakeDeployer([BUSY])
+    task = asyncio.create_task(supervise(
+        deployer, num_pservers=0, registered_pservers=no_pservers, master_state=master_state,
+        poll_interval=0.01, desired_trainers=desired, graces=Graces(done=0.2)))
+    await asyncio.wait_for(deployer.polled_thrice.wait(), 10)
+    await wait_for(lambda: "scale(1)" in deployer.calls, timeout=10, message="no scale(1)")
+    data["done"] = True
+    await asyncio.wait_for(task, 20)
+    scales = [c for c in deployer.calls if c.startswith("scale")]
+    assert scales[:4] == ["scale(2)", "scale(3)", "scale(3)", "scale(1)"]  # None: nothing asked
+    # each scale comes before the poll's reconcile; none once the data is done
+    first = deployer.calls.index("scale(2)")
+    assert deployer.calls[first + 1] == "reconcile"
+    assert not any(c.startswith("scale") for c in deployer.calls[deployer.calls.index("finishing"):])
