@@ -44,6 +44,12 @@ from paddlecloud.clitypes import DURATION, NON_NEGATIVE, SIZE
               help="kubernetes: the leader creates the job's pservers and trainers (needs --job-spec).")
 @click.option("--job-spec", type=click.Path(exists=True, dir_okay=False),
               help="The job spec YAML that `paddlecloud job submit` mounts (for --deployer kubernetes).")
+@click.option("--trainers", type=click.IntRange(min=1), default=None,
+              help="The trainer group's size at start (the job's desired size; etcd wins once written).")
+@click.option("--min-trainers", type=click.IntRange(min=1), default=None,
+              help="The fewest trainers the job may be scaled to [default: --trainers].")
+@click.option("--max-trainers", type=click.IntRange(min=1), default=None,
+              help="The most trainers the job may be scaled to [default: --trainers].")
 @click.option("--etcd-timeout", type=DURATION, default="10s", show_default=True,
               help="Give up at start when etcd does not answer within this.")
 @click.option("--log-level", default=os.environ.get("PADDLECLOUD_LOG_LEVEL", "INFO"), show_default=True,
@@ -51,12 +57,13 @@ from paddlecloud.clitypes import DURATION, NON_NEGATIVE, SIZE
 def master_command(job, namespace, etcd_endpoints, port, host, advertise, inputs, fmt, chunk_bytes,
                    chunks_per_task, epochs, shuffle_seed, start_epoch, resume_from, session_ttl, election_ttl,
                    task_timeout, max_task_failures, max_tasks_per_trainer, metrics_port, deployer,
-                   job_spec, etcd_timeout, log_level) -> None:
+                   job_spec, trainers, min_trainers, max_trainers, etcd_timeout, log_level) -> None:
     """Run the master of one job: hands out data tasks, keeps every lease in etcd."""
     import asyncio
 
     from master.config import DatasetSpec, MasterConfig, Policy, SpecError
     from master.server import serve
+    from paddlecloud.elastic import TrainerRange
     from paddlecloud.etcd import parse_endpoints
 
     logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
@@ -82,11 +89,16 @@ def master_command(job, namespace, etcd_endpoints, port, host, advertise, inputs
             from pathlib import Path
 
             from paddlecloud.jobspec import JobSpec
-            JobSpec.from_yaml(Path(job_spec).read_text()).validate()
+            spec = JobSpec.from_yaml(Path(job_spec).read_text()).validate()
+            trainers, min_trainers, max_trainers = spec.trainers, spec.min_trainers, spec.max_trainers
+        trainer_size = None
+        if trainers is not None or min_trainers is not None or max_trainers is not None:
+            trainer_size = TrainerRange.of(trainers=trainers, minimum=min_trainers, maximum=max_trainers)
         config = MasterConfig(
             job=job, namespace=namespace, etcd_endpoints=etcd_endpoints, port=port, host=host,
             advertise=advertise, election_ttl=election_ttl, dataset=dataset, start_epoch=start_epoch,
             metrics_port=metrics_port, etcd_timeout=etcd_timeout, job_spec=job_spec,
+            trainer_size=trainer_size,
             policy=Policy(session_ttl=session_ttl, task_timeout=task_timeout,
                           max_task_failures=max_task_failures,
                           max_tasks_per_trainer=max_tasks_per_trainer),

@@ -10,7 +10,8 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field, replace
 
-from paddlecloud.datasets import SpecError  # the one error of a bad spec or setting
+from paddlecloud.datasets import SpecError
+from paddlecloud.elastic import TrainerRange  # the one error of a bad spec or setting
 
 DEFAULT_CHUNK_BYTES = 64 * 1024 * 1024
 LINE_FORMATS = ("lines", "csv", "tsv", "jsonl", "text")
@@ -95,6 +96,7 @@ class MasterConfig:
     metrics_port: int | None = None
     etcd_timeout: float = 10.0
     job_spec: str | None = None   # with it, the leader deploys the job on Kubernetes
+    trainer_size: tuple[TrainerRange, int] | None = None  # the range and desired size at start
 
     def __post_init__(self) -> None:
         if not self.job:

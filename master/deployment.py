@@ -22,12 +22,15 @@ master's log hold it anyway).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from master.k8s_deployer import KubernetesDeployer
 from master.store import NotLeader, StoreUnavailable
+from paddlecloud import checkpoints
 from paddlecloud.etcd import EtcdUnavailable
 from paddlecloud.jobspec import JobSpec
 from paddlecloud.k8s.client import KubernetesApiError, is_transient
@@ -63,7 +66,8 @@ async def deploy_job(dispatcher: Dispatcher, spec_path: Path, *, poll_interval: 
     deployer: KubernetesDeployer | None = None
     try:
         spec = JobSpec.from_yaml(await asyncio.to_thread(spec_path.read_text))
-        deployer = await asyncio.to_thread(KubernetesDeployer, spec)
+        deployer = await asyncio.to_thread(
+            functools.partial(KubernetesDeployer, spec, restart_epoch=epoch_restarter(dispatcher, spec)))
         return await supervise_on_kubernetes(dispatcher, deployer, poll_interval=poll_interval,
                                              graces=graces)
     except asyncio.CancelledError:
@@ -79,6 +83,31 @@ async def deploy_job(dispatcher: Dispatcher, spec_path: Path, *, poll_interval: 
         return None
 
 
+def epoch_restarter(dispatcher: Dispatcher, spec: JobSpec) -> Callable[[], Awaitable[None]]:
+    """RestartEpoch at the position of the job's last checkpoint, for a collective group restart.
+
+    The checkpoint is read where the trainers write it (`spec.output`, a path the
+    master mounts or an fsspec URL); one saved inside an epoch resumes it with the tasks
+    it consumed done; none there (or no output) is epoch 0, which is where a model
+    without a checkpoint starts too. A job without a dataset has no epoch to restart.
+    """
+
+    async def restart() -> None:
+        if dispatcher.spec is None:
+            return
+        epoch, done = 0, ()
+        if spec.output:
+            epoch, done = await asyncio.to_thread(checkpoints.resume_point,
+                                                  checkpoints.checkpoints_dir(spec.output))
+        if epoch >= dispatcher.spec.num_epochs:
+            epoch, done = dispatcher.spec.num_epochs - 1, ()
+        await dispatcher.epochs.restart(epoch, done=done)
+        logger.info("group restart: the master restarted epoch %d%s", epoch,
+                    f" with the checkpoint's {len(done)} tasks done" if done else "")
+
+    return restart
+
+
 async def supervise_on_kubernetes(dispatcher: Dispatcher, deployer: KubernetesDeployer, *,
                                   poll_interval: float = 2.0, graces: Graces = DEFAULT_GRACES) -> Verdict:
     """`supervise` with the master's data, its etcd and its fenced phase write."""
@@ -90,12 +119,16 @@ async def supervise_on_kubernetes(dispatcher: Dispatcher, deployer: KubernetesDe
     async def set_phase(phase: Phase, reason: str) -> None:
         await dispatcher.record_phase(phase.value)  # fenced: etcd holds the truth
 
+    async def desired_trainers() -> int | None:
+        return dispatcher.scaling.desired or None  # etcd's, read at load, changed by ScaleTrainers
+
     loaded = dispatcher.loaded_phase
     return await supervise(
         deployer, num_pservers=deployer.spec.pservers,
         registered_pservers=dispatcher.registered_pservers, master_state=master_state,
         set_phase=set_phase, poll_interval=poll_interval,
         initial_phase=Phase(loaded) if loaded else None, graces=graces,
+        desired_trainers=desired_trainers,
     )
 
 

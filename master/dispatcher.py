@@ -7,6 +7,7 @@
     dataset_adoption.py  the job's dataset, adopted once and frozen in etcd
     save_model.py        the save-model grant
     deploy_adapter.py    what the deployer reads of the job and writes of its phase
+    scaling.py           the trainer range and desired size (ScaleTrainers)
 
 Each RPC becomes one call into a room; the servicer translates protobufs at the
 edge, so nothing here sees one. Every room reads and writes etcd only through
@@ -25,6 +26,7 @@ from master.dataset_adoption import DatasetAdoption
 from master.deploy_adapter import DeployAdapter
 from master.epochs import Epochs
 from master.save_model import SaveModel
+from master.scaling import Scaling
 from master.store import EtcdStore
 from master.tasks import Tasks
 from master.trainers import Trainers
@@ -46,6 +48,7 @@ class Dispatcher:
         self.dataset = DatasetAdoption(self.core)
         self.save_model = SaveModel(self.core, self.trainers)
         self.deployment = DeployAdapter(self.core)
+        self.scaling = Scaling(self.core)
         self.core.on_change = self.epochs.maybe_end
         self.core.on_load = self.trainers.watch_from
         self.deposed = self.core.deposed
@@ -66,6 +69,7 @@ class Dispatcher:
     async def start(self) -> None:
         await self.store.start()
         await self.core.load()
+        await self.scaling.load(self.config.trainer_size)
         given = self.config.dataset
         if self.core.spec is None and given is not None:
             try:

@@ -13,10 +13,12 @@ closes the gate first).
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 
 from master import metrics
 from master.core import Core, FailedPrecondition, InvalidArgument
 from master.state import EpochAdvanced, EpochRestarted, JobFailed, JobState
+from master.store import MAX_RESTART_DONE
 
 logger = logging.getLogger(__name__)
 
@@ -63,17 +65,29 @@ class Epochs:
             metrics.EPOCHS.inc()
             logger.info("epoch %d complete", event.epoch - 1)
 
-    async def restart(self, epoch: int) -> int:
+    async def restart(self, epoch: int, *, done: Iterable[int] = ()) -> int:
+        """Starts `epoch` afresh with the tasks `done` (a checkpoint's consumed tasks) done.
+
+        The done marks are written in the restart's own transaction: a master that dies
+        meanwhile leaves either the old epoch or the restarted one with those marks.
+        """
         core = self.core
+        done = tuple(sorted(set(done)))
         async with core.admitted():
             state = core.state
             if state is None:
                 raise FailedPrecondition("the job has no dataset yet: nothing to restart")
             if not 0 <= epoch < state.num_epochs:
                 raise InvalidArgument(f"epoch {epoch} is outside 0..{state.num_epochs - 1}")
+            bad = [t for t in done if not 0 <= t < state.num_tasks]
+            if bad:
+                raise InvalidArgument(f"done task {bad[0]} is outside 0..{state.num_tasks - 1}")
+            if len(done) > MAX_RESTART_DONE:
+                raise InvalidArgument(f"{len(done)} done tasks: a restart writes at most "
+                                      f"{MAX_RESTART_DONE} in its transaction (etcd's --max-txn-ops)")
         # Exclusive: no call may be in flight while every assignment is dropped.
         async with core.exclusive():
-            await core.commit(EpochRestarted(epoch))  # sessions stay; their assignments go
+            await core.commit(EpochRestarted(epoch, done))  # sessions stay; their assignments go
             metrics.EPOCH_RESTARTS.inc()
-            logger.info("epoch %d restarted", epoch)
+            logger.info("epoch %d restarted%s", epoch, f" with {len(done)} tasks done" if done else "")
             return epoch

@@ -37,6 +37,9 @@ class Status:
     pservers: list[str]
     has_dataset: bool
     requeued: int
+    min_trainers: int = 0      # the trainer range and desired size; 0 without a range
+    max_trainers: int = 0
+    desired_trainers: int = 0
 
 
 @dataclass(frozen=True)
@@ -77,8 +80,16 @@ async def status(d: Dispatcher) -> Status:
         epoch=state.epoch if state else 0, num_epochs=core.spec.num_epochs if core.spec else 0,
         counts=counts, num_tasks=state.num_tasks if state else 0,
         trainers_alive=len(core.sessions.by_session), pservers=pservers,
-        has_dataset=state is not None, requeued=core.requeued,
+        has_dataset=state is not None, requeued=core.requeued, **_trainer_size(d),
     )
+
+
+def _trainer_size(d: Dispatcher) -> dict[str, int]:
+    span = d.scaling.span
+    if span is None:
+        return {}
+    return {"min_trainers": span.minimum, "max_trainers": span.maximum,
+            "desired_trainers": d.scaling.desired}
 
 
 def metrics_snapshot(d: Dispatcher) -> dict:
@@ -87,7 +98,7 @@ def metrics_snapshot(d: Dispatcher) -> dict:
     counts = state.counts if state is not None else None
     tasks = {s.name.lower(): counts[s] for s in TaskStatus} if counts is not None else {}
     return {"tasks": tasks, "epoch": state.epoch if state else 0,
-            "sessions": len(d.core.sessions.by_session)}
+            "sessions": len(d.core.sessions.by_session), **_trainer_size(d)}
 
 
 def _page_size(page_size: int) -> int:

@@ -13,8 +13,24 @@ are retried per `paddlecloud.k8s.client`; that is safe for every call made here 
 create whose first try went through answers 409 on the retry and is adopted; gets,
 merge patches and deletes are idempotent). A 403 is a `KubernetesPermissionError`
 naming the verb, the resource and the Role in `deploy/rbac.yaml`. The Job and the
-StatefulSet controllers replace failed pods, so `reconcile` and `finishing` have
-nothing to do here.
+StatefulSet controllers replace failed pods, so in PS mode `reconcile` has nothing
+to do here.
+
+Elastic jobs: in PS mode `scale(n)` patches the Indexed Job's parallelism and
+completions together (an elastic Indexed Job, Kubernetes >= 1.27): the Job
+controller adds pods with the next indexes, or removes the highest ones (SIGTERM:
+the trainer leaves the master and its tasks return at once); the pods' template,
+`PADDLE_TRAINERS_NUM` included, stays the one the Job was created with. In
+collective mode a group cannot change its world size, nor lose a member, in
+flight, so a resize or a lost member (a trainer pod gone, failed or restarted) is
+a **group restart**: the trainer Job is deleted with foreground propagation (the
+pods get their termination grace, then are killed) and, once it is gone, the
+master's epoch is restarted at the checkpoint and the Job created again at the
+new size, with `PADDLE_TRAINERS_NUM`, `PADDLE_TRAINER_ENDPOINTS` and indexes
+0..N-1 recomputed. Deleting and recreating is what converges fastest and safely:
+a Job's pod template cannot change, and the old pods are gone before the new
+ones take their host names. Past `restart_limit` lost members the deployer gives
+up: the Job is deleted and `trainer_status()` says why (the job ends Failed).
 
 What this does NOT guarantee: that pods get scheduled or start (a pserver that
 never registers keeps the job in Starting), nor garbage collection of what it
@@ -23,8 +39,9 @@ deletes (the API server's garbage collector removes the pods).
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from paddlecloud.deployer import Deployer, RoleStatus
@@ -48,6 +65,8 @@ T = TypeVar("T")
 VOLCANO_GROUP, VOLCANO_VERSION = manifests.VOLCANO_API_VERSION.split("/")
 PODGROUPS = "podgroups"
 DEFAULT_RETRY = RetryPolicy()
+GROUP_DELETE_TIMEOUT = 300.0   # seconds the trainer Job's pods get to go in a group restart
+GROUP_DELETE_POLL = 0.5
 
 
 def should_clean(policy: str, *, succeeded: bool) -> bool:
@@ -100,11 +119,22 @@ class KubernetesDeployer(Deployer):
     """
 
     def __init__(self, spec: JobSpec, *, api_client: Any | None = None,
-                 retry: RetryPolicy = DEFAULT_RETRY) -> None:
+                 retry: RetryPolicy = DEFAULT_RETRY,
+                 restart_epoch: Callable[[], Awaitable[None]] | None = None,
+                 restart_limit: int = 3) -> None:
         from kubernetes import client
 
+        if restart_limit < 0:
+            raise ValueError(f"restart_limit={restart_limit}: must be >= 0")
         self.spec = spec.validate()
         self.retry = retry
+        self.size = self.spec.trainers   # the trainer group's size now (scale changes it)
+        self.restarts = 0                # group restarts after a lost member
+        self.restart_limit = restart_limit
+        self._restart_epoch = restart_epoch
+        self._members: dict[str, int] | None = None  # the group's pods -> their restart counts
+        self._finishing = False
+        self._gave_up = ""
         self._api = api_client if api_client is not None else load_api_client()
         self._apps = client.AppsV1Api(self._api)
         self._core = client.CoreV1Api(self._api)
@@ -170,11 +200,12 @@ class KubernetesDeployer(Deployer):
         logger.info("adopted existing %s %s/%s", resource, self.namespace, name)
         return existing
 
-    async def _delete(self, fn: Callable[..., Any], *args: Any, resource: str, target: str) -> bool:
-        """Deletes with background propagation; False when it was already gone."""
+    async def _delete(self, fn: Callable[..., Any], *args: Any, resource: str, target: str,
+                      propagation: str = "Background") -> bool:
+        """Deletes with background (or `propagation`) propagation; False when it was already gone."""
         from kubernetes import client
 
-        options = client.V1DeleteOptions(propagation_policy="Background")
+        options = client.V1DeleteOptions(propagation_policy=propagation)
         try:
             await call(self.retry, fn, *args, body=options)
         except Exception as error:
@@ -249,26 +280,113 @@ class KubernetesDeployer(Deployer):
     async def create_trainers(self) -> None:
         """PodGroup (minMember = pservers + trainers), trainer Service if needed, the Job."""
         owner = await self.owner()
+        sized = self.spec.replace(trainers=self.size)
         if self.spec.uses_volcano:
-            await self._ensure_podgroup(manifests.gang_size(self.spec))
-        if manifests.needs_trainer_service(self.spec):
-            for service in manifests.role_services(self.spec, manifests.TRAINER, owner=owner):
+            await self._ensure_podgroup(manifests.gang_size(sized))
+        if manifests.needs_trainer_service(sized):
+            for service in manifests.role_services(sized, manifests.TRAINER, owner=owner):
                 await self._ensure_service(service)
-        await self._ensure(manifests.trainer_job(self.spec, owner), resource="jobs",
-                           create=self._batch.create_namespaced_job,
-                           read=self._batch.read_namespaced_job)
+        job = await self._ensure(manifests.trainer_job(sized, owner), resource="jobs",
+                                 create=self._batch.create_namespaced_job,
+                                 read=self._batch.read_namespaced_job)
+        # an adopted Job (a master that took over) keeps the size it was scaled to
+        self.size = int((job.get("spec") or {}).get("parallelism") or self.size)
+
+    async def scale(self, trainers: int) -> None:
+        """PS: the Job's parallelism and completions; collective: a group restart at `trainers`."""
+        if trainers < 1:
+            raise ValueError(f"scale to {trainers} trainers: need at least 1")
+        if trainers == self.size or self._finishing or self._gave_up:
+            return
+        before, self.size = self.size, trainers
+        logger.info("scaling the trainers of %s: %d -> %d", self.spec.name, before, trainers)
+        if self.spec.collective:
+            await self._restart_group()
+            return
+        name = manifests.trainer_name(self.spec.name)
+        if self.spec.uses_volcano:
+            await self._ensure_podgroup(manifests.gang_size(self.spec.replace(trainers=trainers)))
+        await self._call(self._batch.patch_namespaced_job, name, self.namespace,
+                         {"spec": {"parallelism": trainers, "completions": trainers}},
+                         _content_type="application/merge-patch+json",
+                         verb="patch", resource="jobs", target=name)
+
+    async def restart_trainers(self) -> None:
+        """The group restart of a collective job that lost a member (counts against the limit)."""
+        self.restarts += 1
+        await self._restart_group()
+
+    async def _restart_group(self) -> None:
+        name = manifests.trainer_name(self.spec.name)
+        await self._delete(self._batch.delete_namespaced_job, name, self.namespace,
+                           resource="jobs", target=name, propagation="Foreground")
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + GROUP_DELETE_TIMEOUT
+        while await self._read(self._batch.read_namespaced_job, name, self.namespace,
+                               resource="jobs", target=name) is not None:
+            if loop.time() > deadline:
+                raise KubernetesApiError(f"the trainer Job {self.namespace}/{name} was not gone "
+                                         f"{GROUP_DELETE_TIMEOUT:g}s after its deletion", status=504)
+            await asyncio.sleep(GROUP_DELETE_POLL)
+        if self._restart_epoch is not None:
+            await self._restart_epoch()
+        self._members = None
+        await self.create_trainers()
 
     async def reconcile(self) -> None:
-        """Nothing to do: the StatefulSet and Job controllers replace failed pods."""
+        """Collective jobs: a lost member restarts the group. PS: the controllers replace pods."""
+        if not self.spec.collective or self._finishing or self._gave_up:
+            return
+        pods = await self._trainer_pods()
+        if self._members is None:
+            if len(pods) >= self.size:
+                self._members = pods  # the group, once every member runs
+                logger.info("the trainer group of %d runs: %s", self.size, ", ".join(sorted(pods)))
+            return
+        lost = sorted(p for p, restarts in self._members.items()
+                      if p not in pods or pods[p] > restarts)
+        if not lost:
+            return
+        if self.restarts >= self.restart_limit:
+            self._gave_up = (f"trainer pod(s) {', '.join(lost)} lost; the trainer group was "
+                             f"restarted {self.restarts} times (--restart-limit {self.restart_limit})")
+            logger.error("giving up on the trainers: %s", self._gave_up)
+            name = manifests.trainer_name(self.spec.name)
+            await self._delete(self._batch.delete_namespaced_job, name, self.namespace,
+                               resource="jobs", target=name)
+            return
+        logger.warning("trainer pod(s) %s lost: restarting the trainer group", ", ".join(lost))
+        await self.restart_trainers()
+
+    async def _trainer_pods(self) -> dict[str, int]:
+        """The job's live trainer pods (not being deleted, not failed) -> their containers' restarts."""
+        listed = await self._call(self._core.list_namespaced_pod, self.namespace,
+                                  label_selector=manifests.label_selector(self.spec.name, manifests.TRAINER),
+                                  verb="list", resource="pods", target="")
+        pods: dict[str, int] = {}
+        for pod in self._to_dict(listed).get("items") or []:
+            meta, status = pod.get("metadata") or {}, pod.get("status") or {}
+            labels = meta.get("labels") or {}
+            if (labels.get(manifests.JOB_LABEL) != self.spec.name
+                    or labels.get(manifests.ROLE_LABEL) != manifests.TRAINER
+                    or meta.get("deletionTimestamp") or status.get("phase") == "Failed"):
+                continue
+            pods[meta["name"]] = sum(int(c.get("restartCount") or 0)
+                                     for c in status.get("containerStatuses") or [])
+        return pods
 
     async def finishing(self) -> None:
-        """Nothing to do: a pod the Job controller replaces now is told JOB_DONE and exits 0."""
+        """From now on nothing is resized or restarted; a pod the Job controller replaces is told
+        JOB_DONE and exits 0."""
+        self._finishing = True
 
     async def trainer_status(self) -> RoleStatus:
+        if self._gave_up:
+            return RoleStatus(desired=self.size, active=0, failed=1, detail=self._gave_up)
         name = manifests.trainer_name(self.spec.name)
         job = await self._read(self._batch.read_namespaced_job, name, self.namespace,
                                resource="jobs", target=name)
-        return role_status_of_job(job, desired=self.spec.trainers)
+        return role_status_of_job(job, desired=self.size)
 
     async def cleanup(self, *, succeeded: bool) -> None:
         """Deletes the trainers, pservers, their Services and the PodGroup, if the policy says so."""

@@ -59,6 +59,10 @@ class StateCollector(Collector):
                                 value=numbers.get("epoch", 0))
         yield GaugeMetricFamily("paddlecloud_master_sessions_alive", "Trainer sessions alive",
                                 value=numbers.get("sessions", 0))
+        for bound in ("min", "max", "desired"):
+            yield GaugeMetricFamily(f"paddlecloud_master_trainers_{bound}",
+                                    f"The trainer range's {bound} (desired: the size scaled to)",
+                                    value=numbers.get(f"{bound}_trainers", 0))
         yield GaugeMetricFamily("paddlecloud_master_is_leader", "1 on the leading master",
                                 value=1 if numbers else 0)
 

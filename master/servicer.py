@@ -163,7 +163,8 @@ class MasterServicer(pb_grpc.MasterServicer):
 
     @_rpc
     async def RestartEpoch(self, d: Dispatcher, request):
-        return pb.RestartEpochResponse(current_epoch=await d.epochs.restart(request.epoch))
+        return pb.RestartEpochResponse(current_epoch=await d.epochs.restart(
+            request.epoch, done=request.done_tasks))
 
     @_rpc
     async def GetStatus(self, d: Dispatcher, request):
@@ -173,6 +174,8 @@ class MasterServicer(pb_grpc.MasterServicer):
             current_epoch=s.epoch, num_epochs=s.num_epochs, counts=pb.TaskCounts(**s.counts),
             num_tasks=s.num_tasks, trainers_alive=s.trainers_alive,
             pserver_endpoints=s.pservers, has_dataset=s.has_dataset, requeued=s.requeued,
+            min_trainers=s.min_trainers, max_trainers=s.max_trainers,
+            desired_trainers=s.desired_trainers,
         )
 
     @_rpc
@@ -201,3 +204,9 @@ class MasterServicer(pb_grpc.MasterServicer):
     async def RequestSaveModel(self, d: Dispatcher, request):
         granted = await d.save_model.request(request.session_id, seconds(request.block))
         return pb.RequestSaveModelResponse(granted=granted)
+
+    @_rpc
+    async def ScaleTrainers(self, d: Dispatcher, request):
+        span, desired = await d.scaling.scale(request.trainers)
+        return pb.ScaleTrainersResponse(min_trainers=span.minimum, max_trainers=span.maximum,
+                                        desired_trainers=desired)

@@ -121,6 +121,7 @@ class EpochAdvanced:
 @dataclass(frozen=True)
 class EpochRestarted:
     epoch: int
+    done: tuple[int, ...] = ()   # tasks the model already consumed in `epoch` (a checkpoint's)
 
 
 @dataclass(frozen=True)
@@ -463,8 +464,16 @@ class JobState:
     def _restart(self, e: EpochRestarted) -> None:
         if not 0 <= e.epoch < self._num_epochs:
             raise InvalidTransition(f"{e}: outside 0..{self._num_epochs - 1}")
+        bad = [t for t in e.done if not 0 <= t < self._num_tasks]
+        if bad or len(set(e.done)) != len(e.done):
+            raise InvalidTransition(f"{e}: done tasks must be distinct ids in 0..{self._num_tasks - 1}")
         self._failed_job = False
         self._begin_epoch(e.epoch)
+        if e.done:
+            done = set(e.done)
+            for task in done:
+                self._set(task, TaskStatus.DONE)
+            self._todo = deque(t for t in self._todo if t not in done)
 
     def _fail_job(self, e: JobFailed) -> None:
         if e.epoch != self._epoch or not (self.epoch_complete and self.all_failed):

@@ -48,6 +48,7 @@ from master.state import (
     TaskFinished,
     TaskReleased,
 )
+from paddlecloud.elastic import TrainerRange
 from paddlecloud.etcd import EtcdUnavailable, Leadership, LeaseKeeper, read_range
 from paddlecloud.keys import JobKeys, prefix_range_end
 from paddlecloud.phase import Phase
@@ -55,6 +56,7 @@ from paddlecloud.phase import Phase
 logger = logging.getLogger(__name__)
 
 MAX_TXN_OPS = 128  # etcd's default --max-txn-ops
+MAX_RESTART_DONE = (MAX_TXN_OPS - 5) // 2  # done marks a RestartEpoch keeps: 2 ops each
 MAX_FILES_PIECE = 512 * 1024  # bytes of file list per `files/<n>` value (etcd values stay < 1 MiB)
 
 
@@ -360,14 +362,32 @@ class EtcdStore:
             case JobFailed(epoch=epoch):
                 return Txn.of([value_is(k.epoch, str(epoch))], [put(k.phase, Phase.FAILED.value)],
                               exclusive=True)
-            case EpochRestarted(epoch=epoch):
-                # sessions stay; their assignments are gone
+            case EpochRestarted(epoch=epoch, done=done):
+                # sessions stay; their assignments are gone; the checkpoint's tasks are done
                 return Txn.of([], [put(k.epoch, str(epoch)), put(k.phase, Phase.RUNNING.value),
-                                   delete_prefix(k.kind_prefix("done")),
+                                   *self._restart_done_ops(epoch, done),
                                    delete_prefix(k.kind_prefix("failures")),
                                    delete_prefix(k.kind_prefix("assign"))], exclusive=True)
             case _:
                 assert_never(event)
+
+    def _restart_done_ops(self, epoch: int, done: tuple[int, ...]) -> list[rpc.RequestOp]:
+        """Every done mark deleted but those of `done`, which are kept or written.
+
+        etcd refuses a key both deleted and written in one request, so the deletes are
+        the ranges between `done`'s keys, and each of those is put only when absent
+        (a nested transaction): a mark that stays is not written twice."""
+        prefix = self._done_prefix
+        keys = sorted(self._done_key(epoch, t) for t in done)
+        ops: list[rpc.RequestOp] = []
+        start = prefix
+        for key in keys:
+            if start < key:
+                ops.append(delete(start, key))
+            ops.append(nested_txn([version_is(key, 0)], [put(key, b"")]))
+            start = key + b"\0"
+        ops.append(delete(start, prefix_range_end(prefix)))
+        return ops
 
     def _assign_txn(self, task: int, epoch: int, assignment: Assignment) -> Txn:
         """Compares: the trainer's key still names this session, the task has no assignment
@@ -436,6 +456,33 @@ class EtcdStore:
 
     async def set_phase(self, phase: Phase) -> None:
         await self.commit([], [put(self.keys.phase, phase.value)], frozenset([self.keys.phase]))
+
+    # -- the trainer range (DESIGN.md section 11) --
+
+    async def init_trainer_size(self, span: TrainerRange, desired: int) -> bool:
+        """Writes the range and the desired size once; False if the job has a range already."""
+        k = self.keys
+        return await self.commit([version_is(k.trainers_range, 0)],
+                                 [put(k.trainers_range, span.to_json()),
+                                  put(k.trainers_desired, str(desired))],
+                                 frozenset([k.trainers_range, k.trainers_desired])) is not None
+
+    async def set_trainers_desired(self, desired: int, *, span: TrainerRange) -> bool:
+        """The desired size, while the range is still `span`; False if it changed meanwhile."""
+        k = self.keys
+        return await self.commit([value_is(k.trainers_range, span.to_json())],
+                                 [put(k.trainers_desired, str(desired))],
+                                 frozenset([k.trainers_desired])) is not None
+
+    async def trainer_size(self) -> tuple[TrainerRange, int] | None:
+        """(range, desired) as etcd holds them, None before they were written."""
+        k = self.keys
+        with _etcd_answers("the trainer range"):
+            span = await self.client.get(k.trainers_range)
+            desired = await self.client.get(k.trainers_desired)
+        if span is None or desired is None:
+            return None
+        return TrainerRange.from_json(span.value), int(desired.value)
 
     async def open_session(self, trainer: str, session: int, *, superseded: int | None) -> bool:
         """Binds `trainer` to the new session; the superseded one is remembered on the new lease."""

@@ -2,7 +2,8 @@
 
 A job's checkpoints are in `<output>/checkpoints` (`CHECKPOINTS_DIR`): the trainer
 library writes them (`trainer_agent.checkpoint`), the local backend and the master
-read the newest one's epoch to resume after it (`resume_epoch`). A version is a
+read the newest one's epoch to resume after it (`resume_epoch`), or, for a checkpoint
+saved inside an epoch, that epoch with the tasks it consumed (`resume_point`). A version is a
 directory `checkpoint-<epoch:08d>` (or `.replaced-checkpoint-<epoch>-<hex>` set aside
 while an epoch is saved again) holding `state.pkl` and `meta.json`; a version is
 complete when `meta.json` is valid and `state.pkl` has the size it records.
@@ -32,6 +33,7 @@ CHECKPOINTS_DIR = "checkpoints"
 FORMAT_VERSION = 1
 STATE_FILE = "state.pkl"
 META_FILE = "meta.json"
+TASKS_DONE = "tasks_done"  # in meta.json of a checkpoint saved inside its epoch: the tasks consumed
 
 _PRIMARY = re.compile(r"^checkpoint-(\d{8,})$")
 _REPLACED = re.compile(r"^\.replaced-checkpoint-(\d{8,})-[0-9a-f]+$")
@@ -115,16 +117,23 @@ def complete_versions(d: CheckpointDir) -> Iterator[tuple[Version, dict[str, Any
             yield version, meta
 
 
-def latest_epoch(path: str) -> int | None:
-    """The epoch of the newest complete version under ``path`` (reads only meta.json), or None."""
-    found = next(complete_versions(CheckpointDir.of(path)), None)
-    return None if found is None else int(found[1]["epoch"])
-
-
 def resume_epoch(path: str) -> int:
-    """The epoch a job resumes at: after the newest checkpoint's epoch (``TrainStatus.next()``), else 0."""
-    epoch = latest_epoch(path)
-    return 0 if epoch is None else epoch + 1
+    """The epoch a job resumes at (``TrainStatus.next()``): after the newest checkpoint's
+    epoch, or that epoch itself when the checkpoint was saved inside it; else 0."""
+    return resume_point(path)[0]
+
+
+def resume_point(path: str) -> tuple[int, tuple[int, ...]]:
+    """(epoch, tasks of it already consumed) where a group restart resumes: a checkpoint saved
+    inside an epoch (its meta has `tasks_done`) resumes that epoch with those tasks done; one
+    saved at an epoch's end resumes the next epoch from its start; none is (0, ())."""
+    found = next(complete_versions(CheckpointDir.of(path)), None)
+    if found is None:
+        return 0, ()
+    meta = found[1]
+    if meta.get(TASKS_DONE) is None:
+        return int(meta["epoch"]) + 1, ()
+    return int(meta["epoch"]), tuple(sorted(int(t) for t in meta[TASKS_DONE]))
 
 
 def _complete_meta(d: CheckpointDir, version: Version) -> dict[str, Any] | None:

@@ -9,7 +9,8 @@ and an Indexed Job, driven by the job's leading master) and
     create_pservers()                      the pservers (none for collective jobs)
     ... until every pserver registered in etcd (the loop asks the master, not the backend)
     create_trainers()                      the trainer group, ids 0..N-1
-    every poll: reconcile(), trainer_status()
+    every poll: scale(desired) when the master's desired size is known, reconcile(),
+                trainer_status()
     once the master's data is done or failed: finishing()
     show_phase(phase, reason=...)          at every phase change
     cleanup(succeeded=...)                 per the job's cleanPodPolicy
@@ -21,11 +22,15 @@ disagree about a job's end.
 Every method must be idempotent: a master that took over from a dead leader calls
 them all again, and what already exists is adopted, not duplicated.
 
-Elastic jobs (the next issue) extend this contract in the same shape: `scale(n)`
-records the trainers' desired size and `reconcile()` converges to it (Kubernetes:
-the Job's parallelism; local: start or stop launchers); `restart_trainers()`
-stops the whole group and starts it again at its size (the local backend has it
-already, for collective jobs that lose a member).
+Elastic jobs (DESIGN.md section 11): `scale(n)` takes the trainers' desired size
+(the master holds it in etcd; the supervisor hands it over at every poll) and
+converges to it — in PS mode by adding or removing trainers while the others go
+on (Kubernetes: the Indexed Job's parallelism and completions; local: launchers
+started, or stopped with SIGTERM so they leave the master and their tasks return
+at once); in collective mode, where a group cannot change its world size in
+flight, by `restart_trainers()`: the whole group stopped, the master's epoch
+restarted at the checkpoint, the group started again at the new size with ids
+0..N-1.
 
 What this does NOT guarantee: anything about the master's own processes (the
 Kubernetes Deployment, or the local job's master children): they run the deployer.
@@ -81,6 +86,18 @@ class Deployer(abc.ABC):
     @abc.abstractmethod
     async def create_trainers(self) -> None:
         """Creates the trainer group; only called once every pserver has registered."""
+
+    @abc.abstractmethod
+    async def scale(self, trainers: int) -> None:
+        """Converges the trainer group to `trainers` members (the master checked the range).
+
+        A no-op when the group has that size already (or is converging to it); PS
+        mode adds or removes members, collective mode restarts the group.
+        """
+
+    @abc.abstractmethod
+    async def restart_trainers(self) -> None:
+        """Stops every trainer, restarts the master's epoch at the checkpoint, starts the group again."""
 
     @abc.abstractmethod
     async def reconcile(self) -> None:

@@ -168,7 +168,7 @@ def build_spec(*, name: str | None, paddlejob: str | None, package: Mapping[str,
         "chunk_bytes": chunk_bytes(options["chunk_bytes"]) if options["chunk_bytes"] else None,
         "no_agent": options["no_agent"] or None,
     }
-    pod_shape = ("trainers", "pservers", "trainer_cpu", "trainer_memory", "trainer_gpu",
+    pod_shape = ("trainers", "min_trainers", "max_trainers", "pservers", "trainer_cpu", "trainer_memory", "trainer_gpu",
                  "pserver_cpu", "pserver_memory")
     if paddlejob is not None:
         given = [k for k in pod_shape if options[k] is not None]
@@ -184,6 +184,8 @@ def build_spec(*, name: str | None, paddlejob: str | None, package: Mapping[str,
         raise JobSpecError("no job name: give NAME (or -f job.yaml with metadata.name)")
     values = {k: v for k, v in common.items() if v is not None}
     values.update({k: options[k] for k in pod_shape if options[k] is not None})
+    if options.get("trainers") is None and options.get("max_trainers") is not None:
+        values["trainers"] = options["max_trainers"]  # an elastic job starts at its most
     return JobSpec(name=name, **values)
 
 
@@ -210,7 +212,9 @@ def render_dry_run(spec: JobSpec, package: Mapping[str, bytes] | None) -> str:
 @click.option("--input", "inputs", multiple=True,
               help="Input path or glob inside the pods, or a URL (repeatable).")
 @click.option("--output", help="Where trainers write models (PADDLECLOUD_OUTPUT).")
-@click.option("--trainers", type=int, help="Number of trainers  [default: 1]")
+@click.option("--trainers", type=int, help="Number of trainers at start  [default: 1; --max-trainers if given]")
+@click.option("--min-trainers", type=int, help="Elastic: the fewest trainers `job scale` may set  [default: --trainers]")
+@click.option("--max-trainers", type=int, help="Elastic: the most trainers  [default: --trainers]")
 @click.option("--pservers", type=int, help="Number of pservers (0: collective)  [default: 0]")
 @click.option("--image", help=f"The paddlecloud image  [default: {DEFAULT_IMAGE}]")
 @click.option("--trainer-cpu", help="CPU per trainer, e.g. 4 or 500m  [default: 1]")
@@ -434,6 +438,9 @@ def status_command(name: str, namespace: str, master_address: str | None, timeou
         return
     console.print(f"master: leader {reply.leader or '-'}, phase {reply.phase or '-'}, "
                   f"{reply.trainers_alive} trainer(s) alive")
+    if reply.desired_trainers:
+        console.print(f"trainers: desired {reply.desired_trainers}, range "
+                      f"{reply.min_trainers}..{reply.max_trainers}, alive {reply.trainers_alive}")
     if reply.pserver_endpoints:
         console.print(f"pservers: {', '.join(reply.pserver_endpoints)}")
     if not reply.has_dataset:
@@ -447,6 +454,38 @@ def status_command(name: str, namespace: str, master_address: str | None, timeou
     bar = Table.grid(padding=(0, 1))
     bar.add_row(ProgressBar(total=total, completed=done, width=60), f"{100 * done // total}%")
     console.print(bar)
+
+
+@job.command("scale")
+@click.argument("name")
+@click.option("--trainers", type=click.IntRange(min=1), required=True,
+              help="The trainer group's new size, within the job's range.")
+@_namespace_option()
+@click.option("--master", "master_address", metavar="HOST:PORT",
+              help="The master's gRPC address (default: its Service, NAME-master.NS.svc:8080; "
+                   "a local job's leader is shown by `paddlecloud local train`).")
+@click.option("--timeout", type=float, default=10.0, show_default=True,
+              help="Seconds to wait for the master.")
+def scale_command(name: str, trainers: int, namespace: str, master_address: str | None,
+                  timeout: float) -> None:
+    """Set the trainers of job NAME to --trainers; its deployer converges to it.
+
+    PS jobs add or remove trainers while the others go on; collective jobs restart
+    the trainer group at the new size. Works for local jobs too (pass --master).
+    """
+    import grpc
+
+    from paddlecloud.api import pb, pb_grpc
+
+    address = master_address or manifests.master_address(name, namespace)
+    try:
+        with grpc.insecure_channel(address) as channel:
+            reply = pb_grpc.MasterStub(channel).ScaleTrainers(
+                pb.ScaleTrainersRequest(trainers=trainers), timeout=timeout)
+    except grpc.RpcError as error:
+        raise _fail(f"cannot scale job {name} at {address}: {error.details()}") from None
+    click.echo(f"job {name}: desired trainers {reply.desired_trainers} "
+               f"(range {reply.min_trainers}..{reply.max_trainers})")
 
 
 # ---- logs -------------------------------------------------------------------------------------

@@ -24,6 +24,7 @@ from typing import Any
 
 import yaml
 
+from paddlecloud.elastic import RangeError, TrainerRange
 from paddlecloud.units import parse_key_value
 
 logger = logging.getLogger(__name__)
@@ -122,7 +123,9 @@ class JobSpec:
     package_files: tuple[str, ...] = ()  # its files, relative to package_path
     inputs: tuple[str, ...] = ()
     output: str = ""
-    trainers: int = 1
+    trainers: int = 1            # the trainer group's size at start (its desired size)
+    min_trainers: int | None = None   # the elastic range; None: `trainers` (a fixed job)
+    max_trainers: int | None = None
     pservers: int = 0
     trainer_cpu: str = "1"
     trainer_memory: str = "2Gi"
@@ -185,6 +188,12 @@ class JobSpec:
         return tuple(r for r in self.roles if self.scheduler_of(r) == "volcano")
 
     @property
+    def trainer_range(self) -> TrainerRange:
+        """min_trainers..max_trainers (both `trainers` for a fixed job)."""
+        return TrainerRange.of(trainers=self.trainers, minimum=self.min_trainers,
+                               maximum=self.max_trainers)[0]
+
+    @property
     def uses_volcano(self) -> bool:
         return bool(self.volcano_roles)
 
@@ -212,6 +221,13 @@ class JobSpec:
                                f"{DEFAULT_IMAGE!r}")
         _check_count("trainers", self.trainers, minimum=1)
         _check_count("pservers", self.pservers, minimum=0)
+        for bound in ("min_trainers", "max_trainers"):
+            if getattr(self, bound) is not None:
+                _check_count(bound, getattr(self, bound), minimum=1)
+        try:
+            self.trainer_range  # noqa: B018 (validates the range and `trainers` in it)
+        except RangeError as error:
+            raise JobSpecError(str(error)) from None
         _check_count("epochs", self.epochs, minimum=1)
         _check_count("trainer GPUs", self.trainer_gpu, minimum=0)
         _check_count("heter trainers", self.heters, minimum=0)

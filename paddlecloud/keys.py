@@ -50,6 +50,16 @@ class JobKeys:
         return self._key("leader")
 
     @property
+    def trainers_range(self) -> bytes:
+        """The job's trainer range, JSON `{"min": N, "max": M}` (written once)."""
+        return self._key("trainers-range")
+
+    @property
+    def trainers_desired(self) -> bytes:
+        """The trainer group's desired size, within the range (`ScaleTrainers` changes it)."""
+        return self._key("trainers-desired")
+
+    @property
     def save_model(self) -> bytes:
         return self._key("save-model")
 

@@ -19,12 +19,13 @@ def master_flags(*, job: str, namespace: str, etcd_endpoints: str, port: int, ad
                  data_format: str | None = None, chunk_bytes: int | None = None,
                  start_epoch: int | None = None, resume_from: str | None = None,
                  session_ttl: str | None = None, election_ttl: str | None = None,
-                 metrics_port: int | None = None, extra: Sequence[str] = ()) -> list[str]:
+                 metrics_port: int | None = None, trainers: tuple[int, int, int] | None = None,
+                 extra: Sequence[str] = ()) -> list[str]:
     """The flags after `paddlecloud master`; None (or empty) leaves a flag to its default.
 
     `epochs`, `data_format`, `chunk_bytes` and `resume_from` are given only with
     `inputs` (they belong to the dataset; a chunk size of 0 is the master's default);
-    `extra` flags come last, as given.
+    `trainers` is (desired, min, max) at start; `extra` flags come last, as given.
     """
     flags = ["--job", job, "--namespace", namespace, "--etcd-endpoints", etcd_endpoints]
     if host is not None:
@@ -33,6 +34,9 @@ def master_flags(*, job: str, namespace: str, etcd_endpoints: str, port: int, ad
     optional = (("--metrics-port", metrics_port), ("--session-ttl", session_ttl),
                 ("--election-ttl", election_ttl), ("--start-epoch", start_epoch))
     flags += [arg for flag, value in optional if value is not None for arg in (flag, str(value))]
+    if trainers is not None:
+        desired, low, high = trainers
+        flags += ["--trainers", str(desired), "--min-trainers", str(low), "--max-trainers", str(high)]
     if inputs:
         flags += [arg for pattern in inputs for arg in ("--input", pattern)]
         if epochs is not None:

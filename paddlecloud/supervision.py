@@ -126,13 +126,16 @@ async def supervise(
     poll_interval: float = 2.0,
     initial_phase: Phase | None = None,
     graces: Graces = Graces(),
+    desired_trainers: Callable[[], Awaitable[int | None]] | None = None,
 ) -> Verdict:
     """Runs the job to its end and returns the final verdict (Succeeded or Failed).
 
     `registered_pservers()` counts the pservers registered in etcd; `master_state()`
     reads the master's data; `set_phase(phase, reason)` records a phase (the master:
     its fenced etcd write; None where the master's data is the only record, locally)
-    before the deployer shows it; `initial_phase` is the phase etcd holds, if any.
+    before the deployer shows it; `initial_phase` is the phase etcd holds, if any;
+    `desired_trainers()` is the trainers' desired size the master holds (None while
+    unknown), handed to `deployer.scale` at every poll until the data is done.
     """
     if num_pservers < 0:
         raise ValueError(f"num_pservers={num_pservers}: must be >= 0")
@@ -172,7 +175,7 @@ async def supervise(
     await advance(Phase.RUNNING)
 
     verdict = await _watch(deployer, master_state=master_state, poll_interval=poll_interval,
-                           graces=graces)
+                           graces=graces, desired_trainers=desired_trainers)
     await advance(verdict.phase, verdict.reason)
     await deployer.cleanup(succeeded=verdict.phase == Phase.SUCCEEDED)
     return verdict
@@ -192,7 +195,8 @@ async def _wait_for_pservers(num_pservers: int, *, registered: Callable[[], Awai
 
 
 async def _watch(deployer: Deployer, *, master_state: Callable[[], Awaitable[MasterState]],
-                 poll_interval: float, graces: Graces) -> Verdict:
+                 poll_interval: float, graces: Graces,
+                 desired_trainers: Callable[[], Awaitable[int | None]] | None) -> Verdict:
     loop = asyncio.get_running_loop()
     settle = _Settle()
     errors = 0
@@ -202,6 +206,10 @@ async def _watch(deployer: Deployer, *, master_state: Callable[[], Awaitable[Mas
         if master.over and not finishing:
             await deployer.finishing()
             finishing = True
+        if desired_trainers is not None and not finishing:
+            desired = await desired_trainers()
+            if desired is not None:
+                await deployer.scale(desired)
         await deployer.reconcile()
         try:
             status = await deployer.trainer_status()

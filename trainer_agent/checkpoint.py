@@ -42,10 +42,10 @@ from paddlecloud.checkpoints import (
     FORMAT_VERSION,
     META_FILE,
     STATE_FILE,
+    TASKS_DONE,
     CheckpointDir,
     CheckpointError,
     complete_versions,
-    latest_epoch,
     versions,
 )
 
@@ -59,23 +59,42 @@ _TMP = re.compile(r"^\.tmp-(\d+)-[0-9a-f]+$")
 
 @dataclass(frozen=True)
 class TrainStatus:
-    """The training progress saved with a checkpoint: the last *finished* epoch.
+    """The training progress saved with a checkpoint: the last *finished* epoch, or, with
+    ``tasks_done``, the epoch in progress and the master's tasks of it the model consumed.
 
     ``TrainStatus()`` (epoch None) is a start before any epoch finished, as EDL users
     write it: ``next()`` is 0. Only a status with an epoch can be saved.
+    ``TrainStatus(3, tasks_done=(7, 2))`` is a checkpoint inside epoch 3: ``next()`` is 3,
+    and a group restart resumes epoch 3 with tasks 2 and 7 done (``RestartEpoch``). Saving
+    it replaces the epoch's version; the save at the epoch's end (no ``tasks_done``)
+    replaces that one in turn.
     """
 
     epoch: int | None = None
+    tasks_done: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
-        if self.epoch is None:
-            return
-        if isinstance(self.epoch, bool) or not isinstance(self.epoch, int) or self.epoch < 0:
+        if self.epoch is not None and (isinstance(self.epoch, bool) or not isinstance(self.epoch, int)
+                                       or self.epoch < 0):
             raise ValueError(f"invalid TrainStatus epoch {self.epoch!r}: need an int >= 0 (or none)")
+        if self.tasks_done is not None:
+            if self.epoch is None:
+                raise ValueError("TrainStatus tasks_done needs the epoch they belong to")
+            if any(isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in self.tasks_done):
+                raise ValueError(f"invalid TrainStatus tasks_done {list(self.tasks_done)[:5]!r}: "
+                                 "need task ids >= 0")
+            object.__setattr__(self, "tasks_done", tuple(sorted(set(self.tasks_done))))
+
+    @property
+    def in_epoch(self) -> bool:
+        """Saved inside its epoch (the epoch is not finished)."""
+        return self.tasks_done is not None
 
     def next(self) -> int:
         """The epoch to resume at."""
-        return 0 if self.epoch is None else self.epoch + 1
+        if self.epoch is None:
+            return 0
+        return self.epoch if self.in_epoch else self.epoch + 1
 
 
 def save_checkpoint(
@@ -100,6 +119,8 @@ def save_checkpoint(
             "time": time.time(),
             "state_bytes": size,
         }
+        if train_status.in_epoch:
+            meta[TASKS_DONE] = list(train_status.tasks_done)
         _write_bytes(d, d.path(tmp, META_FILE), json.dumps(meta).encode())
         _install(d, tmp, name)
     except OSError as e:
@@ -131,13 +152,18 @@ def load_checkpoint(path: str) -> tuple[dict[str, Any], TrainStatus] | None:
         raise CheckpointError(
             f"{d.show(entry.name, STATE_FILE)} holds a {type(state).__name__}, not a dict"
         )
-    return state, TrainStatus(meta["epoch"])
+    return state, _status_of(meta)
 
 
 def latest_train_status(path: str) -> TrainStatus | None:
     """The TrainStatus of the newest complete version (reads only meta.json), or None."""
-    epoch = latest_epoch(path)
-    return None if epoch is None else TrainStatus(epoch)
+    found = next(complete_versions(CheckpointDir.of(path)), None)
+    return None if found is None else _status_of(found[1])
+
+
+def _status_of(meta: Mapping[str, Any]) -> TrainStatus:
+    done = meta.get(TASKS_DONE)
+    return TrainStatus(int(meta["epoch"]), tasks_done=None if done is None else tuple(done))
 
 
 # --- writing ---------------------------------------------------------------------------

@@ -4,7 +4,9 @@
 trainer_agent.stub`) runs the whole data path of a real trainer — sessions, prefetch,
 acknowledgements, failover — without a model, for tests, chaos runs and smoke checks
 of a cluster. Each record read is appended to the log as `epoch<TAB>trainer<TAB>task<TAB>record`,
-one write per line, so a log survives a SIGKILL up to its last whole line.
+one write per line, so a log survives a SIGKILL up to its last whole line. SIGTERM
+(a scale-down, a stop) ends it as a graceful exit: held tasks given back, the
+master left, exit 143.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
 import time
 
@@ -58,6 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     fd = os.open(args.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644) if args.log else None
     client = TaskClient.from_env(parse=parse_record)
     broken = args.broken or client.trainer_id in args.broken_ids.split(",")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))  # `with` leaves
     try:
         with client:
             for epoch in client.epochs():

@@ -865,7 +865,10 @@ MASTER_RULES: list[dict[str, Any]] = [
     {"apiGroups": ["apps"], "resources": ["deployments"], "verbs": ["get", "patch"]},
     {"apiGroups": ["apps"], "resources": ["statefulsets"], "verbs": ["get", "create", "delete"]},
     {"apiGroups": [""], "resources": ["services"], "verbs": ["get", "create", "delete"]},
-    {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["get", "create", "delete"]},
+    # the trainers: patch resizes a PS job's Indexed Job; a collective job's group restart
+    # deletes and recreates it, after seeing a member pod lost
+    {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["get", "create", "patch", "delete"]},
+    {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
     {"apiGroups": ["scheduling.volcano.sh"], "resources": ["podgroups"],
      "verbs": ["get", "create", "patch", "delete"]},
 ]

@@ -113,6 +113,29 @@ def _check_job_name(name: str | None) -> None:
                                  param_hint="'--job'")
 
 
+def _check_trainer_range(trainers: int | None, minimum: int | None, maximum: int | None) -> int:
+    """The desired size at start; a range that cannot be is a usage error naming it."""
+    from paddlecloud.elastic import RangeError, TrainerRange
+
+    if trainers is None and minimum is None and maximum is None:
+        return 1
+    try:
+        return TrainerRange.of(trainers=trainers, minimum=minimum, maximum=maximum)[1]
+    except RangeError as error:
+        raise click.BadParameter(str(error), param_hint="'--trainers/--min-trainers/--max-trainers'") from None
+
+
+def _check_schedule(text: str | None) -> tuple[tuple[float, int], ...]:
+    from paddlecloud.elastic import RangeError, parse_schedule
+
+    if not text:
+        return ()
+    try:
+        return parse_schedule(text)
+    except RangeError as error:
+        raise click.BadParameter(str(error), param_hint="'--resize-schedule'") from None
+
+
 def _check_session_ttl(seconds: float) -> None:
     try:
         Policy(session_ttl=seconds)
@@ -176,6 +199,13 @@ def local() -> None:
 @click.option("--output", type=click.Path(file_okay=False, path_type=Path), default="output",
               help="Where logs, checkpoints and the model go; a checkpoint there is resumed from.")
 @click.option("--trainers", type=click.IntRange(min=1), default=None, help="Trainer processes [default: 1; 2 for --example].")
+@click.option("--min-trainers", type=click.IntRange(min=1), default=None,
+              help="Elastic jobs: the fewest trainers `paddlecloud job scale` may set [default: --trainers].")
+@click.option("--max-trainers", type=click.IntRange(min=1), default=None,
+              help="Elastic jobs: the most trainers [default: --trainers]; --trainers defaults to it.")
+@click.option("--resize-schedule", metavar="SIZE@TIME,...",
+              help="Scale the trainers on a timer, e.g. 2@0s,4@20s,1@40s (times since the job started; "
+                   "the range defaults to the sizes').")
 @click.option("--pservers", type=click.IntRange(min=0), default=0, help="Parameter servers (0: collective training).")
 @click.option("--pserver-module", help="The pservers' module [default: MODULE, which switches on TRAINING_ROLE as PaddlePaddle's PS scripts do].")
 @click.option("-e", "--env", "env", type=KEY_VALUE, multiple=True, metavar="KEY=VALUE",
@@ -195,7 +225,7 @@ def local() -> None:
 @click.option("--session-ttl", type=DURATION, default="10s", help="Trainer session lease.")
 @click.option("--example", type=click.Choice(sorted(EXAMPLES)), help="Run a bundled example (generates its data).")
 @click.argument("module_args", nargs=-1, type=click.UNPROCESSED)
-def train(module, package_path, inputs, output, trainers, pservers, pserver_module, env, epochs, masters, fresh,
+def train(module, package_path, inputs, output, trainers, min_trainers, max_trainers, resize_schedule, pservers, pserver_module, env, epochs, masters, fresh,
           etcd_endpoints, restart_limit, restart_mode, job_name, fmt, chunk_bytes, session_ttl, example,
           module_args) -> None:
     """Run a training job here: etcd, master(s), pservers and trainers as child processes.
@@ -217,6 +247,16 @@ def train(module, package_path, inputs, output, trainers, pservers, pserver_modu
         raise click.UsageError("Missing option '--input': the data to train on.")
     _check_job_name(job_name)
     _check_session_ttl(session_ttl)
+    schedule = _check_schedule(resize_schedule)
+    if schedule:
+        sizes = [size for _, size in schedule]
+        min_trainers = min_trainers if min_trainers is not None else min(sizes)
+        max_trainers = max_trainers if max_trainers is not None else max(sizes)
+        if trainers is None and schedule[0][0] == 0:
+            trainers = schedule[0][1]
+    trainers = _check_trainer_range(trainers, min_trainers, max_trainers)
+    for _, size in schedule:
+        _check_trainer_range(size, min_trainers, max_trainers)
     _check_module(module, package_path)
     if pserver_module:
         _check_module(pserver_module, package_path)
@@ -233,7 +273,8 @@ def train(module, package_path, inputs, output, trainers, pservers, pserver_modu
     start_epoch = resume_epoch(output)
     spec = LocalJobSpec(
         job=job_name or _job_name(module), module=module, output=output, inputs=inputs,
-        trainers=trainers or 1, pservers=pservers, pserver_module=pserver_module, epochs=epochs, masters=masters,
+        trainers=trainers, min_trainers=min_trainers, max_trainers=max_trainers, pservers=pservers,
+        resize_schedule=schedule, pserver_module=pserver_module, epochs=epochs, masters=masters,
         package_path=package_path.absolute() if package_path else None, env=env,
         module_args=tuple(module_args), etcd_endpoints=etcd_endpoints, fresh=fresh,
         restart_limit=restart_limit, restart_mode=restart_mode or ("group" if pservers == 0 else "trainer"),

@@ -12,6 +12,13 @@ the deployer gives up on the trainers as a Job past its backoffLimit does: every
 trainer is stopped and `trainer_status()` reports the reason. A pserver past the
 limit raises `JobFailed`.
 
+`scale(n)` resizes the group: in `trainer` mode (PS) by starting launchers with
+the next ids, or stopping the highest ids with SIGTERM (a trainer that handles it
+leaves the master: its tasks return at once, no failure counted; one that does not
+is killed after the grace and its lease lapses); in `group` mode by a group
+restart at the new size (PADDLE_TRAINERS_NUM, the endpoints and ids 0..N-1
+recomputed), which does not count against the restart limit.
+
 What this does NOT do: isolate children (they run as this user, on this machine),
 nor keep any process after `cleanup` — a local job's processes cannot outlive it,
 whatever the clean-pod policy.
@@ -47,14 +54,15 @@ class LocalDeployer(Deployer):
 
     `spawn(role, index, command, env)` makes a child (the job decides where its log
     goes); `user_env()` is the environment of the user's code (with its package
-    path); `restart_epoch(epoch)` asks the master to restart an epoch (group mode).
+    path); `restart_epoch(epoch, done)` asks the master to restart an epoch with the tasks
+    a checkpoint saved inside it consumed done (group mode).
     """
 
     def __init__(self, *, trainers: int, pservers: int, trainer_command: list[str],
                  pserver_command: list[str], output: Path, restart_limit: int, restart_mode: str,
                  spawn: Callable[[str, int, list[str], dict[str, str]], Child],
                  user_env: Callable[[], dict[str, str]],
-                 restart_epoch: Callable[[int], Awaitable[None]],
+                 restart_epoch: Callable[[int, tuple[int, ...]], Awaitable[None]],
                  event: Callable[[str], None]) -> None:
         if restart_mode not in RESTART_MODES:
             raise ValueError(f"restart mode {restart_mode!r}: must be one of {', '.join(RESTART_MODES)}")
@@ -85,6 +93,28 @@ class LocalDeployer(Deployer):
     async def create_trainers(self) -> None:
         if not self.trainers:
             await self._start_trainers()
+
+    async def scale(self, trainers: int) -> None:
+        if trainers < 1:
+            raise ValueError(f"scale to {trainers} trainers: need at least 1")
+        if trainers == self.num_trainers or not self._replacing or self._gave_up:
+            return
+        before, self.num_trainers = self.num_trainers, trainers
+        if not self.trainers:
+            return  # not created yet: create_trainers starts the new size
+        self._event(f"scaling the trainers {before} -> {trainers}")
+        if self.restart_mode == "group":
+            await self._restart_group(counted=False)
+        elif trainers > len(self.trainers):
+            ports = [free_port() for _ in range(trainers)]
+            for index in range(len(self.trainers), trainers):
+                child = self._spawn("trainer", index, self.trainer_command,
+                                    self._trainer_env(index, ports))
+                await child.start()
+                self.trainers.append(child)
+        else:
+            leaving, self.trainers = self.trainers[trainers:], self.trainers[:trainers]
+            await asyncio.gather(*(t.stop(grace=GROUP_STOP_GRACE) for t in leaving))
 
     async def reconcile(self) -> None:
         if not self._replacing or self._gave_up:
@@ -141,12 +171,17 @@ class LocalDeployer(Deployer):
     # ---- restarts ---------------------------------------------------------------------
     async def restart_trainers(self) -> None:
         """Collective training: stop the group, restart the checkpoint's epoch, start all again."""
+        await self._restart_group(counted=True)
+
+    async def _restart_group(self, *, counted: bool) -> None:
+        """The group restart; `counted` (a death, not a resize) counts against the limit."""
         restarts = max((t.restarts for t in self.trainers), default=0)
         await asyncio.gather(*(t.stop(grace=GROUP_STOP_GRACE) for t in self.trainers))
-        await self._restart_epoch(checkpoints.resume_epoch(checkpoints.checkpoints_dir(str(self.output))))
+        epoch, done = checkpoints.resume_point(checkpoints.checkpoints_dir(str(self.output)))
+        await self._restart_epoch(epoch, done)
         await self._start_trainers()
         for trainer in self.trainers:
-            trainer.restarts = restarts + 1
+            trainer.restarts = restarts + counted
         self.restarts += 1
 
     async def _restart(self, child: Child) -> None:
@@ -177,6 +212,7 @@ class LocalDeployer(Deployer):
     def _trainer_env(self, index: int, ports: list[int]) -> dict[str, str]:
         env = self._user_env()
         env["PADDLE_TRAINER_ID"] = str(index)
+        env["PADDLE_TRAINERS_NUM"] = str(self.num_trainers)
         if self.num_pservers == 0:  # collective training: the group's endpoints
             endpoints = [f"127.0.0.1:{p}" for p in ports]
             env.update(PADDLE_TRAINER_ENDPOINTS=",".join(endpoints),

@@ -57,9 +57,12 @@ class LocalJobSpec:
     module: str
     output: Path
     inputs: tuple[str, ...]
-    trainers: int = 1
+    trainers: int = 1                    # the group's size at start (the desired size)
     pservers: int = 0
     epochs: int = 1
+    min_trainers: int | None = None      # the elastic range; None: `trainers`
+    max_trainers: int | None = None
+    resize_schedule: tuple[tuple[float, int], ...] = ()  # (seconds since start, size): ScaleTrainers
     masters: int = 1
     package_path: Path | None = None
     env: tuple[tuple[str, str], ...] = ()
@@ -86,6 +89,9 @@ class Progress:
     done: int = 0
     num_tasks: int = 0
     trainers_alive: int = 0
+    min_trainers: int = 0
+    max_trainers: int = 0
+    desired_trainers: int = 0
     requeued: int = 0
     restarts: int = 0
     leader: str = ""
@@ -198,7 +204,8 @@ class LocalJob:
                 job=s.job, namespace=NAMESPACE, etcd_endpoints=self.etcd_endpoint, host="127.0.0.1",
                 port=port, advertise=f"127.0.0.1:{port}", session_ttl=s.session_ttl,
                 election_ttl=s.election_ttl, start_epoch=s.start_epoch, inputs=s.inputs,
-                epochs=s.epochs, metrics_port=page_port, extra=s.master_args)]
+                epochs=s.epochs, metrics_port=page_port, extra=s.master_args,
+                trainers=(s.trainers, s.min_trainers or s.trainers, s.max_trainers or s.trainers))]
             child = self._child("master", index, command, self._env(master=True))
             await child.start()
             self.masters.append(child)
@@ -230,15 +237,17 @@ class LocalJob:
             registered_pservers=self._registered_pservers, master_state=self._master_state,
             poll_interval=POLL_INTERVAL,
             graces=Graces(done=self.spec.done_grace, exited=TRAINERS_EXITED_GRACE),
+            desired_trainers=self._desired_trainers,
         ), name="supervise")
         keeper = asyncio.create_task(self._keep_masters(), name="keep-masters")
         stop = asyncio.create_task(self.stopping.wait(), name="stopping")
+        schedule = asyncio.create_task(self._follow_schedule(), name="resize-schedule")
         try:
             done, _ = await asyncio.wait({job, keeper, stop}, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            for task in (job, keeper, stop):
+            for task in (job, keeper, stop, schedule):
                 task.cancel()
-            await asyncio.gather(job, keeper, stop, return_exceptions=True)
+            await asyncio.gather(job, keeper, stop, schedule, return_exceptions=True)
         if job in done:
             # The masters outlive the end by a page refresh, so an open status page shows it.
             await asyncio.sleep(PAGE_LINGER)
@@ -265,6 +274,10 @@ class LocalJob:
         return MasterState(has_dataset=True, done=phase == Phase.SUCCEEDED.value,
                            failed=phase == Phase.FAILED.value)
 
+    async def _desired_trainers(self) -> int | None:
+        """The size the master holds in etcd (ScaleTrainers changes it), None before it answered."""
+        return (self._status.desired_trainers or None) if self._status is not None else None
+
     async def _poll_status(self) -> None:
         for master in self.masters:
             if not master.running:
@@ -278,6 +291,8 @@ class LocalJob:
             p.phase, p.epoch, p.num_epochs = status.phase, status.current_epoch, status.num_epochs or p.num_epochs
             p.done, p.num_tasks = status.counts.done, status.num_tasks
             p.trainers_alive, p.requeued, p.leader = status.trainers_alive, status.requeued, status.leader
+            p.min_trainers, p.max_trainers = status.min_trainers, status.max_trainers
+            p.desired_trainers = status.desired_trainers
             break
         self.progress.restarts = self._master_restarts + self.deployer.restarts
         self.on_progress(self.progress)
@@ -293,13 +308,15 @@ class LocalJob:
         self._event(f"{master.name} {why}: restarting it (restart {master.restarts + 1})")
         await master.restart()
 
-    async def _restart_epoch(self, epoch: int) -> None:
+    async def _restart_epoch(self, epoch: int, done: tuple[int, ...] = ()) -> None:
         address = self.progress.leader
         deadline = time.monotonic() + 60
         while True:
             try:
-                await self._master(address).RestartEpoch(pb.RestartEpochRequest(epoch=epoch), timeout=10)
-                self._event(f"the master restarted epoch {epoch}")
+                await self._master(address).RestartEpoch(
+                    pb.RestartEpochRequest(epoch=epoch, done_tasks=done), timeout=10)
+                self._event(f"the master restarted epoch {epoch}"
+                            + (f" with the checkpoint's {len(done)} tasks done" if done else ""))
                 return
             except grpc.aio.AioRpcError as error:
                 if time.monotonic() > deadline:
@@ -307,6 +324,34 @@ class LocalJob:
                 await asyncio.sleep(POLL_INTERVAL)
                 await self._poll_status()
                 address = self.progress.leader
+
+    async def scale(self, trainers: int) -> pb.ScaleTrainersResponse | None:
+        """`ScaleTrainers` on the leader the last status poll named (None while none is known);
+        raises its AioRpcError."""
+        if not self.progress.leader:
+            return None
+        return await self._master(self.progress.leader).ScaleTrainers(
+            pb.ScaleTrainersRequest(trainers=trainers), timeout=10)
+
+    async def _follow_schedule(self) -> None:
+        """`--resize-schedule`: ScaleTrainers at each step's time since the job started, on the
+        leader (the deployer converges as for `paddlecloud job scale`); ends after the last step."""
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        for at, size in self.spec.resize_schedule:
+            await asyncio.sleep(max(0.0, started + at - loop.time()))
+            while True:
+                try:
+                    if await self.scale(size) is not None:
+                        self._event(f"resize schedule: {size} trainers at {at:g}s")
+                        break
+                    await asyncio.sleep(POLL_INTERVAL)  # no leader known yet
+                except grpc.aio.AioRpcError as error:
+                    if error.code() == grpc.StatusCode.INVALID_ARGUMENT:  # e.g. etcd's range differs
+                        self._event(f"resize schedule: {size} trainers at {at:g}s refused: "
+                                    f"{error.details()}")
+                        break
+                    await asyncio.sleep(POLL_INTERVAL)  # no leader serving yet, or it changed
 
     @staticmethod
     def _last_line(child: Child) -> str:

@@ -56,14 +56,22 @@ class ConsoleView:
     def plain(p: Progress) -> str:
         epoch = min(p.epoch + 1, p.num_epochs) if p.num_epochs else p.epoch + 1
         return (f"[progress] {p.phase}, epoch {epoch}/{p.num_epochs or '?'}, tasks {p.done}/{p.num_tasks},"
-                f" trainers alive {p.trainers_alive}, re-queued {p.requeued}, restarts {p.restarts}")
+                f" trainers alive {p.trainers_alive}{ConsoleView.size(p)}, re-queued {p.requeued},"
+                f" restarts {p.restarts}")
+
+    @staticmethod
+    def size(p: Progress) -> str:
+        """` (desired D, range MIN..MAX)` once the master told the trainer range."""
+        if not p.desired_trainers:
+            return ""
+        return f" (desired {p.desired_trainers}, range {p.min_trainers}..{p.max_trainers})"
 
     @staticmethod
     def render(p: Progress) -> Group:
         table = Table.grid(padding=(0, 2))
         epoch = min(p.epoch + 1, p.num_epochs) if p.num_epochs else p.epoch + 1
         table.add_row(Text(p.phase, style="bold"), f"epoch {epoch}/{p.num_epochs or '?'}",
-                      f"tasks {p.done}/{p.num_tasks}", f"trainers alive {p.trainers_alive}",
+                      f"tasks {p.done}/{p.num_tasks}", f"trainers alive {p.trainers_alive}{ConsoleView.size(p)}",
                       f"re-queued {p.requeued}", f"restarts {p.restarts}")
         bar = ProgressBar(total=max(p.num_tasks, 1), completed=p.done, width=60)
         if p.page:

@@ -10,6 +10,8 @@ runs injects faults drawn from a seeded random schedule:
   trainer-pause    SIGSTOP a trainer past its session TTL, then SIGCONT
   master-pause     SIGSTOP the leading master past its election lease, then SIGCONT
   etcd-restart     SIGKILL etcd and start it again on the same data directory
+  resize           ScaleTrainers to another size in the job's range (PS-style: trainers
+                   join with the next ids or leave gracefully with SIGTERM)
 
 Two more are part of every run: a few poisoned records (their tasks must end failed
 each epoch after --max-task-failures, and the job must finish the rest) and one
@@ -38,12 +40,14 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import grpc
+
 from paddlecloud.etcd_server import EtcdServer
 from paddlecloud.history import MarkEvent, audit_done_marks, mark_history
 from paddlecloud.keys import JobKeys
 from paddlecloud.local.job import LocalJob, LocalJobSpec, master_address
 
-FAULTS = ("trainer-kill", "master-kill", "trainer-pause", "master-pause", "etcd-restart")
+FAULTS = ("trainer-kill", "master-kill", "trainer-pause", "master-pause", "etcd-restart", "resize")
 SESSION_TTL = 2.0
 ELECTION_TTL = 2.0
 MAX_TASK_FAILURES = 1
@@ -122,6 +126,7 @@ class Chaos:
         spec = LocalJobSpec(
             job=job_name, module="trainer_agent.stub", output=self.workdir / "out",
             inputs=(str(data / "*.csv"),), trainers=self.trainers, epochs=self.epochs, masters=2,
+            min_trainers=max(1, self.trainers - 2), max_trainers=self.trainers,
             env=(("PADDLECLOUD_RECORD_LOG", str(records_log)),
                  ("PADDLECLOUD_STUB_BROKEN_IDS", str(self.trainers - 1)),
                  ("PADDLECLOUD_MASTER_DEADLINE", "120")),
@@ -168,6 +173,17 @@ class Chaos:
         if fault.startswith("trainer") and not healthy:
             return
         if fault.startswith("master") and leader is None:
+            return
+        if fault == "resize":
+            low, high = max(1, self.trainers - 2), self.trainers
+            size = self.rng.choice([n for n in range(low, high + 1)
+                                    if n != job.progress.desired_trainers] or [high])
+            try:
+                if await job.scale(size) is None:
+                    return  # no leader known now (another fault): not injected
+            except grpc.aio.AioRpcError:
+                return  # the leader does not serve now (another fault): not injected
+            self.injected.append(f"resize->{size}")
             return
         self.injected.append(fault)
         if fault == "trainer-kill":

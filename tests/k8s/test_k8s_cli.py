@@ -139,7 +139,8 @@ class FakeMaster(pb_grpc.MasterServicer):
             job="ctr", namespace="ml", phase="Running", leader="10.0.0.7:8080",
             current_epoch=1, num_epochs=3, num_tasks=40, trainers_alive=2,
             counts=pb.TaskCounts(todo=20, pending=2, done=18, failed=0),
-            pserver_endpoints=["ctr-ps-0.ctr-ps.ml.svc:36000"], has_dataset=True)
+            pserver_endpoints=["ctr-ps-0.ctr-ps.ml.svc:36000"], has_dataset=True,
+            min_trainers=1, max_trainers=4, desired_trainers=3)
 
 
 @pytest.fixture
@@ -169,6 +170,7 @@ async def test_status_shows_phase_pods_and_progress(k8s, kubeconfig, fake_master
     pserver_row = next(line.split() for line in out.splitlines() if line.startswith("pserver"))
     assert pserver_row == ["pserver", "0", "1", "0", "0"]
     assert "leader 10.0.0.7:8080" in out
+    assert "trainers: desired 3, range 1..4, alive 2" in out
     assert "epoch 2/3: tasks 18/40 done (todo 20, pending 2, failed 0)" in out
     assert "━" in out and "45%" in out  # the progress bar
 

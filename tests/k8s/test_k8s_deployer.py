@@ -265,8 +265,10 @@ async def test_the_role_in_deploy_allows_exactly_what_the_master_does(k8s, api_c
     worker = {"spec": {"schedulerName": "volcano", "containers": [
         {"name": "paddle", "image": "img", "command": ["python", "-m", "ctr.train"]}]}}
     spec = make_spec("rights", scheduler_name="volcano", worker_template=worker,
-                     ps_template=worker, with_gloo=1, clean_pod_policy="Always")
+                     ps_template=worker, with_gloo=1, clean_pod_policy="Always", max_trainers=4)
     await create_master(api_client, spec)
+    collective_spec = make_spec("rights-c", pservers=0, max_trainers=4)
+    await create_master(api_client, collective_spec)  # what submit makes: not the master's rights
     since = len(list(k8s.kmock))
     deployer = KubernetesDeployer(spec, api_client=api_client, retry=FAST_RETRY)
     await deployer.create_pservers()
@@ -274,6 +276,10 @@ async def test_the_role_in_deploy_allows_exactly_what_the_master_does(k8s, api_c
     successor = KubernetesDeployer(spec, api_client=api_client, retry=FAST_RETRY)
     await successor.create_pservers()  # a new leader adopts: 409, then get
     await deployer.trainer_status()
+    await deployer.scale(4)  # PS: the Job patched
+    collective = KubernetesDeployer(collective_spec, api_client=api_client, retry=FAST_RETRY)
+    await collective.create_trainers()
+    await collective.reconcile()  # the group's pods listed
     await deployer.show_phase(Phase.SUCCEEDED, reason="the data is done")
     await deployer.cleanup(succeeded=True)
     used = k8s.rbac_verbs(since)
@@ -378,6 +384,12 @@ class FakeDeployer(Deployer):
 
     async def create_trainers(self) -> None:
         self.calls.append("trainers")
+
+    async def scale(self, trainers: int) -> None:
+        self.calls.append(f"scale({trainers})")
+
+    async def restart_trainers(self) -> None:
+        self.calls.append("restart")
 
     async def reconcile(self) -> None:
         self.calls.append("reconcile")

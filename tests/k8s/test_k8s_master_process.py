@@ -20,12 +20,12 @@ from paddlecloud.keys import JobKeys
 
 async def start_deploying_master(tmp_path, api_client, kubeconfig, etcd_endpoint, monkeypatch,
                                  start_master, *, name: str, namespace: str,
-                                 pservers: int = 0) -> tuple[JobSpec, object]:
+                                 pservers: int = 0, **changes) -> tuple[JobSpec, object]:
     """What `job submit` makes (the master Deployment, the spec), and a real master deploying."""
     write_records(tmp_path / "data", files=2, records_per_file=2)
     spec = JobSpec(name=name, namespace=namespace, module="ctr.train", trainers=2,
                    pservers=pservers, inputs=(str(tmp_path / "data"),),
-                   etcd_endpoints=etcd_endpoint).validate()
+                   etcd_endpoints=etcd_endpoint, **changes).validate()
     await create_master(api_client, spec)
     spec_file = tmp_path / "job.yaml"
     spec_file.write_text(spec.to_yaml())

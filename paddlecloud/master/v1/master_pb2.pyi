@@ -194,10 +194,12 @@ class GetTaskResponse(_message.Message):
     def __init__(self, outcome: _Optional[_Union[Outcome, str]] = ..., task: _Optional[_Union[Task, _Mapping]] = ..., current_epoch: _Optional[int] = ..., retry_after: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., finished_results: _Optional[_Iterable[_Union[ReportResult, str]]] = ...) -> None: ...
 
 class RestartEpochRequest(_message.Message):
-    __slots__ = ("epoch",)
+    __slots__ = ("epoch", "done_tasks")
     EPOCH_FIELD_NUMBER: _ClassVar[int]
+    DONE_TASKS_FIELD_NUMBER: _ClassVar[int]
     epoch: int
-    def __init__(self, epoch: _Optional[int] = ...) -> None: ...
+    done_tasks: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, epoch: _Optional[int] = ..., done_tasks: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class RestartEpochResponse(_message.Message):
     __slots__ = ("current_epoch",)
@@ -222,7 +224,7 @@ class TaskCounts(_message.Message):
     def __init__(self, todo: _Optional[int] = ..., pending: _Optional[int] = ..., done: _Optional[int] = ..., failed: _Optional[int] = ...) -> None: ...
 
 class GetStatusResponse(_message.Message):
-    __slots__ = ("job", "namespace", "phase", "leader", "current_epoch", "num_epochs", "counts", "num_tasks", "trainers_alive", "pserver_endpoints", "has_dataset", "requeued")
+    __slots__ = ("job", "namespace", "phase", "leader", "current_epoch", "num_epochs", "counts", "num_tasks", "trainers_alive", "pserver_endpoints", "has_dataset", "requeued", "min_trainers", "max_trainers", "desired_trainers")
     JOB_FIELD_NUMBER: _ClassVar[int]
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     PHASE_FIELD_NUMBER: _ClassVar[int]
@@ -235,6 +237,9 @@ class GetStatusResponse(_message.Message):
     PSERVER_ENDPOINTS_FIELD_NUMBER: _ClassVar[int]
     HAS_DATASET_FIELD_NUMBER: _ClassVar[int]
     REQUEUED_FIELD_NUMBER: _ClassVar[int]
+    MIN_TRAINERS_FIELD_NUMBER: _ClassVar[int]
+    MAX_TRAINERS_FIELD_NUMBER: _ClassVar[int]
+    DESIRED_TRAINERS_FIELD_NUMBER: _ClassVar[int]
     job: str
     namespace: str
     phase: str
@@ -247,7 +252,10 @@ class GetStatusResponse(_message.Message):
     pserver_endpoints: _containers.RepeatedScalarFieldContainer[str]
     has_dataset: bool
     requeued: int
-    def __init__(self, job: _Optional[str] = ..., namespace: _Optional[str] = ..., phase: _Optional[str] = ..., leader: _Optional[str] = ..., current_epoch: _Optional[int] = ..., num_epochs: _Optional[int] = ..., counts: _Optional[_Union[TaskCounts, _Mapping]] = ..., num_tasks: _Optional[int] = ..., trainers_alive: _Optional[int] = ..., pserver_endpoints: _Optional[_Iterable[str]] = ..., has_dataset: _Optional[bool] = ..., requeued: _Optional[int] = ...) -> None: ...
+    min_trainers: int
+    max_trainers: int
+    desired_trainers: int
+    def __init__(self, job: _Optional[str] = ..., namespace: _Optional[str] = ..., phase: _Optional[str] = ..., leader: _Optional[str] = ..., current_epoch: _Optional[int] = ..., num_epochs: _Optional[int] = ..., counts: _Optional[_Union[TaskCounts, _Mapping]] = ..., num_tasks: _Optional[int] = ..., trainers_alive: _Optional[int] = ..., pserver_endpoints: _Optional[_Iterable[str]] = ..., has_dataset: _Optional[bool] = ..., requeued: _Optional[int] = ..., min_trainers: _Optional[int] = ..., max_trainers: _Optional[int] = ..., desired_trainers: _Optional[int] = ...) -> None: ...
 
 class TaskInfo(_message.Message):
     __slots__ = ("id", "state", "epoch", "holder", "session_id", "attempt", "failures", "chunks")
@@ -330,3 +338,19 @@ class RequestSaveModelResponse(_message.Message):
     GRANTED_FIELD_NUMBER: _ClassVar[int]
     granted: bool
     def __init__(self, granted: _Optional[bool] = ...) -> None: ...
+
+class ScaleTrainersRequest(_message.Message):
+    __slots__ = ("trainers",)
+    TRAINERS_FIELD_NUMBER: _ClassVar[int]
+    trainers: int
+    def __init__(self, trainers: _Optional[int] = ...) -> None: ...
+
+class ScaleTrainersResponse(_message.Message):
+    __slots__ = ("min_trainers", "max_trainers", "desired_trainers")
+    MIN_TRAINERS_FIELD_NUMBER: _ClassVar[int]
+    MAX_TRAINERS_FIELD_NUMBER: _ClassVar[int]
+    DESIRED_TRAINERS_FIELD_NUMBER: _ClassVar[int]
+    min_trainers: int
+    max_trainers: int
+    desired_trainers: int
+    def __init__(self, min_trainers: _Optional[int] = ..., max_trainers: _Optional[int] = ..., desired_trainers: _Optional[int] = ...) -> None: ...

@@ -99,6 +99,11 @@ class MasterStub:
                 request_serializer=paddlecloud_dot_master_dot_v1_dot_master__pb2.RequestSaveModelRequest.SerializeToString,
                 response_deserializer=paddlecloud_dot_master_dot_v1_dot_master__pb2.RequestSaveModelResponse.FromString,
                 _registered_method=True)
+        self.ScaleTrainers = channel.unary_unary(
+                '/paddlecloud.master.v1.Master/ScaleTrainers',
+                request_serializer=paddlecloud_dot_master_dot_v1_dot_master__pb2.ScaleTrainersRequest.SerializeToString,
+                response_deserializer=paddlecloud_dot_master_dot_v1_dot_master__pb2.ScaleTrainersResponse.FromString,
+                _registered_method=True)
 
 
 class MasterServicer:
@@ -193,6 +198,14 @@ class MasterServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ScaleTrainers(self, request, context):
+        """Operator: sets the trainer group's desired size, within the job's range
+        (INVALID_ARGUMENT naming both otherwise); the deployer converges to it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MasterServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -260,6 +273,11 @@ def add_MasterServicer_to_server(servicer, server):
                     servicer.RequestSaveModel,
                     request_deserializer=paddlecloud_dot_master_dot_v1_dot_master__pb2.RequestSaveModelRequest.FromString,
                     response_serializer=paddlecloud_dot_master_dot_v1_dot_master__pb2.RequestSaveModelResponse.SerializeToString,
+            ),
+            'ScaleTrainers': grpc.unary_unary_rpc_method_handler(
+                    servicer.ScaleTrainers,
+                    request_deserializer=paddlecloud_dot_master_dot_v1_dot_master__pb2.ScaleTrainersRequest.FromString,
+                    response_serializer=paddlecloud_dot_master_dot_v1_dot_master__pb2.ScaleTrainersResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -613,6 +631,33 @@ class Master:
             '/paddlecloud.master.v1.Master/RequestSaveModel',
             paddlecloud_dot_master_dot_v1_dot_master__pb2.RequestSaveModelRequest.SerializeToString,
             paddlecloud_dot_master_dot_v1_dot_master__pb2.RequestSaveModelResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ScaleTrainers(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/paddlecloud.master.v1.Master/ScaleTrainers',
+            paddlecloud_dot_master_dot_v1_dot_master__pb2.ScaleTrainersRequest.SerializeToString,
+            paddlecloud_dot_master_dot_v1_dot_master__pb2.ScaleTrainersResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,194 @@
+"""Elastic local jobs: a trainer range, `paddlecloud job scale` while the job runs (PS mode)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+
+import grpc
+import pytest
+from datasets import write_records
+from etcd_history import check_exactly_once, done_events
+from local_runs import LocalRun
+from processes import find
+from trainers import read_log
+from waiting import wait_until
+
+from paddlecloud import etcd
+from paddlecloud.api import pb, pb_grpc
+from paddlecloud.history import mark_history
+from paddlecloud.keys import JobKeys
+
+STUB = "trainer_agent.stub"
+
+
+@pytest.fixture
+def local_run(tmp_path, job_name):
+    runs = []
+
+    def start(*args: str) -> LocalRun:
+        run = LocalRun(tmp_path, job_name, *args)
+        runs.append(run)
+        return run
+
+    yield start
+    for run in runs:
+        run.stop()
+
+
+async def _leader(endpoint: str, keys: JobKeys) -> str:
+    client = await etcd.connect(endpoint)
+    try:
+        found = await client.get(keys.leader)
+        return found.value.decode() if found is not None else ""
+    finally:
+        await client.close()
+
+
+def _status(address: str) -> pb.GetStatusResponse:
+    with grpc.insecure_channel(address) as channel:
+        return pb_grpc.MasterStub(channel).GetStatus(pb.GetStatusRequest(), timeout=5)
+
+
+def _alive(address: str) -> int:
+    """Trainers alive, -1 while the master does not serve yet (elected, still loading)."""
+    try:
+        return _status(address).trainers_alive
+    except grpc.RpcError:
+        return -1
+
+
+def _scale(job: str, address: str, trainers: int) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "paddlecloud", "job", "scale", job, "--trainers",
+                           str(trainers), "--master", address], capture_output=True, text=True,
+                          timeout=60)
+
+
+def test_ps_job_scaled_2_4_1_3_counts_every_task_once_and_no_failure(tmp_path, local_run, job_name,
+                                                                      etcd_endpoint):
+    keys = JobKeys("local", job_name)
+    write_records(tmp_path / "data", files=6, records_per_file=100)
+    run = local_run("--module", STUB, "--input", str(tmp_path / "data"), "--trainers", "2",
+                    "--min-trainers", "1", "--max-trainers", "4", "--pservers", "1",
+                    "--pserver-module", "pserver_agent.stub", "--epochs", "3", "--chunk-bytes", "300",
+                    "--etcd-endpoints", etcd_endpoint, "--", "--delay", "0.03")
+    wait_until(lambda: asyncio.run(_leader(etcd_endpoint, keys)), timeout=60, message="no leader")
+    address = asyncio.run(_leader(etcd_endpoint, keys))
+    wait_until(lambda: _alive(address) == 2, timeout=90, message="2 trainers never alive")
+    status = _status(address)
+    assert (status.min_trainers, status.max_trainers, status.desired_trainers) == (1, 4, 2)
+
+    refused = _scale(job_name, address, 5)
+    assert refused.returncode != 0 and "5 trainers is outside the job's range 1..4" in refused.stderr
+
+    for size in (4, 1, 3):
+        read_before = len(read_log(run.records))
+        done = _scale(job_name, address, size)
+        assert done.returncode == 0, done.stderr
+        assert f"desired trainers {size} (range 1..4)" in done.stdout
+        wait_until(lambda size=size: _alive(address) == size, timeout=90,
+                   message=f"the job never ran {size} trainers")
+        assert _status(address).desired_trainers == size
+        # the new size trains: records keep coming, from the new trainers too (the job goes on)
+        joined = {str(i) for i in range(size)} if size == 4 else set()
+
+        def trained(n=read_before, joined=joined) -> bool:
+            rows = read_log(run.records)
+            return (len(rows) >= n + 20 and joined <= {t for _, t, _, _ in rows[n:]}
+                    or run.process.poll() is not None)
+        wait_until(trained, timeout=90, message=f"no progress at {size} trainers")
+        assert run.process.poll() is None, "the job ended before the resize sequence was through"
+
+    assert run.wait() == 0, run.text()
+    text = run.text()
+    assert "scaling the trainers 2 -> 4" in text and "scaling the trainers 4 -> 1" in text
+    assert "scaling the trainers 1 -> 3" in text and "restarting it" not in text
+    # trainers 2 and 3 joined and read records; every task counted once per epoch
+    assert {"0", "1", "2", "3"} <= {t for _, t, _, _ in read_log(run.records)}
+    events = asyncio.run(done_events(etcd_endpoint, keys))
+    check_exactly_once(events, num_tasks=len({t for _, _, t in events}), num_epochs=3)
+    # the trainers that left gave their tasks back: no failure was ever counted
+    assert asyncio.run(mark_history(etcd_endpoint, keys, "failures")) == []
+
+
+def test_collective_resize_schedule_restarts_the_group_at_each_size(tmp_path, local_run, job_name,
+                                                                    etcd_endpoint):
+    keys = JobKeys("local", job_name)
+    write_records(tmp_path / "data", files=4, records_per_file=60)
+    run = local_run("--module", STUB, "--input", str(tmp_path / "data"), "--resize-schedule",
+                    "2@0s,1@6s,3@12s", "--epochs", "2", "--chunk-bytes", "300",
+                    "--etcd-endpoints", etcd_endpoint, "--", "--delay", "0.05")
+    assert run.wait() == 0, run.text()
+    text = run.text()
+    assert "scaling the trainers 2 -> 1" in text and "scaling the trainers 1 -> 3" in text
+    assert text.count("the master restarted epoch") == 2  # one group restart per resize
+    assert "restarting the trainer group" not in text     # nobody died
+    # the group of 3 ran with ids 0..2 and PADDLE_TRAINERS_NUM=3
+    assert "resize schedule: 3 trainers at 12s" in text
+    assert (run.output / "logs" / "trainer-2.log").read_text().count("registered") >= 1
+    events = asyncio.run(done_events(etcd_endpoint, keys))
+    check_exactly_once(events, num_tasks=len({t for _, _, t in events}), num_epochs=2)
+
+
+@pytest.mark.parametrize("schedule, fragment", [
+    ("2@5s,3@1s", "resize step '3@1s' comes before"),
+    ("2@0s,4", "resize step '4': write SIZE@TIME"),
+    ("2@0s,5@1s --max-trainers 4", "5 trainers is outside the job's range 2..4"),
+])
+def test_a_bad_resize_schedule_is_a_usage_error_naming_it(tmp_path, job_name, schedule, fragment):
+    write_records(tmp_path / "data", files=1, records_per_file=5)
+    value, *more = schedule.split()
+    result = subprocess.run([sys.executable, "-m", "paddlecloud", "local", "train", "--job", job_name,
+                             "--module", STUB, "--input", str(tmp_path / "data"), "--output",
+                             str(tmp_path / "out"), "--resize-schedule", value, *more],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and fragment in result.stderr, result.stderr
+
+
+def test_the_progress_view_shows_the_trainer_range_once_the_master_told_it():
+    from paddlecloud.local.job import Progress
+    from paddlecloud.local.view import ConsoleView
+
+    p = Progress(phase="Running", num_epochs=2, trainers_alive=3)
+    assert "range" not in ConsoleView.plain(p)
+    p.min_trainers, p.max_trainers, p.desired_trainers = 1, 4, 3
+    assert "trainers alive 3 (desired 3, range 1..4)" in ConsoleView.plain(p)
+
+
+def _done_tasks(address: str, epoch: int) -> list[int]:
+    with grpc.insecure_channel(address) as channel:
+        reply = pb_grpc.MasterStub(channel).ListTasks(
+            pb.ListTasksRequest(state=pb.DONE, epoch=epoch, page_size=1000), timeout=5)
+    return [t.id for t in reply.tasks]
+
+
+def test_a_group_restart_resumes_the_epoch_with_the_checkpoints_tasks_done(tmp_path, local_run, job_name,
+                                                                           etcd_endpoint):
+    """The granted trainer's checkpoint inside epoch 0 names the tasks the model consumed (here
+    written by the test, as the trainer would): after a trainer dies, the group restarts epoch
+    0 with exactly those done, so their records are not read again in that epoch."""
+    from trainer_agent.checkpoint import TrainStatus, save_checkpoint
+
+    keys = JobKeys("local", job_name)
+    write_records(tmp_path / "data", files=4, records_per_file=60)
+    run = local_run("--module", STUB, "--input", str(tmp_path / "data"), "--trainers", "2",
+                    "--epochs", "2", "--chunk-bytes", "300", "--etcd-endpoints", etcd_endpoint,
+                    "--", "--delay", "0.03")
+    wait_until(lambda: asyncio.run(_leader(etcd_endpoint, keys)), timeout=60, message="no leader")
+    address = asyncio.run(_leader(etcd_endpoint, keys))
+    wait_until(lambda: _alive(address) >= 0 and len(_done_tasks(address, 0)) >= 3, timeout=90,
+               message="no task done")
+    consumed = tuple(_done_tasks(address, 0))
+    save_checkpoint(str(run.output / "checkpoints"), {}, TrainStatus(0, tasks_done=consumed))
+    os.kill(find(job_name, module=STUB, PADDLE_TRAINER_ID="0")[0], signal.SIGKILL)
+    assert run.wait() == 0, run.text()
+    assert f"the master restarted epoch 0 with the checkpoint's {len(consumed)} tasks done" in run.text()
+    rows = read_log(run.records)
+    for task in consumed:  # read once in epoch 0: before the checkpoint, never after the restart
+        records = [r for e, _, t, r in rows if e == 0 and t == task]
+        assert records and len(records) == len(set(records)), (task, records)
+    events = asyncio.run(done_events(etcd_endpoint, keys))
+    check_exactly_once(events, num_tasks=len({t for _, _, t in events}), num_epochs=2)
