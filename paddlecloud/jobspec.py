@@ -109,9 +109,9 @@ class JobSpec:
     `image`/`module`/resources (paddlecloud still injects its environment, labels and
     volumes into them), and each keeps the `schedulerName` it was written with.
 
-    `min_trainers`/`max_trainers` are the trainer range (0: equal to `trainers`);
-    they are stored and shown, not yet acted on (elasticity is the elastic jobs
-    issue's). `elastic` is paddle-operator's `spec.elastic` level, kept as given.
+    `min_trainers`/`max_trainers` are the trainer range (None: equal to `trainers`);
+    the master keeps the size within it (`paddlecloud job scale`). `elastic` is
+    paddle-operator's `spec.elastic` level, kept as given.
     `no_agent`: every role runs its image's own entrypoint (see `manifests`).
     """
 
@@ -150,8 +150,6 @@ class JobSpec:
     min_member: int = 0  # Volcano PodGroup minMember (0: every pod of the job)
     podgroup_name: str = ""  # the PodGroup's name when a document names one ("" = the job's)
     host_port: int = 0  # Host intranet: the job's first host port (0: chosen from the name)
-    min_trainers: int = 0
-    max_trainers: int = 0
     elastic: int | None = None
     data_format: str = "lines"
     chunk_bytes: int = 0  # 0: the master's default (64 MiB)
@@ -197,11 +195,6 @@ class JobSpec:
     def uses_volcano(self) -> bool:
         return bool(self.volcano_roles)
 
-    @property
-    def trainer_range(self) -> tuple[int, int]:
-        """(min, max) trainers; a fixed job: both equal `trainers`."""
-        return (self.min_trainers or self.trainers, self.max_trainers or self.trainers)
-
     # ---- checks -----------------------------------------------------------------
     def validate(self) -> JobSpec:
         """Raises `JobSpecError` naming the first bad value; returns self for chaining."""
@@ -233,12 +226,6 @@ class JobSpec:
         _check_count("heter trainers", self.heters, minimum=0)
         _check_count("chunk bytes", self.chunk_bytes, minimum=0)
         _check_count("PodGroup minMember", self.min_member, minimum=0)
-        low, high = self.trainer_range
-        if not 1 <= low <= self.trainers <= high:
-            raise JobSpecError(
-                f"invalid trainer range {low}..{high} for {self.trainers} trainers: need "
-                "1 <= min <= trainers <= max (spec.worker.requests <= replicas <= limits)"
-            )
         if self.data_format not in DATA_FORMATS:
             raise JobSpecError(
                 f"invalid format {self.data_format!r}: use one of {', '.join(DATA_FORMATS)}"

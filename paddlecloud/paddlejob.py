@@ -14,7 +14,7 @@ each field the meaning paddle-operator's `api/v1/paddlejob_types.go` gives it:
 * `schedulingPolicy` (Volcano: minAvailable, queue, priorityClass, minResources) and
   a Volcano `PodGroup` document in the same file, applied with the job;
 * `elastic` and `worker.requests` / `worker.limits`: stored as the job's elastic
-  level and trainer range (min / max); not yet acted on;
+  level (kept) and trainer range (min / max; the master keeps the size within it);
 * paddlecloud's own: `input` (a list of paths, globs or URLs), `output`,
   `epochs`, `format`, `chunkBytes` (`64MiB`, or bytes), `dataVolume`
   (`{claim, mountPath}`) and `noAgent`.

@@ -61,9 +61,10 @@ def _role_schema(role: str) -> dict[str, Any]:
         "properties": {
             "replicas": replicas,
             "requests": {**replicas, "description": "The fewest replicas (trainers only: the "
-                                                     "trainer range's min; not yet acted on)."},
+                                                     "trainer range's min; `paddlecloud job scale` "
+                                                     "keeps the size within the range)."},
             "limits": {**replicas, "description": "The most replicas (trainers only: the "
-                                                   "trainer range's max; not yet acted on)."},
+                                                   "trainer range's max)."},
             "template": {
                 "type": "object",
                 "description": f"The {role} pods: a Kubernetes PodTemplateSpec.",
@@ -135,7 +136,7 @@ def spec_schema() -> dict[str, Any]:
             "worker": _role_schema("trainer"),
             "heter": _role_schema("heter trainer"),
             "elastic": {"type": "integer", "minimum": 0,
-                        "description": "The elastic level; stored, not yet acted on."},
+                        "description": "The elastic level; kept as given (paddlecloud's elasticity is the trainer range)."},
             "input": {"type": "array", "items": {"type": "string", "minLength": 1},
                       "description": "Input paths, globs or URLs: the master cuts them into tasks."},
             "output": string,

@@ -27,7 +27,8 @@ from paddlecloud.phase import Phase
 logger = logging.getLogger(__name__)
 
 ROLE_STATUS_KEY = {manifests.PSERVER: "ps", manifests.TRAINER: "worker", manifests.HETER: "heter"}
-NOT_ACTED_ON = "not yet acted on"
+# paddlecloud's elasticity is the trainer range (job scale); paddle-operator's level is kept as given
+ELASTIC_LEVEL = "kept; the trainer range is what paddlecloud acts on"
 
 
 @dataclass(frozen=True)
@@ -78,15 +79,15 @@ def job_status(spec: JobSpec, *, deployment: Mapping[str, Any] | None,
     """The PaddleJob's status fields (conditions apart: see `conditions`)."""
     phase = (master.phase if master is not None and master.phase else None) \
         or master_phase(deployment) or Phase.PENDING.value
-    low, high = spec.trainer_range
+    span = spec.trainer_range
     out: dict[str, Any] = {
         "phase": phase,
         "mode": mode(spec),
-        "trainerRange": f"{low}..{high}" + ("" if low == high else f" ({NOT_ACTED_ON})"),
+        "trainerRange": f"{span.minimum}..{span.maximum}",
         "master": manifests.master_endpoint(spec),
     }
     if spec.elastic is not None:
-        out["elastic"] = f"level {spec.elastic}: {NOT_ACTED_ON}"
+        out["elastic"] = f"level {spec.elastic}: {ELASTIC_LEVEL}"
     for role in (manifests.PSERVER, manifests.HETER, manifests.TRAINER):
         desired = spec.replicas_of(role)
         if desired:

@@ -147,8 +147,8 @@ async def test_apply_creates_the_master_owned_by_the_paddlejob(k8s_crds, api, co
     assert service["metadata"]["ownerReferences"][0]["uid"] == deployment["metadata"]["uid"]
     status = pdj["status"]
     assert (status["phase"], status["mode"]) == ("Pending", "PS")
-    assert status["trainerRange"] == "2..5 (not yet acted on)"
-    assert status["elastic"] == "level 1: not yet acted on"
+    assert status["trainerRange"] == "2..5"
+    assert status["elastic"] == "level 1: kept; the trainer range is what paddlecloud acts on"
     assert "InvalidSpec" not in str(status)
     assert_operator_rights(k8s)
 

@@ -185,7 +185,7 @@ def test_paddlecloud_fields_and_the_trainer_range_are_stored():
         elastic=1, worker={**role(2), "requests": 1, "limits": 4}, input=["/d/*.csv"], epochs=3,
         output="/d/model", format="file", chunkBytes="32MiB",
         dataVolume={"claim": "data", "mountPath": "/d"})).validate()
-    assert spec.trainer_range == (1, 4) and spec.trainers == 2 and spec.elastic == 1
+    assert (spec.trainer_range.minimum, spec.trainer_range.maximum) == (1, 4) and spec.trainers == 2 and spec.elastic == 1
     assert (spec.inputs, spec.epochs, spec.output) == (("/d/*.csv",), 3, "/d/model")
     assert (spec.data_format, spec.chunk_bytes) == ("file", 32 * 1024 * 1024)
     assert (spec.data_volume.claim, spec.data_volume.mount_path) == ("data", "/d")
