@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import sys
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -38,11 +38,17 @@ from paddlecloud.jobspec import (
     parse_env,
 )
 from paddlecloud.k8s import manifests
+from paddlecloud.k8s.jobs import (
+    ROLES,
+    JobCreateError,
+    create_job,
+    fetch_master_status,
+    pod_counts,
+)
 from paddlecloud.paddlejob import chunk_bytes, load_documents, translate_documents
 
 logger = logging.getLogger(__name__)
 
-ROLES = (manifests.TRAINER, manifests.PSERVER, manifests.MASTER)
 SKIPPED_PACKAGE_PARTS = ("__pycache__",)
 CLI_RETRY_ATTEMPTS, CLI_RETRY_WAIT = 3, 0.5
 USER_RIGHTS = ("Ask your cluster's admin for it in this namespace "
@@ -110,10 +116,6 @@ def _clients(api: Any) -> tuple[Any, Any]:
     from kubernetes import client
 
     return client.CoreV1Api(api), client.AppsV1Api(api)
-
-
-def _to_dict(api: Any, obj: Any) -> dict[str, Any]:
-    return obj if isinstance(obj, dict) else api.sanitize_for_serialization(obj)
 
 
 @click.group("job")
@@ -250,48 +252,12 @@ def submit_command(name: str | None, paddlejob: str | None, dry_run: bool,
         click.echo(render_dry_run(spec, package), nl=False)
         return
     api = _api(kubeconfig)
-    _create_job(api, spec=spec, objects=objects)
+    try:
+        create_job(api, spec=spec, objects=objects, rights=USER_RIGHTS)
+    except JobCreateError as error:
+        raise _fail(str(error)) from None
     click.echo(f"job {spec.name} submitted to namespace {spec.namespace}: "
                f"paddlecloud job status {spec.name} -n {spec.namespace}")
-
-
-def _create_job(api: Any, *, spec: JobSpec, objects: list[dict[str, Any]]) -> None:
-    """Creates the ConfigMaps, then the Deployment, then its Service; a name in use is refused."""
-    core, apps = _clients(api)
-    ns = spec.namespace
-    created: list[str] = []
-
-    def create(fn: Callable[..., Any], body: dict[str, Any], resource: str, *,
-               adopt: bool = False) -> Any:
-        """The created object; None when it existed and `adopt` says that is fine."""
-        name = body["metadata"]["name"]
-        made = _call(fn, ns, body, verb="create", resource=resource, namespace=ns, name=name,
-                     tolerate=(409,))
-        if made is None and not adopt:
-            raise _fail(f"job {spec.name} already exists in namespace {ns} ({resource} {name} exists)")
-        return made
-
-    try:
-        for cm in (o for o in objects if o["kind"] == "ConfigMap"):
-            create(core.create_namespaced_config_map, cm, "configmaps")
-            created.append(cm["metadata"]["name"])
-        deployment = next(o for o in objects if o["kind"] == "Deployment")
-        made = _to_dict(api, create(apps.create_namespaced_deployment, deployment, "deployments"))
-    except click.ClickException:
-        for cm in created:  # leave nothing behind of a job that was not created
-            _call(core.delete_namespaced_config_map, cm, ns, verb="delete", resource="configmaps",
-                  namespace=ns, name=cm, tolerate=(404,))
-        raise
-    uid = (made.get("metadata") or {}).get("uid")
-    if not uid:
-        raise _fail(f"the API server gave Deployment {deployment['metadata']['name']} no uid")
-    owner = manifests.owner_reference(spec.name, uid)
-    create(core.create_namespaced_service, manifests.master_service(spec, owner), "services",
-           adopt=True)
-    for cm in created:  # owned too, so deleting the Deployment alone removes the whole job
-        _call(core.patch_namespaced_config_map, cm, ns, {"metadata": {"ownerReferences": [owner]}},
-              verb="patch", resource="configmaps", namespace=ns, name=cm,
-              _content_type="application/merge-patch+json")
 
 
 # ---- list ---------------------------------------------------------------------------------------
@@ -342,29 +308,6 @@ def list_command(namespace: str, kubeconfig: str | None) -> None:
 
 
 # ---- status -------------------------------------------------------------------------------------
-def pod_counts(pods: Iterable[Any], job_name: str) -> dict[str, dict[str, int]]:
-    """{role: {phase: count}} of a job's pods."""
-    counts: dict[str, dict[str, int]] = {role: {} for role in ROLES}
-    for pod in pods:
-        labels = pod.metadata.labels or {}
-        role = labels.get(manifests.ROLE_LABEL)
-        if labels.get(manifests.JOB_LABEL) != job_name or role not in counts:
-            continue
-        phase = (pod.status.phase if pod.status else None) or manifests.POD_PHASES[0]
-        counts[role][phase] = counts[role].get(phase, 0) + 1
-    return counts
-
-
-def fetch_master_status(address: str, *, timeout: float) -> Any:
-    """The master's GetStatus answer; raises grpc.RpcError when it cannot be reached."""
-    import grpc
-
-    from paddlecloud.api import pb, pb_grpc
-
-    with grpc.insecure_channel(address) as channel:
-        return pb_grpc.MasterStub(channel).GetStatus(pb.GetStatusRequest(), timeout=timeout)
-
-
 @job.command("status")
 @click.argument("name")
 @_namespace_option()
