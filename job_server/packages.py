@@ -90,7 +90,7 @@ def _zip_entries(data: bytes, budget: _Budget) -> Iterator[tuple[str, bytes]]:
                                    "not allowed (they may point out of the package)")
             if info.is_dir() or not path:
                 continue
-            if mode and not stat.S_ISREG(mode):
+            if stat.S_IFMT(mode) and not stat.S_ISREG(mode):  # no type bits: a plain file
                 raise PackageError(f"entry {info.filename[:80]!r} is not a regular file")
             budget.file(path)
             with archive.open(info) as stream:
