@@ -149,10 +149,14 @@ def _log_tail(api: Any, *, namespace: str, job_name: str) -> str:
     items = sorted(pods.items or [], key=lambda p: str(p.metadata.creation_timestamp or ""))
     if not items:
         return ""
-    text = call(core.read_namespaced_pod_log, items[-1].metadata.name, namespace,
-                verb="get", resource="pods/log", namespace=namespace,
-                name=items[-1].metadata.name, tolerate=(400, 404)) or ""
-    return "\n".join(str(text).splitlines()[-LOG_TAIL_LINES:])
+    response = call(core.read_namespaced_pod_log, items[-1].metadata.name, namespace,
+                    tail_lines=LOG_TAIL_LINES, _preload_content=False, verb="get",
+                    resource="pods/log", namespace=namespace, name=items[-1].metadata.name,
+                    tolerate=(400, 404))
+    if response is None:
+        return ""
+    text = response.data.decode("utf-8", errors="replace")
+    return "\n".join(text.splitlines()[-LOG_TAIL_LINES:])
 
 
 def run_build(api: Any, config: BuildConfig, *, tag: str, context: str,
