@@ -52,7 +52,8 @@ def _request_model() -> type[BaseModel]:
     for f in dataclasses.fields(TrainerJob):
         kind = _JSON_TYPES.get(f.name, hints[f.name])
         if f.default is not dataclasses.MISSING:
-            default = Field(default=f.default, description=docs[f.name])
+            value = list(f.default) if isinstance(f.default, tuple) else f.default
+            default = Field(default=value, description=docs[f.name])
         elif f.default_factory is not dataclasses.MISSING:
             default = Field(default_factory=f.default_factory, description=docs[f.name])
         else:
