@@ -1,0 +1,230 @@
+"""The Python API: `PaddleJob(...)`, `.submit()` to a Job Server, and `dist_train`.
+
+PaddlePaddle cloud's design, with today's PaddlePaddle: a `PaddleJob` holds the
+design's parameters (it is `paddlecloud.jobrequest.TrainerJob`, validated at
+construction by the same `JobSpec.validate` as `job submit`, errors naming the
+value); `submit(server=URL, token=...)` zips the package directory, uploads it
+(`POST /v1/package`) and submits (`POST /v1/trainer/job`), returning a `JobHandle`
+with `status()`, `delete()` and `wait()` (a rich progress bar in a terminal, plain
+lines elsewhere, e.g. a notebook). `dist_train` submits when `PADDLE_NOTEBOOK=YES`
+and otherwise runs the job here, through `paddlecloud local train`'s `LocalJob`.
+
+Only the standard library is imported here; `rich` and the local runner load
+when used, so `import paddlecloud` stays light.
+
+What this does NOT guarantee: `wait()` polls (every `interval` seconds) and can
+miss a phase that lasted less; logs are read with `paddlecloud job logs` (the
+server has no log endpoint yet).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import logging
+import os
+import sys
+import time
+import uuid
+import zipfile
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from paddlecloud.jobrequest import TrainerJob
+from paddlecloud.phase import TERMINAL
+
+logger = logging.getLogger(__name__)
+
+NOTEBOOK_ENV = "PADDLE_NOTEBOOK"
+SKIPPED = ("__pycache__", ".git", ".ipynb_checkpoints")
+
+
+class JobServerError(RuntimeError):
+    """The Job Server refused a request; the message is its answer."""
+
+    def __init__(self, message: str, *, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclasses.dataclass(frozen=True)
+class PaddleJob(TrainerJob):
+    """A job in PaddlePaddle cloud's parameters, validated when made (see `TrainerJob`)."""
+
+    def __post_init__(self) -> None:
+        self.to_spec()  # raises JobSpecError naming the first bad value
+
+    def package_archive(self) -> bytes:
+        """The package directory as a zip (an empty requirements.txt added when it has none)."""
+        root = Path(self.trainer_package)
+        if not root.is_dir():
+            raise ValueError(f"trainer_package {self.trainer_package!r} is not a directory")
+        out = io.BytesIO()
+        with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as archive:
+            for path in sorted(root.rglob("*")):
+                rel = path.relative_to(root)
+                if path.is_file() and not path.is_symlink() and not any(
+                        p in SKIPPED for p in rel.parts) and path.suffix != ".pyc":
+                    archive.write(path, rel.as_posix())
+            if not (root / "requirements.txt").is_file():
+                archive.writestr("requirements.txt", "")
+        return out.getvalue()
+
+    def submit(self, *, server: str, token: str) -> JobHandle:
+        """Uploads the package (if any) and submits the job to the Job Server at `server`."""
+        client = _Client(server, token)
+        body = {f.name: getattr(self, f.name) for f in dataclasses.fields(TrainerJob)}
+        body["input"], body["env"] = list(self.input), dict(self.env)
+        if self.trainer_package:
+            body["trainer_package"] = client.upload(self.package_archive())["digest"]
+        made = client.request("POST", "/v1/trainer/job", body)
+        return JobHandle(client, name=made["name"], namespace=made["namespace"])
+
+
+class JobHandle:
+    """A submitted job: ask its status, wait for it, delete it."""
+
+    def __init__(self, client: _Client, *, name: str, namespace: str) -> None:
+        self._client, self.name, self.namespace = client, name, namespace
+
+    def status(self) -> dict[str, Any]:
+        """Phase, pods per role and the master's progress (`GET /v1/jobs/NAME`)."""
+        return self._client.request("GET", f"/v1/jobs/{self.name}?namespace={self.namespace}")
+
+    def delete(self) -> list[str]:
+        return self._client.request(
+            "DELETE", f"/v1/jobs/{self.name}?namespace={self.namespace}")["deleted"]
+
+    def wait(self, *, interval: float = 5.0, timeout: float | None = None) -> dict[str, Any]:
+        """Polls until the job ends; shows progress; returns the last status."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        show = _progress_view()
+        try:
+            while True:
+                status = self.status()
+                show(status)
+                if status["phase"] in {p.value for p in TERMINAL}:
+                    return status
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise TimeoutError(f"job {self.name} still {status['phase']} after {timeout}s")
+                time.sleep(interval)
+        finally:
+            show(None)
+
+
+def _progress_view() -> Callable[[dict[str, Any] | None], None]:
+    """A rich progress bar in a terminal, plain lines elsewhere; None closes it."""
+    if sys.stdout.isatty():
+        from rich.progress import Progress
+
+        bar = Progress()
+        bar.start()
+        task = bar.add_task("pending", total=None)
+
+        def rich_view(status: dict[str, Any] | None) -> None:
+            if status is None:
+                bar.stop()
+                return
+            p = status.get("progress") or {}
+            bar.update(task, description=status["phase"], total=p.get("tasks") or None,
+                       completed=p.get("tasks_done", 0))
+        return rich_view
+
+    last: list[str] = []
+
+    def plain_view(status: dict[str, Any] | None) -> None:
+        if status is None:
+            return
+        p = status.get("progress") or {}
+        line = (f"{status['name']}: {status['phase']}" + (
+            f", epoch {p['epoch'] + 1}/{p['epochs']}, tasks {p['tasks_done']}/{p['tasks']}" if p else ""))
+        if last != [line]:
+            print(line, flush=True)
+            last[:] = [line]
+    return plain_view
+
+
+class _Client:
+    """JSON over HTTP to a Job Server, with its bearer token (standard library only)."""
+
+    def __init__(self, server: str, token: str) -> None:
+        self.server, self.token = server.rstrip("/"), token
+
+    def _send(self, method: str, path: str, data: bytes | None, content_type: str) -> Any:
+        import urllib.error
+        import urllib.request
+
+        request = urllib.request.Request(self.server + path, data=data, method=method, headers={
+            "Authorization": f"Bearer {self.token}", "Content-Type": content_type})
+        try:
+            with urllib.request.urlopen(request, timeout=600) as response:
+                return json.loads(response.read())
+        except urllib.error.HTTPError as error:
+            detail = error.read().decode("utf-8", errors="replace")
+            try:
+                detail = json.loads(detail).get("detail", detail)
+            except (ValueError, AttributeError):
+                pass
+            raise JobServerError(f"{method} {path}: {error.code}: {detail}", status=error.code) from None
+
+    def request(self, method: str, path: str, body: Any = None) -> Any:
+        data = None if body is None else json.dumps(body).encode()
+        return self._send(method, path, data, "application/json")
+
+    def upload(self, archive: bytes) -> Any:
+        boundary = uuid.uuid4().hex
+        data = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; "
+                f"filename=\"package.zip\"\r\nContent-Type: application/zip\r\n\r\n").encode()
+        data += archive + f"\r\n--{boundary}--\r\n".encode()
+        return self._send("POST", "/v1/package", data, f"multipart/form-data; boundary={boundary}")
+
+
+def _module_of(train: str | ModuleType | Callable[..., Any]) -> str:
+    """The module trainers run: a name, a module, or the (importable) module of a function."""
+    if isinstance(train, str):
+        return train
+    name = train.__name__ if isinstance(train, ModuleType) else getattr(train, "__module__", "")
+    if not name or name == "__main__":
+        raise ValueError(f"{train!r} is defined in __main__: put it in a module the trainers can "
+                         "import (e.g. in trainer_package) and pass it or its name")
+    return name
+
+
+def dist_train(train: str | ModuleType | Callable[..., Any], *, paddle_job: PaddleJob,
+               server: str | None = None, token: str | None = None) -> JobHandle | int:
+    """With PADDLE_NOTEBOOK=YES: submit (server/token default to PADDLE_JOB_SERVER and
+    PADDLE_JOB_TOKEN) and return the job's handle; otherwise train here, as `paddlecloud
+    local train` does, and return its exit code."""
+    job = dataclasses.replace(paddle_job, module=_module_of(train))
+    if os.environ.get(NOTEBOOK_ENV, "").upper() == "YES":
+        server = server or os.environ.get("PADDLE_JOB_SERVER")
+        token = token or os.environ.get("PADDLE_JOB_TOKEN")
+        if not server or not token:
+            raise ValueError("PADDLE_NOTEBOOK=YES submits to a Job Server: give server= and "
+                             "token= (or PADDLE_JOB_SERVER and PADDLE_JOB_TOKEN)")
+        return job.submit(server=server, token=token)
+    return _train_locally(job)
+
+
+def _train_locally(job: PaddleJob) -> int:
+    import asyncio
+
+    from paddlecloud.local.job import LocalJob, LocalJobSpec
+
+    output = Path(job.output or f"./{job.job_name}-output").absolute()
+    output.mkdir(parents=True, exist_ok=True)
+    spec = LocalJobSpec(
+        job=job.job_name, module=job.module, output=output, inputs=tuple(job.input),
+        trainers=job.trainers, pservers=job.pservers, epochs=job.epochs,
+        package_path=Path(job.trainer_package).absolute() if job.trainer_package else None,
+        env=tuple(sorted(dict(job.env).items())),
+        restart_mode="group" if job.pservers == 0 else "trainer",
+    )
+
+    def line(source: str, text: str) -> None:
+        print(f"[{source}] {text}", flush=True)
+
+    return asyncio.run(LocalJob(spec, on_line=line, on_progress=lambda progress: None).run())
