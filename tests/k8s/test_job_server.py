@@ -196,3 +196,19 @@ def k8s_resource(plural: str) -> Any:
     from conftest import RESOURCES
 
     return RESOURCES[plural]
+
+
+def test_the_job_server_manifest_is_strictly_valid_and_namespace_scoped():
+    from pathlib import Path
+
+    import yaml
+
+    path = Path(__file__).resolve().parents[2] / "deploy" / "job-server.yaml"
+    docs = [d for d in yaml.safe_load_all(path.read_text()) if d]
+    for doc in docs:
+        for version in ("1.28", kubernetes_validate.latest_version()):
+            kubernetes_validate.validate(doc, version, strict=True)
+    kinds = {d["kind"] for d in docs}
+    assert "ClusterRole" not in kinds and "ClusterRoleBinding" not in kinds
+    role = next(d for d in docs if d["kind"] == "Role")
+    assert not any("*" in rule["verbs"] or "secrets" in rule["resources"] for rule in role["rules"])
