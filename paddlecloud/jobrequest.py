@@ -84,6 +84,31 @@ class TrainerJob:
         )
         return spec.validate()
 
+    @classmethod
+    def from_spec(cls, spec: JobSpec) -> TrainerJob:
+        """The `TrainerJob` of a `JobSpec` (e.g. `job submit`'s flags, for `--server`); raises
+        `JobSpecError` naming what the Job Server's parameters cannot carry."""
+        cpu = spec.trainer_cpu
+        job = cls(
+            job_name=spec.name, module=spec.module, trainer_package=spec.package_path,
+            input=spec.inputs, output=spec.output, pservers=spec.pservers,
+            trainers=spec.trainers, min_trainers=spec.min_trainers,
+            max_trainers=spec.max_trainers, base_image=spec.image,
+            memory=spec.trainer_memory, use_gpu=spec.trainer_gpu > 0,
+            cpu_num=int(cpu) if cpu.isdigit() else 0, gpu_num=spec.trainer_gpu or 1,
+            env=dict(spec.env), epochs=spec.epochs, namespace=spec.namespace,
+            etcd_endpoints=spec.etcd_endpoints,
+        )
+        if job.cpu_num < 1:
+            raise JobSpecError(f"trainer CPU {cpu!r}: the Job Server takes whole CPUs (cpu_num)")
+        back = job.to_spec(package_path=spec.package_path, package_files=spec.package_files)
+        lost = [f.name for f in dataclasses.fields(JobSpec)
+                if getattr(back, f.name) != getattr(spec, f.name)]
+        if lost:
+            raise JobSpecError(f"the Job Server's parameters cannot carry {', '.join(lost)}: "
+                               "submit without --server, or drop those settings")
+        return job
+
 
 def field_docs() -> dict[str, str]:
     """{field: description}, for the server's schema and the Python API's help."""

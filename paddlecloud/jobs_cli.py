@@ -236,9 +236,11 @@ def render_dry_run(spec: JobSpec, package: Mapping[str, bytes] | None) -> str:
 @click.option("--no-agent", is_flag=True, default=False,
               help="Run every role's image entrypoint unchanged (paddlecloud runs beside it).")
 @click.option("--dry-run", is_flag=True, help="Print the manifests as a YAML stream; touch nothing.")
+@click.option("--server", metavar="URL", help="Submit through this Job Server (no kubeconfig needed).")
+@click.option("--token", envvar="PADDLE_JOB_TOKEN", help="The Job Server token [env: PADDLE_JOB_TOKEN]")
 @_kubeconfig_option
-def submit_command(name: str | None, paddlejob: str | None, dry_run: bool,
-                   kubeconfig: str | None, **options: Any) -> None:
+def submit_command(name: str | None, paddlejob: str | None, dry_run: bool, server: str | None,
+                   token: str | None, kubeconfig: str | None, **options: Any) -> None:
     """Submit job NAME: its master deploys the pservers and trainers."""
     try:
         package = read_package(Path(options["package_path"])) if options["package_path"] else None
@@ -251,6 +253,9 @@ def submit_command(name: str | None, paddlejob: str | None, dry_run: bool,
     if dry_run:
         click.echo(render_dry_run(spec, package), nl=False)
         return
+    if server:
+        _submit_to_server(spec, server=server, token=token, namespace=options["namespace"])
+        return
     api = _api(kubeconfig)
     try:
         create_job(api, spec=spec, objects=objects, rights=USER_RIGHTS)
@@ -258,6 +263,19 @@ def submit_command(name: str | None, paddlejob: str | None, dry_run: bool,
         raise _fail(str(error)) from None
     click.echo(f"job {spec.name} submitted to namespace {spec.namespace}: "
                f"paddlecloud job status {spec.name} -n {spec.namespace}")
+
+
+def _submit_to_server(spec: JobSpec, *, server: str, token: str | None,
+                      namespace: str | None) -> None:
+    from paddlecloud.sdk import JobServerError, submit_spec
+
+    if not token:
+        raise _fail("--server needs --token (or PADDLE_JOB_TOKEN)")
+    try:
+        handle = submit_spec(spec, server=server, token=token, namespace=namespace)
+    except (JobSpecError, JobServerError, OSError) as error:
+        raise _fail(f"the Job Server at {server}: {error}") from None
+    click.echo(f"job {handle.name} submitted to namespace {handle.namespace} through {server}")
 
 
 # ---- list ---------------------------------------------------------------------------------------

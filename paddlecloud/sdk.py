@@ -34,6 +34,7 @@ from types import ModuleType
 from typing import Any
 
 from paddlecloud.jobrequest import TrainerJob
+from paddlecloud.jobspec import JobSpec
 from paddlecloud.phase import TERMINAL
 
 logger = logging.getLogger(__name__)
@@ -82,6 +83,14 @@ class PaddleJob(TrainerJob):
             body["trainer_package"] = client.upload(self.package_archive())["digest"]
         made = client.request("POST", "/v1/trainer/job", body)
         return JobHandle(client, name=made["name"], namespace=made["namespace"])
+
+
+def submit_spec(spec: JobSpec, *, server: str, token: str, namespace: str | None) -> JobHandle:
+    """Submits a `JobSpec` (`job submit --server`) through the Job Server; `namespace` None:
+    the token's default. Raises `JobSpecError` for settings the server's API cannot carry."""
+    job = TrainerJob.from_spec(spec)
+    fields = {f.name: getattr(job, f.name) for f in dataclasses.fields(TrainerJob)}
+    return PaddleJob(**{**fields, "namespace": namespace or ""}).submit(server=server, token=token)
 
 
 class JobHandle:

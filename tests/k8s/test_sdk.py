@@ -9,12 +9,15 @@ from pathlib import Path
 
 import pytest
 import uvicorn
+from click.testing import CliRunner
 
 from job_server.app import create_app
 from job_server.config import ServerConfig
 from paddlecloud import PaddleJob, dist_train
 from paddlecloud.etcd_server import free_port
-from paddlecloud.jobspec import JobSpecError
+from paddlecloud.jobs_cli import job as job_cli
+from paddlecloud.jobspec import JobSpec, JobSpecError
+from paddlecloud.k8s import manifests
 from paddlecloud.sdk import JobHandle
 
 
@@ -25,11 +28,9 @@ def test_a_bad_value_is_refused_at_construction_naming_it():
         PaddleJob(job_name="Fit!", module="fit.train")
 
 
-async def test_dist_train_in_a_notebook_submits_and_the_handle_reads_status(
-        k8s, api_client, tmp_path, monkeypatch):
-    package = tmp_path / "fit"
-    package.mkdir()
-    (package / "train.py").write_text("print('fit')\n")
+@pytest.fixture
+async def job_server(k8s, api_client, tmp_path):
+    """A real Job Server: uvicorn on loopback in a thread, kmock behind it."""
     config = ServerConfig(store=str(tmp_path / "store"), tokens={"tok": ("team-a",)})
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(create_app(config, api_client=api_client),
@@ -38,20 +39,53 @@ async def test_dist_train_in_a_notebook_submits_and_the_handle_reads_status(
     thread.start()
     try:
         await k8s.wait_for(lambda: server.started, what="uvicorn started")
-        monkeypatch.setenv("PADDLE_NOTEBOOK", "YES")
-        job = PaddleJob(job_name="fit", module="placeholder", trainer_package=str(package),
-                        input=("/data/*.csv",), pservers=1, trainers=2)
-        handle = await asyncio.to_thread(dist_train, "train", paddle_job=job,
-                                         server=f"http://127.0.0.1:{port}", token="tok")
-        assert isinstance(handle, JobHandle) and handle.namespace == "team-a"
-        assert k8s.stored("configmaps", "team-a", "fit-package")["data"]["train.py"] == "print('fit')\n"
-        status = await asyncio.to_thread(handle.status)
-        assert status["name"] == "fit" and status["phase"] == "Pending"
-        assert set(status["pods"]) == {"trainer", "pserver", "master"}
-        assert "deployments/fit-master" in await asyncio.to_thread(handle.delete)
+        yield f"http://127.0.0.1:{port}"
     finally:
         server.should_exit = True
         await asyncio.to_thread(thread.join, 10)
+
+
+async def test_dist_train_in_a_notebook_submits_and_the_handle_reads_status(
+        k8s, job_server, tmp_path, monkeypatch):
+    package = tmp_path / "fit"
+    package.mkdir()
+    (package / "train.py").write_text("print('fit')\n")
+    monkeypatch.setenv("PADDLE_NOTEBOOK", "YES")
+    job = PaddleJob(job_name="fit", module="placeholder", trainer_package=str(package),
+                    input=("/data/*.csv",), pservers=1, trainers=2)
+    handle = await asyncio.to_thread(dist_train, "train", paddle_job=job, server=job_server,
+                                     token="tok")
+    assert isinstance(handle, JobHandle) and handle.namespace == "team-a"
+    assert k8s.stored("configmaps", "team-a", "fit-package")["data"]["train.py"] == "print('fit')\n"
+    status = await asyncio.to_thread(handle.status)
+    assert status["name"] == "fit" and status["phase"] == "Pending"
+    assert set(status["pods"]) == {"trainer", "pserver", "master"}
+    assert "deployments/fit-master" in await asyncio.to_thread(handle.delete)
+
+
+async def test_job_submit_with_server_creates_what_job_submit_creates(k8s, job_server):
+    flags = ["ctr", "--module", "ctr.train", "--trainers", "3", "--pservers", "1",
+             "--input", "/data/*.csv", "--trainer-memory", "4Gi", "--trainer-cpu", "2",
+             "--pserver-memory", "4Gi", "--pserver-cpu", "2", "-e", "GLOG_v=1"]
+    runner = CliRunner()
+    result = await asyncio.to_thread(runner.invoke, job_cli, ["submit", *flags, "--server", job_server,
+                                                         "--token", "tok"])
+    assert result.exit_code == 0, result.output
+    assert "job ctr submitted to namespace team-a" in result.output
+    options = {"trainers": 3, "pservers": 1, "inputs": ("/data/*.csv",), "trainer_memory": "4Gi",
+               "trainer_cpu": "2", "pserver_memory": "4Gi", "pserver_cpu": "2",
+               "env": (("GLOG_v", "1"),)}
+    spec = JobSpec(name="ctr", namespace="team-a", module="ctr.train", **options)
+    expected = manifests.master_deployment(spec)
+    assert k8s.stored("deployments", "team-a", "ctr-master")["spec"] == expected["spec"]
+    assert k8s.posted() == [("configmaps", "ctr-spec"), ("deployments", "ctr-master"),
+                            ("services", "ctr-master")]
+
+    refused = await asyncio.to_thread(runner.invoke, job_cli, [
+        "submit", "other", "--module", "m", "--data-volume", "c:/d", "--server", job_server,
+        "--token", "tok"])
+    assert refused.exit_code != 0 and "data_volume" in refused.output
+    assert ("deployments", "other-master") not in k8s.posted()
 
 
 def test_dist_train_without_a_notebook_trains_here(tmp_path, monkeypatch):
