@@ -96,3 +96,20 @@ def test_dist_train_without_a_notebook_trains_here(tmp_path, monkeypatch):
                     output=str(tmp_path / "out"), trainers=1)
     assert dist_train("trainer_agent.stub", paddle_job=job) == 0
     assert (Path(tmp_path / "out" / "logs") / "trainer-0.log").exists()
+
+
+@pytest.mark.paddle
+def test_dist_train_without_a_notebook_trains_fit_a_line_here(tmp_path, monkeypatch):
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[2]
+    monkeypatch.delenv("PADDLE_NOTEBOOK", raising=False)
+    data = tmp_path / "data"
+    subprocess.run([sys.executable, "-m", "examples.fit_a_line.data", str(data), "--shards", "2",
+                    "--rows", "400"], cwd=repo, check=True)
+    job = PaddleJob(job_name="fit-local", module="placeholder", trainer_package=str(repo),
+                    input=tuple(sorted(str(p) for p in data.glob("*.csv"))),
+                    output=str(tmp_path / "out"), trainers=1, epochs=2)
+    assert dist_train("examples.fit_a_line.train", paddle_job=job) == 0
+    assert (tmp_path / "out" / "model" / "model.pdparams").stat().st_size > 0
