@@ -43,6 +43,7 @@ from paddlecloud.k8s.jobs import (
     JobCreateError,
     create_job,
     fetch_master_status,
+    pick_pod,
     pod_counts,
 )
 from paddlecloud.paddlejob import chunk_bytes, load_documents, translate_documents
@@ -393,27 +394,14 @@ def status_command(name: str, namespace: str, master_address: str | None, timeou
 
 # ---- logs -------------------------------------------------------------------------------------
 def _pick_pod(api: Any, *, name: str, namespace: str, role: str, index: int) -> Any:
-    core, _ = _clients(api)
-    pods = _call(core.list_namespaced_pod, namespace,
-                 label_selector=manifests.label_selector(name, role),
-                 verb="list", resource="pods", namespace=namespace).items or []
-    pods = [p for p in pods if (p.metadata.labels or {}).get(manifests.ROLE_LABEL) == role
-            and (p.metadata.labels or {}).get(manifests.JOB_LABEL) == name]
-    if role == manifests.TRAINER:
-        key = manifests.COMPLETION_INDEX_ANNOTATION
-        pods = [p for p in pods if (p.metadata.annotations or {}).get(key) == str(index)]
-    elif role == manifests.PSERVER:
-        pods = [p for p in pods if p.metadata.name == f"{manifests.pserver_name(name)}-{index}"]
-    else:
-        pods = sorted(pods, key=lambda p: p.metadata.name)
-        ready = [p for p in pods if any(c.type == "Ready" and c.status == "True"
-                                        for c in (p.status.conditions or []) if p.status)]
-        pods = ready or pods  # the leader is the ready master
-        pods = pods[index:index + 1]
-    if not pods:
+    try:
+        pod = pick_pod(api, name=name, namespace=namespace, role=role, index=index,
+                       rights=USER_RIGHTS)
+    except JobCreateError as error:
+        raise _fail(str(error)) from None
+    if pod is None:
         raise _fail(f"no {role} pod with index {index} for job {name} in namespace {namespace}")
-    # the newest, when a trainer index was retried in a new pod
-    return max(pods, key=lambda p: str(p.metadata.creation_timestamp or ""))
+    return pod
 
 
 @job.command("logs")

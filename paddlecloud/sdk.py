@@ -5,7 +5,7 @@ design's parameters (it is `paddlecloud.jobrequest.TrainerJob`, validated at
 construction by the same `JobSpec.validate` as `job submit`, errors naming the
 value); `submit(server=URL, token=...)` zips the package directory, uploads it
 (`POST /v1/package`) and submits (`POST /v1/trainer/job`), returning a `JobHandle`
-with `status()`, `delete()` and `wait()` (a rich progress bar in a terminal, plain
+with `status()`, `logs()`, `delete()` and `wait()` (a rich progress bar in a terminal, plain
 lines elsewhere, e.g. a notebook). `dist_train` submits when `PADDLE_NOTEBOOK=YES`
 and otherwise runs the job here, through `paddlecloud local train`'s `LocalJob`.
 
@@ -13,8 +13,7 @@ Only the standard library is imported here; `rich` and the local runner load
 when used, so `import paddlecloud` stays light.
 
 What this does NOT guarantee: `wait()` polls (every `interval` seconds) and can
-miss a phase that lasted less; logs are read with `paddlecloud job logs` (the
-server has no log endpoint yet).
+miss a phase that lasted less.
 """
 
 from __future__ import annotations
@@ -103,6 +102,11 @@ class JobHandle:
         """Phase, pods per role and the master's progress (`GET /v1/jobs/NAME`)."""
         return self._client.request("GET", f"/v1/jobs/{self.name}?namespace={self.namespace}")
 
+    def logs(self, *, role: str = "trainer", index: int = 0, tail: int = 200) -> str:
+        """The last `tail` lines of one pod's log (trainer `index`, pserver `index`, master)."""
+        return self._client.text(f"/v1/jobs/{self.name}/logs?namespace={self.namespace}"
+                                 f"&role={role}&index={index}&tail={tail}")
+
     def delete(self) -> list[str]:
         return self._client.request(
             "DELETE", f"/v1/jobs/{self.name}?namespace={self.namespace}")["deleted"]
@@ -162,7 +166,8 @@ class _Client:
     def __init__(self, server: str, token: str) -> None:
         self.server, self.token = server.rstrip("/"), token
 
-    def _send(self, method: str, path: str, data: bytes | None, content_type: str) -> Any:
+    def _send(self, method: str, path: str, data: bytes | None, content_type: str, *,
+              as_json: bool = True) -> Any:
         import urllib.error
         import urllib.request
 
@@ -170,7 +175,8 @@ class _Client:
             "Authorization": f"Bearer {self.token}", "Content-Type": content_type})
         try:
             with urllib.request.urlopen(request, timeout=600) as response:
-                return json.loads(response.read())
+                body = response.read()
+                return json.loads(body) if as_json else body.decode("utf-8", errors="replace")
         except urllib.error.HTTPError as error:
             detail = error.read().decode("utf-8", errors="replace")
             try:
@@ -182,6 +188,9 @@ class _Client:
     def request(self, method: str, path: str, body: Any = None) -> Any:
         data = None if body is None else json.dumps(body).encode()
         return self._send(method, path, data, "application/json")
+
+    def text(self, path: str) -> str:
+        return self._send("GET", path, None, "text/plain", as_json=False)
 
     def upload(self, archive: bytes) -> Any:
         boundary = uuid.uuid4().hex

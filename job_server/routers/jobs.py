@@ -1,11 +1,12 @@
-"""`POST /v1/trainer/job`, `GET /v1/jobs`, `GET|DELETE /v1/jobs/{name}`."""
+"""`POST /v1/trainer/job`, `GET /v1/jobs`, `GET|DELETE /v1/jobs/{name}`, `GET /v1/jobs/{name}/logs`."""
 
 from __future__ import annotations
 
 import logging
-from typing import Annotated
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, HTTPException, Path, Query, Request, status
+from fastapi.responses import PlainTextResponse
 
 from job_server.auth import Caller
 from job_server.config import Quotas
@@ -131,3 +132,21 @@ def delete_job(request: Request, caller: Caller, name: JobName, namespace: Names
     if not deleted:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"job {name} not found in namespace {ns}")
     return Deleted(deleted=deleted)
+
+
+@router.get("/jobs/{name}/logs", response_class=PlainTextResponse,
+            responses={200: {"content": {"text/plain": {}}}, 404: {"description": "No such pod"}})
+def get_job_logs(request: Request, caller: Caller, name: JobName, namespace: Namespace = None,
+                 role: Literal["trainer", "pserver", "master"] = "trainer",
+                 index: Annotated[int, Query(ge=0, le=100_000)] = 0,
+                 tail: Annotated[int, Query(ge=1, le=10_000)] = 200) -> PlainTextResponse:
+    """The last lines of one pod's log: trainer `index`, pserver `index`, or master (0: leader)."""
+    ns = caller.namespace(namespace)
+    try:
+        text = request.app.state.cluster.log(ns, name, role=role, index=index, tail_lines=tail)
+    except JobCreateError as error:
+        raise _api_error(error) from None
+    if text is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND,
+                            f"no {role} pod with index {index} for job {name} in namespace {ns}")
+    return PlainTextResponse(text)

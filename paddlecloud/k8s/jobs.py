@@ -125,3 +125,150 @@ def fetch_master_status(address: str, *, timeout: float) -> Any:
 
     with grpc.insecure_channel(address) as channel:
         return pb_grpc.MasterStub(channel).GetStatus(pb.GetStatusRequest(), timeout=timeout)
+
+
+# ---- reading and deleting a job (the job server and the Python API) ---------------------------
+MASTER_TIMEOUT_S = 2.0
+MASTER_SELECTOR = f"{manifests.APP_LABEL}={manifests.APP_NAME},{manifests.ROLE_LABEL}={manifests.MASTER}"
+
+
+def _clients(api: Any) -> tuple[Any, Any]:
+    from kubernetes import client
+
+    return client.CoreV1Api(api), client.AppsV1Api(api)
+
+
+def list_jobs(api: Any, namespace: str, *, rights: str | None = None) -> list[dict[str, Any]]:
+    """Every job of a namespace, by name: {name, namespace, phase, created}."""
+    _, apps = _clients(api)
+    found = call(apps.list_namespaced_deployment, namespace, label_selector=MASTER_SELECTOR,
+                 verb="list", resource="deployments", namespace=namespace, rights=rights)
+    out = []
+    for item in found.items or []:
+        name = (item.metadata.labels or {}).get(manifests.JOB_LABEL)
+        if name:
+            out.append({"name": name, "namespace": namespace,
+                        "phase": (item.metadata.annotations or {}).get(
+                            manifests.PHASE_ANNOTATION, "Pending"),
+                        "created": str(item.metadata.creation_timestamp or "")})
+    return sorted(out, key=lambda j: j["name"])
+
+
+def job_status(api: Any, namespace: str, name: str, *,
+               rights: str | None = None) -> dict[str, Any] | None:
+    """Phase, pods per role and the master's progress; None when there is no such job."""
+    core, apps = _clients(api)
+    deployment = call(apps.read_namespaced_deployment, manifests.master_name(name), namespace,
+                      verb="get", resource="deployments", namespace=namespace,
+                      name=manifests.master_name(name), tolerate=(404,), rights=rights)
+    if deployment is None:
+        return None
+    pods = call(core.list_namespaced_pod, namespace, label_selector=manifests.label_selector(name),
+                verb="list", resource="pods", namespace=namespace, rights=rights)
+    annotations = deployment.metadata.annotations or {}
+    return {"name": name, "namespace": namespace,
+            "phase": annotations.get(manifests.PHASE_ANNOTATION, "Pending"),
+            "reason": annotations.get(manifests.PHASE_REASON_ANNOTATION, ""),
+            "pods": pod_counts(pods.items or [], name),
+            "progress": master_progress(namespace, name)}
+
+
+def master_progress(namespace: str, name: str) -> dict[str, int] | None:
+    """The master's epoch progress through its Service; None when it does not answer."""
+    import grpc
+
+    try:
+        reply = fetch_master_status(manifests.master_address(name, namespace),
+                                    timeout=MASTER_TIMEOUT_S)
+    except grpc.RpcError as error:
+        logger.info("master of %s/%s unreachable: %s", namespace, name, error)
+        return None
+    if not reply.has_dataset:
+        return None
+    return {"epoch": reply.current_epoch, "epochs": reply.num_epochs,
+            "tasks_done": reply.counts.done, "tasks": reply.num_tasks,
+            "trainers_alive": reply.trainers_alive}
+
+
+def delete_job(api: Any, namespace: str, name: str, *, rights: str | None = None) -> list[str]:
+    """Deletes the master (and so what it owns), the ConfigMaps and the etcd keys (when the
+    etcd of the job's spec answers); returns what went, [] when there was no such job."""
+    from kubernetes import client
+
+    core, apps = _clients(api)
+    spec_cm = call(core.read_namespaced_config_map, manifests.spec_configmap_name(name),
+                   namespace, verb="get", resource="configmaps", namespace=namespace,
+                   tolerate=(404,), rights=rights)
+    options = client.V1DeleteOptions(propagation_policy="Background")
+    deleted = []
+    for resource, fn, obj in (
+        ("deployments", apps.delete_namespaced_deployment, manifests.master_name(name)),
+        ("configmaps", core.delete_namespaced_config_map, manifests.spec_configmap_name(name)),
+        ("configmaps", core.delete_namespaced_config_map, manifests.package_configmap_name(name)),
+    ):
+        if call(fn, obj, namespace, body=options, verb="delete", resource=resource,
+                namespace=namespace, name=obj, tolerate=(404,), rights=rights) is not None:
+            deleted.append(f"{resource}/{obj}")
+    if deleted and spec_cm is not None and (spec_cm.data or {}).get(manifests.SPEC_KEY):
+        _clear_etcd(spec_cm.data[manifests.SPEC_KEY], namespace=namespace, name=name)
+    return deleted
+
+
+def _clear_etcd(spec_yaml: str, *, namespace: str, name: str) -> None:
+    import asyncio
+
+    from paddlecloud.etcd import connect
+    from paddlecloud.keys import JobKeys
+
+    async def clear(endpoints: str) -> None:
+        etcd = await connect(endpoints, timeout=3.0)
+        try:
+            await etcd.delete_prefix(JobKeys(namespace, name).prefix)
+        finally:
+            await etcd.close()
+
+    try:
+        asyncio.run(clear(JobSpec.from_yaml(spec_yaml).etcd_endpoints))
+    except Exception as error:  # the objects are gone; the keys may stay
+        logger.warning("could not clear the etcd keys of %s/%s: %s", namespace, name, error)
+
+
+def pick_pod(api: Any, *, name: str, namespace: str, role: str, index: int,
+             rights: str | None = None) -> Any:
+    """The pod of `role` number `index` of a job (a trainer id, a pserver index, a master
+    number: 0 is the leader), the newest when retried; None when there is none."""
+    core, _ = _clients(api)
+    pods = call(core.list_namespaced_pod, namespace,
+                label_selector=manifests.label_selector(name, role),
+                verb="list", resource="pods", namespace=namespace, rights=rights).items or []
+    pods = [p for p in pods if (p.metadata.labels or {}).get(manifests.ROLE_LABEL) == role
+            and (p.metadata.labels or {}).get(manifests.JOB_LABEL) == name]
+    if role == manifests.TRAINER:
+        key = manifests.COMPLETION_INDEX_ANNOTATION
+        pods = [p for p in pods if (p.metadata.annotations or {}).get(key) == str(index)]
+    elif role == manifests.PSERVER:
+        pods = [p for p in pods if p.metadata.name == f"{manifests.pserver_name(name)}-{index}"]
+    else:
+        pods = sorted(pods, key=lambda p: p.metadata.name)
+        ready = [p for p in pods if any(c.type == "Ready" and c.status == "True"
+                                        for c in (p.status.conditions or []) if p.status)]
+        pods = ready or pods  # the leader is the ready master
+        pods = pods[index:index + 1]
+    if not pods:
+        return None
+    return max(pods, key=lambda p: str(p.metadata.creation_timestamp or ""))
+
+
+def pod_log(api: Any, *, name: str, namespace: str, role: str, index: int, tail_lines: int,
+            rights: str | None = None) -> str | None:
+    """The last `tail_lines` of the log of one pod of a job; None when there is no such pod."""
+    core, _ = _clients(api)
+    pod = pick_pod(api, name=name, namespace=namespace, role=role, index=index, rights=rights)
+    if pod is None:
+        return None
+    containers = pod.spec.containers if pod.spec else []
+    response = call(core.read_namespaced_pod_log, pod.metadata.name, namespace,
+                    container=containers[0].name if containers else None, tail_lines=tail_lines,
+                    _preload_content=False, verb="get", resource="pods/log", namespace=namespace,
+                    name=pod.metadata.name, tolerate=(400, 404), rights=rights)
+    return "" if response is None else response.data.decode("utf-8", errors="replace")

@@ -40,4 +40,4 @@ async def test_no_generated_request_gets_a_server_error(k8s, api_client, tmp_pat
     app = create_app(config, api_client=api_client)
     checked = await asyncio.to_thread(check_operations, app)
     assert sorted(checked) == ["DELETE /v1/jobs/{name}", "GET /v1/jobs", "GET /v1/jobs/{name}",
-                               "GET /v1/version", "POST /v1/package", "POST /v1/trainer/job"]
+                               "GET /v1/jobs/{name}/logs", "GET /v1/version", "POST /v1/package", "POST /v1/trainer/job"]

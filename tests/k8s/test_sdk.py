@@ -60,6 +60,10 @@ async def test_dist_train_in_a_notebook_submits_and_the_handle_reads_status(
     status = await asyncio.to_thread(handle.status)
     assert status["name"] == "fit" and status["phase"] == "Pending"
     assert set(status["pods"]) == {"trainer", "pserver", "master"}
+    k8s.add_pod(JobSpec(name="fit", namespace="team-a", module="m"), "trainer", "fit-trainer-1-b",
+                annotations={manifests.COMPLETION_INDEX_ANNOTATION: "1"})
+    k8s.kmock["get /api/v1/namespaces/team-a/pods/fit-trainer-1-b/log"] << b"epoch 0 loss 0.69\n"
+    assert await asyncio.to_thread(handle.logs, index=1) == "epoch 0 loss 0.69\n"
     assert "deployments/fit-master" in await asyncio.to_thread(handle.delete)
 
 
