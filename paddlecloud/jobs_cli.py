@@ -45,12 +45,12 @@ from paddlecloud.k8s.jobs import (
     fetch_master_status,
     pick_pod,
     pod_counts,
+    read_package,
 )
 from paddlecloud.paddlejob import chunk_bytes, load_documents, translate_documents
 
 logger = logging.getLogger(__name__)
 
-SKIPPED_PACKAGE_PARTS = ("__pycache__",)
 CLI_RETRY_ATTEMPTS, CLI_RETRY_WAIT = 3, 0.5
 USER_RIGHTS = ("Ask your cluster's admin for it in this namespace "
                "(docs/kubernetes.md lists what `paddlecloud job` needs)")
@@ -125,22 +125,6 @@ def job() -> None:
 
 
 # ---- submit ----------------------------------------------------------------------------------
-def read_package(path: Path) -> dict[str, bytes]:
-    """The files of a package directory by relative path (hidden files and caches skipped)."""
-    if not path.is_dir():
-        raise JobSpecError(f"package path {str(path)!r} is not a directory")
-    files: dict[str, bytes] = {}
-    for file in sorted(path.rglob("*")):
-        rel = file.relative_to(path)
-        if any(part.startswith(".") or part in SKIPPED_PACKAGE_PARTS for part in rel.parts):
-            continue
-        if file.is_file() and file.suffix != ".pyc":
-            files[rel.as_posix()] = file.read_bytes()
-    if not files:
-        raise JobSpecError(f"package path {str(path)!r} holds no files")
-    return files
-
-
 def _load_paddlejob(path: str) -> list[dict[str, Any]]:
     """The documents of a PaddleJob file (the PaddleJob, and its PodGroup if any)."""
     try:

@@ -4,7 +4,9 @@ PaddlePaddle cloud's design, with today's PaddlePaddle: a `PaddleJob` holds the
 design's parameters (it is `paddlecloud.jobrequest.TrainerJob`, validated at
 construction by the same `JobSpec.validate` as `job submit`, errors naming the
 value); `submit(server=URL, token=...)` zips the package directory, uploads it
-(`POST /v1/package`) and submits (`POST /v1/trainer/job`), returning a `JobHandle`
+(`POST /v1/package`) and submits (`POST /v1/trainer/job`) — or, without a server,
+creates the job straight on Kubernetes with the user's kubeconfig, as `job submit`
+does — returning a `JobHandle`
 with `status()`, `logs()`, `delete()` and `wait()` (a rich progress bar in a terminal, plain
 lines elsewhere, e.g. a notebook). `dist_train` submits when `PADDLE_NOTEBOOK=YES`
 and otherwise runs the job here, through `paddlecloud local train`'s `LocalJob`.
@@ -39,7 +41,6 @@ from paddlecloud.phase import TERMINAL
 logger = logging.getLogger(__name__)
 
 NOTEBOOK_ENV = "PADDLE_NOTEBOOK"
-SKIPPED = ("__pycache__", ".git", ".ipynb_checkpoints")
 
 
 class JobServerError(RuntimeError):
@@ -57,31 +58,54 @@ class PaddleJob(TrainerJob):
     def __post_init__(self) -> None:
         self.to_spec()  # raises JobSpecError naming the first bad value
 
+    def package_files(self) -> dict[str, bytes]:
+        """The package directory's files (hidden files and caches skipped, as `job submit`)."""
+        from paddlecloud.k8s.jobs import read_package
+
+        return read_package(Path(self.trainer_package))
+
     def package_archive(self) -> bytes:
-        """The package directory as a zip (an empty requirements.txt added when it has none)."""
-        root = Path(self.trainer_package)
-        if not root.is_dir():
-            raise ValueError(f"trainer_package {self.trainer_package!r} is not a directory")
+        """The package as a zip (an empty requirements.txt added when it has none)."""
+        files = self.package_files()
         out = io.BytesIO()
         with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as archive:
-            for path in sorted(root.rglob("*")):
-                rel = path.relative_to(root)
-                if path.is_file() and not path.is_symlink() and not any(
-                        p in SKIPPED for p in rel.parts) and path.suffix != ".pyc":
-                    archive.write(path, rel.as_posix())
-            if not (root / "requirements.txt").is_file():
+            for path in sorted(files):
+                archive.writestr(path, files[path])
+            if "requirements.txt" not in files:
                 archive.writestr("requirements.txt", "")
         return out.getvalue()
 
-    def submit(self, *, server: str, token: str) -> JobHandle:
-        """Uploads the package (if any) and submits the job to the Job Server at `server`."""
-        client = _Client(server, token)
+    def submit(self, *, server: str | None = None, token: str | None = None,
+               kubeconfig: str | None = None) -> JobHandle:
+        """Submits through the Job Server at `server` (with `token`), or, without `server`,
+        straight to Kubernetes with the user's kubeconfig, as `paddlecloud job submit` does."""
+        if server:
+            if not token:
+                raise ValueError("submit(server=...) needs token=")
+            return self._submit_to_server(_Client(server, token))
+        return self._submit_to_kubernetes(kubeconfig)
+
+    def _submit_to_server(self, client: _Client) -> JobHandle:
         body = {f.name: getattr(self, f.name) for f in dataclasses.fields(TrainerJob)}
         body["input"], body["env"] = list(self.input), dict(self.env)
         if self.trainer_package:
             body["trainer_package"] = client.upload(self.package_archive())["digest"]
         made = client.request("POST", "/v1/trainer/job", body)
-        return JobHandle(client, name=made["name"], namespace=made["namespace"])
+        return JobHandle(_ServerBackend(client), name=made["name"], namespace=made["namespace"])
+
+    def _submit_to_kubernetes(self, kubeconfig: str | None) -> JobHandle:
+        from paddlecloud.k8s import manifests
+        from paddlecloud.k8s.client import load_api_client
+        from paddlecloud.k8s.jobs import create_job
+
+        files = self.package_files() if self.trainer_package else None
+        spec = self.to_spec(package_path=str(Path(self.trainer_package).absolute()) if files else "",
+                            package_files=tuple(sorted(files)) if files else ())
+        objects = manifests.submit_objects(spec, files)
+        manifests.master_objects(spec, None)  # renders the pods now: template errors surface here
+        api = load_api_client(kubeconfig)
+        create_job(api, spec=spec, objects=objects)
+        return JobHandle(_KubernetesBackend(api), name=spec.name, namespace=spec.namespace)
 
 
 def submit_spec(spec: JobSpec, *, server: str, token: str, namespace: str | None) -> JobHandle:
@@ -95,21 +119,21 @@ def submit_spec(spec: JobSpec, *, server: str, token: str, namespace: str | None
 class JobHandle:
     """A submitted job: ask its status, wait for it, delete it."""
 
-    def __init__(self, client: _Client, *, name: str, namespace: str) -> None:
-        self._client, self.name, self.namespace = client, name, namespace
+    def __init__(self, backend: _ServerBackend | _KubernetesBackend, *, name: str,
+                 namespace: str) -> None:
+        self._backend, self.name, self.namespace = backend, name, namespace
 
     def status(self) -> dict[str, Any]:
-        """Phase, pods per role and the master's progress (`GET /v1/jobs/NAME`)."""
-        return self._client.request("GET", f"/v1/jobs/{self.name}?namespace={self.namespace}")
+        """Phase, pods per role and the master's progress (as `GET /v1/jobs/NAME`)."""
+        return self._backend.status(self.name, self.namespace)
 
     def logs(self, *, role: str = "trainer", index: int = 0, tail: int = 200) -> str:
         """The last `tail` lines of one pod's log (trainer `index`, pserver `index`, master)."""
-        return self._client.text(f"/v1/jobs/{self.name}/logs?namespace={self.namespace}"
-                                 f"&role={role}&index={index}&tail={tail}")
+        return self._backend.logs(self.name, self.namespace, role=role, index=index, tail=tail)
 
     def delete(self) -> list[str]:
-        return self._client.request(
-            "DELETE", f"/v1/jobs/{self.name}?namespace={self.namespace}")["deleted"]
+        """Deletes the job; returns what went."""
+        return self._backend.delete(self.name, self.namespace)
 
     def wait(self, *, interval: float = 5.0, timeout: float | None = None) -> dict[str, Any]:
         """Polls until the job ends; shows progress; returns the last status."""
@@ -126,6 +150,50 @@ class JobHandle:
                 time.sleep(interval)
         finally:
             show(None)
+
+
+class _ServerBackend:
+    def __init__(self, client: _Client) -> None:
+        self.client = client
+
+    def status(self, name: str, namespace: str) -> dict[str, Any]:
+        return self.client.request("GET", f"/v1/jobs/{name}?namespace={namespace}")
+
+    def logs(self, name: str, namespace: str, *, role: str, index: int, tail: int) -> str:
+        return self.client.text(f"/v1/jobs/{name}/logs?namespace={namespace}"
+                                f"&role={role}&index={index}&tail={tail}")
+
+    def delete(self, name: str, namespace: str) -> list[str]:
+        return self.client.request("DELETE", f"/v1/jobs/{name}?namespace={namespace}")["deleted"]
+
+
+class _KubernetesBackend:
+    """The same answers as the server's, read with the user's own credentials."""
+
+    def __init__(self, api: Any) -> None:
+        self.api = api
+
+    def status(self, name: str, namespace: str) -> dict[str, Any]:
+        from paddlecloud.k8s.jobs import job_status
+
+        found = job_status(self.api, namespace, name)
+        if found is None:
+            raise LookupError(f"job {name} not found in namespace {namespace}")
+        return found
+
+    def logs(self, name: str, namespace: str, *, role: str, index: int, tail: int) -> str:
+        from paddlecloud.k8s.jobs import pod_log
+
+        text = pod_log(self.api, name=name, namespace=namespace, role=role, index=index,
+                       tail_lines=tail)
+        if text is None:
+            raise LookupError(f"no {role} pod with index {index} for job {name} in {namespace}")
+        return text
+
+    def delete(self, name: str, namespace: str) -> list[str]:
+        from paddlecloud.k8s.jobs import delete_job
+
+        return delete_job(self.api, namespace, name)
 
 
 def _progress_view() -> Callable[[dict[str, Any] | None], None]:

@@ -16,14 +16,16 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Collection, Iterable
+from pathlib import Path
 from typing import Any
 
-from paddlecloud.jobspec import JobSpec
+from paddlecloud.jobspec import JobSpec, JobSpecError
 from paddlecloud.k8s import manifests
 
 logger = logging.getLogger(__name__)
 
 ROLES = (manifests.TRAINER, manifests.PSERVER, manifests.MASTER)
+SKIPPED_PACKAGE_PARTS = ("__pycache__",)
 RETRY_ATTEMPTS, RETRY_WAIT = 3, 0.5
 
 
@@ -54,6 +56,22 @@ def call(fn: Callable[..., Any], *args: Any, verb: str, resource: str, namespace
         if clear is error:
             raise
         raise JobCreateError(str(clear), status=status) from None
+
+
+def read_package(path: Path) -> dict[str, bytes]:
+    """The files of a package directory by relative path (hidden files and caches skipped)."""
+    if not path.is_dir():
+        raise JobSpecError(f"package path {str(path)!r} is not a directory")
+    files: dict[str, bytes] = {}
+    for file in sorted(path.rglob("*")):
+        rel = file.relative_to(path)
+        if any(part.startswith(".") or part in SKIPPED_PACKAGE_PARTS for part in rel.parts):
+            continue
+        if file.is_file() and file.suffix != ".pyc":
+            files[rel.as_posix()] = file.read_bytes()
+    if not files:
+        raise JobSpecError(f"package path {str(path)!r} holds no files")
+    return files
 
 
 def to_dict(api: Any, obj: Any) -> dict[str, Any]:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import uvicorn
+import yaml
 from click.testing import CliRunner
 
 from job_server.app import create_app
@@ -117,3 +118,24 @@ def test_dist_train_without_a_notebook_trains_fit_a_line_here(tmp_path, monkeypa
                     output=str(tmp_path / "out"), trainers=1, epochs=2)
     assert dist_train("examples.fit_a_line.train", paddle_job=job) == 0
     assert (tmp_path / "out" / "model" / "model.pdparams").stat().st_size > 0
+
+
+async def test_submit_without_a_server_creates_the_job_as_job_submit_does(k8s, kubeconfig, tmp_path):
+    package = tmp_path / "ctr"
+    package.mkdir()
+    (package / "train.py").write_text("print('training')\n")
+    job = PaddleJob(job_name="ctr", module="ctr.train", trainer_package=str(package), trainers=2,
+                    pservers=1, input=("/data/*.csv",), namespace="ml")
+    handle = await asyncio.to_thread(job.submit, kubeconfig=kubeconfig)
+    cli = await asyncio.to_thread(CliRunner().invoke, job_cli, [
+        "submit", "ctr", "--module", "ctr.train", "--package-path", str(package), "--trainers", "2",
+        "--pservers", "1", "--input", "/data/*.csv", "-n", "ml", "--dry-run"])
+    rendered = [d for d in yaml.safe_load_all(cli.output) if d]
+    for made in rendered[:4]:  # what `job submit` creates (the rest is the master's)
+        resource = {"ConfigMap": "configmaps", "Deployment": "deployments",
+                    "Service": "services"}[made["kind"]]
+        stored = k8s.stored(resource, "ml", made["metadata"]["name"])
+        assert stored is not None and stored.get("spec") == made.get("spec")
+        assert stored.get("data") == made.get("data")
+    assert (await asyncio.to_thread(handle.status))["phase"] == "Pending"
+    assert "deployments/ctr-master" in await asyncio.to_thread(handle.delete)
