@@ -26,7 +26,7 @@ def create_app(config: ServerConfig, *, api_client: Any) -> FastAPI:
                   description="Upload trainer packages and run paddlecloud jobs (DESIGN.md §11).")
     app.state.config = config
     app.state.store = PackageStore(config.store)
-    app.state.cluster = Cluster(api_client, build=config.build)
+    app.state.cluster = Cluster(api_client, build=config.build, paddlejobs=config.paddlejobs)
     for router in (packages.router, jobs.router, version.router):
         app.include_router(router)
     return app

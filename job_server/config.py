@@ -50,6 +50,7 @@ class ServerConfig:
     limits: Limits = Limits()
     quotas: Quotas = Quotas()
     build: BuildConfig | None = None  # None: packages ship in a ConfigMap, as `job submit`'s
+    paddlejobs: bool = False  # True where the operator runs: jobs go in as PaddleJobs
 
 
 def load_tokens(path: str) -> dict[str, tuple[str, ...]]:
@@ -92,10 +93,10 @@ def load_config(path: str | None, *, tokens_file: str | None = None) -> ServerCo
             raw = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
         except (OSError, yaml.YAMLError) as error:
             raise ConfigError(f"cannot read the config file {path}: {error}") from None
-    unknown = sorted(set(raw) - {"store", "limits", "quotas", "build", "tokens_file"})
+    unknown = sorted(set(raw) - {"store", "limits", "quotas", "build", "tokens_file", "paddlejobs"})
     if unknown:
-        raise ConfigError(f"unknown config key {unknown[0]}: known are build, limits, quotas, "
-                          "store, tokens_file")
+        raise ConfigError(f"unknown config key {unknown[0]}: known are build, limits, "
+                          "paddlejobs, quotas, store, tokens_file")
     tokens_path = tokens_file or raw.get("tokens_file")
     return ServerConfig(
         store=str(raw.get("store") or ServerConfig.store),
@@ -103,4 +104,11 @@ def load_config(path: str | None, *, tokens_file: str | None = None) -> ServerCo
         limits=_section(Limits, raw.get("limits"), key="limits") or Limits(),
         quotas=_section(Quotas, raw.get("quotas"), key="quotas") or Quotas(),
         build=_section(BuildConfig, raw.get("build"), key="build"),
+        paddlejobs=_flag(raw.get("paddlejobs", False), key="paddlejobs"),
     )
+
+
+def _flag(value: Any, *, key: str) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(f"config key {key}: expected true or false, got {value!r}")
+    return value

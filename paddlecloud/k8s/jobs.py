@@ -1,5 +1,9 @@
 """Creating, reading and deleting one job's objects: the code `job submit` and the job server share.
 
+Where the operator runs, a job whose package is in its image can go in as a
+PaddleJob instead (`create_paddlejob`); with `paddlejobs=True`, reads and deletes
+see both kinds.
+
 `create_job` is the one path from rendered objects (`manifests.submit_objects`) to the
 API server: the ConfigMaps, then the master Deployment, then its Service, and the
 ConfigMaps owned by the Deployment so deleting it removes the whole job. A name in
@@ -19,7 +23,7 @@ from collections.abc import Callable, Collection, Iterable
 from pathlib import Path
 from typing import Any
 
-from paddlecloud.jobspec import JobSpec, JobSpecError
+from paddlecloud.jobspec import PADDLEJOB_API_VERSION, PADDLEJOB_KIND, JobSpec, JobSpecError
 from paddlecloud.k8s import manifests
 
 logger = logging.getLogger(__name__)
@@ -156,8 +160,10 @@ def _clients(api: Any) -> tuple[Any, Any]:
     return client.CoreV1Api(api), client.AppsV1Api(api)
 
 
-def list_jobs(api: Any, namespace: str, *, rights: str | None = None) -> list[dict[str, Any]]:
-    """Every job of a namespace, by name: {name, namespace, phase, created}."""
+def list_jobs(api: Any, namespace: str, *, rights: str | None = None,
+              paddlejobs: bool = False) -> list[dict[str, Any]]:
+    """Every job of a namespace, by name: {name, namespace, phase, created}; with
+    `paddlejobs`, also PaddleJobs whose master the operator has not made yet."""
     _, apps = _clients(api)
     found = call(apps.list_namespaced_deployment, namespace, label_selector=MASTER_SELECTOR,
                  verb="list", resource="deployments", namespace=namespace, rights=rights)
@@ -169,18 +175,33 @@ def list_jobs(api: Any, namespace: str, *, rights: str | None = None) -> list[di
                         "phase": (item.metadata.annotations or {}).get(
                             manifests.PHASE_ANNOTATION, "Pending"),
                         "created": str(item.metadata.creation_timestamp or "")})
+    named = {j["name"] for j in out}
+    for pdj in _paddlejobs(api, namespace, rights=rights) if paddlejobs else ():  # before the operator made the master
+        meta = pdj.get("metadata") or {}
+        if meta.get("name") and meta["name"] not in named:
+            out.append({"name": meta["name"], "namespace": namespace,
+                        "phase": (pdj.get("status") or {}).get("phase") or "Pending",
+                        "created": str(meta.get("creationTimestamp") or "")})
     return sorted(out, key=lambda j: j["name"])
 
 
-def job_status(api: Any, namespace: str, name: str, *,
-               rights: str | None = None) -> dict[str, Any] | None:
+def job_status(api: Any, namespace: str, name: str, *, rights: str | None = None,
+               paddlejobs: bool = False) -> dict[str, Any] | None:
     """Phase, pods per role and the master's progress; None when there is no such job."""
     core, apps = _clients(api)
     deployment = call(apps.read_namespaced_deployment, manifests.master_name(name), namespace,
                       verb="get", resource="deployments", namespace=namespace,
                       name=manifests.master_name(name), tolerate=(404,), rights=rights)
     if deployment is None:
-        return None
+        if not paddlejobs:
+            return None
+        pdj = next((p for p in _paddlejobs(api, namespace, rights=rights)
+                    if (p.get("metadata") or {}).get("name") == name), None)
+        if pdj is None:
+            return None
+        return {"name": name, "namespace": namespace,
+                "phase": (pdj.get("status") or {}).get("phase") or "Pending", "reason": "",
+                "pods": {role: {} for role in ROLES}, "progress": None}
     pods = call(core.list_namespaced_pod, namespace, label_selector=manifests.label_selector(name),
                 verb="list", resource="pods", namespace=namespace, rights=rights)
     annotations = deployment.metadata.annotations or {}
@@ -208,7 +229,8 @@ def master_progress(namespace: str, name: str) -> dict[str, int] | None:
             "trainers_alive": reply.trainers_alive}
 
 
-def delete_job(api: Any, namespace: str, name: str, *, rights: str | None = None) -> list[str]:
+def delete_job(api: Any, namespace: str, name: str, *, rights: str | None = None,
+               paddlejobs: bool = False) -> list[str]:
     """Deletes the master (and so what it owns), the ConfigMaps and the etcd keys (when the
     etcd of the job's spec answers); returns what went, [] when there was no such job."""
     from kubernetes import client
@@ -219,6 +241,11 @@ def delete_job(api: Any, namespace: str, name: str, *, rights: str | None = None
                    tolerate=(404,), rights=rights)
     options = client.V1DeleteOptions(propagation_policy="Background")
     deleted = []
+    # the PaddleJob first: else its operator would create the master again
+    if paddlejobs and call(_custom(api).delete_namespaced_custom_object, PADDLEJOB_GROUP, PADDLEJOB_VERSION,
+            namespace, PADDLEJOB_PLURAL, name, verb="delete", resource=PADDLEJOB_PLURAL,
+            namespace=namespace, name=name, tolerate=(404,), rights=rights) is not None:
+        deleted.append(f"{PADDLEJOB_PLURAL}/{name}")
     for resource, fn, obj in (
         ("deployments", apps.delete_namespaced_deployment, manifests.master_name(name)),
         ("configmaps", core.delete_namespaced_config_map, manifests.spec_configmap_name(name)),
@@ -290,3 +317,70 @@ def pod_log(api: Any, *, name: str, namespace: str, role: str, index: int, tail_
                     _preload_content=False, verb="get", resource="pods/log", namespace=namespace,
                     name=pod.metadata.name, tolerate=(400, 404), rights=rights)
     return "" if response is None else response.data.decode("utf-8", errors="replace")
+
+
+# ---- the PaddleJob resource (when the operator's CRD is installed) ------------------------------
+PADDLEJOB_GROUP, PADDLEJOB_VERSION = PADDLEJOB_API_VERSION.split("/")
+PADDLEJOB_PLURAL = "paddlejobs"
+
+
+def paddlejob_document(spec: JobSpec) -> dict[str, Any]:
+    """The PaddleJob of a spec whose package is in its image (no package ConfigMap): each
+    role a pod template running `python -m MODULE` with the spec's image, resources and
+    env, which the operator's translation (`paddlecloud.paddlejob.translate`) reads back."""
+    if spec.package_files:
+        raise JobSpecError("a PaddleJob cannot carry a package ConfigMap: build the image first")
+
+    def role(replicas: int, *, name: str, cpu: str, memory: str, gpu: int) -> dict[str, Any]:
+        resources: dict[str, Any] = {"requests": {"cpu": cpu, "memory": memory},
+                                     "limits": {"memory": memory}}
+        if gpu:
+            resources["limits"]["nvidia.com/gpu"] = str(gpu)
+        container = {"name": name, "image": spec.image, "command": ["python", "-m", spec.module],
+                     "resources": resources}
+        if spec.env:
+            container["env"] = [{"name": k, "value": v} for k, v in spec.env]
+        return {"replicas": replicas, "template": {"spec": {"containers": [container]}}}
+
+    body: dict[str, Any] = {
+        "worker": {**role(spec.trainers, name=manifests.TRAINER, cpu=spec.trainer_cpu,
+                          memory=spec.trainer_memory, gpu=spec.trainer_gpu),
+                   "requests": spec.trainer_range[0], "limits": spec.trainer_range[1]},
+        "epochs": spec.epochs,
+    }
+    if spec.pservers:
+        body["ps"] = role(spec.pservers, name=manifests.PSERVER, cpu=spec.pserver_cpu,
+                          memory=spec.pserver_memory, gpu=0)
+    if spec.inputs:
+        body["input"] = list(spec.inputs)
+    if spec.output:
+        body["output"] = spec.output
+    return {"apiVersion": PADDLEJOB_API_VERSION, "kind": PADDLEJOB_KIND,
+            "metadata": {"name": spec.name, "namespace": spec.namespace,
+                         "labels": {manifests.APP_LABEL: manifests.APP_NAME,
+                                    manifests.JOB_LABEL: spec.name}},
+            "spec": body}
+
+
+def _custom(api: Any) -> Any:
+    from kubernetes import client
+
+    return client.CustomObjectsApi(api)
+
+
+def create_paddlejob(api: Any, *, spec: JobSpec, rights: str | None = None) -> None:
+    """Creates the job's PaddleJob; the operator creates its master. A name in use is refused."""
+    doc = paddlejob_document(spec)
+    made = call(_custom(api).create_namespaced_custom_object, PADDLEJOB_GROUP, PADDLEJOB_VERSION,
+                spec.namespace, PADDLEJOB_PLURAL, doc, verb="create", resource=PADDLEJOB_PLURAL,
+                namespace=spec.namespace, name=spec.name, tolerate=(409,), rights=rights)
+    if made is None:
+        raise JobCreateError(f"job {spec.name} already exists in namespace {spec.namespace} "
+                             f"(paddlejobs {spec.name} exists)", status=409)
+
+
+def _paddlejobs(api: Any, namespace: str, *, rights: str | None) -> list[dict[str, Any]]:
+    found = call(_custom(api).list_namespaced_custom_object, PADDLEJOB_GROUP, PADDLEJOB_VERSION,
+                 namespace, PADDLEJOB_PLURAL, verb="list", resource=PADDLEJOB_PLURAL,
+                 namespace=namespace, tolerate=(404,), rights=rights)
+    return list((found or {}).get("items") or [])

@@ -83,10 +83,11 @@ async def test_a_token_sees_reads_and_deletes_nothing_of_another_namespace(k8s, 
         assert (await client.delete("/v1/jobs/fit", headers=B)).status_code == 404
         assert k8s.stored("deployments", "team-a", "fit-master") is not None
         status = await client.get("/v1/jobs/fit", headers=A)
-        assert status.status_code == 200
+        assert status.status_code == 200, status.text
         assert status.json()["phase"] == "Pending" and status.json()["progress"] is None
         deleted = await client.delete("/v1/jobs/fit", headers=A)
-        assert deleted.status_code == 200 and "deployments/fit-master" in deleted.json()["deleted"]
+        assert deleted.status_code == 200, deleted.text
+        assert "deployments/fit-master" in deleted.json()["deleted"]
     assert k8s.stored("deployments", "team-a", "fit-master") is None
 
 
@@ -212,3 +213,28 @@ def test_the_job_server_manifest_is_strictly_valid_and_namespace_scoped():
     assert "ClusterRole" not in kinds and "ClusterRoleBinding" not in kinds
     role = next(d for d in docs if d["kind"] == "Role")
     assert not any("*" in rule["verbs"] or "secrets" in rule["resources"] for rule in role["rules"])
+
+
+async def test_where_the_operator_runs_a_job_goes_in_as_a_paddlejob(k8s_crds, api_client, tmp_path):
+    import jsonschema
+    from test_paddlejob import crd_schema
+
+    from paddlecloud.paddlejob import translate
+
+    k8s = k8s_crds
+    async with server(api_client, tmp_path, paddlejobs=True) as client:
+        response = await client.post("/v1/trainer/job", headers=A, json={**JOB, "namespace": "team-a"})
+        assert response.status_code == 201, response.text
+        assert k8s.posted() == [("paddlejobs", "fit")]  # the operator makes the master
+        stored = k8s.kmock.objects[k8s_resource("paddlejobs"), "team-a", "fit"].raw
+        jsonschema.validate(stored, crd_schema())
+        spec = translate(stored).validate()
+        assert (spec.trainers, spec.pservers, spec.epochs, spec.inputs) == (2, 1, 2, ("/data/*.csv",))
+        assert spec.worker_template["spec"]["containers"][0]["command"] == ["python", "-m", "fit.train"]
+        manifests.master_objects(spec, None)  # renders
+        listed = (await client.get("/v1/jobs", headers=A)).json()["items"]
+        assert [(j["name"], j["phase"]) for j in listed] == [("fit", "Pending")]
+        assert (await client.get("/v1/jobs/fit", headers=A)).json()["phase"] == "Pending"
+        deleted = await client.delete("/v1/jobs/fit", headers=A)
+        assert deleted.json()["deleted"] == ["paddlejobs/fit"]
+    assert k8s.kmock.objects[k8s_resource("paddlejobs"), "team-a", "fit"].deleted
