@@ -10,14 +10,44 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import FastAPI, HTTPException, status
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from job_server.cluster import Cluster
-from job_server.config import ServerConfig
+from job_server.config import MULTIPART_SLACK, ServerConfig
 from job_server.packages import PackageStore
 from job_server.routers import jobs, packages, version
 
 logger = logging.getLogger(__name__)
+
+
+
+
+class BodyLimit:
+    """Refuses (413) a request body over the limit while it streams in, so a body sent
+    without Content-Length (chunked) is not spooled whole before the route's checks."""
+
+    def __init__(self, app: ASGIApp, *, limit: int) -> None:
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        seen = 0
+
+        async def limited() -> Message:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.limit:
+                    raise HTTPException(status.HTTP_413_CONTENT_TOO_LARGE,
+                                        f"the request body is over {self.limit} bytes "
+                                        "(max_upload_bytes and the multipart frame)")
+            return message
+
+        await self.app(scope, limited, send)
 
 
 def create_app(config: ServerConfig, *, api_client: Any) -> FastAPI:
@@ -29,4 +59,5 @@ def create_app(config: ServerConfig, *, api_client: Any) -> FastAPI:
     app.state.cluster = Cluster(api_client, build=config.build, paddlejobs=config.paddlejobs)
     for router in (packages.router, jobs.router, version.router):
         app.include_router(router)
+    app.add_middleware(BodyLimit, limit=config.limits.max_upload_bytes + MULTIPART_SLACK)
     return app

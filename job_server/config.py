@@ -22,6 +22,9 @@ from paddlecloud.k8s.image_build import BuildConfig
 logger = logging.getLogger(__name__)
 
 
+MULTIPART_SLACK = 64 * 1024  # room for the multipart frame around an upload
+
+
 class ConfigError(ValueError):
     """A configuration that cannot run; the message names the key and the value."""
 

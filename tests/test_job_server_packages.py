@@ -119,3 +119,31 @@ def test_an_upload_needs_a_known_token(client):
     assert client.post("/v1/package", files={"file": ("p.zip", zip_of(GOOD))}).status_code == 401
     assert client.post("/v1/package", headers={"Authorization": "Bearer nope"},
                        files={"file": ("p.zip", zip_of(GOOD))}).status_code == 401
+
+
+def test_a_chunked_body_over_the_limit_is_refused_while_it_streams(client, store_url):
+    boundary = "b0undary"
+    head = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"p.zip\"\r\n"
+            "Content-Type: application/zip\r\n\r\n").encode()
+
+    def body():  # no Content-Length: sent chunked
+        yield head
+        for _ in range(40):
+            yield b"x" * 16_384
+        yield f"\r\n--{boundary}--\r\n".encode()
+
+    response = client.post("/v1/package", content=body(), headers={
+        **TOKEN, "Content-Type": f"multipart/form-data; boundary={boundary}"})
+    assert response.status_code == 413, response.text
+    # refused by the streaming limit, before the multipart parser spooled it all
+    assert "the request body is over" in response.json()["detail"]
+    assert stored_files(store_url) == []
+
+
+def test_the_server_command_refuses_to_start_without_tokens():
+    from click.testing import CliRunner
+
+    from job_server.cli import server_command
+
+    result = CliRunner().invoke(server_command, [])
+    assert result.exit_code != 0 and "no tokens" in result.output

@@ -8,6 +8,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, File, HTTPException, Request, UploadFile, status
 
 from job_server.auth import Caller
+from job_server.config import MULTIPART_SLACK
 from job_server.models import PackageInfo
 from job_server.packages import CHUNK, PackageError, unpack
 
@@ -20,7 +21,7 @@ def body_within_limit(request: Request) -> None:
     """413 before the body is read when its declared length is over the limit."""
     limit = request.app.state.config.limits.max_upload_bytes
     declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit + 64 * 1024:  # room for the multipart frame
+    if declared.isdigit() and int(declared) > limit + MULTIPART_SLACK:
         raise HTTPException(status.HTTP_413_CONTENT_TOO_LARGE,
                             f"the upload is {declared} bytes; the limit (max_upload_bytes) is {limit}")
 
