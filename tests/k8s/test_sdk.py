@@ -11,6 +11,7 @@ import pytest
 import uvicorn
 import yaml
 from click.testing import CliRunner
+from conftest import RESOURCES
 
 from job_server.app import create_app
 from job_server.config import ServerConfig
@@ -47,7 +48,7 @@ async def job_server(k8s, api_client, tmp_path):
 
 
 async def test_dist_train_in_a_notebook_submits_and_the_handle_reads_status(
-        k8s, job_server, tmp_path, monkeypatch):
+        k8s, job_server, tmp_path, monkeypatch, capsys):
     package = tmp_path / "fit"
     package.mkdir()
     (package / "train.py").write_text("print('fit')\n")
@@ -65,6 +66,10 @@ async def test_dist_train_in_a_notebook_submits_and_the_handle_reads_status(
                 annotations={manifests.COMPLETION_INDEX_ANNOTATION: "1"})
     k8s.kmock["get /api/v1/namespaces/team-a/pods/fit-trainer-1-b/log"] << b"epoch 0 loss 0.69\n"
     assert await asyncio.to_thread(handle.logs, index=1) == "epoch 0 loss 0.69\n"
+    k8s.kmock.objects[RESOURCES["deployments"], "team-a", "fit-master"].patch(
+        {"metadata": {"annotations": {manifests.PHASE_ANNOTATION: "Succeeded"}}})
+    assert (await asyncio.to_thread(handle.wait, interval=0.05, timeout=30))["phase"] == "Succeeded"
+    assert "fit: Succeeded" in capsys.readouterr().out  # plain lines: not a terminal
     assert "deployments/fit-master" in await asyncio.to_thread(handle.delete)
 
 
