@@ -61,11 +61,11 @@ class Cluster:
         return jobs.list_jobs(self.api, namespace, rights=SERVER_RIGHTS, paddlejobs=self.paddlejobs)
 
     def get(self, namespace: str, name: str) -> dict[str, Any] | None:
-        return jobs.job_status(self.api, namespace, name, rights=SERVER_RIGHTS,
+        return jobs.job_status(self.api, namespace=namespace, name=name, rights=SERVER_RIGHTS,
                                paddlejobs=self.paddlejobs)
 
     def delete(self, namespace: str, name: str) -> list[str]:
-        return jobs.delete_job(self.api, namespace, name, rights=SERVER_RIGHTS,
+        return jobs.delete_job(self.api, namespace=namespace, name=name, rights=SERVER_RIGHTS,
                                paddlejobs=self.paddlejobs)
 
     def log(self, namespace: str, name: str, *, role: str, index: int, tail_lines: int) -> str | None:

@@ -176,7 +176,7 @@ class _KubernetesBackend:
     def status(self, name: str, namespace: str) -> dict[str, Any]:
         from paddlecloud.k8s.jobs import job_status
 
-        found = job_status(self.api, namespace, name)
+        found = job_status(self.api, namespace=namespace, name=name)
         if found is None:
             raise LookupError(f"job {name} not found in namespace {namespace}")
         return found
@@ -193,7 +193,7 @@ class _KubernetesBackend:
     def delete(self, name: str, namespace: str) -> list[str]:
         from paddlecloud.k8s.jobs import delete_job
 
-        return delete_job(self.api, namespace, name)
+        return delete_job(self.api, namespace=namespace, name=name)
 
 
 def _progress_view() -> Callable[[dict[str, Any] | None], None]:
@@ -234,7 +234,7 @@ class _Client:
     def __init__(self, server: str, token: str) -> None:
         self.server, self.token = server.rstrip("/"), token
 
-    def _send(self, method: str, path: str, data: bytes | None, content_type: str, *,
+    def _send(self, method: str, path: str, *, data: bytes | None, content_type: str,
               as_json: bool = True) -> Any:
         import urllib.error
         import urllib.request
@@ -255,17 +255,18 @@ class _Client:
 
     def request(self, method: str, path: str, body: Any = None) -> Any:
         data = None if body is None else json.dumps(body).encode()
-        return self._send(method, path, data, "application/json")
+        return self._send(method, path, data=data, content_type="application/json")
 
     def text(self, path: str) -> str:
-        return self._send("GET", path, None, "text/plain", as_json=False)
+        return self._send("GET", path, data=None, content_type="text/plain", as_json=False)
 
     def upload(self, archive: bytes) -> Any:
         boundary = uuid.uuid4().hex
         data = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; "
                 f"filename=\"package.zip\"\r\nContent-Type: application/zip\r\n\r\n").encode()
         data += archive + f"\r\n--{boundary}--\r\n".encode()
-        return self._send("POST", "/v1/package", data, f"multipart/form-data; boundary={boundary}")
+        return self._send("POST", "/v1/package", data=data,
+                          content_type=f"multipart/form-data; boundary={boundary}")
 
 
 def _module_of(train: str | ModuleType | Callable[..., Any]) -> str:

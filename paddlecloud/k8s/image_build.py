@@ -180,8 +180,10 @@ def run_build(api: Any, config: BuildConfig, *, tag: str, context: str,
             return image_ref(config, tag)
         if status is not None and (status.failed or 0) >= 1:
             tail = _log_tail(api, namespace=ns, job_name=name)
-            raise ImageBuildError(f"image build {name} failed; the builder's log ends:\n{tail}",
-                                  status=422)
+            raise ImageBuildError(
+                f"image build {name} failed (the same package and base image reuse this build: "
+                f"kubectl -n {ns} delete job {name} to build again); the builder's log ends:\n"
+                f"{tail}", status=422)
         if clock() >= deadline:
             tail = _log_tail(api, namespace=ns, job_name=name)
             raise ImageBuildError(f"image build {name} did not finish in {config.timeout_s:.0f}s; "

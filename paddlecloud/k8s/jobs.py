@@ -185,7 +185,7 @@ def list_jobs(api: Any, namespace: str, *, rights: str | None = None,
     return sorted(out, key=lambda j: j["name"])
 
 
-def job_status(api: Any, namespace: str, name: str, *, rights: str | None = None,
+def job_status(api: Any, *, namespace: str, name: str, rights: str | None = None,
                paddlejobs: bool = False) -> dict[str, Any] | None:
     """Phase, pods per role and the master's progress; None when there is no such job."""
     core, apps = _clients(api)
@@ -229,7 +229,7 @@ def master_progress(namespace: str, name: str) -> dict[str, int] | None:
             "trainers_alive": reply.trainers_alive}
 
 
-def delete_job(api: Any, namespace: str, name: str, *, rights: str | None = None,
+def delete_job(api: Any, *, namespace: str, name: str, rights: str | None = None,
                paddlejobs: bool = False) -> list[str]:
     """Deletes the master (and so what it owns), the ConfigMaps and the etcd keys (when the
     etcd of the job's spec answers); returns what went, [] when there was no such job."""
