@@ -65,12 +65,12 @@ def load_tokens(path: str) -> dict[str, tuple[str, ...]]:
     if not isinstance(raw, dict):
         raise ConfigError(f"tokens file {path}: expected a mapping TOKEN: [namespace, ...]")
     tokens: dict[str, tuple[str, ...]] = {}
-    for token, namespaces in raw.items():
+    for number, (token, namespaces) in enumerate(raw.items(), start=1):
         if isinstance(namespaces, str):
             namespaces = [namespaces]
         if not isinstance(namespaces, list) or not namespaces or not all(
                 isinstance(n, str) and n for n in namespaces):
-            raise ConfigError(f"tokens file {path}: token {str(token)[:4]}... needs a list of "
+            raise ConfigError(f"tokens file {path}: token number {number} needs a list of "
                               f"namespaces, got {namespaces!r}")
         tokens[str(token)] = tuple(namespaces)
     return tokens
