@@ -74,7 +74,7 @@ def dockerfile(base_image: str, *, has_requirements: bool) -> str:
     lines = [f"FROM {base_image}", f"COPY package/ {PACKAGE_DIR}/"]
     if has_requirements:
         lines.append(f"RUN python -m pip install --no-cache-dir -r {PACKAGE_DIR}/requirements.txt")
-    lines.append(f"ENV PYTHONPATH={PACKAGE_DIR}")
+    lines.append(f"ENV PYTHONPATH={PACKAGE_DIR}${{PYTHONPATH:+:$PYTHONPATH}}")  # the base's stays
     return "\n".join(lines) + "\n"
 
 
