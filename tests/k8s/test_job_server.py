@@ -167,7 +167,13 @@ async def test_a_built_image_runs_the_jobs_pods(k8s, api_client, tmp_path):
     spec_cm = k8s.stored("configmaps", "team-a", "fit-spec")["data"]["job.yaml"]
     assert f"image: {image}" in spec_cm
     assert k8s.stored("configmaps", "team-a", "fit-package") is None  # the package is in the image
-    assert (tmp_path / "store" / "contexts" / f"{tag}.tar.gz").exists()
+    import tarfile
+
+    with tarfile.open(tmp_path / "store" / "contexts" / f"{tag}.tar.gz") as context:
+        assert sorted(context.getnames()) == ["Dockerfile", *sorted(f"package/{p}" for p in PACKAGE)]
+        dockerfile = context.extractfile("Dockerfile").read().decode()
+    assert dockerfile.startswith("FROM paddlecloud/paddlecloud:0.1.0\n")
+    assert "pip install --no-cache-dir -r /opt/paddlecloud/package/requirements.txt" in dockerfile
 
 
 async def test_a_failed_build_fails_the_job_with_the_log_tail(k8s, api_client, tmp_path):
