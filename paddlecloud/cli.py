@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import click
 
+from job_server.cli import server_command
 from master.cli import master_command
 from paddlecloud.jobs_cli import job
 from paddlecloud.local.cli import local
@@ -28,6 +29,7 @@ main.add_command(job)
 main.add_command(pserver_command)
 main.add_command(local)
 main.add_command(operator_command)
+main.add_command(server_command)
 
 if __name__ == "__main__":
     main()

@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import sys
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -38,12 +38,19 @@ from paddlecloud.jobspec import (
     parse_env,
 )
 from paddlecloud.k8s import manifests
+from paddlecloud.k8s.jobs import (
+    ROLES,
+    JobCreateError,
+    create_job,
+    fetch_master_status,
+    pick_pod,
+    pod_counts,
+    read_package,
+)
 from paddlecloud.paddlejob import chunk_bytes, load_documents, translate_documents
 
 logger = logging.getLogger(__name__)
 
-ROLES = (manifests.TRAINER, manifests.PSERVER, manifests.MASTER)
-SKIPPED_PACKAGE_PARTS = ("__pycache__",)
 CLI_RETRY_ATTEMPTS, CLI_RETRY_WAIT = 3, 0.5
 USER_RIGHTS = ("Ask your cluster's admin for it in this namespace "
                "(docs/kubernetes.md lists what `paddlecloud job` needs)")
@@ -112,32 +119,12 @@ def _clients(api: Any) -> tuple[Any, Any]:
     return client.CoreV1Api(api), client.AppsV1Api(api)
 
 
-def _to_dict(api: Any, obj: Any) -> dict[str, Any]:
-    return obj if isinstance(obj, dict) else api.sanitize_for_serialization(obj)
-
-
 @click.group("job")
 def job() -> None:
     """Run jobs on Kubernetes: submit, list, status, logs, delete."""
 
 
 # ---- submit ----------------------------------------------------------------------------------
-def read_package(path: Path) -> dict[str, bytes]:
-    """The files of a package directory by relative path (hidden files and caches skipped)."""
-    if not path.is_dir():
-        raise JobSpecError(f"package path {str(path)!r} is not a directory")
-    files: dict[str, bytes] = {}
-    for file in sorted(path.rglob("*")):
-        rel = file.relative_to(path)
-        if any(part.startswith(".") or part in SKIPPED_PACKAGE_PARTS for part in rel.parts):
-            continue
-        if file.is_file() and file.suffix != ".pyc":
-            files[rel.as_posix()] = file.read_bytes()
-    if not files:
-        raise JobSpecError(f"package path {str(path)!r} holds no files")
-    return files
-
-
 def _load_paddlejob(path: str) -> list[dict[str, Any]]:
     """The documents of a PaddleJob file (the PaddleJob, and its PodGroup if any)."""
     try:
@@ -238,9 +225,11 @@ def render_dry_run(spec: JobSpec, package: Mapping[str, bytes] | None) -> str:
 @click.option("--no-agent", is_flag=True, default=False,
               help="Run every role's image entrypoint unchanged (paddlecloud runs beside it).")
 @click.option("--dry-run", is_flag=True, help="Print the manifests as a YAML stream; touch nothing.")
+@click.option("--server", metavar="URL", help="Submit through this Job Server (no kubeconfig needed).")
+@click.option("--token", envvar="PADDLE_JOB_TOKEN", help="The Job Server token [env: PADDLE_JOB_TOKEN]")
 @_kubeconfig_option
-def submit_command(name: str | None, paddlejob: str | None, dry_run: bool,
-                   kubeconfig: str | None, **options: Any) -> None:
+def submit_command(name: str | None, paddlejob: str | None, dry_run: bool, server: str | None,
+                   token: str | None, kubeconfig: str | None, **options: Any) -> None:
     """Submit job NAME: its master deploys the pservers and trainers."""
     try:
         package = read_package(Path(options["package_path"])) if options["package_path"] else None
@@ -253,49 +242,29 @@ def submit_command(name: str | None, paddlejob: str | None, dry_run: bool,
     if dry_run:
         click.echo(render_dry_run(spec, package), nl=False)
         return
+    if server:
+        _submit_to_server(spec, server=server, token=token, namespace=options["namespace"])
+        return
     api = _api(kubeconfig)
-    _create_job(api, spec=spec, objects=objects)
+    try:
+        create_job(api, spec=spec, objects=objects, rights=USER_RIGHTS)
+    except JobCreateError as error:
+        raise _fail(str(error)) from None
     click.echo(f"job {spec.name} submitted to namespace {spec.namespace}: "
                f"paddlecloud job status {spec.name} -n {spec.namespace}")
 
 
-def _create_job(api: Any, *, spec: JobSpec, objects: list[dict[str, Any]]) -> None:
-    """Creates the ConfigMaps, then the Deployment, then its Service; a name in use is refused."""
-    core, apps = _clients(api)
-    ns = spec.namespace
-    created: list[str] = []
+def _submit_to_server(spec: JobSpec, *, server: str, token: str | None,
+                      namespace: str | None) -> None:
+    from paddlecloud.sdk import JobServerError, submit_spec
 
-    def create(fn: Callable[..., Any], body: dict[str, Any], resource: str, *,
-               adopt: bool = False) -> Any:
-        """The created object; None when it existed and `adopt` says that is fine."""
-        name = body["metadata"]["name"]
-        made = _call(fn, ns, body, verb="create", resource=resource, namespace=ns, name=name,
-                     tolerate=(409,))
-        if made is None and not adopt:
-            raise _fail(f"job {spec.name} already exists in namespace {ns} ({resource} {name} exists)")
-        return made
-
+    if not token:
+        raise _fail("--server needs --token (or PADDLE_JOB_TOKEN)")
     try:
-        for cm in (o for o in objects if o["kind"] == "ConfigMap"):
-            create(core.create_namespaced_config_map, cm, "configmaps")
-            created.append(cm["metadata"]["name"])
-        deployment = next(o for o in objects if o["kind"] == "Deployment")
-        made = _to_dict(api, create(apps.create_namespaced_deployment, deployment, "deployments"))
-    except click.ClickException:
-        for cm in created:  # leave nothing behind of a job that was not created
-            _call(core.delete_namespaced_config_map, cm, ns, verb="delete", resource="configmaps",
-                  namespace=ns, name=cm, tolerate=(404,))
-        raise
-    uid = (made.get("metadata") or {}).get("uid")
-    if not uid:
-        raise _fail(f"the API server gave Deployment {deployment['metadata']['name']} no uid")
-    owner = manifests.owner_reference(spec.name, uid)
-    create(core.create_namespaced_service, manifests.master_service(spec, owner), "services",
-           adopt=True)
-    for cm in created:  # owned too, so deleting the Deployment alone removes the whole job
-        _call(core.patch_namespaced_config_map, cm, ns, {"metadata": {"ownerReferences": [owner]}},
-              verb="patch", resource="configmaps", namespace=ns, name=cm,
-              _content_type="application/merge-patch+json")
+        handle = submit_spec(spec, server=server, token=token, namespace=namespace)
+    except (JobSpecError, JobServerError, OSError) as error:
+        raise _fail(f"the Job Server at {server}: {error}") from None
+    click.echo(f"job {handle.name} submitted to namespace {handle.namespace} through {server}")
 
 
 # ---- list ---------------------------------------------------------------------------------------
@@ -346,29 +315,6 @@ def list_command(namespace: str, kubeconfig: str | None) -> None:
 
 
 # ---- status -------------------------------------------------------------------------------------
-def pod_counts(pods: Iterable[Any], job_name: str) -> dict[str, dict[str, int]]:
-    """{role: {phase: count}} of a job's pods."""
-    counts: dict[str, dict[str, int]] = {role: {} for role in ROLES}
-    for pod in pods:
-        labels = pod.metadata.labels or {}
-        role = labels.get(manifests.ROLE_LABEL)
-        if labels.get(manifests.JOB_LABEL) != job_name or role not in counts:
-            continue
-        phase = (pod.status.phase if pod.status else None) or manifests.POD_PHASES[0]
-        counts[role][phase] = counts[role].get(phase, 0) + 1
-    return counts
-
-
-def fetch_master_status(address: str, *, timeout: float) -> Any:
-    """The master's GetStatus answer; raises grpc.RpcError when it cannot be reached."""
-    import grpc
-
-    from paddlecloud.api import pb, pb_grpc
-
-    with grpc.insecure_channel(address) as channel:
-        return pb_grpc.MasterStub(channel).GetStatus(pb.GetStatusRequest(), timeout=timeout)
-
-
 def status_page_instructions(name: str, namespace: str, *, local_port: int) -> str:
     """How to reach a Kubernetes job's status page: its master Service's page port, forwarded."""
     return (f"the status page of job {name} is served by its leading master on port "
@@ -490,27 +436,14 @@ def scale_command(name: str, trainers: int, namespace: str, master_address: str 
 
 # ---- logs -------------------------------------------------------------------------------------
 def _pick_pod(api: Any, *, name: str, namespace: str, role: str, index: int) -> Any:
-    core, _ = _clients(api)
-    pods = _call(core.list_namespaced_pod, namespace,
-                 label_selector=manifests.label_selector(name, role),
-                 verb="list", resource="pods", namespace=namespace).items or []
-    pods = [p for p in pods if (p.metadata.labels or {}).get(manifests.ROLE_LABEL) == role
-            and (p.metadata.labels or {}).get(manifests.JOB_LABEL) == name]
-    if role == manifests.TRAINER:
-        key = manifests.COMPLETION_INDEX_ANNOTATION
-        pods = [p for p in pods if (p.metadata.annotations or {}).get(key) == str(index)]
-    elif role == manifests.PSERVER:
-        pods = [p for p in pods if p.metadata.name == f"{manifests.pserver_name(name)}-{index}"]
-    else:
-        pods = sorted(pods, key=lambda p: p.metadata.name)
-        ready = [p for p in pods if any(c.type == "Ready" and c.status == "True"
-                                        for c in (p.status.conditions or []) if p.status)]
-        pods = ready or pods  # the leader is the ready master
-        pods = pods[index:index + 1]
-    if not pods:
+    try:
+        pod = pick_pod(api, name=name, namespace=namespace, role=role, index=index,
+                       rights=USER_RIGHTS)
+    except JobCreateError as error:
+        raise _fail(str(error)) from None
+    if pod is None:
         raise _fail(f"no {role} pod with index {index} for job {name} in namespace {namespace}")
-    # the newest, when a trainer index was retried in a new pod
-    return max(pods, key=lambda p: str(p.metadata.creation_timestamp or ""))
+    return pod
 
 
 @job.command("logs")

@@ -1,0 +1,63 @@
+"""The FastAPI application: routers, configuration, store and cluster in `app.state`.
+
+`/openapi.json` is served by the app itself; `/docs` is FastAPI's Swagger UI, whose
+scripts come from a CDN (jsDelivr): air-gapped clusters use `/openapi.json` with a
+local viewer instead (docs/job-server.md).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, HTTPException, status
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from job_server.cluster import Cluster
+from job_server.config import MULTIPART_SLACK, ServerConfig
+from job_server.packages import PackageStore
+from job_server.routers import jobs, packages, version
+
+logger = logging.getLogger(__name__)
+
+
+
+
+class BodyLimit:
+    """Refuses (413) a request body over the limit while it streams in, so a body sent
+    without Content-Length (chunked) is not spooled whole before the route's checks."""
+
+    def __init__(self, app: ASGIApp, *, limit: int) -> None:
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        seen = 0
+
+        async def limited() -> Message:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.limit:
+                    raise HTTPException(status.HTTP_413_CONTENT_TOO_LARGE,
+                                        f"the request body is over {self.limit} bytes "
+                                        "(max_upload_bytes and the multipart frame)")
+            return message
+
+        await self.app(scope, limited, send)
+
+
+def create_app(config: ServerConfig, *, api_client: Any) -> FastAPI:
+    """The server, talking to the cluster through `api_client` (a kubernetes ApiClient)."""
+    app = FastAPI(title="paddlecloud Job Server", version="1",
+                  description="Upload trainer packages and run paddlecloud jobs (DESIGN.md §11).")
+    app.state.config = config
+    app.state.store = PackageStore(config.store)
+    app.state.cluster = Cluster(api_client, build=config.build, paddlejobs=config.paddlejobs)
+    for router in (packages.router, jobs.router, version.router):
+        app.include_router(router)
+    app.add_middleware(BodyLimit, limit=config.limits.max_upload_bytes + MULTIPART_SLACK)
+    return app

@@ -1,0 +1,73 @@
+"""The job server's side of the cluster: submit, list, read and delete jobs by name.
+
+Submitting renders the job as `paddlecloud job submit` does
+(`manifests.submit_objects`) and creates it with the same function
+(`paddlecloud.k8s.jobs.create_job`). With a builder configured, the package is
+built into a runtime image first (`paddlecloud.k8s.image_build`) and the pods run
+that image; without one, the package ships in a ConfigMap, as `job submit`'s does.
+With `paddlejobs: true` in the configuration (where the operator runs), a job with
+no package ConfigMap goes in as a PaddleJob, and the operator creates its master.
+The calls block: FastAPI runs the routes that use them in its thread pool.
+
+What this does NOT guarantee: the epoch progress of a job whose master is not
+reachable from the server (it is then left out); deleting clears the job's etcd
+keys only when the etcd of its spec answers (the objects go regardless).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from paddlecloud.jobrequest import TrainerJob
+from paddlecloud.jobspec import JobSpec
+from paddlecloud.k8s import image_build, jobs, manifests
+
+logger = logging.getLogger(__name__)
+
+SERVER_RIGHTS = ("The job server's rights come from its Role (deploy/job-server.yaml); "
+                 "grant it in this namespace")
+
+
+class Cluster:
+    """One API client, and the build settings (None: packages ship in ConfigMaps)."""
+
+    def __init__(self, api: Any, *, build: image_build.BuildConfig | None,
+                 paddlejobs: bool = False) -> None:
+        self.api, self.build, self.paddlejobs = api, build, paddlejobs
+
+    def submit(self, job: TrainerJob, *, namespace: str, package_key: str,
+               files: Mapping[str, bytes] | None, context: str | None) -> JobSpec:
+        """Creates the job; builds its image first when a builder is configured."""
+        image = None
+        if files is not None and self.build is not None and context is not None:
+            tag = image_build.image_tag(package_key, job.base_image)
+            image = image_build.run_build(self.api, self.build, tag=tag, context=context)
+        ship = files is not None and image is None
+        spec = dataclasses.replace(job, namespace=namespace).to_spec(
+            image=image, package_path=f"package:{package_key[:12]}" if ship else "",
+            package_files=tuple(sorted(files)) if ship and files else ())
+        objects = manifests.submit_objects(spec, files if ship else None)
+        manifests.master_objects(spec, None)  # renders the pods now: template errors surface here
+        if not ship and self.paddlejobs:
+            jobs.create_paddlejob(self.api, spec=spec, rights=SERVER_RIGHTS)  # the operator's
+        else:
+            jobs.create_job(self.api, spec=spec, objects=objects, rights=SERVER_RIGHTS)
+        return spec
+
+    def list(self, namespace: str) -> list[dict[str, Any]]:
+        return jobs.list_jobs(self.api, namespace, rights=SERVER_RIGHTS, paddlejobs=self.paddlejobs)
+
+    def get(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return jobs.job_status(self.api, namespace=namespace, name=name, rights=SERVER_RIGHTS,
+                               paddlejobs=self.paddlejobs)
+
+    def delete(self, namespace: str, name: str) -> list[str]:
+        return jobs.delete_job(self.api, namespace=namespace, name=name, rights=SERVER_RIGHTS,
+                               paddlejobs=self.paddlejobs)
+
+    def log(self, namespace: str, name: str, *, role: str, index: int, tail_lines: int) -> str | None:
+        return jobs.pod_log(self.api, name=name, namespace=namespace, role=role, index=index,
+                            tail_lines=tail_lines, rights=SERVER_RIGHTS)

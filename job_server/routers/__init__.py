@@ -1,0 +1,1 @@
+"""One router per resource: packages, jobs, version (FastAPI's "Bigger Applications")."""

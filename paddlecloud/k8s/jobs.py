@@ -1,0 +1,386 @@
+"""Creating, reading and deleting one job's objects: the code `job submit` and the job server share.
+
+Where the operator runs, a job whose package is in its image can go in as a
+PaddleJob instead (`create_paddlejob`); with `paddlejobs=True`, reads and deletes
+see both kinds.
+
+`create_job` is the one path from rendered objects (`manifests.submit_objects`) to the
+API server: the ConfigMaps, then the master Deployment, then its Service, and the
+ConfigMaps owned by the Deployment so deleting it removes the whole job. A name in
+use is refused and nothing of a half-created job is left behind. `pod_counts` and
+`fetch_master_status` are what `job status` and the job server's `GET /v1/jobs/NAME`
+read.
+
+What this does NOT guarantee: atomicity across objects — a create lost between the
+Deployment and the Service is repaired by the next try adopting the Service, and a
+ConfigMap left by a crash of the caller itself stays (unowned) until deleted.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Collection, Iterable
+from pathlib import Path
+from typing import Any
+
+from paddlecloud.jobspec import PADDLEJOB_API_VERSION, PADDLEJOB_KIND, JobSpec, JobSpecError
+from paddlecloud.k8s import manifests
+
+logger = logging.getLogger(__name__)
+
+ROLES = (manifests.TRAINER, manifests.PSERVER, manifests.MASTER)
+SKIPPED_PACKAGE_PARTS = ("__pycache__",)
+RETRY_ATTEMPTS, RETRY_WAIT = 3, 0.5
+
+
+class JobCreateError(RuntimeError):
+    """The job could not be created (or looked at); the message says why and what to do."""
+
+    def __init__(self, message: str, *, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def call(fn: Callable[..., Any], *args: Any, verb: str, resource: str, namespace: str,
+         name: str = "", tolerate: Collection[int] = (), rights: str | None = None,
+         **kwargs: Any) -> Any:
+    """One blocking API call, retried; None for an answer in `tolerate`, any other API
+    error a `JobCreateError` naming the call (a bug, not an API answer, as it is)."""
+    from paddlecloud.k8s.client import RetryPolicy, api_status, call_sync, explained
+
+    try:
+        return call_sync(RetryPolicy(attempts=RETRY_ATTEMPTS, initial_wait=RETRY_WAIT),
+                         fn, *args, **kwargs)
+    except Exception as error:
+        status = api_status(error)
+        if status in tolerate:
+            return None
+        clear = explained(error, verb=verb, resource=resource, namespace=namespace, name=name,
+                          rights=rights)
+        if clear is error:
+            raise
+        raise JobCreateError(str(clear), status=status) from None
+
+
+def read_package(path: Path) -> dict[str, bytes]:
+    """The files of a package directory by relative path (hidden files and caches skipped)."""
+    if not path.is_dir():
+        raise JobSpecError(f"package path {str(path)!r} is not a directory")
+    files: dict[str, bytes] = {}
+    for file in sorted(path.rglob("*")):
+        rel = file.relative_to(path)
+        if any(part.startswith(".") or part in SKIPPED_PACKAGE_PARTS for part in rel.parts):
+            continue
+        if file.is_file() and file.suffix != ".pyc":
+            files[rel.as_posix()] = file.read_bytes()
+    if not files:
+        raise JobSpecError(f"package path {str(path)!r} holds no files")
+    return files
+
+
+def to_dict(api: Any, obj: Any) -> dict[str, Any]:
+    return obj if isinstance(obj, dict) else api.sanitize_for_serialization(obj)
+
+
+def create_job(api: Any, *, spec: JobSpec, objects: list[dict[str, Any]],
+               rights: str | None = None) -> None:
+    """Creates the ConfigMaps, then the Deployment, then its Service; a name in use is refused."""
+    from kubernetes import client
+
+    core, apps = client.CoreV1Api(api), client.AppsV1Api(api)
+    ns = spec.namespace
+    created: list[str] = []
+
+    def create(fn: Callable[..., Any], body: dict[str, Any], resource: str, *,
+               adopt: bool = False) -> Any:
+        """The created object; None when it existed and `adopt` says that is fine."""
+        name = body["metadata"]["name"]
+        made = call(fn, ns, body, verb="create", resource=resource, namespace=ns, name=name,
+                    tolerate=(409,), rights=rights)
+        if made is None and not adopt:
+            raise JobCreateError(
+                f"job {spec.name} already exists in namespace {ns} ({resource} {name} exists)",
+                status=409)
+        return made
+
+    try:
+        for cm in (o for o in objects if o["kind"] == "ConfigMap"):
+            create(core.create_namespaced_config_map, cm, "configmaps")
+            created.append(cm["metadata"]["name"])
+        deployment = next(o for o in objects if o["kind"] == "Deployment")
+        made = to_dict(api, create(apps.create_namespaced_deployment, deployment, "deployments"))
+    except JobCreateError:
+        for cm in created:  # leave nothing behind of a job that was not created
+            call(core.delete_namespaced_config_map, cm, ns, verb="delete", resource="configmaps",
+                 namespace=ns, name=cm, tolerate=(404,), rights=rights)
+        raise
+    uid = (made.get("metadata") or {}).get("uid")
+    if not uid:
+        raise JobCreateError(f"the API server gave Deployment {deployment['metadata']['name']} no uid")
+    owner = manifests.owner_reference(spec.name, uid)
+    create(core.create_namespaced_service, manifests.master_service(spec, owner), "services",
+           adopt=True)
+    for cm in created:  # owned too, so deleting the Deployment alone removes the whole job
+        call(core.patch_namespaced_config_map, cm, ns, {"metadata": {"ownerReferences": [owner]}},
+             verb="patch", resource="configmaps", namespace=ns, name=cm, rights=rights,
+             _content_type="application/merge-patch+json")
+
+
+def pod_counts(pods: Iterable[Any], job_name: str) -> dict[str, dict[str, int]]:
+    """{role: {phase: count}} of a job's pods."""
+    counts: dict[str, dict[str, int]] = {role: {} for role in ROLES}
+    for pod in pods:
+        labels = pod.metadata.labels or {}
+        role = labels.get(manifests.ROLE_LABEL)
+        if labels.get(manifests.JOB_LABEL) != job_name or role not in counts:
+            continue
+        phase = (pod.status.phase if pod.status else None) or manifests.POD_PHASES[0]
+        counts[role][phase] = counts[role].get(phase, 0) + 1
+    return counts
+
+
+def fetch_master_status(address: str, *, timeout: float) -> Any:
+    """The master's GetStatus answer; raises grpc.RpcError when it cannot be reached."""
+    import grpc
+
+    from paddlecloud.api import pb, pb_grpc
+
+    with grpc.insecure_channel(address) as channel:
+        return pb_grpc.MasterStub(channel).GetStatus(pb.GetStatusRequest(), timeout=timeout)
+
+
+# ---- reading and deleting a job (the job server and the Python API) ---------------------------
+MASTER_TIMEOUT_S = 2.0
+MASTER_SELECTOR = f"{manifests.APP_LABEL}={manifests.APP_NAME},{manifests.ROLE_LABEL}={manifests.MASTER}"
+
+
+def _clients(api: Any) -> tuple[Any, Any]:
+    from kubernetes import client
+
+    return client.CoreV1Api(api), client.AppsV1Api(api)
+
+
+def list_jobs(api: Any, namespace: str, *, rights: str | None = None,
+              paddlejobs: bool = False) -> list[dict[str, Any]]:
+    """Every job of a namespace, by name: {name, namespace, phase, created}; with
+    `paddlejobs`, also PaddleJobs whose master the operator has not made yet."""
+    _, apps = _clients(api)
+    found = call(apps.list_namespaced_deployment, namespace, label_selector=MASTER_SELECTOR,
+                 verb="list", resource="deployments", namespace=namespace, rights=rights)
+    out = []
+    for item in found.items or []:
+        name = (item.metadata.labels or {}).get(manifests.JOB_LABEL)
+        if name:
+            out.append({"name": name, "namespace": namespace,
+                        "phase": (item.metadata.annotations or {}).get(
+                            manifests.PHASE_ANNOTATION, "Pending"),
+                        "created": str(item.metadata.creation_timestamp or "")})
+    named = {j["name"] for j in out}
+    for pdj in _paddlejobs(api, namespace, rights=rights) if paddlejobs else ():  # before the operator made the master
+        meta = pdj.get("metadata") or {}
+        if meta.get("name") and meta["name"] not in named:
+            out.append({"name": meta["name"], "namespace": namespace,
+                        "phase": (pdj.get("status") or {}).get("phase") or "Pending",
+                        "created": str(meta.get("creationTimestamp") or "")})
+    return sorted(out, key=lambda j: j["name"])
+
+
+def job_status(api: Any, *, namespace: str, name: str, rights: str | None = None,
+               paddlejobs: bool = False) -> dict[str, Any] | None:
+    """Phase, pods per role and the master's progress; None when there is no such job."""
+    core, apps = _clients(api)
+    deployment = call(apps.read_namespaced_deployment, manifests.master_name(name), namespace,
+                      verb="get", resource="deployments", namespace=namespace,
+                      name=manifests.master_name(name), tolerate=(404,), rights=rights)
+    if deployment is None:
+        if not paddlejobs:
+            return None
+        pdj = next((p for p in _paddlejobs(api, namespace, rights=rights)
+                    if (p.get("metadata") or {}).get("name") == name), None)
+        if pdj is None:
+            return None
+        return {"name": name, "namespace": namespace,
+                "phase": (pdj.get("status") or {}).get("phase") or "Pending", "reason": "",
+                "pods": {role: {} for role in ROLES}, "progress": None}
+    pods = call(core.list_namespaced_pod, namespace, label_selector=manifests.label_selector(name),
+                verb="list", resource="pods", namespace=namespace, rights=rights)
+    annotations = deployment.metadata.annotations or {}
+    return {"name": name, "namespace": namespace,
+            "phase": annotations.get(manifests.PHASE_ANNOTATION, "Pending"),
+            "reason": annotations.get(manifests.PHASE_REASON_ANNOTATION, ""),
+            "pods": pod_counts(pods.items or [], name),
+            "progress": master_progress(namespace, name)}
+
+
+def master_progress(namespace: str, name: str) -> dict[str, int] | None:
+    """The master's epoch progress through its Service; None when it does not answer."""
+    import grpc
+
+    try:
+        reply = fetch_master_status(manifests.master_address(name, namespace),
+                                    timeout=MASTER_TIMEOUT_S)
+    except grpc.RpcError as error:
+        logger.info("master of %s/%s unreachable: %s", namespace, name, error)
+        return None
+    if not reply.has_dataset:
+        return None
+    return {"epoch": reply.current_epoch, "epochs": reply.num_epochs,
+            "tasks_done": reply.counts.done, "tasks": reply.num_tasks,
+            "trainers_alive": reply.trainers_alive}
+
+
+def delete_job(api: Any, *, namespace: str, name: str, rights: str | None = None,
+               paddlejobs: bool = False) -> list[str]:
+    """Deletes the master (and so what it owns), the ConfigMaps and the etcd keys (when the
+    etcd of the job's spec answers); returns what went, [] when there was no such job."""
+    from kubernetes import client
+
+    core, apps = _clients(api)
+    spec_cm = call(core.read_namespaced_config_map, manifests.spec_configmap_name(name),
+                   namespace, verb="get", resource="configmaps", namespace=namespace,
+                   tolerate=(404,), rights=rights)
+    options = client.V1DeleteOptions(propagation_policy="Background")
+    deleted = []
+    # the PaddleJob first: else its operator would create the master again
+    if paddlejobs and call(_custom(api).delete_namespaced_custom_object, PADDLEJOB_GROUP, PADDLEJOB_VERSION,
+            namespace, PADDLEJOB_PLURAL, name, verb="delete", resource=PADDLEJOB_PLURAL,
+            namespace=namespace, name=name, tolerate=(404,), rights=rights) is not None:
+        deleted.append(f"{PADDLEJOB_PLURAL}/{name}")
+    for resource, fn, obj in (
+        ("deployments", apps.delete_namespaced_deployment, manifests.master_name(name)),
+        ("configmaps", core.delete_namespaced_config_map, manifests.spec_configmap_name(name)),
+        ("configmaps", core.delete_namespaced_config_map, manifests.package_configmap_name(name)),
+    ):
+        if call(fn, obj, namespace, body=options, verb="delete", resource=resource,
+                namespace=namespace, name=obj, tolerate=(404,), rights=rights) is not None:
+            deleted.append(f"{resource}/{obj}")
+    if deleted and spec_cm is not None and (spec_cm.data or {}).get(manifests.SPEC_KEY):
+        _clear_etcd(spec_cm.data[manifests.SPEC_KEY], namespace=namespace, name=name)
+    return deleted
+
+
+def _clear_etcd(spec_yaml: str, *, namespace: str, name: str) -> None:
+    import asyncio
+
+    from paddlecloud.etcd import connect
+    from paddlecloud.keys import JobKeys
+
+    async def clear(endpoints: str) -> None:
+        etcd = await connect(endpoints, timeout=3.0)
+        try:
+            await etcd.delete_prefix(JobKeys(namespace, name).prefix)
+        finally:
+            await etcd.close()
+
+    try:
+        asyncio.run(clear(JobSpec.from_yaml(spec_yaml).etcd_endpoints))
+    except Exception as error:  # the objects are gone; the keys may stay
+        logger.warning("could not clear the etcd keys of %s/%s: %s", namespace, name, error)
+
+
+def pick_pod(api: Any, *, name: str, namespace: str, role: str, index: int,
+             rights: str | None = None) -> Any:
+    """The pod of `role` number `index` of a job (a trainer id, a pserver index, a master
+    number: 0 is the leader), the newest when retried; None when there is none."""
+    core, _ = _clients(api)
+    pods = call(core.list_namespaced_pod, namespace,
+                label_selector=manifests.label_selector(name, role),
+                verb="list", resource="pods", namespace=namespace, rights=rights).items or []
+    pods = [p for p in pods if (p.metadata.labels or {}).get(manifests.ROLE_LABEL) == role
+            and (p.metadata.labels or {}).get(manifests.JOB_LABEL) == name]
+    if role == manifests.TRAINER:
+        key = manifests.COMPLETION_INDEX_ANNOTATION
+        pods = [p for p in pods if (p.metadata.annotations or {}).get(key) == str(index)]
+    elif role == manifests.PSERVER:
+        pods = [p for p in pods if p.metadata.name == f"{manifests.pserver_name(name)}-{index}"]
+    else:
+        pods = sorted(pods, key=lambda p: p.metadata.name)
+        ready = [p for p in pods if any(c.type == "Ready" and c.status == "True"
+                                        for c in (p.status.conditions or []) if p.status)]
+        pods = ready or pods  # the leader is the ready master
+        pods = pods[index:index + 1]
+    if not pods:
+        return None
+    return max(pods, key=lambda p: str(p.metadata.creation_timestamp or ""))
+
+
+def pod_log(api: Any, *, name: str, namespace: str, role: str, index: int, tail_lines: int,
+            rights: str | None = None) -> str | None:
+    """The last `tail_lines` of the log of one pod of a job; None when there is no such pod."""
+    core, _ = _clients(api)
+    pod = pick_pod(api, name=name, namespace=namespace, role=role, index=index, rights=rights)
+    if pod is None:
+        return None
+    containers = pod.spec.containers if pod.spec else []
+    response = call(core.read_namespaced_pod_log, pod.metadata.name, namespace,
+                    container=containers[0].name if containers else None, tail_lines=tail_lines,
+                    _preload_content=False, verb="get", resource="pods/log", namespace=namespace,
+                    name=pod.metadata.name, tolerate=(400, 404), rights=rights)
+    return "" if response is None else response.data.decode("utf-8", errors="replace")
+
+
+# ---- the PaddleJob resource (when the operator's CRD is installed) ------------------------------
+PADDLEJOB_GROUP, PADDLEJOB_VERSION = PADDLEJOB_API_VERSION.split("/")
+PADDLEJOB_PLURAL = "paddlejobs"
+
+
+def paddlejob_document(spec: JobSpec) -> dict[str, Any]:
+    """The PaddleJob of a spec whose package is in its image (no package ConfigMap): each
+    role a pod template running `python -m MODULE` with the spec's image, resources and
+    env, which the operator's translation (`paddlecloud.paddlejob.translate`) reads back."""
+    if spec.package_files:
+        raise JobSpecError("a PaddleJob cannot carry a package ConfigMap: build the image first")
+
+    def role(replicas: int, *, name: str, cpu: str, memory: str, gpu: int) -> dict[str, Any]:
+        resources: dict[str, Any] = {"requests": {"cpu": cpu, "memory": memory},
+                                     "limits": {"memory": memory}}
+        if gpu:
+            resources["limits"]["nvidia.com/gpu"] = str(gpu)
+        container = {"name": name, "image": spec.image, "command": ["python", "-m", spec.module],
+                     "resources": resources}
+        if spec.env:
+            container["env"] = [{"name": k, "value": v} for k, v in spec.env]
+        return {"replicas": replicas, "template": {"spec": {"containers": [container]}}}
+
+    body: dict[str, Any] = {
+        "worker": {**role(spec.trainers, name=manifests.TRAINER, cpu=spec.trainer_cpu,
+                          memory=spec.trainer_memory, gpu=spec.trainer_gpu),
+                   "requests": spec.trainer_range[0], "limits": spec.trainer_range[1]},
+        "epochs": spec.epochs,
+    }
+    if spec.pservers:
+        body["ps"] = role(spec.pservers, name=manifests.PSERVER, cpu=spec.pserver_cpu,
+                          memory=spec.pserver_memory, gpu=0)
+    if spec.inputs:
+        body["input"] = list(spec.inputs)
+    if spec.output:
+        body["output"] = spec.output
+    return {"apiVersion": PADDLEJOB_API_VERSION, "kind": PADDLEJOB_KIND,
+            "metadata": {"name": spec.name, "namespace": spec.namespace,
+                         "labels": {manifests.APP_LABEL: manifests.APP_NAME,
+                                    manifests.JOB_LABEL: spec.name}},
+            "spec": body}
+
+
+def _custom(api: Any) -> Any:
+    from kubernetes import client
+
+    return client.CustomObjectsApi(api)
+
+
+def create_paddlejob(api: Any, *, spec: JobSpec, rights: str | None = None) -> None:
+    """Creates the job's PaddleJob; the operator creates its master. A name in use is refused."""
+    doc = paddlejob_document(spec)
+    made = call(_custom(api).create_namespaced_custom_object, PADDLEJOB_GROUP, PADDLEJOB_VERSION,
+                spec.namespace, PADDLEJOB_PLURAL, doc, verb="create", resource=PADDLEJOB_PLURAL,
+                namespace=spec.namespace, name=spec.name, tolerate=(409,), rights=rights)
+    if made is None:
+        raise JobCreateError(f"job {spec.name} already exists in namespace {spec.namespace} "
+                             f"(paddlejobs {spec.name} exists)", status=409)
+
+
+def _paddlejobs(api: Any, namespace: str, *, rights: str | None) -> list[dict[str, Any]]:
+    found = call(_custom(api).list_namespaced_custom_object, PADDLEJOB_GROUP, PADDLEJOB_VERSION,
+                 namespace, PADDLEJOB_PLURAL, verb="list", resource=PADDLEJOB_PLURAL,
+                 namespace=namespace, tolerate=(404,), rights=rights)
+    return list((found or {}).get("items") or [])

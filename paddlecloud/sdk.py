@@ -1,0 +1,317 @@
+"""The Python API: `PaddleJob(...)`, `.submit()` to a Job Server, and `dist_train`.
+
+PaddlePaddle cloud's design, with today's PaddlePaddle: a `PaddleJob` holds the
+design's parameters (it is `paddlecloud.jobrequest.TrainerJob`, validated at
+construction by the same `JobSpec.validate` as `job submit`, errors naming the
+value); `submit(server=URL, token=...)` zips the package directory, uploads it
+(`POST /v1/package`) and submits (`POST /v1/trainer/job`) — or, without a server,
+creates the job straight on Kubernetes with the user's kubeconfig, as `job submit`
+does — returning a `JobHandle`
+with `status()`, `logs()`, `delete()` and `wait()` (a rich progress bar in a terminal, plain
+lines elsewhere, e.g. a notebook). `dist_train` submits when `PADDLE_NOTEBOOK=YES`
+and otherwise runs the job here, through `paddlecloud local train`'s `LocalJob`.
+
+Only the standard library is imported here; `rich` and the local runner load
+when used, so `import paddlecloud` stays light.
+
+What this does NOT guarantee: `wait()` polls (every `interval` seconds) and can
+miss a phase that lasted less.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import logging
+import os
+import sys
+import time
+import uuid
+import zipfile
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from paddlecloud.jobrequest import TrainerJob
+from paddlecloud.jobspec import JobSpec
+from paddlecloud.phase import TERMINAL
+
+logger = logging.getLogger(__name__)
+
+NOTEBOOK_ENV = "PADDLE_NOTEBOOK"
+
+
+class JobServerError(RuntimeError):
+    """The Job Server refused a request; the message is its answer."""
+
+    def __init__(self, message: str, *, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclasses.dataclass(frozen=True)
+class PaddleJob(TrainerJob):
+    """A job in PaddlePaddle cloud's parameters, validated when made (see `TrainerJob`)."""
+
+    def __post_init__(self) -> None:
+        self.to_spec()  # raises JobSpecError naming the first bad value
+
+    def package_files(self) -> dict[str, bytes]:
+        """The package directory's files (hidden files and caches skipped, as `job submit`)."""
+        from paddlecloud.k8s.jobs import read_package
+
+        return read_package(Path(self.trainer_package))
+
+    def package_archive(self) -> bytes:
+        """The package as a zip (an empty requirements.txt added when it has none)."""
+        files = self.package_files()
+        out = io.BytesIO()
+        with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as archive:
+            for path in sorted(files):
+                archive.writestr(path, files[path])
+            if "requirements.txt" not in files:
+                archive.writestr("requirements.txt", "")
+        return out.getvalue()
+
+    def submit(self, *, server: str | None = None, token: str | None = None,
+               kubeconfig: str | None = None) -> JobHandle:
+        """Submits through the Job Server at `server` (with `token`), or, without `server`,
+        straight to Kubernetes with the user's kubeconfig, as `paddlecloud job submit` does."""
+        if server:
+            if not token:
+                raise ValueError("submit(server=...) needs token=")
+            return self._submit_to_server(_Client(server, token))
+        return self._submit_to_kubernetes(kubeconfig)
+
+    def _submit_to_server(self, client: _Client) -> JobHandle:
+        body = {f.name: getattr(self, f.name) for f in dataclasses.fields(TrainerJob)}
+        body["input"], body["env"] = list(self.input), dict(self.env)
+        if self.trainer_package:
+            body["trainer_package"] = client.upload(self.package_archive())["digest"]
+        made = client.request("POST", "/v1/trainer/job", body)
+        return JobHandle(_ServerBackend(client), name=made["name"], namespace=made["namespace"])
+
+    def _submit_to_kubernetes(self, kubeconfig: str | None) -> JobHandle:
+        from paddlecloud.k8s import manifests
+        from paddlecloud.k8s.client import load_api_client
+        from paddlecloud.k8s.jobs import create_job
+
+        files = self.package_files() if self.trainer_package else None
+        spec = self.to_spec(package_path=str(Path(self.trainer_package).absolute()) if files else "",
+                            package_files=tuple(sorted(files)) if files else ())
+        objects = manifests.submit_objects(spec, files)
+        manifests.master_objects(spec, None)  # renders the pods now: template errors surface here
+        api = load_api_client(kubeconfig)
+        create_job(api, spec=spec, objects=objects)
+        return JobHandle(_KubernetesBackend(api), name=spec.name, namespace=spec.namespace)
+
+
+def submit_spec(spec: JobSpec, *, server: str, token: str, namespace: str | None) -> JobHandle:
+    """Submits a `JobSpec` (`job submit --server`) through the Job Server; `namespace` None:
+    the token's default. Raises `JobSpecError` for settings the server's API cannot carry."""
+    job = TrainerJob.from_spec(spec)
+    fields = {f.name: getattr(job, f.name) for f in dataclasses.fields(TrainerJob)}
+    return PaddleJob(**{**fields, "namespace": namespace or ""}).submit(server=server, token=token)
+
+
+class JobHandle:
+    """A submitted job: ask its status, wait for it, delete it."""
+
+    def __init__(self, backend: _ServerBackend | _KubernetesBackend, *, name: str,
+                 namespace: str) -> None:
+        self._backend, self.name, self.namespace = backend, name, namespace
+
+    def status(self) -> dict[str, Any]:
+        """Phase, pods per role and the master's progress (as `GET /v1/jobs/NAME`)."""
+        return self._backend.status(self.name, self.namespace)
+
+    def logs(self, *, role: str = "trainer", index: int = 0, tail: int = 200) -> str:
+        """The last `tail` lines of one pod's log (trainer `index`, pserver `index`, master)."""
+        return self._backend.logs(self.name, self.namespace, role=role, index=index, tail=tail)
+
+    def delete(self) -> list[str]:
+        """Deletes the job; returns what went."""
+        return self._backend.delete(self.name, self.namespace)
+
+    def wait(self, *, interval: float = 5.0, timeout: float | None = None) -> dict[str, Any]:
+        """Polls until the job ends; shows progress; returns the last status."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        show = _progress_view()
+        try:
+            while True:
+                status = self.status()
+                show(status)
+                if status["phase"] in {p.value for p in TERMINAL}:
+                    return status
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise TimeoutError(f"job {self.name} still {status['phase']} after {timeout}s")
+                time.sleep(interval)
+        finally:
+            show(None)
+
+
+class _ServerBackend:
+    def __init__(self, client: _Client) -> None:
+        self.client = client
+
+    def status(self, name: str, namespace: str) -> dict[str, Any]:
+        return self.client.request("GET", f"/v1/jobs/{name}?namespace={namespace}")
+
+    def logs(self, name: str, namespace: str, *, role: str, index: int, tail: int) -> str:
+        return self.client.text(f"/v1/jobs/{name}/logs?namespace={namespace}"
+                                f"&role={role}&index={index}&tail={tail}")
+
+    def delete(self, name: str, namespace: str) -> list[str]:
+        return self.client.request("DELETE", f"/v1/jobs/{name}?namespace={namespace}")["deleted"]
+
+
+class _KubernetesBackend:
+    """The same answers as the server's, read with the user's own credentials."""
+
+    def __init__(self, api: Any) -> None:
+        self.api = api
+
+    def status(self, name: str, namespace: str) -> dict[str, Any]:
+        from paddlecloud.k8s.jobs import job_status
+
+        found = job_status(self.api, namespace=namespace, name=name)
+        if found is None:
+            raise LookupError(f"job {name} not found in namespace {namespace}")
+        return found
+
+    def logs(self, name: str, namespace: str, *, role: str, index: int, tail: int) -> str:
+        from paddlecloud.k8s.jobs import pod_log
+
+        text = pod_log(self.api, name=name, namespace=namespace, role=role, index=index,
+                       tail_lines=tail)
+        if text is None:
+            raise LookupError(f"no {role} pod with index {index} for job {name} in {namespace}")
+        return text
+
+    def delete(self, name: str, namespace: str) -> list[str]:
+        from paddlecloud.k8s.jobs import delete_job
+
+        return delete_job(self.api, namespace=namespace, name=name)
+
+
+def _progress_view() -> Callable[[dict[str, Any] | None], None]:
+    """A rich progress bar in a terminal, plain lines elsewhere; None closes it."""
+    if sys.stdout.isatty():
+        from rich.progress import Progress
+
+        bar = Progress()
+        bar.start()
+        task = bar.add_task("pending", total=None)
+
+        def rich_view(status: dict[str, Any] | None) -> None:
+            if status is None:
+                bar.stop()
+                return
+            p = status.get("progress") or {}
+            bar.update(task, description=status["phase"], total=p.get("tasks") or None,
+                       completed=p.get("tasks_done", 0))
+        return rich_view
+
+    last: list[str] = []
+
+    def plain_view(status: dict[str, Any] | None) -> None:
+        if status is None:
+            return
+        p = status.get("progress") or {}
+        line = (f"{status['name']}: {status['phase']}" + (
+            f", epoch {p['epoch'] + 1}/{p['epochs']}, tasks {p['tasks_done']}/{p['tasks']}" if p else ""))
+        if last != [line]:
+            print(line, flush=True)
+            last[:] = [line]
+    return plain_view
+
+
+class _Client:
+    """JSON over HTTP to a Job Server, with its bearer token (standard library only)."""
+
+    def __init__(self, server: str, token: str) -> None:
+        self.server, self.token = server.rstrip("/"), token
+
+    def _send(self, method: str, path: str, *, data: bytes | None, content_type: str,
+              as_json: bool = True) -> Any:
+        import urllib.error
+        import urllib.request
+
+        request = urllib.request.Request(self.server + path, data=data, method=method, headers={
+            "Authorization": f"Bearer {self.token}", "Content-Type": content_type})
+        try:
+            with urllib.request.urlopen(request, timeout=600) as response:
+                body = response.read()
+                return json.loads(body) if as_json else body.decode("utf-8", errors="replace")
+        except urllib.error.HTTPError as error:
+            detail = error.read().decode("utf-8", errors="replace")
+            try:
+                detail = json.loads(detail).get("detail", detail)
+            except (ValueError, AttributeError):
+                pass
+            raise JobServerError(f"{method} {path}: {error.code}: {detail}", status=error.code) from None
+
+    def request(self, method: str, path: str, body: Any = None) -> Any:
+        data = None if body is None else json.dumps(body).encode()
+        return self._send(method, path, data=data, content_type="application/json")
+
+    def text(self, path: str) -> str:
+        return self._send("GET", path, data=None, content_type="text/plain", as_json=False)
+
+    def upload(self, archive: bytes) -> Any:
+        boundary = uuid.uuid4().hex
+        data = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; "
+                f"filename=\"package.zip\"\r\nContent-Type: application/zip\r\n\r\n").encode()
+        data += archive + f"\r\n--{boundary}--\r\n".encode()
+        return self._send("POST", "/v1/package", data=data,
+                          content_type=f"multipart/form-data; boundary={boundary}")
+
+
+def _module_of(train: str | ModuleType | Callable[..., Any]) -> str:
+    """The module trainers run: a name, a module, or the (importable) module of a function."""
+    if isinstance(train, str):
+        return train
+    name = train.__name__ if isinstance(train, ModuleType) else getattr(train, "__module__", "")
+    if not name or name == "__main__":
+        raise ValueError(f"{train!r} is defined in __main__: put it in a module the trainers can "
+                         "import (e.g. in trainer_package) and pass it or its name")
+    return name
+
+
+def dist_train(train: str | ModuleType | Callable[..., Any], *, paddle_job: PaddleJob,
+               server: str | None = None, token: str | None = None) -> JobHandle | int:
+    """With PADDLE_NOTEBOOK=YES: submit (server/token default to PADDLE_JOB_SERVER and
+    PADDLE_JOB_TOKEN) and return the job's handle; otherwise train here, as `paddlecloud
+    local train` does, and return its exit code."""
+    job = dataclasses.replace(paddle_job, module=_module_of(train))
+    if os.environ.get(NOTEBOOK_ENV, "").upper() == "YES":
+        server = server or os.environ.get("PADDLE_JOB_SERVER")
+        token = token or os.environ.get("PADDLE_JOB_TOKEN")
+        if not server or not token:
+            raise ValueError("PADDLE_NOTEBOOK=YES submits to a Job Server: give server= and "
+                             "token= (or PADDLE_JOB_SERVER and PADDLE_JOB_TOKEN)")
+        return job.submit(server=server, token=token)
+    return _train_locally(job)
+
+
+def _train_locally(job: PaddleJob) -> int:
+    import asyncio
+
+    from paddlecloud.local.job import LocalJob, LocalJobSpec
+
+    output = Path(job.output or f"./{job.job_name}-output").absolute()
+    output.mkdir(parents=True, exist_ok=True)
+    spec = LocalJobSpec(
+        job=job.job_name, module=job.module, output=output, inputs=tuple(job.input),
+        trainers=job.trainers, pservers=job.pservers, epochs=job.epochs,
+        package_path=Path(job.trainer_package).absolute() if job.trainer_package else None,
+        env=tuple(sorted(dict(job.env).items())),
+        restart_mode="group" if job.pservers == 0 else "trainer",
+    )
+
+    def line(source: str, text: str) -> None:
+        print(f"[{source}] {text}", flush=True)
+
+    return asyncio.run(LocalJob(spec, on_line=line, on_progress=lambda progress: None).run())
