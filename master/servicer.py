@@ -5,6 +5,14 @@ bad value. A standby master answers UNAVAILABLE with the leader's address. Only 
 dispatcher's own `InvalidArgument` is INVALID_ARGUMENT; a cache out of step (it is
 being rebuilt) is UNAVAILABLE, so the client retries; anything else is a bug: logged
 with its traceback and answered INTERNAL.
+
+Admission: at most `max_in_flight` trainer calls are worked on at once; one more is
+answered RESOURCE_EXHAUSTED before it touches the dispatcher (no etcd, no state), and
+the trainer retries it with jittered backoff, its acks still in the request. That
+bounds the latency of the calls admitted (about max_in_flight / throughput) instead
+of letting gRPC's queue grow until it cancels calls. Inspection RPCs (GetStatus,
+ListTasks, ListTrainers) are never shed. What it does NOT do: order the retries; a
+trainer unlucky several times in a row waits up to its backoff's cap (2 s).
 """
 
 from __future__ import annotations
@@ -53,11 +61,27 @@ def _details(error: BaseException) -> tuple[Reason, dict[str, str]] | None:
 
 def _rpc(method: Callable) -> Callable:
     """Times the call, finds the dispatcher (or answers where the leader is), maps errors."""
+    return _wrap(method, shed=True)
+
+
+def _inspection(method: Callable) -> Callable:
+    """As `_rpc`, never shed: an operator's look at a saturated master must get through."""
+    return _wrap(method, shed=False)
+
+
+def _wrap(method: Callable, *, shed: bool) -> Callable:
     name = method.__name__
     histogram = metrics.RPC_LATENCY.labels(name)
 
     @functools.wraps(method)
     async def wrapper(self: MasterServicer, request, context: grpc.aio.ServicerContext):
+        if shed:
+            if self.in_flight >= self.max_in_flight:
+                metrics.SHED_CALLS.labels(name).inc()
+                await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                    f"master saturated: {self.in_flight} calls in flight "
+                                    f"(--max-calls-in-flight {self.max_in_flight}); retry with backoff")
+            self.in_flight += 1
         started = time.perf_counter()
         try:
             dispatcher = self.dispatcher()
@@ -74,6 +98,8 @@ def _rpc(method: Callable) -> Callable:
             logger.exception("%s failed", name)
             await context.abort(grpc.StatusCode.INTERNAL, f"{name} failed: {type(error).__name__}: {error}")
         finally:
+            if shed:
+                self.in_flight -= 1
             histogram.observe(time.perf_counter() - started)
 
     return wrapper
@@ -102,9 +128,11 @@ def _ref(report: pb.TaskReport | pb.TaskRef) -> TaskRef:
 
 class MasterServicer(pb_grpc.MasterServicer):
     def __init__(self, *, dispatcher: Callable[[], Dispatcher | None],
-                 leader_hint: Callable[[], str | None]) -> None:
+                 leader_hint: Callable[[], str | None], max_in_flight: int = 512) -> None:
         self.dispatcher = dispatcher
         self.leader_hint = leader_hint
+        self.max_in_flight = max_in_flight
+        self.in_flight = 0  # shed calls being worked on (one event loop: no lock)
 
     @_rpc
     async def RegisterTrainer(self, d: Dispatcher, request):
@@ -165,7 +193,7 @@ class MasterServicer(pb_grpc.MasterServicer):
     async def RestartEpoch(self, d: Dispatcher, request):
         return pb.RestartEpochResponse(current_epoch=await d.epochs.restart(request.epoch))
 
-    @_rpc
+    @_inspection
     async def GetStatus(self, d: Dispatcher, request):
         s = await inspection.status(d)
         return pb.GetStatusResponse(
@@ -175,7 +203,7 @@ class MasterServicer(pb_grpc.MasterServicer):
             pserver_endpoints=s.pservers, has_dataset=s.has_dataset, requeued=s.requeued,
         )
 
-    @_rpc
+    @_inspection
     async def ListTasks(self, d: Dispatcher, request):
         status = _task_status(request.state) if request.state else None
         epoch = request.epoch if request.HasField("epoch") else None
@@ -188,7 +216,7 @@ class MasterServicer(pb_grpc.MasterServicer):
             for t in tasks
         ])
 
-    @_rpc
+    @_inspection
     async def ListTrainers(self, d: Dispatcher, request):
         views, token = inspection.list_trainers(d, page_size=request.page_size, page_token=request.page_token)
         return pb.ListTrainersResponse(next_page_token=token, trainers=[

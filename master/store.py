@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 from collections import deque
 from collections.abc import AsyncIterator, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -463,8 +464,12 @@ class EtcdStore:
         with contextlib.suppress(aetcd.ClientError):
             await self.client.revoke_lease(lease)
 
-    async def refresh_lease(self, lease: int) -> float:
-        """Refreshes `lease`; its remaining TTL, <= 0 when it had lapsed."""
+    async def refresh_lease(self, lease: int, *, wait: bool = True) -> float:
+        """Refreshes `lease`; its remaining TTL, <= 0 when it had lapsed. Without `wait`
+        the refresh is only sent, and the answer is `inf` (not known, not waited for)."""
+        if not wait:
+            self.keeper.refresh_soon(lease)
+            return math.inf
         with _etcd_answers("a lease refresh"):
             return await self.keeper.refresh(lease)
 

@@ -22,7 +22,8 @@ standby names (NOT_LEADER's `leader`), else at a freshly resolved one.
 
 Threads, and who owns what. Three threads use a client: the main thread (the training
 loop: `epochs()`, `Epoch.records()`, `flush()`, `close()`), the keep-alive thread
-(`KeepAlive` every ttl/3; it registers again when the session expired) and the
+(`KeepAlive` when no call carrying the session was answered for ttl/3, so a trainer
+that calls GetTask more often sends none; it registers again when the session expired) and the
 prefetch thread (the next `GetTask` while a task is read; it may register again too).
 Each piece of state has one owner that guards it with its own lock:
 
@@ -83,7 +84,11 @@ from trainer_agent.readers import DataError, read_chunk
 logger = logging.getLogger(__name__)
 
 CALL_TIMEOUT = 15.0
-_TRANSIENT = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+# Codes a call is retried on: the master is away (UNAVAILABLE), slow (DEADLINE_EXCEEDED),
+# shedding load on purpose (RESOURCE_EXHAUSTED), or the call was cancelled on the way
+# (CANCELLED: gRPC's own queues, a connection reset) while this client did not cancel it.
+_TRANSIENT = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
+                        grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.CANCELLED})
 
 T = TypeVar("T")
 
@@ -109,9 +114,6 @@ def default_trainer_id() -> str:
     return os.environ.get("PADDLE_TRAINER_ID") or f"{socket.gethostname()}-{os.getpid()}"
 
 
-def _transient(error: BaseException) -> bool:
-    return isinstance(error, DiscoveryError) or (
-        isinstance(error, grpc.RpcError) and error.code() in _TRANSIENT)
 
 
 def _reason(error: BaseException) -> tuple[Reason | None, dict[str, str]]:
@@ -128,8 +130,9 @@ def _report(session: int, task: pb.Task, reason: str = "") -> pb.TaskReport:
 class MasterConnection:
     """Calls to the job's leading master: one typed method per RPC a trainer makes.
 
-    Each call retries UNAVAILABLE and DEADLINE_EXCEEDED (and a leader not found in
-    etcd) with backoff until `deadline` seconds have passed, then raises
+    Each call retries UNAVAILABLE, DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED (a saturated
+    master sheds load) and CANCELLED unless this connection was closed (and a leader not
+    found in etcd) with jittered backoff until `deadline` seconds have passed, then raises
     `MasterUnavailable`; between attempts it follows a standby's NOT_LEADER hint
     (unless the locator is a fixed endpoint, e.g. a Service), else resolves the leader
     again. `open_channel(address)` opens a channel (insecure by default). Thread-safe.
@@ -191,9 +194,21 @@ class MasterConnection:
 
     # ---- retries and the leader -----------------------------------------------------
 
+    def _transient(self, error: BaseException) -> bool:
+        """Worth another attempt: see the class docstring. A call cancelled because this
+        connection closed is not (the client caused it)."""
+        if isinstance(error, DiscoveryError):
+            return True
+        if not isinstance(error, grpc.RpcError) or error.code() not in _TRANSIENT:
+            return False
+        if error.code() is grpc.StatusCode.CANCELLED:
+            with self._lock:
+                return not self._closed
+        return True
+
     def _call(self, invoke: Callable[[pb_grpc.MasterStub], T]) -> T:
         retrying = Retrying(
-            retry=retry_if_exception(_transient), stop=stop_after_delay(self.deadline),
+            retry=retry_if_exception(self._transient), stop=stop_after_delay(self.deadline),
             wait=wait_random_exponential(multiplier=0.05, max=2.0), reraise=False,
             before_sleep=self._after_failure,
         )
@@ -251,7 +266,9 @@ class Session:
     and once more when the master says it expired (SESSION_EXPIRED); once the master
     says it was superseded (SESSION_SUPERSEDED) every `run` raises `TrainerSuperseded`.
     `on_register(reply)` runs after each registration, under this session's lock.
-    The keep-alive thread starts with the first registration and stops at `close()`.
+    The keep-alive thread starts with the first registration and stops at `close()`;
+    it calls `KeepAlive` only when no call through `run` was answered for ttl/3 (any
+    call carrying the session refreshes it at the master).
     """
 
     def __init__(self, connection: MasterConnection, *, trainer_id: str,
@@ -263,6 +280,9 @@ class Session:
         self._id = 0
         self._ttl = 10.0
         self._superseded: TrainerSuperseded | None = None
+        self._last_call = 0.0   # monotonic time the last answered call carrying the session was sent
+        self._last_beat = 0.0   # ... the keep-alive thread last tried a KeepAlive
+        self.keepalives = 0     # KeepAlive calls sent
         self.reregistrations = 0  # how often an expired session was registered again
         self._closed = threading.Event()
         self._keepalive: threading.Thread | None = None
@@ -282,8 +302,10 @@ class Session:
     def register(self) -> None:
         """Registers a new session now (the master drops an older one of this trainer id)."""
         with self._lock:
+            sent = time.monotonic()
             reply = self.connection.register_trainer(self.trainer_id)
             self._id = reply.session_id
+            self._last_call = sent
             self._ttl = seconds(reply.ttl) or 10.0
             if self._on_register is not None:
                 self._on_register(reply)
@@ -306,8 +328,11 @@ class Session:
     def run(self, call: Callable[[int], T]) -> T:
         """`call(session_id)`; registers again once if the session expired meanwhile."""
         session = self.ensure()
+        sent = time.monotonic()
         try:
-            return call(session)
+            result = call(session)
+            self._answered(sent)
+            return result
         except grpc.RpcError as error:
             reason, metadata = _reason(error)
             if reason is Reason.SESSION_SUPERSEDED:
@@ -324,7 +349,14 @@ class Session:
                 logger.warning("session %d expired; registering again", session)
                 self.reregistrations += 1
                 self.register()
-        return call(self.ensure())
+        sent = time.monotonic()
+        result = call(self.ensure())
+        self._answered(sent)
+        return result
+
+    def _answered(self, sent: float) -> None:
+        with self._lock:
+            self._last_call = max(self._last_call, sent)
 
     def leave(self, *, timeout: float = 5.0) -> None:
         """Ends the session at the master (its tasks return at once)."""
@@ -337,12 +369,18 @@ class Session:
         when the connection closes)."""
         self._closed.set()
 
-    def _interval(self) -> float:
+    def _next_beat(self) -> float:
+        """Seconds until a KeepAlive is due: ttl/3 after the last answered call (or try)."""
         with self._lock:
-            return self._ttl / 3
+            return max(self._last_call, self._last_beat) + self._ttl / 3 - time.monotonic()
 
     def _keep_alive(self) -> None:
-        while not self._closed.wait(self._interval()):
+        while not self._closed.wait(max(0.0, self._next_beat())):
+            if self._next_beat() > 0:
+                continue  # a call carrying the session went out meanwhile
+            with self._lock:
+                self._last_beat = time.monotonic()
+                self.keepalives += 1
             try:
                 self.run(self.connection.keep_alive)
             except TrainerSuperseded:
