@@ -152,7 +152,8 @@ class MasterServicer(pb_grpc.MasterServicer):
     @_rpc
     async def GetTask(self, d: Dispatcher, request):
         r: GetTaskResult = await d.tasks.get_task(request.session_id, request.epoch,
-                                            [TaskRef(f.task_id, f.epoch, f.attempt) for f in request.finished])
+                                            [TaskRef(f.task_id, f.epoch, f.attempt) for f in request.finished],
+                                            max(1, request.max_tasks))
         # Built in place: the hot path of the master (one call per task).
         reply = pb.GetTaskResponse(outcome=_OUTCOMES[r.outcome], current_epoch=r.current_epoch)
         if r.finished_results:
@@ -164,6 +165,12 @@ class MasterServicer(pb_grpc.MasterServicer):
             add = task.chunks.add
             for c in view.chunks:
                 add(path=c.path, begin=c.begin, end=c.end)
+            for more in r.more_tasks:
+                task = reply.more_tasks.add(id=more.task, epoch=more.epoch, attempt=more.attempt,
+                                            format=more.format)
+                add = task.chunks.add
+                for c in more.chunks:
+                    add(path=c.path, begin=c.begin, end=c.end)
         if r.retry_after:
             reply.retry_after.CopyFrom(duration(r.retry_after))
         return reply

@@ -21,7 +21,7 @@ from test_master_ha import Trainer, leader_and_standby
 from paddlecloud.api import pb_grpc
 from paddlecloud.etcd_server import free_port
 from paddlecloud.keys import JobKeys
-from trainer_agent.client import MasterConnection, Session
+from trainer_agent.client import MasterConnection, Session, TaskClient
 from trainer_agent.discovery import MasterLocator
 
 
@@ -207,3 +207,43 @@ async def test_with_default_flags_a_leader_sigkill_costs_no_trainer_its_session(
     counted = per_epoch(await done_marks(etcd_endpoint, JobKeys("local", job_name)))
     assert {e: sorted(c) for e, c in counted.items()} == {e: list(range(30)) for e in range(2)}
     assert all(max(c.values()) == 1 for c in counted.values())
+
+
+# ---- several tasks per GetTask -------------------------------------------------------------
+
+
+def test_a_trainer_asking_max_tasks_reads_every_task_once_with_fewer_calls(
+        tmp_path, start_master, etcd_endpoint, job_name):
+    write_records(tmp_path / "data", files=30, records_per_file=2)  # 30 files: 30 tasks
+    metrics_port = free_port()
+    proc = start_master("--input", str(tmp_path / "data"), "--epochs", "2", "--max-tasks-per-trainer", "3",
+                        "--metrics-port", str(metrics_port))
+    asyncio.run(wait_serving(proc.address, process=proc))
+    reads: Counter = Counter()
+    with TaskClient(trainer_id="batched", locator=MasterLocator(master_endpoint=proc.address),
+                    prefetch=False, max_tasks=3) as client:
+        for epoch in client.epochs():
+            for record in epoch.records():
+                reads[(epoch.number, record)] += 1
+        assert client.stats["accepted"] == 60 and client.stats["stale"] == 0
+    assert len(reads) == 120 and set(reads.values()) == {1}  # 2 epochs x 60 records, each read once
+    calls = metric(metrics_port, 'paddlecloud_master_rpc_seconds_count{method="GetTask"}')
+    assert 0 < calls <= 30, calls  # one call per task would be 60 and more
+    counted = per_epoch(asyncio.run(done_marks(etcd_endpoint, JobKeys("local", job_name))))
+    assert {e: sorted(c) for e, c in counted.items()} == {e: list(range(30)) for e in range(2)}
+    assert all(max(c.values()) == 1 for c in counted.values())
+
+
+async def test_an_old_client_that_asks_no_max_tasks_gets_one_task(tmp_path, start_master):
+    write_records(tmp_path / "data", files=6, records_per_file=1)
+    proc = start_master("--input", str(tmp_path / "data"), "--max-tasks-per-trainer", "3")
+    await wait_serving(proc.address, process=proc)
+    async with grpc.aio.insecure_channel(proc.address) as channel:
+        master = stub(channel)
+        session = (await master.RegisterTrainer(pb.RegisterTrainerRequest(trainer_id="old"))).session_id
+        old = await master.GetTask(pb.GetTaskRequest(session_id=session, epoch=0))
+        assert old.outcome == pb.TASK and len(old.more_tasks) == 0
+        # At most the cap, counting the one already held: two more, though five were asked.
+        batch = await master.GetTask(pb.GetTaskRequest(session_id=session, epoch=0, max_tasks=5))
+    ids = [batch.task.id, *(t.id for t in batch.more_tasks)]
+    assert len(ids) == 2 and old.task.id not in ids and len(set(ids)) == 2

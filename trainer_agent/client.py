@@ -12,7 +12,9 @@ of the loop while a task is open (an exception in the user's code, Ctrl-C, `brea
 gives the open and prefetched tasks back with `ReturnTask` and lets the exception go on.
 
 While a task is consumed the next one is fetched in a background thread, so the
-trainer does not idle on the network. The client acts on the reason the master gives
+trainer does not idle on the network. With `max_tasks` > 1 one GetTask may bring up to
+that many tasks (never past the master's --max-tasks-per-trainer); they are read in
+turn, the next fetch starts with the last of them, and it carries all their acks. The client acts on the reason the master gives
 in the error's `google.rpc.ErrorInfo` (`paddlecloud.wire`), never on its text: a
 session expired (SESSION_EXPIRED) is registered again; a superseded one
 (SESSION_SUPERSEDED) stops this client with `TrainerSuperseded`: another process uses
@@ -169,9 +171,12 @@ class MasterConnection:
     def leave_trainer(self, session: int, *, timeout: float) -> None:
         self._call(lambda stub: stub.LeaveTrainer(pb.LeaveTrainerRequest(session_id=session), timeout=timeout))
 
-    def get_task(self, session: int, *, epoch: int, finished: list[pb.TaskRef]) -> pb.GetTaskResponse:
-        """The next task of `epoch` (or why there is none); `finished` acknowledges tasks read."""
-        request = pb.GetTaskRequest(session_id=session, epoch=epoch, finished=finished)
+    def get_task(self, session: int, *, epoch: int, finished: list[pb.TaskRef],
+                 max_tasks: int = 1) -> pb.GetTaskResponse:
+        """The next task of `epoch` (up to `max_tasks`: `task` and `more_tasks`), or why there
+        is none; `finished` acknowledges tasks read."""
+        request = pb.GetTaskRequest(session_id=session, epoch=epoch, finished=finished,
+                                    max_tasks=max_tasks)
         return self._call(lambda stub: stub.GetTask(request, timeout=CALL_TIMEOUT))
 
     def task_finished(self, session: int, ref: pb.TaskRef) -> pb.ReportResult:
@@ -480,9 +485,12 @@ class TaskClient:
 
     def __init__(self, *, trainer_id: str, locator: MasterLocator,
                  parse: Callable[[Any], Any] | None = None, deadline: float = 300.0,
-                 prefetch: bool = True) -> None:
+                 prefetch: bool = True, max_tasks: int = 1) -> None:
         if not trainer_id:
             raise ValueError("trainer_id is empty: set PADDLE_TRAINER_ID or pass trainer_id")
+        if max_tasks < 1:
+            raise ValueError(f"max_tasks {max_tasks} must be at least 1")
+        self.max_tasks = max_tasks  # tasks one GetTask may bring (the master's cap bounds them)
         self.trainer_id = trainer_id
         self.parse = parse
         self.prefetch = prefetch
@@ -557,7 +565,8 @@ class TaskClient:
     def _get_task(self, epoch: int) -> pb.GetTaskResponse:
         acks = self.tasks.take_acks()
         try:
-            reply = self.session.run(lambda s: self.connection.get_task(s, epoch=epoch, finished=acks))
+            reply = self.session.run(lambda s: self.connection.get_task(s, epoch=epoch, finished=acks,
+                                                                        max_tasks=self.max_tasks))
         except BaseException:
             self.tasks.restore_acks(acks)  # not known to be delivered: send them again
             raise
@@ -644,24 +653,26 @@ class Epoch:
     def records(self) -> Iterator[Any]:
         client, tasks = self.client, self.client.tasks
         pending: Future[pb.GetTaskResponse] | None = client.fetch(self.number)
-        current: pb.Task | None = None
+        unread: deque[pb.Task] = deque()  # held, not yet read: the current task first
         try:
             while pending is not None:
                 reply = pending.result()
                 pending = None
                 outcome = reply.outcome
                 if outcome == pb.TASK:
-                    task = reply.task
-                    if tasks.seen(task):  # re-sent: nothing new for us yet
+                    batch = [t for t in (reply.task, *reply.more_tasks) if not tasks.seen(t)]
+                    if not batch:  # re-sent: nothing new for us yet
                         time.sleep(0.05)
                         pending = client.fetch(self.number)
                         continue
-                    current = task
-                    tasks.hold(task)
-                    if client.prefetch:
-                        pending = client.fetch(self.number)
-                    yield from self._read(task)
-                    current = None
+                    for task in batch:
+                        tasks.hold(task)
+                    unread.extend(batch)
+                    while unread:
+                        if client.prefetch and len(unread) == 1:  # the last of the batch: fetch on
+                            pending = client.fetch(self.number)
+                        yield from self._read(unread[0])
+                        unread.popleft()
                     if pending is None:
                         pending = client.fetch(self.number)
                 elif outcome == pb.WAIT:
@@ -675,14 +686,15 @@ class Epoch:
             self.ended = True
         except BaseException:
             # break, an exception in the caller's loop, Ctrl-C: give back what we hold.
-            if current is not None:
-                client.give_back(current)
+            for task in unread:
+                client.give_back(task)
             if pending is not None:
                 try:
                     reply = pending.result(timeout=CALL_TIMEOUT)
                     if reply.outcome == pb.TASK:
-                        tasks.hold(reply.task)
-                        client.give_back(reply.task)
+                        for task in (reply.task, *reply.more_tasks):
+                            tasks.hold(task)
+                            client.give_back(task)
                 except Exception:
                     pass
             raise
