@@ -108,6 +108,23 @@ class Permutation:
             left, right = right, left ^ ((mixed ^ (mixed >> 29)) & mask)
         return (left << half) | right
 
+    def _decrypt(self, x: int) -> int:
+        half, mask = self._half, self._mask
+        left, right = x >> half, x & mask
+        for key in reversed(self._keys):
+            mixed = ((left ^ key) * 0x9E3779B97F4A7C15) & _MASK64
+            left, right = right ^ ((mixed ^ (mixed >> 29)) & mask), left
+        return (left << half) | right
+
+    def index(self, task: int) -> int:
+        """The position of `task` in the order: the inverse of `self[position]`."""
+        if not 0 <= task < self.n:
+            raise IndexError(f"task {task} out of range 0..{self.n - 1}")
+        position = self._decrypt(task)
+        while position >= self.n:
+            position = self._decrypt(position)
+        return position
+
     def __getitem__(self, index: int) -> int:
         if not 0 <= index < self.n:
             raise IndexError(f"position {index} out of range 0..{self.n - 1}")
@@ -137,7 +154,7 @@ class DealQueue:
     whose permutation position may still lie ahead (it is then skipped there).
     """
 
-    __slots__ = ("_order", "_cursor", "_front", "_back", "_queued", "_is_todo")
+    __slots__ = ("_order", "_cursor", "_front", "_back", "_queued", "_is_todo", "_rest")
 
     def __init__(self, order: Permutation, is_todo: Callable[[int], bool]) -> None:
         self._order = order
@@ -146,10 +163,22 @@ class DealQueue:
         self._back: deque[int] = deque()
         self._queued: set[int] = set()  # in front or back
         self._is_todo = is_todo
+        self._rest: deque[int] | None = None  # see `restrict`
+
+    def restrict(self, left: list[int]) -> None:
+        """Only `left` remain of the permutation (a restore late in an epoch): they are put
+        in permutation order now, so no deal walks the positions of the tasks done."""
+        self._rest = deque(sorted(left, key=self._order.index))
 
     def _skip(self) -> int | None:
         """The permutation's next task to deal, the cursor moved onto it; None at its end."""
-        order, n, is_todo, queued = self._order, self._order.n, self._is_todo, self._queued
+        is_todo, queued = self._is_todo, self._queued
+        if self._rest is not None:
+            rest = self._rest
+            while rest and not (is_todo(rest[0]) and rest[0] not in queued):
+                rest.popleft()
+            return rest[0] if rest else None
+        order, n = self._order, self._order.n
         while self._cursor < n:
             task = order[self._cursor]
             if is_todo(task) and task not in queued:
@@ -177,7 +206,10 @@ class DealQueue:
             else:
                 self._back.remove(task)
         elif self._skip() == task:
-            self._cursor += 1
+            if self._rest is not None:
+                self._rest.popleft()
+            else:
+                self._cursor += 1
         # else: a task from the permutation's middle; its status skips it there
 
     def push_front(self, task: int) -> None:
@@ -193,8 +225,8 @@ class DealQueue:
         """Every task left, in deal order (O(n): for inspection and tests)."""
         yield from self._front
         order, is_todo, queued = self._order, self._is_todo, self._queued
-        for i in range(self._cursor, order.n):
-            task = order[i]
+        rest = self._rest if self._rest is not None else (order[i] for i in range(self._cursor, order.n))
+        for task in rest:
             if is_todo(task) and task not in queued:
                 yield task
         yield from self._back

@@ -225,6 +225,9 @@ class JobState:
                 state._set(task, TaskStatus.PENDING)
                 state._pending[task] = assignment
                 state._held.setdefault(assignment.session, {})[task] = None
+        if state._counts[TaskStatus.TODO] * 4 < num_tasks:  # late in the epoch: skip the done at once
+            status = state._status
+            state._todo.restrict([t for t in range(num_tasks) if status[t] == _TODO])
         return state
 
     # -- queries (read-only) --

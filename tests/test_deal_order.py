@@ -61,3 +61,17 @@ def test_ten_million_tasks_start_without_a_list_of_them():
     state = JobState.new(num_tasks=10_000_000, num_epochs=2, seed=9, max_failures=3)
     first = state.decide(session=S1, epoch=0, cap=2).task
     assert first == task_order(10_000_000, seed=9, epoch=0)[0]
+
+
+def test_a_restore_late_in_the_epoch_deals_what_is_left_in_the_permutation_order():
+    order = list(task_order(100, seed=4, epoch=0))
+    done = order[:90]  # late: fewer than a quarter left, the state lists them at once
+    state = JobState.restore(num_tasks=100, num_epochs=1, seed=4, max_failures=3, epoch=0,
+                             failed_job=False, done=done[5:] + done[:5], failures={}, assignments={})
+    assert list(state.todo) == order[90:]
+    assert deal_all(state, S1) == order[90:]
+
+
+def test_the_position_of_a_task_inverts_the_order():
+    order = task_order(1025, seed=8, epoch=2)
+    assert [order.index(order[i]) for i in range(1025)] == list(range(1025))
