@@ -56,6 +56,7 @@ from paddlecloud.phase import Phase
 logger = logging.getLogger(__name__)
 
 MAX_TXN_OPS = 128  # etcd's default --max-txn-ops
+DONE_RANGE = 10_000  # done marks per range the load reads them in (about)
 MAX_FILES_PIECE = 512 * 1024  # bytes of file list per `files/<n>` value (etcd values stay < 1 MiB)
 
 
@@ -476,15 +477,21 @@ class EtcdStore:
     # -- reading --
 
     async def load(self) -> Snapshot:
+        """The job's keys at one revision. The done marks (up to one per task: a failover
+        late in a big epoch finds a million) are read apart, in many small ranges at once:
+        etcd 3.4 walks the whole rest of a range for each page it answers, so one paged
+        range over them costs O(marks^2)."""
+        prefix = self.keys.prefix
         with _etcd_answers("the job's keys"):
-            kvs, revision = await read_range(self.client, self.keys.prefix,
-                                             prefix_range_end(self.keys.prefix))
+            head, revision = await read_range(self.client, prefix, prefix + b"done/")
+            tail, _ = await read_range(self.client, prefix + b"done0", prefix_range_end(prefix),
+                                       revision=revision)
         snap = Snapshot(revision=revision)
-        plen = len(self.keys.prefix)
+        plen = len(prefix)
         pieces: list[tuple[bytes, bytes]] = []
-        marks: list = []  # done and failures keys: up to one per task, read below without decoding
-        for kv in kvs:
-            if kv.key.startswith((b"done/", b"failures/"), plen):
+        marks: list = []  # failures keys: up to one per task, read below without decoding
+        for kv in (*head, *tail):
+            if kv.key.startswith(b"failures/", plen):
                 marks.append(kv)
                 continue
             parts = kv.key[plen:].decode().split("/")
@@ -511,15 +518,44 @@ class EtcdStore:
         for _, value in sorted(pieces):
             snap.files.extend(FileEntry(p, s) for p, s in json.loads(value))
         if snap.epoch is not None:
-            # A failover late in a big epoch reads ~a million done marks: bytes only, no decode.
-            done = self.keys.prefix + b"done/%d/" % snap.epoch
-            failures = self.keys.prefix + b"failures/%d/" % snap.epoch
-            dlen, flen = len(done), len(failures)
-            snap.done = [int(kv.key[dlen:]) for kv in marks if kv.key.startswith(done)]
+            failures = prefix + b"failures/%d/" % snap.epoch
+            flen = len(failures)
             for kv in marks:
                 if kv.key.startswith(failures):
                     snap.failures[int(kv.key[flen:])] = int(kv.value)
+            with _etcd_answers("the done marks"):
+                snap.done = await self._done_marks(snap.epoch, revision)
         return snap
+
+    async def _done_marks(self, epoch: int, revision: int) -> list[int]:
+        """The tasks marked done in `epoch` at `revision`: keys only, bytes only, in ranges of
+        about DONE_RANGE marks each (by the leading digits of the task id), a few at once."""
+        base = self.keys.prefix + b"done/%d/" % epoch
+        await self.client.connect()
+        counted = await self.client.kvstub.Range(
+            rpc.RangeRequest(key=base, range_end=prefix_range_end(base), revision=revision,
+                             count_only=True), timeout=30, metadata=self.client.metadata)
+        digits = len(str(max(1, counted.count // DONE_RANGE - 1)))
+        if counted.count <= DONE_RANGE:
+            ranges = [(base, prefix_range_end(base))]
+        else:
+            # ids shorter than `digits` are single keys; the others share their first `digits` digits
+            ranges = [(key, key + b"\0") for width in range(1, digits)
+                      for key in (base + b"%0*d" % (width, i) for i in range(10 ** width))]
+            ranges += [(key, prefix_range_end(key))
+                       for key in (base + b"%0*d" % (digits, i) for i in range(10 ** digits))]
+        gate = asyncio.Semaphore(16)
+        blen = len(base)
+
+        async def read(lo: bytes, hi: bytes) -> list[int]:
+            async with gate:
+                kvs, _ = await read_range(self.client, lo, hi, revision=revision, keys_only=True)
+            return [int(kv.key[blen:]) for kv in kvs]
+
+        done: list[int] = []
+        for part in await asyncio.gather(*(read(lo, hi) for lo, hi in ranges)):
+            done.extend(part)
+        return done
 
     async def pservers(self) -> list[str]:
         """The registered pservers' endpoints, by index."""
