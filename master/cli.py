@@ -40,7 +40,7 @@ from paddlecloud.clitypes import DURATION, NON_NEGATIVE, SIZE
 @click.option("--task-timeout", type=DURATION, default="30m", show_default=True, help="0 turns it off.")
 @click.option("--max-task-failures", type=NON_NEGATIVE, default=3, show_default=True)
 @click.option("--max-tasks-per-trainer", type=click.IntRange(min=1), default=2, show_default=True)
-@click.option("--max-calls-in-flight", type=click.IntRange(min=1), default=512, show_default=True,
+@click.option("--max-calls-in-flight", type=click.IntRange(min=1), default=1024, show_default=True,
               help="Trainer calls the master works on at once; past it a call is answered "
                    "RESOURCE_EXHAUSTED at once and the trainer retries with jittered backoff.")
 @click.option("--metrics-port", type=click.IntRange(1, 65535), default=None,

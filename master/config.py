@@ -95,7 +95,7 @@ class MasterConfig:
     metrics_port: int | None = None
     etcd_timeout: float = 10.0
     job_spec: str | None = None   # with it, the leader deploys the job on Kubernetes
-    max_calls_in_flight: int = 512  # trainer calls worked on at once; more are shed (RESOURCE_EXHAUSTED)
+    max_calls_in_flight: int = 1024  # trainer calls worked on at once; more are shed (RESOURCE_EXHAUSTED)
 
     def __post_init__(self) -> None:
         if not self.job:

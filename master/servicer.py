@@ -7,8 +7,9 @@ being rebuilt) is UNAVAILABLE, so the client retries; anything else is a bug: lo
 with its traceback and answered INTERNAL.
 
 Admission: at most `max_in_flight` trainer calls are worked on at once; one more is
-answered RESOURCE_EXHAUSTED before it touches the dispatcher (no etcd, no state), and
-the trainer retries it with jittered backoff, its acks still in the request. That
+answered RESOURCE_EXHAUSTED before it touches the dispatcher (no etcd, no state), with a
+`google.rpc.RetryInfo` of SHED_RETRY seconds (one status, built once), and the trainer
+retries it after about that long, jittered, its acks still in the request. That
 bounds the latency of the calls admitted (about max_in_flight / throughput) instead
 of letting gRPC's queue grow until it cancels calls. Inspection RPCs (GetStatus,
 ListTasks, ListTrainers) are never shed. What it does NOT do: order the retries; a
@@ -23,6 +24,9 @@ import time
 from collections.abc import Callable
 
 import grpc
+from google.protobuf import any_pb2
+from google.rpc import error_details_pb2, status_pb2
+from grpc_status import rpc_status
 
 from master import inspection, metrics
 from master.config import DatasetSpec
@@ -59,6 +63,20 @@ def _details(error: BaseException) -> tuple[Reason, dict[str, str]] | None:
     return None
 
 
+SHED_RETRY = 1.0  # seconds a shed call is told to wait (the client jitters it x U(0.5, 1.5))
+
+
+def _shed_status(limit: int) -> grpc.Status:
+    retry = error_details_pb2.RetryInfo()
+    retry.retry_delay.FromNanoseconds(int(SHED_RETRY * 1e9))
+    detail = any_pb2.Any()
+    detail.Pack(retry)
+    return rpc_status.to_status(status_pb2.Status(
+        code=grpc.StatusCode.RESOURCE_EXHAUSTED.value[0], details=[detail],
+        message=f"master saturated: {limit} calls in flight (--max-calls-in-flight {limit}); "
+                f"retry in about {SHED_RETRY:g}s"))
+
+
 def _rpc(method: Callable) -> Callable:
     """Times the call, finds the dispatcher (or answers where the leader is), maps errors."""
     return _wrap(method, shed=True)
@@ -78,9 +96,7 @@ def _wrap(method: Callable, *, shed: bool) -> Callable:
         if shed:
             if self.in_flight >= self.max_in_flight:
                 metrics.SHED_CALLS.labels(name).inc()
-                await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                                    f"master saturated: {self.in_flight} calls in flight "
-                                    f"(--max-calls-in-flight {self.max_in_flight}); retry with backoff")
+                await context.abort_with_status(self.shed_status)
             self.in_flight += 1
         started = time.perf_counter()
         try:
@@ -128,10 +144,11 @@ def _ref(report: pb.TaskReport | pb.TaskRef) -> TaskRef:
 
 class MasterServicer(pb_grpc.MasterServicer):
     def __init__(self, *, dispatcher: Callable[[], Dispatcher | None],
-                 leader_hint: Callable[[], str | None], max_in_flight: int = 512) -> None:
+                 leader_hint: Callable[[], str | None], max_in_flight: int = 1024) -> None:
         self.dispatcher = dispatcher
         self.leader_hint = leader_hint
         self.max_in_flight = max_in_flight
+        self.shed_status = _shed_status(max_in_flight)
         self.in_flight = 0  # shed calls being worked on (one event loop: no lock)
 
     @_rpc

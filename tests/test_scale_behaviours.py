@@ -21,7 +21,7 @@ from test_master_ha import Trainer, leader_and_standby
 from paddlecloud.api import pb_grpc
 from paddlecloud.etcd_server import free_port
 from paddlecloud.keys import JobKeys
-from trainer_agent.client import MasterConnection, Session, TaskClient
+from trainer_agent.client import MasterConnection, Session, TaskClient, retry_delay
 from trainer_agent.discovery import MasterLocator
 
 
@@ -43,6 +43,7 @@ async def test_a_saturated_master_sheds_calls_with_resource_exhausted_never_canc
     await wait_serving(proc.address, process=proc)
     codes: Counter = Counter()
     details: list[str] = []
+    shed: list[grpc.aio.AioRpcError] = []
     async with grpc.aio.insecure_channel(proc.address) as channel:
         master = stub(channel)
 
@@ -53,6 +54,7 @@ async def test_a_saturated_master_sheds_calls_with_resource_exhausted_never_canc
             except grpc.aio.AioRpcError as error:
                 codes[error.code().name] += 1
                 details.append(error.details())
+                shed.append(error)
 
         async def shed_some() -> bool:
             # Each registration waits on etcd (a lease grant): the others arrive meanwhile.
@@ -64,6 +66,8 @@ async def test_a_saturated_master_sheds_calls_with_resource_exhausted_never_canc
     assert set(codes) <= {"OK", "RESOURCE_EXHAUSTED"}, codes
     assert codes["OK"] > 0
     assert all("master saturated" in d and "--max-calls-in-flight 1" in d for d in details), details[:3]
+    # ... with the delay to retry after, which the client follows (jittered x U(0.5, 1.5)).
+    assert all(0.5 <= retry_delay(e) <= 1.5 for e in shed), [e.debug_error_string() for e in shed[:1]]
 
 
 def test_trainers_retry_shed_calls_until_every_one_is_served(tmp_path, start_master):

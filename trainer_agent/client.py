@@ -69,6 +69,8 @@ from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 import grpc
+from google.rpc import error_details_pb2
+from grpc_status import rpc_status
 from tenacity import (
     RetryCallState,
     RetryError,
@@ -118,6 +120,22 @@ def default_trainer_id() -> str:
 
 
 
+def retry_delay(error: BaseException | None) -> float:
+    """The delay a shedding master asks for (`google.rpc.RetryInfo`), jittered; 0 if none."""
+    if not isinstance(error, grpc.RpcError) or error.code() is not grpc.StatusCode.RESOURCE_EXHAUSTED:
+        return 0.0
+    try:
+        status = rpc_status.from_call(error)  # type: ignore[arg-type]
+    except (ValueError, AttributeError):
+        return 0.0
+    for detail in status.details if status is not None else ():
+        if detail.Is(error_details_pb2.RetryInfo.DESCRIPTOR):
+            info = error_details_pb2.RetryInfo()
+            detail.Unpack(info)
+            return info.retry_delay.ToNanoseconds() / 1e9 * random.uniform(0.5, 1.5)
+    return 0.0
+
+
 def _reason(error: BaseException) -> tuple[Reason | None, dict[str, str]]:
     """The ErrorInfo reason and metadata a failed call carries; (None, {}) when none."""
     found = error_info(error) if isinstance(error, grpc.RpcError) else None
@@ -133,8 +151,9 @@ class MasterConnection:
     """Calls to the job's leading master: one typed method per RPC a trainer makes.
 
     Each call retries UNAVAILABLE, DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED (a saturated
-    master sheds load) and CANCELLED unless this connection was closed (and a leader not
-    found in etcd) with jittered backoff until `deadline` seconds have passed, then raises
+    master sheds load: it waits the RetryInfo delay the master gives, jittered) and
+    CANCELLED unless this connection was closed (and a leader not found in etcd) with
+    jittered backoff until `deadline` seconds have passed, then raises
     `MasterUnavailable`; between attempts it follows a standby's NOT_LEADER hint
     (unless the locator is a fixed endpoint, e.g. a Service), else resolves the leader
     again. `open_channel(address)` opens a channel (insecure by default). Thread-safe.
@@ -212,9 +231,15 @@ class MasterConnection:
         return True
 
     def _call(self, invoke: Callable[[pb_grpc.MasterStub], T]) -> T:
+        backoff = wait_random_exponential(multiplier=0.05, max=2.0)
+
+        def wait(state: RetryCallState) -> float:  # a shedding master's RetryInfo, else backoff
+            error = state.outcome.exception() if state.outcome is not None else None
+            return retry_delay(error) or backoff(state)
+
         retrying = Retrying(
             retry=retry_if_exception(self._transient), stop=stop_after_delay(self.deadline),
-            wait=wait_random_exponential(multiplier=0.05, max=2.0), reraise=False,
+            wait=wait, reraise=False,
             before_sleep=self._after_failure,
         )
         try:
