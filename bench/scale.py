@@ -49,6 +49,7 @@ import math
 import os
 import platform
 import random
+import resource
 import shutil
 import signal
 import subprocess
@@ -823,6 +824,15 @@ def main(argv: list[str] | None = None) -> int:
         run_client(json.loads(args.config))
         return 0
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    # One TCP connection per trainer: the master holds N sockets, each client its share.
+    # The children inherit the raised limit; a hard limit below N + slack is named, not hit.
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    need = max(args.ns or [0]) + 4096
+    if soft < need:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(need, hard) if hard != resource.RLIM_INFINITY else need, hard))
+        if hard != resource.RLIM_INFINITY and hard < need:
+            print(f"warning: open files limited to {hard}; {max(args.ns)} trainers need about {need} "
+                  "(raise `ulimit -Hn`)", file=sys.stderr)
     return run(args)
 
 
