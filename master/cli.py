@@ -33,11 +33,16 @@ from paddlecloud.clitypes import DURATION, NON_NEGATIVE, SIZE
 @click.option("--resume-from", metavar="PATH",
               help="A checkpoint directory (local or fsspec URL): start at its TrainStatus.next() "
                    "when etcd holds no state for the job.")
-@click.option("--session-ttl", type=DURATION, default="10s", show_default=True)
+@click.option("--session-ttl", type=DURATION, default="30s", show_default=True,
+              help="Trainer session lease: longer than a failover (--election-ttl plus the rebuild), "
+                   "so trainers keep their sessions when the leader dies.")
 @click.option("--election-ttl", type=DURATION, default="10s", show_default=True)
 @click.option("--task-timeout", type=DURATION, default="30m", show_default=True, help="0 turns it off.")
 @click.option("--max-task-failures", type=NON_NEGATIVE, default=3, show_default=True)
 @click.option("--max-tasks-per-trainer", type=click.IntRange(min=1), default=2, show_default=True)
+@click.option("--max-calls-in-flight", type=click.IntRange(min=1), default=1024, show_default=True,
+              help="Trainer calls the master works on at once; past it a call is answered "
+                   "RESOURCE_EXHAUSTED at once and the trainer retries with jittered backoff.")
 @click.option("--metrics-port", type=click.IntRange(1, 65535), default=None,
               help="Serve the status page, its JSON and Prometheus metrics on this port (on --host).")
 @click.option("--deployer", type=click.Choice(["none", "kubernetes"]), default="none", show_default=True,
@@ -56,8 +61,9 @@ from paddlecloud.clitypes import DURATION, NON_NEGATIVE, SIZE
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
 def master_command(job, namespace, etcd_endpoints, port, host, advertise, inputs, fmt, chunk_bytes,
                    chunks_per_task, epochs, shuffle_seed, start_epoch, resume_from, session_ttl, election_ttl,
-                   task_timeout, max_task_failures, max_tasks_per_trainer, metrics_port, deployer,
-                   job_spec, trainers, min_trainers, max_trainers, etcd_timeout, log_level) -> None:
+                   task_timeout, max_task_failures, max_tasks_per_trainer, max_calls_in_flight,
+                   metrics_port, deployer, job_spec, trainers, min_trainers, max_trainers, etcd_timeout,
+                   log_level) -> None:
     """Run the master of one job: hands out data tasks, keeps every lease in etcd."""
     import asyncio
 
@@ -99,6 +105,7 @@ def master_command(job, namespace, etcd_endpoints, port, host, advertise, inputs
             advertise=advertise, election_ttl=election_ttl, dataset=dataset, start_epoch=start_epoch,
             metrics_port=metrics_port, etcd_timeout=etcd_timeout, job_spec=job_spec,
             trainer_size=trainer_size,
+            max_calls_in_flight=max_calls_in_flight,
             policy=Policy(session_ttl=session_ttl, task_timeout=task_timeout,
                           max_task_failures=max_task_failures,
                           max_tasks_per_trainer=max_tasks_per_trainer),

@@ -65,7 +65,7 @@ class DatasetSpec:
 class Policy:
     """How the master treats sessions and tasks (DESIGN.md section 8 defaults)."""
 
-    session_ttl: float = 10.0
+    session_ttl: float = 30.0  # 3x the election's: sessions outlive a failover
     task_timeout: float = 30 * 60.0  # 0 = off
     max_task_failures: int = 3
     max_tasks_per_trainer: int = 2
@@ -97,6 +97,7 @@ class MasterConfig:
     etcd_timeout: float = 10.0
     job_spec: str | None = None   # with it, the leader deploys the job on Kubernetes
     trainer_size: tuple[TrainerRange, int] | None = None  # the range and desired size at start
+    max_calls_in_flight: int = 1024  # trainer calls worked on at once; more are shed (RESOURCE_EXHAUSTED)
 
     def __post_init__(self) -> None:
         if not self.job:
@@ -105,5 +106,7 @@ class MasterConfig:
             raise SpecError(f"job {self.job!r} / namespace {self.namespace!r} must not contain '/'")
         if self.election_ttl < 2:
             raise SpecError(f"--election-ttl {self.election_ttl:g}s is too short: use at least 2s")
+        if self.max_calls_in_flight < 1:
+            raise SpecError(f"--max-calls-in-flight {self.max_calls_in_flight} must be at least 1")
         if self.start_epoch < 0:
             raise SpecError(f"--start-epoch {self.start_epoch} is negative")

@@ -36,6 +36,9 @@ RPC_LATENCY = Histogram(
 BATCH_SIZE = Histogram("paddlecloud_master_etcd_batch_writes",
                        "Transactions per etcd request (group commit)", registry=REGISTRY,
                        buckets=(1, 2, 4, 8, 16, 32, 64, 128))
+SHED_CALLS = Counter("paddlecloud_master_shed_calls",
+                     "Calls answered RESOURCE_EXHAUSTED past --max-calls-in-flight", ["method"],
+                     registry=REGISTRY)
 LEASE_REFRESHES = Counter("paddlecloud_master_lease_refreshes",
                           "Trainer leases refreshed in etcd (KeepAlive, or piggybacked on a call)",
                           registry=REGISTRY)

@@ -10,7 +10,9 @@ master keeps no per-chunk object, which is what lets a million chunks fit.
 from __future__ import annotations
 
 import bisect
-import random
+import hashlib
+from collections import deque
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from paddlecloud.datasets import FileEntry
@@ -70,8 +72,168 @@ class Partition:
         return [self.chunk(i) for i in range(first, last)]
 
 
-def task_order(num_tasks: int, *, seed: int, epoch: int) -> list[int]:
+_MASK64 = (1 << 64) - 1
+_ROUNDS = 4
+
+
+class Permutation:
+    """A seeded permutation of [0, n), computed one position at a time (O(1) memory).
+
+    A balanced Feistel network over the smallest even-bit domain 2^2h >= n, walked
+    in cycles until the value falls in [0, n): a bijection of [0, n) whatever the
+    keys. The round keys come from blake2b of (seed, epoch), and the rounds are
+    integer arithmetic only, so every master, process and Python version computes
+    the same order. Not a cryptographic shuffle: it only has to look random.
+    """
+
+    __slots__ = ("n", "_half", "_mask", "_keys")
+
+    def __init__(self, n: int, *, seed: int, epoch: int) -> None:
+        if n < 0:
+            raise ValueError(f"permutation size {n} is negative")
+        self.n = n
+        self._half = max(1, ((n - 1).bit_length() + 1) // 2)
+        self._mask = (1 << self._half) - 1
+        digest = hashlib.blake2b(f"paddlecloud:{seed}:{epoch}".encode(), digest_size=8 * _ROUNDS).digest()
+        self._keys = tuple(int.from_bytes(digest[8 * i:8 * i + 8], "little") | 1 for i in range(_ROUNDS))
+
+    def __len__(self) -> int:
+        return self.n
+
+    def _encrypt(self, x: int) -> int:
+        half, mask = self._half, self._mask
+        left, right = x >> half, x & mask
+        for key in self._keys:
+            mixed = ((right ^ key) * 0x9E3779B97F4A7C15) & _MASK64
+            left, right = right, left ^ ((mixed ^ (mixed >> 29)) & mask)
+        return (left << half) | right
+
+    def _decrypt(self, x: int) -> int:
+        half, mask = self._half, self._mask
+        left, right = x >> half, x & mask
+        for key in reversed(self._keys):
+            mixed = ((left ^ key) * 0x9E3779B97F4A7C15) & _MASK64
+            left, right = right ^ ((mixed ^ (mixed >> 29)) & mask), left
+        return (left << half) | right
+
+    def index(self, task: int) -> int:
+        """The position of `task` in the order: the inverse of `self[position]`."""
+        if not 0 <= task < self.n:
+            raise IndexError(f"task {task} out of range 0..{self.n - 1}")
+        position = self._decrypt(task)
+        while position >= self.n:
+            position = self._decrypt(position)
+        return position
+
+    def __getitem__(self, index: int) -> int:
+        if not 0 <= index < self.n:
+            raise IndexError(f"position {index} out of range 0..{self.n - 1}")
+        value = self._encrypt(index)
+        while value >= self.n:  # cycle walking: stays a bijection of [0, n)
+            value = self._encrypt(value)
+        return value
+
+    def __iter__(self) -> Iterator[int]:
+        return (self[i] for i in range(self.n))
+
+
+def task_order(num_tasks: int, *, seed: int, epoch: int) -> Permutation:
     """The order tasks are dealt in for one epoch: a shuffle reproducible from (seed, epoch)."""
-    order = list(range(num_tasks))
-    random.Random(f"paddlecloud:{seed}:{epoch}").shuffle(order)
-    return order
+    return Permutation(num_tasks, seed=seed, epoch=epoch)
+
+
+class DealQueue:
+    """The tasks left to deal in an epoch, without a list of them all.
+
+    Three parts, dealt in this order: `front` (tasks given back: they hold the epoch's
+    end back), the epoch's permutation from a cursor on, and `back` (tasks that failed:
+    a poisoned task must not crowd out healthy ones). The permutation's part is lazy:
+    a position is skipped when `is_todo(task)` says the task is no longer to deal
+    (done, held, or queued in front/back since), so marking a task done or held needs
+    no removal here. The owner must call `push_front`/`push_back` only for a task
+    whose permutation position may still lie ahead (it is then skipped there).
+    """
+
+    __slots__ = ("_order", "_cursor", "_front", "_back", "_queued", "_is_todo", "_rest")
+
+    def __init__(self, order: Permutation, is_todo: Callable[[int], bool]) -> None:
+        self._order = order
+        self._cursor = 0
+        self._front: deque[int] = deque()
+        self._back: deque[int] = deque()
+        self._queued: set[int] = set()  # in front or back
+        self._is_todo = is_todo
+        self._rest: deque[int] | None = None  # see `restrict`
+
+    def restrict(self, left: list[int]) -> None:
+        """Only `left` remain of the permutation (a restore late in an epoch): they are put
+        in permutation order now, so no deal walks the positions of the tasks done."""
+        self._rest = deque(sorted(left, key=self._order.index))
+
+    def _skip(self) -> int | None:
+        """The permutation's next task to deal, the cursor moved onto it; None at its end."""
+        is_todo, queued = self._is_todo, self._queued
+        if self._rest is not None:
+            rest = self._rest
+            while rest and not (is_todo(rest[0]) and rest[0] not in queued):
+                rest.popleft()
+            return rest[0] if rest else None
+        order, n = self._order, self._order.n
+        while self._cursor < n:
+            task = order[self._cursor]
+            if is_todo(task) and task not in queued:
+                return task
+            self._cursor += 1
+        return None
+
+    def peek(self) -> int | None:
+        """The next task to deal (None when nothing is left)."""
+        if self._front:
+            return self._front[0]
+        task = self._skip()
+        if task is not None:
+            return task
+        return self._back[0] if self._back else None
+
+    def take(self, task: int) -> None:
+        """`task` is dealt (it was to deal: the caller checked)."""
+        if task in self._queued:
+            self._queued.discard(task)
+            if self._front and self._front[0] == task:
+                self._front.popleft()
+            elif task in self._front:
+                self._front.remove(task)
+            else:
+                self._back.remove(task)
+        elif self._skip() == task:
+            if self._rest is not None:
+                self._rest.popleft()
+            else:
+                self._cursor += 1
+        # else: a task from the permutation's middle; its status skips it there
+
+    def push_front(self, task: int) -> None:
+        self._front.appendleft(task)
+        self._queued.add(task)
+
+
+    def push_back(self, task: int) -> None:
+        self._back.append(task)
+        self._queued.add(task)
+
+    def __iter__(self) -> Iterator[int]:
+        """Every task left, in deal order (O(n): for inspection and tests)."""
+        yield from self._front
+        order, is_todo, queued = self._order, self._is_todo, self._queued
+        rest = self._rest if self._rest is not None else (order[i] for i in range(self._cursor, order.n))
+        for task in rest:
+            if is_todo(task) and task not in queued:
+                yield task
+        yield from self._back
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, DealQueue):
+            return NotImplemented
+        return list(self) == list(other)
+
+    __hash__ = None  # type: ignore[assignment]  (mutable)

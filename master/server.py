@@ -41,6 +41,17 @@ logger = logging.getLogger(__name__)
 RETRY_FIRST = 0.5   # seconds before the first retry of an interrupted campaign
 RETRY_MAX = 8.0     # ... doubling up to this
 
+# gRPC core cancels calls the Python server has not picked up yet once 1,000 of them
+# wait (CANCELLED, with no word why): past ~1,000 trainers a busy master lost calls
+# that way. The queue is made deep enough never to overflow, and load is shed in the
+# servicer instead, on purpose and cheaply (`--max-calls-in-flight`: RESOURCE_EXHAUSTED).
+PENDING_CALLS_LIMIT = 1 << 20
+SERVER_OPTIONS = [
+    ("grpc.so_reuseport", 0),
+    ("grpc.server.max_pending_requests", PENDING_CALLS_LIMIT),
+    ("grpc.server.max_pending_requests_hard_limit", PENDING_CALLS_LIMIT),
+]
+
 _ETCD_FAULTS = (etcd.EtcdUnavailable, aetcd.ClientError, StoreUnavailable, NotLeader, OSError,
                 asyncio.TimeoutError)
 _TRANSIENT_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
@@ -189,9 +200,10 @@ async def serve(config: MasterConfig) -> int:
         logger.error("%s", error)
         return 1
     node = MasterNode(config, client)
-    server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+    server = grpc.aio.server(options=SERVER_OPTIONS)
     pb_grpc.add_MasterServicer_to_server(
-        MasterServicer(dispatcher=lambda: node.dispatcher, leader_hint=lambda: node.leader_hint), server)
+        MasterServicer(dispatcher=lambda: node.dispatcher, leader_hint=lambda: node.leader_hint,
+                       max_in_flight=config.max_calls_in_flight), server)
     health_pb2_grpc.add_HealthServicer_to_server(node.health, server)
     reflection.enable_server_reflection(
         [SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,

@@ -5,6 +5,15 @@ bad value. A standby master answers UNAVAILABLE with the leader's address. Only 
 dispatcher's own `InvalidArgument` is INVALID_ARGUMENT; a cache out of step (it is
 being rebuilt) is UNAVAILABLE, so the client retries; anything else is a bug: logged
 with its traceback and answered INTERNAL.
+
+Admission: at most `max_in_flight` trainer calls are worked on at once; one more is
+answered RESOURCE_EXHAUSTED before it touches the dispatcher (no etcd, no state), with a
+`google.rpc.RetryInfo` of SHED_RETRY seconds (one status, built once), and the trainer
+retries it after about that long, jittered, its acks still in the request. That
+bounds the latency of the calls admitted (about max_in_flight / throughput) instead
+of letting gRPC's queue grow until it cancels calls. Inspection RPCs (GetStatus,
+ListTasks, ListTrainers) are never shed. What it does NOT do: order the retries; a
+trainer unlucky several times in a row waits up to its backoff's cap (2 s).
 """
 
 from __future__ import annotations
@@ -15,6 +24,9 @@ import time
 from collections.abc import Callable
 
 import grpc
+from google.protobuf import any_pb2
+from google.rpc import error_details_pb2, status_pb2
+from grpc_status import rpc_status
 
 from master import inspection, metrics
 from master.config import DatasetSpec
@@ -51,13 +63,41 @@ def _details(error: BaseException) -> tuple[Reason, dict[str, str]] | None:
     return None
 
 
+SHED_RETRY = 1.0  # seconds a shed call is told to wait (the client jitters it x U(0.5, 1.5))
+
+
+def _shed_status(limit: int) -> grpc.Status:
+    retry = error_details_pb2.RetryInfo()
+    retry.retry_delay.FromNanoseconds(int(SHED_RETRY * 1e9))
+    detail = any_pb2.Any()
+    detail.Pack(retry)
+    return rpc_status.to_status(status_pb2.Status(
+        code=grpc.StatusCode.RESOURCE_EXHAUSTED.value[0], details=[detail],
+        message=f"master saturated: {limit} calls in flight (--max-calls-in-flight {limit}); "
+                f"retry in about {SHED_RETRY:g}s"))
+
+
 def _rpc(method: Callable) -> Callable:
     """Times the call, finds the dispatcher (or answers where the leader is), maps errors."""
+    return _wrap(method, shed=True)
+
+
+def _inspection(method: Callable) -> Callable:
+    """As `_rpc`, never shed: an operator's look at a saturated master must get through."""
+    return _wrap(method, shed=False)
+
+
+def _wrap(method: Callable, *, shed: bool) -> Callable:
     name = method.__name__
     histogram = metrics.RPC_LATENCY.labels(name)
 
     @functools.wraps(method)
     async def wrapper(self: MasterServicer, request, context: grpc.aio.ServicerContext):
+        if shed:
+            if self.in_flight >= self.max_in_flight:
+                metrics.SHED_CALLS.labels(name).inc()
+                await context.abort_with_status(self.shed_status)
+            self.in_flight += 1
         started = time.perf_counter()
         try:
             dispatcher = self.dispatcher()
@@ -74,6 +114,8 @@ def _rpc(method: Callable) -> Callable:
             logger.exception("%s failed", name)
             await context.abort(grpc.StatusCode.INTERNAL, f"{name} failed: {type(error).__name__}: {error}")
         finally:
+            if shed:
+                self.in_flight -= 1
             histogram.observe(time.perf_counter() - started)
 
     return wrapper
@@ -102,9 +144,12 @@ def _ref(report: pb.TaskReport | pb.TaskRef) -> TaskRef:
 
 class MasterServicer(pb_grpc.MasterServicer):
     def __init__(self, *, dispatcher: Callable[[], Dispatcher | None],
-                 leader_hint: Callable[[], str | None]) -> None:
+                 leader_hint: Callable[[], str | None], max_in_flight: int = 1024) -> None:
         self.dispatcher = dispatcher
         self.leader_hint = leader_hint
+        self.max_in_flight = max_in_flight
+        self.shed_status = _shed_status(max_in_flight)
+        self.in_flight = 0  # shed calls being worked on (one event loop: no lock)
 
     @_rpc
     async def RegisterTrainer(self, d: Dispatcher, request):
@@ -124,7 +169,8 @@ class MasterServicer(pb_grpc.MasterServicer):
     @_rpc
     async def GetTask(self, d: Dispatcher, request):
         r: GetTaskResult = await d.tasks.get_task(request.session_id, request.epoch,
-                                            [TaskRef(f.task_id, f.epoch, f.attempt) for f in request.finished])
+                                            [TaskRef(f.task_id, f.epoch, f.attempt) for f in request.finished],
+                                            max(1, request.max_tasks))
         # Built in place: the hot path of the master (one call per task).
         reply = pb.GetTaskResponse(outcome=_OUTCOMES[r.outcome], current_epoch=r.current_epoch)
         if r.finished_results:
@@ -136,6 +182,12 @@ class MasterServicer(pb_grpc.MasterServicer):
             add = task.chunks.add
             for c in view.chunks:
                 add(path=c.path, begin=c.begin, end=c.end)
+            for more in r.more_tasks:
+                task = reply.more_tasks.add(id=more.task, epoch=more.epoch, attempt=more.attempt,
+                                            format=more.format)
+                add = task.chunks.add
+                for c in more.chunks:
+                    add(path=c.path, begin=c.begin, end=c.end)
         if r.retry_after:
             reply.retry_after.CopyFrom(duration(r.retry_after))
         return reply
@@ -166,7 +218,7 @@ class MasterServicer(pb_grpc.MasterServicer):
         return pb.RestartEpochResponse(current_epoch=await d.epochs.restart(
             request.epoch, done=request.done_tasks))
 
-    @_rpc
+    @_inspection
     async def GetStatus(self, d: Dispatcher, request):
         s = await inspection.status(d)
         return pb.GetStatusResponse(
@@ -178,7 +230,7 @@ class MasterServicer(pb_grpc.MasterServicer):
             desired_trainers=s.desired_trainers,
         )
 
-    @_rpc
+    @_inspection
     async def ListTasks(self, d: Dispatcher, request):
         status = _task_status(request.state) if request.state else None
         epoch = request.epoch if request.HasField("epoch") else None
@@ -191,7 +243,7 @@ class MasterServicer(pb_grpc.MasterServicer):
             for t in tasks
         ])
 
-    @_rpc
+    @_inspection
     async def ListTrainers(self, d: Dispatcher, request):
         views, token = inspection.list_trainers(d, page_size=request.page_size, page_token=request.page_token)
         return pb.ListTrainersResponse(next_page_token=token, trainers=[

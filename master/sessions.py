@@ -4,7 +4,9 @@ The master grants a lease when a trainer registers and refreshes it only when th
 trainer calls (KeepAlive, or any RPC carrying its session): it never keeps a lease
 alive on its own, so a dead trainer's lease lapses and etcd itself deletes its
 `trainers/<id>` and `assign/<task>` keys. A piggybacked refresh is skipped when the
-last one is younger than ttl/6; an explicit KeepAlive always refreshes.
+last one is younger than ttl/6, and it is only sent, not waited for (the call goes on
+at once; a lease that had lapsed shows in the watch of `trainers/<id>` keys instead);
+an explicit KeepAlive always refreshes and waits for etcd's answer.
 
 A superseded session (its trainer id registered again) is remembered on the new
 session's lease, so the answer "superseded" survives a master failover and lapses
@@ -46,8 +48,9 @@ class SessionInfo:
 
 
 class SessionRegistry:
-    def __init__(self, refresh: Callable[[int], Awaitable[float]], *, ttl: float) -> None:
-        self._refresh = refresh  # refreshes a lease in etcd: its remaining TTL, <= 0 if it lapsed
+    def __init__(self, refresh: Callable[..., Awaitable[float]], *, ttl: float) -> None:
+        # refresh(lease, wait=...) refreshes a lease in etcd: its remaining TTL, <= 0 if it lapsed
+        self._refresh = refresh
         self.ttl = ttl
         self.by_session: dict[int, SessionInfo] = {}
         self.by_trainer: dict[str, int] = {}
@@ -97,6 +100,6 @@ class SessionRegistry:
         if force or now - info.last_refresh >= self.ttl / 6:
             info.last_refresh = now
             metrics.LEASE_REFRESHES.inc()
-            if await self._refresh(session) <= 0:
+            if await self._refresh(session, wait=force) <= 0:
                 raise SessionExpired(session)
         return info

@@ -35,13 +35,12 @@ from __future__ import annotations
 import enum
 import types
 from array import array
-from collections import deque
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from operator import attrgetter
 from typing import assert_never
 
-from master.partition import task_order
+from master.partition import DealQueue, task_order
 from paddlecloud.phase import Phase
 
 
@@ -160,6 +159,9 @@ def _read_only(slot: str, doc: str) -> property:
     return property(attrgetter(slot), doc=doc)
 
 
+_TODO = int(TaskStatus.TODO)
+
+
 class JobState:
     """One job's tasks in the current epoch; see the module docstring for the rules."""
 
@@ -176,7 +178,7 @@ class JobState:
         self._failed_job = False
         self._status = bytearray()
         self._failures = array("H")
-        self._todo: deque[int] = deque()
+        self._todo = DealQueue(task_order(0, seed=seed, epoch=0), self._is_todo)
         self._reserved: dict[int, int] = {}              # task -> session
         self._pending: dict[int, Assignment] = {}        # task -> assignment
         self._held: dict[int, dict[int, None]] = {}      # session -> tasks, oldest first
@@ -224,7 +226,9 @@ class JobState:
                 state._set(task, TaskStatus.PENDING)
                 state._pending[task] = assignment
                 state._held.setdefault(assignment.session, {})[task] = None
-        state._todo = deque(t for t in state._todo if state._status[t] == TaskStatus.TODO)
+        if state._counts[TaskStatus.TODO] * 4 < num_tasks:  # late in the epoch: skip the done at once
+            status = state._status
+            state._todo.restrict([t for t in range(num_tasks) if status[t] == _TODO])
         return state
 
     # -- queries (read-only) --
@@ -332,15 +336,16 @@ class JobState:
             return Decision(Outcome.WAIT)
         writing = self._writing
         held = [t for t in self._held.get(session, ()) if t not in writing]
-        if len(held) >= cap or (held and not self._todo):
+        head = self._todo.peek()
+        if len(held) >= cap or (held and head is None):
             # At the cap, or nothing left to give: re-send the oldest task it holds, so an
             # assignment whose answer was lost is never stranded.
             for task in held:
                 if task in self._pending:
                     return Decision(Outcome.TASK, task, self._pending[task])
             return Decision(Outcome.WAIT)
-        if self._todo:
-            return Decision(Outcome.TASK, self._todo[0])
+        if head is not None:
+            return Decision(Outcome.TASK, head)
         return Decision(Outcome.WAIT)
 
     def expired(self, now: float) -> Iterator[tuple[int, Assignment]]:
@@ -417,7 +422,7 @@ class JobState:
 
     def _reserve(self, e: TaskReserved) -> None:
         self._expect(e.task, TaskStatus.TODO, e)
-        self._todo.remove(e.task) if self._todo[0] != e.task else self._todo.popleft()
+        self._todo.take(e.task)
         self._set(e.task, TaskStatus.RESERVED)
         self._reserved[e.task] = e.session
         self._held.setdefault(e.session, {})[e.task] = None
@@ -493,12 +498,15 @@ class JobState:
         self._held.clear()
         self._writing.clear()
         self._ending = False
+        self._todo = DealQueue(task_order(0 if over else self._num_tasks, seed=self._seed, epoch=epoch),
+                               self._is_todo)
         if over:
-            self._todo = deque()
             self._counts = [0, 0, 0, self._num_tasks, 0]
         else:
-            self._todo = deque(task_order(self._num_tasks, seed=self._seed, epoch=epoch))
             self._counts = [self._num_tasks, 0, 0, 0, 0]
+
+    def _is_todo(self, task: int) -> bool:
+        return self._status[task] == _TODO
 
     def _set(self, task: int, status: TaskStatus) -> None:
         self._counts[self._status[task]] -= 1
@@ -534,4 +542,4 @@ class JobState:
         """Back to todo. Returned tasks go first (they hold the epoch's end back);
         failed ones last, so a poisoned task does not crowd out healthy ones."""
         self._set(task, TaskStatus.TODO)
-        (self._todo.appendleft if front else self._todo.append)(task)
+        (self._todo.push_front if front else self._todo.push_back)(task)

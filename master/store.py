@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 from collections import deque
 from collections.abc import AsyncIterator, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -57,6 +58,7 @@ logger = logging.getLogger(__name__)
 
 MAX_TXN_OPS = 128  # etcd's default --max-txn-ops
 MAX_RESTART_DONE = (MAX_TXN_OPS - 5) // 2  # done marks a RestartEpoch keeps: 2 ops each
+DONE_RANGE = 10_000  # done marks per range the load reads them in (about)
 MAX_FILES_PIECE = 512 * 1024  # bytes of file list per `files/<n>` value (etcd values stay < 1 MiB)
 
 
@@ -510,21 +512,35 @@ class EtcdStore:
         with contextlib.suppress(aetcd.ClientError):
             await self.client.revoke_lease(lease)
 
-    async def refresh_lease(self, lease: int) -> float:
-        """Refreshes `lease`; its remaining TTL, <= 0 when it had lapsed."""
+    async def refresh_lease(self, lease: int, *, wait: bool = True) -> float:
+        """Refreshes `lease`; its remaining TTL, <= 0 when it had lapsed. Without `wait`
+        the refresh is only sent, and the answer is `inf` (not known, not waited for)."""
+        if not wait:
+            self.keeper.refresh_soon(lease)
+            return math.inf
         with _etcd_answers("a lease refresh"):
             return await self.keeper.refresh(lease)
 
     # -- reading --
 
     async def load(self) -> Snapshot:
+        """The job's keys at one revision. The done marks (up to one per task: a failover
+        late in a big epoch finds a million) are read apart, in many small ranges at once:
+        etcd 3.4 walks the whole rest of a range for each page it answers, so one paged
+        range over them costs O(marks^2)."""
+        prefix = self.keys.prefix
         with _etcd_answers("the job's keys"):
-            kvs, revision = await read_range(self.client, self.keys.prefix,
-                                             prefix_range_end(self.keys.prefix))
+            head, revision = await read_range(self.client, prefix, prefix + b"done/")
+            tail, _ = await read_range(self.client, prefix + b"done0", prefix_range_end(prefix),
+                                       revision=revision)
         snap = Snapshot(revision=revision)
-        plen = len(self.keys.prefix)
+        plen = len(prefix)
         pieces: list[tuple[bytes, bytes]] = []
-        for kv in kvs:
+        marks: list = []  # failures keys: up to one per task, read below without decoding
+        for kv in (*head, *tail):
+            if kv.key.startswith(b"failures/", plen):
+                marks.append(kv)
+                continue
             parts = kv.key[plen:].decode().split("/")
             kind = parts[0]
             if kind == "spec":
@@ -546,18 +562,47 @@ class EtcdStore:
                     attempt=kv.mod_revision, deadline=raw["deadline"])
             elif kind == "pservers":
                 snap.pservers[int(parts[1])] = kv.value.decode()
-            elif kind in ("done", "failures"):
-                pass  # read below, once the epoch is known
         for _, value in sorted(pieces):
             snap.files.extend(FileEntry(p, s) for p, s in json.loads(value))
         if snap.epoch is not None:
-            for kv in kvs:
-                rest = kv.key[plen:]
-                if rest.startswith(f"done/{snap.epoch}/".encode()):
-                    snap.done.append(self.keys.task_of(kv.key))
-                elif rest.startswith(f"failures/{snap.epoch}/".encode()):
-                    snap.failures[self.keys.task_of(kv.key)] = int(kv.value)
+            failures = prefix + b"failures/%d/" % snap.epoch
+            flen = len(failures)
+            for kv in marks:
+                if kv.key.startswith(failures):
+                    snap.failures[int(kv.key[flen:])] = int(kv.value)
+            with _etcd_answers("the done marks"):
+                snap.done = await self._done_marks(snap.epoch, revision)
         return snap
+
+    async def _done_marks(self, epoch: int, revision: int) -> list[int]:
+        """The tasks marked done in `epoch` at `revision`: keys only, bytes only, in ranges of
+        about DONE_RANGE marks each (by the leading digits of the task id), a few at once."""
+        base = self.keys.prefix + b"done/%d/" % epoch
+        await self.client.connect()
+        counted = await self.client.kvstub.Range(
+            rpc.RangeRequest(key=base, range_end=prefix_range_end(base), revision=revision,
+                             count_only=True), timeout=30, metadata=self.client.metadata)
+        digits = len(str(max(1, counted.count // DONE_RANGE - 1)))
+        if counted.count <= DONE_RANGE:
+            ranges = [(base, prefix_range_end(base))]
+        else:
+            # ids shorter than `digits` are single keys; the others share their first `digits` digits
+            ranges = [(key, key + b"\0") for width in range(1, digits)
+                      for key in (base + b"%0*d" % (width, i) for i in range(10 ** width))]
+            ranges += [(key, prefix_range_end(key))
+                       for key in (base + b"%0*d" % (digits, i) for i in range(10 ** digits))]
+        gate = asyncio.Semaphore(16)
+        blen = len(base)
+
+        async def read(lo: bytes, hi: bytes) -> list[int]:
+            async with gate:
+                kvs, _ = await read_range(self.client, lo, hi, revision=revision, keys_only=True)
+            return [int(kv.key[blen:]) for kv in kvs]
+
+        done: list[int] = []
+        for part in await asyncio.gather(*(read(lo, hi) for lo, hi in ranges)):
+            done.extend(part)
+        return done
 
     async def pservers(self) -> list[str]:
         """The registered pservers' endpoints, by index."""

@@ -65,6 +65,7 @@ class GetTaskResult:
     task: TaskView | None = None
     retry_after: float = 0.0
     finished_results: list[bool] = field(default_factory=list)
+    more_tasks: list[TaskView] = field(default_factory=list)  # dealt besides `task` (max_tasks > 1)
 
 
 class Tasks:
@@ -72,7 +73,10 @@ class Tasks:
         self.core = core
         self.trainers = trainers
 
-    async def get_task(self, session: int, epoch: int, finished: list[TaskRef]) -> GetTaskResult:
+    async def get_task(self, session: int, epoch: int, finished: list[TaskRef],
+                       max_tasks: int = 1) -> GetTaskResult:
+        """The next task (up to `max_tasks` new ones for a prefetching trainer, never past the
+        per-trainer cap), after the finishes it carries."""
         if epoch < 0:
             raise InvalidArgument(f"epoch {epoch} is negative: epochs count from 0")
         core = self.core
@@ -83,21 +87,30 @@ class Tasks:
                 return GetTaskResult(Outcome.WAIT, 0, retry_after=NO_DATASET_RETRY,
                                      finished_results=[False] * len(finished))
             finishing = [self._finish(state, session, ref) for ref in finished]
-            dispatch: Awaitable[int | None] | None = None
+            dispatches: list[tuple[int, Awaitable[int | None]]] = []
             results: list[bool] = []
             awaited = 0  # finishing writes awaited so far (one that raised included)
             try:
-                decision = state.decide(session=session, epoch=epoch, cap=core.policy.max_tasks_per_trainer)
+                cap = core.policy.max_tasks_per_trainer
+                decision = state.decide(session=session, epoch=epoch, cap=cap)
                 if decision.outcome is Outcome.TASK and decision.held is None:
                     deadline = time.time() + core.policy.task_timeout if core.policy.task_timeout else 0.0
-                    dispatch = core.commit(TaskAssigned(decision.task,
-                                                        Assignment(session, info.trainer, 0, deadline)))
+                    assignment = Assignment(session, info.trainer, 0, deadline)
+                    task = decision.task
+                    while True:  # each reservation is in the state at once: the next decide sees it
+                        dispatches.append((task, core.commit(TaskAssigned(task, assignment))))
+                        if len(dispatches) >= max_tasks:
+                            break
+                        more = state.decide(session=session, epoch=epoch, cap=cap)
+                        if more.outcome is not Outcome.TASK or more.held is not None:
+                            break
+                        task = more.task
                 for finish in finishing:
                     awaited += 1
                     results.append(await finish if finish is not None else False)
             except BaseException:
                 # settle every write already queued (the caller retries); their outcome is etcd's
-                for pending in [*finishing[awaited:], dispatch]:
+                for pending in [*finishing[awaited:], *(d for _, d in dispatches)]:
                     if pending is not None:
                         with contextlib.suppress(BaseException):
                             await pending
@@ -110,13 +123,14 @@ class Tasks:
                 return GetTaskResult(decision.outcome, state.epoch, retry_after=retry,
                                      finished_results=results)
             if decision.held is not None:
-                attempt = decision.held.attempt
+                views = [self._view(decision.task, state.epoch, decision.held.attempt)]
             else:
-                attempt = await self._dispatched(state, session, dispatch)
-                if attempt is None:
+                views = [self._view(task, state.epoch, attempt)
+                         for task, attempt in await self._dispatched(state, session, dispatches)]
+                if not views:
                     return GetTaskResult(Outcome.WAIT, state.epoch, retry_after=DISPATCH_RETRY,
                                          finished_results=results)
-            return GetTaskResult(Outcome.TASK, state.epoch, task=self._view(decision.task, state.epoch, attempt),
+            return GetTaskResult(Outcome.TASK, state.epoch, task=views[0], more_tasks=views[1:],
                                  finished_results=results)
 
     def _view(self, task: int, epoch: int, attempt: int) -> TaskView:
@@ -124,19 +138,34 @@ class Tasks:
         assert core.partition is not None and core.spec is not None
         return TaskView(task, epoch, attempt, core.partition.task_chunks(task), core.spec.format)
 
-    async def _dispatched(self, state: JobState, session: int, dispatch: Awaitable[int | None]) -> int | None:
-        """The attempt of a dispatch once etcd took it; None when it did not (answer WAIT)."""
-        attempt = await dispatch
+    async def _dispatched(self, state: JobState, session: int,
+                          dispatches: list[tuple[int, Awaitable[int | None]]]) -> list[tuple[int, int]]:
+        """(task, attempt) of each dispatch etcd took; none when the cache moved meanwhile."""
+        taken: list[tuple[int, int]] = []
+        refused = False
+        error: BaseException | None = None
+        for task, dispatch in dispatches:  # every write awaited, whatever happens to one
+            try:
+                attempt = await dispatch
+            except BaseException as raised:  # noqa: BLE001  (re-raised once all are settled)
+                error = error or raised
+                continue
+            if attempt is None:
+                refused = True
+            else:
+                taken.append((task, attempt))
+        if error is not None:
+            raise error
         if self.core.state is not state:
-            return None
-        if attempt is None:
+            return []
+        if refused and not taken:
             # The session's key or the epoch moved under us: the session is gone, or the cache is stale.
             if session in self.core.sessions.by_session:
                 self.core.schedule_rebuild()
-                return None
+                return []
             raise SessionExpired(session)
-        metrics.DISPATCHES.inc()
-        return attempt
+        metrics.DISPATCHES.inc(len(taken))
+        return taken
 
     def _finish(self, state: JobState, session: int, ref: TaskRef) -> Awaitable[bool] | None:
         """Queues the finish when `ref` is this session's live assignment; else None (STALE)."""

@@ -102,7 +102,10 @@ class LeaseKeeper:
 
     aetcd opens a new stream per refresh; a master refreshing many trainer leases
     would pay a stream set-up each time, so this multiplexes them on one stream.
-    `refresh(lease)` returns the remaining TTL, 0 when the lease is gone.
+    `refresh(lease)` returns the remaining TTL, 0 when the lease is gone;
+    `refresh_soon(lease)` only queues the request (no future, no wait): for a refresh
+    whose answer nobody needs, e.g. one piggybacked on a trainer's call. A request
+    queued while the stream is down is dropped with it.
     """
 
     def __init__(self, client: aetcd.Client) -> None:
@@ -124,6 +127,11 @@ class LeaseKeeper:
         finally:
             with contextlib.suppress(ValueError):
                 self._waiters.get(lease_id, []).remove(future)
+
+    def refresh_soon(self, lease_id: int) -> None:
+        if self._reader is None or self._reader.done():
+            self._start()
+        self._requests.put_nowait(rpc.LeaseKeepAliveRequest(ID=lease_id))
 
     def _start(self) -> None:
         self._requests = asyncio.Queue()

@@ -125,7 +125,7 @@ async def test_an_invalid_transition_in_an_rpc_is_logged_rebuilds_the_cache_and_
     dispatcher, master = in_process
     reg = await master.RegisterTrainer(pb.RegisterTrainerRequest(trainer_id="t0"))
     corrupt = dispatcher.core.state
-    corrupt._todo.appendleft(10**6)  # a task the job does not have: the cache is out of step
+    corrupt._todo.push_front(10**6)  # a task the job does not have: the cache is out of step
     with caplog.at_level(logging.ERROR, logger="master.core"):
         error = await rpc_error(master.GetTask(pb.GetTaskRequest(session_id=reg.session_id, epoch=0)))
     assert error.code() == grpc.StatusCode.UNAVAILABLE, error.details()

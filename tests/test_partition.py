@@ -5,6 +5,7 @@ TestPartionIndex), plus byte-range coverage and the reproducible deal order."""
 from __future__ import annotations
 
 import itertools
+import sys
 
 import pytest
 from hypothesis import given, settings
@@ -261,24 +262,37 @@ def test_the_tasks_cover_each_file_exactly_once(files, chunk_bytes, chunks_per_t
 
 
 def test_the_deal_order_is_a_permutation_of_all_tasks():
-    for n in (0, 1, 2, 50, 1000):
-        assert sorted(task_order(n, seed=3, epoch=1)) == list(range(n))
+    for n in (0, 1, 2, 3, 50, 1000, 1023, 1024, 1025, 4097):
+        assert sorted(list(task_order(n, seed=3, epoch=1))) == list(range(n))
 
 
 def test_the_same_seed_and_epoch_give_the_same_order():
-    assert task_order(50, seed=11, epoch=4) == task_order(50, seed=11, epoch=4)
+    assert list(task_order(50, seed=11, epoch=4)) == list(task_order(50, seed=11, epoch=4))
 
 
 def test_another_epoch_or_seed_gives_another_order():
-    base = task_order(50, seed=11, epoch=4)
-    assert task_order(50, seed=11, epoch=5) != base
-    assert task_order(50, seed=12, epoch=4) != base
-    epochs = {tuple(task_order(50, seed=0, epoch=e)) for e in range(20)}
+    base = list(task_order(50, seed=11, epoch=4))
+    assert list(task_order(50, seed=11, epoch=5)) != base
+    assert list(task_order(50, seed=12, epoch=4)) != base
+    epochs = {tuple(list(task_order(50, seed=0, epoch=e))) for e in range(20)}
     assert len(epochs) == 20
 
 
 def test_the_deal_order_is_stable_across_processes_and_versions():
     """A restarted master must deal the same order: pinned, so that a change of the
     shuffle (or a seed that depends on PYTHONHASHSEED) cannot slip in unnoticed."""
-    assert task_order(10, seed=0, epoch=0) == [1, 2, 6, 8, 5, 0, 7, 3, 4, 9]
-    assert task_order(10, seed=7, epoch=3) == [0, 4, 6, 7, 1, 2, 9, 5, 8, 3]
+    assert list(task_order(10, seed=0, epoch=0)) == [0, 9, 6, 3, 4, 8, 7, 2, 5, 1]
+    assert list(task_order(10, seed=7, epoch=3)) == [3, 6, 9, 0, 2, 7, 8, 5, 1, 4]
+
+
+def test_the_deal_order_of_ten_million_tasks_is_lazy():
+    """No list of every task: building the order and reading positions anywhere in it
+    touches only those positions (a list of 10M ints would take ~400 MB and seconds)."""
+    order = task_order(10_000_000, seed=5, epoch=2)
+    assert len(order) == 10_000_000
+    sample = [order[i] for i in range(0, 10_000_000, 9_973)]
+    assert all(0 <= t < 10_000_000 for t in sample)
+    assert len(set(sample)) == len(sample)
+    assert sys.getsizeof(order) < 1000
+    with pytest.raises(IndexError):
+        order[10_000_000]

@@ -12,7 +12,9 @@ of the loop while a task is open (an exception in the user's code, Ctrl-C, `brea
 gives the open and prefetched tasks back with `ReturnTask` and lets the exception go on.
 
 While a task is consumed the next one is fetched in a background thread, so the
-trainer does not idle on the network. The client acts on the reason the master gives
+trainer does not idle on the network. With `max_tasks` > 1 one GetTask may bring up to
+that many tasks (never past the master's --max-tasks-per-trainer); they are read in
+turn, the next fetch starts with the last of them, and it carries all their acks. The client acts on the reason the master gives
 in the error's `google.rpc.ErrorInfo` (`paddlecloud.wire`), never on its text: a
 session expired (SESSION_EXPIRED) is registered again; a superseded one
 (SESSION_SUPERSEDED) stops this client with `TrainerSuperseded`: another process uses
@@ -22,7 +24,8 @@ standby names (NOT_LEADER's `leader`), else at a freshly resolved one.
 
 Threads, and who owns what. Three threads use a client: the main thread (the training
 loop: `epochs()`, `Epoch.records()`, `flush()`, `close()`), the keep-alive thread
-(`KeepAlive` every ttl/3; it registers again when the session expired) and the
+(`KeepAlive` when no call carrying the session was answered for ttl/3, so a trainer
+that calls GetTask more often sends none; it registers again when the session expired) and the
 prefetch thread (the next `GetTask` while a task is read; it may register again too).
 Each piece of state has one owner that guards it with its own lock:
 
@@ -66,6 +69,8 @@ from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 import grpc
+from google.rpc import error_details_pb2
+from grpc_status import rpc_status
 from tenacity import (
     RetryCallState,
     RetryError,
@@ -83,7 +88,11 @@ from trainer_agent.readers import DataError, read_chunk
 logger = logging.getLogger(__name__)
 
 CALL_TIMEOUT = 15.0
-_TRANSIENT = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+# Codes a call is retried on: the master is away (UNAVAILABLE), slow (DEADLINE_EXCEEDED),
+# shedding load on purpose (RESOURCE_EXHAUSTED), or the call was cancelled on the way
+# (CANCELLED: gRPC's own queues, a connection reset) while this client did not cancel it.
+_TRANSIENT = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
+                        grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.CANCELLED})
 
 T = TypeVar("T")
 
@@ -109,9 +118,22 @@ def default_trainer_id() -> str:
     return os.environ.get("PADDLE_TRAINER_ID") or f"{socket.gethostname()}-{os.getpid()}"
 
 
-def _transient(error: BaseException) -> bool:
-    return isinstance(error, DiscoveryError) or (
-        isinstance(error, grpc.RpcError) and error.code() in _TRANSIENT)
+
+
+def retry_delay(error: BaseException | None) -> float:
+    """The delay a shedding master asks for (`google.rpc.RetryInfo`), jittered; 0 if none."""
+    if not isinstance(error, grpc.RpcError) or error.code() is not grpc.StatusCode.RESOURCE_EXHAUSTED:
+        return 0.0
+    try:
+        status = rpc_status.from_call(error)  # type: ignore[arg-type]
+    except (ValueError, AttributeError):
+        return 0.0
+    for detail in status.details if status is not None else ():
+        if detail.Is(error_details_pb2.RetryInfo.DESCRIPTOR):
+            info = error_details_pb2.RetryInfo()
+            detail.Unpack(info)
+            return info.retry_delay.ToNanoseconds() / 1e9 * random.uniform(0.5, 1.5)
+    return 0.0
 
 
 def _reason(error: BaseException) -> tuple[Reason | None, dict[str, str]]:
@@ -128,8 +150,10 @@ def _report(session: int, task: pb.Task, reason: str = "") -> pb.TaskReport:
 class MasterConnection:
     """Calls to the job's leading master: one typed method per RPC a trainer makes.
 
-    Each call retries UNAVAILABLE and DEADLINE_EXCEEDED (and a leader not found in
-    etcd) with backoff until `deadline` seconds have passed, then raises
+    Each call retries UNAVAILABLE, DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED (a saturated
+    master sheds load: it waits the RetryInfo delay the master gives, jittered) and
+    CANCELLED unless this connection was closed (and a leader not found in etcd) with
+    jittered backoff until `deadline` seconds have passed, then raises
     `MasterUnavailable`; between attempts it follows a standby's NOT_LEADER hint
     (unless the locator is a fixed endpoint, e.g. a Service), else resolves the leader
     again. `open_channel(address)` opens a channel (insecure by default). Thread-safe.
@@ -166,9 +190,12 @@ class MasterConnection:
     def leave_trainer(self, session: int, *, timeout: float) -> None:
         self._call(lambda stub: stub.LeaveTrainer(pb.LeaveTrainerRequest(session_id=session), timeout=timeout))
 
-    def get_task(self, session: int, *, epoch: int, finished: list[pb.TaskRef]) -> pb.GetTaskResponse:
-        """The next task of `epoch` (or why there is none); `finished` acknowledges tasks read."""
-        request = pb.GetTaskRequest(session_id=session, epoch=epoch, finished=finished)
+    def get_task(self, session: int, *, epoch: int, finished: list[pb.TaskRef],
+                 max_tasks: int = 1) -> pb.GetTaskResponse:
+        """The next task of `epoch` (up to `max_tasks`: `task` and `more_tasks`), or why there
+        is none; `finished` acknowledges tasks read."""
+        request = pb.GetTaskRequest(session_id=session, epoch=epoch, finished=finished,
+                                    max_tasks=max_tasks)
         return self._call(lambda stub: stub.GetTask(request, timeout=CALL_TIMEOUT))
 
     def task_finished(self, session: int, ref: pb.TaskRef) -> pb.ReportResult:
@@ -191,10 +218,28 @@ class MasterConnection:
 
     # ---- retries and the leader -----------------------------------------------------
 
+    def _transient(self, error: BaseException) -> bool:
+        """Worth another attempt: see the class docstring. A call cancelled because this
+        connection closed is not (the client caused it)."""
+        if isinstance(error, DiscoveryError):
+            return True
+        if not isinstance(error, grpc.RpcError) or error.code() not in _TRANSIENT:
+            return False
+        if error.code() is grpc.StatusCode.CANCELLED:
+            with self._lock:
+                return not self._closed
+        return True
+
     def _call(self, invoke: Callable[[pb_grpc.MasterStub], T]) -> T:
+        backoff = wait_random_exponential(multiplier=0.05, max=2.0)
+
+        def wait(state: RetryCallState) -> float:  # a shedding master's RetryInfo, else backoff
+            error = state.outcome.exception() if state.outcome is not None else None
+            return retry_delay(error) or backoff(state)
+
         retrying = Retrying(
-            retry=retry_if_exception(_transient), stop=stop_after_delay(self.deadline),
-            wait=wait_random_exponential(multiplier=0.05, max=2.0), reraise=False,
+            retry=retry_if_exception(self._transient), stop=stop_after_delay(self.deadline),
+            wait=wait, reraise=False,
             before_sleep=self._after_failure,
         )
         try:
@@ -251,7 +296,9 @@ class Session:
     and once more when the master says it expired (SESSION_EXPIRED); once the master
     says it was superseded (SESSION_SUPERSEDED) every `run` raises `TrainerSuperseded`.
     `on_register(reply)` runs after each registration, under this session's lock.
-    The keep-alive thread starts with the first registration and stops at `close()`.
+    The keep-alive thread starts with the first registration and stops at `close()`;
+    it calls `KeepAlive` only when no call through `run` was answered for ttl/3 (any
+    call carrying the session refreshes it at the master).
     """
 
     def __init__(self, connection: MasterConnection, *, trainer_id: str,
@@ -263,6 +310,9 @@ class Session:
         self._id = 0
         self._ttl = 10.0
         self._superseded: TrainerSuperseded | None = None
+        self._last_call = 0.0   # monotonic time the last answered call carrying the session was sent
+        self._last_beat = 0.0   # ... the keep-alive thread last tried a KeepAlive
+        self.keepalives = 0     # KeepAlive calls sent
         self.reregistrations = 0  # how often an expired session was registered again
         self._closed = threading.Event()
         self._keepalive: threading.Thread | None = None
@@ -282,8 +332,10 @@ class Session:
     def register(self) -> None:
         """Registers a new session now (the master drops an older one of this trainer id)."""
         with self._lock:
+            sent = time.monotonic()
             reply = self.connection.register_trainer(self.trainer_id)
             self._id = reply.session_id
+            self._last_call = sent
             self._ttl = seconds(reply.ttl) or 10.0
             if self._on_register is not None:
                 self._on_register(reply)
@@ -306,8 +358,11 @@ class Session:
     def run(self, call: Callable[[int], T]) -> T:
         """`call(session_id)`; registers again once if the session expired meanwhile."""
         session = self.ensure()
+        sent = time.monotonic()
         try:
-            return call(session)
+            result = call(session)
+            self._answered(sent)
+            return result
         except grpc.RpcError as error:
             reason, metadata = _reason(error)
             if reason is Reason.SESSION_SUPERSEDED:
@@ -324,7 +379,14 @@ class Session:
                 logger.warning("session %d expired; registering again", session)
                 self.reregistrations += 1
                 self.register()
-        return call(self.ensure())
+        sent = time.monotonic()
+        result = call(self.ensure())
+        self._answered(sent)
+        return result
+
+    def _answered(self, sent: float) -> None:
+        with self._lock:
+            self._last_call = max(self._last_call, sent)
 
     def leave(self, *, timeout: float = 5.0) -> None:
         """Ends the session at the master (its tasks return at once)."""
@@ -337,12 +399,18 @@ class Session:
         when the connection closes)."""
         self._closed.set()
 
-    def _interval(self) -> float:
+    def _next_beat(self) -> float:
+        """Seconds until a KeepAlive is due: ttl/3 after the last answered call (or try)."""
         with self._lock:
-            return self._ttl / 3
+            return max(self._last_call, self._last_beat) + self._ttl / 3 - time.monotonic()
 
     def _keep_alive(self) -> None:
-        while not self._closed.wait(self._interval()):
+        while not self._closed.wait(max(0.0, self._next_beat())):
+            if self._next_beat() > 0:
+                continue  # a call carrying the session went out meanwhile
+            with self._lock:
+                self._last_beat = time.monotonic()
+                self.keepalives += 1
             try:
                 self.run(self.connection.keep_alive)
             except TrainerSuperseded:
@@ -442,9 +510,12 @@ class TaskClient:
 
     def __init__(self, *, trainer_id: str, locator: MasterLocator,
                  parse: Callable[[Any], Any] | None = None, deadline: float = 300.0,
-                 prefetch: bool = True) -> None:
+                 prefetch: bool = True, max_tasks: int = 1) -> None:
         if not trainer_id:
             raise ValueError("trainer_id is empty: set PADDLE_TRAINER_ID or pass trainer_id")
+        if max_tasks < 1:
+            raise ValueError(f"max_tasks {max_tasks} must be at least 1")
+        self.max_tasks = max_tasks  # tasks one GetTask may bring (the master's cap bounds them)
         self.trainer_id = trainer_id
         self.parse = parse
         self.prefetch = prefetch
@@ -519,7 +590,8 @@ class TaskClient:
     def _get_task(self, epoch: int) -> pb.GetTaskResponse:
         acks = self.tasks.take_acks()
         try:
-            reply = self.session.run(lambda s: self.connection.get_task(s, epoch=epoch, finished=acks))
+            reply = self.session.run(lambda s: self.connection.get_task(s, epoch=epoch, finished=acks,
+                                                                        max_tasks=self.max_tasks))
         except BaseException:
             self.tasks.restore_acks(acks)  # not known to be delivered: send them again
             raise
@@ -606,24 +678,26 @@ class Epoch:
     def records(self) -> Iterator[Any]:
         client, tasks = self.client, self.client.tasks
         pending: Future[pb.GetTaskResponse] | None = client.fetch(self.number)
-        current: pb.Task | None = None
+        unread: deque[pb.Task] = deque()  # held, not yet read: the current task first
         try:
             while pending is not None:
                 reply = pending.result()
                 pending = None
                 outcome = reply.outcome
                 if outcome == pb.TASK:
-                    task = reply.task
-                    if tasks.seen(task):  # re-sent: nothing new for us yet
+                    batch = [t for t in (reply.task, *reply.more_tasks) if not tasks.seen(t)]
+                    if not batch:  # re-sent: nothing new for us yet
                         time.sleep(0.05)
                         pending = client.fetch(self.number)
                         continue
-                    current = task
-                    tasks.hold(task)
-                    if client.prefetch:
-                        pending = client.fetch(self.number)
-                    yield from self._read(task)
-                    current = None
+                    for task in batch:
+                        tasks.hold(task)
+                    unread.extend(batch)
+                    while unread:
+                        if client.prefetch and len(unread) == 1:  # the last of the batch: fetch on
+                            pending = client.fetch(self.number)
+                        yield from self._read(unread[0])
+                        unread.popleft()
                     if pending is None:
                         pending = client.fetch(self.number)
                 elif outcome == pb.WAIT:
@@ -637,14 +711,15 @@ class Epoch:
             self.ended = True
         except BaseException:
             # break, an exception in the caller's loop, Ctrl-C: give back what we hold.
-            if current is not None:
-                client.give_back(current)
+            for task in unread:
+                client.give_back(task)
             if pending is not None:
                 try:
                     reply = pending.result(timeout=CALL_TIMEOUT)
                     if reply.outcome == pb.TASK:
-                        tasks.hold(reply.task)
-                        client.give_back(reply.task)
+                        for task in (reply.task, *reply.more_tasks):
+                            tasks.hold(task)
+                            client.give_back(task)
                 except Exception:
                     pass
             raise

@@ -25,19 +25,19 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"paddlecloud/master/v1/master.proto\x12\x15paddlecloud.master.v1\x1a\x1egoogle/protobuf/duration.proto\"\x84\x01\n\x0b\x44\x61tasetSpec\x12\r\n\x05paths\x18\x01 \x03(\t\x12\x0e\n\x06\x66ormat\x18\x02 \x01(\t\x12\x13\n\x0b\x63hunk_bytes\x18\x03 \x01(\x03\x12\x17\n\x0f\x63hunks_per_task\x18\x04 \x01(\x05\x12\x12\n\nnum_epochs\x18\x05 \x01(\x05\x12\x14\n\x0cshuffle_seed\x18\x06 \x01(\x03\"1\n\x05\x43hunk\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\r\n\x05\x62\x65gin\x18\x02 \x01(\x03\x12\x0b\n\x03\x65nd\x18\x03 \x01(\x03\"p\n\x04Task\x12\n\n\x02id\x18\x01 \x01(\x03\x12\r\n\x05\x65poch\x18\x02 \x01(\x05\x12\x0f\n\x07\x61ttempt\x18\x03 \x01(\x03\x12,\n\x06\x63hunks\x18\x04 \x03(\x0b\x32\x1c.paddlecloud.master.v1.Chunk\x12\x0e\n\x06\x66ormat\x18\x05 \x01(\t\":\n\x07TaskRef\x12\x0f\n\x07task_id\x18\x01 \x01(\x03\x12\r\n\x05\x65poch\x18\x02 \x01(\x05\x12\x0f\n\x07\x61ttempt\x18\x03 \x01(\x03\",\n\x16RegisterTrainerRequest\x12\x12\n\ntrainer_id\x18\x01 \x01(\t\"\x80\x01\n\x17RegisterTrainerResponse\x12\x12\n\nsession_id\x18\x01 \x01(\x03\x12&\n\x03ttl\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x15\n\rcurrent_epoch\x18\x03 \x01(\x05\x12\x12\n\nnum_epochs\x18\x04 \x01(\x05\"&\n\x10KeepAliveRequest\x12\x12\n\nsession_id\x18\x01 \x01(\x03\";\n\x11KeepAliveResponse\x12&\n\x03ttl\x18\x01 \x01(\x0b\x32\x19.google.protobuf.Duration\")\n\x13LeaveTrainerRequest\x12\x12\n\nsession_id\x18\x01 \x01(\x03\"\x16\n\x14LeaveTrainerResponse\"a\n\nTaskReport\x12\x12\n\nsession_id\x18\x01 \x01(\x03\x12\x0f\n\x07task_id\x18\x02 \x01(\x03\x12\r\n\x05\x65poch\x18\x03 \x01(\x05\x12\x0f\n\x07\x61ttempt\x18\x04 \x01(\x03\x12\x0e\n\x06reason\x18\x05 \x01(\t\"I\n\x12TaskReportResponse\x12\x33\n\x06result\x18\x01 \x01(\x0e\x32#.paddlecloud.master.v1.ReportResult\"H\n\x11SetDatasetRequest\x12\x33\n\x07\x64\x61taset\x18\x01 \x01(\x0b\x32\".paddlecloud.master.v1.DatasetSpec\"\'\n\x12SetDatasetResponse\x12\x11\n\tnum_tasks\x18\x01 \x01(\x03\"e\n\x0eGetTaskRequest\x12\x12\n\nsession_id\x18\x01 \x01(\x03\x12\r\n\x05\x65poch\x18\x02 \x01(\x05\x12\x30\n\x08\x66inished\x18\x03 \x03(\x0b\x32\x1e.paddlecloud.master.v1.TaskRef\"\xf3\x01\n\x0fGetTaskResponse\x12/\n\x07outcome\x18\x01 \x01(\x0e\x32\x1e.paddlecloud.master.v1.Outcome\x12)\n\x04task\x18\x02 \x01(\x0b\x32\x1b.paddlecloud.master.v1.Task\x12\x15\n\rcurrent_epoch\x18\x03 \x01(\x05\x12.\n\x0bretry_after\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\x12=\n\x10\x66inished_results\x18\x05 \x03(\x0e\x32#.paddlecloud.master.v1.ReportResult\"8\n\x13RestartEpochRequest\x12\r\n\x05\x65poch\x18\x01 \x01(\x05\x12\x12\n\ndone_tasks\x18\x02 \x03(\x03\"-\n\x14RestartEpochResponse\x12\x15\n\rcurrent_epoch\x18\x01 \x01(\x05\"\x12\n\x10GetStatusRequest\"I\n\nTaskCounts\x12\x0c\n\x04todo\x18\x01 \x01(\x03\x12\x0f\n\x07pending\x18\x02 \x01(\x03\x12\x0c\n\x04\x64one\x18\x03 \x01(\x03\x12\x0e\n\x06\x66\x61iled\x18\x04 \x01(\x03\"\xe3\x02\n\x11GetStatusResponse\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x11\n\tnamespace\x18\x02 \x01(\t\x12\r\n\x05phase\x18\x03 \x01(\t\x12\x0e\n\x06leader\x18\x04 \x01(\t\x12\x15\n\rcurrent_epoch\x18\x05 \x01(\x05\x12\x12\n\nnum_epochs\x18\x06 \x01(\x05\x12\x31\n\x06\x63ounts\x18\x07 \x01(\x0b\x32!.paddlecloud.master.v1.TaskCounts\x12\x11\n\tnum_tasks\x18\x08 \x01(\x03\x12\x16\n\x0etrainers_alive\x18\t \x01(\x05\x12\x19\n\x11pserver_endpoints\x18\n \x03(\t\x12\x13\n\x0bhas_dataset\x18\x0b \x01(\x08\x12\x10\n\x08requeued\x18\x0c \x01(\x03\x12\x14\n\x0cmin_trainers\x18\r \x01(\x05\x12\x14\n\x0cmax_trainers\x18\x0e \x01(\x05\x12\x18\n\x10\x64\x65sired_trainers\x18\x0f \x01(\x05\"\xcb\x01\n\x08TaskInfo\x12\n\n\x02id\x18\x01 \x01(\x03\x12/\n\x05state\x18\x02 \x01(\x0e\x32 .paddlecloud.master.v1.TaskState\x12\r\n\x05\x65poch\x18\x03 \x01(\x05\x12\x0e\n\x06holder\x18\x04 \x01(\t\x12\x12\n\nsession_id\x18\x05 \x01(\x03\x12\x0f\n\x07\x61ttempt\x18\x06 \x01(\x03\x12\x10\n\x08\x66\x61ilures\x18\x07 \x01(\x05\x12,\n\x06\x63hunks\x18\x08 \x03(\x0b\x32\x1c.paddlecloud.master.v1.Chunk\"\x88\x01\n\x10ListTasksRequest\x12/\n\x05state\x18\x01 \x01(\x0e\x32 .paddlecloud.master.v1.TaskState\x12\x12\n\x05\x65poch\x18\x02 \x01(\x05H\x00\x88\x01\x01\x12\x11\n\tpage_size\x18\x03 \x01(\x05\x12\x12\n\npage_token\x18\x04 \x01(\tB\x08\n\x06_epoch\"\\\n\x11ListTasksResponse\x12.\n\x05tasks\x18\x01 \x03(\x0b\x32\x1f.paddlecloud.master.v1.TaskInfo\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"}\n\x0bTrainerInfo\x12\x12\n\ntrainer_id\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\x03\x12\x12\n\ntasks_held\x18\x03 \x03(\x03\x12\x32\n\x0fsince_last_call\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\"<\n\x13ListTrainersRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\"e\n\x14ListTrainersResponse\x12\x34\n\x08trainers\x18\x01 \x03(\x0b\x32\".paddlecloud.master.v1.TrainerInfo\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"W\n\x17RequestSaveModelRequest\x12\x12\n\nsession_id\x18\x01 \x01(\x03\x12(\n\x05\x62lock\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\"+\n\x18RequestSaveModelResponse\x12\x0f\n\x07granted\x18\x01 \x01(\x08\"(\n\x14ScaleTrainersRequest\x12\x10\n\x08trainers\x18\x01 \x01(\x05\"]\n\x15ScaleTrainersResponse\x12\x14\n\x0cmin_trainers\x18\x01 \x01(\x05\x12\x14\n\x0cmax_trainers\x18\x02 \x01(\x05\x12\x18\n\x10\x64\x65sired_trainers\x18\x03 \x01(\x05*F\n\x0cReportResult\x12\x1d\n\x19REPORT_RESULT_UNSPECIFIED\x10\x00\x12\x0c\n\x08\x41\x43\x43\x45PTED\x10\x01\x12\t\n\x05STALE\x10\x02*j\n\x07Outcome\x12\x17\n\x13OUTCOME_UNSPECIFIED\x10\x00\x12\x08\n\x04TASK\x10\x01\x12\x08\n\x04WAIT\x10\x02\x12\x0e\n\nEPOCH_DONE\x10\x03\x12\x0c\n\x08JOB_DONE\x10\x04\x12\x14\n\x10\x41LL_TASKS_FAILED\x10\x05*T\n\tTaskState\x12\x1a\n\x16TASK_STATE_UNSPECIFIED\x10\x00\x12\x08\n\x04TODO\x10\x01\x12\x0b\n\x07PENDING\x10\x02\x12\x08\n\x04\x44ONE\x10\x03\x12\n\n\x06\x46\x41ILED\x10\x04\x32\x89\x0b\n\x06Master\x12p\n\x0fRegisterTrainer\x12-.paddlecloud.master.v1.RegisterTrainerRequest\x1a..paddlecloud.master.v1.RegisterTrainerResponse\x12^\n\tKeepAlive\x12\'.paddlecloud.master.v1.KeepAliveRequest\x1a(.paddlecloud.master.v1.KeepAliveResponse\x12g\n\x0cLeaveTrainer\x12*.paddlecloud.master.v1.LeaveTrainerRequest\x1a+.paddlecloud.master.v1.LeaveTrainerResponse\x12Z\n\nReturnTask\x12!.paddlecloud.master.v1.TaskReport\x1a).paddlecloud.master.v1.TaskReportResponse\x12\x61\n\nSetDataset\x12(.paddlecloud.master.v1.SetDatasetRequest\x1a).paddlecloud.master.v1.SetDatasetResponse\x12X\n\x07GetTask\x12%.paddlecloud.master.v1.GetTaskRequest\x1a&.paddlecloud.master.v1.GetTaskResponse\x12\\\n\x0cTaskFinished\x12!.paddlecloud.master.v1.TaskReport\x1a).paddlecloud.master.v1.TaskReportResponse\x12Z\n\nTaskFailed\x12!.paddlecloud.master.v1.TaskReport\x1a).paddlecloud.master.v1.TaskReportResponse\x12g\n\x0cRestartEpoch\x12*.paddlecloud.master.v1.RestartEpochRequest\x1a+.paddlecloud.master.v1.RestartEpochResponse\x12^\n\tGetStatus\x12\'.paddlecloud.master.v1.GetStatusRequest\x1a(.paddlecloud.master.v1.GetStatusResponse\x12^\n\tListTasks\x12\'.paddlecloud.master.v1.ListTasksRequest\x1a(.paddlecloud.master.v1.ListTasksResponse\x12g\n\x0cListTrainers\x12*.paddlecloud.master.v1.ListTrainersRequest\x1a+.paddlecloud.master.v1.ListTrainersResponse\x12s\n\x10RequestSaveModel\x12..paddlecloud.master.v1.RequestSaveModelRequest\x1a/.paddlecloud.master.v1.RequestSaveModelResponse\x12j\n\rScaleTrainers\x12+.paddlecloud.master.v1.ScaleTrainersRequest\x1a,.paddlecloud.master.v1.ScaleTrainersResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"paddlecloud/master/v1/master.proto\x12\x15paddlecloud.master.v1\x1a\x1egoogle/protobuf/duration.proto\"\x84\x01\n\x0b\x44\x61tasetSpec\x12\r\n\x05paths\x18\x01 \x03(\t\x12\x0e\n\x06\x66ormat\x18\x02 \x01(\t\x12\x13\n\x0b\x63hunk_bytes\x18\x03 \x01(\x03\x12\x17\n\x0f\x63hunks_per_task\x18\x04 \x01(\x05\x12\x12\n\nnum_epochs\x18\x05 \x01(\x05\x12\x14\n\x0cshuffle_seed\x18\x06 \x01(\x03\"1\n\x05\x43hunk\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\r\n\x05\x62\x65gin\x18\x02 \x01(\x03\x12\x0b\n\x03\x65nd\x18\x03 \x01(\x03\"p\n\x04Task\x12\n\n\x02id\x18\x01 \x01(\x03\x12\r\n\x05\x65poch\x18\x02 \x01(\x05\x12\x0f\n\x07\x61ttempt\x18\x03 \x01(\x03\x12,\n\x06\x63hunks\x18\x04 \x03(\x0b\x32\x1c.paddlecloud.master.v1.Chunk\x12\x0e\n\x06\x66ormat\x18\x05 \x01(\t\":\n\x07TaskRef\x12\x0f\n\x07task_id\x18\x01 \x01(\x03\x12\r\n\x05\x65poch\x18\x02 \x01(\x05\x12\x0f\n\x07\x61ttempt\x18\x03 \x01(\x03\",\n\x16RegisterTrainerRequest\x12\x12\n\ntrainer_id\x18\x01 \x01(\t\"\x80\x01\n\x17RegisterTrainerResponse\x12\x12\n\nsession_id\x18\x01 \x01(\x03\x12&\n\x03ttl\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x15\n\rcurrent_epoch\x18\x03 \x01(\x05\x12\x12\n\nnum_epochs\x18\x04 \x01(\x05\"&\n\x10KeepAliveRequest\x12\x12\n\nsession_id\x18\x01 \x01(\x03\";\n\x11KeepAliveResponse\x12&\n\x03ttl\x18\x01 \x01(\x0b\x32\x19.google.protobuf.Duration\")\n\x13LeaveTrainerRequest\x12\x12\n\nsession_id\x18\x01 \x01(\x03\"\x16\n\x14LeaveTrainerResponse\"a\n\nTaskReport\x12\x12\n\nsession_id\x18\x01 \x01(\x03\x12\x0f\n\x07task_id\x18\x02 \x01(\x03\x12\r\n\x05\x65poch\x18\x03 \x01(\x05\x12\x0f\n\x07\x61ttempt\x18\x04 \x01(\x03\x12\x0e\n\x06reason\x18\x05 \x01(\t\"I\n\x12TaskReportResponse\x12\x33\n\x06result\x18\x01 \x01(\x0e\x32#.paddlecloud.master.v1.ReportResult\"H\n\x11SetDatasetRequest\x12\x33\n\x07\x64\x61taset\x18\x01 \x01(\x0b\x32\".paddlecloud.master.v1.DatasetSpec\"\'\n\x12SetDatasetResponse\x12\x11\n\tnum_tasks\x18\x01 \x01(\x03\"x\n\x0eGetTaskRequest\x12\x12\n\nsession_id\x18\x01 \x01(\x03\x12\r\n\x05\x65poch\x18\x02 \x01(\x05\x12\x30\n\x08\x66inished\x18\x03 \x03(\x0b\x32\x1e.paddlecloud.master.v1.TaskRef\x12\x11\n\tmax_tasks\x18\x04 \x01(\r\"\xa4\x02\n\x0fGetTaskResponse\x12/\n\x07outcome\x18\x01 \x01(\x0e\x32\x1e.paddlecloud.master.v1.Outcome\x12)\n\x04task\x18\x02 \x01(\x0b\x32\x1b.paddlecloud.master.v1.Task\x12\x15\n\rcurrent_epoch\x18\x03 \x01(\x05\x12.\n\x0bretry_after\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\x12=\n\x10\x66inished_results\x18\x05 \x03(\x0e\x32#.paddlecloud.master.v1.ReportResult\x12/\n\nmore_tasks\x18\x06 \x03(\x0b\x32\x1b.paddlecloud.master.v1.Task\"8\n\x13RestartEpochRequest\x12\r\n\x05\x65poch\x18\x01 \x01(\x05\x12\x12\n\ndone_tasks\x18\x02 \x03(\x03\"-\n\x14RestartEpochResponse\x12\x15\n\rcurrent_epoch\x18\x01 \x01(\x05\"\x12\n\x10GetStatusRequest\"I\n\nTaskCounts\x12\x0c\n\x04todo\x18\x01 \x01(\x03\x12\x0f\n\x07pending\x18\x02 \x01(\x03\x12\x0c\n\x04\x64one\x18\x03 \x01(\x03\x12\x0e\n\x06\x66\x61iled\x18\x04 \x01(\x03\"\xe3\x02\n\x11GetStatusResponse\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x11\n\tnamespace\x18\x02 \x01(\t\x12\r\n\x05phase\x18\x03 \x01(\t\x12\x0e\n\x06leader\x18\x04 \x01(\t\x12\x15\n\rcurrent_epoch\x18\x05 \x01(\x05\x12\x12\n\nnum_epochs\x18\x06 \x01(\x05\x12\x31\n\x06\x63ounts\x18\x07 \x01(\x0b\x32!.paddlecloud.master.v1.TaskCounts\x12\x11\n\tnum_tasks\x18\x08 \x01(\x03\x12\x16\n\x0etrainers_alive\x18\t \x01(\x05\x12\x19\n\x11pserver_endpoints\x18\n \x03(\t\x12\x13\n\x0bhas_dataset\x18\x0b \x01(\x08\x12\x10\n\x08requeued\x18\x0c \x01(\x03\x12\x14\n\x0cmin_trainers\x18\r \x01(\x05\x12\x14\n\x0cmax_trainers\x18\x0e \x01(\x05\x12\x18\n\x10\x64\x65sired_trainers\x18\x0f \x01(\x05\"\xcb\x01\n\x08TaskInfo\x12\n\n\x02id\x18\x01 \x01(\x03\x12/\n\x05state\x18\x02 \x01(\x0e\x32 .paddlecloud.master.v1.TaskState\x12\r\n\x05\x65poch\x18\x03 \x01(\x05\x12\x0e\n\x06holder\x18\x04 \x01(\t\x12\x12\n\nsession_id\x18\x05 \x01(\x03\x12\x0f\n\x07\x61ttempt\x18\x06 \x01(\x03\x12\x10\n\x08\x66\x61ilures\x18\x07 \x01(\x05\x12,\n\x06\x63hunks\x18\x08 \x03(\x0b\x32\x1c.paddlecloud.master.v1.Chunk\"\x88\x01\n\x10ListTasksRequest\x12/\n\x05state\x18\x01 \x01(\x0e\x32 .paddlecloud.master.v1.TaskState\x12\x12\n\x05\x65poch\x18\x02 \x01(\x05H\x00\x88\x01\x01\x12\x11\n\tpage_size\x18\x03 \x01(\x05\x12\x12\n\npage_token\x18\x04 \x01(\tB\x08\n\x06_epoch\"\\\n\x11ListTasksResponse\x12.\n\x05tasks\x18\x01 \x03(\x0b\x32\x1f.paddlecloud.master.v1.TaskInfo\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"}\n\x0bTrainerInfo\x12\x12\n\ntrainer_id\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\x03\x12\x12\n\ntasks_held\x18\x03 \x03(\x03\x12\x32\n\x0fsince_last_call\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\"<\n\x13ListTrainersRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\"e\n\x14ListTrainersResponse\x12\x34\n\x08trainers\x18\x01 \x03(\x0b\x32\".paddlecloud.master.v1.TrainerInfo\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"W\n\x17RequestSaveModelRequest\x12\x12\n\nsession_id\x18\x01 \x01(\x03\x12(\n\x05\x62lock\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\"+\n\x18RequestSaveModelResponse\x12\x0f\n\x07granted\x18\x01 \x01(\x08\"(\n\x14ScaleTrainersRequest\x12\x10\n\x08trainers\x18\x01 \x01(\x05\"]\n\x15ScaleTrainersResponse\x12\x14\n\x0cmin_trainers\x18\x01 \x01(\x05\x12\x14\n\x0cmax_trainers\x18\x02 \x01(\x05\x12\x18\n\x10\x64\x65sired_trainers\x18\x03 \x01(\x05*F\n\x0cReportResult\x12\x1d\n\x19REPORT_RESULT_UNSPECIFIED\x10\x00\x12\x0c\n\x08\x41\x43\x43\x45PTED\x10\x01\x12\t\n\x05STALE\x10\x02*j\n\x07Outcome\x12\x17\n\x13OUTCOME_UNSPECIFIED\x10\x00\x12\x08\n\x04TASK\x10\x01\x12\x08\n\x04WAIT\x10\x02\x12\x0e\n\nEPOCH_DONE\x10\x03\x12\x0c\n\x08JOB_DONE\x10\x04\x12\x14\n\x10\x41LL_TASKS_FAILED\x10\x05*T\n\tTaskState\x12\x1a\n\x16TASK_STATE_UNSPECIFIED\x10\x00\x12\x08\n\x04TODO\x10\x01\x12\x0b\n\x07PENDING\x10\x02\x12\x08\n\x04\x44ONE\x10\x03\x12\n\n\x06\x46\x41ILED\x10\x04\x32\x89\x0b\n\x06Master\x12p\n\x0fRegisterTrainer\x12-.paddlecloud.master.v1.RegisterTrainerRequest\x1a..paddlecloud.master.v1.RegisterTrainerResponse\x12^\n\tKeepAlive\x12\'.paddlecloud.master.v1.KeepAliveRequest\x1a(.paddlecloud.master.v1.KeepAliveResponse\x12g\n\x0cLeaveTrainer\x12*.paddlecloud.master.v1.LeaveTrainerRequest\x1a+.paddlecloud.master.v1.LeaveTrainerResponse\x12Z\n\nReturnTask\x12!.paddlecloud.master.v1.TaskReport\x1a).paddlecloud.master.v1.TaskReportResponse\x12\x61\n\nSetDataset\x12(.paddlecloud.master.v1.SetDatasetRequest\x1a).paddlecloud.master.v1.SetDatasetResponse\x12X\n\x07GetTask\x12%.paddlecloud.master.v1.GetTaskRequest\x1a&.paddlecloud.master.v1.GetTaskResponse\x12\\\n\x0cTaskFinished\x12!.paddlecloud.master.v1.TaskReport\x1a).paddlecloud.master.v1.TaskReportResponse\x12Z\n\nTaskFailed\x12!.paddlecloud.master.v1.TaskReport\x1a).paddlecloud.master.v1.TaskReportResponse\x12g\n\x0cRestartEpoch\x12*.paddlecloud.master.v1.RestartEpochRequest\x1a+.paddlecloud.master.v1.RestartEpochResponse\x12^\n\tGetStatus\x12\'.paddlecloud.master.v1.GetStatusRequest\x1a(.paddlecloud.master.v1.GetStatusResponse\x12^\n\tListTasks\x12\'.paddlecloud.master.v1.ListTasksRequest\x1a(.paddlecloud.master.v1.ListTasksResponse\x12g\n\x0cListTrainers\x12*.paddlecloud.master.v1.ListTrainersRequest\x1a+.paddlecloud.master.v1.ListTrainersResponse\x12s\n\x10RequestSaveModel\x12..paddlecloud.master.v1.RequestSaveModelRequest\x1a/.paddlecloud.master.v1.RequestSaveModelResponse\x12j\n\rScaleTrainers\x12+.paddlecloud.master.v1.ScaleTrainersRequest\x1a,.paddlecloud.master.v1.ScaleTrainersResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'paddlecloud.master.v1.master_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_REPORTRESULT']._serialized_start=2996
-  _globals['_REPORTRESULT']._serialized_end=3066
-  _globals['_OUTCOME']._serialized_start=3068
-  _globals['_OUTCOME']._serialized_end=3174
-  _globals['_TASKSTATE']._serialized_start=3176
-  _globals['_TASKSTATE']._serialized_end=3260
+  _globals['_REPORTRESULT']._serialized_start=3064
+  _globals['_REPORTRESULT']._serialized_end=3134
+  _globals['_OUTCOME']._serialized_start=3136
+  _globals['_OUTCOME']._serialized_end=3242
+  _globals['_TASKSTATE']._serialized_start=3244
+  _globals['_TASKSTATE']._serialized_end=3328
   _globals['_DATASETSPEC']._serialized_start=94
   _globals['_DATASETSPEC']._serialized_end=226
   _globals['_CHUNK']._serialized_start=228
@@ -67,39 +67,39 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SETDATASETRESPONSE']._serialized_start=1046
   _globals['_SETDATASETRESPONSE']._serialized_end=1085
   _globals['_GETTASKREQUEST']._serialized_start=1087
-  _globals['_GETTASKREQUEST']._serialized_end=1188
-  _globals['_GETTASKRESPONSE']._serialized_start=1191
-  _globals['_GETTASKRESPONSE']._serialized_end=1434
-  _globals['_RESTARTEPOCHREQUEST']._serialized_start=1436
-  _globals['_RESTARTEPOCHREQUEST']._serialized_end=1492
-  _globals['_RESTARTEPOCHRESPONSE']._serialized_start=1494
-  _globals['_RESTARTEPOCHRESPONSE']._serialized_end=1539
-  _globals['_GETSTATUSREQUEST']._serialized_start=1541
-  _globals['_GETSTATUSREQUEST']._serialized_end=1559
-  _globals['_TASKCOUNTS']._serialized_start=1561
-  _globals['_TASKCOUNTS']._serialized_end=1634
-  _globals['_GETSTATUSRESPONSE']._serialized_start=1637
-  _globals['_GETSTATUSRESPONSE']._serialized_end=1992
-  _globals['_TASKINFO']._serialized_start=1995
-  _globals['_TASKINFO']._serialized_end=2198
-  _globals['_LISTTASKSREQUEST']._serialized_start=2201
-  _globals['_LISTTASKSREQUEST']._serialized_end=2337
-  _globals['_LISTTASKSRESPONSE']._serialized_start=2339
-  _globals['_LISTTASKSRESPONSE']._serialized_end=2431
-  _globals['_TRAINERINFO']._serialized_start=2433
-  _globals['_TRAINERINFO']._serialized_end=2558
-  _globals['_LISTTRAINERSREQUEST']._serialized_start=2560
-  _globals['_LISTTRAINERSREQUEST']._serialized_end=2620
-  _globals['_LISTTRAINERSRESPONSE']._serialized_start=2622
-  _globals['_LISTTRAINERSRESPONSE']._serialized_end=2723
-  _globals['_REQUESTSAVEMODELREQUEST']._serialized_start=2725
-  _globals['_REQUESTSAVEMODELREQUEST']._serialized_end=2812
-  _globals['_REQUESTSAVEMODELRESPONSE']._serialized_start=2814
-  _globals['_REQUESTSAVEMODELRESPONSE']._serialized_end=2857
-  _globals['_SCALETRAINERSREQUEST']._serialized_start=2859
-  _globals['_SCALETRAINERSREQUEST']._serialized_end=2899
-  _globals['_SCALETRAINERSRESPONSE']._serialized_start=2901
-  _globals['_SCALETRAINERSRESPONSE']._serialized_end=2994
-  _globals['_MASTER']._serialized_start=3263
-  _globals['_MASTER']._serialized_end=4680
+  _globals['_GETTASKREQUEST']._serialized_end=1207
+  _globals['_GETTASKRESPONSE']._serialized_start=1210
+  _globals['_GETTASKRESPONSE']._serialized_end=1502
+  _globals['_RESTARTEPOCHREQUEST']._serialized_start=1504
+  _globals['_RESTARTEPOCHREQUEST']._serialized_end=1560
+  _globals['_RESTARTEPOCHRESPONSE']._serialized_start=1562
+  _globals['_RESTARTEPOCHRESPONSE']._serialized_end=1607
+  _globals['_GETSTATUSREQUEST']._serialized_start=1609
+  _globals['_GETSTATUSREQUEST']._serialized_end=1627
+  _globals['_TASKCOUNTS']._serialized_start=1629
+  _globals['_TASKCOUNTS']._serialized_end=1702
+  _globals['_GETSTATUSRESPONSE']._serialized_start=1705
+  _globals['_GETSTATUSRESPONSE']._serialized_end=2060
+  _globals['_TASKINFO']._serialized_start=2063
+  _globals['_TASKINFO']._serialized_end=2266
+  _globals['_LISTTASKSREQUEST']._serialized_start=2269
+  _globals['_LISTTASKSREQUEST']._serialized_end=2405
+  _globals['_LISTTASKSRESPONSE']._serialized_start=2407
+  _globals['_LISTTASKSRESPONSE']._serialized_end=2499
+  _globals['_TRAINERINFO']._serialized_start=2501
+  _globals['_TRAINERINFO']._serialized_end=2626
+  _globals['_LISTTRAINERSREQUEST']._serialized_start=2628
+  _globals['_LISTTRAINERSREQUEST']._serialized_end=2688
+  _globals['_LISTTRAINERSRESPONSE']._serialized_start=2690
+  _globals['_LISTTRAINERSRESPONSE']._serialized_end=2791
+  _globals['_REQUESTSAVEMODELREQUEST']._serialized_start=2793
+  _globals['_REQUESTSAVEMODELREQUEST']._serialized_end=2880
+  _globals['_REQUESTSAVEMODELRESPONSE']._serialized_start=2882
+  _globals['_REQUESTSAVEMODELRESPONSE']._serialized_end=2925
+  _globals['_SCALETRAINERSREQUEST']._serialized_start=2927
+  _globals['_SCALETRAINERSREQUEST']._serialized_end=2967
+  _globals['_SCALETRAINERSRESPONSE']._serialized_start=2969
+  _globals['_SCALETRAINERSRESPONSE']._serialized_end=3062
+  _globals['_MASTER']._serialized_start=3331
+  _globals['_MASTER']._serialized_end=4748
 # @@protoc_insertion_point(module_scope)

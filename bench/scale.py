@@ -1,0 +1,840 @@
+"""Scale benchmark of one master: N trainers (up to 10,000) in K client processes, the no-op
+ceiling and a baseline tree side by side in one run, then the failover, expiry and
+big-dataset scenarios, audited from etcd's history.
+
+    python bench/scale.py --quick                       # < 1 minute on 2 cores: a smoke test
+    python bench/scale.py --clients 12 --baseline TREE  # the table of issue 17 (16 cores)
+
+What runs, each in its own process:
+  * etcd (`paddlecloud.etcd_server.EtcdServer`, fsync on, data dir on a real disk);
+  * `paddlecloud master`, default flags plus the dataset (`--chunk-bytes 1`: one byte of a
+    sparse file is one task) and `--metrics-port`;
+  * the no-op gRPC server of bench/dispatch.py (`--role noop`): the ceiling of the machine
+    for the same client loop;
+  * optionally the master of another source tree (`--baseline TREE`, e.g. a `git worktree`
+    of the commit before a change), same etcd, same client;
+  * K client processes (`--role client`), each with its share of the N trainers, one gRPC
+    channel (TCP connection) per trainer. A trainer registers, then loops GetTask with the
+    previous task's ack piggybacked; on WAIT it sleeps retry_after x U(0.5, 1.5); on a
+    transient code (UNAVAILABLE, DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED, CANCELLED) it retries
+    after a full-jitter exponential backoff (0.05 s doubling, capped at 2 s), as
+    trainer_agent does; a KeepAlive runs beside it: `skip` (today's trainer_agent: only when
+    no call was answered for ttl/3), `always` (the old agent: every ttl/3), or none (no-op).
+
+Rows (the steady state, N = --ns): finished tasks/s (ACCEPTED acks in the window), latency
+of a GetTask that got a task (from its first attempt, retries included), calls shed,
+other transient codes, errors a trainer could not retry, re-registrations; per trainer per
+second: master RPCs, KeepAlives, etcd requests (etcd's own gRPC message counter: the
+master's Txns, Ranges and lease keep-alive messages); fairness (tasks per trainer in the
+window: the least served trainer and how many got none); master and etcd CPU.
+
+Scenarios: failover (SIGKILL of the leader at 25% of a job, default flags: time to the
+standby serving, to every trainer served again, re-registrations, lost/double-counted
+from etcd's history); expiry (a client process holding V sessions SIGKILLed: the
+survivors' throughput while the leases lapse, and when their tasks are back); big datasets
+(a fresh 10M-task job: start-up and RSS; the state machine's epoch turnover; a master
+rebuilding a 1M-task epoch with 900k done marks).
+
+Speed goals live here, never in tests. Figures on a shared machine move +-25% between runs:
+compare within one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import math
+import os
+import platform
+import random
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # run as `python bench/scale.py` from a checkout
+    sys.path.insert(0, str(ROOT))
+
+from common import (  # noqa: E402  (after the sys.path line above)
+    Master,
+    cpu_seconds,
+    free_port,
+    machine_lines,
+    percentile,
+    refuse_tmpfs,
+    rss_mb,
+    scrape,
+    sparse_file,
+    start_etcd,
+    table,
+)
+
+DISPATCH = Path(__file__).resolve().parent / "dispatch.py"
+TRANSIENT = ("UNAVAILABLE", "DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED", "CANCELLED")
+GOALS = {"ratio_64": 2.0, "ceiling_share": 0.6, "expiry_cost": 0.20, "failover_over_ttl_s": 2.0,
+         "start_s": 5.0, "rss_mb": 500.0, "turnover_s": 1.0}
+
+
+# ---- the client: its share of the trainers (its own process) -----------------------------
+
+
+def run_client(config: dict) -> None:
+    print(json.dumps(asyncio.run(_client(config))), flush=True)
+
+
+async def _client(config: dict) -> dict:  # noqa: C901  (one loop, kept in one place to read)
+    import grpc
+
+    from paddlecloud.api import pb, pb_grpc
+    from paddlecloud.wire import seconds
+
+    n, targets, first = config["n"], config["targets"], config["first"]
+    options = [("grpc.use_local_subchannel_pool", 1)]  # one TCP connection per trainer
+    channels = [[grpc.aio.insecure_channel(t, options=options) for t in targets] for _ in range(n)]
+    stubs = [[pb_grpc.MasterStub(c) for c in pair] for pair in channels]
+    transient: Counter = Counter()
+    errors: Counter = Counter()
+    counts: Counter = Counter()
+    reregistered = 0
+    latencies: list[float] = []
+    per_trainer = [0] * n
+    buckets: Counter = Counter()          # whole wall-clock second -> ACCEPTED acks
+    last_ok = [0.0] * n
+    where = [0] * n
+    resumed: dict[int, float] = {}        # trainer -> first answer after the mark
+    mark: list[float] = []
+    keepalives = [0]
+    gate = asyncio.Semaphore(64)
+    loop = asyncio.get_running_loop()
+
+    from trainer_agent.client import retry_delay
+
+    async def backoff(attempt: int, error: BaseException | None = None) -> None:
+        """As trainer_agent: a shedding master's RetryInfo (jittered), else full-jitter backoff."""
+        await asyncio.sleep(retry_delay(error) or random.uniform(0, min(2.0, 0.05 * 2 ** min(attempt, 6))))
+
+    async def register(i: int) -> tuple[int, int, float]:
+        attempt = 0
+        while True:
+            try:
+                async with gate:
+                    reply = await stubs[i][where[i]].RegisterTrainer(
+                        pb.RegisterTrainerRequest(trainer_id=f"{config['prefix']}{first + i}"), timeout=30)
+                last_ok[i] = time.time()
+                return reply.session_id, reply.current_epoch, seconds(reply.ttl) or 10.0
+            except grpc.aio.AioRpcError as e:
+                transient[f"RegisterTrainer:{e.code().name}"] += 1
+                if len(targets) > 1:
+                    where[i] ^= 1
+                attempt += 1
+                await backoff(attempt, e)
+
+    started = time.perf_counter()
+    registered = await asyncio.gather(*(register(i) for i in range(n)))
+    register_s = time.perf_counter() - started
+    sessions = [r[0] for r in registered]
+    epochs = [r[1] for r in registered]
+    ttl = registered[0][2] if registered else 10.0
+    print(json.dumps({"registered": n, "register_s": register_s}), flush=True)
+    go = json.loads(await loop.run_in_executor(None, sys.stdin.readline))
+    w0 = go["t0"] + config["warmup"]
+    w1 = w0 + config["duration"]
+    stop = go.get("stop", w1)
+
+    async def listen() -> None:  # later lines: {"mark": wall time} (a kill happened)
+        while line := await loop.run_in_executor(None, sys.stdin.readline):
+            mark.append(json.loads(line)["mark"])
+
+    async def keepalive(i: int) -> None:
+        mode = config["keepalive"]
+        period = ttl / 3
+        while True:
+            now = time.time()
+            due = (last_ok[i] if mode == "skip" else now) + period
+            await asyncio.sleep(max(0.0, due - now))
+            if time.time() >= stop:
+                return
+            if mode == "skip" and time.time() - last_ok[i] < period:
+                continue
+            with contextlib.suppress(grpc.aio.AioRpcError):
+                await stubs[i][where[i]].KeepAlive(pb.KeepAliveRequest(session_id=sessions[i]), timeout=30)
+                last_ok[i] = time.time()
+                if w0 <= time.time() <= w1:
+                    keepalives[0] += 1
+
+    async def trainer(i: int) -> None:
+        nonlocal reregistered
+        previous: list = []
+        asked = 0.0
+        attempt = 0
+        while True:
+            now = time.time()
+            if now >= stop:
+                return
+            asked = asked or now
+            request = pb.GetTaskRequest(session_id=sessions[i], epoch=epochs[i], finished=previous,
+                                        max_tasks=config["max_tasks"])
+            try:
+                reply = await stubs[i][where[i]].GetTask(request, timeout=30)
+            except grpc.aio.AioRpcError as e:
+                code = e.code().name
+                if code == "NOT_FOUND":  # the session expired: register again
+                    reregistered += 1
+                    sessions[i], epochs[i], _ = await register(i)
+                    previous, asked = [], 0.0
+                    continue
+                if code in TRANSIENT:
+                    if w0 <= now <= w1 or mark:
+                        transient[code] += 1
+                    if code == "UNAVAILABLE" and len(targets) > 1:
+                        where[i] ^= 1
+                else:
+                    errors[code] += 1
+                attempt += 1
+                await backoff(attempt, e)
+                continue
+            attempt = 0
+            now = time.time()
+            last_ok[i] = now
+            if mark and i not in resumed and now > mark[-1]:
+                resumed[i] = now
+            measured = w0 <= now <= w1
+            for result in reply.finished_results:
+                accepted = result == pb.ACCEPTED
+                if accepted:
+                    buckets[int(now)] += 1
+                if measured:
+                    counts["accepted" if accepted else "stale"] += 1
+                    per_trainer[i] += accepted
+            if measured:
+                counts["calls"] += 1
+            previous = []
+            outcome = reply.outcome
+            if outcome == pb.TASK:
+                previous = [pb.TaskRef(task_id=t.id, epoch=t.epoch, attempt=t.attempt)
+                            for t in (reply.task, *reply.more_tasks)]
+                if measured:
+                    counts["task"] += len(previous)
+                    latencies.append(now - asked)
+                asked = 0.0
+            elif outcome == pb.WAIT:
+                counts["wait"] += measured
+                asked = 0.0
+                await asyncio.sleep(seconds(reply.retry_after) * random.uniform(0.5, 1.5))
+            elif outcome == pb.EPOCH_DONE:
+                epochs[i] = reply.current_epoch
+                asked = 0.0
+            else:
+                counts["job_done"] += 1
+                return
+
+    listener = loop.create_task(listen())
+    workers = [loop.create_task(trainer(i)) for i in range(n)]
+    beats = [loop.create_task(keepalive(i)) for i in range(n)] if config["keepalive"] != "none" else []
+    await asyncio.wait(workers)
+    for task in beats + [listener]:
+        task.cancel()
+    for task in workers:
+        if task.exception() is not None:
+            errors[f"trainer:{type(task.exception()).__name__}"] += 1
+    for pair in channels:
+        for channel in pair:
+            await channel.close()
+    return {"n": n, "counts": dict(counts), "transient": dict(transient), "errors": dict(errors),
+            "reregistered": reregistered, "latencies": latencies, "per_trainer": per_trainer,
+            "keepalives": keepalives[0], "buckets": {str(k): v for k, v in buckets.items()},
+            "resumed": list(resumed.values()), "register_s": register_s}
+
+
+# ---- the orchestrator --------------------------------------------------------------------
+
+
+class Clients:
+    """K client processes sharing N trainers; started, registered, then released together."""
+
+    def __init__(self, *, targets: list[str], n: int, k: int, prefix: str, keepalive: str,
+                 warmup: float, duration: float, stop: float | None = None, max_tasks: int = 1) -> None:
+        k = max(1, min(k, n))
+        shares = [n // k + (1 if i < n % k else 0) for i in range(k)]
+        self.processes: list[subprocess.Popen] = []
+        first = 0
+        for share in shares:
+            config = {"targets": targets, "n": share, "first": first, "prefix": prefix,
+                      "keepalive": keepalive, "warmup": warmup, "duration": duration, "max_tasks": max_tasks}
+            first += share
+            self.processes.append(subprocess.Popen(
+                [sys.executable, __file__, "--role", "client", "--config", json.dumps(config)],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True))
+        self.stop = stop
+        self.register_s = 0.0
+
+    def go(self, timeout: float = 600) -> float:
+        """Waits until every trainer registered; starts them all; returns the wall start time."""
+        deadline = time.time() + timeout
+        for p in self.processes:
+            line = p.stdout.readline()
+            if not line:
+                raise RuntimeError(f"a client process exited with {p.wait()} before registering")
+            self.register_s = max(self.register_s, json.loads(line)["register_s"])
+            if time.time() > deadline:
+                raise RuntimeError("registration took too long")
+        t0 = time.time() + 0.2
+        message = {"t0": t0, **({"stop": t0 + self.stop} if self.stop is not None else {})}
+        for p in self.processes:
+            p.stdin.write(json.dumps(message) + "\n")
+            p.stdin.flush()
+        return t0
+
+    def mark(self, when: float) -> None:
+        for p in self.processes:
+            with contextlib.suppress(OSError, ValueError):
+                p.stdin.write(json.dumps({"mark": when}) + "\n")
+                p.stdin.flush()
+
+    def results(self, timeout: float = 900) -> list[dict]:
+        found = []
+        for p in self.processes:
+            out, _ = p.communicate(timeout=timeout)
+            lines = [x for x in out.strip().splitlines() if x.startswith("{")]
+            if p.returncode != 0 or not lines:
+                raise RuntimeError(f"a client process failed ({p.returncode})")
+            found.append(json.loads(lines[-1]))
+        return found
+
+    def kill(self) -> None:
+        for p in self.processes:
+            if p.poll() is None:
+                p.kill()
+                p.wait(timeout=30)
+
+
+def merge(parts: list[dict]) -> dict:
+    merged: dict = {"n": 0, "counts": Counter(), "transient": Counter(), "errors": Counter(),
+                    "reregistered": 0, "latencies": [], "per_trainer": [], "keepalives": 0,
+                    "buckets": Counter(), "resumed": []}
+    for p in parts:
+        merged["n"] += p["n"]
+        for key in ("counts", "transient", "errors", "buckets"):
+            merged[key].update(p[key])
+        for key in ("reregistered", "keepalives"):
+            merged[key] += p[key]
+        for key in ("latencies", "per_trainer", "resumed"):
+            merged[key].extend(p[key])
+    merged["latencies"].sort()
+    return merged
+
+
+class Bench:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.work = Path(tempfile.mkdtemp(prefix="paddlecloud-scale-", dir=args.dir))
+        self.etcd = None
+        self.noop: subprocess.Popen | None = None
+        self.noop_address = ""
+        self.masters: list[Master] = []
+        self.tag = f"{os.getpid()}"
+
+    def start(self) -> None:
+        refuse_tmpfs(str(self.work), self.args.allow_tmpfs)
+        self.etcd = start_etcd(self.work / "etcd")
+
+    def start_noop(self, path: str) -> None:
+        port = free_port()
+        config = {"port": port, "path": path, "task_id": 12345, "attempt": 123456}
+        self.noop = subprocess.Popen([sys.executable, str(DISPATCH), "--role", "noop", "--config",
+                                      json.dumps(config)], stdout=subprocess.PIPE, text=True)
+        if self.noop.stdout.readline().strip() != "ready":
+            raise RuntimeError("the no-op server did not start")
+        self.noop_address = f"127.0.0.1:{port}"
+
+    def master(self, job: str, data: Path, epochs: int, *flags: str, name: str = "m",
+               tree: Path = ROOT) -> tuple[Master, str]:
+        metrics_port = free_port()
+        m = Master(job=job, etcd=self.etcd.endpoint, log_dir=self.work, name=name, tree=tree,
+                   args=["--input", str(data), "--chunk-bytes", "1", "--epochs", str(epochs),
+                         "--metrics-port", str(metrics_port), *flags]).start()
+        self.masters.append(m)
+        return m, f"http://127.0.0.1:{metrics_port}/metrics"
+
+    def close(self) -> None:
+        for m in self.masters:
+            with contextlib.suppress(Exception):
+                m.stop()
+        if self.noop is not None and self.noop.poll() is None:
+            self.noop.terminate()
+            with contextlib.suppress(Exception):
+                self.noop.wait(timeout=10)
+        if self.etcd is not None:
+            self.etcd.stop()
+        if not self.args.keep:
+            shutil.rmtree(self.work, ignore_errors=True)
+
+
+def etcd_requests(bench: Bench) -> float:
+    """Messages etcd's gRPC server received so far (every Txn, Range, lease keep-alive...)."""
+    found = scrape(f"{bench.etcd.endpoint}/metrics")
+    return sum(v for k, v in found.items() if k.startswith("grpc_server_msg_received_total"))
+
+
+def measure(bench: Bench, *, targets: list[str], n: int, prefix: str, keepalive: str,
+            pids: dict[str, int], metrics: str | None, max_tasks: int = 1) -> dict:
+    """One steady-state run: K clients against `targets`, figures of the window."""
+    args = bench.args
+    clients = Clients(targets=targets, n=n, k=args.clients, prefix=prefix, keepalive=keepalive,
+                      warmup=args.warmup, duration=args.duration, max_tasks=max_tasks)
+    try:
+        t0 = clients.go()
+        time.sleep(max(0.0, t0 + args.warmup - time.time()))
+
+        def sample() -> dict:
+            return {"t": time.time(), "cpu": {k: cpu_seconds(p) for k, p in pids.items()},
+                    "m": scrape(metrics) if metrics else {}, "etcd": etcd_requests(bench)}
+        first = sample()
+        time.sleep(max(0.0, t0 + args.warmup + args.duration - time.time()))
+        last = sample()
+        parts = clients.results()
+    finally:
+        clients.kill()
+    r = merge(parts)
+    window = last["t"] - first["t"]
+
+    def delta(name: str) -> float:
+        return last["m"].get(name, 0.0) - first["m"].get(name, 0.0)
+
+    rpcs = sum(last["m"].get(k, 0.0) - first["m"].get(k, 0.0) for k in last["m"]
+               if k.startswith("paddlecloud_master_rpc_seconds_count"))
+    shed = sum(last["m"].get(k, 0.0) - first["m"].get(k, 0.0) for k in last["m"]
+               if k.startswith("paddlecloud_master_shed_calls_total"))
+    served = sorted(r["per_trainer"])
+    return {
+        "n": n, "clients": len(parts), "window_s": window, "register_s": clients.register_s,
+        "rate": r["counts"]["accepted"] / window, "calls_per_s": r["counts"]["calls"] / window,
+        "p50_ms": percentile(r["latencies"], 0.50) * 1e3, "p99_ms": percentile(r["latencies"], 0.99) * 1e3,
+        "max_ms": r["latencies"][-1] * 1e3 if r["latencies"] else float("nan"),
+        "counts": dict(r["counts"]), "transient": dict(r["transient"]), "errors": dict(r["errors"]),
+        "reregistered": r["reregistered"], "keepalive_per_trainer_s": r["keepalives"] / window / n,
+        "rpc_per_trainer_s": rpcs / window / n if metrics else float("nan"),
+        "keepalive_rpc_per_trainer_s":
+            delta('paddlecloud_master_rpc_seconds_count{method="KeepAlive"}') / window / n,
+        "etcd_per_trainer_s": (last["etcd"] - first["etcd"]) / window / n,
+        "lease_refresh_per_trainer_s": delta("paddlecloud_master_lease_refreshes_total") / window / n,
+        "shed_per_s": shed / window,
+        "cpu": {k: (last["cpu"][k] - first["cpu"][k]) / window for k in pids},
+        "served_min": served[0] if served else 0, "served_median": served[len(served) // 2] if served else 0,
+        "starved": sum(1 for s in served if s == 0),
+    }
+
+
+def median_run(runs: list[dict]) -> dict:
+    """Of repeated runs, the one with the median rate (its other figures stay consistent)."""
+    ordered = sorted(runs, key=lambda r: r["rate"] or r["calls_per_s"])
+    chosen = dict(ordered[(len(ordered) - 1) // 2])
+    chosen["all_rates"] = [r["rate"] or r["calls_per_s"] for r in runs]
+    return chosen
+
+
+def steady_rows(bench: Bench, data: Path, say) -> list[dict]:
+    args = bench.args
+    rows = []
+    for n in args.ns:
+        runs: dict[str, list[dict]] = {"master": [], "noop": [], "base": []}
+        for rep in range(args.repeat):  # interleaved: a noisy neighbour hits all three alike
+            job = f"scale-{bench.tag}-n{n}-{rep}"
+            master, metrics = bench.master(job, data, args.epochs)
+            master.wait_serving()
+            runs["master"].append(measure(
+                bench, targets=[master.address], n=n, prefix=f"t{n}-", keepalive="skip",
+                pids={"master": master.pid, "etcd": bench.etcd.process.pid}, metrics=metrics,
+                max_tasks=args.max_tasks))
+            master.stop()
+            runs["noop"].append(measure(bench, targets=[bench.noop_address], n=n, prefix="noop-",
+                                        keepalive="none", pids={"master": bench.noop.pid}, metrics=None))
+            if args.baseline:
+                base, metrics = bench.master(f"{job}-base", data, args.epochs, tree=Path(args.baseline).resolve())
+                base.wait_serving()
+                runs["base"].append(measure(
+                    bench, targets=[base.address], n=n, prefix=f"b{n}-", keepalive="always",
+                    pids={"master": base.pid, "etcd": bench.etcd.process.pid}, metrics=metrics))
+                base.stop()
+        row = {k: median_run(v) for k, v in runs.items() if v}
+        rows.append(row)
+        m = row["master"]
+        print(f"  N={n}: {m['rate']:,.0f} tasks/s, p99 {m['p99_ms']:.0f} ms, no-op "
+              f"{row['noop']['calls_per_s']:,.0f} calls/s"
+              + (f", baseline {row['base']['rate']:,.0f} tasks/s" if "base" in row else ""),
+              file=sys.stderr, flush=True)
+    cols = ["N", "K", "tasks/s", "p50/p99 ms", "no-op calls/s", "master/no-op", "shed/s", "other transient",
+            "errors", "re-reg", "RPC/tr/s", "KeepAlive/tr/s", "etcd req/tr/s", "least served", "starved",
+            "CPU master+etcd"]
+    if args.baseline:
+        cols += ["baseline tasks/s", "baseline p99", "baseline transient", "baseline KA/tr/s", "new/baseline"]
+    body = []
+    for row in rows:
+        m, z = row["master"], row["noop"]
+        other = {k: v for k, v in m["transient"].items() if "RESOURCE_EXHAUSTED" not in k}
+        line = [str(m["n"]), str(m["clients"]), f"{m['rate']:,.0f}", f"{m['p50_ms']:.0f}/{m['p99_ms']:.0f}",
+                f"{z['calls_per_s']:,.0f}", f"{m['rate'] / z['calls_per_s']:.0%}" if z["calls_per_s"] else "-",
+                f"{m['shed_per_s']:,.0f}", str(sum(other.values())), str(sum(m["errors"].values())),
+                str(m["reregistered"]), f"{m['rpc_per_trainer_s']:.2f}",
+                f"{m['keepalive_rpc_per_trainer_s']:.3f}", f"{m['etcd_per_trainer_s']:.2f}",
+                str(m["served_min"]), str(m["starved"]),
+                f"{m['cpu'].get('master', 0):.0%}+{m['cpu'].get('etcd', 0):.0%}"]
+        if "base" in row:
+            b = row["base"]
+            line += [f"{b['rate']:,.0f}", f"{b['p99_ms']:.0f}", str(sum(b["transient"].values())),
+                     f"{b['keepalive_rpc_per_trainer_s']:.3f}", f"{m['rate'] / b['rate']:.2f}x" if b["rate"] else "-"]
+        body.append(line)
+    for line in table(cols, body):
+        say(line)
+    say("  tasks/s: ACCEPTED acks per second; p50/p99: a GetTask that got a task, from its first attempt "
+        "(retries after shedding included); shed/s: calls the master answered RESOURCE_EXHAUSTED; other "
+        "transient: CANCELLED/UNAVAILABLE/DEADLINE_EXCEEDED the client retried; errors: codes no client "
+        "retries; re-reg: sessions registered again; RPC/tr/s, KeepAlive/tr/s: the master's RPCs per "
+        "trainer per second (its metrics); etcd req/tr/s: messages etcd's gRPC server received; least "
+        "served: tasks of the least served trainer in the window; starved: trainers with none.")
+    for row in rows:
+        for who, r in row.items():
+            if r.get("errors") or r.get("transient"):
+                say(f"  N={r['n']} {who}: transient {r['transient']} errors {r['errors']}")
+    return rows
+
+
+# ---- scenarios ---------------------------------------------------------------------------
+
+
+async def _revision(endpoint: str) -> int:
+    from paddlecloud import etcd
+    client = await etcd.connect(endpoint)
+    try:
+        return (await client.put(b"/paddlecloud-bench/revision-probe", b"")).header.revision
+    finally:
+        await client.close()
+
+
+def audit(bench: Bench, job: str, *, start_revision: int, tasks: int, epochs: int) -> dict:
+    from paddlecloud.history import audit_done_marks, mark_history
+    from paddlecloud.keys import JobKeys
+
+    marks = asyncio.run(mark_history(bench.etcd.endpoint, JobKeys("local", job), "done",
+                                     start_revision=start_revision))
+    result = audit_done_marks(marks, epochs=epochs, tasks=tasks)
+    return {"double": len(result.double_counted), "lost": result.lost_count, "events": len(marks)}
+
+
+def status(address: str):
+    import grpc
+
+    from paddlecloud.api import pb, pb_grpc
+    with grpc.insecure_channel(address) as channel:
+        return pb_grpc.MasterStub(channel).GetStatus(pb.GetStatusRequest(), timeout=5)
+
+
+def failover(bench: Bench, say) -> dict:
+    """Two masters with default flags; the leader SIGKILLed at 25% of a one-epoch job."""
+    args = bench.args
+    n, tasks = args.failover_n, args.failover_tasks
+    job = f"failover-{bench.tag}"
+    data = sparse_file(bench.work / f"{job}.dat", tasks)
+    start_revision = asyncio.run(_revision(bench.etcd.endpoint)) + 1
+    flags = args.failover_flags.split()
+    a, _ = bench.master(job, data, 1, *flags, name="a")
+    a.wait_serving()
+    b, _ = bench.master(job, data, 1, *flags, name="b")
+    masters = [a, b]
+    clients = Clients(targets=[a.address, b.address], n=n, k=args.clients, prefix="f-", keepalive="skip",
+                      warmup=0.0, duration=3600.0)
+    killed = serving_at = None
+    try:
+        clients.go()
+        while status(a.address).counts.done < tasks // 4:
+            time.sleep(0.05)
+        killed = time.time()
+        a.kill()
+        clients.mark(killed)
+        deadline = killed + 120
+        while time.time() < deadline and not b.serving(timeout=0.5):
+            time.sleep(0.05)
+        serving_at = time.time()
+        parts = clients.results(timeout=900)
+    finally:
+        clients.kill()
+        for m in masters:
+            m.stop()
+    r = merge(parts)
+    checked = audit(bench, job, start_revision=start_revision, tasks=tasks, epochs=1)
+    resumed = sorted(t - killed for t in r["resumed"])
+    result = {"n": n, "tasks": tasks, "serving_s": serving_at - killed,
+              "all_served_s": resumed[-1] if len(resumed) == n else None, "served_again": len(resumed),
+              "first_served_s": resumed[0] if resumed else None,
+              "reregistered": r["reregistered"], "transient": dict(r["transient"]),
+              "errors": dict(r["errors"]), **checked}
+    say(f"Failover: {n} trainers, {tasks:,} tasks, flags {args.failover_flags or '(defaults: election TTL 10 s, session TTL 30 s)'}, "
+        f"leader SIGKILLed at 25%:")
+    say(f"  standby SERVING {result['serving_s']:.2f} s after the kill; trainers served again "
+        f"{len(resumed)}/{n}, the last {result['all_served_s'] or float('nan'):.2f} s after the kill "
+        f"(goal: election TTL + {GOALS['failover_over_ttl_s']:g} s); re-registrations {r['reregistered']}; "
+        f"lost {checked['lost']}, double-counted {checked['double']} (etcd history, "
+        f"{checked['events']:,} done-mark events); errors {dict(r['errors'])}")
+    return result
+
+
+def expiry(bench: Bench, say) -> dict:
+    """N trainers, V of them in one client process that is SIGKILLed: the survivors' throughput
+    while V leases lapse together, and when the victims' tasks are back."""
+    args = bench.args
+    n, v = args.expiry_n, args.expiry_victims
+    job = f"expiry-{bench.tag}"
+    data = sparse_file(bench.work / f"{job}.dat", args.chunks)
+    flags = ("--session-ttl", f"{args.expiry_ttl:g}s") if args.expiry_ttl else ()
+    ttl = args.expiry_ttl or 30.0
+    master, metrics = bench.master(job, data, args.epochs, *flags)
+    master.wait_serving()
+    before = max(2.0, args.duration)
+    run_s = args.warmup + before + ttl + 6.0
+    survivors = Clients(targets=[master.address], n=n - v, k=args.clients, prefix="s-", keepalive="skip",
+                        warmup=args.warmup, duration=run_s - args.warmup, stop=run_s)
+    victim = Clients(targets=[master.address], n=v, k=1, prefix="v-", keepalive="skip",
+                     warmup=args.warmup, duration=run_s - args.warmup, stop=run_s)
+    requeued = 'paddlecloud_master_requeues_total{cause="expiry"}'
+    try:
+        t0 = survivors.go()
+        victim.go()
+        killed = t0 + args.warmup + before
+        time.sleep(max(0.0, killed - time.time()))
+        killed = time.time()
+        victim.kill()
+        last_value, first_at, back_at = scrape(metrics).get(requeued, 0.0), None, None
+        while time.time() < t0 + run_s:
+            value = scrape(metrics).get(requeued, 0.0)
+            if value != last_value:
+                last_value, back_at = value, time.time()
+                first_at = first_at or back_at
+            time.sleep(0.05)
+        parts = survivors.results()
+    finally:
+        survivors.kill()
+        victim.kill()
+        master.stop()
+    r = merge(parts)
+    buckets = {int(k): x for k, x in r["buckets"].items()}
+    base = [buckets.get(s, 0) for s in range(int(killed - before), int(killed))]
+    # whole seconds from 1 s before the first expiry re-queue to 2 s after the last: the lapse
+    start, end = (first_at - 1, back_at + 2) if first_at and back_at else (killed + ttl - 1, killed + ttl + 3)
+    lapse = [buckets.get(s, 0) for s in range(math.ceil(start), math.floor(end))]
+    base_rate = sum(base) / len(base) if base else 0.0
+    worst = min(lapse) if lapse else 0
+    mean = sum(lapse) / len(lapse) if lapse else 0.0
+    result = {"n": n, "victims": v, "ttl_s": ttl, "before_per_s": base_rate, "worst_second": worst,
+              "mean_during": mean, "cost": 1 - mean / base_rate if base_rate else float("nan"),
+              "worst_cost": 1 - worst / base_rate if base_rate else float("nan"),
+              "requeued": last_value, "back_s": (back_at - killed) if back_at else None,
+              "errors": dict(r["errors"]), "transient": dict(r["transient"])}
+    say(f"Expiry: {v} of {n} sessions in one SIGKILLed client process, session TTL {ttl:g} s:")
+    say(f"  survivors {base_rate:,.0f} tasks/s before; {mean:,.0f}/s on average over the {len(lapse)} s around the "
+        f"lapse (cost {result['cost']:.0%}; worst second {worst:,}: {result['worst_cost']:.0%}; goal < "
+        f"{GOALS['expiry_cost']:.0%}); {last_value:.0f} tasks re-queued by expiry, the last "
+        f"{result['back_s'] or float('nan'):.2f} s after the kill (goal: TTL + 1 s)")
+    return result
+
+
+def big(bench: Bench, say) -> dict:
+    """A fresh job of --big-tasks tasks: start-up and RSS; the state machine's epoch turnover;
+    a master rebuilding a --late-tasks epoch with 90% of it done."""
+    from master.state import EpochRestarted, JobState
+    args = bench.args
+    out: dict = {}
+    job = f"big-{bench.tag}"
+    data = sparse_file(bench.work / f"{job}.dat", args.big_tasks)
+    master, _ = bench.master(job, data, 2)
+    out["start_s"] = master.wait_serving(timeout=300)
+    out["rss_mb"] = rss_mb(master.pid)
+    master.stop()
+    started = time.perf_counter()
+    state = JobState.new(num_tasks=args.big_tasks, num_epochs=3, seed=1, max_failures=3)
+    out["state_new_s"] = time.perf_counter() - started
+    started = time.perf_counter()
+    state.apply(EpochRestarted(1))
+    state.decide(session=1, epoch=1, cap=2)
+    out["turnover_s"] = time.perf_counter() - started
+    say(f"Big dataset: {args.big_tasks:,} tasks: fresh job to SERVING {out['start_s']:.2f} s (goal "
+        f"{GOALS['start_s']:g} s), master RSS {out['rss_mb']:.0f} MB (goal {GOALS['rss_mb']:g}); in-process "
+        f"state: new {out['state_new_s']:.3f} s, epoch turnover to the first task {out['turnover_s']:.3f} s")
+    # The late failover: a job of --late-tasks tasks, 90% of them marked done in etcd.
+    late_job = f"late-{bench.tag}"
+    late_data = sparse_file(bench.work / f"{late_job}.dat", args.late_tasks)
+    master, _ = bench.master(late_job, late_data, 1)
+    master.wait_serving(timeout=300)
+    master.stop()
+    done = args.late_tasks * 9 // 10
+    started = time.perf_counter()
+    asyncio.run(_mark_done(bench.etcd.endpoint, late_job, done))
+    write_s = time.perf_counter() - started
+    master, _ = bench.master(late_job, late_data, 1, name="late")
+    out["late_serving_s"] = master.wait_serving(timeout=300)
+    started = time.perf_counter()
+    import grpc
+
+    from paddlecloud.api import pb, pb_grpc
+    with grpc.insecure_channel(master.address) as channel:
+        stub = pb_grpc.MasterStub(channel)
+        session = stub.RegisterTrainer(pb.RegisterTrainerRequest(trainer_id="late"), timeout=60).session_id
+        reply = stub.GetTask(pb.GetTaskRequest(session_id=session, epoch=0), timeout=60)
+    out["late_first_task_s"] = out["late_serving_s"] + time.perf_counter() - started
+    out["late_rss_mb"] = rss_mb(master.pid)
+    master.stop()
+    out["late_outcome"] = pb.Outcome.Name(reply.outcome)
+    say(f"  late failover: {args.late_tasks:,}-task epoch with {done:,} done marks (written in "
+        f"{write_s:.1f} s): a new master SERVING after {out['late_serving_s']:.2f} s, first GetTask "
+        f"answered ({out['late_outcome']}) {out['late_first_task_s']:.2f} s after its start, RSS "
+        f"{out['late_rss_mb']:.0f} MB (goal: within election TTL + {GOALS['failover_over_ttl_s']:g} s "
+        "of the kill, i.e. these seconds <= 2)")
+    return out
+
+
+async def _mark_done(endpoint: str, job: str, count: int) -> None:
+    """Puts `done/0/<task>` for the first `count` tasks, as finished tasks leave them."""
+    from paddlecloud import etcd
+    from paddlecloud.keys import JobKeys
+    keys = JobKeys("local", job)
+    client = await etcd.connect(endpoint)
+    try:
+        gate = asyncio.Semaphore(16)
+
+        async def batch(first: int) -> None:
+            async with gate:
+                await client.transaction(compare=[], success=[
+                    client.transactions.put(keys.done(0, t), b"") for t in range(first, min(first + 128, count))
+                ], failure=[])
+        await asyncio.gather(*(batch(f) for f in range(0, count, 128)))
+    finally:
+        await client.close()
+
+
+def run(args: argparse.Namespace) -> int:
+    bench = Bench(args)
+    results: dict = {"args": vars(args), "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
+                                                     "python": platform.python_version()}}
+    lines: list[str] = []
+
+    def say(line: str = "") -> None:
+        lines.append(line)
+        print(line, flush=True)
+
+    try:
+        bench.start()
+        say("paddlecloud scale benchmark" + ("  (--quick: reduced, not for figures)" if args.quick else ""))
+        for line in machine_lines(str(bench.work / "etcd")):
+            say(line)
+        say(f"clients: {args.clients} processes (--clients), one channel per trainer; warm-up "
+            f"{args.warmup:g} s, window {args.duration:g} s; master: default flags + --input <sparse "
+            f"file> --chunk-bytes 1 --epochs {args.epochs} --metrics-port; its trainers ask max_tasks "
+            f"{args.max_tasks}; each row the median of {args.repeat} interleaved runs"
+            + (f"; baseline tree {args.baseline} (its trainers KeepAlive every ttl/3, as its agent did)"
+               if args.baseline else ""))
+        data = sparse_file(bench.work / "main.dat", args.chunks)
+        bench.start_noop(str(data))
+        say()
+        results["rows"] = steady_rows(bench, data, say) if args.ns else []
+        if not args.no_failover:
+            say()
+            results["failover"] = failover(bench, say)
+        if not args.no_expiry:
+            say()
+            results["expiry"] = expiry(bench, say)
+        if not args.no_big:
+            say()
+            results["big"] = big(bench, say)
+        results["text"] = lines
+        if args.json:
+            Path(args.json).write_text(json.dumps(results, indent=1, default=str))
+        return 0
+    finally:
+        bench.close()
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="bench/scale.py",
+        description="One master for up to 10,000 trainers: steady-state rows (with the no-op ceiling "
+                    "and a baseline tree), failover, expiry and big-dataset scenarios.")
+    parser.add_argument("--quick", action="store_true", help="a smoke run (< 1 minute on 2 cores)")
+    parser.add_argument("--ns", type=lambda s: [int(x) for x in s.split(",") if x],
+                        help="trainer counts [64,256,1024,4096,10000; --quick 16,64]")
+    parser.add_argument("--clients", type=int, default=max(1, (os.cpu_count() or 2) * 3 // 4),
+                        help="client processes K sharing the trainers [3/4 of the cores: %(default)s here]")
+    parser.add_argument("--warmup", type=float, help="seconds before each window [3; --quick 0.5]")
+    parser.add_argument("--duration", type=float, help="seconds measured per run [10; --quick 2]")
+    parser.add_argument("--chunks", type=int, help="tasks per epoch of the steady rows [200000; --quick 20000]")
+    parser.add_argument("--epochs", type=int, default=100, help="epochs of the steady rows' job [100]")
+    parser.add_argument("--repeat", type=int, help="runs per row, interleaved; the median is shown [3; --quick 1]")
+    parser.add_argument("--max-tasks", type=int, default=2,
+                        help="max_tasks the new master's trainers ask per GetTask (prefetch) [2 = the "
+                             "default --max-tasks-per-trainer]; the baseline's ask one")
+    parser.add_argument("--baseline", metavar="TREE", help="also run the master of this source tree in each row")
+    parser.add_argument("--failover-n", type=int, help="trainers of the failover [1024; --quick 32]")
+    parser.add_argument("--failover-tasks", type=int, help="tasks of the failover's job [60000; --quick 3000]")
+    parser.add_argument("--failover-flags", help="master flags of the failover [none: the defaults; "
+                        "--quick '--election-ttl 3s --session-ttl 9s', the same 1:3 ratio, shorter]")
+    parser.add_argument("--expiry-n", type=int, help="trainers of the expiry scenario [1024; --quick 32]")
+    parser.add_argument("--expiry-victims", type=int, help="sessions that expire together [100; --quick 4]")
+    parser.add_argument("--expiry-ttl", type=float,
+                        help="--session-ttl of the expiry scenario [the default, 30 s; --quick 3]")
+    parser.add_argument("--big-tasks", type=int, help="tasks of the big fresh job [10000000; --quick 1000000]")
+    parser.add_argument("--late-tasks", type=int,
+                        help="tasks of the late-failover epoch, 90%% done [1000000; --quick 50000]")
+    parser.add_argument("--no-failover", action="store_true")
+    parser.add_argument("--no-expiry", action="store_true")
+    parser.add_argument("--no-big", action="store_true")
+    parser.add_argument("--dir", default="/var/tmp", help="where etcd's data and the datasets go [/var/tmp]")
+    parser.add_argument("--allow-tmpfs", action="store_true", help="smoke tests only: figures not durable")
+    parser.add_argument("--json", metavar="PATH", help="also write every figure as JSON")
+    parser.add_argument("--keep", action="store_true", help="keep the work dir (logs, etcd data)")
+    parser.add_argument("--role", choices=["client"], help=argparse.SUPPRESS)
+    parser.add_argument("--config", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    q = args.quick
+    args.ns = args.ns if args.ns is not None else ([16, 64] if q else [64, 256, 1024, 4096, 10000])
+    args.warmup = args.warmup if args.warmup is not None else (0.5 if q else 3.0)
+    args.duration = args.duration if args.duration is not None else (2.0 if q else 10.0)
+    args.repeat = args.repeat or (1 if q else 3)
+    args.chunks = args.chunks or (20_000 if q else 200_000)
+    args.failover_n = args.failover_n or (32 if q else 1024)
+    args.failover_tasks = args.failover_tasks or (3_000 if q else 60_000)
+    if args.failover_flags is None:
+        args.failover_flags = "--election-ttl 3s --session-ttl 9s" if q else ""
+    args.expiry_n = args.expiry_n or (32 if q else 1024)
+    args.expiry_victims = args.expiry_victims or (4 if q else 100)
+    args.expiry_ttl = args.expiry_ttl if args.expiry_ttl is not None else (3.0 if q else 0.0)
+    args.big_tasks = args.big_tasks or (1_000_000 if q else 10_000_000)
+    args.late_tasks = args.late_tasks or (50_000 if q else 1_000_000)
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    if args.role == "client":
+        run_client(json.loads(args.config))
+        return 0
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    # One TCP connection per trainer: the master holds N sockets, each client its share.
+    # The children inherit the raised limit; a hard limit below N + slack is named, not hit.
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    need = max(args.ns or [0]) + 4096
+    if soft < need:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(need, hard) if hard != resource.RLIM_INFINITY else need, hard))
+        if hard != resource.RLIM_INFINITY and hard < need:
+            print(f"warning: open files limited to {hard}; {max(args.ns)} trainers need about {need} "
+                  "(raise `ulimit -Hn`)", file=sys.stderr)
+    return run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

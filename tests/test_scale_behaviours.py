@@ -1,0 +1,253 @@
+"""The behaviours a master for thousands of trainers rests on, pinned on real masters:
+a saturated master sheds calls with RESOURCE_EXHAUSTED (never an unexplained
+CANCELLED) and the trainer's client retries every transient code; a trainer that
+calls often sends no KeepAlive; with default flags a failover costs no trainer its
+session. Timings (how fast, how many trainers) live in bench/scale.py, never here."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import urllib.request
+from collections import Counter
+
+import grpc
+import pytest
+from datasets import write_records
+from etcd_history import done_marks, per_epoch
+from masters import pb, stub, wait_for, wait_serving, wait_until
+from test_master_ha import Trainer, leader_and_standby
+
+from paddlecloud.api import pb_grpc
+from paddlecloud.etcd_server import free_port
+from paddlecloud.keys import JobKeys
+from trainer_agent.client import MasterConnection, Session, TaskClient, retry_delay
+from trainer_agent.discovery import MasterLocator
+
+
+def metric(port: int, name: str) -> float:
+    """One sample of the master's Prometheus metrics (0 when it is not there yet)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
+        for line in reply.read().decode().splitlines():
+            if line.startswith(name + " "):
+                return float(line.rpartition(" ")[2])
+    return 0.0
+
+
+# ---- load shedding -------------------------------------------------------------------------
+
+
+async def test_a_saturated_master_sheds_calls_with_resource_exhausted_never_cancelled(tmp_path, start_master):
+    write_records(tmp_path / "data", files=1, records_per_file=4)
+    proc = start_master("--input", str(tmp_path / "data"), "--max-calls-in-flight", "1")
+    await wait_serving(proc.address, process=proc)
+    codes: Counter = Counter()
+    details: list[str] = []
+    shed: list[grpc.aio.AioRpcError] = []
+    async with grpc.aio.insecure_channel(proc.address) as channel:
+        master = stub(channel)
+
+        async def register(i: int) -> None:
+            try:
+                await master.RegisterTrainer(pb.RegisterTrainerRequest(trainer_id=f"burst-{i}"), timeout=30)
+                codes["OK"] += 1
+            except grpc.aio.AioRpcError as error:
+                codes[error.code().name] += 1
+                details.append(error.details())
+                shed.append(error)
+
+        async def shed_some() -> bool:
+            # Each registration waits on etcd (a lease grant): the others arrive meanwhile.
+            await asyncio.gather(*(register(len(details) * 100 + i) for i in range(40)))
+            return codes["RESOURCE_EXHAUSTED"] > 0
+        await wait_for(shed_some, message=f"no call was shed: {codes}")
+        # Inspection is never shed, even right after a burst.
+        assert (await master.GetStatus(pb.GetStatusRequest())).has_dataset
+    assert set(codes) <= {"OK", "RESOURCE_EXHAUSTED"}, codes
+    assert codes["OK"] > 0
+    assert all("master saturated" in d and "--max-calls-in-flight 1" in d for d in details), details[:3]
+    # ... with the delay to retry after, which the client follows (jittered x U(0.5, 1.5)).
+    assert all(0.5 <= retry_delay(e) <= 1.5 for e in shed), [e.debug_error_string() for e in shed[:1]]
+
+
+def test_trainers_retry_shed_calls_until_every_one_is_served(tmp_path, start_master):
+    write_records(tmp_path / "data", files=1, records_per_file=4)
+    metrics_port = free_port()
+    proc = start_master("--input", str(tmp_path / "data"), "--max-calls-in-flight", "1",
+                        "--metrics-port", str(metrics_port))
+    asyncio.run(wait_serving(proc.address, process=proc))
+    connection = MasterConnection(MasterLocator(master_endpoint=proc.address), deadline=60)
+    sessions: dict[int, int] = {}
+    failures: list[BaseException] = []
+
+    def register(i: int) -> None:
+        try:
+            sessions[i] = connection.register_trainer(f"retrying-{i}").session_id
+        except BaseException as error:  # noqa: BLE001  (reported below)
+            failures.append(error)
+
+    try:
+        rounds = 0
+        while metric(metrics_port, 'paddlecloud_master_shed_calls_total{method="RegisterTrainer"}') == 0:
+            rounds += 1
+            assert rounds <= 20, "the master never shed a call: nothing was retried"
+            threads = [threading.Thread(target=register, args=(rounds * 100 + i,)) for i in range(24)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(timeout=90)
+    finally:
+        connection.close()
+    assert failures == []
+    assert len(set(sessions.values())) == len(sessions) == 24 * rounds  # every shed call was retried
+
+
+class Flaky(pb_grpc.MasterServicer):
+    """A real gRPC server that fails each call once with `code`, then answers."""
+
+    def __init__(self, code: grpc.StatusCode) -> None:
+        self.code = code
+        self.calls = 0
+
+    async def GetTask(self, request, context):
+        self.calls += 1
+        if self.calls == 1:
+            await context.abort(self.code, f"injected {self.code.name}")
+        return pb.GetTaskResponse(outcome=pb.WAIT, current_epoch=request.epoch)
+
+
+@pytest.mark.parametrize("code", [grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
+                                  grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.CANCELLED])
+async def test_the_client_retries_every_transient_code(code):
+    servicer = Flaky(code)
+    server = grpc.aio.server()
+    pb_grpc.add_MasterServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    connection = MasterConnection(MasterLocator(master_endpoint=f"127.0.0.1:{port}"), deadline=30)
+    try:
+        reply = await asyncio.to_thread(connection.get_task, 7, epoch=3, finished=[])
+    finally:
+        connection.close()
+        await server.stop(grace=None)
+    assert (reply.outcome, reply.current_epoch, servicer.calls) == (pb.WAIT, 3, 2)
+
+
+async def test_a_code_that_is_not_transient_is_not_retried():
+    servicer = Flaky(grpc.StatusCode.INVALID_ARGUMENT)
+    server = grpc.aio.server()
+    pb_grpc.add_MasterServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    connection = MasterConnection(MasterLocator(master_endpoint=f"127.0.0.1:{port}"), deadline=30)
+    try:
+        with pytest.raises(grpc.RpcError) as error:
+            await asyncio.to_thread(connection.get_task, 7, epoch=3, finished=[])
+    finally:
+        connection.close()
+        await server.stop(grace=None)
+    assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT and servicer.calls == 1
+
+
+# ---- keep-alives ---------------------------------------------------------------------------
+
+
+def test_a_trainer_that_calls_often_sends_no_keepalive_and_an_idle_one_does(tmp_path, start_master):
+    write_records(tmp_path / "data", files=1, records_per_file=4)
+    metrics_port = free_port()
+    proc = start_master("--input", str(tmp_path / "data"), "--session-ttl", "3s",
+                        "--metrics-port", str(metrics_port))
+    asyncio.run(wait_serving(proc.address, process=proc))
+    keepalives = 'paddlecloud_master_rpc_seconds_count{method="KeepAlive"}'
+    connection = MasterConnection(MasterLocator(master_endpoint=proc.address), deadline=30)
+    session = Session(connection, trainer_id="busy")
+    try:
+        session.register()
+        # GetTask every 0.2 s for four keep-alive periods (ttl/3 = 1 s): each refreshes the session.
+        for _ in range(20):
+            session.run(lambda s: connection.get_task(s, epoch=0, finished=[]))
+            threading.Event().wait(0.2)
+        assert metric(metrics_port, keepalives) == 0
+        assert session.keepalives == 0
+        # Idle: the keep-alive thread keeps the session.
+        wait_until(lambda: metric(metrics_port, keepalives) >= 2, timeout=30,
+                   message="an idle trainer sent no KeepAlive")
+        session.run(lambda s: connection.get_task(s, epoch=0, finished=[]))
+        assert session.reregistrations == 0
+    finally:
+        session.close()
+        connection.close()
+
+
+# ---- failover with default flags -----------------------------------------------------------
+
+
+async def test_with_default_flags_a_leader_sigkill_costs_no_trainer_its_session(
+        tmp_path, start_master, etcd_endpoint, job_name):
+    """Default --session-ttl and --election-ttl: the standby serves the same sessions, so
+    no trainer hears SESSION_EXPIRED (Trainer.call raises on it) and nothing is lost or
+    counted twice (audited from etcd's history)."""
+    write_records(tmp_path / "data", files=30, records_per_file=1)
+    args = ("--input", str(tmp_path / "data"), "--epochs", "2")
+    masters = [start_master(*args, name="m1"), start_master(*args, name="m2")]
+    leader, standby = await leader_and_standby(masters)
+    trainers = [Trainer([m.address for m in masters], f"t{i}") for i in range(3)]
+    try:
+        runs = [asyncio.create_task(t.run()) for t in trainers]
+        await wait_for(lambda: all(t.session for t in trainers), message="trainers did not register")
+        sessions = [t.session for t in trainers]
+
+        async def some_progress() -> bool:
+            async with grpc.aio.insecure_channel(leader.address) as channel:
+                return (await stub(channel).GetStatus(pb.GetStatusRequest())).counts.done >= 5
+        await wait_for(some_progress, message="no progress before the kill")
+        leader.kill()
+        await wait_serving(standby.address, process=standby, timeout=90)
+        await asyncio.wait_for(asyncio.gather(*runs), 180)
+        assert [t.session for t in trainers] == sessions
+    finally:
+        for t in trainers:
+            await t.close()
+    counted = per_epoch(await done_marks(etcd_endpoint, JobKeys("local", job_name)))
+    assert {e: sorted(c) for e, c in counted.items()} == {e: list(range(30)) for e in range(2)}
+    assert all(max(c.values()) == 1 for c in counted.values())
+
+
+# ---- several tasks per GetTask -------------------------------------------------------------
+
+
+def test_a_trainer_asking_max_tasks_reads_every_task_once_with_fewer_calls(
+        tmp_path, start_master, etcd_endpoint, job_name):
+    write_records(tmp_path / "data", files=30, records_per_file=2)  # 30 files: 30 tasks
+    metrics_port = free_port()
+    proc = start_master("--input", str(tmp_path / "data"), "--epochs", "2", "--max-tasks-per-trainer", "3",
+                        "--metrics-port", str(metrics_port))
+    asyncio.run(wait_serving(proc.address, process=proc))
+    reads: Counter = Counter()
+    with TaskClient(trainer_id="batched", locator=MasterLocator(master_endpoint=proc.address),
+                    prefetch=False, max_tasks=3) as client:
+        for epoch in client.epochs():
+            for record in epoch.records():
+                reads[(epoch.number, record)] += 1
+        assert client.stats["accepted"] == 60 and client.stats["stale"] == 0
+    assert len(reads) == 120 and set(reads.values()) == {1}  # 2 epochs x 60 records, each read once
+    calls = metric(metrics_port, 'paddlecloud_master_rpc_seconds_count{method="GetTask"}')
+    assert 0 < calls <= 30, calls  # one call per task would be 60 and more
+    counted = per_epoch(asyncio.run(done_marks(etcd_endpoint, JobKeys("local", job_name))))
+    assert {e: sorted(c) for e, c in counted.items()} == {e: list(range(30)) for e in range(2)}
+    assert all(max(c.values()) == 1 for c in counted.values())
+
+
+async def test_an_old_client_that_asks_no_max_tasks_gets_one_task(tmp_path, start_master):
+    write_records(tmp_path / "data", files=6, records_per_file=1)
+    proc = start_master("--input", str(tmp_path / "data"), "--max-tasks-per-trainer", "3")
+    await wait_serving(proc.address, process=proc)
+    async with grpc.aio.insecure_channel(proc.address) as channel:
+        master = stub(channel)
+        session = (await master.RegisterTrainer(pb.RegisterTrainerRequest(trainer_id="old"))).session_id
+        old = await master.GetTask(pb.GetTaskRequest(session_id=session, epoch=0))
+        assert old.outcome == pb.TASK and len(old.more_tasks) == 0
+        # At most the cap, counting the one already held: two more, though five were asked.
+        batch = await master.GetTask(pb.GetTaskRequest(session_id=session, epoch=0, max_tasks=5))
+    ids = [batch.task.id, *(t.id for t in batch.more_tasks)]
+    assert len(ids) == 2 and old.task.id not in ids and len(set(ids)) == 2
