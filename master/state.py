@@ -474,11 +474,8 @@ class JobState:
             raise InvalidTransition(f"{e}: done tasks must be distinct ids in 0..{self._num_tasks - 1}")
         self._failed_job = False
         self._begin_epoch(e.epoch)
-        if e.done:
-            done = set(e.done)
-            for task in done:
-                self._set(task, TaskStatus.DONE)
-            self._todo = deque(t for t in self._todo if t not in done)
+        for task in e.done:  # the deal queue skips them lazily: their status says done
+            self._set(task, TaskStatus.DONE)
 
     def _fail_job(self, e: JobFailed) -> None:
         if e.epoch != self._epoch or not (self.epoch_complete and self.all_failed):
