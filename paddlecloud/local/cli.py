@@ -222,7 +222,8 @@ def local() -> None:
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="lines",
               help="Data format: lines (a record per line; csv, tsv, jsonl and text are its aliases) or file (a record per file).")
 @click.option("--chunk-bytes", type=SIZE, default="64MiB", help="Chunk size the master cuts files into.")
-@click.option("--session-ttl", type=DURATION, default="10s", help="Trainer session lease.")
+@click.option("--session-ttl", type=DURATION, default="30s", show_default=True,
+              help="Trainer session lease (as the master's default: longer than a failover).")
 @click.option("--example", type=click.Choice(sorted(EXAMPLES)), help="Run a bundled example (generates its data).")
 @click.argument("module_args", nargs=-1, type=click.UNPROCESSED)
 def train(module, package_path, inputs, output, trainers, min_trainers, max_trainers, resize_schedule, pservers, pserver_module, env, epochs, masters, fresh,
