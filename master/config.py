@@ -11,6 +11,7 @@ import json
 from dataclasses import asdict, dataclass, field, replace
 
 from paddlecloud.datasets import SpecError  # the one error of a bad spec or setting
+from paddlecloud.etcd import EtcdCredentials
 
 DEFAULT_CHUNK_BYTES = 64 * 1024 * 1024
 LINE_FORMATS = ("lines", "csv", "tsv", "jsonl", "text")
@@ -95,6 +96,11 @@ class MasterConfig:
     metrics_port: int | None = None
     etcd_timeout: float = 10.0
     job_spec: str | None = None   # with it, the leader deploys the job on Kubernetes
+    set_dataset_prefixes: tuple[str, ...] = ()  # SetDataset accepts paths under these; empty: off
+    tls: TlsFiles | None = None       # None: plaintext
+    tokens_dir: str | None = None     # the job's role tokens (paddlecloud.auth.JobTokens); None: open
+    insecure: bool = False            # plaintext without tokens off loopback, explicitly asked for
+    etcd_credentials: EtcdCredentials = field(default_factory=EtcdCredentials)
 
     def __post_init__(self) -> None:
         if not self.job:
@@ -105,3 +111,28 @@ class MasterConfig:
             raise SpecError(f"--election-ttl {self.election_ttl:g}s is too short: use at least 2s")
         if self.start_epoch < 0:
             raise SpecError(f"--start-epoch {self.start_epoch} is negative")
+        if any(not p for p in self.set_dataset_prefixes):
+            raise SpecError("--allow-set-dataset '' would allow every path: name a scheme or directory")
+
+    @property
+    def open_access(self) -> bool:
+        """No tokens: every caller acts as the operator."""
+        return self.tokens_dir is None
+
+    def check_access(self) -> None:
+        """The command line's rule: no tokens off loopback only with --insecure."""
+        if not (self.tokens_dir or self.insecure or self.host in LOOPBACK_HOSTS):
+            raise SpecError(f"--host {self.host} without --tokens-dir: anyone who reaches the port could "
+                            "do anything; give the job's tokens, or pass --insecure to run open anyway")
+
+
+LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    """The master's certificate and key (PEM), and for mTLS the CA its clients' certificates need."""
+
+    cert: str
+    key: str
+    client_ca: str | None = None

@@ -348,13 +348,17 @@ def pod_counts(pods: Iterable[Any], job_name: str) -> dict[str, dict[str, int]]:
 
 
 def fetch_master_status(address: str, *, timeout: float) -> Any:
-    """The master's GetStatus answer; raises grpc.RpcError when it cannot be reached."""
-    import grpc
+    """The master's GetStatus answer; raises grpc.RpcError when it cannot be reached.
 
+    Credentials from the environment (`paddlecloud.auth.ClientCredentials`): the job's
+    operator or viewer token in PADDLE_JOB_TOKEN_FILE, the master's CA in PADDLE_MASTER_CA_FILE."""
     from paddlecloud.api import pb, pb_grpc
+    from paddlecloud.auth import ClientCredentials
 
-    with grpc.insecure_channel(address) as channel:
-        return pb_grpc.MasterStub(channel).GetStatus(pb.GetStatusRequest(), timeout=timeout)
+    credentials = ClientCredentials.from_env()
+    with credentials.channel(address) as channel:
+        return pb_grpc.MasterStub(channel).GetStatus(pb.GetStatusRequest(), timeout=timeout,
+                                                     metadata=credentials.metadata())
 
 
 @job.command("status")

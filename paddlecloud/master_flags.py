@@ -18,7 +18,9 @@ def master_flags(*, job: str, namespace: str, etcd_endpoints: str, port: int, ad
                  host: str | None = None, inputs: Sequence[str] = (), epochs: int | None = None,
                  start_epoch: int | None = None, resume_from: str | None = None,
                  session_ttl: str | None = None, election_ttl: str | None = None,
-                 metrics_port: int | None = None, extra: Sequence[str] = ()) -> list[str]:
+                 metrics_port: int | None = None, tokens_dir: str | None = None,
+                 tls_cert: str | None = None, tls_key: str | None = None,
+                 extra: Sequence[str] = ()) -> list[str]:
     """The flags after `paddlecloud master`; None (or empty) leaves a flag to its default.
 
     `epochs` and `resume_from` are given only with `inputs` (they belong to the
@@ -29,7 +31,8 @@ def master_flags(*, job: str, namespace: str, etcd_endpoints: str, port: int, ad
         flags += ["--host", host]
     flags += ["--port", str(port), "--advertise", advertise]
     optional = (("--metrics-port", metrics_port), ("--session-ttl", session_ttl),
-                ("--election-ttl", election_ttl), ("--start-epoch", start_epoch))
+                ("--election-ttl", election_ttl), ("--start-epoch", start_epoch),
+                ("--tokens-dir", tokens_dir), ("--tls-cert", tls_cert), ("--tls-key", tls_key))
     flags += [arg for flag, value in optional if value is not None for arg in (flag, str(value))]
     if inputs:
         flags += [arg for pattern in inputs for arg in ("--input", pattern)]

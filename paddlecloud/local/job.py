@@ -34,6 +34,7 @@ import grpc
 
 from paddlecloud import checkpoints, etcd
 from paddlecloud.api import pb, pb_grpc
+from paddlecloud.auth import ClientCredentials, JobTokens, Role
 from paddlecloud.etcd_server import EtcdServer, free_port
 from paddlecloud.keys import JobKeys, prefix_range_end
 from paddlecloud.local.children import Child
@@ -41,6 +42,7 @@ from paddlecloud.local.deployer import JobFailed, LocalDeployer, launcher_comman
 from paddlecloud.master_flags import master_flags
 from paddlecloud.phase import Phase
 from paddlecloud.supervision import Graces, MasterState, supervise
+from paddlecloud.tls import LocalCA
 
 logger = logging.getLogger(__name__)
 
@@ -72,6 +74,7 @@ class LocalJobSpec:
     session_ttl: str = "10s"
     election_ttl: str = "10s"
     done_grace: float = 60.0             # seconds trainers get to exit once the job ended
+    tls: bool = False                    # the masters serve TLS with a CA minted for this run
 
 
 @dataclass
@@ -118,6 +121,8 @@ class LocalJob:
         self._master_restarts = 0
         self._etcd_dir: str | None = None
         self._channels: dict[str, grpc.aio.Channel] = {}
+        self.secrets_dir = spec.output / ".paddlecloud"  # this run's tokens (and certificates)
+        self.credentials = ClientCredentials()
 
     @property
     def trainers(self) -> list[Child]:
@@ -135,6 +140,7 @@ class LocalJob:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, self._on_signal, sig)
         try:
+            self._write_secrets()
             await self._start_etcd()
             if self.spec.fresh:
                 await self._clear_job_state()
@@ -175,7 +181,10 @@ class LocalJob:
             PADDLE_ETCD_ENDPOINTS=self.etcd_endpoint, POD_IP="127.0.0.1",
             PADDLE_TRAINERS_NUM=str(self.spec.trainers), PADDLE_PSERVERS_NUM=str(self.spec.pservers),
             PADDLECLOUD_OUTPUT=str(self.spec.output), PYTHONUNBUFFERED="1",
+            PADDLE_JOB_TOKEN_FILE=str(self.secrets_dir / "tokens" / Role.TRAINER.value),
         )
+        if self.spec.tls:
+            env["PADDLE_MASTER_CA_FILE"] = str(self.secrets_dir / "ca.crt")
         if master:  # nor the current directory first on its path (Python >= 3.11)
             env["PYTHONSAFEPATH"] = "1"
         env.pop("PADDLE_MASTER_ENDPOINT", None)  # local jobs find the leader through etcd
@@ -194,7 +203,9 @@ class LocalJob:
                 job=s.job, namespace=NAMESPACE, etcd_endpoints=self.etcd_endpoint, host="127.0.0.1",
                 port=port, advertise=f"127.0.0.1:{port}", session_ttl=s.session_ttl,
                 election_ttl=s.election_ttl, start_epoch=s.start_epoch, inputs=s.inputs,
-                epochs=s.epochs, extra=s.master_args)]
+                epochs=s.epochs, tokens_dir=str(self.secrets_dir / "tokens"),
+                tls_cert=str(self.secrets_dir / "master.crt") if s.tls else None,
+                tls_key=str(self.secrets_dir / "master.key") if s.tls else None, extra=s.master_args)]
             child = self._child("master", index, command, self._env(master=True))
             await child.start()
             self.masters.append(child)
@@ -260,7 +271,8 @@ class LocalJob:
             if not master.running:
                 continue
             try:
-                status = await self._master(master_address(master)).GetStatus(pb.GetStatusRequest(), timeout=2)
+                status = await self._master(master_address(master)).GetStatus(pb.GetStatusRequest(), timeout=2,
+                                                                                  metadata=self.credentials.metadata())
             except grpc.aio.AioRpcError:
                 continue
             self._status = status
@@ -288,7 +300,8 @@ class LocalJob:
         deadline = time.monotonic() + 60
         while True:
             try:
-                await self._master(address).RestartEpoch(pb.RestartEpochRequest(epoch=epoch), timeout=10)
+                await self._master(address).RestartEpoch(pb.RestartEpochRequest(epoch=epoch), timeout=10,
+                                                        metadata=self.credentials.metadata())
                 self._event(f"the master restarted epoch {epoch}")
                 return
             except grpc.aio.AioRpcError as error:
@@ -313,8 +326,21 @@ class LocalJob:
     def _master(self, address: str) -> pb_grpc.MasterStub:
         """A stub on one long-lived channel per master address (polled every half second)."""
         if address not in self._channels:
-            self._channels[address] = grpc.aio.insecure_channel(address)
+            self._channels[address] = self.credentials.aio_channel(address)
         return pb_grpc.MasterStub(self._channels[address])
+
+    def _write_secrets(self) -> None:
+        """This run's tokens and (with `tls`) a CA and the masters' certificate, under
+        OUTPUT/.paddlecloud (mode 0700; files 0600); the supervisor acts as the operator."""
+        self.secrets_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        tokens = JobTokens.generate()
+        tokens.write(self.secrets_dir / "tokens")
+        ca = None
+        if self.spec.tls:
+            ca = LocalCA.create(f"paddlecloud {self.spec.job} CA")
+            ca.write_cert(self.secrets_dir / "ca.crt")
+            ca.issue(self.secrets_dir, "master", hosts=("127.0.0.1", "localhost"))
+        self.credentials = ClientCredentials(token=tokens.operator, ca=ca.pem if ca else None)
 
     async def _stop_all(self) -> None:
         await self.deployer.cleanup(succeeded=False)
