@@ -100,14 +100,19 @@ async def test_master_and_job_delete_work_through_tls_and_auth(secured, tmp_path
     assert await _keys(env, keys.prefix) == {}
 
 
+def _start_agent(env: dict[str, str], tmp_path: Path, job_name: str) -> subprocess.Popen:
+    with open(tmp_path / "agent.log", "wb") as log:
+        return subprocess.Popen(
+            [sys.executable, "-m", "paddlecloud", "pserver", "--lease-ttl", "2s", "--",
+             sys.executable, "-m", "pserver_agent.stub"],
+            env=_clean_env({**env, "PADDLE_JOB_NAME": job_name, "PADDLE_PSERVERS_NUM": "1",
+                            "PADDLECLOUD_STUB_LOG": str(tmp_path / "stub.jsonl")}),
+            stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+
+
 async def test_pserver_agent_registers_through_tls_and_auth(secured, tmp_path, job_name):
     etcd, env = secured
-    agent = subprocess.Popen(
-        [sys.executable, "-m", "paddlecloud", "pserver", "--lease-ttl", "2s", "--",
-         sys.executable, "-m", "pserver_agent.stub"],
-        env=_clean_env({**env, "PADDLE_JOB_NAME": job_name, "PADDLE_PSERVERS_NUM": "1",
-                        "PADDLECLOUD_STUB_LOG": str(tmp_path / "stub.jsonl")}),
-        stdout=open(tmp_path / "agent.log", "wb"), stderr=subprocess.STDOUT, cwd=REPO)
+    agent = _start_agent(env, tmp_path, job_name)
     try:
         keys = JobKeys("local", job_name)
 
@@ -117,7 +122,7 @@ async def test_pserver_agent_registers_through_tls_and_auth(secured, tmp_path, j
         await wait_for(registered, timeout=60, details=lambda: (tmp_path / "agent.log").read_text())
     finally:
         agent.terminate()
-        agent.wait(timeout=30)
+        await asyncio.to_thread(agent.wait, 30)
 
 
 @pytest.mark.parametrize("change, fragment", [
