@@ -122,3 +122,30 @@ def master_command(job, namespace, etcd_endpoints, port, host, advertise, inputs
     except (SpecError, ValueError) as error:
         raise click.UsageError(str(error)) from None
     sys.exit(asyncio.run(serve(config)))
+
+
+@click.command("credentials")
+@click.argument("directory", type=click.Path(file_okay=False))
+@click.option("--tls-host", "hosts", multiple=True, metavar="HOST",
+              help="Also mint a CA (ca.crt) and a master certificate (master.crt, master.key) for HOST "
+                   "(a DNS name or IP; repeatable).")
+def credentials_command(directory: str, hosts: tuple[str, ...]) -> None:
+    """Write a job's fresh tokens into DIRECTORY/tokens (trainer, operator, viewer; mode 0600).
+
+    Give the master `--tokens-dir DIRECTORY/tokens`; give a client PADDLE_JOB_TOKEN_FILE=
+    DIRECTORY/tokens/<role> (and PADDLE_MASTER_CA_FILE=DIRECTORY/ca.crt with --tls-host)."""
+    from pathlib import Path
+
+    from paddlecloud.auth import JobTokens
+
+    root = Path(directory)
+    tokens = JobTokens.generate().write(root / "tokens")
+    click.echo(f"tokens in {tokens}: master --tokens-dir {tokens}")
+    if hosts:
+        from paddlecloud.tls import LocalCA
+
+        ca = LocalCA.create()
+        ca.write_cert(root / "ca.crt")
+        issued = ca.issue(root, "master", hosts=hosts)
+        click.echo(f"TLS: master --tls-cert {issued.cert} --tls-key {issued.key}; "
+                   f"clients PADDLE_MASTER_CA_FILE={root / 'ca.crt'}")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import click
 
-from master.cli import master_command
+from master.cli import credentials_command, master_command
 from paddlecloud.jobs_cli import job
 from paddlecloud.local.cli import local
 from pserver_agent.cli import pserver_command
@@ -26,6 +26,7 @@ main.add_command(trainer_command)
 main.add_command(job)
 main.add_command(pserver_command)
 main.add_command(local)
+main.add_command(credentials_command)
 
 if __name__ == "__main__":
     main()

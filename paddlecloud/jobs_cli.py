@@ -280,6 +280,12 @@ def _create_job(api: Any, *, spec: JobSpec, objects: list[dict[str, Any]]) -> No
     owner = manifests.owner_reference(spec.name, uid)
     create(core.create_namespaced_service, manifests.master_service(spec, owner), "services",
            adopt=True)
+    # The job's tokens, made here and nowhere stored but in the Secret (the master's pods
+    # wait for it to mount); owned, so it goes with the job.
+    from paddlecloud.auth import JobTokens
+
+    create(core.create_namespaced_secret,
+           manifests.tokens_secret(spec, JobTokens.generate().as_mapping(), owner), "secrets", adopt=True)
     for cm in created:  # owned too, so deleting the Deployment alone removes the whole job
         _call(core.patch_namespaced_config_map, cm, ns, {"metadata": {"ownerReferences": [owner]}},
               verb="patch", resource="configmaps", namespace=ns, name=cm,

@@ -61,3 +61,35 @@ def test_local_job_with_tls_and_tokens_trains_and_refuses_plaintext(tmp_path, jo
     reads = reads_per_epoch(read_log(run.records))
     assert sorted(reads) == [0, 1] and all(len(set(c)) == 160 for c in reads.values())
     assert "INSECURE" not in (run.output / "logs" / "master-0.log").read_text()
+
+
+def test_grpcurl_recipe_with_tls_and_a_token(tmp_path, start_master):
+    """The README's recipe: `paddlecloud credentials`, then grpcurl with -cacert and the token."""
+    import subprocess
+    import sys
+
+    from test_operator_tools import GRPCURL
+
+    creds = tmp_path / "creds"
+    subprocess.run([sys.executable, "-m", "paddlecloud", "credentials", str(creds), "--tls-host", "127.0.0.1"],
+                   check=True, capture_output=True, timeout=60)
+    write_records(tmp_path / "data", files=1, records_per_file=2)
+    proc = start_master("--input", str(tmp_path / "data"), "--tokens-dir", str(creds / "tokens"),
+                        "--tls-cert", str(creds / "master.crt"), "--tls-key", str(creds / "master.key"))
+
+    def grpcurl(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([GRPCURL, "-cacert", str(creds / "ca.crt"), *args], capture_output=True,
+                              text=True, timeout=30)
+
+    wait_until(lambda: grpcurl(proc.address, "grpc.health.v1.Health/Check").returncode == 0, timeout=60,
+               details=proc.log)
+    assert "paddlecloud.master.v1.Master" in grpcurl(proc.address, "list").stdout  # reflection: open
+    operator = (creds / "tokens" / "operator").read_text().strip()
+    ok = grpcurl("-H", f"authorization: Bearer {operator}", "-d", "{}", proc.address,
+                 "paddlecloud.master.v1.Master/GetStatus")
+    assert ok.returncode == 0 and '"num_tasks": "1"' in ok.stdout, ok.stderr
+    refused = grpcurl("-d", "{}", proc.address, "paddlecloud.master.v1.Master/GetStatus")
+    assert refused.returncode != 0 and "Unauthenticated" in refused.stderr
+    plaintext = subprocess.run([GRPCURL, "-plaintext", proc.address, "list"], capture_output=True, text=True,
+                               timeout=30)
+    assert plaintext.returncode != 0

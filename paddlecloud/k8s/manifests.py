@@ -62,6 +62,7 @@ GLOO_HTTP_PORT = 36001  # the gloo HTTP rendezvous store, on pserver 0 or traine
 
 # Names and paths.
 SERVICE_ACCOUNT = "paddlecloud-master"
+TOKENS_MOUNT = "/var/run/paddlecloud/tokens"  # the job's tokens Secret (paddlecloud.auth)
 SPEC_MOUNT = "/etc/paddlecloud"
 SPEC_KEY = "job.yaml"
 PACKAGE_MOUNT = "/opt/paddlecloud/package"
@@ -86,6 +87,30 @@ def pserver_name(job: str) -> str:
 
 def trainer_name(job: str) -> str:
     return f"{job}-trainer"
+
+
+def tokens_secret_name(job: str) -> str:
+    """The job's tokens (paddlecloud.auth.JobTokens), made by `job submit`."""
+    return f"{job}-tokens"
+
+
+def tokens_secret(spec: JobSpec, tokens: Mapping[str, str], owner: Mapping[str, Any] | None) -> Manifest:
+    """The Secret of the job's role tokens: the master mounts all of it (--tokens-dir), its
+    trainers and pservers only the trainer token (PADDLE_JOB_TOKEN_FILE)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": _metadata(spec, name=tokens_secret_name(spec.name), role=MASTER, owner=owner),
+        "type": "Opaque",
+        "stringData": dict(tokens),
+    }
+
+
+def _token_volume(spec: JobSpec, *, only_trainer: bool) -> dict[str, Any]:
+    secret: dict[str, Any] = {"secretName": tokens_secret_name(spec.name), "defaultMode": 0o400}
+    if only_trainer:
+        secret["items"] = [{"key": "trainer", "path": "trainer"}]
+    return {"name": "job-tokens", "secret": secret}
 
 
 def spec_configmap_name(job: str) -> str:
@@ -190,6 +215,7 @@ def _common_env(spec: JobSpec, role: str) -> list[dict[str, Any]]:
         _value("PADDLE_NAMESPACE", spec.namespace),
         _value("PADDLE_ETCD_ENDPOINTS", spec.etcd_endpoints),
         _value("PADDLE_MASTER_ENDPOINT", master_endpoint(spec)),
+        _value("PADDLE_JOB_TOKEN_FILE", f"{TOKENS_MOUNT}/trainer"),
         _value("PADDLE_TRAINERS_NUM", spec.trainers),
         _value("PADDLE_PSERVERS_NUM", spec.pservers),
         _value("PADDLE_PORT", PADDLE_PORT),
@@ -321,6 +347,8 @@ def _pod_template(spec: JobSpec, role: str, *, template: Mapping[str, Any] | Non
             "items": [{"key": package_key(p), "path": p} for p in spec.package_files],
         }})
         mounts.append({"name": "package", "mountPath": PACKAGE_MOUNT, "readOnly": True})
+    volumes.append(_token_volume(spec, only_trainer=True))
+    mounts.append({"name": "job-tokens", "mountPath": TOKENS_MOUNT, "readOnly": True})
     if spec.data_volume is not None and role == TRAINER:
         volumes.append({"name": "data", "persistentVolumeClaim": {"claimName": spec.data_volume.claim}})
         mounts.append({"name": "data", "mountPath": spec.data_volume.mount_path})
@@ -531,7 +559,7 @@ def master_command(spec: JobSpec) -> list[str]:
         port=MASTER_PORT, advertise=f"$(POD_IP):{MASTER_PORT}", metrics_port=METRICS_PORT,
         inputs=spec.inputs or (), epochs=spec.epochs,
         # a job started again on the same output resumes after its checkpoint
-        resume_from=checkpoints_dir(spec.output) if spec.output else None,
+        resume_from=checkpoints_dir(spec.output) if spec.output else None, tokens_dir=TOKENS_MOUNT,
         extra=("--deployer", "kubernetes", "--job-spec", f"{SPEC_MOUNT}/{SPEC_KEY}"),
     )
     return ["paddlecloud", "master", *flags]
@@ -543,9 +571,11 @@ def master_deployment(spec: JobSpec) -> Manifest:
     Readiness is the gRPC health check, SERVING only on the leader, so the Service
     routes to the leader; liveness is a TCP check, so a standby (NOT_SERVING) lives.
     """
-    mounts = [{"name": "job-spec", "mountPath": SPEC_MOUNT, "readOnly": True}]
+    mounts = [{"name": "job-spec", "mountPath": SPEC_MOUNT, "readOnly": True},
+              {"name": "job-tokens", "mountPath": TOKENS_MOUNT, "readOnly": True}]
     volumes: list[dict[str, Any]] = [
         {"name": "job-spec", "configMap": {"name": spec_configmap_name(spec.name)}},
+        _token_volume(spec, only_trainer=False),
     ]
     if spec.data_volume is not None:
         mounts.append({"name": "data", "mountPath": spec.data_volume.mount_path, "readOnly": True})
