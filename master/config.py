@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field, replace
 
 from paddlecloud.datasets import SpecError  # the one error of a bad spec or setting
 from paddlecloud.etcd import EtcdCredentials
+from paddlecloud.untrusted import quote
 
 DEFAULT_CHUNK_BYTES = 64 * 1024 * 1024
 LINE_FORMATS = ("lines", "csv", "tsv", "jsonl", "text")
@@ -30,14 +31,15 @@ class DatasetSpec:
     def filled(self) -> DatasetSpec:
         """Validates, then returns the spec with every 0/empty replaced by its default."""
         if not self.paths or any(not p.strip() for p in self.paths):
-            raise SpecError(f"dataset paths {list(self.paths)!r}: give at least one non-empty path or glob")
+            raise SpecError(f"dataset paths {quote(repr(list(self.paths)))}: give at least one non-empty "
+                            "path or glob")
         for name in ("chunk_bytes", "chunks_per_task", "num_epochs"):
             value = getattr(self, name)
             if value < 0:
                 raise SpecError(f"{name} {value} is negative: use 0 for the default or a positive number")
         fmt = self.format or "lines"
         if fmt not in FORMATS:
-            raise SpecError(f"unknown format {self.format!r}: known formats are {', '.join(FORMATS)}")
+            raise SpecError(f"unknown format {quote(self.format)}: known formats are {', '.join(FORMATS)}")
         return replace(
             self,
             paths=tuple(self.paths),
