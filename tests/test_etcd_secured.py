@@ -16,6 +16,7 @@ import pytest
 from aetcd import rpc
 from datasets import write_records
 from masters import MasterProcess, pb, stub, wait_serving
+from test_pserver_agent import ask
 from waiting import wait_for
 
 from paddlecloud.etcd import EtcdCredentials, connect
@@ -120,6 +121,16 @@ async def test_pserver_agent_registers_through_tls_and_auth(secured, tmp_path, j
             assert agent.poll() is None, (tmp_path / "agent.log").read_text()
             return bool(await _keys(env, keys.kind_prefix("pservers")))
         await wait_for(registered, timeout=60, details=lambda: (tmp_path / "agent.log").read_text())
+        endpoint = next(iter((await _keys(env, keys.kind_prefix("pservers"))).values())).decode()
+
+        async def pserver_env() -> dict | None:
+            try:
+                return await asyncio.to_thread(ask, endpoint)
+            except OSError:
+                return None
+        seen = (await wait_for(pserver_env, timeout=60))["env"]
+        assert seen["PADDLE_ETCD_CA_FILE"] == env["PADDLE_ETCD_CA_FILE"]
+        assert not {"PADDLE_ETCD_USER", "PADDLE_ETCD_PASSWORD_FILE", "PADDLE_ETCD_KEY_FILE"} & set(seen)
     finally:
         agent.terminate()
         await asyncio.to_thread(agent.wait, 30)
