@@ -101,6 +101,8 @@ class LocalJob:
         self.on_progress = on_progress
         self.keys = JobKeys(NAMESPACE, spec.job)
         self.log_dir = spec.output / "logs"
+        self.secrets_dir = spec.output / ".paddlecloud"  # this run's tokens (and certificates)
+        self.credentials = ClientCredentials()
         self.progress = Progress(num_epochs=spec.epochs)
         self.etcd_server: EtcdServer | None = None
         self.etcd_endpoint = spec.etcd_endpoints or ""
@@ -121,8 +123,6 @@ class LocalJob:
         self._master_restarts = 0
         self._etcd_dir: str | None = None
         self._channels: dict[str, grpc.aio.Channel] = {}
-        self.secrets_dir = spec.output / ".paddlecloud"  # this run's tokens (and certificates)
-        self.credentials = ClientCredentials()
 
     @property
     def trainers(self) -> list[Child]:
