@@ -113,6 +113,16 @@ def _token_volume(spec: JobSpec, *, only_trainer: bool) -> dict[str, Any]:
     return {"name": "job-tokens", "secret": secret}
 
 
+ETCD_AUTH_SECRET = "paddlecloud-etcd"  # optional: keys `user`, `password` of etcd's auth
+
+
+def _etcd_auth_env() -> list[dict[str, Any]]:
+    """etcd's user and password from the namespace's Secret, when it has one (masters and
+    pservers only: trainers need no etcd credentials)."""
+    return [{"name": name, "valueFrom": {"secretKeyRef": {"name": ETCD_AUTH_SECRET, "key": key, "optional": True}}}
+            for name, key in (("PADDLE_ETCD_USER", "user"), ("PADDLE_ETCD_PASSWORD", "password"))]
+
+
 def spec_configmap_name(job: str) -> str:
     return f"{job}-spec"
 
@@ -247,6 +257,7 @@ def pserver_env(spec: JobSpec) -> list[dict[str, Any]]:
         _field("PADDLE_PSERVER_ID", f"metadata.labels['{POD_INDEX_LABEL}']"),
         _value("POD_IP", f"$(POD_NAME).{pserver_name(spec.name)}.{spec.namespace}.svc"),
         *_common_env(spec, PSERVER),
+        *_etcd_auth_env(),
     ]
 
 
@@ -591,6 +602,7 @@ def master_deployment(spec: JobSpec) -> Manifest:
             _value("PADDLE_ETCD_ENDPOINTS", spec.etcd_endpoints),
             _field("POD_NAME", "metadata.name"),
             _field("POD_IP", "status.podIP"),
+            *_etcd_auth_env(),
         ],
         "ports": [
             {"name": "grpc", "containerPort": MASTER_PORT},

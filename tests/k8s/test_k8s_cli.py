@@ -76,6 +76,8 @@ async def test_submit_creates_the_master_its_service_and_the_spec(k8s, kubeconfi
     env = {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
     assert env["PADDLE_JOB_NAME"] == "ctr" and env["PADDLE_NAMESPACE"] == "ml"
     assert env["POD_IP"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+    assert env["PADDLE_ETCD_PASSWORD"] == {"secretKeyRef": {"name": "paddlecloud-etcd", "key": "password",
+                                                            "optional": True}}
     assert container["readinessProbe"] == {"grpc": {"port": 8080}, "periodSeconds": 2,
                                            "failureThreshold": 1}
     data_mount = next(m for m in container["volumeMounts"] if m["name"] == "data")

@@ -172,6 +172,8 @@ def _expand(value: str, env: dict[str, str]) -> str:
 def _pod_env(template_env: list[dict[str, Any]], downward: dict[str, str]) -> dict[str, str]:
     env: dict[str, str] = {}
     for entry in template_env:
+        if "secretKeyRef" in entry.get("valueFrom", {}):
+            continue  # a Secret's value: no part of the downward API
         if "valueFrom" in entry:
             env[entry["name"]] = downward[entry["valueFrom"]["fieldRef"]["fieldPath"]]
         else:
