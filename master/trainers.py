@@ -28,11 +28,12 @@ from paddlecloud.untrusted import quote
 logger = logging.getLogger(__name__)
 
 MAX_TRAINER_ID = 253  # bytes, as a Kubernetes object name
-_TRAINER_ID = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?")
+_TRAINER_ID = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._/-]*[A-Za-z0-9])?")
 
 
 def is_trainer_id(text: str) -> bool:
-    """A short name: letters, digits, '.', '_', '-', starting and ending alphanumeric, <= 253 bytes."""
+    """A short name: letters, digits, '.', '_', '-', '/' (a loader worker's `7/0`), starting and
+    ending alphanumeric, <= 253 bytes."""
     return len(text) <= MAX_TRAINER_ID and text.isascii() and _TRAINER_ID.fullmatch(text) is not None
 
 
@@ -57,7 +58,7 @@ class Trainers:
         if not is_trainer_id(trainer):
             raise InvalidArgument(
                 f"trainer id {quote(trainer)} is not a short name: use 1-{MAX_TRAINER_ID} letters, digits, "
-                "'.', '_' or '-', starting and ending with a letter or digit")
+                "'.', '_', '-' or '/', starting and ending with a letter or digit")
         core, store = self.core, self.core.store
         async with core.admitted(), self._register_lock:
             lease = await store.grant_lease(core.policy.session_ttl)

@@ -47,7 +47,7 @@ async def test_huge_trainer_ids_are_refused_and_write_nothing(master, etcd_endpo
     for i in range(20):  # the flood that filled a 256 MiB etcd: now nothing reaches etcd
         await refused(m.RegisterTrainer(pb.RegisterTrainerRequest(trainer_id=f"{i}{huge}")),
                       grpc.StatusCode.INVALID_ARGUMENT, "is not a short name", "chars)")
-    for bad in ("a b", "-a", "a\nb", "é", "x" * 254, "a/b", ""):
+    for bad in ("a b", "-a", "a\nb", "é", "x" * 254, "a/", ""):
         await refused(m.RegisterTrainer(pb.RegisterTrainerRequest(trainer_id=bad)),
                       grpc.StatusCode.INVALID_ARGUMENT, "trainer id")
     assert await job_keys(etcd_endpoint, job_name) == before
