@@ -193,7 +193,8 @@ async def connect(endpoints: str, *, timeout: float = 10.0,
             try:
                 remaining = max(0.2, min(2.0, deadline - loop.time()))
                 await asyncio.wait_for(client.status(), remaining)
-                # status() needs no auth: one read proves the credentials
+                # status() needs no auth: one read proves the credentials and the rights
+                # on the /paddlecloud/ prefix (the user needs readwrite there)
                 await asyncio.wait_for(client.get(b"/paddlecloud/"), max(remaining, 2.0))
                 return client
             except (aetcd.ClientError, grpc.RpcError, asyncio.TimeoutError, OSError) as error:
@@ -201,7 +202,8 @@ async def connect(endpoints: str, *, timeout: float = 10.0,
                 if is_auth_failure(error):
                     raise EtcdAuthError(
                         f"etcd at {host}:{port} refused our credentials: {error} (check "
-                        "PADDLE_ETCD_USER / PADDLE_ETCD_PASSWORD_FILE and the client certificate)"
+                        "PADDLE_ETCD_USER / PADDLE_ETCD_PASSWORD_FILE, the client certificate, and "
+                        "that the user may read and write the prefix /paddlecloud/)"
                     ) from None
                 errors.append(f"{host}:{port}: {type(error).__name__} {error}".strip())
         if loop.time() >= deadline:
