@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import sys
 from collections.abc import Callable, Collection, Iterable, Mapping
 from pathlib import Path
@@ -353,18 +354,41 @@ def pod_counts(pods: Iterable[Any], job_name: str) -> dict[str, dict[str, int]]:
     return counts
 
 
-def fetch_master_status(address: str, *, timeout: float) -> Any:
+def fetch_master_status(address: str, *, timeout: float, token: str | None = None) -> Any:
     """The master's GetStatus answer; raises grpc.RpcError when it cannot be reached.
 
     Credentials from the environment (`paddlecloud.auth.ClientCredentials`): the job's
-    operator or viewer token in PADDLE_JOB_TOKEN_FILE, the master's CA in PADDLE_MASTER_CA_FILE."""
+    operator or viewer token in PADDLE_JOB_TOKEN_FILE, the master's CA in PADDLE_MASTER_CA_FILE;
+    `token` is used when the environment names none."""
+    import dataclasses
+
     from paddlecloud.api import pb, pb_grpc
     from paddlecloud.auth import ClientCredentials
 
     credentials = ClientCredentials.from_env()
+    if credentials.token is None and token:
+        credentials = dataclasses.replace(credentials, token=token)
     with credentials.channel(address) as channel:
         return pb_grpc.MasterStub(channel).GetStatus(pb.GetStatusRequest(), timeout=timeout,
                                                      metadata=credentials.metadata())
+
+
+def _viewer_token(core: Any, name: str, namespace: str) -> str | None:
+    """The job's viewer token from its Secret, when PADDLE_JOB_TOKEN_FILE names none and the
+    caller may read Secrets; else None (the master then answers UNAUTHENTICATED)."""
+    import base64
+
+    from paddlecloud.auth import ENV_TOKEN_FILE
+
+    if os.environ.get(ENV_TOKEN_FILE):
+        return None
+    try:
+        secret = _get(core.read_namespaced_secret, manifests.tokens_secret_name(name), namespace,
+                      resource="secrets")
+    except click.ClickException:
+        return None  # no right to read Secrets: the environment must give a token
+    data = (secret.data or {}) if secret is not None else {}
+    return base64.b64decode(data["viewer"]).decode() if "viewer" in data else None
 
 
 @job.command("status")
@@ -406,9 +430,15 @@ def status_command(name: str, namespace: str, master_address: str | None, timeou
 
     address = master_address or manifests.master_address(name, namespace)
     try:
-        reply = fetch_master_status(address, timeout=timeout)
+        reply = fetch_master_status(address, timeout=timeout, token=_viewer_token(core, name, namespace))
     except grpc.RpcError as error:
         code = error.code() if hasattr(error, "code") else None
+        if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
+            console.print(
+                f"master: refused our token at {address} ({code.name}); showing the pods only. Give "
+                f"PADDLE_JOB_TOKEN_FILE a token of the job: kubectl -n {namespace} get secret "
+                f"{manifests.tokens_secret_name(name)} -o jsonpath='{{.data.viewer}}' | base64 -d")
+            return
         console.print(
             f"master: unreachable at {address} ({getattr(code, 'name', code)}); showing the pods "
             f"only. From outside the cluster: kubectl -n {namespace} port-forward "

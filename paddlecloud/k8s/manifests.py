@@ -102,7 +102,7 @@ def tokens_secret(spec: JobSpec, tokens: Mapping[str, str], owner: Mapping[str, 
         "kind": "Secret",
         "metadata": _metadata(spec, name=tokens_secret_name(spec.name), role=MASTER, owner=owner),
         "type": "Opaque",
-        "stringData": dict(tokens),
+        "data": {role: base64.b64encode(token.encode()).decode() for role, token in tokens.items()},
     }
 
 

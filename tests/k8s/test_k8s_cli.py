@@ -56,7 +56,7 @@ async def test_submit_creates_the_master_its_service_and_the_spec(k8s, kubeconfi
     assert k8s.stored("services", "ml", "ctr-master")["metadata"]["ownerReferences"] == [owner]
     secret = k8s.stored("secrets", "ml", "ctr-tokens")
     assert secret["metadata"]["ownerReferences"] == [owner]
-    tokens = secret.get("stringData") or secret["data"]
+    tokens = secret["data"]
     assert set(tokens) == {"trainer", "operator", "viewer"} and len(set(tokens.values())) == 3
     for cm in ("ctr-spec", "ctr-package"):
         assert k8s.stored("configmaps", "ml", cm)["metadata"]["ownerReferences"] == [owner]
