@@ -2,7 +2,9 @@
 seconds (as the Go master did). The grant lives in etcd on a lease of that length,
 so it survives a master failover and lapses on its own. `block` is capped (the task
 timeout, or `MAX_BLOCK` when that is off), and the grant dies with its holder's
-session: when the session ends (leave, expiry, superseded) the grant is deleted.
+session: when the session ends (leave, expiry, superseded) the grant is deleted. A
+session that ended while no master led leaves its grant to lapse with its own lease
+(at most the cap).
 
 What this does NOT do: know whether the trainer saved anything.
 """
