@@ -57,20 +57,39 @@ from paddlecloud.clitypes import DURATION, NON_NEGATIVE, SIZE
               help="The most trainers the job may be scaled to [default: --trainers].")
 @click.option("--etcd-timeout", type=DURATION, default="10s", show_default=True,
               help="Give up at start when etcd does not answer within this.")
+@click.option("--etcd-ca-file", envvar="PADDLE_ETCD_CA_FILE", help="CA of https:// etcd endpoints.")
+@click.option("--etcd-cert-file", envvar="PADDLE_ETCD_CERT_FILE", help="Client certificate for etcd.")
+@click.option("--etcd-key-file", envvar="PADDLE_ETCD_KEY_FILE", help="Its private key.")
+@click.option("--etcd-user", envvar="PADDLE_ETCD_USER", help="etcd user (auth enabled).")
+@click.option("--etcd-password-file", envvar="PADDLE_ETCD_PASSWORD_FILE",
+              help="File holding the etcd user's password (or $PADDLE_ETCD_PASSWORD).")
+@click.option("--tokens-dir", type=click.Path(file_okay=False),
+              help="The job's tokens (files trainer, operator, viewer): every RPC must carry one.")
+@click.option("--tls-cert", type=click.Path(exists=True, dir_okay=False), help="Serve TLS with this certificate (PEM).")
+@click.option("--tls-key", type=click.Path(exists=True, dir_okay=False), help="... and its private key.")
+@click.option("--tls-client-ca", type=click.Path(exists=True, dir_okay=False),
+              help="mTLS: require client certificates signed by this CA.")
+@click.option("--insecure", is_flag=True,
+              help="Allow no --tokens-dir off loopback: anyone who reaches the port may do anything.")
+@click.option("--allow-set-dataset", "set_dataset_prefixes", multiple=True, metavar="PREFIX",
+              help="Accept SetDataset for paths under PREFIX (a scheme like s3://bucket/ or a directory); "
+                   "repeatable. Without it SetDataset is off.")
 @click.option("--log-level", default=os.environ.get("PADDLECLOUD_LOG_LEVEL", "INFO"), show_default=True,
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
 def master_command(job, namespace, etcd_endpoints, port, host, advertise, inputs, fmt, chunk_bytes,
                    chunks_per_task, epochs, shuffle_seed, start_epoch, resume_from, session_ttl, election_ttl,
                    task_timeout, max_task_failures, max_tasks_per_trainer, max_calls_in_flight,
                    metrics_port, deployer, job_spec, trainers, min_trainers, max_trainers, etcd_timeout,
+                   etcd_ca_file, etcd_cert_file, etcd_key_file, etcd_user, etcd_password_file,
+                   tokens_dir, tls_cert, tls_key, tls_client_ca, insecure, set_dataset_prefixes,
                    log_level) -> None:
     """Run the master of one job: hands out data tasks, keeps every lease in etcd."""
     import asyncio
 
-    from master.config import DatasetSpec, MasterConfig, Policy, SpecError
+    from master.config import DatasetSpec, MasterConfig, Policy, SpecError, TlsFiles
     from master.server import serve
     from paddlecloud.elastic import TrainerRange
-    from paddlecloud.etcd import parse_endpoints
+    from paddlecloud.etcd import EtcdCredentials, parse_endpoints
 
     logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -89,6 +108,11 @@ def master_command(job, namespace, etcd_endpoints, port, host, advertise, inputs
                 start_epoch = max(start_epoch, resumed)
                 logging.getLogger("master").info("checkpoint in %s: starting at epoch %d",
                                                  resume_from, start_epoch)
+        if bool(tls_cert) != bool(tls_key) or (tls_client_ca and not tls_cert):
+            raise SpecError("--tls-cert and --tls-key go together (and --tls-client-ca needs them)")
+        etcd_credentials = EtcdCredentials.from_env(
+            ca_file=etcd_ca_file, cert_file=etcd_cert_file, key_file=etcd_key_file, user=etcd_user,
+            password_file=etcd_password_file)
         if (deployer == "kubernetes") != bool(job_spec):
             raise SpecError("--deployer kubernetes and --job-spec go together")
         if job_spec:
@@ -106,10 +130,41 @@ def master_command(job, namespace, etcd_endpoints, port, host, advertise, inputs
             metrics_port=metrics_port, etcd_timeout=etcd_timeout, job_spec=job_spec,
             trainer_size=trainer_size,
             max_calls_in_flight=max_calls_in_flight,
+            set_dataset_prefixes=tuple(set_dataset_prefixes), tokens_dir=tokens_dir, insecure=insecure,
+            tls=TlsFiles(tls_cert, tls_key, tls_client_ca) if tls_cert else None,
+            etcd_credentials=etcd_credentials,
             policy=Policy(session_ttl=session_ttl, task_timeout=task_timeout,
                           max_task_failures=max_task_failures,
                           max_tasks_per_trainer=max_tasks_per_trainer),
         )
+        config.check_access()
     except (SpecError, ValueError) as error:
         raise click.UsageError(str(error)) from None
     sys.exit(asyncio.run(serve(config)))
+
+
+@click.command("credentials")
+@click.argument("directory", type=click.Path(file_okay=False))
+@click.option("--tls-host", "hosts", multiple=True, metavar="HOST",
+              help="Also mint a CA (ca.crt) and a master certificate (master.crt, master.key) for HOST "
+                   "(a DNS name or IP; repeatable).")
+def credentials_command(directory: str, hosts: tuple[str, ...]) -> None:
+    """Write a job's fresh tokens into DIRECTORY/tokens (trainer, operator, viewer; mode 0600).
+
+    Give the master `--tokens-dir DIRECTORY/tokens`; give a client PADDLE_JOB_TOKEN_FILE=
+    DIRECTORY/tokens/<role> (and PADDLE_MASTER_CA_FILE=DIRECTORY/ca.crt with --tls-host)."""
+    from pathlib import Path
+
+    from paddlecloud.auth import JobTokens
+
+    root = Path(directory)
+    tokens = JobTokens.generate().write(root / "tokens")
+    click.echo(f"tokens in {tokens}: master --tokens-dir {tokens}")
+    if hosts:
+        from paddlecloud.tls import LocalCA
+
+        ca = LocalCA.create()
+        ca.write_cert(root / "ca.crt")
+        issued = ca.issue(root, "master", hosts=hosts)
+        click.echo(f"TLS: master --tls-cert {issued.cert} --tls-key {issued.key}; "
+                   f"clients PADDLE_MASTER_CA_FILE={root / 'ca.crt'}")

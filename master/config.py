@@ -10,8 +10,10 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field, replace
 
-from paddlecloud.datasets import SpecError
-from paddlecloud.elastic import TrainerRange  # the one error of a bad spec or setting
+from paddlecloud.datasets import SpecError  # the one error of a bad spec or setting
+from paddlecloud.elastic import TrainerRange
+from paddlecloud.etcd import EtcdCredentials
+from paddlecloud.untrusted import quote
 
 DEFAULT_CHUNK_BYTES = 64 * 1024 * 1024
 LINE_FORMATS = ("lines", "csv", "tsv", "jsonl", "text")
@@ -30,14 +32,15 @@ class DatasetSpec:
     def filled(self) -> DatasetSpec:
         """Validates, then returns the spec with every 0/empty replaced by its default."""
         if not self.paths or any(not p.strip() for p in self.paths):
-            raise SpecError(f"dataset paths {list(self.paths)!r}: give at least one non-empty path or glob")
+            raise SpecError(f"dataset paths {quote(repr(list(self.paths)))}: give at least one non-empty "
+                            "path or glob")
         for name in ("chunk_bytes", "chunks_per_task", "num_epochs"):
             value = getattr(self, name)
             if value < 0:
                 raise SpecError(f"{name} {value} is negative: use 0 for the default or a positive number")
         fmt = self.format or "lines"
         if fmt not in FORMATS:
-            raise SpecError(f"unknown format {self.format!r}: known formats are {', '.join(FORMATS)}")
+            raise SpecError(f"unknown format {quote(self.format)}: known formats are {', '.join(FORMATS)}")
         return replace(
             self,
             paths=tuple(self.paths),
@@ -98,6 +101,11 @@ class MasterConfig:
     job_spec: str | None = None   # with it, the leader deploys the job on Kubernetes
     trainer_size: tuple[TrainerRange, int] | None = None  # the range and desired size at start
     max_calls_in_flight: int = 1024  # trainer calls worked on at once; more are shed (RESOURCE_EXHAUSTED)
+    set_dataset_prefixes: tuple[str, ...] = ()  # SetDataset accepts paths under these; empty: off
+    tls: TlsFiles | None = None       # None: plaintext
+    tokens_dir: str | None = None     # the job's role tokens (paddlecloud.auth.JobTokens); None: open
+    insecure: bool = False            # plaintext without tokens off loopback, explicitly asked for
+    etcd_credentials: EtcdCredentials = field(default_factory=EtcdCredentials)
 
     def __post_init__(self) -> None:
         if not self.job:
@@ -110,3 +118,28 @@ class MasterConfig:
             raise SpecError(f"--max-calls-in-flight {self.max_calls_in_flight} must be at least 1")
         if self.start_epoch < 0:
             raise SpecError(f"--start-epoch {self.start_epoch} is negative")
+        if any(not p for p in self.set_dataset_prefixes):
+            raise SpecError("--allow-set-dataset '' would allow every path: name a scheme or directory")
+
+    @property
+    def open_access(self) -> bool:
+        """No tokens: every caller acts as the operator."""
+        return self.tokens_dir is None
+
+    def check_access(self) -> None:
+        """The command line's rule: no tokens off loopback only with --insecure."""
+        if not (self.tokens_dir or self.insecure or self.host in LOOPBACK_HOSTS):
+            raise SpecError(f"--host {self.host} without --tokens-dir: anyone who reaches the port could "
+                            "do anything; give the job's tokens, or pass --insecure to run open anyway")
+
+
+LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    """The master's certificate and key (PEM), and for mTLS the CA its clients' certificates need."""
+
+    cert: str
+    key: str
+    client_ca: str | None = None

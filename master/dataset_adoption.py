@@ -5,6 +5,13 @@ the file list, the spec and the start epoch in etcd; every later start and every
 standby reads that frozen list, never a fresh glob. The same spec again (equal after
 defaults are filled) is OK; a different one is FAILED_PRECONDITION.
 
+`SetDataset` makes the master list files (and, for a URL, talk to a server) on a
+caller's behalf, so it is off unless the master was started with
+`--allow-set-dataset PREFIX` (repeatable): then every path must start with one of
+those prefixes (a scheme like `s3://bucket/`, or a directory like `/data/`) and hold
+no `..`. Anything else is FAILED_PRECONDITION (off) or INVALID_ARGUMENT naming the path,
+before any listing.
+
 What this does NOT do: read the data (only the files' names and sizes).
 """
 
@@ -17,8 +24,12 @@ from master.config import DatasetSpec, SpecError
 from master.core import Core, FailedPrecondition, InvalidArgument, partition_of
 from master.state import JobState
 from paddlecloud.datasets import list_files
+from paddlecloud.untrusted import quote
 
 logger = logging.getLogger(__name__)
+
+MAX_PATHS = 1000        # paths or globs in one SetDataset
+MAX_PATH_CHARS = 4096   # characters of one
 
 
 class DatasetAdoption:
@@ -28,7 +39,23 @@ class DatasetAdoption:
 
     async def set_dataset(self, spec: DatasetSpec) -> int:
         async with self.core.admitted():
+            if self.core.spec is None:
+                self.check_allowed(spec.paths)
             return await self.adopt(spec)
+
+    def check_allowed(self, paths: tuple[str, ...]) -> None:
+        """Refuses a SetDataset whose paths the master was not started to accept."""
+        prefixes = self.core.config.set_dataset_prefixes
+        if not prefixes:
+            raise FailedPrecondition("SetDataset is off: this master takes its dataset from --input; "
+                                     "start it with --allow-set-dataset PREFIX to accept one")
+        if len(paths) > MAX_PATHS:
+            raise InvalidArgument(f"{len(paths)} dataset paths: at most {MAX_PATHS}")
+        for path in paths:
+            if len(path) > MAX_PATH_CHARS or ".." in path.split("/") or not path.startswith(prefixes):
+                raise InvalidArgument(
+                    f"dataset path {quote(path)} is not under an allowed prefix ({', '.join(prefixes)}) "
+                    "or holds '..'")
 
     async def adopt(self, spec: DatasetSpec) -> int:
         """Adopts `spec` (frozen in etcd by the first master to do so); the number of tasks."""

@@ -7,7 +7,7 @@ can never stall (PaddlePaddle issue #5279). Its write in flight is a mark in the
 state, so it is committed once.
 
 What this does NOT do: restart an epoch while any call is in flight (RestartEpoch
-closes the gate first).
+closes the gate first), or restart a finished job (FAILED_PRECONDITION).
 """
 
 from __future__ import annotations
@@ -79,6 +79,9 @@ class Epochs:
                 raise FailedPrecondition("the job has no dataset yet: nothing to restart")
             if not 0 <= epoch < state.num_epochs:
                 raise InvalidArgument(f"epoch {epoch} is outside 0..{state.num_epochs - 1}")
+            if state.phase.terminal:
+                raise FailedPrecondition(f"the job has finished ({state.phase.value}): a finished job "
+                                         "is not restarted; submit it again")
             bad = [t for t in done if not 0 <= t < state.num_tasks]
             if bad:
                 raise InvalidArgument(f"done task {bad[0]} is outside 0..{state.num_tasks - 1}")

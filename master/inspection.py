@@ -5,6 +5,10 @@ pservers, of etcd (through the store), kept apart from the rooms so they hold on
 what changes state. The numbers are this master's cache, which mirrors etcd;
 `trainers`' last-call times start when it began to lead.
 
+Session ids and attempts (what a forged report would need) are shown to the operator
+only (`reveal_sessions`); page tokens are checked (INVALID_ARGUMENT for one this
+master did not give).
+
 What this does NOT do: change anything, or show an epoch other than the current one.
 """
 
@@ -17,7 +21,9 @@ from master.core import InvalidArgument
 from master.dispatcher import Dispatcher
 from master.partition import ChunkRange
 from master.state import TaskStatus
+from master.trainers import is_trainer_id
 from paddlecloud.phase import Phase
+from paddlecloud.untrusted import quote
 
 MAX_PAGE = 1000
 DEFAULT_PAGE = 100
@@ -107,9 +113,21 @@ def _page_size(page_size: int) -> int:
     return min(page_size or DEFAULT_PAGE, MAX_PAGE)
 
 
+def _task_token(page_token: str, num_tasks: int) -> int:
+    """The task a ListTasks page starts at: a token this master gave (a task id), else INVALID_ARGUMENT."""
+    if not page_token:
+        return 0
+    if (len(page_token) > 20 or not (page_token.isascii() and page_token.isdigit())
+            or int(page_token) >= max(num_tasks, 1)):
+        raise InvalidArgument(f"page_token {quote(page_token)} is not one this master gave: "
+                              "pass the next_page_token of the previous page, or nothing")
+    return int(page_token)
+
+
 def list_tasks(d: Dispatcher, *, status: TaskStatus | None, epoch: int | None, page_size: int,
-               page_token: str) -> tuple[list[TaskInfo], str]:
-    """The current epoch's tasks in id order from `page_token`, optionally of one state."""
+               page_token: str, reveal_sessions: bool = True) -> tuple[list[TaskInfo], str]:
+    """The current epoch's tasks in id order from `page_token`, optionally of one state;
+    session ids and attempts are 0 unless `reveal_sessions` (the operator's view)."""
     state, partition = d.core.state, d.core.partition
     if state is None or partition is None:
         return [], ""
@@ -118,10 +136,7 @@ def list_tasks(d: Dispatcher, *, status: TaskStatus | None, epoch: int | None, p
             f"epoch {epoch}: only the current epoch {state.epoch} is kept (done marks of "
             "an epoch are deleted when it ends)")
     size = _page_size(page_size)
-    try:
-        start = int(page_token) if page_token else 0
-    except ValueError:
-        raise InvalidArgument(f"page_token {page_token!r} is not one this master gave") from None
+    start = _task_token(page_token, state.num_tasks)
     statuses, failures = state.status, state.failures
     found: list[TaskInfo] = []
     task = start
@@ -130,16 +145,22 @@ def list_tasks(d: Dispatcher, *, status: TaskStatus | None, epoch: int | None, p
         shown = TaskStatus.PENDING if raw is TaskStatus.RESERVED else raw
         if status is None or shown is status:
             a = state.assignment(task)
+            secret = a is None or not reveal_sessions
             found.append(TaskInfo(task, shown, state.epoch, a.trainer if a else "",
-                                  a.session if a else 0, a.attempt if a else 0,
+                                  0 if secret else a.session, 0 if secret else a.attempt,
                                   failures[task], partition.task_chunks(task)))
         task += 1
     return found, (str(task) if task < state.num_tasks else "")
 
 
-def list_trainers(d: Dispatcher, *, page_size: int, page_token: str) -> tuple[list[TrainerView], str]:
-    """Live sessions in trainer-id order after `page_token`, with the tasks they hold."""
+def list_trainers(d: Dispatcher, *, page_size: int, page_token: str,
+                  reveal_sessions: bool = True) -> tuple[list[TrainerView], str]:
+    """Live sessions in trainer-id order after `page_token` (a trainer id this master gave),
+    with the tasks they hold; session ids are 0 unless `reveal_sessions`."""
     size = _page_size(page_size)
+    if page_token and not is_trainer_id(page_token):
+        raise InvalidArgument(f"page_token {quote(page_token)} is not one this master gave: "
+                              "pass the next_page_token of the previous page, or nothing")
     now = time.monotonic()
     sessions, state = d.core.sessions, d.core.state
     ids = sorted(t for t in sessions.by_trainer if t > page_token)
@@ -148,7 +169,7 @@ def list_trainers(d: Dispatcher, *, page_size: int, page_token: str) -> tuple[li
         session = sessions.by_trainer[trainer]
         info = sessions.by_session[session]
         held = state.held_by(session) if state else []
-        views.append(TrainerView(trainer, session, held, now - info.last_call))
+        views.append(TrainerView(trainer, session if reveal_sessions else 0, held, now - info.last_call))
     return views, (ids[size - 1] if len(ids) > size else "")
 
 

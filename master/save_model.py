@@ -1,6 +1,10 @@
 """The save-model room: one trainer at a time is told to save the model, for `block`
 seconds (as the Go master did). The grant lives in etcd on a lease of that length,
-so it survives a master failover and lapses on its own.
+so it survives a master failover and lapses on its own. `block` is capped (the task
+timeout, or `MAX_BLOCK` when that is off), and the grant dies with its holder's
+session: when the session ends (leave, expiry, superseded) the grant is deleted. A
+session that ended while no master led leaves its grant to lapse with its own lease
+(at most the cap).
 
 What this does NOT do: know whether the trainer saved anything.
 """
@@ -15,16 +19,27 @@ from master.trainers import Trainers
 
 logger = logging.getLogger(__name__)
 
+MAX_BLOCK = 3600.0  # seconds a grant may last when the task timeout is off
+
 
 class SaveModel:
     def __init__(self, core: Core, trainers: Trainers) -> None:
         self.core = core
         self.trainers = trainers
+        trainers.on_gone.append(self._holder_gone)
+
+    @property
+    def max_block(self) -> float:
+        return self.core.policy.task_timeout or MAX_BLOCK
+
+    def _holder_gone(self, trainer: str) -> None:
+        self.core.spawn(self.core.store.release_save_model(trainer), "release-save-model")
 
     async def request(self, session: int, block: float) -> bool:
         """True when the caller's trainer holds the grant (now, or already)."""
-        if block <= 0:
-            raise InvalidArgument(f"block {block:g}s must be positive")
+        if not 0 < block <= self.max_block:
+            raise InvalidArgument(f"block {block:g}s must be positive and at most {self.max_block:g}s "
+                                  "(the task timeout)")
         store = self.core.store
         async with self.core.admitted():
             info = await self.trainers.touch(session)

@@ -8,7 +8,13 @@ etcd gone past the TTL) or a write's fence fails, it steps down and campaigns ag
 Faults of etcd (unreachable, timing out, deposed us) are expected: the campaign is
 retried with backoff and a warning. Anything else is a bug: it is logged with its
 traceback and the process exits non-zero (1; 2 for bad flags or state, which no
-retry fixes), so that its supervisor restarts it.
+retry fixes), so that its supervisor restarts it. etcd refusing our credentials is
+not a fault to retry: one line, exit 1.
+
+Security (DESIGN.md section 11): TLS with `--tls-cert/--tls-key` (mTLS with
+`--tls-client-ca`), and every Master RPC through one `master.authorization`
+interceptor with the job's tokens (`--tokens-dir`). A master without TLS or tokens
+says so at start, in a warning.
 """
 
 from __future__ import annotations
@@ -27,13 +33,15 @@ from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
 from master import inspection, metrics
-from master.config import MasterConfig, SpecError
+from master.authorization import Authorization
+from master.config import MasterConfig, SpecError, TlsFiles
 from master.dispatcher import Dispatcher
 from master.servicer import MasterServicer
 from master.store import NotLeader, StoreUnavailable
 from master.web import StatusPage
 from paddlecloud import etcd
 from paddlecloud.api import SERVICE_NAME, pb_grpc
+from paddlecloud.auth import CredentialError, JobTokens, TokenRoles
 from paddlecloud.keys import JobKeys
 
 logger = logging.getLogger(__name__)
@@ -103,6 +111,10 @@ class MasterNode:
                 return
             except Exception as error:
                 if self.stopping.is_set():
+                    return
+                if etcd.is_auth_failure(error):
+                    logger.error("etcd refused the master's credentials: %s", error)
+                    self.fatal = error
                     return
                 if not is_etcd_fault(error):
                     logger.exception("the master failed: %s: %s", type(error).__name__, error)
@@ -192,25 +204,55 @@ class MasterNode:
                            "election lease lost" if session.lost.is_set() else dispatcher.deposed.result())
 
 
+def _server_credentials(tls: TlsFiles) -> grpc.ServerCredentials:
+    cert, key = Path(tls.cert).read_bytes(), Path(tls.key).read_bytes()
+    client_ca = Path(tls.client_ca).read_bytes() if tls.client_ca else None
+    return grpc.ssl_server_credentials([(key, cert)], root_certificates=client_ca,
+                                       require_client_auth=client_ca is not None)
+
+
+def _warn_if_open(config: MasterConfig) -> None:
+    """Says at start what a master without TLS or tokens exposes."""
+    if config.open_access:
+        logger.warning("INSECURE: no --tokens-dir: every caller who reaches %s:%d may do anything "
+                       "(register, finish tasks, restart epochs)%s", config.host, config.port,
+                       "" if config.insecure else "; fine on loopback only")
+    if config.tls is None:
+        logger.warning("INSECURE: no --tls-cert: calls%s travel in plaintext",
+                       "" if config.open_access else " and their tokens")
+
+
 async def serve(config: MasterConfig) -> int:
     """Runs a master until SIGTERM/SIGINT; returns the process exit code."""
     try:
-        client = await etcd.connect(config.etcd_endpoints, timeout=config.etcd_timeout)
-    except etcd.EtcdUnavailable as error:
+        job_tokens = JobTokens.load(Path(config.tokens_dir)) if config.tokens_dir else None
+        roles = TokenRoles(job_tokens, job=config.job) if job_tokens else None
+        credentials = _server_credentials(config.tls) if config.tls else None
+    except (CredentialError, OSError) as error:
+        logger.error("%s", error)
+        return 2
+    try:
+        client = await etcd.connect(config.etcd_endpoints, timeout=config.etcd_timeout,
+                                    credentials=config.etcd_credentials)
+    except (etcd.EtcdUnavailable, ValueError) as error:
         logger.error("%s", error)
         return 1
     node = MasterNode(config, client)
-    server = grpc.aio.server(options=SERVER_OPTIONS)
+    server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=[Authorization(roles)])
     pb_grpc.add_MasterServicer_to_server(
         MasterServicer(dispatcher=lambda: node.dispatcher, leader_hint=lambda: node.leader_hint,
-                       max_in_flight=config.max_calls_in_flight), server)
+                       max_in_flight=config.max_calls_in_flight,
+                       session_token=roles.session_token if roles else None), server)
     health_pb2_grpc.add_HealthServicer_to_server(node.health, server)
     reflection.enable_server_reflection(
         [SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
          reflection.SERVICE_NAME], server)
     address = f"{config.host}:{config.port}"
     try:
-        server.add_insecure_port(address)
+        if credentials is not None:
+            server.add_secure_port(address, credentials)
+        else:
+            server.add_insecure_port(address)
     except RuntimeError as error:
         logger.error("cannot listen on %s: %s", address, error)
         await client.close()
@@ -220,8 +262,12 @@ async def serve(config: MasterConfig) -> int:
     if config.metrics_port:
         metrics.collect_state(
             lambda: inspection.metrics_snapshot(node.dispatcher) if node.dispatcher else None)
+        # the page opens to the job's viewer and operator tokens (a trainer's is refused)
+        page_tokens = ({token: role for role, token in job_tokens.as_mapping().items()}
+                       if job_tokens else None)
         page = StatusPage(job=config.job, namespace=config.namespace, advertise=node.advertise,
-                          dispatcher=lambda: node.dispatcher, leader_hint=lambda: node.leader_hint)
+                          dispatcher=lambda: node.dispatcher, leader_hint=lambda: node.leader_hint,
+                          tokens=page_tokens)
         try:
             await page.start(host=config.host, port=config.metrics_port)
         except OSError as error:
@@ -236,6 +282,7 @@ async def serve(config: MasterConfig) -> int:
         loop.add_signal_handler(sig, node.stopping.set)
     logger.info("master of job %s/%s listening on %s (advertised as %s)", config.namespace,
                 config.job, address, node.advertise)
+    _warn_if_open(config)
     try:
         await node.run()
     finally:

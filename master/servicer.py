@@ -4,7 +4,10 @@ Domain errors become status codes here and nowhere else; every message names the
 bad value. A standby master answers UNAVAILABLE with the leader's address. Only the
 dispatcher's own `InvalidArgument` is INVALID_ARGUMENT; a cache out of step (it is
 being rebuilt) is UNAVAILABLE, so the client retries; anything else is a bug: logged
-with its traceback and answered INTERNAL.
+with its traceback and answered INTERNAL. etcd out of space (NOSPACE) is
+RESOURCE_EXHAUSTED with what the operator must do. Who may call what is decided
+before this module runs (`master.authorization`); here only which fields the caller
+sees (session ids and attempts: the operator only).
 
 Admission: at most `max_in_flight` trainer calls are worked on at once; one more is
 answered RESOURCE_EXHAUSTED before it touches the dispatcher (no etcd, no state), with a
@@ -29,17 +32,21 @@ from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
 from master import inspection, metrics
+from master.authorization import caller
 from master.config import DatasetSpec
 from master.core import CacheOutOfStep, FailedPrecondition, InvalidArgument
 from master.dispatcher import Dispatcher
 from master.sessions import SessionExpired, SessionSuperseded
 from master.state import Outcome, TaskStatus
-from master.store import NotLeader, StoreUnavailable
+from master.store import NotLeader, StoreFull, StoreUnavailable
 from master.tasks import GetTaskResult, TaskRef
 from paddlecloud.api import pb, pb_grpc
+from paddlecloud.untrusted import loggable
 from paddlecloud.wire import Reason, duration, error_status, seconds
 
 logger = logging.getLogger(__name__)
+
+MAX_REASON = 4096  # characters of a TaskFailed reason kept (it is only logged)
 
 _ERRORS: list[tuple[type[BaseException], grpc.StatusCode]] = [
     (InvalidArgument, grpc.StatusCode.INVALID_ARGUMENT),
@@ -47,6 +54,7 @@ _ERRORS: list[tuple[type[BaseException], grpc.StatusCode]] = [
     (SessionSuperseded, grpc.StatusCode.FAILED_PRECONDITION),
     (FailedPrecondition, grpc.StatusCode.FAILED_PRECONDITION),
     (NotLeader, grpc.StatusCode.UNAVAILABLE),
+    (StoreFull, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (StoreUnavailable, grpc.StatusCode.UNAVAILABLE),
     (CacheOutOfStep, grpc.StatusCode.UNAVAILABLE),
 ]
@@ -112,7 +120,8 @@ def _wrap(method: Callable, *, shed: bool) -> Callable:
             await context.abort_with_status(error_status(code, str(error), *details))
         except Exception as error:
             logger.exception("%s failed", name)
-            await context.abort(grpc.StatusCode.INTERNAL, f"{name} failed: {type(error).__name__}: {error}")
+            await context.abort(grpc.StatusCode.INTERNAL,
+                                f"{name} failed: {type(error).__name__}: {loggable(str(error))}")
         finally:
             if shed:
                 self.in_flight -= 1
@@ -144,9 +153,11 @@ def _ref(report: pb.TaskReport | pb.TaskRef) -> TaskRef:
 
 class MasterServicer(pb_grpc.MasterServicer):
     def __init__(self, *, dispatcher: Callable[[], Dispatcher | None],
-                 leader_hint: Callable[[], str | None], max_in_flight: int = 1024) -> None:
+                 leader_hint: Callable[[], str | None], max_in_flight: int = 1024,
+                 session_token: Callable[[int], str] | None = None) -> None:
         self.dispatcher = dispatcher
         self.leader_hint = leader_hint
+        self.session_token = session_token  # None: a master without tokens
         self.max_in_flight = max_in_flight
         self.shed_status = _shed_status(max_in_flight)
         self.in_flight = 0  # shed calls being worked on (one event loop: no lock)
@@ -154,7 +165,8 @@ class MasterServicer(pb_grpc.MasterServicer):
     @_rpc
     async def RegisterTrainer(self, d: Dispatcher, request):
         r = await d.trainers.register(request.trainer_id)
-        return pb.RegisterTrainerResponse(session_id=r.session, ttl=duration(r.ttl),
+        token = self.session_token(r.session) if self.session_token is not None else ""
+        return pb.RegisterTrainerResponse(session_id=r.session, ttl=duration(r.ttl), session_token=token,
                                           current_epoch=r.current_epoch, num_epochs=r.num_epochs)
 
     @_rpc
@@ -198,7 +210,8 @@ class MasterServicer(pb_grpc.MasterServicer):
 
     @_rpc
     async def TaskFailed(self, d: Dispatcher, request):
-        accepted = await d.tasks.task_failed(request.session_id, _ref(request), request.reason)
+        reason = loggable(request.reason, limit=MAX_REASON)  # bounded and escaped: it is logged
+        accepted = await d.tasks.task_failed(request.session_id, _ref(request), reason)
         return pb.TaskReportResponse(result=_result(accepted))
 
     @_rpc
@@ -235,7 +248,8 @@ class MasterServicer(pb_grpc.MasterServicer):
         status = _task_status(request.state) if request.state else None
         epoch = request.epoch if request.HasField("epoch") else None
         tasks, token = inspection.list_tasks(d, status=status, epoch=epoch, page_size=request.page_size,
-                                    page_token=request.page_token)
+                                             page_token=request.page_token,
+                                             reveal_sessions=caller().is_operator)
         return pb.ListTasksResponse(next_page_token=token, tasks=[
             pb.TaskInfo(id=t.task, state=pb.TaskState.Value(t.status.name), epoch=t.epoch,
                         holder=t.holder, session_id=t.session, attempt=t.attempt, failures=t.failures,
@@ -245,7 +259,8 @@ class MasterServicer(pb_grpc.MasterServicer):
 
     @_inspection
     async def ListTrainers(self, d: Dispatcher, request):
-        views, token = inspection.list_trainers(d, page_size=request.page_size, page_token=request.page_token)
+        views, token = inspection.list_trainers(d, page_size=request.page_size, page_token=request.page_token,
+                                                reveal_sessions=caller().is_operator)
         return pb.ListTrainersResponse(next_page_token=token, trainers=[
             pb.TrainerInfo(trainer_id=v.trainer, session_id=v.session, tasks_held=v.tasks,
                            since_last_call=duration(v.since_last_call))

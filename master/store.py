@@ -75,12 +75,34 @@ class StoreUnavailable(Exception):
     read has no answer; the caller retries."""
 
 
+class StoreFull(StoreUnavailable):
+    """etcd is out of space (its NOSPACE alarm): no write succeeds until an operator acts."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__("etcd is out of space (NOSPACE alarm: its --quota-backend-bytes is reached); "
+                         "nothing can be written until an operator compacts and defragments it and "
+                         "runs `etcdctl alarm disarm`")
+        self.__cause__ = error
+
+
+def is_nospace(error: BaseException) -> bool:
+    """etcd's quota error: RESOURCE_EXHAUSTED 'mvcc: database space exceeded', raw or wrapped by aetcd."""
+    for e in (error, error.__cause__, error.__context__):
+        if isinstance(e, grpc.RpcError) and e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
+            return True
+        if e is not None and "database space exceeded" in str(e):
+            return True
+    return False
+
+
 @contextlib.contextmanager
 def _etcd_answers(what: str) -> Iterator[None]:
     """Turns etcd not answering a read or a lease call into StoreUnavailable."""
     try:
         yield
     except (grpc.RpcError, aetcd.ClientError, EtcdUnavailable, asyncio.TimeoutError, OSError) as error:
+        if is_nospace(error):
+            raise StoreFull(error) from error
         raise StoreUnavailable(f"etcd did not answer {what}: {error}") from error
 
 
@@ -249,7 +271,8 @@ class GroupCommitter:
             reply = await self._client.kvstub.Txn(request, timeout=self._timeout,
                                                   metadata=self._client.metadata)
         except Exception as error:  # grpc errors, timeouts: the outcome is unknown
-            _fail_all(batch, StoreUnavailable(f"etcd transaction failed: {error}"))
+            _fail_all(batch, StoreFull(error) if is_nospace(error)
+                      else StoreUnavailable(f"etcd transaction failed: {error}"))
             return
         self.batches += 1
         self.writes += len(batch)
@@ -499,6 +522,11 @@ class EtcdStore:
         return await self.commit([version_is(k.save_model, 0)],
                                  [put(k.save_model, trainer, lease=lease)],
                                  frozenset([k.save_model])) is not None
+
+    async def release_save_model(self, trainer: str) -> None:
+        """Deletes the save-model grant if `trainer` holds it (its session ended)."""
+        k = self.keys
+        await self.commit([value_is(k.save_model, trainer)], [delete(k.save_model)], frozenset([k.save_model]))
 
     # -- leases --
 

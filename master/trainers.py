@@ -15,14 +15,26 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from master.core import Core, InvalidArgument
 from master.sessions import SessionExpired, SessionInfo, SessionSuperseded
 from master.state import InvalidTransition, TaskReleased
 from master.store import NotLeader, Snapshot
+from paddlecloud.untrusted import quote
 
 logger = logging.getLogger(__name__)
+
+MAX_TRAINER_ID = 253  # bytes, as a Kubernetes object name
+_TRAINER_ID = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._/-]*[A-Za-z0-9])?")
+
+
+def is_trainer_id(text: str) -> bool:
+    """A short name: letters, digits, '.', '_', '-', '/' (a loader worker's `7/0`), starting and
+    ending alphanumeric, <= 253 bytes."""
+    return len(text) <= MAX_TRAINER_ID and text.isascii() and _TRAINER_ID.fullmatch(text) is not None
 
 
 @dataclass(frozen=True)
@@ -40,10 +52,13 @@ class Trainers:
         self._ending: set[int] = set()  # sessions this master is revoking right now
         self._register_lock = asyncio.Lock()
         self._watch: asyncio.Task[None] | None = None
+        self.on_gone: list[Callable[[str], None]] = []  # called with the trainer id of an ended session
 
     async def register(self, trainer: str) -> Registration:
-        if not trainer or trainer.strip() != trainer:
-            raise InvalidArgument(f"trainer id {trainer!r} must be a non-empty string without spaces around it")
+        if not is_trainer_id(trainer):
+            raise InvalidArgument(
+                f"trainer id {quote(trainer)} is not a short name: use 1-{MAX_TRAINER_ID} letters, digits, "
+                "'.', '_', '-' or '/', starting and ending with a letter or digit")
         core, store = self.core, self.core.store
         async with core.admitted(), self._register_lock:
             lease = await store.grant_lease(core.policy.session_ttl)
@@ -112,6 +127,9 @@ class Trainers:
         if cause != "superseded":
             self.registry.forget_superseded_by(session)
         info = self.registry.remove(session)
+        if info is not None:
+            for hook in self.on_gone:
+                hook(info.trainer)
         state = self.core.state
         if info is None or state is None:
             return

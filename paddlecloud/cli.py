@@ -9,7 +9,7 @@ from __future__ import annotations
 import click
 
 from job_server.cli import server_command
-from master.cli import master_command
+from master.cli import credentials_command, master_command
 from paddlecloud.jobs_cli import job
 from paddlecloud.local.cli import local
 from pdj_operator.cli import operator_command
@@ -30,6 +30,7 @@ main.add_command(pserver_command)
 main.add_command(local)
 main.add_command(operator_command)
 main.add_command(server_command)
+main.add_command(credentials_command)
 
 if __name__ == "__main__":
     main()

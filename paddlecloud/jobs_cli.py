@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import sys
 from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
@@ -324,6 +325,24 @@ def status_page_instructions(name: str, namespace: str, *, local_port: int) -> s
             f"and open http://127.0.0.1:{local_port}/")
 
 
+def _viewer_token(core: Any, name: str, namespace: str) -> str | None:
+    """The job's viewer token from its Secret, when PADDLE_JOB_TOKEN_FILE names none and the
+    caller may read Secrets; else None (the master then answers UNAUTHENTICATED)."""
+    import base64
+
+    from paddlecloud.auth import ENV_TOKEN_FILE
+
+    if os.environ.get(ENV_TOKEN_FILE):
+        return None
+    try:
+        secret = _get(core.read_namespaced_secret, manifests.tokens_secret_name(name), namespace,
+                      resource="secrets")
+    except click.ClickException:
+        return None  # no right to read Secrets: the environment must give a token
+    data = (secret.data or {}) if secret is not None else {}
+    return base64.b64decode(data["viewer"]).decode() if "viewer" in data else None
+
+
 @job.command("status")
 @click.argument("name")
 @_namespace_option()
@@ -373,9 +392,15 @@ def status_command(name: str, namespace: str, master_address: str | None, timeou
 
     address = master_address or manifests.master_address(name, namespace)
     try:
-        reply = fetch_master_status(address, timeout=timeout)
+        reply = fetch_master_status(address, timeout=timeout, token=_viewer_token(core, name, namespace))
     except grpc.RpcError as error:
         code = error.code() if hasattr(error, "code") else None
+        if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
+            console.print(
+                f"master: refused our token at {address} ({code.name}); showing the pods only. Give "
+                f"PADDLE_JOB_TOKEN_FILE a token of the job: kubectl -n {namespace} get secret "
+                f"{manifests.tokens_secret_name(name)} -o jsonpath='{{.data.viewer}}' | base64 -d")
+            return
         console.print(
             f"master: unreachable at {address} ({getattr(code, 'name', code)}); showing the pods "
             f"only. From outside the cluster: kubectl -n {namespace} port-forward "

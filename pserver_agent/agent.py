@@ -46,12 +46,15 @@ from pserver_agent.supervisor import PserverSupervisor, RestartPolicy
 logger = logging.getLogger(__name__)
 
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+ETCD_CREDENTIAL_ENV = frozenset({"PADDLE_ETCD_CERT_FILE", "PADDLE_ETCD_KEY_FILE", "PADDLE_ETCD_USER",
+                                 "PADDLE_ETCD_PASSWORD", "PADDLE_ETCD_PASSWORD_FILE"})
 
 
 def pserver_env(config: AgentConfig, *, claim: Claim, endpoints: list[str],
                 base: Mapping[str, str]) -> dict[str, str]:
-    """The pserver's environment (DESIGN.md section 8): `base` plus its place in the job."""
-    env = dict(base)
+    """The pserver's environment (DESIGN.md section 8): `base` plus its place in the job,
+    less the agent's etcd credentials (the pserver's own code needs no etcd rights)."""
+    env = {k: v for k, v in base.items() if k not in ETCD_CREDENTIAL_ENV}
     env.update(
         TRAINING_ROLE="PSERVER",
         PADDLE_PSERVER_ID=str(claim.index),

@@ -17,7 +17,7 @@ from paddlecloud.etcd_server import free_port
 def run_master(*args: str, etcd: str, job: str, timeout: float = 60) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "paddlecloud", "master", "--job", job, "--etcd-endpoints", etcd,
-         "--port", str(free_port()), *args],
+         "--port", str(free_port()), "--host", "127.0.0.1", *args],
         capture_output=True, text=True, timeout=timeout,
     )
 
@@ -73,7 +73,7 @@ async def test_restart_epoch_outside_the_job_is_invalid(master):
 
 
 async def test_set_dataset_errors_name_the_bad_value(tmp_path, start_master):
-    proc = start_master()
+    proc = start_master("--allow-set-dataset", str(tmp_path), "--allow-set-dataset", "hdfs://")
     await wait_serving(proc.address, process=proc)
     async with grpc.aio.insecure_channel(proc.address) as channel:
         master = stub(channel)
@@ -129,6 +129,6 @@ def test_unreachable_etcd_exits_instead_of_hanging(job_name):
 
 
 def test_malformed_etcd_endpoint_is_a_usage_error(job_name):
-    result = run_master(etcd="https://secure:2379", job=job_name)
+    result = run_master(etcd="ftp://secure:2379", job=job_name)
     assert result.returncode == 2
-    assert "'https://secure:2379'" in result.stderr
+    assert "'ftp://secure:2379'" in result.stderr

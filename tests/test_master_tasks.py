@@ -304,7 +304,7 @@ async def test_get_task_before_the_dataset_is_known_waits(start_master, channel_
 
 async def test_set_dataset_then_same_is_ok_and_different_is_refused(tmp_path, start_master, channel_to):
     write_records(tmp_path / "data", files=3, records_per_file=4)
-    proc = start_master()
+    proc = start_master("--allow-set-dataset", str(tmp_path / "data"))
     await wait_serving(proc.address, process=proc)
     master = await channel_to(proc.address)
     spec = pb.DatasetSpec(paths=[str(tmp_path / "data" / "*.csv")], num_epochs=2)

@@ -81,6 +81,7 @@ from tenacity import (
 )
 
 from paddlecloud.api import pb, pb_grpc
+from paddlecloud.auth import ClientCredentials
 from paddlecloud.wire import Reason, duration, error_info, seconds
 from trainer_agent.discovery import DiscoveryError, MasterLocator
 from trainer_agent.readers import DataError, read_chunk
@@ -156,14 +157,19 @@ class MasterConnection:
     jittered backoff until `deadline` seconds have passed, then raises
     `MasterUnavailable`; between attempts it follows a standby's NOT_LEADER hint
     (unless the locator is a fixed endpoint, e.g. a Service), else resolves the leader
-    again. `open_channel(address)` opens a channel (insecure by default). Thread-safe.
+    again. `credentials` (default: `ClientCredentials.from_env()`) open the channels
+    (TLS with the master's CA) and authenticate the calls: the job's token, and for
+    a session the session token its registration returned. Thread-safe.
     """
 
     def __init__(self, locator: MasterLocator, *, deadline: float,
-                 open_channel: Callable[[str], grpc.Channel] = grpc.insecure_channel) -> None:
+                 credentials: ClientCredentials | None = None,
+                 open_channel: Callable[[str], grpc.Channel] | None = None) -> None:
         self.locator = locator
         self.deadline = deadline
-        self._open_channel = open_channel
+        self.credentials = credentials if credentials is not None else ClientCredentials.from_env()
+        self._open_channel = open_channel or self.credentials.channel
+        self._session_tokens: dict[int, str] = {}  # session id -> its token (RegisterTrainer's reply)
         self._lock = threading.Lock()
         # One channel per address, kept until close(): the keep-alive and prefetch threads
         # may still be calling on a channel when another thread moves to a new leader.
@@ -180,15 +186,27 @@ class MasterConnection:
 
     # ---- the RPCs ------------------------------------------------------------------
 
+    def _as(self, session: int | None = None) -> tuple[tuple[str, str], ...]:
+        """The call's metadata: the session's token, else the job's token."""
+        with self._lock:
+            token = self._session_tokens.get(session) if session else None
+        return self.credentials.metadata(token)
+
     def register_trainer(self, trainer_id: str) -> pb.RegisterTrainerResponse:
         request = pb.RegisterTrainerRequest(trainer_id=trainer_id)
-        return self._call(lambda stub: stub.RegisterTrainer(request, timeout=CALL_TIMEOUT))
+        reply = self._call(lambda stub: stub.RegisterTrainer(request, timeout=CALL_TIMEOUT, metadata=self._as()))
+        if reply.session_token:
+            with self._lock:
+                self._session_tokens[reply.session_id] = reply.session_token
+        return reply
 
     def keep_alive(self, session: int) -> None:
-        self._call(lambda stub: stub.KeepAlive(pb.KeepAliveRequest(session_id=session), timeout=CALL_TIMEOUT))
+        self._call(lambda stub: stub.KeepAlive(pb.KeepAliveRequest(session_id=session), timeout=CALL_TIMEOUT,
+                                               metadata=self._as(session)))
 
     def leave_trainer(self, session: int, *, timeout: float) -> None:
-        self._call(lambda stub: stub.LeaveTrainer(pb.LeaveTrainerRequest(session_id=session), timeout=timeout))
+        self._call(lambda stub: stub.LeaveTrainer(pb.LeaveTrainerRequest(session_id=session), timeout=timeout,
+                                                  metadata=self._as(session)))
 
     def get_task(self, session: int, *, epoch: int, finished: list[pb.TaskRef],
                  max_tasks: int = 1) -> pb.GetTaskResponse:
@@ -196,25 +214,30 @@ class MasterConnection:
         is none; `finished` acknowledges tasks read."""
         request = pb.GetTaskRequest(session_id=session, epoch=epoch, finished=finished,
                                     max_tasks=max_tasks)
-        return self._call(lambda stub: stub.GetTask(request, timeout=CALL_TIMEOUT))
+        return self._call(lambda stub: stub.GetTask(request, timeout=CALL_TIMEOUT, metadata=self._as(session)))
 
     def task_finished(self, session: int, ref: pb.TaskRef) -> pb.ReportResult:
         request = pb.TaskReport(session_id=session, task_id=ref.task_id, epoch=ref.epoch, attempt=ref.attempt)
-        return self._call(lambda stub: stub.TaskFinished(request, timeout=CALL_TIMEOUT)).result
+        return self._call(lambda stub: stub.TaskFinished(request, timeout=CALL_TIMEOUT,
+                                                         metadata=self._as(session))).result
 
     def task_failed(self, session: int, task: pb.Task, *, reason: str) -> None:
-        self._call(lambda stub: stub.TaskFailed(_report(session, task, reason), timeout=CALL_TIMEOUT))
+        self._call(lambda stub: stub.TaskFailed(_report(session, task, reason), timeout=CALL_TIMEOUT,
+                                                metadata=self._as(session)))
 
     def return_task(self, session: int, task: pb.Task, *, timeout: float) -> None:
-        self._call(lambda stub: stub.ReturnTask(_report(session, task), timeout=timeout))
+        self._call(lambda stub: stub.ReturnTask(_report(session, task), timeout=timeout,
+                                                metadata=self._as(session)))
 
     def request_save_model(self, session: int, *, block: float) -> bool:
         """True when this session's trainer is granted the save for `block` seconds."""
         request = pb.RequestSaveModelRequest(session_id=session, block=duration(block))
-        return self._call(lambda stub: stub.RequestSaveModel(request, timeout=CALL_TIMEOUT)).granted
+        return self._call(lambda stub: stub.RequestSaveModel(request, timeout=CALL_TIMEOUT,
+                                                             metadata=self._as(session))).granted
 
     def get_status(self) -> pb.GetStatusResponse:
-        return self._call(lambda stub: stub.GetStatus(pb.GetStatusRequest(), timeout=CALL_TIMEOUT))
+        return self._call(lambda stub: stub.GetStatus(pb.GetStatusRequest(), timeout=CALL_TIMEOUT,
+                                                      metadata=self._as()))
 
     # ---- retries and the leader -----------------------------------------------------
 

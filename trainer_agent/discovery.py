@@ -3,7 +3,11 @@
 `PADDLE_MASTER_ENDPOINT` wins when set (e.g. a Kubernetes Service that routes to the
 ready leader). Otherwise the leader's address is read from etcd through its JSON
 gateway (`/v3/kv/range`), which keeps this synchronous and free of an etcd client;
-callers re-resolve whenever the master answers UNAVAILABLE.
+callers re-resolve whenever the master answers UNAVAILABLE. With `https://`
+endpoints the gateway is read over TLS, checked against `PADDLE_ETCD_CA_FILE`, so
+whoever can answer on the network cannot redirect the trainers; a trainer needs no
+etcd user or client certificate (the leader key must be readable to it: prefer
+`PADDLE_MASTER_ENDPOINT` where etcd demands auth for every read).
 """
 
 from __future__ import annotations
@@ -12,12 +16,13 @@ import base64
 import json
 import logging
 import os
+import ssl
 import urllib.error
 import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from paddlecloud.etcd import parse_endpoints
+from paddlecloud.etcd import parse_endpoints, uses_tls
 from paddlecloud.keys import JobKeys
 
 logger = logging.getLogger(__name__)
@@ -65,9 +70,14 @@ class MasterLocator:
             return self.master_endpoint
         key = JobKeys(self.namespace, self.job or "").leader
         errors = []
-        for host, port in parse_endpoints(self.etcd_endpoints or ""):
+        endpoints = self.etcd_endpoints or ""
+        scheme, context = "http", None
+        if uses_tls(endpoints):
+            scheme = "https"
+            context = ssl.create_default_context(cafile=os.environ.get("PADDLE_ETCD_CA_FILE") or None)
+        for host, port in parse_endpoints(endpoints):
             try:
-                value = _etcd_get(f"http://{host}:{port}", key, timeout=timeout)
+                value = _etcd_get(f"{scheme}://{host}:{port}", key, timeout=timeout, context=context)
             except (OSError, ValueError) as error:
                 errors.append(f"{host}:{port}: {error}")
                 continue
@@ -77,13 +87,14 @@ class MasterLocator:
         raise DiscoveryError(f"etcd unreachable at {self.etcd_endpoints}: {'; '.join(errors)}")
 
 
-def _etcd_get(base_url: str, key: bytes, *, timeout: float) -> str | None:
+def _etcd_get(base_url: str, key: bytes, *, timeout: float,
+              context: ssl.SSLContext | None = None) -> str | None:
     body = json.dumps({"key": base64.b64encode(key).decode()}).encode()
     for path in ("/v3/kv/range", "/v3beta/kv/range"):
         request = urllib.request.Request(base_url + path, data=body,
                                          headers={"Content-Type": "application/json"})
         try:
-            with urllib.request.urlopen(request, timeout=timeout) as reply:
+            with urllib.request.urlopen(request, timeout=timeout, context=context) as reply:
                 kvs = json.loads(reply.read()).get("kvs") or []
         except urllib.error.HTTPError as error:
             if error.code == 404:

@@ -120,6 +120,12 @@ def create_job(api: Any, *, spec: JobSpec, objects: list[dict[str, Any]],
     owner = manifests.owner_reference(spec.name, uid)
     create(core.create_namespaced_service, manifests.master_service(spec, owner), "services",
            adopt=True)
+    # The job's tokens, made here and nowhere stored but in the Secret (the master's pods
+    # wait for it to mount); owned, so it goes with the job.
+    from paddlecloud.auth import JobTokens
+
+    create(core.create_namespaced_secret,
+           manifests.tokens_secret(spec, JobTokens.generate().as_mapping(), owner), "secrets", adopt=True)
     for cm in created:  # owned too, so deleting the Deployment alone removes the whole job
         call(core.patch_namespaced_config_map, cm, ns, {"metadata": {"ownerReferences": [owner]}},
              verb="patch", resource="configmaps", namespace=ns, name=cm, rights=rights,
@@ -139,14 +145,23 @@ def pod_counts(pods: Iterable[Any], job_name: str) -> dict[str, dict[str, int]]:
     return counts
 
 
-def fetch_master_status(address: str, *, timeout: float) -> Any:
-    """The master's GetStatus answer; raises grpc.RpcError when it cannot be reached."""
-    import grpc
+def fetch_master_status(address: str, *, timeout: float, token: str | None = None) -> Any:
+    """The master's GetStatus answer; raises grpc.RpcError when it cannot be reached.
+
+    Credentials from the environment (`paddlecloud.auth.ClientCredentials`): the job's
+    operator or viewer token in PADDLE_JOB_TOKEN_FILE, the master's CA in PADDLE_MASTER_CA_FILE;
+    `token` is used when the environment names none."""
+    import dataclasses
 
     from paddlecloud.api import pb, pb_grpc
+    from paddlecloud.auth import ClientCredentials
 
-    with grpc.insecure_channel(address) as channel:
-        return pb_grpc.MasterStub(channel).GetStatus(pb.GetStatusRequest(), timeout=timeout)
+    credentials = ClientCredentials.from_env()
+    if credentials.token is None and token:
+        credentials = dataclasses.replace(credentials, token=token)
+    with credentials.channel(address) as channel:
+        return pb_grpc.MasterStub(channel).GetStatus(pb.GetStatusRequest(), timeout=timeout,
+                                                     metadata=credentials.metadata())
 
 
 # ---- reading and deleting a job (the job server and the Python API) ---------------------------

@@ -81,6 +81,7 @@ HOST_PORTS_PER_JOB = 2  # Host intranet: PADDLE_PORT and the gloo port, side by 
 
 # Names and paths.
 SERVICE_ACCOUNT = "paddlecloud-master"
+TOKENS_MOUNT = "/var/run/paddlecloud/tokens"  # the job's tokens Secret (paddlecloud.auth)
 SPEC_MOUNT = "/etc/paddlecloud"
 SPEC_KEY = "job.yaml"
 PACKAGE_MOUNT = "/opt/paddlecloud/package"
@@ -114,6 +115,40 @@ def heter_name(job: str) -> str:
 def role_name(job: str, role: str) -> str:
     """The workload (and headless Service) name of a role's pods."""
     return {PSERVER: pserver_name, TRAINER: trainer_name, HETER: heter_name}[role](job)
+
+
+def tokens_secret_name(job: str) -> str:
+    """The job's tokens (paddlecloud.auth.JobTokens), made by `job submit`."""
+    return f"{job}-tokens"
+
+
+def tokens_secret(spec: JobSpec, tokens: Mapping[str, str], owner: Mapping[str, Any] | None) -> Manifest:
+    """The Secret of the job's role tokens: the master mounts all of it (--tokens-dir), its
+    trainers and pservers only the trainer token (PADDLE_JOB_TOKEN_FILE)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": _metadata(spec, name=tokens_secret_name(spec.name), role=MASTER, owner=owner),
+        "type": "Opaque",
+        "data": {role: base64.b64encode(token.encode()).decode() for role, token in tokens.items()},
+    }
+
+
+def _token_volume(spec: JobSpec, *, only_trainer: bool) -> dict[str, Any]:
+    secret: dict[str, Any] = {"secretName": tokens_secret_name(spec.name), "defaultMode": 0o400}
+    if only_trainer:
+        secret["items"] = [{"key": "trainer", "path": "trainer"}]
+    return {"name": "job-tokens", "secret": secret}
+
+
+ETCD_AUTH_SECRET = "paddlecloud-etcd"  # optional: keys `user`, `password` of etcd's auth
+
+
+def _etcd_auth_env() -> list[dict[str, Any]]:
+    """etcd's user and password from the namespace's Secret, when it has one (masters and
+    pservers only: trainers need no etcd credentials)."""
+    return [{"name": name, "valueFrom": {"secretKeyRef": {"name": ETCD_AUTH_SECRET, "key": key, "optional": True}}}
+            for name, key in (("PADDLE_ETCD_USER", "user"), ("PADDLE_ETCD_PASSWORD", "password"))]
 
 
 def spec_configmap_name(job: str) -> str:
@@ -258,6 +293,7 @@ def _common_env(spec: JobSpec, role: str) -> list[dict[str, Any]]:
         _value("PADDLE_NAMESPACE", spec.namespace),
         _value("PADDLE_ETCD_ENDPOINTS", spec.etcd_endpoints),
         _value("PADDLE_MASTER_ENDPOINT", master_endpoint(spec)),
+        _value("PADDLE_JOB_TOKEN_FILE", f"{TOKENS_MOUNT}/trainer"),
         _value("PADDLE_TRAINERS_NUM", spec.trainers),
         _value("PADDLE_PSERVERS_NUM", spec.pservers),
         _value("PADDLE_PORT", paddle_port(spec)),
@@ -320,6 +356,7 @@ def pserver_env(spec: JobSpec) -> list[dict[str, Any]]:
         _field("PADDLE_PSERVER_ID", f"metadata.labels['{POD_INDEX_LABEL}']"),
         _value("POD_IP", _own_host(spec, PSERVER)),
         *_common_env(spec, PSERVER),
+        *_etcd_auth_env(),
     ]
 
 
@@ -481,6 +518,8 @@ def _pod_template(spec: JobSpec, role: str, *, template: Mapping[str, Any] | Non
             "items": [{"key": package_key(p), "path": p} for p in spec.package_files],
         }})
         mounts.append({"name": "package", "mountPath": PACKAGE_MOUNT, "readOnly": True})
+    volumes.append(_token_volume(spec, only_trainer=True))
+    mounts.append({"name": "job-tokens", "mountPath": TOKENS_MOUNT, "readOnly": True})
     if spec.data_volume is not None and role == TRAINER:
         volumes.append({"name": "data", "persistentVolumeClaim": {"claimName": spec.data_volume.claim}})
         mounts.append({"name": "data", "mountPath": spec.data_volume.mount_path})
@@ -742,7 +781,7 @@ def master_command(spec: JobSpec) -> list[str]:
         inputs=spec.inputs or (), epochs=spec.epochs, data_format=spec.data_format,
         chunk_bytes=spec.chunk_bytes,
         # a job started again on the same output resumes after its checkpoint
-        resume_from=checkpoints_dir(spec.output) if spec.output else None,
+        resume_from=checkpoints_dir(spec.output) if spec.output else None, tokens_dir=TOKENS_MOUNT,
         extra=("--deployer", "kubernetes", "--job-spec", f"{SPEC_MOUNT}/{SPEC_KEY}"),
     )
     return ["paddlecloud", "master", *flags]
@@ -754,9 +793,11 @@ def master_deployment(spec: JobSpec) -> Manifest:
     Readiness is the gRPC health check, SERVING only on the leader, so the Service
     routes to the leader; liveness is a TCP check, so a standby (NOT_SERVING) lives.
     """
-    mounts = [{"name": "job-spec", "mountPath": SPEC_MOUNT, "readOnly": True}]
+    mounts = [{"name": "job-spec", "mountPath": SPEC_MOUNT, "readOnly": True},
+              {"name": "job-tokens", "mountPath": TOKENS_MOUNT, "readOnly": True}]
     volumes: list[dict[str, Any]] = [
         {"name": "job-spec", "configMap": {"name": spec_configmap_name(spec.name)}},
+        _token_volume(spec, only_trainer=False),
     ]
     if spec.data_volume is not None:
         mounts.append({"name": "data", "mountPath": spec.data_volume.mount_path, "readOnly": True})
@@ -772,6 +813,7 @@ def master_deployment(spec: JobSpec) -> Manifest:
             _value("PADDLE_ETCD_ENDPOINTS", spec.etcd_endpoints),
             _field("POD_NAME", "metadata.name"),
             _field("POD_IP", "status.podIP"),
+            *_etcd_auth_env(),
         ],
         "ports": [
             {"name": "grpc", "containerPort": MASTER_PORT},

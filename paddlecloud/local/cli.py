@@ -225,10 +225,11 @@ def local() -> None:
 @click.option("--session-ttl", type=DURATION, default="30s", show_default=True,
               help="Trainer session lease (as the master's default: longer than a failover).")
 @click.option("--example", type=click.Choice(sorted(EXAMPLES)), help="Run a bundled example (generates its data).")
+@click.option("--tls", is_flag=True, help="Masters serve TLS with a CA minted for this run (tokens are always on).")
 @click.argument("module_args", nargs=-1, type=click.UNPROCESSED)
 def train(module, package_path, inputs, output, trainers, min_trainers, max_trainers, resize_schedule, pservers, pserver_module, env, epochs, masters, fresh,
           etcd_endpoints, restart_limit, restart_mode, job_name, fmt, chunk_bytes, session_ttl, example,
-          module_args) -> None:
+          tls, module_args) -> None:
     """Run a training job here: etcd, master(s), pservers and trainers as child processes.
 
     Quote an --input glob ('data/*.csv'); arguments for MODULE go after `--`.
@@ -280,7 +281,7 @@ def train(module, package_path, inputs, output, trainers, min_trainers, max_trai
         module_args=tuple(module_args), etcd_endpoints=etcd_endpoints, fresh=fresh,
         restart_limit=restart_limit, restart_mode=restart_mode or ("group" if pservers == 0 else "trainer"),
         start_epoch=start_epoch, session_ttl=repr(session_ttl),
-        master_args=("--format", fmt, "--chunk-bytes", str(chunk_bytes)),
+        master_args=("--format", fmt, "--chunk-bytes", str(chunk_bytes)), tls=tls,
     )
     with ConsoleView() as view:
         if start_epoch:

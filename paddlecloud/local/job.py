@@ -34,6 +34,7 @@ import grpc
 
 from paddlecloud import checkpoints, etcd
 from paddlecloud.api import pb, pb_grpc
+from paddlecloud.auth import ClientCredentials, JobTokens, Role
 from paddlecloud.etcd_server import EtcdServer, free_port
 from paddlecloud.exits import signal_exit_code
 from paddlecloud.keys import JobKeys, prefix_range_end
@@ -42,6 +43,7 @@ from paddlecloud.local.deployer import JobFailed, LocalDeployer, launcher_comman
 from paddlecloud.master_flags import master_flags
 from paddlecloud.phase import Phase
 from paddlecloud.supervision import Graces, MasterState, supervise
+from paddlecloud.tls import LocalCA
 
 logger = logging.getLogger(__name__)
 
@@ -77,6 +79,7 @@ class LocalJobSpec:
     session_ttl: str = "10s"
     election_ttl: str = "10s"
     done_grace: float = 60.0             # seconds trainers get to exit once the job ended
+    tls: bool = False                    # the masters serve TLS with a CA minted for this run
 
 
 @dataclass
@@ -107,6 +110,8 @@ class LocalJob:
         self.on_progress = on_progress
         self.keys = JobKeys(NAMESPACE, spec.job)
         self.log_dir = spec.output / "logs"
+        self.secrets_dir = spec.output / ".paddlecloud"  # this run's tokens (and certificates)
+        self.credentials = ClientCredentials()
         self.progress = Progress(num_epochs=spec.epochs)
         self.etcd_server: EtcdServer | None = None
         self.etcd_endpoint = spec.etcd_endpoints or ""
@@ -145,6 +150,7 @@ class LocalJob:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, self._on_signal, sig)
         try:
+            self._write_secrets()
             await self._start_etcd()
             if self.spec.fresh:
                 await self._clear_job_state()
@@ -185,7 +191,10 @@ class LocalJob:
             PADDLE_ETCD_ENDPOINTS=self.etcd_endpoint, POD_IP="127.0.0.1",
             PADDLE_TRAINERS_NUM=str(self.spec.trainers), PADDLE_PSERVERS_NUM=str(self.spec.pservers),
             PADDLECLOUD_OUTPUT=str(self.spec.output), PYTHONUNBUFFERED="1",
+            PADDLE_JOB_TOKEN_FILE=str(self.secrets_dir / "tokens" / Role.TRAINER.value),
         )
+        if self.spec.tls:
+            env["PADDLE_MASTER_CA_FILE"] = str(self.secrets_dir / "ca.crt")
         if master:  # nor the current directory first on its path (Python >= 3.11)
             env["PYTHONSAFEPATH"] = "1"
         env.pop("PADDLE_MASTER_ENDPOINT", None)  # local jobs find the leader through etcd
@@ -205,11 +214,16 @@ class LocalJob:
                 port=port, advertise=f"127.0.0.1:{port}", session_ttl=s.session_ttl,
                 election_ttl=s.election_ttl, start_epoch=s.start_epoch, inputs=s.inputs,
                 epochs=s.epochs, metrics_port=page_port, extra=s.master_args,
-                trainers=(s.trainers, s.min_trainers or s.trainers, s.max_trainers or s.trainers))]
+                trainers=(s.trainers, s.min_trainers or s.trainers, s.max_trainers or s.trainers),
+                tokens_dir=str(self.secrets_dir / "tokens"),
+                tls_cert=str(self.secrets_dir / "master.crt") if s.tls else None,
+                tls_key=str(self.secrets_dir / "master.key") if s.tls else None)]
             child = self._child("master", index, command, self._env(master=True))
             await child.start()
             self.masters.append(child)
-            self.page_urls.append(f"http://127.0.0.1:{page_port}/")
+            # the viewer's token rides in the URL once: the page keeps it in sessionStorage
+            # and takes it out of the address bar (a loopback page of a local run)
+            self.page_urls.append(f"http://127.0.0.1:{page_port}/?token={self._page_token}")
             self.progress.page = self.progress.page or self.page_urls[-1]
             self._event(f"status page of {child.name}: {self.page_urls[-1]}"
                         + (" (the leader's shows the job)" if s.masters > 1 else ""))
@@ -283,7 +297,8 @@ class LocalJob:
             if not master.running:
                 continue
             try:
-                status = await self._master(master_address(master)).GetStatus(pb.GetStatusRequest(), timeout=2)
+                status = await self._master(master_address(master)).GetStatus(pb.GetStatusRequest(), timeout=2,
+                                                                                  metadata=self.credentials.metadata())
             except grpc.aio.AioRpcError:
                 continue
             self._status = status
@@ -314,7 +329,8 @@ class LocalJob:
         while True:
             try:
                 await self._master(address).RestartEpoch(
-                    pb.RestartEpochRequest(epoch=epoch, done_tasks=done), timeout=10)
+                    pb.RestartEpochRequest(epoch=epoch, done_tasks=done), timeout=10,
+                    metadata=self.credentials.metadata())
                 self._event(f"the master restarted epoch {epoch}"
                             + (f" with the checkpoint's {len(done)} tasks done" if done else ""))
                 return
@@ -331,7 +347,7 @@ class LocalJob:
         if not self.progress.leader:
             return None
         return await self._master(self.progress.leader).ScaleTrainers(
-            pb.ScaleTrainersRequest(trainers=trainers), timeout=10)
+            pb.ScaleTrainersRequest(trainers=trainers), timeout=10, metadata=self.credentials.metadata())
 
     async def _follow_schedule(self) -> None:
         """`--resize-schedule`: ScaleTrainers at each step's time since the job started, on the
@@ -368,8 +384,22 @@ class LocalJob:
     def _master(self, address: str) -> pb_grpc.MasterStub:
         """A stub on one long-lived channel per master address (polled every half second)."""
         if address not in self._channels:
-            self._channels[address] = grpc.aio.insecure_channel(address)
+            self._channels[address] = self.credentials.aio_channel(address)
         return pb_grpc.MasterStub(self._channels[address])
+
+    def _write_secrets(self) -> None:
+        """This run's tokens and (with `tls`) a CA and the masters' certificate, under
+        OUTPUT/.paddlecloud (mode 0700; files 0600); the supervisor acts as the operator."""
+        self.secrets_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        tokens = JobTokens.generate()
+        tokens.write(self.secrets_dir / "tokens")
+        ca = None
+        if self.spec.tls:
+            ca = LocalCA.create(f"paddlecloud {self.spec.job} CA")
+            ca.write_cert(self.secrets_dir / "ca.crt")
+            ca.issue(self.secrets_dir, "master", hosts=("127.0.0.1", "localhost"))
+        self.credentials = ClientCredentials(token=tokens.operator, ca=ca.pem if ca else None)
+        self._page_token = tokens.viewer
 
     async def _stop_all(self) -> None:
         await self.deployer.cleanup(succeeded=False)

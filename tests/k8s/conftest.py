@@ -33,6 +33,7 @@ from paddlecloud.k8s import manifests
 RESOURCES = {
     "configmaps": kmocklib.resource("", "v1", "configmaps"),
     "services": kmocklib.resource("", "v1", "services"),
+    "secrets": kmocklib.resource("", "v1", "secrets"),
     "pods": kmocklib.resource("", "v1", "pods"),
     "deployments": kmocklib.resource("apps", "v1", "deployments"),
     "statefulsets": kmocklib.resource("apps", "v1", "statefulsets"),

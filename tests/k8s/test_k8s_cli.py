@@ -48,11 +48,16 @@ async def test_submit_creates_the_master_its_service_and_the_spec(k8s, kubeconfi
     assert result.exit_code == 0, result.output
     assert "job ctr submitted to namespace ml" in result.output
     assert k8s.posted() == [("configmaps", "ctr-spec"), ("configmaps", "ctr-package"),
-                            ("deployments", "ctr-master"), ("services", "ctr-master")]
+                            ("deployments", "ctr-master"), ("services", "ctr-master"),
+                            ("secrets", "ctr-tokens")]
     deployment = k8s.stored("deployments", "ml", "ctr-master")
     uid = deployment["metadata"]["uid"]
     owner = manifests.owner_reference("ctr", uid)
     assert k8s.stored("services", "ml", "ctr-master")["metadata"]["ownerReferences"] == [owner]
+    secret = k8s.stored("secrets", "ml", "ctr-tokens")
+    assert secret["metadata"]["ownerReferences"] == [owner]
+    tokens = secret["data"]
+    assert set(tokens) == {"trainer", "operator", "viewer"} and len(set(tokens.values())) == 3
     for cm in ("ctr-spec", "ctr-package"):
         assert k8s.stored("configmaps", "ml", cm)["metadata"]["ownerReferences"] == [owner]
 
@@ -66,9 +71,13 @@ async def test_submit_creates_the_master_its_service_and_the_spec(k8s, kubeconfi
                         ("--input", "/data/*.csv"), ("--epochs", "3"), ("--advertise", "$(POD_IP):8080"),
                         ("--job-spec", "/etc/paddlecloud/job.yaml")):
         assert command[command.index(flag) + 1] == value
+    assert command[command.index("--tokens-dir") + 1] == "/var/run/paddlecloud/tokens"
+    assert {"name": "job-tokens", "secret": {"secretName": "ctr-tokens", "defaultMode": 0o400}} in pod["volumes"]
     env = {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
     assert env["PADDLE_JOB_NAME"] == "ctr" and env["PADDLE_NAMESPACE"] == "ml"
     assert env["POD_IP"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+    assert env["PADDLE_ETCD_PASSWORD"] == {"secretKeyRef": {"name": "paddlecloud-etcd", "key": "password",
+                                                            "optional": True}}
     assert container["readinessProbe"] == {"grpc": {"port": 8080}, "periodSeconds": 2,
                                            "failureThreshold": 1}
     data_mount = next(m for m in container["volumeMounts"] if m["name"] == "data")

@@ -172,6 +172,8 @@ def _expand(value: str, env: dict[str, str]) -> str:
 def _pod_env(template_env: list[dict[str, Any]], downward: dict[str, str]) -> dict[str, str]:
     env: dict[str, str] = {}
     for entry in template_env:
+        if "secretKeyRef" in entry.get("valueFrom", {}):
+            continue  # a Secret's value: no part of the downward API
         if "valueFrom" in entry:
             env[entry["name"]] = downward[entry["valueFrom"]["fieldRef"]["fieldPath"]]
         else:
@@ -232,7 +234,7 @@ def test_gpu_trainers_get_gpus_and_a_memory_backed_dev_shm():
     assert {"name": "dshm", "emptyDir": {"medium": "Memory"}} in pod["volumes"]
     assert {"name": "dshm", "mountPath": "/dev/shm"} in container["volumeMounts"]
     cpu_pod = manifests.trainer_job(JobSpec(name="cpu", module="m"), None)["spec"]["template"]["spec"]
-    assert "volumes" not in cpu_pod
+    assert not any(v["name"] == "dshm" for v in cpu_pod["volumes"])
 
 
 def test_gloo_settings_point_at_one_rendezvous_store():
@@ -304,7 +306,7 @@ def test_job_spec_survives_yaml():
     ({"clean_pod_policy": "Sometimes"}, ["'Sometimes'", "OnCompletion"]),
     ({"intranet": "Carrier-Pigeon"}, ["'Carrier-Pigeon'", "PodIP"]),
     ({"with_gloo": 3}, ["withGloo 3"]),
-    ({"etcd_endpoints": "https://etcd:2379"}, ["'https://etcd:2379'"]),
+    ({"etcd_endpoints": "ftp://etcd:2379"}, ["'ftp://etcd:2379'"]),
     ({"module": ""}, ["--module"]),
     ({"queue": "q"}, ["Volcano"]),
 ])

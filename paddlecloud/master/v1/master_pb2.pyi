@@ -104,16 +104,18 @@ class RegisterTrainerRequest(_message.Message):
     def __init__(self, trainer_id: _Optional[str] = ...) -> None: ...
 
 class RegisterTrainerResponse(_message.Message):
-    __slots__ = ("session_id", "ttl", "current_epoch", "num_epochs")
+    __slots__ = ("session_id", "ttl", "current_epoch", "num_epochs", "session_token")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     TTL_FIELD_NUMBER: _ClassVar[int]
     CURRENT_EPOCH_FIELD_NUMBER: _ClassVar[int]
     NUM_EPOCHS_FIELD_NUMBER: _ClassVar[int]
+    SESSION_TOKEN_FIELD_NUMBER: _ClassVar[int]
     session_id: int
     ttl: _duration_pb2.Duration
     current_epoch: int
     num_epochs: int
-    def __init__(self, session_id: _Optional[int] = ..., ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., current_epoch: _Optional[int] = ..., num_epochs: _Optional[int] = ...) -> None: ...
+    session_token: str
+    def __init__(self, session_id: _Optional[int] = ..., ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., current_epoch: _Optional[int] = ..., num_epochs: _Optional[int] = ..., session_token: _Optional[str] = ...) -> None: ...
 
 class KeepAliveRequest(_message.Message):
     __slots__ = ("session_id",)

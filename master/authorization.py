@@ -1,0 +1,133 @@
+"""The master's one authorization interceptor: every Master RPC is checked here, before any servicer code.
+
+A call's `authorization: Bearer <token>` metadata becomes a `Principal` through
+`paddlecloud.auth.TokenRoles` (the one mapping); then this table decides:
+
+| RPC | who |
+| --- | --- |
+| RegisterTrainer | the trainer token, the operator token |
+| KeepAlive, LeaveTrainer, GetTask, TaskFinished, TaskFailed, ReturnTask, RequestSaveModel | the session token of the request's `session_id` only |
+| GetStatus, ListTasks, ListTrainers | any token of the job (session ids and attempts shown to the operator only) |
+| RestartEpoch, SetDataset, and any Master RPC not named here | the operator token |
+| health, reflection | anyone (no token) |
+
+No token, or one that is not the job's: UNAUTHENTICATED. A token of the wrong role,
+or a session token used for another session: PERMISSION_DENIED. The servicer never
+reads metadata: it asks `caller()` (a context variable set here for the call) whether
+the caller is the operator.
+
+A master started without tokens (`--insecure`, or on loopback) lets every call
+through as the operator, as before this interceptor existed, and says so at start.
+
+What this does NOT do: rate limiting, or anything for streaming RPCs (the Master
+service has none; a streaming method would be refused as unknown).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+from collections.abc import Awaitable, Callable
+
+import grpc
+
+from paddlecloud.api import SERVICE_NAME
+from paddlecloud.auth import Principal, Role, TokenRoles, bearer_token
+from paddlecloud.untrusted import quote
+
+logger = logging.getLogger(__name__)
+
+SESSION_RPCS = frozenset({"KeepAlive", "LeaveTrainer", "GetTask", "TaskFinished", "TaskFailed",
+                          "ReturnTask", "RequestSaveModel"})
+READ_RPCS = frozenset({"GetStatus", "ListTasks", "ListTrainers"})
+REGISTER_RPCS = frozenset({"RegisterTrainer"})
+
+_OPEN = Principal(Role.OPERATOR)  # every caller of a master without tokens
+_CALLER: contextvars.ContextVar[Principal] = contextvars.ContextVar("caller", default=_OPEN)
+_PREFIX = f"/{SERVICE_NAME}/"
+
+
+def caller() -> Principal:
+    """The principal of the Master RPC being served (the operator on a master without tokens)."""
+    return _CALLER.get()
+
+
+def denial(rpc: str, principal: Principal) -> str | None:
+    """Why `principal` may not call `rpc` at all; None when it may (a session RPC still
+    checks the request's session)."""
+    if rpc in READ_RPCS:
+        return None
+    if rpc in SESSION_RPCS:
+        if principal.session is None:
+            return (f"{rpc} needs the session token RegisterTrainer returned, not the "
+                    f"{principal.role.value} token")
+        return None
+    if rpc in REGISTER_RPCS:
+        if principal.session is not None or principal.role not in (Role.TRAINER, Role.OPERATOR):
+            return f"{rpc} needs the job's trainer token"
+        return None
+    if principal.role is not Role.OPERATOR or principal.session is not None:
+        return f"{rpc} needs the job's operator token"
+    return None
+
+
+Behavior = Callable[[object, grpc.aio.ServicerContext], Awaitable[object]]
+
+
+def _handler(handler: grpc.RpcMethodHandler, behavior: Behavior) -> grpc.RpcMethodHandler:
+    return grpc.unary_unary_rpc_method_handler(
+        behavior, request_deserializer=handler.request_deserializer,
+        response_serializer=handler.response_serializer)
+
+
+def _refusal(handler: grpc.RpcMethodHandler, code: grpc.StatusCode, message: str) -> grpc.RpcMethodHandler:
+    async def refuse(request: object, context: grpc.aio.ServicerContext) -> object:
+        await context.abort(code, message)
+
+    return _handler(handler, refuse)
+
+
+def _as(handler: grpc.RpcMethodHandler, principal: Principal, *, bound: bool) -> grpc.RpcMethodHandler:
+    inner = handler.unary_unary
+
+    async def guarded(request, context: grpc.aio.ServicerContext) -> object:
+        if bound and request.session_id != principal.session:
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED,
+                                f"session {quote(str(request.session_id))} is not the session of "
+                                "this token: a trainer acts on its own session only")
+        reset = _CALLER.set(principal)
+        try:
+            return await inner(request, context)
+        finally:
+            _CALLER.reset(reset)
+
+    return _handler(handler, guarded)
+
+
+class Authorization(grpc.aio.ServerInterceptor):
+    """Checks every Master RPC against `roles`; with `roles` None every caller is the operator."""
+
+    def __init__(self, roles: TokenRoles | None) -> None:
+        self.roles = roles
+
+    async def intercept_service(
+        self, continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(details)
+        if handler is None or not details.method.startswith(_PREFIX):
+            return handler  # health, reflection, unknown methods: grpc answers them
+        rpc = details.method[len(_PREFIX):]
+        if handler.unary_unary is None:
+            return _refusal(handler, grpc.StatusCode.UNIMPLEMENTED, f"{rpc} is not a unary RPC")
+        if self.roles is None:
+            return _as(handler, _OPEN, bound=False)
+        principal = self.roles.principal_of(bearer_token(details.invocation_metadata))
+        if principal is None:
+            return _refusal(handler, grpc.StatusCode.UNAUTHENTICATED,
+                            "no valid token of this job: send metadata 'authorization: Bearer TOKEN' "
+                            "(the file named by PADDLE_JOB_TOKEN_FILE)")
+        why = denial(rpc, principal)
+        if why is not None:
+            return _refusal(handler, grpc.StatusCode.PERMISSION_DENIED, why)
+        return _as(handler, principal, bound=rpc in SESSION_RPCS)

@@ -1,0 +1,106 @@
+"""A private certificate authority for one job: what `local train --tls` and the tests use.
+
+`LocalCA.create()` makes a CA key and self-signed certificate; `issue()` signs a
+server (or client) certificate for given DNS names and IP addresses. PEM files are
+written mode 0600. Keys are ECDSA P-256; certificates last `days` (default 30).
+
+What this does NOT do: revocation, rotation or anything a production PKI does —
+on Kubernetes, bring certificates from your cluster's issuer (e.g. cert-manager).
+"""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+logger = logging.getLogger(__name__)
+
+
+def _write_private(path: Path, data: bytes) -> Path:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    return path
+
+
+def _pem_key(key: ec.EllipticCurvePrivateKey) -> bytes:
+    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                             serialization.NoEncryption())
+
+
+@dataclass(frozen=True)
+class Issued:
+    """A certificate and its key, as PEM files."""
+
+    cert: Path
+    key: Path
+
+
+@dataclass(frozen=True)
+class LocalCA:
+    key: ec.EllipticCurvePrivateKey
+    cert: x509.Certificate
+
+    @classmethod
+    def create(cls, name: str = "paddlecloud local CA", *, days: int = 30) -> LocalCA:
+        key = ec.generate_private_key(ec.SECP256R1())
+        subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
+        now = datetime.datetime.now(datetime.timezone.utc)
+        cert = (x509.CertificateBuilder().subject_name(subject).issuer_name(subject)
+                .public_key(key.public_key()).serial_number(x509.random_serial_number())
+                .not_valid_before(now - datetime.timedelta(minutes=5))
+                .not_valid_after(now + datetime.timedelta(days=days))
+                .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+                .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
+                                             content_commitment=False, key_encipherment=False,
+                                             data_encipherment=False, key_agreement=False,
+                                             encipher_only=False, decipher_only=False), critical=True)
+                .sign(key, hashes.SHA256()))
+        return cls(key, cert)
+
+    @property
+    def pem(self) -> bytes:
+        return self.cert.public_bytes(serialization.Encoding.PEM)
+
+    def write_cert(self, path: Path) -> Path:
+        path.write_bytes(self.pem)
+        return path
+
+    def issue(self, directory: Path, name: str, *, hosts: Sequence[str] = ("127.0.0.1", "localhost"),
+              client: bool = False, days: int = 30) -> Issued:
+        """Signs `name.crt`/`name.key` in `directory` for `hosts` (DNS names or IP addresses)."""
+        key = ec.generate_private_key(ec.SECP256R1())
+        names: list[x509.GeneralName] = []
+        for host in hosts:
+            try:
+                names.append(x509.IPAddress(ipaddress.ip_address(host)))
+            except ValueError:
+                names.append(x509.DNSName(host))
+        now = datetime.datetime.now(datetime.timezone.utc)
+        usage = ExtendedKeyUsageOID.CLIENT_AUTH if client else ExtendedKeyUsageOID.SERVER_AUTH
+        builder = (x509.CertificateBuilder()
+                   .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
+                   .issuer_name(self.cert.subject).public_key(key.public_key())
+                   .serial_number(x509.random_serial_number())
+                   .not_valid_before(now - datetime.timedelta(minutes=5))
+                   .not_valid_after(now + datetime.timedelta(days=days))
+                   .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+                   .add_extension(x509.ExtendedKeyUsage([usage, ExtendedKeyUsageOID.CLIENT_AUTH]
+                                                        if not client else [usage]), critical=False))
+        if names:
+            builder = builder.add_extension(x509.SubjectAlternativeName(names), critical=False)
+        cert = builder.sign(self.key, hashes.SHA256())
+        directory.mkdir(parents=True, exist_ok=True)
+        cert_path = directory / f"{name}.crt"
+        cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM) + self.pem)
+        return Issued(cert_path, _write_private(directory / f"{name}.key", _pem_key(key)))

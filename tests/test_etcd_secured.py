@@ -1,0 +1,153 @@
+"""etcd with TLS, client certificates and auth (the real etcd binary; certificates made with
+`cryptography` for the test): the master, the pserver agent and `job delete` work through
+it, and wrong credentials end a master with one clear line instead of retrying forever.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import grpc
+import pytest
+from aetcd import rpc
+from datasets import write_records
+from masters import MasterProcess, pb, stub, wait_serving
+from test_pserver_agent import ask
+from waiting import wait_for
+
+from paddlecloud.etcd import EtcdCredentials, connect
+from paddlecloud.etcd_server import EtcdServer, EtcdTls
+from paddlecloud.jobs_cli import clear_etcd_prefix
+from paddlecloud.keys import JobKeys, prefix_range_end
+from paddlecloud.tls import LocalCA
+
+PASSWORD = "s3cret-etcd-password"
+REPO = Path(__file__).resolve().parent.parent
+
+
+async def _enable_auth(endpoint: str, credentials: EtcdCredentials) -> None:
+    client = await connect(endpoint, credentials=credentials)
+    try:
+        auth = rpc.AuthStub(client.channel)
+        await auth.RoleAdd(rpc.AuthRoleAddRequest(name="root"))
+        await auth.UserAdd(rpc.AuthUserAddRequest(name="root", password=PASSWORD))
+        await auth.UserGrantRole(rpc.AuthUserGrantRoleRequest(user="root", role="root"))
+        await auth.AuthEnable(rpc.AuthEnableRequest())
+    finally:
+        await client.close()
+
+
+@pytest.fixture(scope="module")
+def secured(tmp_path_factory):
+    """(etcd, the environment of a process that may use it)."""
+    d = tmp_path_factory.mktemp("etcd-tls")
+    ca = LocalCA.create("etcd test CA")
+    ca.write_cert(d / "ca.crt")
+    server = ca.issue(d, "server", hosts=("127.0.0.1", "localhost"))
+    client = ca.issue(d, "client", hosts=(), client=True)
+    (d / "password").write_text(PASSWORD + "\n")
+    tls = EtcdTls(ca=str(d / "ca.crt"), cert=str(server.cert), key=str(server.key),
+                  client_cert=str(client.cert), client_key=str(client.key))
+    with EtcdServer(tls=tls) as etcd:
+        certificates = EtcdCredentials(ca_file=tls.ca, cert_file=tls.client_cert, key_file=tls.client_key)
+        asyncio.run(_enable_auth(etcd.endpoint, certificates))
+        env = {"PADDLE_ETCD_ENDPOINTS": etcd.endpoint, "PADDLE_ETCD_CA_FILE": tls.ca,
+               "PADDLE_ETCD_CERT_FILE": tls.client_cert, "PADDLE_ETCD_KEY_FILE": tls.client_key,
+               "PADDLE_ETCD_USER": "root", "PADDLE_ETCD_PASSWORD_FILE": str(d / "password")}
+        yield etcd, env
+
+
+def _clean_env(extra: dict[str, str]) -> dict[str, str]:
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("PADDLE_", "POD_", "PADDLECLOUD_"))}
+    return dict(base, PYTHONUNBUFFERED="1", **extra)
+
+
+async def _keys(env: dict[str, str], prefix: bytes) -> dict[bytes, bytes]:
+    client = await connect(env["PADDLE_ETCD_ENDPOINTS"], credentials=EtcdCredentials.from_env(env))
+    try:
+        return {kv.key: kv.value for kv in
+                (await client.kvstub.Range(rpc.RangeRequest(key=prefix, range_end=prefix_range_end(prefix)),
+                                           metadata=client.metadata)).kvs}
+    finally:
+        await client.close()
+
+
+async def test_master_and_job_delete_work_through_tls_and_auth(secured, tmp_path, job_name, monkeypatch):
+    etcd, env = secured
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    write_records(tmp_path / "data", files=2, records_per_file=3)
+    proc = MasterProcess(job=job_name, etcd=etcd.endpoint, tmp=tmp_path,
+                         args=("--input", str(tmp_path / "data"))).start()
+    try:
+        await wait_serving(proc.address, process=proc)
+        async with grpc.aio.insecure_channel(proc.address) as channel:
+            m = stub(channel)
+            session = (await m.RegisterTrainer(pb.RegisterTrainerRequest(trainer_id="t"))).session_id
+            task = (await m.GetTask(pb.GetTaskRequest(session_id=session, epoch=0))).task
+            reply = await m.TaskFinished(pb.TaskReport(session_id=session, task_id=task.id, epoch=0,
+                                                       attempt=task.attempt))
+            assert reply.result == pb.ACCEPTED
+    finally:
+        proc.stop()
+    keys = JobKeys("local", job_name)
+    assert keys.done(0, task.id) in await _keys(env, keys.prefix)
+    # `job delete`'s etcd step, with the same credentials from the environment
+    assert await clear_etcd_prefix(etcd.endpoint, namespace="local", job_name=job_name, timeout=10) > 0
+    assert await _keys(env, keys.prefix) == {}
+
+
+def _start_agent(env: dict[str, str], tmp_path: Path, job_name: str) -> subprocess.Popen:
+    with open(tmp_path / "agent.log", "wb") as log:
+        return subprocess.Popen(
+            [sys.executable, "-m", "paddlecloud", "pserver", "--lease-ttl", "2s", "--",
+             sys.executable, "-m", "pserver_agent.stub"],
+            env=_clean_env({**env, "PADDLE_JOB_NAME": job_name, "PADDLE_PSERVERS_NUM": "1",
+                            "PADDLECLOUD_STUB_LOG": str(tmp_path / "stub.jsonl")}),
+            stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+
+
+async def test_pserver_agent_registers_through_tls_and_auth(secured, tmp_path, job_name):
+    etcd, env = secured
+    agent = _start_agent(env, tmp_path, job_name)
+    try:
+        keys = JobKeys("local", job_name)
+
+        async def registered() -> bool:
+            assert agent.poll() is None, (tmp_path / "agent.log").read_text()
+            return bool(await _keys(env, keys.kind_prefix("pservers")))
+        await wait_for(registered, timeout=60, details=lambda: (tmp_path / "agent.log").read_text())
+        endpoint = next(iter((await _keys(env, keys.kind_prefix("pservers"))).values())).decode()
+
+        async def pserver_env() -> dict | None:
+            try:
+                return await asyncio.to_thread(ask, endpoint)
+            except OSError:
+                return None
+        seen = (await wait_for(pserver_env, timeout=60))["env"]
+        assert seen["PADDLE_ETCD_CA_FILE"] == env["PADDLE_ETCD_CA_FILE"]
+        assert not {"PADDLE_ETCD_USER", "PADDLE_ETCD_PASSWORD_FILE", "PADDLE_ETCD_KEY_FILE"} & set(seen)
+    finally:
+        agent.terminate()
+        await asyncio.to_thread(agent.wait, 30)
+
+
+@pytest.mark.parametrize("change, fragment", [
+    ({"PADDLE_ETCD_PASSWORD_FILE": None, "PADDLE_ETCD_PASSWORD": "wrong"}, "refused our credentials"),
+    ({"PADDLE_ETCD_USER": None, "PADDLE_ETCD_PASSWORD_FILE": None}, "refused our credentials"),
+])
+def test_wrong_etcd_credentials_end_the_master_with_one_line(secured, tmp_path, job_name, change, fragment):
+    etcd, env = secured
+    env = {k: v for k, v in {**env, **change}.items() if v is not None}
+    result = subprocess.run(
+        [sys.executable, "-m", "paddlecloud", "master", "--job", job_name, "--etcd-endpoints", etcd.endpoint,
+         "--host", "127.0.0.1", "--port", "0"],
+        env=_clean_env(env), capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and fragment in lines[0], result.stderr
+    assert PASSWORD not in result.stderr

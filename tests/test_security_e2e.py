@@ -1,0 +1,95 @@
+"""End to end with TLS and tokens: `paddlecloud local train --tls` trains with stub trainers,
+while a plaintext client, or a TLS client without the job's token, is refused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+from datasets import write_records
+from local_runs import LocalRun
+from masters import pb, wait_until
+from trainers import read_log, reads_per_epoch
+
+from paddlecloud.api import pb_grpc
+from paddlecloud.auth import ClientCredentials
+from paddlecloud.etcd import connect
+from paddlecloud.keys import JobKeys
+
+
+async def _leader(etcd_endpoint: str, job: str) -> str | None:
+    client = await connect(etcd_endpoint)
+    try:
+        value = await client.get(JobKeys("local", job).leader)
+        return value.value.decode() if value is not None else None
+    finally:
+        await client.close()
+
+
+def _code(channel: grpc.Channel, metadata=()) -> grpc.StatusCode:
+    try:
+        pb_grpc.MasterStub(channel).GetStatus(pb.GetStatusRequest(), timeout=5, metadata=metadata)
+    except grpc.RpcError as error:
+        return error.code()
+    return grpc.StatusCode.OK
+
+
+def test_local_job_with_tls_and_tokens_trains_and_refuses_plaintext(tmp_path, job_name, etcd_endpoint):
+    write_records(tmp_path / "data", files=4, records_per_file=40)
+    run = LocalRun(tmp_path, job_name, "--module", "trainer_agent.stub", "--input", str(tmp_path / "data"),
+                   "--trainers", "2", "--epochs", "2", "--chunk-bytes", "200", "--tls",
+                   "--etcd-endpoints", etcd_endpoint, "--", "--delay", "0.02")
+    try:
+        wait_until(lambda: len(read_log(run.records)) >= 20, timeout=120, message="no progress",
+                   details=run.text)
+        leader = asyncio.run(_leader(etcd_endpoint, job_name))
+        assert leader
+        secrets = run.output / ".paddlecloud"
+        assert oct(secrets.stat().st_mode & 0o777) == "0o700"
+        assert oct((secrets / "tokens" / "operator").stat().st_mode & 0o777) == "0o600"
+        with grpc.insecure_channel(leader) as plaintext:
+            assert _code(plaintext) == grpc.StatusCode.UNAVAILABLE  # no TLS: no handshake
+        with_ca = ClientCredentials(ca=(secrets / "ca.crt").read_bytes())
+        with with_ca.channel(leader) as channel:
+            assert _code(channel) == grpc.StatusCode.UNAUTHENTICATED
+            viewer = ClientCredentials(token=(secrets / "tokens" / "viewer").read_text().strip())
+            assert _code(channel, viewer.metadata()) == grpc.StatusCode.OK
+        assert run.wait() == 0, run.text()
+    finally:
+        run.stop()
+    reads = reads_per_epoch(read_log(run.records))
+    assert sorted(reads) == [0, 1] and all(len(set(c)) == 160 for c in reads.values())
+    assert "INSECURE" not in (run.output / "logs" / "master-0.log").read_text()
+
+
+def test_grpcurl_recipe_with_tls_and_a_token(tmp_path, start_master):
+    """The README's recipe: `paddlecloud credentials`, then grpcurl with -cacert and the token."""
+    import subprocess
+    import sys
+
+    from test_operator_tools import GRPCURL
+
+    creds = tmp_path / "creds"
+    subprocess.run([sys.executable, "-m", "paddlecloud", "credentials", str(creds), "--tls-host", "127.0.0.1"],
+                   check=True, capture_output=True, timeout=60)
+    write_records(tmp_path / "data", files=1, records_per_file=2)
+    proc = start_master("--input", str(tmp_path / "data"), "--tokens-dir", str(creds / "tokens"),
+                        "--tls-cert", str(creds / "master.crt"), "--tls-key", str(creds / "master.key"))
+
+    def grpcurl(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([GRPCURL, "-cacert", str(creds / "ca.crt"), *args], capture_output=True,
+                              text=True, timeout=30)
+
+    wait_until(lambda: grpcurl(proc.address, "grpc.health.v1.Health/Check").returncode == 0, timeout=60,
+               details=proc.log)
+    assert "paddlecloud.master.v1.Master" in grpcurl(proc.address, "list").stdout  # reflection: open
+    operator = (creds / "tokens" / "operator").read_text().strip()
+    ok = grpcurl("-H", f"authorization: Bearer {operator}", "-d", "{}", proc.address,
+                 "paddlecloud.master.v1.Master/GetStatus")
+    assert ok.returncode == 0 and '"num_tasks": "1"' in ok.stdout, ok.stderr
+    refused = grpcurl("-d", "{}", proc.address, "paddlecloud.master.v1.Master/GetStatus")
+    assert refused.returncode != 0 and "Unauthenticated" in refused.stderr
+    plaintext = subprocess.run([GRPCURL, "-plaintext", proc.address, "list"], capture_output=True, text=True,
+                               timeout=30)
+    assert plaintext.returncode != 0
