@@ -69,6 +69,11 @@ class SessionRegistry:
         self.by_trainer[trainer] = session
         self.by_session[session] = SessionInfo(session, trainer, last_refresh=time.monotonic())
 
+    def mark_superseded(self, session: int, trainer: str) -> None:
+        """`session` is being replaced by a newer one of `trainer`: from now on it is told
+        so (not "expired") — also while the newer one's registration is still being written."""
+        self.superseded[session] = trainer
+
     def remove(self, session: int) -> SessionInfo | None:
         info = self.by_session.pop(session, None)
         if info is not None and self.by_trainer.get(info.trainer) == session:

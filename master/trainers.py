@@ -65,6 +65,10 @@ class Trainers:
             old = self.registry.by_trainer.get(trainer)
             try:
                 if old is not None:
+                    # Before the revoke: a call of the old session in the window until the
+                    # new one is recorded must hear "superseded" (it stops), not "expired"
+                    # (it would register again and evict the newer process in turn).
+                    self.registry.mark_superseded(old, trainer)
                     await self._end(old, cause="superseded")
                 await store.open_session(trainer, lease, superseded=old)
             except BaseException:

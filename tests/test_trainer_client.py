@@ -197,11 +197,11 @@ def test_two_processes_with_one_trainer_id_the_older_stops(tmp_path, start_maste
     write_records(tmp_path / "data", files=4, records_per_file=40)
     proc = serving(start_master("--input", str(tmp_path / "data"), "--chunk-bytes", "200"))
     log = tmp_path / "records.tsv"
-    # The older reads slowly (8 s of data) so that it is still reading when the newer,
-    # started on a loaded machine, registers.
+    # Both read slowly enough that the older's next call (within a task of ~1 s) comes while
+    # the newer still runs: once the newer has left, its superseded marker lapses with it.
     older = started_reading(start_trainer, "same", master=proc.address, log=log, delay="0.05")
-    newer = start_trainer("same", master=proc.address, log=log, args=("--delay", "0.001"))
-    assert older.wait() == 4
+    newer = start_trainer("same", master=proc.address, log=log, args=("--delay", "0.02"))
+    assert older.wait() == 4, older.output_text() + "\n--- newer:\n" + newer.output_text()
     assert "superseded by a newer session of trainer same" in older.output_text()
     assert "another process uses this trainer id" in older.output_text()
     assert newer.wait() == 0, newer.output_text()

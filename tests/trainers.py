@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
+
+_numbers = itertools.count()
 
 
 class StubTrainer:
@@ -18,7 +21,8 @@ class StubTrainer:
                  env: dict[str, str] | None = None) -> None:
         self.trainer_id = trainer_id
         self.log = log
-        self.output = tmp / f"trainer-{trainer_id.replace('/', '_')}-{os.getpid()}.out"
+        # one file per process, also for two processes of one trainer id
+        self.output = tmp / f"trainer-{trainer_id.replace('/', '_')}-{next(_numbers)}.out"
         self.env = dict(os.environ, PADDLE_TRAINER_ID=trainer_id, PYTHONUNBUFFERED="1",
                         PADDLECLOUD_RECORD_LOG=str(log), PADDLECLOUD_MASTER_DEADLINE="60", **(env or {}))
         if master:
