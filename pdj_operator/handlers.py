@@ -174,7 +174,21 @@ class JobObjects:
         await self._create(self.core.create_namespaced_service, service,
                            read=self.core.read_namespaced_service, owner_uid=uid,
                            patch=self.core.patch_namespaced_service)
+        await self._ensure_tokens(spec, owner)
         return deployment
+
+    async def _ensure_tokens(self, spec: JobSpec, owner: Mapping[str, Any]) -> None:
+        """The job's tokens Secret (its master pods mount it), owned by the PaddleJob so a
+        re-created master keeps the tokens its trainers hold. Made once: an existing one is
+        kept as it is, unread (the operator may create Secrets, never read them)."""
+        from paddlecloud.auth import JobTokens
+
+        secret = manifests.tokens_secret(spec, JobTokens.generate().as_mapping(), owner)
+        try:
+            await call(self.retry, self.core.create_namespaced_secret, spec.namespace, secret)
+        except Exception as error:
+            if api_status(error) != 409:
+                raise
 
     async def deployment(self, spec: JobSpec) -> dict[str, Any] | None:
         return await self.read(self.apps.read_namespaced_deployment,

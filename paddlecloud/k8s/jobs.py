@@ -360,7 +360,7 @@ def paddlejob_document(spec: JobSpec) -> dict[str, Any]:
     body: dict[str, Any] = {
         "worker": {**role(spec.trainers, name=manifests.TRAINER, cpu=spec.trainer_cpu,
                           memory=spec.trainer_memory, gpu=spec.trainer_gpu),
-                   "requests": spec.trainer_range[0], "limits": spec.trainer_range[1]},
+                   "requests": spec.trainer_range.minimum, "limits": spec.trainer_range.maximum},
         "epochs": spec.epochs,
     }
     if spec.pservers:

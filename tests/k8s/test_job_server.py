@@ -56,7 +56,7 @@ async def test_submit_creates_exactly_what_job_submit_creates(k8s, api_client, t
     assert response.json() == {"name": "fit", "namespace": "team-a",
                                "image": "paddlecloud/paddlecloud:0.1.0"}
     assert k8s.posted() == [("configmaps", "fit-spec"), ("configmaps", "fit-package"),
-                            ("deployments", "fit-master"), ("services", "fit-master")]
+                            ("deployments", "fit-master"), ("services", "fit-master"), ("secrets", "fit-tokens")]
     spec = TrainerJob(**{**JOB, "input": tuple(JOB["input"])}, namespace="team-a").to_spec(
         package_path=f"package:{digest[:12]}", package_files=tuple(sorted(PACKAGE)))
     expected = {(o["kind"], o["metadata"]["name"]): o for o in manifests.submit_objects(spec, PACKAGE)}

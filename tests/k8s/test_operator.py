@@ -246,11 +246,16 @@ async def test_deleting_the_paddlejob_removes_everything_and_its_etcd_keys(
             await deployer.create_trainers()
             uid = k8s.stored("deployments", NS, "gone-master")["metadata"]["uid"]
             owned = [(r, n) for r, n in k8s.posted() if n and n.startswith("gone-")
-                     and r not in ("deployments", "configmaps")]
+                     and r not in ("deployments", "configmaps", "secrets")]
             assert ("services", "gone-ps-1") in owned and ("jobs", "gone-trainer") in owned
             for resource, name in owned:  # what the garbage collector would remove
                 refs = k8s.stored(resource, NS, name)["metadata"]["ownerReferences"]
                 assert refs[0]["uid"] == uid, (resource, name)
+            # the tokens outlive a re-created master: the PaddleJob owns them (the collector
+            # removes them with it; the operator never reads or deletes a Secret itself)
+            pdj_uid = k8s.stored("paddlejobs", NS, "gone")["metadata"]["uid"]
+            tokens = k8s.stored("secrets", NS, "gone-tokens")["metadata"]["ownerReferences"]
+            assert [r["uid"] for r in tokens] == [pdj_uid]
 
             await asyncio.to_thread(api.delete_namespaced_custom_object, GROUP, VERSION, NS,
                                     PLURAL, "gone")
@@ -334,8 +339,9 @@ def test_the_operator_manifest_is_strictly_valid_and_least_privilege():
     assert "ClusterRole" not in kinds and "ClusterRoleBinding" not in kinds
     assert all(verb not in {"*", "deletecollection", "escalate", "bind", "impersonate"}
                for _, _, verb in operator_rules())
-    assert not any(resource in {"secrets", "pods", "roles", "rolebindings"}
-                   for _, resource, _ in operator_rules())
+    assert not any(resource in {"pods", "roles", "rolebindings"} for _, resource, _ in operator_rules())
+    # Secrets: it creates the job's tokens, and can read none
+    assert {verb for _, resource, verb in operator_rules() if resource == "secrets"} == {"create"}
     deployment = next(d for d in docs if d["kind"] == "Deployment")
     assert deployment["spec"]["replicas"] == 2
     args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
