@@ -46,6 +46,7 @@ from paddlecloud.k8s.jobs import (
     pick_pod,
     pod_counts,
     read_package,
+    scale_trainers,
 )
 from paddlecloud.paddlejob import chunk_bytes, load_documents, translate_documents
 
@@ -421,13 +422,9 @@ def scale_command(name: str, trainers: int, namespace: str, master_address: str 
     """
     import grpc
 
-    from paddlecloud.api import pb, pb_grpc
-
     address = master_address or manifests.master_address(name, namespace)
     try:
-        with grpc.insecure_channel(address) as channel:
-            reply = pb_grpc.MasterStub(channel).ScaleTrainers(
-                pb.ScaleTrainersRequest(trainers=trainers), timeout=timeout)
+        reply = scale_trainers(address, trainers, timeout=timeout)
     except grpc.RpcError as error:
         raise _fail(f"cannot scale job {name} at {address}: {error.details()}") from None
     click.echo(f"job {name}: desired trainers {reply.desired_trainers} "

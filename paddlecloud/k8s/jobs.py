@@ -149,6 +149,21 @@ def fetch_master_status(address: str, *, timeout: float) -> Any:
         return pb_grpc.MasterStub(channel).GetStatus(pb.GetStatusRequest(), timeout=timeout)
 
 
+def scale_trainers(address: str, trainers: int, *, timeout: float, token: str | None = None) -> Any:
+    """Asks the job's master at `address` to set its trainers to `trainers` (its
+    `ScaleTrainers` RPC; the master's deployer converges): the answer (min, max, desired).
+    `token`, when given, goes as `authorization: Bearer` metadata. Raises grpc.RpcError.
+    The one scale call of `paddlecloud job scale` and of the autoscaler."""
+    import grpc
+
+    from paddlecloud.api import pb, pb_grpc
+
+    metadata = (("authorization", f"Bearer {token}"),) if token else None
+    with grpc.insecure_channel(address) as channel:
+        return pb_grpc.MasterStub(channel).ScaleTrainers(
+            pb.ScaleTrainersRequest(trainers=trainers), timeout=timeout, metadata=metadata)
+
+
 # ---- reading and deleting a job (the job server and the Python API) ---------------------------
 MASTER_TIMEOUT_S = 2.0
 MASTER_SELECTOR = f"{manifests.APP_LABEL}={manifests.APP_NAME},{manifests.ROLE_LABEL}={manifests.MASTER}"

@@ -1,0 +1,310 @@
+"""The autoscaler's controller against kmock: a synthetic cluster (nodes and pods in the
+emulator), jobs whose masters are small fake gRPC masters.
+
+Why fake masters: the controller's whole contract with a job is GetStatus (the range and the
+desired size) and ScaleTrainers (set the size), and the test must play what a real cluster
+does next — the Job controller makes or removes the trainer pods, the scheduler binds them —
+the moment a size changes. A fake master (a real grpc.aio server, answering only those two
+RPCs) does both in its ScaleTrainers, in step. The real master's scale path (the Job's
+parallelism, the range check) is pinned by test_k8s_elastic.py; the autoscaler driving real
+masters end to end is tests/test_autoscaler_local.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+import kmock
+import pytest
+from click.testing import CliRunner
+from kubernetes import client
+
+from autoscaler.controller import EVENT_REASON, Controller, Settings
+from autoscaler.lease import LeaseElector
+from paddlecloud.api import pb, pb_grpc
+from paddlecloud.cli import main
+from paddlecloud.k8s import manifests
+
+NS = "ml"
+GI = 1024**3
+NODE_CPU, TRAINER_CPU = "4", "1"
+
+
+class Sim:
+    """Plays the Job controller and the scheduler on kmock: trainer pods follow each job's
+    size (the highest indexes go first), pending pods bind to the first node with room."""
+
+    def __init__(self, k8s: Any, api_client: Any) -> None:
+        self.k8s, self.core = k8s, client.CoreV1Api(api_client)
+        self.nodes: list[str] = []
+        self.masters: dict[str, FakeMaster] = {}
+
+    def add_node(self, name: str, *, cpu: str = NODE_CPU) -> None:
+        self.k8s.kmock.objects[_res("nodes"), None, name] = {
+            "apiVersion": "v1", "kind": "Node", "metadata": {"name": name},
+            "status": {"allocatable": {"cpu": cpu, "memory": "64Gi", "pods": "110"}}}
+        self.nodes.append(name)
+
+    def pods(self) -> list[dict[str, Any]]:
+        return [obj.raw for (resource, _, _), obj in self.k8s.kmock.objects.items()
+                if resource == _res("pods") and not obj.deleted]
+
+    def trainers(self, job: str) -> dict[int, dict[str, Any]]:
+        return {int(p["metadata"]["labels"][manifests.COMPLETION_INDEX_LABEL]): p for p in self.pods()
+                if p["metadata"]["labels"].get(manifests.JOB_LABEL) == job}
+
+    def running(self, job: str) -> int:
+        return sum(1 for p in self.trainers(job).values() if p["spec"].get("nodeName"))
+
+    async def follow(self, job: str, size: int) -> None:
+        for index, pod in self.trainers(job).items():
+            if index >= size:
+                await asyncio.to_thread(self.core.delete_namespaced_pod, pod["metadata"]["name"], NS)
+        have = self.trainers(job)
+        for index in range(size):
+            if index not in have:
+                name = f"{job}-trainer-{index}"
+                self.k8s.kmock.objects[_res("pods"), NS, name] = {
+                    "apiVersion": "v1", "kind": "Pod",
+                    "metadata": {"name": name, "namespace": NS, "labels": {
+                        manifests.APP_LABEL: manifests.APP_NAME, manifests.JOB_LABEL: job,
+                        manifests.ROLE_LABEL: manifests.TRAINER,
+                        manifests.COMPLETION_INDEX_LABEL: str(index)}},
+                    "spec": {"containers": [{"name": "trainer", "image": "x", "resources": {
+                        "requests": {"cpu": TRAINER_CPU, "memory": "1Gi"}}}]},
+                    "status": {"phase": "Pending"}}
+        self.schedule()
+
+    def schedule(self) -> None:
+        used = {n: 0 for n in self.nodes}
+        for pod in self.pods():
+            if pod["spec"].get("nodeName") in used:
+                used[pod["spec"]["nodeName"]] += 1
+        for pod in sorted(self.pods(), key=lambda p: p["metadata"]["name"]):
+            if pod["spec"].get("nodeName"):
+                continue
+            free = next((n for n in self.nodes if used[n] < int(NODE_CPU)), None)
+            if free is None:
+                return
+            used[free] += 1
+            key = (_res("pods"), NS, pod["metadata"]["name"])
+            self.k8s.kmock.objects[key].patch({"spec": {"nodeName": free}, "status": {"phase": "Running"}})
+
+    async def add_job(self, name: str, *, lo: int, hi: int, size: int) -> FakeMaster:
+        labels = {manifests.APP_LABEL: manifests.APP_NAME, manifests.JOB_LABEL: name,
+                  manifests.ROLE_LABEL: manifests.MASTER}
+        self.k8s.kmock.objects[_res("deployments"), NS, manifests.master_name(name)] = {
+            "apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": manifests.master_name(name), "namespace": NS, "uid": f"uid-{name}",
+                         "labels": labels},
+            "spec": {"selector": {"matchLabels": labels}, "template": {
+                "metadata": {"labels": labels},
+                "spec": {"containers": [{"name": "master", "image": "x"}]}}}}
+        master = FakeMaster(self, name, lo=lo, hi=hi, size=size)
+        await master.start()
+        self.masters[name] = master
+        await self.follow(name, size)
+        return master
+
+    async def delete_job(self, name: str) -> None:
+        apps = client.AppsV1Api(self.core.api_client)
+        await asyncio.to_thread(apps.delete_namespaced_deployment, manifests.master_name(name), NS)
+        await self.follow(name, 0)  # the garbage collector removes what the master owned
+        await self.masters.pop(name).stop()
+
+    def address(self, name: str, namespace: str) -> str:
+        master = self.masters.get(name)
+        return master.address if master else "127.0.0.1:1"  # a deleted job's master: gone
+
+    def events(self, job: str) -> list[dict[str, Any]]:
+        return [obj.raw for (resource, _, _), obj in self.k8s.kmock.objects.items()
+                if resource == _res("events") and not obj.deleted
+                and obj.raw["involvedObject"]["name"] == manifests.master_name(job)]
+
+    def sizes(self) -> dict[str, int]:
+        return {name: master.size for name, master in self.masters.items()}
+
+
+def _res(plural: str) -> Any:
+    group, version = {"deployments": ("apps", "v1")}.get(plural, ("", "v1"))
+    return kmock.resource(group, version, plural)
+
+
+class FakeMaster(pb_grpc.MasterServicer):
+    """GetStatus and ScaleTrainers only; a scale makes the Sim follow at once."""
+
+    def __init__(self, sim: Sim, name: str, *, lo: int, hi: int, size: int) -> None:
+        self.sim, self.name, self.lo, self.hi, self.size = sim, name, lo, hi, size
+        self.scaled_by: list[tuple[int, str]] = []  # (size, the caller's token)
+        self.server = grpc.aio.server()
+        pb_grpc.add_MasterServicer_to_server(self, self.server)
+        self.address = f"127.0.0.1:{self.server.add_insecure_port('127.0.0.1:0')}"
+
+    async def start(self) -> None:
+        await self.server.start()
+
+    async def stop(self) -> None:
+        await self.server.stop(None)
+
+    async def GetStatus(self, request: Any, context: Any) -> Any:
+        return pb.GetStatusResponse(job=self.name, namespace=NS, min_trainers=self.lo,
+                                    max_trainers=self.hi, desired_trainers=self.size)
+
+    async def ScaleTrainers(self, request: Any, context: Any) -> Any:
+        if not self.lo <= request.trainers <= self.hi:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{request.trainers} outside the range")
+        token = dict(context.invocation_metadata()).get("authorization", "")
+        self.scaled_by.append((request.trainers, token.removeprefix("Bearer ")))
+        self.size = request.trainers
+        await self.sim.follow(self.name, self.size)
+        return pb.ScaleTrainersResponse(min_trainers=self.lo, max_trainers=self.hi,
+                                        desired_trainers=self.size)
+
+
+@pytest.fixture
+async def sim(k8s_leases: Any, api_client: Any) -> AsyncIterator[Sim]:
+    simulation = Sim(k8s_leases, api_client)
+    yield simulation
+    for master in list(simulation.masters.values()):
+        await master.stop()
+
+
+SETTINGS = Settings(interval_s=0.05, max_load_desired=1.0, rpc_timeout_s=2.0, retry_wait_s=0.05)
+
+
+class Replica:
+    """One controller in its own thread, as `paddlecloud autoscaler` runs it."""
+
+    def __init__(self, api_client: Any, sim: Sim, *, identity: str = "", dry_run: bool = False) -> None:
+        settings = Settings(**{**SETTINGS.__dict__, "dry_run": dry_run, "token": identity or None})
+        self.controller = Controller(api_client, settings=settings, master_address=sim.address)
+        self.elector = (LeaseElector(api_client, name="autoscaler", namespace=NS, identity=identity,
+                                     lease_duration_s=2) if identity else None)
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.controller.run, args=(self.stop,),
+                                       kwargs={"elector": self.elector}, daemon=True)
+
+    async def __aenter__(self) -> Replica:
+        self.thread.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Stops the loop; the join waits off the event loop, which serves kmock and the masters."""
+        self.stop.set()
+        await asyncio.to_thread(self.thread.join, 10)
+        assert not self.thread.is_alive()
+
+
+async def test_a_newcomer_in_a_full_cluster_makes_the_elastic_jobs_give_way_to_its_min(sim, api_client):
+    sim.add_node("n1")
+    sim.add_node("n2")
+    await sim.add_job("a", lo=1, hi=4, size=4)
+    await sim.add_job("b", lo=1, hi=4, size=4)
+    assert sim.running("a") == sim.running("b") == 4  # 8 trainers on 8 CPUs: full
+    async with Replica(api_client, sim):
+        await sim.k8s.wait_for(lambda: sim.masters["a"].scaled_by == [] and sim.running("a") == 4,
+                               what="a full cluster left alone")
+        await sim.add_job("c", lo=2, hi=4, size=2)
+        assert sim.running("c") == 0  # no room: wholly pending
+        await sim.k8s.wait_for(lambda: sim.running("c") == 2, what="the newcomer running at its min")
+    assert sim.sizes() == {"a": 3, "b": 3, "c": 2}
+    assert sim.running("a") + sim.running("b") + sim.running("c") == 8
+    event = sim.events("a")[0]
+    assert event["reason"] == EVENT_REASON and event["involvedObject"]["kind"] == "Deployment"
+    assert event["message"].startswith("trainers 4 -> 3: gave way to job 'ml/c'")
+    assert sim.events("c") == []  # placed where the others left: its size never changed
+
+
+async def test_a_node_added_lets_the_jobs_grow_and_a_deleted_job_frees_its_share(sim, api_client):
+    sim.add_node("n1")
+    await sim.add_job("a", lo=1, hi=4, size=2)
+    await sim.add_job("b", lo=1, hi=4, size=2)
+    async with Replica(api_client, sim):
+        await sim.k8s.wait_for(lambda: len(sim.events("a")) == 0, what="first round")
+        sim.add_node("n2")
+        await sim.k8s.wait_for(lambda: sim.sizes() == {"a": 4, "b": 4}, what="both jobs at their max")
+        assert sim.running("a") == sim.running("b") == 4
+        assert "room on the nodes" in sim.events("a")[-1]["message"]
+        await sim.add_job("c", lo=1, hi=8, size=1)
+        await sim.k8s.wait_for(lambda: sim.running("c") == 1, what="c placed at its min")
+        assert sim.sizes() == {"a": 4, "b": 3, "c": 1}  # b (tied, then by name, last) gave way
+        await sim.delete_job("a")
+        await sim.k8s.wait_for(lambda: sim.sizes() == {"b": 4, "c": 4}, what="a's share taken up")
+    assert sim.running("b") == sim.running("c") == 4
+
+
+async def test_dry_run_prints_the_plan_and_changes_nothing(sim, api_client, kubeconfig):
+    sim.add_node("n1")
+    master = await sim.add_job("a", lo=1, hi=4, size=1)
+    result = await asyncio.to_thread(
+        CliRunner().invoke, main, ["autoscaler", "--dry-run", "--once", "--kubeconfig", kubeconfig,
+                                   "--master-address", master.address, "--max-load-desired", "1"])
+    assert result.exit_code == 0, result.output
+    assert "dry run: job ml/a 1 -> 4 trainers (room on the nodes and under max_load_desired)" in result.output
+    assert master.scaled_by == [] and master.size == 1 and sim.running("a") == 1
+    assert sim.events("a") == []
+
+
+async def test_of_two_replicas_only_the_lease_holder_acts_and_the_other_takes_over(sim, api_client):
+    sim.add_node("n1")
+    master = await sim.add_job("a", lo=1, hi=8, size=1)
+    first = await Replica(api_client, sim, identity="replica-1").__aenter__()
+    await sim.k8s.wait_for(lambda: first.elector.leading, what="replica-1 leading")
+    async with Replica(api_client, sim, identity="replica-2") as second:
+        await sim.k8s.wait_for(lambda: master.size == 4, what="a grown to the node")
+        assert {who for _, who in master.scaled_by} == {"replica-1"}
+        assert not second.elector.leading and second.controller.last_plan is None
+        await first.close()  # releases the Lease on the way out
+        await sim.k8s.wait_for(lambda: second.elector.leading, what="replica-2 taking over")
+        sim.add_node("n2")
+        await sim.k8s.wait_for(lambda: master.size == 8, what="a grown onto the new node")
+    assert [who for _, who in master.scaled_by][-1] == "replica-2"
+    assert {who for _, who in master.scaled_by} == {"replica-1", "replica-2"}
+
+
+async def test_a_lease_held_by_another_is_taken_over_only_after_it_stopped_changing(api_client, k8s_leases):
+    await asyncio.to_thread(_takeover, api_client)
+
+
+def _takeover(api_client: Any) -> None:
+    now = [0.0]
+    one = LeaseElector(api_client, name="l", namespace=NS, identity="one", lease_duration_s=10)
+    two = LeaseElector(api_client, name="l", namespace=NS, identity="two", lease_duration_s=10,
+                       clock=lambda: now[0])
+    assert one.try_acquire_or_renew() and not two.try_acquire_or_renew()
+    now[0] = 9.0
+    assert one.try_acquire_or_renew()  # renewed, while two did not look
+    now[0] = 18.0
+    assert not two.try_acquire_or_renew()  # a new record: two's count starts again, now
+    now[0] = 27.0
+    assert not two.try_acquire_or_renew()
+    now[0] = 28.5  # one stopped renewing 10.5 s ago, as two sees it
+    assert two.try_acquire_or_renew() and two.leading
+    assert not one.try_acquire_or_renew() and not one.leading
+    lease = client.CoordinationV1Api(api_client).read_namespaced_lease("l", NS)
+    assert lease.spec.holder_identity == "two" and lease.spec.lease_transitions == 1
+
+
+async def test_a_stale_write_to_the_lease_conflicts(api_client, k8s_leases):
+    await asyncio.to_thread(_stale_write, api_client)
+
+
+def _stale_write(api_client: Any) -> None:
+    api = client.CoordinationV1Api(api_client)
+    one = LeaseElector(api_client, name="l", namespace=NS, identity="one")
+    assert one.try_acquire_or_renew()
+    read = api.read_namespaced_lease("l", NS)
+    assert one.try_acquire_or_renew()  # moves the version on
+    with pytest.raises(client.ApiException) as conflict:
+        api.patch_namespaced_lease("l", NS, {"metadata": {"resourceVersion": read.metadata.resource_version},
+                                             "spec": {"holderIdentity": "thief"}},
+                                   _content_type="application/merge-patch+json")
+    assert conflict.value.status == 409
+    assert api.read_namespaced_lease("l", NS).spec.holder_identity == "one"
