@@ -56,7 +56,7 @@ def autoscaler_command(*, kubeconfig: str | None, dry_run: bool, once: bool, int
                        identity: str | None, log_level: str) -> None:
     """Move each elastic job's trainers within its min..max so the cluster stays busy."""
     try:
-        from autoscaler.controller import Controller, Settings
+        from autoscaler.controller import COMPONENT, Controller, Settings
         from autoscaler.lease import LeaseElector
         from paddlecloud.k8s.client import KubernetesApiError, load_api_client
     except ImportError as error:
@@ -69,6 +69,7 @@ def autoscaler_command(*, kubeconfig: str | None, dry_run: bool, once: bool, int
         api = load_api_client(kubeconfig)
     except KubernetesApiError as error:
         raise click.ClickException(str(error)) from None
+    api.user_agent = COMPONENT  # its requests, told apart in the API server's audit log
     settings = Settings(dry_run=dry_run, interval_s=interval, max_load_desired=max_load_desired,
                         token=master_token)
     controller = Controller(api, settings=settings,

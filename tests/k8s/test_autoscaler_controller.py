@@ -15,21 +15,25 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import grpc
 import kmock
 import pytest
+import yaml
 from click.testing import CliRunner
 from kubernetes import client
 
-from autoscaler.controller import EVENT_REASON, Controller, Settings
+from autoscaler.cli import DEFAULT_LEASE as LEASE
+from autoscaler.controller import COMPONENT, EVENT_REASON, Controller, Settings
 from autoscaler.lease import LeaseElector
 from paddlecloud.api import pb, pb_grpc
 from paddlecloud.cli import main
 from paddlecloud.k8s import manifests
 
 NS = "ml"
+REPO = Path(__file__).resolve().parents[2]
 GI = 1024**3
 NODE_CPU, TRAINER_CPU = "4", "1"
 
@@ -177,12 +181,17 @@ SETTINGS = Settings(interval_s=0.05, max_load_desired=1.0, rpc_timeout_s=2.0, re
 
 
 class Replica:
-    """One controller in its own thread, as `paddlecloud autoscaler` runs it."""
+    """One controller in its own thread, as `paddlecloud autoscaler` runs it, on its own API
+    client (its user agent tells its requests from the Sim's)."""
 
-    def __init__(self, api_client: Any, sim: Sim, *, identity: str = "", dry_run: bool = False) -> None:
-        settings = Settings(**{**SETTINGS.__dict__, "dry_run": dry_run, "token": identity or None})
+    def __init__(self, sim: Sim, *, identity: str = "") -> None:
+        config = client.Configuration()
+        config.host = sim.k8s.url
+        api_client = client.ApiClient(config)
+        api_client.user_agent = COMPONENT
+        settings = Settings(**{**SETTINGS.__dict__, "token": identity or None})
         self.controller = Controller(api_client, settings=settings, master_address=sim.address)
-        self.elector = (LeaseElector(api_client, name="autoscaler", namespace=NS, identity=identity,
+        self.elector = (LeaseElector(api_client, name=LEASE, namespace=NS, identity=identity,
                                      lease_duration_s=2) if identity else None)
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self.controller.run, args=(self.stop,),
@@ -200,6 +209,7 @@ class Replica:
         self.stop.set()
         await asyncio.to_thread(self.thread.join, 10)
         assert not self.thread.is_alive()
+        self.controller.api_client.close()
 
 
 async def test_a_newcomer_in_a_full_cluster_makes_the_elastic_jobs_give_way_to_its_min(sim, api_client):
@@ -208,7 +218,7 @@ async def test_a_newcomer_in_a_full_cluster_makes_the_elastic_jobs_give_way_to_i
     await sim.add_job("a", lo=1, hi=4, size=4)
     await sim.add_job("b", lo=1, hi=4, size=4)
     assert sim.running("a") == sim.running("b") == 4  # 8 trainers on 8 CPUs: full
-    async with Replica(api_client, sim):
+    async with Replica(sim):
         await sim.k8s.wait_for(lambda: sim.masters["a"].scaled_by == [] and sim.running("a") == 4,
                                what="a full cluster left alone")
         await sim.add_job("c", lo=2, hi=4, size=2)
@@ -226,7 +236,7 @@ async def test_a_node_added_lets_the_jobs_grow_and_a_deleted_job_frees_its_share
     sim.add_node("n1")
     await sim.add_job("a", lo=1, hi=4, size=2)
     await sim.add_job("b", lo=1, hi=4, size=2)
-    async with Replica(api_client, sim):
+    async with Replica(sim):
         await sim.k8s.wait_for(lambda: len(sim.events("a")) == 0, what="first round")
         sim.add_node("n2")
         await sim.k8s.wait_for(lambda: sim.sizes() == {"a": 4, "b": 4}, what="both jobs at their max")
@@ -238,6 +248,7 @@ async def test_a_node_added_lets_the_jobs_grow_and_a_deleted_job_frees_its_share
         await sim.delete_job("a")
         await sim.k8s.wait_for(lambda: sim.sizes() == {"b": 4, "c": 4}, what="a's share taken up")
     assert sim.running("b") == sim.running("c") == 4
+    assert_autoscaler_rights(sim.k8s)
 
 
 async def test_dry_run_prints_the_plan_and_changes_nothing(sim, api_client, kubeconfig):
@@ -250,14 +261,15 @@ async def test_dry_run_prints_the_plan_and_changes_nothing(sim, api_client, kube
     assert "dry run: job ml/a 1 -> 4 trainers (room on the nodes and under max_load_desired)" in result.output
     assert master.scaled_by == [] and master.size == 1 and sim.running("a") == 1
     assert sim.events("a") == []
+    assert_autoscaler_rights(sim.k8s)
 
 
 async def test_of_two_replicas_only_the_lease_holder_acts_and_the_other_takes_over(sim, api_client):
     sim.add_node("n1")
     master = await sim.add_job("a", lo=1, hi=8, size=1)
-    first = await Replica(api_client, sim, identity="replica-1").__aenter__()
+    first = await Replica(sim, identity="replica-1").__aenter__()
     await sim.k8s.wait_for(lambda: first.elector.leading, what="replica-1 leading")
-    async with Replica(api_client, sim, identity="replica-2") as second:
+    async with Replica(sim, identity="replica-2") as second:
         await sim.k8s.wait_for(lambda: master.size == 4, what="a grown to the node")
         assert {who for _, who in master.scaled_by} == {"replica-1"}
         assert not second.elector.leading and second.controller.last_plan is None
@@ -267,6 +279,7 @@ async def test_of_two_replicas_only_the_lease_holder_acts_and_the_other_takes_ov
         await sim.k8s.wait_for(lambda: master.size == 8, what="a grown onto the new node")
     assert [who for _, who in master.scaled_by][-1] == "replica-2"
     assert {who for _, who in master.scaled_by} == {"replica-1", "replica-2"}
+    assert_autoscaler_rights(sim.k8s)
 
 
 async def test_a_lease_held_by_another_is_taken_over_only_after_it_stopped_changing(api_client, k8s_leases):
@@ -308,3 +321,63 @@ def _stale_write(api_client: Any) -> None:
                                    _content_type="application/merge-patch+json")
     assert conflict.value.status == 409
     assert api.read_namespaced_lease("l", NS).spec.holder_identity == "one"
+
+
+def granted() -> tuple[set[tuple[str, str, str]], set[tuple[str, str, str]]]:
+    """(API group, resource, verb) the ClusterRole and the Role of deploy/autoscaler.yaml grant."""
+    docs = [d for d in yaml.safe_load_all((REPO / "deploy/autoscaler.yaml").read_text()) if d]
+
+    def rules(kind: str) -> set[tuple[str, str, str]]:
+        role = next(d for d in docs if d["kind"] == kind)
+        return {(group, resource, verb) for rule in role["rules"] for group in rule["apiGroups"]
+                for resource in rule["resources"] for verb in rule["verbs"]}
+
+    return rules("ClusterRole"), rules("Role")
+
+
+def assert_autoscaler_rights(k8s: Any) -> None:
+    """Every request a controller made is granted by deploy/autoscaler.yaml: cluster-wide by
+    its ClusterRole, the Lease (in its own namespace) by its Role."""
+    cluster_wide, lease = granted()
+    used = set()
+    for request in list(k8s.kmock):
+        if request.headers.get("User-Agent") != COMPONENT or request.resource is None:
+            continue
+        method = str(request.method.value).upper()
+        if method == "GET":
+            verb = "get" if request.name else ("watch" if request.params.get("watch") else "list")
+        else:
+            verb = {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}[method]
+        used.add((request.resource.group, request.resource.plural, verb))
+    assert used, "the autoscaler made no request"
+    assert used <= cluster_wide | lease, used - (cluster_wide | lease)
+    assert {r for r in used if r[1] == "leases"} <= lease
+
+
+def test_the_autoscaler_manifest_is_strictly_valid_hardened_and_least_privilege():
+    import kubernetes_validate
+
+    docs = [d for d in yaml.safe_load_all((REPO / "deploy/autoscaler.yaml").read_text()) if d]
+    for doc in docs:
+        for version in ("1.28", kubernetes_validate.latest_version()):
+            kubernetes_validate.validate(doc, version, strict=True)
+    cluster_wide, lease = granted()
+    assert cluster_wide == {("", "nodes", "list"), ("", "nodes", "watch"), ("", "pods", "list"),
+                            ("", "pods", "watch"), ("apps", "deployments", "list"),
+                            ("", "events", "create")}
+    assert lease == {("coordination.k8s.io", "leases", v) for v in ("create", "get", "patch")}
+    role = next(d for d in docs if d["kind"] == "Role")
+    assert role["metadata"]["namespace"] == next(
+        d for d in docs if d["kind"] == "Deployment")["metadata"]["namespace"]
+    deployment = next(d for d in docs if d["kind"] == "Deployment")
+    assert deployment["spec"]["replicas"] == 2
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == next(d for d in docs if d["kind"] == "ServiceAccount")["metadata"]["name"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    container = pod["containers"][0]
+    assert container["command"] == ["paddlecloud", "autoscaler"]
+    assert f"--lease-name={LEASE}" in container["args"]
+    hardened = container["securityContext"]
+    assert hardened["allowPrivilegeEscalation"] is False and hardened["capabilities"] == {"drop": ["ALL"]}
+    assert {e["name"] for e in container["env"]} >= {"POD_NAME", "POD_NAMESPACE", "PADDLECLOUD_MASTER_TOKEN"}
