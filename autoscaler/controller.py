@@ -70,6 +70,31 @@ def _now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+REFUSALS = ("INVALID_ARGUMENT", "FAILED_PRECONDITION", "PERMISSION_DENIED", "UNAUTHENTICATED")
+
+
+def scale_job(address: str, trainers: int, *, job: str, settings: Settings) -> bool:
+    """Sets a job's trainers through its master at `address` (`ScaleTrainers`, the call of
+    `paddlecloud job scale`), retried with backoff while the master cannot be reached; False
+    when it refused (out of range, a finishing job: the next round replans) or never answered."""
+    import grpc
+
+    wait = settings.retry_wait_s
+    for attempt in range(1, settings.attempts + 1):
+        try:
+            scale_trainers(address, trainers, timeout=settings.rpc_timeout_s, token=settings.token)
+            return True
+        except grpc.RpcError as error:
+            logger.warning("job %s: scale to %d failed (attempt %d/%d): %s %s", job, trainers,
+                           attempt, settings.attempts, error.code(), error.details())
+            if error.code().name in REFUSALS:
+                return False  # an answer, not a failure to reach
+        if attempt < settings.attempts:
+            time.sleep(wait)
+            wait *= 2
+    return False
+
+
 class Controller:
     """One autoscaler replica: `step()` is one round; `run()` loops until stopped."""
 
@@ -147,30 +172,10 @@ class Controller:
         return result
 
     def apply(self, change: Change) -> bool:
-        """Sets the job's trainers through its master, retried; False when every attempt failed."""
-        import grpc
-
+        """Sets the job's trainers through its master (see `scale_job`)."""
         namespace, _, name = change.job.partition("/")
-        address = self.master_address(name, namespace)
-        wait = self.settings.retry_wait_s
-        for attempt in range(1, self.settings.attempts + 1):
-            try:
-                scale_trainers(address, change.after, timeout=self.settings.rpc_timeout_s,
-                               token=self.settings.token)
-                return True
-            except grpc.RpcError as error:
-                logger.warning("job %s: scale to %d failed (attempt %d/%d): %s %s", change.job,
-                               change.after, attempt, self.settings.attempts, error.code(),
-                               error.details())
-                if error.code() in (grpc.StatusCode.INVALID_ARGUMENT,
-                                    grpc.StatusCode.FAILED_PRECONDITION,
-                                    grpc.StatusCode.PERMISSION_DENIED,
-                                    grpc.StatusCode.UNAUTHENTICATED):
-                    return False  # an answer, not a failure to reach: the next round replans
-            if attempt < self.settings.attempts:
-                time.sleep(wait)
-                wait *= 2
-        return False
+        return scale_job(self.master_address(name, namespace), change.after, job=change.job,
+                         settings=self.settings)
 
     def record_event(self, deployment: Mapping[str, Any], change: Change) -> None:
         """A core/v1 Event on the job's master Deployment (best effort: logged when refused)."""
