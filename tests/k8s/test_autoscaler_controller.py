@@ -381,3 +381,26 @@ def test_the_autoscaler_manifest_is_strictly_valid_hardened_and_least_privilege(
     hardened = container["securityContext"]
     assert hardened["allowPrivilegeEscalation"] is False and hardened["capabilities"] == {"drop": ["ALL"]}
     assert {e["name"] for e in container["env"]} >= {"POD_NAME", "POD_NAMESPACE", "PADDLECLOUD_MASTER_TOKEN"}
+
+
+async def test_a_volcano_ps_job_keeps_min_member_at_its_min_through_every_scale(k8s, api_client):
+    """The job's master keeps the PodGroup (the autoscaler holds no right on it): its gang is
+    the pservers plus the MIN trainers, whatever size the job is scaled to."""
+    from test_k8s_deployer import FAST_RETRY, create_master, make_spec
+    from test_k8s_deployer import NS as DEPLOYER_NS
+
+    from master.k8s_deployer import KubernetesDeployer
+
+    worker = {"spec": {"schedulerName": "volcano", "containers": [
+        {"name": "paddle", "image": "img", "command": ["python", "-m", "ctr.train"]}]}}
+    spec = make_spec("gang", scheduler_name="volcano", worker_template=worker, ps_template=worker,
+                     trainers=3, min_trainers=2, max_trainers=6, pservers=2)
+    await create_master(api_client, spec)
+    deployer = KubernetesDeployer(spec, api_client=api_client, retry=FAST_RETRY)
+    await deployer.create_pservers()
+    await deployer.create_trainers()
+    assert k8s.stored("podgroups", DEPLOYER_NS, "gang")["spec"]["minMember"] == 2 + 2
+    for size in (6, 2, 5):
+        await deployer.scale(size)
+        assert k8s.stored("jobs", DEPLOYER_NS, "gang-trainer")["spec"]["parallelism"] == size
+        assert k8s.stored("podgroups", DEPLOYER_NS, "gang")["spec"]["minMember"] == 2 + 2
