@@ -56,6 +56,7 @@ class Settings:
     attempts: int = 3
     retry_wait_s: float = 0.5
     token: str | None = None
+    watch_window_s: int = 30  # one watch request's life; a stopped controller's watches end within it
 
     def __post_init__(self) -> None:
         if not self.interval_s > 0:
@@ -228,7 +229,8 @@ class Controller:
         while not stop.is_set():
             stream = watch.Watch()
             try:
-                for _ in stream.stream(list_fn, timeout_seconds=30, _request_timeout=35):
+                window = self.settings.watch_window_s
+                for _ in stream.stream(list_fn, timeout_seconds=window, _request_timeout=2 * window):
                     self.wake.set()
                     if stop.is_set():
                         break

@@ -251,6 +251,26 @@ async def test_a_node_added_lets_the_jobs_grow_and_a_deleted_job_frees_its_share
     assert_autoscaler_rights(sim.k8s)
 
 
+async def test_a_watch_event_starts_a_round_long_before_the_interval(sim, api_client):
+    sim.add_node("n1")
+    master = await sim.add_job("a", lo=1, hi=8, size=4)
+    replica = Replica(sim)
+    replica.controller.settings = Settings(**{**SETTINGS.__dict__, "interval_s": 600.0,
+                                              "watch_window_s": 1})
+    async with replica:
+        replica.controller.start_watches(replica.stop)
+        await sim.k8s.wait_for(lambda: replica.controller.last_plan is not None, what="the first round")
+        assert master.size == 4  # the node is full
+        node = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n2"},
+                "status": {"allocatable": {"cpu": NODE_CPU, "memory": "64Gi"}}}
+        await asyncio.to_thread(client.CoreV1Api(api_client).create_node, node)
+        sim.nodes.append("n2")
+        await sim.k8s.wait_for(lambda: master.size == 8, timeout=20, what="a grown after the node event")
+    assert ("", "nodes", "watch") in {(r.resource.group, r.resource.plural, "watch") for r in sim.k8s.kmock
+                                      if r.resource and r.params.get("watch")}
+    assert_autoscaler_rights(sim.k8s)
+
+
 async def test_dry_run_prints_the_plan_and_changes_nothing(sim, api_client, kubeconfig):
     sim.add_node("n1")
     master = await sim.add_job("a", lo=1, hi=4, size=1)
