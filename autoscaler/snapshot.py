@@ -126,7 +126,7 @@ def build_cluster(*, nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[
                   free_gpu=max(0, n.gpu - used[n.name][2])) for n in built]
     jobs = []
     for job_range in ranges:
-        job = _job(job_range, live, used)
+        job = _job(job_range, live=live, used=used)
         if job is not None:
             jobs.append(job)
     cluster = Cluster(nodes=tuple(built), jobs=())
@@ -145,7 +145,7 @@ def job_key(namespace: str, name: str) -> str:
     return f"{namespace}/{name}"
 
 
-def _job(job_range: JobRange, live: list[Mapping[str, Any]],
+def _job(job_range: JobRange, *, live: list[Mapping[str, Any]],
          used: Mapping[str, list[int]]) -> Job | None:
     trainers = []
     for pod in live:

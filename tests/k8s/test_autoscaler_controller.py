@@ -59,7 +59,8 @@ class Sim:
 
     def trainers(self, job: str) -> dict[int, dict[str, Any]]:
         return {int(p["metadata"]["labels"][manifests.COMPLETION_INDEX_LABEL]): p for p in self.pods()
-                if p["metadata"]["labels"].get(manifests.JOB_LABEL) == job}
+                if p["metadata"]["labels"].get(manifests.JOB_LABEL) == job
+                and p["metadata"]["labels"][manifests.ROLE_LABEL] == manifests.TRAINER}
 
     def running(self, job: str) -> int:
         return sum(1 for p in self.trainers(job).values() if p["spec"].get("nodeName"))
@@ -84,17 +85,21 @@ class Sim:
         self.schedule()
 
     def schedule(self) -> None:
+        """Binds pending pods, by name, to the first node with their CPUs free (whole CPUs here)."""
+        def cpus(pod: dict[str, Any]) -> int:
+            return sum(int(c["resources"]["requests"]["cpu"]) for c in pod["spec"]["containers"])
+
         used = {n: 0 for n in self.nodes}
         for pod in self.pods():
             if pod["spec"].get("nodeName") in used:
-                used[pod["spec"]["nodeName"]] += 1
+                used[pod["spec"]["nodeName"]] += cpus(pod)
         for pod in sorted(self.pods(), key=lambda p: p["metadata"]["name"]):
             if pod["spec"].get("nodeName"):
                 continue
-            free = next((n for n in self.nodes if used[n] < int(NODE_CPU)), None)
+            free = next((n for n in self.nodes if used[n] + cpus(pod) <= int(NODE_CPU)), None)
             if free is None:
-                return
-            used[free] += 1
+                continue
+            used[free] += cpus(pod)
             key = (_res("pods"), NS, pod["metadata"]["name"])
             self.k8s.kmock.objects[key].patch({"spec": {"nodeName": free}, "status": {"phase": "Running"}})
 
@@ -213,23 +218,35 @@ class Replica:
 
 
 async def test_a_newcomer_in_a_full_cluster_makes_the_elastic_jobs_give_way_to_its_min(sim, api_client):
-    sim.add_node("n1")
-    sim.add_node("n2")
+    for name in ("n1", "n2", "n3"):
+        sim.add_node(name)
     await sim.add_job("a", lo=1, hi=4, size=4)
     await sim.add_job("b", lo=1, hi=4, size=4)
-    assert sim.running("a") == sim.running("b") == 4  # 8 trainers on 8 CPUs: full
-    async with Replica(sim):
-        await sim.k8s.wait_for(lambda: sim.masters["a"].scaled_by == [] and sim.running("a") == 4,
-                               what="a full cluster left alone")
+    fixed = await sim.add_job("f", lo=2, hi=2, size=2)  # no range: load, never touched
+    sim.k8s.kmock.objects[_res("pods"), NS, "a-ps-0"] = {  # a pserver: load, never scaled
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "a-ps-0", "namespace": NS, "labels": {
+            manifests.JOB_LABEL: "a", manifests.ROLE_LABEL: manifests.PSERVER}},
+        "spec": {"nodeName": "n3", "containers": [{"name": "ps", "image": "x", "resources": {
+            "requests": {"cpu": "2", "memory": "1Gi"}}}]},
+        "status": {"phase": "Running"}}
+    assert sim.running("a") == sim.running("b") == 4 and sim.running("f") == 2  # with the pserver: full
+    async with Replica(sim) as replica:
+        await sim.k8s.wait_for(lambda: replica.controller.last_plan is not None, what="a first round")
+        assert replica.controller.last_plan.changes == ()  # nobody can grow, nobody waits
         await sim.add_job("c", lo=2, hi=4, size=2)
         assert sim.running("c") == 0  # no room: wholly pending
         await sim.k8s.wait_for(lambda: sim.running("c") == 2, what="the newcomer running at its min")
-    assert sim.sizes() == {"a": 3, "b": 3, "c": 2}
-    assert sim.running("a") + sim.running("b") + sim.running("c") == 8
-    event = sim.events("a")[0]
-    assert event["reason"] == EVENT_REASON and event["involvedObject"]["kind"] == "Deployment"
-    assert event["message"].startswith("trainers 4 -> 3: gave way to job 'ml/c'")
-    assert sim.events("c") == []  # placed where the others left: its size never changed
+    assert sim.sizes() == {"a": 3, "b": 3, "c": 2, "f": 2}  # the most fulfilled gave one each
+    assert fixed.scaled_by == [] and sim.events("f") == []
+    assert sim.k8s.stored("pods", NS, "a-ps-0") is not None
+    for job in ("a", "b"):
+        (event,) = sim.events(job)
+        assert event["reason"] == EVENT_REASON and event["involvedObject"]["kind"] == "Deployment"
+        assert event["involvedObject"]["name"] == f"{job}-master"
+        assert event["involvedObject"]["uid"] == f"uid-{job}"
+        assert event["message"] == "trainers 4 -> 3: gave way to job 'ml/c', placed below its min (2)"
+    assert sim.events("c") == []  # c was placed where their trainers left: its size never changed
 
 
 async def test_a_node_added_lets_the_jobs_grow_and_a_deleted_job_frees_its_share(sim, api_client):
