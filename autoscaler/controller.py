@@ -28,12 +28,13 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 from autoscaler.lease import LeaseElector
-from autoscaler.planner import DEFAULT_MAX_LOAD_DESIRED, Change, Plan, plan
+from autoscaler.planner import DEFAULT_MAX_LOAD_DESIRED, Change, Cluster, Plan, plan
 from autoscaler.snapshot import JobRange, build_cluster, job_key
 from paddlecloud.k8s import manifests
 from paddlecloud.k8s.jobs import fetch_master_status, scale_trainers
@@ -42,6 +43,7 @@ logger = logging.getLogger(__name__)
 
 COMPONENT = "paddlecloud-autoscaler"
 EVENT_REASON = "AutoscalerScaled"
+MASTER_QUERIES = 16  # GetStatus calls in flight at once
 MASTER_SELECTOR = f"{manifests.APP_LABEL}={manifests.APP_NAME},{manifests.ROLE_LABEL}={manifests.MASTER}"
 
 
@@ -136,21 +138,22 @@ class Controller:
         return JobRange(namespace=namespace, name=name, min_trainers=reply.min_trainers,
                         max_trainers=reply.max_trainers, desired=reply.desired_trainers)
 
-    def snapshot(self) -> tuple[Any, dict[str, dict[str, Any]]]:
-        """The planner's Cluster, and each planned job's master Deployment by job key."""
+    def snapshot(self) -> tuple[Cluster, dict[str, dict[str, Any]]]:
+        """The planner's Cluster, and each planned job's master Deployment by job key. The
+        masters are asked at once (a pool of threads), so one that does not answer costs a
+        round `rpc_timeout_s`, not that times the jobs."""
         nodes = self._dicts(self._core.list_node().items or [])
         pods = self._dicts(self._core.list_pod_for_all_namespaces().items or [])
-        deployments: dict[str, dict[str, Any]] = {}
-        ranges = []
+        jobs = {}
         for deployment in self.masters():
             meta = deployment["metadata"]
             name = (meta.get("labels") or {}).get(manifests.JOB_LABEL)
-            if not name:
-                continue
-            job_range = self.job_range(meta["namespace"], name)
-            if job_range is not None:
-                ranges.append(job_range)
-                deployments[job_key(meta["namespace"], name)] = deployment
+            if name:
+                jobs[job_key(meta["namespace"], name)] = (meta["namespace"], name, deployment)
+        with ThreadPoolExecutor(max_workers=MASTER_QUERIES, thread_name_prefix="get-status") as pool:
+            answers = list(pool.map(lambda job: self.job_range(job[0], job[1]), jobs.values()))
+        ranges = [found for found in answers if found is not None]
+        deployments = {job_key(r.namespace, r.name): jobs[job_key(r.namespace, r.name)][2] for r in ranges}
         return build_cluster(nodes=nodes, pods=pods, ranges=ranges), deployments
 
     # ---- one round -------------------------------------------------------------------
@@ -161,6 +164,9 @@ class Controller:
         self.last_plan = result
         if not result.changes:
             logger.debug("plan: no change (%d jobs on %d nodes)", len(cluster.jobs), len(cluster.nodes))
+            if self.settings.dry_run:
+                print(f"dry run: no change ({len(cluster.jobs)} jobs on {len(cluster.nodes)} nodes)",
+                      flush=True)
         for change in sorted(result.changes, key=lambda c: c.after - c.before):  # shrinks first
             why = "; ".join(change.reasons)
             if self.settings.dry_run:

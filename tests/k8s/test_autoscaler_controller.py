@@ -104,6 +104,15 @@ class Sim:
             self.k8s.kmock.objects[key].patch({"spec": {"nodeName": free}, "status": {"phase": "Running"}})
 
     async def add_job(self, name: str, *, lo: int, hi: int, size: int) -> FakeMaster:
+        self.add_deployment(name)
+        master = FakeMaster(self, name, lo=lo, hi=hi, size=size)
+        await master.start()
+        self.masters[name] = master
+        await self.follow(name, size)
+        return master
+
+    def add_deployment(self, name: str) -> None:
+        """The job's master Deployment, as `job submit` creates it (what the autoscaler lists)."""
         labels = {manifests.APP_LABEL: manifests.APP_NAME, manifests.JOB_LABEL: name,
                   manifests.ROLE_LABEL: manifests.MASTER}
         self.k8s.kmock.objects[_res("deployments"), NS, manifests.master_name(name)] = {
@@ -113,11 +122,6 @@ class Sim:
             "spec": {"selector": {"matchLabels": labels}, "template": {
                 "metadata": {"labels": labels},
                 "spec": {"containers": [{"name": "master", "image": "x"}]}}}}
-        master = FakeMaster(self, name, lo=lo, hi=hi, size=size)
-        await master.start()
-        self.masters[name] = master
-        await self.follow(name, size)
-        return master
 
     async def delete_job(self, name: str) -> None:
         apps = client.AppsV1Api(self.core.api_client)
@@ -253,8 +257,10 @@ async def test_a_node_added_lets_the_jobs_grow_and_a_deleted_job_frees_its_share
     sim.add_node("n1")
     await sim.add_job("a", lo=1, hi=4, size=2)
     await sim.add_job("b", lo=1, hi=4, size=2)
-    async with Replica(sim):
-        await sim.k8s.wait_for(lambda: len(sim.events("a")) == 0, what="first round")
+    sim.add_deployment("silent")  # a job whose master does not answer: not planned, no failure
+    async with Replica(sim) as replica:
+        await sim.k8s.wait_for(lambda: replica.controller.last_plan is not None, what="a first round")
+        assert set(replica.controller.last_plan.sizes) == {"ml/a", "ml/b"}
         sim.add_node("n2")
         await sim.k8s.wait_for(lambda: sim.sizes() == {"a": 4, "b": 4}, what="both jobs at their max")
         assert sim.running("a") == sim.running("b") == 4
