@@ -1,8 +1,9 @@
 """`paddlecloud autoscaler`: the cluster autoscaler's controller (deploy/autoscaler.yaml).
 
 Replicas elect one leader with a Lease in `--lease-namespace` (the pod's own namespace in the
-cluster: $POD_NAMESPACE); only the leader plans and scales. `--dry-run` prints the plan and
-changes nothing; `--once` runs one round and exits (with --dry-run: "what would it do now?").
+cluster: $POD_NAMESPACE); only the leader plans and scales. `--dry-run` prints the plan each round
+and changes nothing (it takes no Lease either: it never displaces the replica that acts);
+`--once` runs one round and exits (with --dry-run: "what would it do now?").
 
 The master's `ScaleTrainers` may need a token: `--master-token` / $PADDLECLOUD_MASTER_TOKEN is
 sent as `authorization: Bearer` metadata when given. What this does NOT guarantee: that the
@@ -31,7 +32,8 @@ DEFAULT_LEASE = "paddlecloud-autoscaler"
 @click.command("autoscaler")
 @click.option("--kubeconfig", type=click.Path(dir_okay=False),
               help="Kubeconfig file (default: in-cluster, then ~/.kube/config).")
-@click.option("--dry-run", is_flag=True, help="Print the plan; change nothing (no scale, no Event).")
+@click.option("--dry-run", is_flag=True,
+              help="Print the plan each round; change nothing (no scale, no Event, no Lease).")
 @click.option("--once", is_flag=True, help="One round, then exit (no Lease: for --dry-run by hand).")
 @click.option("--interval", type=DURATION, default="5s", show_default=True,
               help="Seconds between rounds (a watch event on nodes or pods starts one sooner).")
@@ -78,8 +80,9 @@ def autoscaler_command(*, kubeconfig: str | None, dry_run: bool, once: bool, int
         controller.step()
         return
     identity = identity or f"{socket.gethostname()}-{uuid.uuid4().hex[:8]}"
-    elector = LeaseElector(api, name=lease_name, namespace=lease_namespace, identity=identity,
-                           lease_duration_s=lease_duration)
+    # a dry run only watches: it must not take the Lease from the replicas that act
+    elector = None if dry_run else LeaseElector(api, name=lease_name, namespace=lease_namespace,
+                                                identity=identity, lease_duration_s=lease_duration)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())

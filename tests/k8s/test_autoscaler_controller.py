@@ -250,6 +250,7 @@ async def test_a_newcomer_in_a_full_cluster_makes_the_elastic_jobs_give_way_to_i
         assert event["involvedObject"]["name"] == f"{job}-master"
         assert event["involvedObject"]["uid"] == f"uid-{job}"
         assert event["message"] == "trainers 4 -> 3: gave way to job 'ml/c', placed below its min (2)"
+        check_valid_event(event)
     assert sim.events("c") == []  # c was placed where their trainers left: its size never changed
 
 
@@ -364,6 +365,16 @@ def _stale_write(api_client: Any) -> None:
                                    _content_type="application/merge-patch+json")
     assert conflict.value.status == 409
     assert api.read_namespaced_lease("l", NS).spec.holder_identity == "one"
+
+
+def check_valid_event(event: dict[str, Any]) -> None:
+    """The Event as sent (less what the emulator added) is strictly valid, 1.28 and newest."""
+    import kubernetes_validate
+
+    body = {**event, "metadata": {k: v for k, v in event["metadata"].items()
+                                  if k not in ("uid", "creationTimestamp", "resourceVersion")}}
+    for version in ("1.28", kubernetes_validate.latest_version()):
+        kubernetes_validate.validate(body, version, strict=True)
 
 
 def granted() -> tuple[set[tuple[str, str, str]], set[tuple[str, str, str]]]:
