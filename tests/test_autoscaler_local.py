@@ -7,6 +7,10 @@ The simulation places each job's trainers on the simulated nodes (a first-fit sc
 arrival order; a shrink frees the last ones); the local jobs run their desired trainers as
 processes whatever the simulation placed — the capacity is the planner's view, the resizes and
 the task accounting are real. Every job must finish with each task counted exactly once.
+
+A grow in a job's last seconds can start a trainer that is still starting when the job is
+done; the local run then waits up to 60 s for it ("left to the clean-up"), so this test takes
+30 s to 100 s.
 """
 
 from __future__ import annotations
@@ -80,6 +84,7 @@ class Autoscaler:
         self.cluster = SimulatedCluster()
         self.applied: list[tuple[str, int, int, tuple[str, ...]]] = []
         self.seen: list[dict[str, int]] = []  # trainers placed per job, after each round
+        self.tasks: dict[str, int] = {}  # each job's task count, as its master told it
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self.run, daemon=True)
 
@@ -90,6 +95,8 @@ class Autoscaler:
                 status = fetch_master_status(address, timeout=2)
             except grpc.RpcError:
                 continue  # finished (or failing over): not planned this round
+            if status.num_tasks:
+                self.tasks[job] = status.num_tasks
             if status.phase in ("Succeeded", "Failed") or status.min_trainers < 1:
                 continue
             out[job] = (status.min_trainers, status.max_trainers, status.desired_trainers)
@@ -129,13 +136,13 @@ def _serving(address: str) -> bool:
 def jobs(tmp_path: Path, job_name: str, etcd_endpoint: str):
     runs: list[LocalRun] = []
 
-    def start(suffix: str, *, trainers: int, lo: int, hi: int) -> tuple[LocalRun, str]:
+    def start(suffix: str, *, trainers: int, lo: int, hi: int, epochs: int) -> tuple[LocalRun, str]:
         name = f"{job_name[:40]}-{suffix}"
         data = tmp_path / suffix / "data"
         write_records(data, files=4, records_per_file=100)
         run = LocalRun(tmp_path / suffix, name, "--module", "trainer_agent.stub", "--input", str(data),
                        "--trainers", str(trainers), "--min-trainers", str(lo), "--max-trainers", str(hi),
-                       "--pservers", "1", "--pserver-module", "pserver_agent.stub", "--epochs", "2",
+                       "--pservers", "1", "--pserver-module", "pserver_agent.stub", "--epochs", str(epochs),
                        "--chunk-bytes", "300", "--etcd-endpoints", etcd_endpoint, "--", "--delay", "0.03")
         runs.append(run)
         keys = JobKeys("local", name)
@@ -151,7 +158,9 @@ def jobs(tmp_path: Path, job_name: str, etcd_endpoint: str):
 
 
 def test_three_local_jobs_share_a_simulated_cluster_and_each_counts_every_task_once(jobs, etcd_endpoint):
-    (tmp_a, a), (tmp_b, b) = jobs("a", trainers=2, lo=1, hi=4), jobs("b", trainers=2, lo=1, hi=4)
+    # a and b train longer than c takes to start: c arrives while they fill the cluster
+    epochs = {"a": 3, "b": 3, "c": 2}
+    (tmp_a, a), (tmp_b, b) = (jobs(j, trainers=2, lo=1, hi=4, epochs=epochs[j]) for j in ("a", "b"))
     runs = {"a": tmp_a, "b": tmp_b}
     scaler = Autoscaler({"a": a, "b": b})
     scaler.thread.start()
@@ -159,7 +168,7 @@ def test_three_local_jobs_share_a_simulated_cluster_and_each_counts_every_task_o
         # two jobs on six slots: they grow until the cluster is full
         wait_until(lambda: scaler.seen and sum(scaler.seen[-1].values()) == 6, timeout=60,
                    message="the two jobs never filled the cluster")
-        run_c, c = jobs("c", trainers=2, lo=2, hi=3)
+        run_c, c = jobs("c", trainers=2, lo=2, hi=3, epochs=epochs["c"])
         runs["c"] = run_c
         scaler.masters["c"] = c  # the newcomer, wholly pending in a full cluster
         wait_until(lambda: scaler.seen[-1].get("c", 0) >= 2 or run_c.process.poll() is not None,
@@ -180,7 +189,7 @@ def test_three_local_jobs_share_a_simulated_cluster_and_each_counts_every_task_o
     for job, run in runs.items():
         keys = JobKeys("local", run.job)
         events = asyncio.run(done_events(etcd_endpoint, keys))
-        check_exactly_once(events, num_tasks=len({t for _, _, t in events}), num_epochs=2)
+        check_exactly_once(events, num_tasks=scaler.tasks[job], num_epochs=epochs[job])
         assert asyncio.run(mark_history(etcd_endpoint, keys, "failures")) == [], job
     text = tmp_a.text()
     assert "scaling the trainers 2 -> 3" in text

@@ -201,7 +201,7 @@ class Replica:
         settings = Settings(**{**SETTINGS.__dict__, "token": identity or None})
         self.controller = Controller(api_client, settings=settings, master_address=sim.address)
         self.elector = (LeaseElector(api_client, name=LEASE, namespace=NS, identity=identity,
-                                     lease_duration_s=2) if identity else None)
+                                     lease_duration_s=10) if identity else None)
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self.controller.run, args=(self.stop,),
                                        kwargs={"elector": self.elector}, daemon=True)
