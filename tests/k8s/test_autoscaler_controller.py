@@ -295,6 +295,21 @@ async def test_a_watch_event_starts_a_round_long_before_the_interval(sim, api_cl
     assert_autoscaler_rights(sim.k8s)
 
 
+async def test_a_failed_round_is_logged_and_the_next_one_acts(sim, caplog):
+    sim.add_node("n1")
+    master = await sim.add_job("a", lo=1, hi=4, size=1)
+    answered = sim.k8s.fail("get", "nodes", status=500, times=2)
+    async with Replica(sim):
+        await sim.k8s.wait_for(lambda: master.size == 4, what="a grown once the API answered")
+    assert answered == [2]
+    assert caplog.text.count("autoscaler round failed") == 2
+
+
+def test_a_bad_flag_is_a_usage_error_naming_it():
+    result = CliRunner().invoke(main, ["autoscaler", "--max-load-desired", "1.5", "--once"])
+    assert result.exit_code == 2 and "1.5" in result.output and "--max-load-desired" in result.output
+
+
 async def test_dry_run_prints_the_plan_and_changes_nothing(sim, api_client, kubeconfig):
     sim.add_node("n1")
     master = await sim.add_job("a", lo=1, hi=4, size=1)
