@@ -257,6 +257,14 @@ class KubernetesDeployer(Deployer):
                              verb="patch", resource=PODGROUPS, target=name)
             logger.info("PodGroup %s/%s: minMember=%d", self.namespace, name, min_member)
 
+    def _trainer_gang(self) -> int:
+        """The PodGroup's minMember once the trainers are deployed: every other role plus, in
+        PS mode, the job's MIN trainers (EDL's rule, kept by every scale: trainers above the
+        min are extra, scheduled as room comes, never part of the gang the job needs to run);
+        a collective group needs all its members, so there it is the group's size."""
+        least = self.size if self.spec.collective else self.spec.trainer_range.minimum
+        return manifests.gang_size(self.spec.replace(trainers=least))
+
     async def create_pservers(self) -> None:
         """PodGroup (minMember = pservers and heters, for now), Services, StatefulSets."""
         if not self.spec.pservers:
@@ -282,7 +290,7 @@ class KubernetesDeployer(Deployer):
         owner = await self.owner()
         sized = self.spec.replace(trainers=self.size)
         if self.spec.uses_volcano:
-            await self._ensure_podgroup(manifests.gang_size(sized))
+            await self._ensure_podgroup(self._trainer_gang())
         if manifests.needs_trainer_service(sized):
             for service in manifests.role_services(sized, manifests.TRAINER, owner=owner):
                 await self._ensure_service(service)
@@ -305,7 +313,7 @@ class KubernetesDeployer(Deployer):
             return
         name = manifests.trainer_name(self.spec.name)
         if self.spec.uses_volcano:
-            await self._ensure_podgroup(manifests.gang_size(self.spec.replace(trainers=trainers)))
+            await self._ensure_podgroup(self._trainer_gang())
         await self._call(self._batch.patch_namespaced_job, name, self.namespace,
                          {"spec": {"parallelism": trainers, "completions": trainers}},
                          _content_type="application/merge-patch+json",

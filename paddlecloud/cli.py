@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import click
 
+from autoscaler.cli import autoscaler_command
 from job_server.cli import server_command
 from master.cli import credentials_command, master_command
 from paddlecloud.jobs_cli import job
@@ -31,6 +32,7 @@ main.add_command(local)
 main.add_command(operator_command)
 main.add_command(server_command)
 main.add_command(credentials_command)
+main.add_command(autoscaler_command)
 
 if __name__ == "__main__":
     main()

@@ -47,6 +47,7 @@ from paddlecloud.k8s.jobs import (
     pick_pod,
     pod_counts,
     read_package,
+    scale_trainers,
 )
 from paddlecloud.paddlejob import chunk_bytes, load_documents, translate_documents
 
@@ -443,16 +444,15 @@ def scale_command(name: str, trainers: int, namespace: str, master_address: str 
 
     PS jobs add or remove trainers while the others go on; collective jobs restart
     the trainer group at the new size. Works for local jobs too (pass --master).
+    Scaling is the operator's: PADDLE_JOB_TOKEN_FILE names the job's operator token (a
+    local job's is OUTPUT/.paddlecloud/tokens/operator; on Kubernetes the `operator` key of
+    the job's NAME-tokens Secret), PADDLE_MASTER_CA_FILE the master's CA when it uses TLS.
     """
     import grpc
 
-    from paddlecloud.api import pb, pb_grpc
-
     address = master_address or manifests.master_address(name, namespace)
     try:
-        with grpc.insecure_channel(address) as channel:
-            reply = pb_grpc.MasterStub(channel).ScaleTrainers(
-                pb.ScaleTrainersRequest(trainers=trainers), timeout=timeout)
+        reply = scale_trainers(address, trainers, timeout=timeout)
     except grpc.RpcError as error:
         raise _fail(f"cannot scale job {name} at {address}: {error.details()}") from None
     click.echo(f"job {name}: desired trainers {reply.desired_trainers} "

@@ -145,23 +145,43 @@ def pod_counts(pods: Iterable[Any], job_name: str) -> dict[str, dict[str, int]]:
     return counts
 
 
-def fetch_master_status(address: str, *, timeout: float, token: str | None = None) -> Any:
-    """The master's GetStatus answer; raises grpc.RpcError when it cannot be reached.
-
-    Credentials from the environment (`paddlecloud.auth.ClientCredentials`): the job's
-    operator or viewer token in PADDLE_JOB_TOKEN_FILE, the master's CA in PADDLE_MASTER_CA_FILE;
-    `token` is used when the environment names none."""
+def master_credentials(token: str | None = None) -> Any:
+    """How a CLI or controller speaks to a job's master (`paddlecloud.auth.ClientCredentials`):
+    the job's operator or viewer token in PADDLE_JOB_TOKEN_FILE, the master's CA in
+    PADDLE_MASTER_CA_FILE; `token` is used when the environment names none."""
     import dataclasses
 
-    from paddlecloud.api import pb, pb_grpc
     from paddlecloud.auth import ClientCredentials
 
     credentials = ClientCredentials.from_env()
     if credentials.token is None and token:
         credentials = dataclasses.replace(credentials, token=token)
+    return credentials
+
+
+def fetch_master_status(address: str, *, timeout: float, token: str | None = None) -> Any:
+    """The master's GetStatus answer; raises grpc.RpcError when it cannot be reached.
+    Credentials as `master_credentials` finds them."""
+    from paddlecloud.api import pb, pb_grpc
+
+    credentials = master_credentials(token)
     with credentials.channel(address) as channel:
         return pb_grpc.MasterStub(channel).GetStatus(pb.GetStatusRequest(), timeout=timeout,
                                                      metadata=credentials.metadata())
+
+
+def scale_trainers(address: str, trainers: int, *, timeout: float, token: str | None = None) -> Any:
+    """Asks the job's master at `address` to set its trainers to `trainers` (its
+    `ScaleTrainers` RPC, the operator's; the master's deployer converges): the answer (min,
+    max, desired). Credentials as `master_credentials` finds them. Raises grpc.RpcError.
+    The one scale call of `paddlecloud job scale` and of the autoscaler."""
+    from paddlecloud.api import pb, pb_grpc
+
+    credentials = master_credentials(token)
+    with credentials.channel(address) as channel:
+        return pb_grpc.MasterStub(channel).ScaleTrainers(
+            pb.ScaleTrainersRequest(trainers=trainers), timeout=timeout,
+            metadata=credentials.metadata())
 
 
 # ---- reading and deleting a job (the job server and the Python API) ---------------------------

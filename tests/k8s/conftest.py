@@ -237,3 +237,40 @@ async def k8s_crds(k8s: Cluster) -> Cluster:
         k8s.kmock.objects[NAMESPACES, None, name] = {
             "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
     return k8s
+
+
+# ---- the autoscaler: nodes, and Leases that behave like an API server's ---------------------------
+# 8. Leases: kmock sets no resourceVersion and does not check one; the elector's merge
+#    patches name the version they read (a real API server answers 409 Conflict when it
+#    moved on). Creates and patches of Leases get a fresh version here, and a patch naming
+#    a stale one is taken back and answers 409.
+LEASES = kmocklib.resource("coordination.k8s.io", "v1", "leases")
+RESOURCES.update({"nodes": kmocklib.resource("", "v1", "nodes"), "leases": LEASES})
+
+
+@pytest.fixture
+async def k8s_leases(k8s: Cluster) -> Cluster:
+    """`k8s` whose Leases carry a resourceVersion that a stale patch conflicts with (gap 8)."""
+    versions = iter(range(1, 1_000_000))
+
+    def versioned(request: Any) -> Any:
+        meta = (request.data or {}).get("metadata") or {}
+        key = (LEASES, request.namespace, request.name or meta.get("name"))
+        stored = k8s.kmock.objects[key] if key in k8s.kmock.objects else None
+        if request.action == kmocklib.action.CREATE:  # kmock answered 409 to a duplicate already
+            stored.patch({"metadata": {"resourceVersion": str(next(versions))}})
+            return NotImplemented  # on to the create answer of gaps 1 and 2
+        # kmock applied the patch before any reaction runs: the version before it is the one
+        # the patch is checked against, and a stale patch is taken back
+        before = stored.history[-2] if len(stored.history) > 1 else None
+        held = ((before.raw if before else {}).get("metadata") or {}).get("resourceVersion")
+        if meta.get("resourceVersion") not in (None, held):
+            stored.history.pop()
+            raise kmocklib.KubernetesError(status=409, reason="Conflict",
+                                           message="the object has been modified")
+        stored.patch({"metadata": {"resourceVersion": str(next(versions))}})
+        return stored.raw
+
+    k8s.kmock[kmocklib.action.CREATE, LEASES] << versioned
+    k8s.kmock[kmocklib.action.UPDATE, LEASES] << versioned
+    return k8s
