@@ -29,6 +29,7 @@ import json
 import logging
 import os
 import sys
+import time
 import warnings
 
 warnings.filterwarnings("ignore", message="No ccache found")  # paddle's import-time notice
@@ -100,6 +101,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output", default=os.environ.get("PADDLECLOUD_OUTPUT", "output"),
                         help="checkpoints and the final model go here [$PADDLECLOUD_OUTPUT]")
     parser.add_argument("--seed", type=int, default=0, help="initial weights")
+    parser.add_argument("--step-delay", type=float, default=0.0,
+                        help="seconds each step sleeps (slows the job, to watch resizes and restarts)")
     parser.add_argument("--consumed-log", default=os.environ.get("FIT_A_LINE_CONSUMED_LOG"),
                         help="append the records each step consumed here [$FIT_A_LINE_CONSUMED_LOG]")
     args = parser.parse_args(argv)
@@ -160,6 +163,8 @@ def main(argv: list[str] | None = None) -> int:
                 (loss_sum * step.loss_scale).backward()
                 optimizer.step()
                 optimizer.clear_grad()
+                if args.step_delay:
+                    time.sleep(args.step_delay)
                 step_count += 1
                 if step.batch is not None:
                     sse += float(loss_sum)
