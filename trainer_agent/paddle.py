@@ -15,9 +15,45 @@ own session, trainer id ``<PADDLE_TRAINER_ID>/<worker id>``, and nothing of a pa
 client is ever used in a child (a forked copy is dropped, a pickled dataset carries
 none). The loader forks its workers when an iteration starts: make no gRPC call from
 another thread of the parent at that moment (gRPC skips its fork handlers while calls
-are in flight, and the child can crash). A task is acknowledged once its records went into batches (the loader reads
-ahead), not once they were trained on: exactly once is the master's count per epoch,
-and a collective job restarts from an epoch checkpoint anyway (see the example).
+are in flight, and the child can crash).
+
+Checkpoints inside an epoch (``checkpoint_every``, default ``$PADDLECLOUD_CHECKPOINT_EVERY``:
+every K tasks of the job, or every T seconds). A task is acknowledged once its records
+went into batches (the loader reads ahead), and other trainers' acknowledgements arrive
+late, so the master's done marks at any moment are not the tasks the model consumed.
+The boundary protocol makes them known exactly:
+
+1. Drain. Once the checkpoint is due, a trainer's iteration ends *between tasks*: after
+   the last record of a task, it takes no new one and gives back what it prefetched
+   (``Epoch.stop``). The loader emits its last, partial batch and ends.
+2. Agree. ``join_batches`` ends only when every trainer is out of batches, so when the
+   training loop reaches ``dataset.boundary()`` every record any trainer yielded went
+   into an optimizer step that every trainer completed. ``boundary()`` flushes the
+   acknowledgements and exchanges, with one ``all_gather``, each trainer's tasks read
+   to their end in the segment, whether its epoch ended, and where the job is.
+3. Save. Their union, plus the tasks a resumed checkpoint had consumed, is
+   ``Boundary.tasks_done``: exactly the tasks whose records are all in the model's
+   state at this moment, and no record of any other task is (nothing is half read).
+   The trainer the master grants saves ``Boundary.train_status`` with the model; a
+   group restart passes the tasks to ``RestartEpoch``, so the restarted epoch deals
+   only the others, and a task the master deals anyway (a job started afresh on the
+   checkpoint) is acknowledged unread.
+
+Why drain rather than exclude the half-read tasks: excluding them from ``tasks_done``
+would feed their already-trained records again after a restart, unless the checkpoint
+also kept each one's record offset and the master could deal a task's remainder; it
+cannot, so the only sound choice with whole tasks is to finish them first. A drain
+costs little: a trainer finishes at most the task it is reading; prefetched tasks go
+back to the master untouched.
+
+Not guaranteed: a task that fails on a bad record (``TaskFailed``) has had its records
+before the bad one trained and is dealt again; a task whose lease lapsed while a slow
+trainer still read it can be read by two trainers. Both break "once" in the same way
+without checkpoints. Mid-epoch checkpoints need ``num_workers=0`` (the records read in
+the training process, where the tasks read to their end are known): loader workers
+refuse them. The trainers of the group choose their drain points on their own (K/N
+tasks each, or T seconds from the last boundary); one that drains early joins the
+others' steps with zero gradients until they drain too.
 
 Loader workers and the end of an epoch: Paddle's DataLoader hands out the batches of
 its workers in a fixed round-robin order, so a worker blocked waiting for the epoch to
