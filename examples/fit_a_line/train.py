@@ -17,8 +17,9 @@ the final model to ``$PADDLECLOUD_OUTPUT/model/``.
 
 ``--consumed-log FILE`` (or ``$FIT_A_LINE_CONSUMED_LOG``) appends one JSON line per
 training step a trainer took a batch in, ``{"step", "rank", "epoch", "ids"}`` (``ids``:
-``record_id`` of each record of the batch), one ``{"saved": step}`` per checkpoint and
-one ``{"resumed": step}`` per start from a checkpoint: what the model consumed, to check.
+``record_id`` of each record of the batch), one ``{"saved": step}`` per checkpoint, one
+``{"resumed": step}`` per start from a checkpoint and one ``{"started": step}`` per
+start: what the model consumed, to check.
 """
 
 from __future__ import annotations
@@ -133,6 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         where = f"inside epoch {status.epoch}" if status.in_epoch else f"of epoch {status.epoch}"
         print(f"trainer {rank}: resumed from the checkpoint {where} (step {step_count})", flush=True)
         log.write(resumed=step_count, rank=log.rank)
+    log.write(started=step_count, rank=log.rank)
     # DataParallel broadcasts rank 0's parameters, then averages gradients in backward().
     net = paddle.DataParallel(model) if world > 1 else model
 
