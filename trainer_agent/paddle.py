@@ -211,7 +211,8 @@ class MasterDataset(paddle.io.IterableDataset):
             next_epoch=client.progress.current_epoch if client is not None else (self.epoch or 0),
             job_done=self.job_done,
             finished=sorted(segment.finished) if segment is not None else [],
-            read=segment is not None,
+            # loader workers read where this process cannot see: an epoch number says they did
+            read=segment is not None if client is not None else self.epoch is not None,
         )
         self._segment = None
         everyone = _all_gather(mine, group=group)
@@ -321,6 +322,7 @@ class MasterDataset(paddle.io.IterableDataset):
         state = self.__dict__.copy()
         state["_client"] = None  # a session belongs to one process: never ship it
         state["_client_pid"] = 0
+        state["_segment"] = None
         return state
 
 
