@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from master import metrics
 from master.core import Core, FailedPrecondition, InvalidArgument
 from master.state import EpochAdvanced, EpochRestarted, JobFailed, JobState
-from master.store import MAX_RESTART_DONE
+from master.store import MAX_RESTART_DONE, MAX_RESTART_LIST
 
 logger = logging.getLogger(__name__)
 
@@ -68,8 +68,12 @@ class Epochs:
     async def restart(self, epoch: int, *, done: Iterable[int] = ()) -> int:
         """Starts `epoch` afresh with the tasks `done` (a checkpoint's consumed tasks) done.
 
-        The done marks are written in the restart's own transaction: a master that dies
-        meanwhile leaves either the old epoch or the restarted one with those marks.
+        Up to MAX_RESTART_DONE, the done marks are written in the restart's own
+        transaction: a master that dies meanwhile leaves either the old epoch or the
+        restarted one with those marks. More (up to MAX_RESTART_LIST) are listed in the
+        restart's marker by that transaction, and their marks written after it, each
+        write fenced by the marker (`EtcdStore.restart_marks`): a master that dies
+        half-way leaves the restarted epoch with the marker's list done, as `load` reads it.
         """
         core = self.core
         done = tuple(sorted(set(done)))
@@ -85,12 +89,16 @@ class Epochs:
             bad = [t for t in done if not 0 <= t < state.num_tasks]
             if bad:
                 raise InvalidArgument(f"done task {bad[0]} is outside 0..{state.num_tasks - 1}")
-            if len(done) > MAX_RESTART_DONE:
-                raise InvalidArgument(f"{len(done)} done tasks: a restart writes at most "
-                                      f"{MAX_RESTART_DONE} in its transaction (etcd's --max-txn-ops)")
+            if len(done) > MAX_RESTART_LIST:
+                raise InvalidArgument(f"{len(done)} done tasks: a restart takes at most "
+                                      f"{MAX_RESTART_LIST} (the list is one etcd value)")
         # Exclusive: no call may be in flight while every assignment is dropped.
         async with core.exclusive():
-            await core.commit(EpochRestarted(epoch, done))  # sessions stay; their assignments go
+            revision = await core.commit(EpochRestarted(epoch, done))  # sessions stay; assignments go
+            if revision is not None and len(done) > MAX_RESTART_DONE:
+                # more marks than one transaction holds: the restart's marker lists them
+                # (load reads it) until they are written here, one fenced write after another
+                await core.store.restart_marks(epoch, done, revision=revision)
             metrics.EPOCH_RESTARTS.inc()
             logger.info("epoch %d restarted%s", epoch, f" with {len(done)} tasks done" if done else "")
             return epoch

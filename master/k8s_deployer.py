@@ -30,7 +30,8 @@ new size, with `PADDLE_TRAINERS_NUM`, `PADDLE_TRAINER_ENDPOINTS` and indexes
 0..N-1 recomputed. Deleting and recreating is what converges fastest and safely:
 a Job's pod template cannot change, and the old pods are gone before the new
 ones take their host names. Past `restart_limit` lost members the deployer gives
-up: the Job is deleted and `trainer_status()` says why (the job ends Failed).
+up (`JobSpec.restart_limit`, `job submit --restart-limit`, a PaddleJob's `spec.restartLimit`):
+the Job is deleted and `trainer_status()` says why (the job ends Failed).
 
 What this does NOT guarantee: that pods get scheduled or start (a pserver that
 never registers keeps the job in Starting), nor garbage collection of what it
@@ -121,16 +122,16 @@ class KubernetesDeployer(Deployer):
     def __init__(self, spec: JobSpec, *, api_client: Any | None = None,
                  retry: RetryPolicy = DEFAULT_RETRY,
                  restart_epoch: Callable[[], Awaitable[None]] | None = None,
-                 restart_limit: int = 3) -> None:
+                 restart_limit: int | None = None) -> None:
         from kubernetes import client
 
-        if restart_limit < 0:
+        if restart_limit is not None and restart_limit < 0:
             raise ValueError(f"restart_limit={restart_limit}: must be >= 0")
         self.spec = spec.validate()
         self.retry = retry
         self.size = self.spec.trainers   # the trainer group's size now (scale changes it)
         self.restarts = 0                # group restarts after a lost member
-        self.restart_limit = restart_limit
+        self.restart_limit = spec.restart_limit if restart_limit is None else restart_limit
         self._restart_epoch = restart_epoch
         self._members: dict[str, int] | None = None  # the group's pods -> their restart counts
         self._finishing = False

@@ -57,7 +57,9 @@ from paddlecloud.phase import Phase
 logger = logging.getLogger(__name__)
 
 MAX_TXN_OPS = 128  # etcd's default --max-txn-ops
-MAX_RESTART_DONE = (MAX_TXN_OPS - 5) // 2  # done marks a RestartEpoch keeps: 2 ops each
+MAX_RESTART_DONE = (MAX_TXN_OPS - 6) // 2  # done marks a RestartEpoch keeps in its own txn
+RESTART_MARKS_PER_TXN = MAX_TXN_OPS - 8   # done marks per follow-up write of a bigger restart
+MAX_RESTART_LIST = 100_000  # done tasks a restart lists in its marker (about 0.6 MB of value)
 DONE_RANGE = 10_000  # done marks per range the load reads them in (about)
 MAX_FILES_PIECE = 512 * 1024  # bytes of file list per `files/<n>` value (etcd values stay < 1 MiB)
 
@@ -327,6 +329,8 @@ class EtcdStore:
         self._assign_prefix = keys.kind_prefix("assign")
         self._done_prefix = keys.kind_prefix("done")
         self._epoch_key = keys.epoch
+        # A bigger restart's list of done tasks, until their marks are written (`restart_marks`).
+        self.restart_key = keys.kind_prefix("restart") + b"done"
         self._trainers: dict[str, tuple[bytes, bytes]] = {}   # id -> (key, JSON string)
         assert self._assign_key(7) == keys.assign(7) and self._done_key(3, 7) == keys.done(3, 7)
 
@@ -379,6 +383,7 @@ class EtcdStore:
                 assign_prefix = k.kind_prefix("assign")
                 ops = [put(k.epoch, str(epoch)), delete_prefix(k.kind_prefix("done")),
                        delete_prefix(k.kind_prefix("failures"))]
+                ops.append(delete(self.restart_key))
                 if epoch >= state.num_epochs:
                     ops.append(put(k.phase, Phase.SUCCEEDED.value))
                 return Txn.of([value_is(k.epoch, str(epoch - 1)),
@@ -388,9 +393,18 @@ class EtcdStore:
                 return Txn.of([value_is(k.epoch, str(epoch))], [put(k.phase, Phase.FAILED.value)],
                               exclusive=True)
             case EpochRestarted(epoch=epoch, done=done):
-                # sessions stay; their assignments are gone; the checkpoint's tasks are done
+                # sessions stay; their assignments are gone; the checkpoint's tasks are done:
+                # their marks kept or written here, or (more than one transaction holds)
+                # every mark deleted and the list put in the restart marker, whose marks
+                # `restart_marks` then writes in follow-up transactions
+                if len(done) <= MAX_RESTART_DONE:
+                    marks = [*self._restart_done_ops(epoch, done), delete(self.restart_key)]
+                else:
+                    marks = [delete_prefix(self._done_prefix),
+                             put(self.restart_key, json.dumps({"epoch": epoch, "done": list(done)},
+                                                              separators=(",", ":")))]
                 return Txn.of([], [put(k.epoch, str(epoch)), put(k.phase, Phase.RUNNING.value),
-                                   *self._restart_done_ops(epoch, done),
+                                   *marks,
                                    delete_prefix(k.kind_prefix("failures")),
                                    delete_prefix(k.kind_prefix("assign"))], exclusive=True)
             case _:
@@ -413,6 +427,25 @@ class EtcdStore:
             start = key + b"\0"
         ops.append(delete(start, prefix_range_end(prefix)))
         return ops
+
+    async def restart_marks(self, epoch: int, done: tuple[int, ...], *, revision: int) -> bool:
+        """Writes the done marks of a bigger restart committed at `revision`, then deletes its
+        marker; False when the marker is no longer that restart's (nothing more written).
+
+        Each write compares the marker's revision, so none lands after a later restart or
+        the epoch's end. Until the marker is gone, `load` takes its list as the epoch's
+        done tasks: a master that dies half-way leaves the restarted epoch, consistent.
+        A mark is put only when absent, so a write repeated after a failure counts nothing twice.
+        """
+        fence = mod_revision_is(self.restart_key, revision)
+        keys = [self._done_key(epoch, t) for t in done]
+        for start in range(0, len(keys), RESTART_MARKS_PER_TXN):
+            chunk = keys[start:start + RESTART_MARKS_PER_TXN]
+            if await self.commit([fence], [nested_txn([version_is(key, 0)], [put(key, b"")])
+                                           for key in chunk], frozenset(chunk)) is None:
+                return False
+        return await self.commit([fence], [delete(self.restart_key)],
+                                 frozenset([self.restart_key])) is not None
 
     def _assign_txn(self, task: int, epoch: int, assignment: Assignment) -> Txn:
         """Compares: the trainer's key still names this session, the task has no assignment
@@ -564,6 +597,7 @@ class EtcdStore:
         snap = Snapshot(revision=revision)
         plen = len(prefix)
         pieces: list[tuple[bytes, bytes]] = []
+        restart: dict | None = None
         marks: list = []  # failures keys: up to one per task, read below without decoding
         for kv in (*head, *tail):
             if kv.key.startswith(b"failures/", plen):
@@ -590,6 +624,8 @@ class EtcdStore:
                     attempt=kv.mod_revision, deadline=raw["deadline"])
             elif kind == "pservers":
                 snap.pservers[int(parts[1])] = kv.value.decode()
+            elif kind == "restart":
+                restart = json.loads(kv.value)
         for _, value in sorted(pieces):
             snap.files.extend(FileEntry(p, s) for p, s in json.loads(value))
         if snap.epoch is not None:
@@ -600,6 +636,9 @@ class EtcdStore:
                     snap.failures[int(kv.key[flen:])] = int(kv.value)
             with _etcd_answers("the done marks"):
                 snap.done = await self._done_marks(snap.epoch, revision)
+            if restart is not None and restart["epoch"] == snap.epoch:
+                # a bigger restart whose marks were not all written: its list is the truth
+                snap.done = sorted(set(snap.done) | {int(t) for t in restart["done"]})
         return snap
 
     async def _done_marks(self, epoch: int, revision: int) -> list[int]:

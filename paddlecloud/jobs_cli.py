@@ -150,6 +150,7 @@ def build_spec(*, name: str | None, paddlejob: str | None, package: Mapping[str,
         "env": parse_env(options["env"]) or None,
         "etcd_endpoints": options["etcd_endpoints"],
         "epochs": options["epochs"],
+        "restart_limit": options["restart_limit"],
         "data_volume": data_volume,
         "clean_pod_policy": options["clean_pod_policy"],
         "namespace": options["namespace"],
@@ -216,6 +217,8 @@ def render_dry_run(spec: JobSpec, package: Mapping[str, bytes] | None) -> str:
 @_namespace_option(default=None)
 @click.option("--etcd-endpoints", help=f"etcd URLs, comma-separated  [default: {DEFAULT_ETCD_ENDPOINTS}]")
 @click.option("--epochs", type=int, help="Passes over the input  [default: 1]")
+@click.option("--restart-limit", type=int,
+              help="Restarts of the trainer group after a lost trainer before the job fails  [default: 3]")
 @click.option("--data-volume", metavar="CLAIM:PATH",
               help="A PVC mounted at PATH in the master (read-only) and every trainer.")
 @click.option("--clean-pod-policy", type=click.Choice(CLEAN_POD_POLICIES),

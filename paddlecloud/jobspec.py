@@ -154,6 +154,7 @@ class JobSpec:
     data_format: str = "lines"
     chunk_bytes: int = 0  # 0: the master's default (64 MiB)
     no_agent: bool = False
+    restart_limit: int = 3  # group restarts after a lost trainer before the job fails
 
     # ---- derived ----------------------------------------------------------------
     @property
@@ -222,6 +223,7 @@ class JobSpec:
         except RangeError as error:
             raise JobSpecError(str(error)) from None
         _check_count("epochs", self.epochs, minimum=1)
+        _check_count("restarts (restart limit)", self.restart_limit, minimum=0)
         _check_count("trainer GPUs", self.trainer_gpu, minimum=0)
         _check_count("heter trainers", self.heters, minimum=0)
         _check_count("chunk bytes", self.chunk_bytes, minimum=0)

@@ -17,7 +17,8 @@ each field the meaning paddle-operator's `api/v1/paddlejob_types.go` gives it:
   level (kept) and trainer range (min / max; the master keeps the size within it);
 * paddlecloud's own: `input` (a list of paths, globs or URLs), `output`,
   `epochs`, `format`, `chunkBytes` (`64MiB`, or bytes), `dataVolume`
-  (`{claim, mountPath}`) and `noAgent`.
+  (`{claim, mountPath}`), `noAgent` and `restartLimit` (group restarts before the
+  job fails).
 
 An unknown field is refused naming it and the nearest known one ("unknown field
 spec.cleanPolicy: did you mean spec.cleanPodPolicy?").
@@ -54,7 +55,8 @@ PODGROUP_KIND = "PodGroup"
 # paddle-operator's PaddleJobSpec, then paddlecloud's own fields.
 OPERATOR_FIELDS = ("cleanPodPolicy", "schedulingPolicy", "intranet", "withGloo", "sampleSetRef",
                    "ps", "worker", "heter", "elastic")
-OWN_FIELDS = ("input", "output", "epochs", "format", "chunkBytes", "dataVolume", "noAgent")
+OWN_FIELDS = ("input", "output", "epochs", "format", "chunkBytes", "dataVolume", "noAgent",
+              "restartLimit")
 SPEC_FIELDS = OPERATOR_FIELDS + OWN_FIELDS
 ROLE_FIELDS = ("replicas", "requests", "limits", "template")
 SCHEDULING_FIELDS = ("minAvailable", "queue", "priorityClass", "minResources")
@@ -324,6 +326,8 @@ def _own_fields(spec: Mapping[str, Any]) -> dict[str, Any]:
         values["output"] = _string(spec["output"], where="spec.output")
     if spec.get("epochs") is not None:
         values["epochs"] = _integer(spec["epochs"], where="spec.epochs", minimum=1)
+    if spec.get("restartLimit") is not None:
+        values["restart_limit"] = _integer(spec["restartLimit"], where="spec.restartLimit", minimum=0)
     if spec.get("format") is not None:
         values["data_format"] = _string(spec["format"], where="spec.format")
     if spec.get("chunkBytes") is not None:

@@ -37,7 +37,7 @@ SIZE_PATTERN = r"^[0-9]+(\.[0-9]+)?\s*([kKmMgG]([iI]?[bB])?|[bB])?$"  # paddlecl
 HEADER = """\
 # The PaddleJob resource: paddle-operator's batch.paddlepaddle.org/v1 PaddleJob, with
 # paddlecloud's own fields beside (input, output, epochs, format, chunkBytes,
-# dataVolume, noAgent). `paddlecloud operator` (deploy/operator.yaml) runs each one
+# dataVolume, noAgent, restartLimit). `paddlecloud operator` (deploy/operator.yaml) runs each one
 # by creating the job's master; `paddlecloud job submit -f` reads the same YAML.
 #
 #   kubectl apply -f deploy/crd-paddlejob.yaml
@@ -154,6 +154,9 @@ def spec_schema() -> dict[str, Any]:
             "noAgent": {"type": "boolean",
                         "description": "Every role runs its image's entrypoint; paddlecloud "
                                        "runs beside it."},
+            "restartLimit": {"type": "integer", "minimum": 0,
+                             "description": "Restarts of the trainer group after a lost trainer "
+                                            "before the job fails (default 3)."},
         },
     }
 

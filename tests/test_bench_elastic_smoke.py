@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -21,6 +22,11 @@ def test_one_run_prints_every_row():
                 "collective 2 -> 3 (group restart): first record read by the new group",
                 "records of the epoch read again after the restart"):
         assert row in out.stdout, out.stdout
+    if importlib.util.find_spec("paddle") is not None:  # the resume rows run the paddle example
+        for row in ("fit-a-line 2 -> 3 mid-epoch, epoch-granular restart: records consumed again",
+                    "fit-a-line 2 -> 3 mid-epoch, mid-epoch resume, --checkpoint-every 4: "
+                    "records consumed again"):
+            assert row in out.stdout, out.stdout
 
 
 def test_runs_below_one_are_refused_naming_the_value():

@@ -688,12 +688,20 @@ class TaskClient:
 class Epoch:
     """One epoch's worth of records, as this trainer gets them."""
 
-    def __init__(self, client: TaskClient, number: int) -> None:
+    def __init__(self, client: TaskClient, number: int, *,
+                 stop: Callable[[], bool] | None = None,
+                 consumed: frozenset[int] = frozenset()) -> None:
         self.client = client
         self.number = number
         self.ended = False
         self.tasks_read = 0
+        self.finished: list[int] = []  # ids of the tasks read to their end, acknowledged
         self.current_task: pb.Task | None = None  # the task whose records are being read
+        # Asked after each task read to its end: True ends `records()` there, between
+        # tasks (`ended` stays False), giving back the tasks held but not yet read.
+        self.stop = stop
+        # Tasks of this epoch a checkpoint's model already consumed: acknowledged unread.
+        self.consumed = consumed
 
     def __repr__(self) -> str:
         return f"Epoch({self.number})"
@@ -721,6 +729,8 @@ class Epoch:
                             pending = client.fetch(self.number)
                         yield from self._read(unread[0])
                         unread.popleft()
+                        if self.stop is not None and self.stop():
+                            raise _Stopped
                     if pending is None:
                         pending = client.fetch(self.number)
                 elif outcome == pb.WAIT:
@@ -732,8 +742,8 @@ class Epoch:
                 elif outcome == pb.ALL_TASKS_FAILED:
                     raise AllTasksFailed(f"every task of epoch {reply.current_epoch} failed: the job failed")
             self.ended = True
-        except BaseException:
-            # break, an exception in the caller's loop, Ctrl-C: give back what we hold.
+        except BaseException as error:
+            # stop(), break, an exception in the caller's loop, Ctrl-C: give back what we hold.
             for task in unread:
                 client.give_back(task)
             if pending is not None:
@@ -745,11 +755,18 @@ class Epoch:
                             client.give_back(task)
                 except Exception:
                     pass
-            raise
+            if not isinstance(error, _Stopped):
+                raise
 
     def _read(self, task: pb.Task) -> Iterator[Any]:
         parse = self.client.parse
         self.current_task = task
+        if task.id in self.consumed:
+            logger.info("task %d of epoch %d: consumed before the restart, not read again",
+                        task.id, self.number)
+            self.finished.append(task.id)
+            self.client.tasks.acknowledge(task)
+            return
         try:
             for chunk in task.chunks:
                 for raw in read_chunk(chunk, task.format or "lines"):
@@ -760,4 +777,9 @@ class Epoch:
             self.client.fail(task, f"{type(error).__name__}: {error}")
             return
         self.tasks_read += 1
+        self.finished.append(task.id)
         self.client.tasks.acknowledge(task)
+
+
+class _Stopped(Exception):
+    """`Epoch.stop` said stop: ends `records()` between tasks, through its give-back path."""

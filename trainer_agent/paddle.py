@@ -15,9 +15,45 @@ own session, trainer id ``<PADDLE_TRAINER_ID>/<worker id>``, and nothing of a pa
 client is ever used in a child (a forked copy is dropped, a pickled dataset carries
 none). The loader forks its workers when an iteration starts: make no gRPC call from
 another thread of the parent at that moment (gRPC skips its fork handlers while calls
-are in flight, and the child can crash). A task is acknowledged once its records went into batches (the loader reads
-ahead), not once they were trained on: exactly once is the master's count per epoch,
-and a collective job restarts from an epoch checkpoint anyway (see the example).
+are in flight, and the child can crash).
+
+Checkpoints inside an epoch (``checkpoint_every``, default ``$PADDLECLOUD_CHECKPOINT_EVERY``:
+every K tasks of the job, or every T seconds). A task is acknowledged once its records
+went into batches (the loader reads ahead), and other trainers' acknowledgements arrive
+late, so the master's done marks at any moment are not the tasks the model consumed.
+The boundary protocol makes them known exactly:
+
+1. Drain. Once the checkpoint is due, a trainer's iteration ends *between tasks*: after
+   the last record of a task, it takes no new one and gives back what it prefetched
+   (``Epoch.stop``). The loader emits its last, partial batch and ends.
+2. Agree. ``join_batches`` ends only when every trainer is out of batches, so when the
+   training loop reaches ``dataset.boundary()`` every record any trainer yielded went
+   into an optimizer step that every trainer completed. ``boundary()`` flushes the
+   acknowledgements and exchanges, with one ``all_gather``, each trainer's tasks read
+   to their end in the segment, whether its epoch ended, and where the job is.
+3. Save. Their union, plus the tasks a resumed checkpoint had consumed, is
+   ``Boundary.tasks_done``: exactly the tasks whose records are all in the model's
+   state at this moment, and no record of any other task is (nothing is half read).
+   The trainer the master grants saves ``Boundary.train_status`` with the model; a
+   group restart passes the tasks to ``RestartEpoch``, so the restarted epoch deals
+   only the others, and a task the master deals anyway (a job started afresh on the
+   checkpoint) is acknowledged unread.
+
+Why drain rather than exclude the half-read tasks: excluding them from ``tasks_done``
+would feed their already-trained records again after a restart, unless the checkpoint
+also kept each one's record offset and the master could deal a task's remainder; it
+cannot, so the only sound choice with whole tasks is to finish them first. A drain
+costs little: a trainer finishes at most the task it is reading; prefetched tasks go
+back to the master untouched.
+
+Not guaranteed: a task that fails on a bad record (``TaskFailed``) has had its records
+before the bad one trained and is dealt again; a task whose lease lapsed while a slow
+trainer still read it can be read by two trainers. Both break "once" in the same way
+without checkpoints. Mid-epoch checkpoints need ``num_workers=0`` (the records read in
+the training process, where the tasks read to their end are known): loader workers
+refuse them. The trainers of the group choose their drain points on their own (K/N
+tasks each, or T seconds from the last boundary); one that drains early joins the
+others' steps with zero gradients until they drain too.
 
 Loader workers and the end of an epoch: Paddle's DataLoader hands out the batches of
 its workers in a fixed round-robin order, so a worker blocked waiting for the epoch to
@@ -50,6 +86,7 @@ import multiprocessing
 import os
 import queue
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -59,7 +96,13 @@ import paddle
 import paddle.distributed as dist
 
 from paddlecloud.api import pb
-from trainer_agent.checkpoint import CheckpointError, TrainStatus, load_checkpoint, save_checkpoint
+from trainer_agent.checkpoint import (
+    CheckpointError,
+    CheckpointEvery,
+    TrainStatus,
+    load_checkpoint,
+    save_checkpoint,
+)
 from trainer_agent.client import Epoch, TaskClient, default_trainer_id
 
 logger = logging.getLogger(__name__)
@@ -90,11 +133,16 @@ class MasterDataset(paddle.io.IterableDataset):
 
     def __init__(self, parse: Callable[[Any], Any] | None = None,
                  client_factory: ClientFactory | None = None, *,
-                 trainer_id: str | None = None) -> None:
+                 trainer_id: str | None = None,
+                 checkpoint_every: CheckpointEvery | None = None) -> None:
         super().__init__()
         self.parse = parse
         self.client_factory = client_factory
         self.trainer_id = trainer_id
+        # Segments: an iteration ends between tasks when this says so (see boundary()).
+        self.checkpoint_every = checkpoint_every or CheckpointEvery.from_env()
+        self._segment: Epoch | None = None          # the last iteration's (training process)
+        self._consumed: dict[int, set[int]] = {}    # epoch -> its tasks the model consumed
         self._client: TaskClient | None = None
         self._client_pid = 0
         # Shared with forked or spawned loader workers: [epoch (-1: none yet), job done].
@@ -132,6 +180,62 @@ class MasterDataset(paddle.io.IterableDataset):
         with factory(trainer_id=self._base_trainer_id(), parse=self.parse) as transient:
             return transient.request_save_model(block=block)
 
+    def resume(self, status: TrainStatus | None) -> None:
+        """Takes in the TrainStatus of the checkpoint the model was loaded from (None: none).
+
+        A checkpoint saved inside an epoch lists the tasks of it the model consumed: they
+        count in the next boundary's ``tasks_done``, and one the master deals again (a job
+        started afresh on that checkpoint, without RestartEpoch) is acknowledged unread.
+        """
+        if status is not None and status.in_epoch:
+            self._consumed[status.epoch] = set(status.tasks_done or ())
+
+    def boundary(self, *, group: Any = None) -> Boundary:
+        """After an iteration ended on every trainer (``join_batches`` returned): where the
+        group is, agreed by all trainers (one ``all_gather``); call it on every trainer.
+
+        Every record an iteration yielded went into a step that every trainer completed,
+        and an iteration ends only between tasks (the drain), so each trainer's finished
+        tasks are consumed whole; their union with the tasks a resumed checkpoint had
+        consumed is the epoch's ``tasks_done``. Acknowledgements are flushed first.
+        """
+        client = self.client
+        segment = self._segment
+        if segment is not None and segment.client is not client:
+            segment = None  # a forked copy's
+        if client is not None:
+            client.flush()
+        mine = _Local(
+            epoch=segment.number if segment is not None else (self.epoch or 0),
+            ended=segment.ended if segment is not None else True,
+            next_epoch=client.progress.current_epoch if client is not None else (self.epoch or 0),
+            job_done=self.job_done,
+            finished=sorted(segment.finished) if segment is not None else [],
+            # loader workers read where this process cannot see: an epoch number says they did
+            read=segment is not None if client is not None else self.epoch is not None,
+        )
+        self._segment = None
+        everyone = _all_gather(mine, group=group)
+        read = [m for m in everyone if m.read]
+        epoch = min(m.epoch for m in read or everyone)
+        over = any(m.ended for m in everyone)
+        job_done = any(m.job_done for m in everyone)
+        if over:
+            for number in [e for e in self._consumed if e <= epoch]:
+                del self._consumed[number]
+            following = max(m.next_epoch for m in everyone)
+            if client is not None and following > client.progress.current_epoch:
+                # a trainer that stopped between tasks hears of the epoch's end from the others
+                client.advance(pb.GetTaskResponse(outcome=pb.EPOCH_DONE, current_epoch=following))
+            if job_done:
+                self._progress[1] = 1
+            return Boundary(epoch=epoch, epoch_over=True, job_done=job_done, tasks_done=(),
+                            read=bool(read))
+        done = self._consumed.setdefault(epoch, set())
+        for m in everyone:
+            done.update(m.finished)
+        return Boundary(epoch=epoch, epoch_over=False, job_done=False, tasks_done=tuple(sorted(done)))
+
     def close(self) -> None:
         """Flushes acknowledgements, gives held tasks back and leaves, for this process's session."""
         client = self.client
@@ -159,6 +263,9 @@ class MasterDataset(paddle.io.IterableDataset):
         # process may end right after, and multiprocessing children skip atexit).
         if info.id >= MAX_WORKERS:
             raise ValueError(f"MasterDataset supports at most {MAX_WORKERS} loader workers")
+        if self.checkpoint_every is not None:
+            raise ValueError(f"checkpoint every {self.checkpoint_every}: checkpoints inside an epoch "
+                             "need the records read in the training process (num_workers=0)")
         client = self._local_client(f"{base}/{info.id}")
         self._set_holding(info.id, False)  # whatever a dead predecessor left there
         try:
@@ -174,12 +281,26 @@ class MasterDataset(paddle.io.IterableDataset):
         if client.progress.finished:
             self._progress[1] = 1
             return
-        epoch = Epoch(client, client.progress.current_epoch)
+        number = client.progress.current_epoch
+        epoch = Epoch(client, number, consumed=frozenset(self._consumed.get(number, ())))
+        epoch.stop = self._drain_rule(epoch)
+        self._segment = epoch
         self._progress[0] = epoch.number
         yield from epoch.records()
         client.flush()
         if client.progress.finished:
             self._progress[1] = 1  # seen at the end of the last epoch: no need to ask again
+
+    def _drain_rule(self, epoch: Epoch) -> Callable[[], bool] | None:
+        """Ends ``epoch``'s iteration between tasks once ``checkpoint_every`` is due (None: never)."""
+        every = self.checkpoint_every
+        if every is None:
+            return None
+        started = time.monotonic()
+        trainers = dist.get_world_size() if dist.is_initialized() else int(
+            os.environ.get("PADDLE_TRAINERS_NUM", "1"))
+        return lambda: every.due(tasks=epoch.tasks_read, elapsed=time.monotonic() - started,
+                                 trainers=trainers)
 
     def _base_trainer_id(self) -> str:
         return self.trainer_id or default_trainer_id()
@@ -201,7 +322,51 @@ class MasterDataset(paddle.io.IterableDataset):
         state = self.__dict__.copy()
         state["_client"] = None  # a session belongs to one process: never ship it
         state["_client_pid"] = 0
+        state["_segment"] = None
         return state
+
+
+@dataclass(frozen=True)
+class Boundary:
+    """Where every trainer's iteration ended: the epoch's end, or a checkpoint inside it.
+
+    ``tasks_done`` (inside an epoch) are the epoch's tasks the model consumed, across
+    every trainer and every restart; ``train_status`` is what to save with the model.
+    """
+
+    epoch: int
+    epoch_over: bool
+    job_done: bool
+    tasks_done: tuple[int, ...]
+    read: bool = True  # False: no trainer read anything (the job was done before): save nothing
+
+    @property
+    def train_status(self) -> TrainStatus:
+        if self.epoch_over:
+            return TrainStatus(self.epoch)
+        return TrainStatus(self.epoch, tasks_done=self.tasks_done)
+
+
+@dataclass(frozen=True)
+class _Local:
+    """One trainer's side of a boundary (what ``all_gather`` exchanges)."""
+
+    epoch: int
+    ended: bool
+    next_epoch: int
+    job_done: bool
+    finished: list[int]
+    read: bool
+
+
+def _all_gather(mine: _Local, *, group: Any = None) -> list[_Local]:
+    if not dist.is_initialized() or dist.get_world_size(group) <= 1:
+        return [mine]
+    everyone: list[Any] = []
+    dist.all_gather_object(everyone, (mine.epoch, mine.ended, mine.next_epoch, mine.job_done,
+                                      mine.finished, mine.read), group=group)
+    return [_Local(int(e), bool(d), int(n), bool(j), [int(t) for t in f], bool(r))
+            for e, d, n, j, f, r in everyone]
 
 
 def _leave_on_idle(client: TaskClient, holding: Any, worker: int) -> None:
@@ -396,13 +561,17 @@ def to_tensors(value: Any) -> Any:
 
 
 def save_paddle_checkpoint(path: str, model: paddle.nn.Layer, optimizer: Any,
-                           train_status: TrainStatus, *, keep: int = 3) -> str:
+                           train_status: TrainStatus, *, keep: int = 3,
+                           extra: Mapping[str, Any] | None = None) -> str:
     """``save_checkpoint`` of the model's and optimizer's ``state_dict()`` as numpy arrays.
 
     Pass the inner layer of a ``paddle.DataParallel``. ``optimizer`` may be None.
-    Returns the version's path.
+    ``extra`` (picklable values, e.g. a step counter) is saved beside them and read back
+    by ``load_paddle_checkpoint_extra``. Returns the version's path.
     """
     state: dict[str, Any] = {"model": to_numpy(model.state_dict())}
+    if extra is not None:
+        state["extra"] = dict(extra)
     if optimizer is not None:
         state["optimizer"] = to_numpy(optimizer.state_dict())
         # The optimizer's keys embed global parameter names ("linear_0.w_0_moment1_0"),
@@ -419,6 +588,13 @@ def load_paddle_checkpoint(path: str, model: paddle.nn.Layer,
     Returns its TrainStatus, or None (nothing changed) when there is no checkpoint.
     Raises CheckpointError when the checkpoint does not hold a model state.
     """
+    found = load_paddle_checkpoint_extra(path, model, optimizer)
+    return None if found is None else found[0]
+
+
+def load_paddle_checkpoint_extra(path: str, model: paddle.nn.Layer, optimizer: Any = None
+                                 ) -> tuple[TrainStatus, dict[str, Any]] | None:
+    """``load_paddle_checkpoint``, with the ``extra`` values the checkpoint was saved with."""
     found = load_checkpoint(path)
     if found is None:
         return None
@@ -431,7 +607,7 @@ def load_paddle_checkpoint(path: str, model: paddle.nn.Layer,
         here = {name: p.name for name, p in model.named_parameters()}
         renames = {saved[n]: here[n] for n in saved if n in here and saved[n] != here[n]}
         optimizer.set_state_dict(to_tensors(_rename_parameters(state["optimizer"], renames)))
-    return status
+    return status, dict(state.get("extra", {}))
 
 
 def _rename_parameters(optimizer_state: dict[str, Any], renames: dict[str, str]) -> dict[str, Any]:

@@ -9,17 +9,28 @@ file). Every trainer takes its data from the master through ``MasterDataset``; w
 API (``init_parallel_env`` + ``paddle.DataParallel``; gloo on CPU). It prints
 ``epoch N loss X`` once per epoch (the mean squared error over every example of the
 epoch, as trained), checkpoints at each epoch end into ``$PADDLECLOUD_OUTPUT/checkpoints``
-(one trainer, the one the master grants), resumes from the newest checkpoint there, and
-writes the final model to ``$PADDLECLOUD_OUTPUT/model/``.
+(one trainer, the one the master grants), and also inside epochs with
+``$PADDLECLOUD_CHECKPOINT_EVERY`` (``paddlecloud local train --checkpoint-every``: the
+trainers drain their tasks, agree on the tasks the model consumed and save them with
+it, see ``trainer_agent.paddle``), resumes from the newest checkpoint there, and writes
+the final model to ``$PADDLECLOUD_OUTPUT/model/``.
+
+``--consumed-log FILE`` (or ``$FIT_A_LINE_CONSUMED_LOG``) appends one JSON line per
+training step a trainer took a batch in, ``{"step", "rank", "epoch", "ids"}`` (``ids``:
+``record_id`` of each record of the batch), one ``{"saved": step}`` per checkpoint, one
+``{"resumed": step}`` per start from a checkpoint and one ``{"started": step}`` per
+start: what the model consumed, to check.
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import logging
 import os
 import sys
+import time
 import warnings
 
 warnings.filterwarnings("ignore", message="No ccache found")  # paddle's import-time notice
@@ -29,12 +40,11 @@ import paddle  # noqa: E402
 import paddle.distributed as dist  # noqa: E402
 
 from paddlecloud.checkpoints import checkpoints_dir  # noqa: E402
-from trainer_agent.checkpoint import TrainStatus  # noqa: E402
 from trainer_agent.paddle import (  # noqa: E402
     MasterDataset,
     all_reduce_sum,
     join_batches,
-    load_paddle_checkpoint,
+    load_paddle_checkpoint_extra,
     save_paddle_checkpoint,
 )
 
@@ -42,12 +52,30 @@ FEATURES = 13
 MODEL_FILE = "model.pdparams"
 
 
-def parse_line(line: str) -> tuple[np.ndarray, np.ndarray]:
-    """``x_1,...,x_13,y`` -> (features, label); a malformed line fails its task."""
+def parse_line(line: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``x_1,...,x_13,y`` -> (features, label, record id); a malformed line fails its task."""
     values = np.array(line.split(","), dtype=np.float32)
     if values.shape != (FEATURES + 1,):
         raise ValueError(f"expected {FEATURES + 1} comma-separated numbers, got {values.size}")
-    return values[:FEATURES], values[FEATURES:]
+    return values[:FEATURES], values[FEATURES:], np.array(record_id(line), dtype=np.int64)
+
+
+def record_id(line: str) -> int:
+    """A record's id: 62 bits of a hash of its line (the data has no id column)."""
+    digest = hashlib.blake2b(line.strip().encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") >> 2
+
+
+class ConsumedLog:
+    """The ``--consumed-log`` file: appended lines, each one write (O_APPEND keeps them whole)."""
+
+    def __init__(self, path: str | None, rank: str) -> None:
+        self.rank = int(rank)
+        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644) if path else None
+
+    def write(self, **entry: object) -> None:
+        if self._fd is not None:
+            os.write(self._fd, (json.dumps(entry) + "\n").encode())
 
 
 def init_collective(world: int) -> None:
@@ -74,6 +102,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output", default=os.environ.get("PADDLECLOUD_OUTPUT", "output"),
                         help="checkpoints and the final model go here [$PADDLECLOUD_OUTPUT]")
     parser.add_argument("--seed", type=int, default=0, help="initial weights")
+    parser.add_argument("--step-delay", type=float, default=0.0,
+                        help="seconds each step sleeps (slows the job, to watch resizes and restarts)")
+    parser.add_argument("--consumed-log", default=os.environ.get("FIT_A_LINE_CONSUMED_LOG"),
+                        help="append the records each step consumed here [$FIT_A_LINE_CONSUMED_LOG]")
     args = parser.parse_args(argv)
     # force: importing paddle already put a handler of its own on the root logger
     logging.basicConfig(level=os.environ.get("PADDLECLOUD_LOG_LEVEL", "INFO"), force=True,
@@ -88,53 +120,75 @@ def main(argv: list[str] | None = None) -> int:
     optimizer = paddle.optimizer.Momentum(learning_rate=args.lr, momentum=args.momentum,
                                           parameters=model.parameters())
     checkpoints = checkpoints_dir(args.output)
+    log = ConsumedLog(args.consumed_log, rank)
     # Every trainer loads the same checkpoint; the master was started at its
-    # TrainStatus.next() by the launcher (--start-epoch, or RestartEpoch when a
-    # collective group restarts), so no epoch before it is fed again.
-    resumed = load_paddle_checkpoint(checkpoints, model, optimizer)
+    # TrainStatus.next() by the launcher (--start-epoch, or RestartEpoch with the tasks
+    # a checkpoint inside an epoch consumed, when a collective group restarts), so no
+    # record the model consumed is fed again.
+    resumed = load_paddle_checkpoint_extra(checkpoints, model, optimizer)
+    step_count = 0
+    status = None
     if resumed is not None:
-        print(f"trainer {rank}: resumed from the checkpoint of epoch {resumed.epoch}", flush=True)
+        status, extra = resumed
+        step_count = int(extra.get("step", 0))
+        where = f"inside epoch {status.epoch}" if status.in_epoch else f"of epoch {status.epoch}"
+        print(f"trainer {rank}: resumed from the checkpoint {where} (step {step_count})", flush=True)
+        log.write(resumed=step_count, rank=log.rank)
+    log.write(started=step_count, rank=log.rank)
     # DataParallel broadcasts rank 0's parameters, then averages gradients in backward().
     net = paddle.DataParallel(model) if world > 1 else model
 
     dataset = MasterDataset(parse=parse_line)
+    dataset.resume(status)
     loader = paddle.io.DataLoader(dataset, batch_size=args.batch_size,
                                   num_workers=args.num_workers)
     idle_x = paddle.zeros([1, FEATURES], dtype="float32")
     idle_y = paddle.zeros([1, 1], dtype="float32")
+    sse, examples = 0.0, 0  # of the epoch so far (in this process)
     try:
         while True:
-            # One epoch. The master shards dynamically, so trainers get unequal numbers
-            # of batches, and one whose share is read waits for the epoch's last tasks
-            # held by others. join_batches keeps every trainer in the same collective
-            # steps: each step the trainers all_reduce (examples held, still has data);
-            # a trainer without a batch runs the step on a dummy input with a zero loss
+            # One segment: the epoch, or its part up to a checkpoint inside it. The
+            # master shards dynamically, so trainers get unequal numbers of batches,
+            # and one whose share is read waits for the epoch's last tasks held by
+            # others. join_batches keeps every trainer in the same collective steps:
+            # each step the trainers all_reduce (examples held, still has data); a
+            # trainer without a batch runs the step on a dummy input with a zero loss
             # scale, so its gradients are zero but it still takes part in
             # DataParallel's gradient all_reduce, until every trainer is out (as
             # PyTorch DDP's Join does). The loss is scaled so that the averaged
             # gradient is the mean over every example of the step, however the
             # examples were spread over the trainers.
-            sse, examples = 0.0, 0
             for step in join_batches(loader):
-                x, y = step.batch if step.batch is not None else (idle_x, idle_y)
+                x, y = step.batch[:2] if step.batch is not None else (idle_x, idle_y)
                 error = net(x) - y
                 loss_sum = (error * error).sum()
                 (loss_sum * step.loss_scale).backward()
                 optimizer.step()
                 optimizer.clear_grad()
+                if args.step_delay:
+                    time.sleep(args.step_delay)
+                step_count += 1
                 if step.batch is not None:
                     sse += float(loss_sum)
                     examples += step.size
-            mine = examples
-            sse, examples, done = all_reduce_sum([sse, examples, float(dataset.job_done)])
-            if examples:
-                epoch = dataset.epoch
-                print(f"epoch {epoch} loss {sse / examples:.6f} examples {int(examples)} "
-                      f"(trainer {rank}: {mine})", flush=True)
-                # The master picks one trainer to save (all models are identical).
-                if dataset.request_save_model():
-                    save_paddle_checkpoint(checkpoints, model, optimizer, TrainStatus(epoch))
-            if done == world:
+                    log.write(step=step_count, rank=log.rank, epoch=dataset.epoch,
+                              ids=[int(i) for i in step.batch[2].numpy().reshape(-1)])
+            # Every trainer is out: every record read went into a step. Agree on where.
+            boundary = dataset.boundary()
+            if boundary.epoch_over:
+                mine = examples
+                total_sse, total = all_reduce_sum([sse, examples])
+                sse, examples = 0.0, 0
+                if total:
+                    print(f"epoch {boundary.epoch} loss {total_sse / total:.6f} "
+                          f"examples {int(total)} (trainer {rank}: {mine})", flush=True)
+            # The master picks one trainer to save (all models are identical).
+            if boundary.read and dataset.request_save_model():
+                save_paddle_checkpoint(checkpoints, model, optimizer, boundary.train_status,
+                                       extra={"step": step_count})
+                log.write(saved=step_count, rank=log.rank, epoch=boundary.epoch,
+                          tasks_done=None if boundary.epoch_over else len(boundary.tasks_done))
+            if boundary.job_done:
                 break
         if dataset.request_save_model():
             save_final_model(model, os.path.join(args.output, "model"))

@@ -75,6 +75,16 @@ class _TrainCommand(click.Command):
         return super().parse_args(ctx, args)
 
 
+def _check_checkpoint_every(text: str) -> tuple[str, str]:
+    """`--checkpoint-every` as the trainers' environment variable; a clear error otherwise."""
+    from trainer_agent.checkpoint import CHECKPOINT_EVERY_ENV, CheckpointEvery
+
+    try:
+        return CHECKPOINT_EVERY_ENV, str(CheckpointEvery.parse(text))
+    except ValueError as error:
+        raise click.BadParameter(str(error), param_hint="'--checkpoint-every'") from None
+
+
 def _check_leftovers(module_args: tuple[str, ...], inputs: tuple[str, ...]) -> None:
     """Refuses arguments given without `--`: they are most often an unquoted glob's expansion."""
     after = click.get_current_context().meta.get(_AFTER_DASHES, [])
@@ -211,6 +221,10 @@ def local() -> None:
 @click.option("-e", "--env", "env", type=KEY_VALUE, multiple=True, metavar="KEY=VALUE",
               help="Environment for trainers and pservers (repeatable).")
 @click.option("--epochs", type=click.IntRange(min=1), default=1)
+@click.option("--checkpoint-every", metavar="TASKS|DURATION",
+              help="Checkpoint inside epochs too, every TASKS tasks of the job (20) or DURATION (30s): "
+                   "a group restart then resumes mid-epoch (trainers read it from "
+                   "$PADDLECLOUD_CHECKPOINT_EVERY; see trainer_agent.paddle).")
 @click.option("--masters", type=click.IntRange(min=1), default=1, help="Master processes; 2 runs a standby.")
 @click.option("--fresh", is_flag=True,
               help="Discard the job's earlier state: its keys in etcd and the checkpoints in --output.")
@@ -227,7 +241,7 @@ def local() -> None:
 @click.option("--example", type=click.Choice(sorted(EXAMPLES)), help="Run a bundled example (generates its data).")
 @click.option("--tls", is_flag=True, help="Masters serve TLS with a CA minted for this run (tokens are always on).")
 @click.argument("module_args", nargs=-1, type=click.UNPROCESSED)
-def train(module, package_path, inputs, output, trainers, min_trainers, max_trainers, resize_schedule, pservers, pserver_module, env, epochs, masters, fresh,
+def train(module, package_path, inputs, output, trainers, min_trainers, max_trainers, resize_schedule, pservers, pserver_module, env, epochs, checkpoint_every, masters, fresh,
           etcd_endpoints, restart_limit, restart_mode, job_name, fmt, chunk_bytes, session_ttl, example,
           tls, module_args) -> None:
     """Run a training job here: etcd, master(s), pservers and trainers as child processes.
@@ -250,6 +264,8 @@ def train(module, package_path, inputs, output, trainers, min_trainers, max_trai
     _check_job_name(job_name)
     _check_session_ttl(session_ttl)
     schedule = _check_schedule(resize_schedule)
+    if checkpoint_every:
+        env = (*env, _check_checkpoint_every(checkpoint_every))
     if schedule:
         sizes = [size for _, size in schedule]
         min_trainers = min_trainers if min_trainers is not None else min(sizes)
