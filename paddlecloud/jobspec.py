@@ -31,7 +31,7 @@ logger = logging.getLogger(__name__)
 
 SPEC_VERSION = 1
 DEFAULT_IMAGE = "paddlecloud/paddlecloud:0.1.0"
-DEFAULT_ETCD_ENDPOINTS = "http://paddlecloud-etcd:2379"  # the client Service of deploy/etcd.yaml
+DEFAULT_ETCD_ENDPOINTS = "https://paddlecloud-etcd:2379"  # the client Service of deploy/etcd.yaml
 MAX_NAME_LENGTH = 40  # pod names add suffixes such as "-trainer-12" and must stay within 63
 
 CLEAN_POD_POLICIES = ("Always", "OnFailure", "OnCompletion", "Never")
