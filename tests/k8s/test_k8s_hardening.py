@@ -7,10 +7,10 @@ import copy
 import re
 
 import pytest
-
-from paddlecloud.k8s import manifests
 import restricted_profile as pss
 from rendered_objects import DEPLOY, pod_spec, rendered
+
+from paddlecloud.k8s import manifests
 
 RENDERED = rendered()
 
