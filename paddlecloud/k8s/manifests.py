@@ -668,6 +668,11 @@ def _statefulset(spec: JobSpec, role: str, *, env: list[dict[str, Any]],
                  owner: Mapping[str, Any] | None) -> Manifest:
     template = _pod_template(spec, role, template=spec.template_of(role), env=env)
     template["spec"]["restartPolicy"] = "Always"  # the only policy a StatefulSet takes
+    # ready once it listens (its Service publishes not-ready pods anyway: this is for
+    # `kubectl get` and the disruption budget); no liveness probe: a pserver that stops
+    # listening is its agent's to end, and a restart loses its parameters
+    template["spec"]["containers"][0].setdefault("readinessProbe", {
+        "tcpSocket": {"port": paddle_port(spec)}, "periodSeconds": 10})
     name = role_name(spec.name, role)
     return {
         "apiVersion": "apps/v1",
@@ -938,6 +943,38 @@ def master_service(spec: JobSpec, owner: Mapping[str, Any] | None) -> Manifest:
     }
 
 
+MASTER_CLIENT_LABEL = "paddlecloud.org/master-client"  # "true": may call any job's master (gRPC)
+
+
+def network_policies(spec: JobSpec, owner: Mapping[str, Any] | None) -> list[Manifest]:
+    """Ingress of the job's pods (egress is left open: DNS, storage, registries vary).
+
+    `NAME-internal`: the job's pods reach each other on any port (pservers, collective and
+    gloo rendezvous, NCCL's own ports, the master's gRPC); nothing else reaches trainers,
+    pservers or heters. `NAME-master`: besides, the master's gRPC port from pods labelled
+    `paddlecloud.org/master-client: "true"` (the job server, the operator) and its
+    status/metrics port from the job's namespace. Needs a CNI that enforces NetworkPolicy.
+    """
+    def policy(name: str, pod_selector: dict[str, str], ingress: list[dict[str, Any]]) -> Manifest:
+        return {
+            "apiVersion": "networking.k8s.io/v1",
+            "kind": "NetworkPolicy",
+            "metadata": _metadata(spec, name=name, role=MASTER, owner=owner),
+            "spec": {"podSelector": {"matchLabels": pod_selector}, "policyTypes": ["Ingress"],
+                     "ingress": ingress},
+        }
+
+    job_pods = {JOB_LABEL: spec.name}
+    return [
+        policy(f"{spec.name}-internal", job_pods, [{"from": [{"podSelector": {"matchLabels": job_pods}}]}]),
+        policy(master_name(spec.name), selector(spec, MASTER), [
+            {"from": [{"podSelector": {"matchLabels": {MASTER_CLIENT_LABEL: "true"}}}],
+             "ports": [{"protocol": "TCP", "port": MASTER_PORT}]},
+            {"from": [{"podSelector": {}}], "ports": [{"protocol": "TCP", "port": METRICS_PORT}]},
+        ]),
+    ]
+
+
 def submit_objects(spec: JobSpec, package: Mapping[str, bytes] | None = None,
                    *, owner: Mapping[str, Any] | None = None) -> list[Manifest]:
     """What `paddlecloud job submit` creates, in order (the Service is owned once the
@@ -945,7 +982,7 @@ def submit_objects(spec: JobSpec, package: Mapping[str, bytes] | None = None,
     out = [spec_configmap(spec)]
     if spec.package_files:
         out.append(package_configmap(spec, package or {}))
-    out += [master_deployment(spec), master_service(spec, owner)]
+    out += [master_deployment(spec), master_service(spec, owner), *network_policies(spec, owner)]
     return out
 
 

@@ -51,7 +51,7 @@ def example_submit_args(path: Path) -> list[str]:
 
 
 def kaniko_job() -> dict[str, Any]:
-    config = image_build.BuildConfig(registry="registry.example.com/pc", namespace="builds",
+    config = image_build.BuildConfig(registry="registry.example.com/pc", namespace="default",
                                      push_secret="push", context_claim="packages")
     return image_build.build_job(config, tag="0123456789abcdef", context="ctx/a.tar.gz")
 
