@@ -345,6 +345,8 @@ def _common_env(spec: JobSpec, role: str) -> list[dict[str, Any]]:
         path = PACKAGE_MOUNT + (":" + user.pop("PYTHONPATH") if "PYTHONPATH" in user else "")
         env.append(_value("PYTHONPATH", path))
     env += [_value(k, v) for k, v in user.items()]
+    env += [{"name": name, "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}}
+            for name, secret, key in spec.secret_env]
     return env
 
 
