@@ -6,10 +6,13 @@ from __future__ import annotations
 import copy
 import re
 
+import kubernetes_validate
 import pytest
 import restricted_profile as pss
-from rendered_objects import DEPLOY, pod_spec, rendered
+import yaml
+from rendered_objects import DEPLOY, DEPLOY_FILES, pod_spec, rendered
 
+from paddlecloud.jobspec import JobSpec
 from paddlecloud.k8s import manifests
 
 RENDERED = rendered()
@@ -100,6 +103,26 @@ def test_only_masters_and_pservers_get_etcd_credentials():
             assert etcd <= env and "etcd-tls" in mounted, doc["metadata"]["name"]
         else:
             assert not etcd & env and "etcd-tls" not in mounted, doc["metadata"]["name"]
+
+
+@pytest.mark.parametrize("path", DEPLOY_FILES, ids=lambda p: p.name)
+def test_every_deploy_file_is_strictly_valid(path):
+    for doc in RENDERED[f"deploy/{path.name}"]:
+        if doc["kind"] in ("CustomResourceDefinition", "KopfPeering"):  # no built-in schema
+            continue
+        for version in ("1.28", kubernetes_validate.latest_version()):
+            kubernetes_validate.validate(doc, version, strict=True)
+
+
+def test_host_intranet_relaxes_only_the_node_network(tmp_path):
+    doc = yaml.safe_load((DEPLOY / "examples" / "ctr-wide-deep-ps.yaml").read_text())
+    doc["spec"]["intranet"] = "Host"
+    spec = JobSpec.from_paddlejob(doc).validate()
+    for obj in manifests.master_objects(spec, None):
+        pod = pod_spec(obj)
+        if pod is not None:
+            found = {v.split(":")[0] for v in pss.violations(pod)}
+            assert found == {"hostNetwork", "hostPort"}, (obj["metadata"]["name"], found)
 
 
 def test_the_image_runs_as_a_numeric_non_root_user_matching_the_pods():
