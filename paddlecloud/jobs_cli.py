@@ -37,6 +37,7 @@ from paddlecloud.jobspec import (
     JobSpec,
     JobSpecError,
     parse_env,
+    parse_secret_env,
 )
 from paddlecloud.k8s import manifests
 from paddlecloud.k8s.jobs import (
@@ -157,6 +158,8 @@ def build_spec(*, name: str | None, paddlejob: str | None, package: Mapping[str,
         "data_format": options["data_format"],
         "chunk_bytes": chunk_bytes(options["chunk_bytes"]) if options["chunk_bytes"] else None,
         "no_agent": options["no_agent"] or None,
+        "secret_env": parse_secret_env(options["secret_env"]) or None,
+        "allow_privileged": options["allow_privileged"] or None,
     }
     pod_shape = ("trainers", "min_trainers", "max_trainers", "pservers", "trainer_cpu", "trainer_memory", "trainer_gpu",
                  "pserver_cpu", "pserver_memory")
@@ -214,6 +217,12 @@ def render_dry_run(spec: JobSpec, package: Mapping[str, bytes] | None) -> str:
 @click.option("--pserver-memory", help="Memory per pserver  [default: 2Gi]")
 @click.option("-e", "--env", multiple=True, metavar="KEY=VALUE",
               help="Environment variable of every trainer and pserver (repeatable).")
+@click.option("--secret-env", multiple=True, metavar="KEY=SECRET/KEY",
+              help="Environment variable from a Secret's key (repeatable); only the reference "
+                   "is stored, never the value.")
+@click.option("--allow-privileged", is_flag=True, default=False,
+              help="Let the PaddleJob's pod templates ask for privileged, host namespaces, "
+                   "hostPath, root or a service account (refused otherwise).")
 @_namespace_option(default=None)
 @click.option("--etcd-endpoints", help=f"etcd URLs, comma-separated  [default: {DEFAULT_ETCD_ENDPOINTS}]")
 @click.option("--epochs", type=int, help="Passes over the input  [default: 1]")

@@ -31,7 +31,7 @@ logger = logging.getLogger(__name__)
 
 SPEC_VERSION = 1
 DEFAULT_IMAGE = "paddlecloud/paddlecloud:0.1.0"
-DEFAULT_ETCD_ENDPOINTS = "http://paddlecloud-etcd:2379"  # the client Service of deploy/etcd.yaml
+DEFAULT_ETCD_ENDPOINTS = "https://paddlecloud-etcd:2379"  # the client Service of deploy/etcd.yaml
 MAX_NAME_LENGTH = 40  # pod names add suffixes such as "-trainer-12" and must stay within 63
 
 CLEAN_POD_POLICIES = ("Always", "OnFailure", "OnCompletion", "Never")
@@ -62,6 +62,7 @@ _DNS_1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 _DNS_1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 _QUANTITY = re.compile(r"[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?")
 _ENV_NAME = re.compile(r"[-._a-zA-Z][-._a-zA-Z0-9]*")
+_SECRET_KEY = re.compile(r"[-._a-zA-Z0-9]+")
 _MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 
 
@@ -155,6 +156,10 @@ class JobSpec:
     chunk_bytes: int = 0  # 0: the master's default (64 MiB)
     no_agent: bool = False
     restart_limit: int = 3  # group restarts after a lost trainer before the job fails
+    # (NAME, SECRET, KEY): env from a Secret's key; only the reference is in the job spec
+    secret_env: tuple[tuple[str, str, str], ...] = ()
+    # templates may ask for privileged, host namespaces, hostPath, root, a service account
+    allow_privileged: bool = False
 
     # ---- derived ----------------------------------------------------------------
     @property
@@ -280,7 +285,14 @@ class JobSpec:
                     "s3://bucket/train/*.csv"
                 )
         seen: set[str] = set()
-        for key, _value in self.env:
+        for key, secret, secret_key in self.secret_env:
+            if len(secret) > 253 or not _DNS_1123_SUBDOMAIN.fullmatch(secret):
+                raise JobSpecError(f"invalid Secret name {secret[:64]!r} in --secret-env {key}: "
+                                   "a DNS-1123 subdomain, e.g. 'my-credentials'")
+            if not _SECRET_KEY.fullmatch(secret_key):
+                raise JobSpecError(f"invalid Secret key {secret_key[:64]!r} in --secret-env {key}: "
+                                   "letters, digits, '-', '_' and '.'")
+        for key in [k for k, _ in self.env] + [k for k, _, _ in self.secret_env]:
             if not _ENV_NAME.fullmatch(key):
                 raise JobSpecError(
                     f"invalid environment variable name {key!r}: use letters, digits, '_', '-' "
@@ -289,11 +301,18 @@ class JobSpec:
             if key in RESERVED_ENV:
                 raise JobSpecError(
                     f"environment variable {key} is set by paddlecloud itself (DESIGN.md section 8); "
-                    "remove it from -e/--env"
+                    "remove it from -e/--env/--secret-env"
                 )
             if key in seen:
                 raise JobSpecError(f"environment variable {key} is given twice")
             seen.add(key)
+        from paddlecloud.paddlejob import TEMPLATE_ROLES, check_template
+
+        for field_name, role in TEMPLATE_ROLES.items():
+            template = getattr(self, field_name)
+            if template is not None:
+                check_template(template, where=f"spec.{role}.template",
+                               allow_privileged=self.allow_privileged)
         if not self.etcd_endpoints.strip():
             raise JobSpecError("no etcd endpoints: give --etcd-endpoints http://HOST:2379[,...]")
         from paddlecloud.etcd import parse_endpoints
@@ -381,6 +400,8 @@ class JobSpec:
                 value = DataVolume(claim=value["claim"], mount_path=value["mount_path"])
             elif key in ("inputs", "package_files"):
                 value = tuple(str(v) for v in value or ())
+            elif key == "secret_env":
+                value = tuple((str(n), str(sec), str(k)) for n, sec, k in value or ())
             kwargs[key] = value
         return cls(**kwargs)
 
@@ -408,6 +429,19 @@ class JobSpec:
 def _check_count(what: str, value: object, *, minimum: int) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
         raise JobSpecError(f"invalid number of {what} {value!r}: must be an integer >= {minimum}")
+
+
+def parse_secret_env(pairs: Iterable[str]) -> tuple[tuple[str, str, str], ...]:
+    """`["TOKEN=creds/token"]` -> `(("TOKEN", "creds", "token"),)`: NAME from Secret `creds`, key `token`."""
+    out = []
+    for pair in pairs:
+        name, sep, ref = pair.partition("=")
+        secret, slash, key = ref.partition("/")
+        if not sep or not slash or not name or not secret or not key:
+            raise JobSpecError(f"invalid --secret-env {pair[:64]!r}: use NAME=SECRET/KEY "
+                               "(the Secret's key becomes NAME; its value is never in the job spec)")
+        out.append((name, secret, key))
+    return tuple(out)
 
 
 def parse_env(pairs: Iterable[str]) -> tuple[tuple[str, str], ...]:

@@ -110,6 +110,7 @@ class JobObjects:
         self.apps = client.AppsV1Api(self.api)
         self.batch = client.BatchV1Api(self.api)
         self.custom = client.CustomObjectsApi(self.api)
+        self.networking = client.NetworkingV1Api(self.api)
         self.retry = RetryPolicy(attempts=3, initial_wait=0.2)
 
     def _dict(self, obj: Any) -> dict[str, Any]:
@@ -175,6 +176,10 @@ class JobObjects:
                            read=self.core.read_namespaced_service, owner_uid=uid,
                            patch=self.core.patch_namespaced_service)
         await self._ensure_tokens(spec, owner)
+        for policy in manifests.network_policies(spec, manifests.owner_reference(spec.name, uid)):
+            await self._create(self.networking.create_namespaced_network_policy, policy,
+                               read=self.networking.read_namespaced_network_policy, owner_uid=uid,
+                               patch=self.networking.patch_namespaced_network_policy)
         return deployment
 
     async def _ensure_tokens(self, spec: JobSpec, owner: Mapping[str, Any]) -> None:
@@ -219,6 +224,8 @@ class JobObjects:
             ("services", self.core.list_namespaced_service, self.core.delete_namespaced_service),
             ("configmaps", self.core.list_namespaced_config_map,
              self.core.delete_namespaced_config_map),
+            ("networkpolicies", self.networking.list_namespaced_network_policy,
+             self.networking.delete_namespaced_network_policy),
         ]
         deleted = []
         for resource, list_fn, delete_fn in kinds:

@@ -91,6 +91,10 @@ def context_archive(files: Mapping[str, bytes], base_image: str) -> bytes:
     return out.getvalue()
 
 
+# What Kaniko's executor needs as root: chown/chmod of unpacked files, RUN steps' users.
+KANIKO_CAPABILITIES = ("CHOWN", "DAC_OVERRIDE", "FOWNER", "SETUID", "SETGID")
+
+
 def build_job(config: BuildConfig, *, tag: str, context: str) -> dict[str, Any]:
     """The Kaniko Job building image `tag` from `context` (a path on the claim, or a URL)."""
     name = build_job_name(tag)
@@ -122,12 +126,18 @@ def build_job(config: BuildConfig, *, tag: str, context: str) -> dict[str, Any]:
                  "--snapshot-mode=redo"],
         "resources": {"requests": {"cpu": "500m", "memory": "1Gi"},
                       "limits": {"memory": "4Gi"}},
-        "securityContext": {"allowPrivilegeEscalation": False, "privileged": False},
+        # Kaniko unpacks the base image's files as their owners, so it runs as root (the one
+        # relaxation of the restricted profile, docs/kubernetes.md) with only the
+        # capabilities that needs: file ownership and the users of RUN steps.
+        "securityContext": {"allowPrivilegeEscalation": False, "privileged": False,
+                            "runAsNonRoot": False, "runAsUser": 0,
+                            "capabilities": {"drop": ["ALL"], "add": list(KANIKO_CAPABILITIES)}},
     }
     if mounts:
         container["volumeMounts"] = mounts
     pod: dict[str, Any] = {"restartPolicy": "Never", "containers": [container],
-                           "automountServiceAccountToken": False}
+                           "automountServiceAccountToken": False,
+                           "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}}}
     if volumes:
         pod["volumes"] = volumes
     return {

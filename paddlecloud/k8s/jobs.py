@@ -126,6 +126,9 @@ def create_job(api: Any, *, spec: JobSpec, objects: list[dict[str, Any]],
 
     create(core.create_namespaced_secret,
            manifests.tokens_secret(spec, JobTokens.generate().as_mapping(), owner), "secrets", adopt=True)
+    networking = client.NetworkingV1Api(api)
+    for policy in manifests.network_policies(spec, owner):
+        create(networking.create_namespaced_network_policy, policy, "networkpolicies", adopt=True)
     for cm in created:  # owned too, so deleting the Deployment alone removes the whole job
         call(core.patch_namespaced_config_map, cm, ns, {"metadata": {"ownerReferences": [owner]}},
              verb="patch", resource="configmaps", namespace=ns, name=cm, rights=rights,

@@ -79,6 +79,10 @@ PADDLE_PORT = 36000  # every pserver and collective trainer listens here (one pe
 GLOO_HTTP_PORT = 36001  # the gloo HTTP rendezvous store, on pserver 0 or trainer 0
 HOST_PORTS_PER_JOB = 2  # Host intranet: PADDLE_PORT and the gloo port, side by side
 
+# The restricted Pod Security Standard: every pod runs as this non-root user (the image's,
+# deploy/Dockerfile), no privilege escalation, no capabilities, the runtime's seccomp profile.
+RUN_AS_USER = 10001  # high, so no host user shares it
+
 # Names and paths.
 SERVICE_ACCOUNT = "paddlecloud-master"
 TOKENS_MOUNT = "/var/run/paddlecloud/tokens"  # the job's tokens Secret (paddlecloud.auth)
@@ -149,6 +153,32 @@ def _etcd_auth_env() -> list[dict[str, Any]]:
     pservers only: trainers need no etcd credentials)."""
     return [{"name": name, "valueFrom": {"secretKeyRef": {"name": ETCD_AUTH_SECRET, "key": key, "optional": True}}}
             for name, key in (("PADDLE_ETCD_USER", "user"), ("PADDLE_ETCD_PASSWORD", "password"))]
+
+
+ETCD_TLS_SECRET = "paddlecloud-etcd-client-tls"  # keys ca.crt, tls.crt, tls.key (docs/kubernetes.md)
+ETCD_TLS_MOUNT = "/var/run/paddlecloud/etcd-tls"
+
+
+def etcd_uses_tls(spec: JobSpec) -> bool:
+    return "https://" in spec.etcd_endpoints
+
+
+def _etcd_tls_env(spec: JobSpec) -> list[dict[str, Any]]:
+    """Where the etcd client certificate is mounted, with https:// endpoints (masters and
+    pservers only)."""
+    if not etcd_uses_tls(spec):
+        return []
+    return [_value(name, f"{ETCD_TLS_MOUNT}/{key}") for name, key in (
+        ("PADDLE_ETCD_CA_FILE", "ca.crt"), ("PADDLE_ETCD_CERT_FILE", "tls.crt"),
+        ("PADDLE_ETCD_KEY_FILE", "tls.key"))]
+
+
+def _etcd_tls_volume() -> dict[str, Any]:
+    return {"name": "etcd-tls", "secret": {"secretName": ETCD_TLS_SECRET, "defaultMode": 0o440}}
+
+
+def _etcd_tls_mount() -> dict[str, Any]:
+    return {"name": "etcd-tls", "mountPath": ETCD_TLS_MOUNT, "readOnly": True}
 
 
 def spec_configmap_name(job: str) -> str:
@@ -315,6 +345,8 @@ def _common_env(spec: JobSpec, role: str) -> list[dict[str, Any]]:
         path = PACKAGE_MOUNT + (":" + user.pop("PYTHONPATH") if "PYTHONPATH" in user else "")
         env.append(_value("PYTHONPATH", path))
     env += [_value(k, v) for k, v in user.items()]
+    env += [{"name": name, "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}}
+            for name, secret, key in spec.secret_env]
     return env
 
 
@@ -357,6 +389,7 @@ def pserver_env(spec: JobSpec) -> list[dict[str, Any]]:
         _value("POD_IP", _own_host(spec, PSERVER)),
         *_common_env(spec, PSERVER),
         *_etcd_auth_env(),
+        *_etcd_tls_env(spec),
     ]
 
 
@@ -391,6 +424,30 @@ def trainer_env(spec: JobSpec) -> list[dict[str, Any]]:
 
 
 # ---- pods -------------------------------------------------------------------------------------
+def container_security() -> dict[str, Any]:
+    """A container's part of the restricted profile."""
+    return {"allowPrivilegeEscalation": False, "privileged": False,
+            "capabilities": {"drop": ["ALL"]}}
+
+
+def pod_security() -> dict[str, Any]:
+    """A pod's part of the restricted profile (volumes it mounts are group-writable by fsGroup)."""
+    return {"runAsNonRoot": True, "runAsUser": RUN_AS_USER, "runAsGroup": RUN_AS_USER,
+            "fsGroup": RUN_AS_USER, "seccompProfile": {"type": "RuntimeDefault"}}
+
+
+def harden_pod(pod: dict[str, Any]) -> None:
+    """Fill in the restricted profile wherever a pod (or a PaddleJob template) left it unset;
+    a template's explicit values are kept (paddlejob.check_template refuses the unsafe ones
+    unless the submitter allowed them)."""
+    for key, value in pod_security().items():
+        pod.setdefault("securityContext", {}).setdefault(key, value)
+    for container in [*(pod.get("initContainers") or []), *pod.get("containers", [])]:
+        context = container.setdefault("securityContext", {})
+        for key, value in container_security().items():
+            context.setdefault(key, value)
+
+
 def _resources(cpu: str, memory: str, gpu: int) -> dict[str, Any]:
     limits: dict[str, str] = {"memory": memory}
     if gpu:
@@ -520,6 +577,11 @@ def _pod_template(spec: JobSpec, role: str, *, template: Mapping[str, Any] | Non
         mounts.append({"name": "package", "mountPath": PACKAGE_MOUNT, "readOnly": True})
     volumes.append(_token_volume(spec, only_trainer=True))
     mounts.append({"name": "job-tokens", "mountPath": TOKENS_MOUNT, "readOnly": True})
+    if role == PSERVER and etcd_uses_tls(spec):  # the agent (or its sidecar) registers in etcd
+        volumes.append(_etcd_tls_volume())
+        for runs in [container, *(c for c in pod.get("initContainers") or []
+                                  if c.get("name") == "paddlecloud-agent")]:
+            runs.setdefault("volumeMounts", []).append(_etcd_tls_mount())
     if spec.data_volume is not None and role == TRAINER:
         volumes.append({"name": "data", "persistentVolumeClaim": {"claimName": spec.data_volume.claim}})
         mounts.append({"name": "data", "mountPath": spec.data_volume.mount_path})
@@ -532,7 +594,8 @@ def _pod_template(spec: JobSpec, role: str, *, template: Mapping[str, Any] | Non
     if not volumes:
         pod.pop("volumes")
 
-    pod.setdefault("automountServiceAccountToken", False)
+    pod.setdefault("automountServiceAccountToken", False)  # trainers and pservers call no API
+    harden_pod(pod)
     if template is None and spec.scheduler_name:
         pod["schedulerName"] = spec.scheduler_name  # a template's is kept as written
     if spec.scheduler_of(role) == "volcano":
@@ -607,6 +670,11 @@ def _statefulset(spec: JobSpec, role: str, *, env: list[dict[str, Any]],
                  owner: Mapping[str, Any] | None) -> Manifest:
     template = _pod_template(spec, role, template=spec.template_of(role), env=env)
     template["spec"]["restartPolicy"] = "Always"  # the only policy a StatefulSet takes
+    # ready once it listens (its Service publishes not-ready pods anyway: this is for
+    # `kubectl get` and the disruption budget); no liveness probe: a pserver that stops
+    # listening is its agent's to end, and a restart loses its parameters
+    template["spec"]["containers"][0].setdefault("readinessProbe", {
+        "tcpSocket": {"port": paddle_port(spec)}, "periodSeconds": 10})
     name = role_name(spec.name, role)
     return {
         "apiVersion": "apps/v1",
@@ -799,6 +867,9 @@ def master_deployment(spec: JobSpec) -> Manifest:
         {"name": "job-spec", "configMap": {"name": spec_configmap_name(spec.name)}},
         _token_volume(spec, only_trainer=False),
     ]
+    if etcd_uses_tls(spec):
+        mounts.append(_etcd_tls_mount())
+        volumes.append(_etcd_tls_volume())
     if spec.data_volume is not None:
         mounts.append({"name": "data", "mountPath": spec.data_volume.mount_path, "readOnly": True})
         volumes.append({"name": "data", "persistentVolumeClaim": {
@@ -814,6 +885,7 @@ def master_deployment(spec: JobSpec) -> Manifest:
             _field("POD_NAME", "metadata.name"),
             _field("POD_IP", "status.podIP"),
             *_etcd_auth_env(),
+            *_etcd_tls_env(spec),
         ],
         "ports": [
             {"name": "grpc", "containerPort": MASTER_PORT},
@@ -839,7 +911,8 @@ def master_deployment(spec: JobSpec) -> Manifest:
                 "metadata": {"labels": labels(spec, MASTER)},
                 "spec": {
                     "serviceAccountName": SERVICE_ACCOUNT,
-                    "containers": [container],
+                    "securityContext": pod_security(),
+                    "containers": [{**container, "securityContext": container_security()}],
                     "volumes": volumes,
                     "affinity": {"podAntiAffinity": {
                         "preferredDuringSchedulingIgnoredDuringExecution": [{
@@ -872,6 +945,38 @@ def master_service(spec: JobSpec, owner: Mapping[str, Any] | None) -> Manifest:
     }
 
 
+MASTER_CLIENT_LABEL = "paddlecloud.org/master-client"  # "true": may call any job's master (gRPC)
+
+
+def network_policies(spec: JobSpec, owner: Mapping[str, Any] | None) -> list[Manifest]:
+    """Ingress of the job's pods (egress is left open: DNS, storage, registries vary).
+
+    `NAME-internal`: the job's pods reach each other on any port (pservers, collective and
+    gloo rendezvous, NCCL's own ports, the master's gRPC); nothing else reaches trainers,
+    pservers or heters. `NAME-master`: besides, the master's gRPC port from pods labelled
+    `paddlecloud.org/master-client: "true"` (the job server, the operator) and its
+    status/metrics port from the job's namespace. Needs a CNI that enforces NetworkPolicy.
+    """
+    def policy(name: str, pod_selector: dict[str, str], ingress: list[dict[str, Any]]) -> Manifest:
+        return {
+            "apiVersion": "networking.k8s.io/v1",
+            "kind": "NetworkPolicy",
+            "metadata": _metadata(spec, name=name, role=MASTER, owner=owner),
+            "spec": {"podSelector": {"matchLabels": pod_selector}, "policyTypes": ["Ingress"],
+                     "ingress": ingress},
+        }
+
+    job_pods = {JOB_LABEL: spec.name}
+    return [
+        policy(f"{spec.name}-internal", job_pods, [{"from": [{"podSelector": {"matchLabels": job_pods}}]}]),
+        policy(master_name(spec.name), selector(spec, MASTER), [
+            {"from": [{"podSelector": {"matchLabels": {MASTER_CLIENT_LABEL: "true"}}}],
+             "ports": [{"protocol": "TCP", "port": MASTER_PORT}]},
+            {"from": [{"podSelector": {}}], "ports": [{"protocol": "TCP", "port": METRICS_PORT}]},
+        ]),
+    ]
+
+
 def submit_objects(spec: JobSpec, package: Mapping[str, bytes] | None = None,
                    *, owner: Mapping[str, Any] | None = None) -> list[Manifest]:
     """What `paddlecloud job submit` creates, in order (the Service is owned once the
@@ -879,7 +984,7 @@ def submit_objects(spec: JobSpec, package: Mapping[str, bytes] | None = None,
     out = [spec_configmap(spec)]
     if spec.package_files:
         out.append(package_configmap(spec, package or {}))
-    out += [master_deployment(spec), master_service(spec, owner)]
+    out += [master_deployment(spec), master_service(spec, owner), *network_policies(spec, owner)]
     return out
 
 

@@ -34,6 +34,7 @@ RESOURCES = {
     "configmaps": kmocklib.resource("", "v1", "configmaps"),
     "services": kmocklib.resource("", "v1", "services"),
     "secrets": kmocklib.resource("", "v1", "secrets"),
+    "networkpolicies": kmocklib.resource("networking.k8s.io", "v1", "networkpolicies"),
     "pods": kmocklib.resource("", "v1", "pods"),
     "deployments": kmocklib.resource("apps", "v1", "deployments"),
     "statefulsets": kmocklib.resource("apps", "v1", "statefulsets"),

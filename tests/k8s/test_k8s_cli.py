@@ -49,11 +49,14 @@ async def test_submit_creates_the_master_its_service_and_the_spec(k8s, kubeconfi
     assert "job ctr submitted to namespace ml" in result.output
     assert k8s.posted() == [("configmaps", "ctr-spec"), ("configmaps", "ctr-package"),
                             ("deployments", "ctr-master"), ("services", "ctr-master"),
-                            ("secrets", "ctr-tokens")]
+                            ("secrets", "ctr-tokens"), ("networkpolicies", "ctr-internal"),
+                            ("networkpolicies", "ctr-master")]
     deployment = k8s.stored("deployments", "ml", "ctr-master")
     uid = deployment["metadata"]["uid"]
     owner = manifests.owner_reference("ctr", uid)
     assert k8s.stored("services", "ml", "ctr-master")["metadata"]["ownerReferences"] == [owner]
+    for policy in ("ctr-internal", "ctr-master"):
+        assert k8s.stored("networkpolicies", "ml", policy)["metadata"]["ownerReferences"] == [owner]
     secret = k8s.stored("secrets", "ml", "ctr-tokens")
     assert secret["metadata"]["ownerReferences"] == [owner]
     tokens = secret["data"]
@@ -257,7 +260,8 @@ async def test_dry_run_is_stable_valid_yaml_and_touches_nothing(k8s, kubeconfig)
     assert first.exit_code == 0, first.output
     assert first.output == second.output
     docs = list(yaml.safe_load_all(first.output))
-    assert [d["kind"] for d in docs] == ["ConfigMap", "Deployment", "Service", "Service",
+    assert [d["kind"] for d in docs] == ["ConfigMap", "Deployment", "Service", "NetworkPolicy",
+                                         "NetworkPolicy", "Service",
                                          "StatefulSet", "Job"]
     assert list(k8s.kmock) == []  # not one request
 

@@ -156,10 +156,10 @@ def test_etcd_has_three_members_with_volumes_and_a_client_service():
     assert sts["spec"]["replicas"] == 3 and sts["spec"]["volumeClaimTemplates"]
     command = " ".join(sts["spec"]["template"]["spec"]["containers"][0]["command"])
     for i in range(3):
-        assert f"paddlecloud-etcd-{i}=http://paddlecloud-etcd-{i}.paddlecloud-etcd-peers" in command
+        assert f"paddlecloud-etcd-{i}=https://paddlecloud-etcd-{i}.paddlecloud-etcd-peers" in command
     assert docs[("Service", "paddlecloud-etcd-peers")]["spec"]["clusterIP"] == "None"
     # the client Service is what job specs use by default
-    assert "http://paddlecloud-etcd:2379" == JobSpec(name="x", module="m").etcd_endpoints
+    assert "https://paddlecloud-etcd:2379" == JobSpec(name="x", module="m").etcd_endpoints
     assert ("Service", "paddlecloud-etcd") in docs
 
 
