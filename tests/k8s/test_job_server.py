@@ -56,7 +56,8 @@ async def test_submit_creates_exactly_what_job_submit_creates(k8s, api_client, t
     assert response.json() == {"name": "fit", "namespace": "team-a",
                                "image": "paddlecloud/paddlecloud:0.1.0"}
     assert k8s.posted() == [("configmaps", "fit-spec"), ("configmaps", "fit-package"),
-                            ("deployments", "fit-master"), ("services", "fit-master"), ("secrets", "fit-tokens")]
+                            ("deployments", "fit-master"), ("services", "fit-master"), ("secrets", "fit-tokens"),
+                            ("networkpolicies", "fit-internal"), ("networkpolicies", "fit-master")]
     spec = TrainerJob(**{**JOB, "input": tuple(JOB["input"])}, namespace="team-a").to_spec(
         package_path=f"package:{digest[:12]}", package_files=tuple(sorted(PACKAGE)))
     expected = {(o["kind"], o["metadata"]["name"]): o for o in manifests.submit_objects(spec, PACKAGE)}
@@ -218,7 +219,9 @@ def test_the_job_server_manifest_is_strictly_valid_and_namespace_scoped():
     kinds = {d["kind"] for d in docs}
     assert "ClusterRole" not in kinds and "ClusterRoleBinding" not in kinds
     role = next(d for d in docs if d["kind"] == "Role")
-    assert not any("*" in rule["verbs"] or "secrets" in rule["resources"] for rule in role["rules"])
+    assert not any("*" in rule["verbs"] for rule in role["rules"])
+    # Secrets: it creates each job's tokens, and can read none
+    assert [rule["verbs"] for rule in role["rules"] if "secrets" in rule["resources"]] == [["create"]]
 
 
 async def test_where_the_operator_runs_a_job_goes_in_as_a_paddlejob(k8s_crds, api_client, tmp_path):
