@@ -20,6 +20,7 @@ from waiting import wait_until
 from paddlecloud import etcd
 from paddlecloud.api import pb, pb_grpc
 from paddlecloud.history import mark_history
+from paddlecloud.k8s.jobs import master_credentials
 from paddlecloud.keys import JobKeys
 
 STUB = "trainer_agent.stub"
@@ -49,8 +50,16 @@ async def _leader(endpoint: str, keys: JobKeys) -> str:
 
 
 def _status(address: str) -> pb.GetStatusResponse:
-    with grpc.insecure_channel(address) as channel:
-        return pb_grpc.MasterStub(channel).GetStatus(pb.GetStatusRequest(), timeout=5)
+    """As the operator of the run (PADDLE_JOB_TOKEN_FILE names its token: see `_as_operator`)."""
+    credentials = master_credentials()
+    with credentials.channel(address) as channel:
+        return pb_grpc.MasterStub(channel).GetStatus(pb.GetStatusRequest(), timeout=5,
+                                                     metadata=credentials.metadata())
+
+
+def _as_operator(monkeypatch, run) -> None:
+    """This test's calls (and the `job scale` it runs) carry the local run's operator token."""
+    monkeypatch.setenv("PADDLE_JOB_TOKEN_FILE", str(run.output / ".paddlecloud" / "tokens" / "operator"))
 
 
 def _alive(address: str) -> int:
@@ -68,13 +77,14 @@ def _scale(job: str, address: str, trainers: int) -> subprocess.CompletedProcess
 
 
 def test_ps_job_scaled_2_4_1_3_counts_every_task_once_and_no_failure(tmp_path, local_run, job_name,
-                                                                      etcd_endpoint):
+                                                                      etcd_endpoint, monkeypatch):
     keys = JobKeys("local", job_name)
     write_records(tmp_path / "data", files=6, records_per_file=100)
     run = local_run("--module", STUB, "--input", str(tmp_path / "data"), "--trainers", "2",
                     "--min-trainers", "1", "--max-trainers", "4", "--pservers", "1",
                     "--pserver-module", "pserver_agent.stub", "--epochs", "3", "--chunk-bytes", "300",
                     "--etcd-endpoints", etcd_endpoint, "--", "--delay", "0.03")
+    _as_operator(monkeypatch, run)
     wait_until(lambda: asyncio.run(_leader(etcd_endpoint, keys)), timeout=60, message="no leader")
     address = asyncio.run(_leader(etcd_endpoint, keys))
     wait_until(lambda: _alive(address) == 2, timeout=90, message="2 trainers never alive")
@@ -159,14 +169,16 @@ def test_the_progress_view_shows_the_trainer_range_once_the_master_told_it():
 
 
 def _done_tasks(address: str, epoch: int) -> list[int]:
-    with grpc.insecure_channel(address) as channel:
+    credentials = master_credentials()
+    with credentials.channel(address) as channel:
         reply = pb_grpc.MasterStub(channel).ListTasks(
-            pb.ListTasksRequest(state=pb.DONE, epoch=epoch, page_size=1000), timeout=5)
+            pb.ListTasksRequest(state=pb.DONE, epoch=epoch, page_size=1000), timeout=5,
+            metadata=credentials.metadata())
     return [t.id for t in reply.tasks]
 
 
 def test_a_group_restart_resumes_the_epoch_with_the_checkpoints_tasks_done(tmp_path, local_run, job_name,
-                                                                           etcd_endpoint):
+                                                                           etcd_endpoint, monkeypatch):
     """The granted trainer's checkpoint inside epoch 0 names the tasks the model consumed (here
     written by the test, as the trainer would): after a trainer dies, the group restarts epoch
     0 with exactly those done, so their records are not read again in that epoch."""
@@ -177,6 +189,7 @@ def test_a_group_restart_resumes_the_epoch_with_the_checkpoints_tasks_done(tmp_p
     run = local_run("--module", STUB, "--input", str(tmp_path / "data"), "--trainers", "2",
                     "--epochs", "2", "--chunk-bytes", "300", "--etcd-endpoints", etcd_endpoint,
                     "--", "--delay", "0.03")
+    _as_operator(monkeypatch, run)
     wait_until(lambda: asyncio.run(_leader(etcd_endpoint, keys)), timeout=60, message="no leader")
     address = asyncio.run(_leader(etcd_endpoint, keys))
     wait_until(lambda: _alive(address) >= 0 and len(_done_tasks(address, 0)) >= 3, timeout=90,
