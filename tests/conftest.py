@@ -68,3 +68,19 @@ def start_trainer(tmp_path):
     yield start
     for trainer in started:
         trainer.stop()
+
+
+@pytest.fixture
+def local_run(tmp_path, job_name):
+    """Starts `paddlecloud local train` runs (tests/local_runs.py); stops them after the test."""
+    from local_runs import LocalRun
+
+    runs = []
+
+    def start(*args: str):
+        runs.append(LocalRun(tmp_path, job_name, *args))
+        return runs[-1]
+
+    yield start
+    for run in runs:
+        run.stop()

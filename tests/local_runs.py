@@ -37,3 +37,16 @@ class LocalRun:
             self.process.wait()
         for pid, _, _ in job_processes(self.job):
             os.kill(pid, signal.SIGKILL)
+
+
+async def leader_of(endpoint: str, job: str) -> str:
+    """The address a local job's elected master published in etcd ("" while none leads)."""
+    from paddlecloud import etcd
+    from paddlecloud.keys import JobKeys
+
+    client = await etcd.connect(endpoint)
+    try:
+        found = await client.get(JobKeys("local", job).leader)
+        return found.value.decode() if found is not None else ""
+    finally:
+        await client.close()

@@ -23,12 +23,11 @@ import grpc
 import pytest
 from datasets import write_records
 from etcd_history import check_exactly_once, done_events
-from local_runs import LocalRun
+from local_runs import LocalRun, leader_of
 from waiting import wait_until
 
 from autoscaler.controller import Settings, scale_job
 from autoscaler.planner import Cluster, Job, Node, plan
-from paddlecloud import etcd
 from paddlecloud.history import mark_history
 from paddlecloud.k8s.jobs import fetch_master_status
 from paddlecloud.keys import JobKeys
@@ -116,15 +115,6 @@ class Autoscaler:
             self.stop.wait(SETTINGS.interval_s)
 
 
-async def _leader(endpoint: str, keys: JobKeys) -> str:
-    client = await etcd.connect(endpoint)
-    try:
-        found = await client.get(keys.leader)
-        return found.value.decode() if found is not None else ""
-    finally:
-        await client.close()
-
-
 def _serving(address: str) -> bool:
     try:
         return fetch_master_status(address, timeout=2).min_trainers > 0
@@ -145,10 +135,9 @@ def jobs(tmp_path: Path, job_name: str, etcd_endpoint: str):
                        "--pservers", "1", "--pserver-module", "pserver_agent.stub", "--epochs", str(epochs),
                        "--chunk-bytes", "300", "--etcd-endpoints", etcd_endpoint, "--", "--delay", "0.03")
         runs.append(run)
-        keys = JobKeys("local", name)
-        wait_until(lambda: asyncio.run(_leader(etcd_endpoint, keys)), timeout=60,
+        wait_until(lambda: asyncio.run(leader_of(etcd_endpoint, name)), timeout=60,
                    message=f"no leader for {name}")
-        address = asyncio.run(_leader(etcd_endpoint, keys))
+        address = asyncio.run(leader_of(etcd_endpoint, name))
         wait_until(lambda: _serving(address), timeout=60, message=f"{name}'s master never served")
         return run, address
 

@@ -12,41 +12,17 @@ import grpc
 import pytest
 from datasets import write_records
 from etcd_history import check_exactly_once, done_events
-from local_runs import LocalRun
+from local_runs import leader_of
 from processes import find
 from trainers import read_log
 from waiting import wait_until
 
-from paddlecloud import etcd
 from paddlecloud.api import pb, pb_grpc
 from paddlecloud.history import mark_history
 from paddlecloud.k8s.jobs import master_credentials
 from paddlecloud.keys import JobKeys
 
 STUB = "trainer_agent.stub"
-
-
-@pytest.fixture
-def local_run(tmp_path, job_name):
-    runs = []
-
-    def start(*args: str) -> LocalRun:
-        run = LocalRun(tmp_path, job_name, *args)
-        runs.append(run)
-        return run
-
-    yield start
-    for run in runs:
-        run.stop()
-
-
-async def _leader(endpoint: str, keys: JobKeys) -> str:
-    client = await etcd.connect(endpoint)
-    try:
-        found = await client.get(keys.leader)
-        return found.value.decode() if found is not None else ""
-    finally:
-        await client.close()
 
 
 def _status(address: str) -> pb.GetStatusResponse:
@@ -85,8 +61,8 @@ def test_ps_job_scaled_2_4_1_3_counts_every_task_once_and_no_failure(tmp_path, l
                     "--pserver-module", "pserver_agent.stub", "--epochs", "3", "--chunk-bytes", "300",
                     "--etcd-endpoints", etcd_endpoint, "--", "--delay", "0.03")
     _as_operator(monkeypatch, run)
-    wait_until(lambda: asyncio.run(_leader(etcd_endpoint, keys)), timeout=60, message="no leader")
-    address = asyncio.run(_leader(etcd_endpoint, keys))
+    wait_until(lambda: asyncio.run(leader_of(etcd_endpoint, job_name)), timeout=60, message="no leader")
+    address = asyncio.run(leader_of(etcd_endpoint, job_name))
     wait_until(lambda: _alive(address) == 2, timeout=90, message="2 trainers never alive")
     status = _status(address)
     assert (status.min_trainers, status.max_trainers, status.desired_trainers) == (1, 4, 2)
@@ -190,8 +166,8 @@ def test_a_group_restart_resumes_the_epoch_with_the_checkpoints_tasks_done(tmp_p
                     "--epochs", "2", "--chunk-bytes", "300", "--etcd-endpoints", etcd_endpoint,
                     "--", "--delay", "0.03")
     _as_operator(monkeypatch, run)
-    wait_until(lambda: asyncio.run(_leader(etcd_endpoint, keys)), timeout=60, message="no leader")
-    address = asyncio.run(_leader(etcd_endpoint, keys))
+    wait_until(lambda: asyncio.run(leader_of(etcd_endpoint, job_name)), timeout=60, message="no leader")
+    address = asyncio.run(leader_of(etcd_endpoint, job_name))
     wait_until(lambda: _alive(address) >= 0 and len(_done_tasks(address, 0)) >= 3, timeout=90,
                message="no task done")
     consumed = tuple(_done_tasks(address, 0))

@@ -20,20 +20,6 @@ from paddlecloud.etcd_server import free_port
 STUB = "trainer_agent.stub"
 
 
-@pytest.fixture
-def local_run(tmp_path, job_name):
-    runs = []
-
-    def start(*args: str) -> LocalRun:
-        run = LocalRun(tmp_path, job_name, *args)
-        runs.append(run)
-        return run
-
-    yield start
-    for run in runs:
-        run.stop()
-
-
 
 
 def all_records(files: int, per_file: int) -> set[str]:

@@ -8,23 +8,12 @@ import asyncio
 
 import grpc
 from datasets import write_records
-from local_runs import LocalRun
+from local_runs import LocalRun, leader_of
 from masters import pb, wait_until
 from trainers import read_log, reads_per_epoch
 
 from paddlecloud.api import pb_grpc
 from paddlecloud.auth import ClientCredentials
-from paddlecloud.etcd import connect
-from paddlecloud.keys import JobKeys
-
-
-async def _leader(etcd_endpoint: str, job: str) -> str | None:
-    client = await connect(etcd_endpoint)
-    try:
-        value = await client.get(JobKeys("local", job).leader)
-        return value.value.decode() if value is not None else None
-    finally:
-        await client.close()
 
 
 def _code(channel: grpc.Channel, metadata=()) -> grpc.StatusCode:
@@ -43,7 +32,7 @@ def test_local_job_with_tls_and_tokens_trains_and_refuses_plaintext(tmp_path, jo
     try:
         wait_until(lambda: len(read_log(run.records)) >= 20, timeout=120, message="no progress",
                    details=run.text)
-        leader = asyncio.run(_leader(etcd_endpoint, job_name))
+        leader = asyncio.run(leader_of(etcd_endpoint, job_name))
         assert leader
         secrets = run.output / ".paddlecloud"
         assert oct(secrets.stat().st_mode & 0o777) == "0o700"

@@ -23,16 +23,8 @@ PAGE_WAIT_MS = 60_000
 
 
 @pytest.fixture
-def run_job(tmp_path, job_name):
-    runs: list[LocalRun] = []
-
-    def start(*args: str) -> LocalRun:
-        runs.append(LocalRun(tmp_path, job_name, *args))
-        return runs[-1]
-
-    yield start
-    for run in runs:
-        run.stop()
+def run_job(local_run):
+    return local_run
 
 
 def page_url(run: LocalRun) -> str:
