@@ -16,6 +16,7 @@ done; the local run then waits up to 60 s for it ("left to the clean-up"), so th
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 from pathlib import Path
 
@@ -80,6 +81,7 @@ class Autoscaler:
 
     def __init__(self, masters: dict[str, str]) -> None:
         self.masters = masters  # job -> its leader's address; a job leaves when it ends
+        self.tokens: dict[str, str] = {}  # job -> its operator token (each local run makes its own)
         self.cluster = SimulatedCluster()
         self.applied: list[tuple[str, int, int, tuple[str, ...]]] = []
         self.seen: list[dict[str, int]] = []  # trainers placed per job, after each round
@@ -91,7 +93,7 @@ class Autoscaler:
         out = {}
         for job, address in list(self.masters.items()):
             try:
-                status = fetch_master_status(address, timeout=2)
+                status = fetch_master_status(address, timeout=2, token=self.tokens.get(job))
             except grpc.RpcError:
                 continue  # finished (or failing over): not planned this round
             if status.num_tasks:
@@ -107,7 +109,8 @@ class Autoscaler:
             self.cluster.follow({job: desired for job, (_, _, desired) in ranges.items()})
             result = plan(self.cluster.snapshot(ranges), max_load_desired=SETTINGS.max_load_desired)
             for change in sorted(result.changes, key=lambda c: c.after - c.before):
-                if scale_job(self.masters[change.job], change.after, job=change.job, settings=SETTINGS):
+                settings = dataclasses.replace(SETTINGS, token=self.tokens.get(change.job))
+                if scale_job(self.masters[change.job], change.after, job=change.job, settings=settings):
                     self.applied.append((change.job, change.before, change.after, change.reasons))
                     ranges[change.job] = (*ranges[change.job][:2], change.after)
             self.cluster.follow({job: desired for job, (_, _, desired) in ranges.items()})
@@ -115,9 +118,13 @@ class Autoscaler:
             self.stop.wait(SETTINGS.interval_s)
 
 
-def _serving(address: str) -> bool:
+def operator_token(run: LocalRun) -> str:
+    return (run.output / ".paddlecloud" / "tokens" / "operator").read_text().strip()
+
+
+def _serving(address: str, token: str) -> bool:
     try:
-        return fetch_master_status(address, timeout=2).min_trainers > 0
+        return fetch_master_status(address, timeout=2, token=token).min_trainers > 0
     except grpc.RpcError:
         return False
 
@@ -138,7 +145,7 @@ def jobs(tmp_path: Path, job_name: str, etcd_endpoint: str):
         wait_until(lambda: asyncio.run(leader_of(etcd_endpoint, name)), timeout=60,
                    message=f"no leader for {name}")
         address = asyncio.run(leader_of(etcd_endpoint, name))
-        wait_until(lambda: _serving(address), timeout=60, message=f"{name}'s master never served")
+        wait_until(lambda: _serving(address, operator_token(run)), timeout=60, message=f"{name}'s master never served")
         return run, address
 
     yield start
@@ -152,6 +159,7 @@ def test_three_local_jobs_share_a_simulated_cluster_and_each_counts_every_task_o
     (tmp_a, a), (tmp_b, b) = (jobs(j, trainers=2, lo=1, hi=4, epochs=epochs[j]) for j in ("a", "b"))
     runs = {"a": tmp_a, "b": tmp_b}
     scaler = Autoscaler({"a": a, "b": b})
+    scaler.tokens.update(a=operator_token(tmp_a), b=operator_token(tmp_b))
     scaler.thread.start()
     try:
         # two jobs on six slots: they grow until the cluster is full
@@ -159,6 +167,7 @@ def test_three_local_jobs_share_a_simulated_cluster_and_each_counts_every_task_o
                    message="the two jobs never filled the cluster")
         run_c, c = jobs("c", trainers=2, lo=2, hi=3, epochs=epochs["c"])
         runs["c"] = run_c
+        scaler.tokens["c"] = operator_token(run_c)
         scaler.masters["c"] = c  # the newcomer, wholly pending in a full cluster
         wait_until(lambda: scaler.seen[-1].get("c", 0) >= 2 or run_c.process.poll() is not None,
                    timeout=60, message="the newcomer never placed at its min")

@@ -178,6 +178,7 @@ def test_group_mode_restarts_every_trainer_and_the_epoch(tmp_path, local_run, jo
     assert text.count(registered) == 2
 
 
+@pytest.mark.timeout(300)  # three local runs in a row
 def test_a_changed_dataset_needs_fresh_and_the_master_error_is_shown(tmp_path, job_name, etcd_endpoint):
     write_records(tmp_path / "a", files=2, records_per_file=3)
     write_records(tmp_path / "b", files=3, records_per_file=3)

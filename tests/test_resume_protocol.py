@@ -35,9 +35,9 @@ def parse(line: str) -> np.ndarray:
     return np.array([int(v) for v in line.split(",")[0].split("-")], dtype=np.int64)
 
 
-def master_for(start_master, tmp_path):
+def master_for(start_master, tmp_path, *, epochs: int = 1):
     write_records(tmp_path / "data", files=FILES, records_per_file=PER_FILE)
-    proc = start_master("--input", str(tmp_path / "data"), "--epochs", "1")
+    proc = start_master("--input", str(tmp_path / "data"), "--epochs", str(epochs))
     asyncio.run(wait_serving(proc.address, process=proc))
     return proc
 
@@ -105,7 +105,8 @@ def test_segments_end_between_tasks_and_boundaries_name_exactly_the_tasks_read(t
 
 @pytest.mark.timeout(120)
 def test_a_restart_with_the_boundary_s_tasks_reads_exactly_the_others(tmp_path, start_master):
-    proc = master_for(start_master, tmp_path)
+    # two epochs: reading past the checkpoint ends epoch 0, and a finished job is not restarted
+    proc = master_for(start_master, tmp_path, epochs=2)
     with dataset_of(proc, CheckpointEvery(tasks=3)) as dataset:
         before = segment(dataset)
         boundary = dataset.boundary()

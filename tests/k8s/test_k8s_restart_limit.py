@@ -56,7 +56,8 @@ def test_submit_s_flag_and_a_paddlejob_s_field_set_it():
                                  "chunk_bytes", "no_agent", "trainers", "min_trainers", "max_trainers",
                                  "pservers", "trainer_cpu", "trainer_memory", "trainer_gpu",
                                  "pserver_cpu", "pserver_memory")}
-    options.update(inputs=(), env=(), module="ctr.train", restart_limit=7)
+    options.update(inputs=(), env=(), secret_env=(), allow_privileged=False, module="ctr.train",
+                   restart_limit=7)
     assert build_spec(name="job", paddlejob=None, package=None, options=options).restart_limit == 7
     doc = {"apiVersion": "batch.paddlepaddle.org/v1", "kind": "PaddleJob",
            "metadata": {"name": "job"},
