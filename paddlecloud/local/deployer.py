@@ -120,7 +120,8 @@ class LocalDeployer(Deployer):
         if not self._replacing or self._gave_up:
             return
         for pserver in self.pservers:
-            if pserver.process is not None and not pserver.running and not pserver.expected_exit:
+            # exit 0 is the agent's own end (it saw the job finish before this loop did)
+            if self._dead(pserver):
                 if pserver.restarts >= self.restart_limit:
                     raise JobFailed(f"{pserver.name} exited with {pserver.returncode}; it was restarted "
                                     f"{pserver.restarts} times (--restart-limit {self.restart_limit})")
@@ -196,10 +197,10 @@ class LocalDeployer(Deployer):
         await asyncio.gather(*(t.stop(grace=GROUP_STOP_GRACE) for t in self.trainers))
 
     @staticmethod
-    def _dead(trainer: Child) -> bool:
+    def _dead(child: Child) -> bool:
         """Died by itself with an error (not stopped on purpose, not finished)."""
-        return (not trainer.running and trainer.returncode not in (0, None)
-                and not trainer.expected_exit)
+        return (child.process is not None and not child.running
+                and child.returncode not in (0, None) and not child.expected_exit)
 
     async def _start_trainers(self) -> None:
         ports = [free_port() for _ in range(self.num_trainers)]
