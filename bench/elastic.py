@@ -48,23 +48,13 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
 from datasets import write_records  # noqa: E402
+from trainers import read_log  # noqa: E402
 
 from paddlecloud.local.job import LocalJob, LocalJobSpec  # noqa: E402
 
 logger = logging.getLogger(__name__)
 
 POLL = 0.01
-
-
-def _rows(path: Path) -> list[tuple[int, str, int, str]]:
-    if not path.exists():
-        return []
-    rows = []
-    for line in path.read_text().split("\n"):
-        parts = line.split("\t")
-        if len(parts) == 4:
-            rows.append((int(parts[0]), parts[1], int(parts[2]), parts[3]))
-    return rows
 
 
 def _consumed(log: Path, *, first_group: bool = False) -> list[tuple[int, int]]:
@@ -139,21 +129,21 @@ async def one_run(workdir: Path, *, collective: bool) -> dict[str, float]:
     job = LocalJob(spec, on_line=lambda who, text: None)
     runner = asyncio.create_task(job.run())
     try:
-        await _until(lambda: len(_rows(log)) >= 50 and job.progress.desired_trainers == 2)
-        read_before = Counter(r for _, _, _, r in _rows(log))
+        await _until(lambda: len(read_log(log)) >= 50 and job.progress.desired_trainers == 2)
+        read_before = Counter(r for _, _, _, r in read_log(log))
         scaled = time.monotonic()
         await job.scale(3 if collective else 4)
         new = {"2"} if collective else {"2", "3"}
-        await _until(lambda: any(t in new for _, t, _, _ in _rows(log)))
+        await _until(lambda: any(t in new for _, t, _, _ in read_log(log)))
         out = {"first record": time.monotonic() - scaled}
         if collective:
             await runner
-            after = Counter(r for _, _, _, r in _rows(log))
+            after = Counter(r for _, _, _, r in read_log(log))
             out["records re-read"] = sum(1 for r in read_before if after[r] > 1)
             out["records before"] = len(read_before)
         else:
             def second_task() -> bool:
-                tasks = {(t, task) for _, t, task, _ in _rows(log) if t in new}
+                tasks = {(t, task) for _, t, task, _ in read_log(log) if t in new}
                 return any(sum(1 for who, _ in tasks if who == t) >= 2 for t in new)
             await _until(second_task)
             out["first task finished"] = time.monotonic() - scaled

@@ -9,16 +9,14 @@ the environment invariants of DESIGN.md section 8.
 from __future__ import annotations
 
 import re
-import shlex
 from pathlib import Path
 from typing import Any
 
 import kubernetes_validate
 import pytest
 import yaml
-from click.testing import CliRunner
+from rendered_objects import dry_run, example_submit_args
 
-from paddlecloud.jobs_cli import job
 from paddlecloud.jobspec import DataVolume, JobSpec, JobSpecError
 from paddlecloud.k8s import manifests
 
@@ -72,20 +70,6 @@ def check(doc: dict[str, Any]) -> None:
         return
     for version in VERSIONS:
         kubernetes_validate.validate(doc, version, strict=True)
-
-
-def dry_run(args: list[str], cwd: Path = REPO) -> str:
-    result = CliRunner().invoke(job, ["submit", *args, "--dry-run"], catch_exceptions=False)
-    assert result.exit_code == 0, result.output
-    return result.output
-
-
-def example_submit_args(path: Path) -> list[str]:
-    """The `# submit: paddlecloud job submit ...` line each example documents."""
-    line = next(line for line in path.read_text().splitlines() if line.startswith("# submit: "))
-    args = shlex.split(line.removeprefix("# submit: "))
-    assert args[:3] == ["paddlecloud", "job", "submit"], line
-    return [str(REPO / a) if a.startswith("deploy/") else a for a in args[3:]]
 
 
 # ---- schemas ------------------------------------------------------------------------------
