@@ -27,6 +27,7 @@ from master.partition import FileEntry, Partition
 from master.sessions import SessionRegistry
 from master.state import Durable, Event, InvalidTransition, JobState, committed
 from master.store import EtcdStore, NotLeader, Snapshot, StoreUnavailable
+from paddlecloud.aio import cancel_and_wait
 from paddlecloud.phase import Phase
 
 logger = logging.getLogger(__name__)
@@ -273,9 +274,5 @@ class Core:
         self.depose(NotLeader(None))
         self._ready.set()  # wake the calls waiting at the gate: they see `deposed`
         tasks = [t for t in [*self._background, self._rebuilding] if t is not None]
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        await cancel_and_wait(*tasks)
         await self.store.stop()

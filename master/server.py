@@ -40,6 +40,7 @@ from master.servicer import MasterServicer
 from master.store import NotLeader, StoreUnavailable
 from master.web import StatusPage
 from paddlecloud import etcd
+from paddlecloud.aio import cancel_and_wait
 from paddlecloud.api import SERVICE_NAME, pb_grpc
 from paddlecloud.auth import CredentialError, JobTokens, TokenRoles
 from paddlecloud.keys import JobKeys
@@ -140,9 +141,7 @@ class MasterNode:
             stop = asyncio.create_task(self.stopping.wait())
             await asyncio.wait({campaign, stop}, return_when=asyncio.FIRST_COMPLETED)
             if not campaign.done():
-                campaign.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await campaign
+                await cancel_and_wait(campaign)
                 return
             stop.cancel()
             leadership = campaign.result()
@@ -160,10 +159,7 @@ class MasterNode:
                     deployment = asyncio.create_task(self._deploy(dispatcher), name="deployment")
                 await self._lead(session, dispatcher)
             finally:
-                if deployment is not None:
-                    deployment.cancel()  # objects stay in place for the next leader
-                    with contextlib.suppress(asyncio.CancelledError, Exception):
-                        await deployment
+                await cancel_and_wait(deployment)  # objects stay in place for the next leader
                 self.dispatcher = None
                 await self.set_serving(False)
                 await dispatcher.stop()

@@ -49,6 +49,7 @@ from master.state import (
     TaskFinished,
     TaskReleased,
 )
+from paddlecloud.aio import cancel_and_wait
 from paddlecloud.elastic import TrainerRange
 from paddlecloud.etcd import EtcdUnavailable, Leadership, LeaseKeeper, read_range
 from paddlecloud.keys import JobKeys, prefix_range_end
@@ -203,10 +204,7 @@ class GroupCommitter:
     async def stop(self) -> None:
         """Stops sending; every write not answered yet fails (its outcome is unknown)."""
         self._stopped = True
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await cancel_and_wait(self._task)
         _fail_all([*self._sending, *self._queue], NotLeader(None))
         self._queue.clear()
         self._sending = []

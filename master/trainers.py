@@ -23,6 +23,7 @@ from master.core import Core, InvalidArgument
 from master.sessions import SessionExpired, SessionInfo, SessionSuperseded
 from master.state import InvalidTransition, TaskReleased
 from master.store import NotLeader, Snapshot
+from paddlecloud.aio import cancel_and_wait
 from paddlecloud.untrusted import quote
 
 logger = logging.getLogger(__name__)
@@ -169,7 +170,4 @@ class Trainers:
             self.core.schedule_rebuild()
 
     async def stop(self) -> None:
-        if self._watch is not None:
-            self._watch.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._watch
+        await cancel_and_wait(self._watch)

@@ -24,7 +24,6 @@ twice within one sampling second as more than one restart.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hmac
 import importlib.resources
 import logging
@@ -37,6 +36,7 @@ from aiohttp import web
 from pydantic import BaseModel, Field
 
 from master import inspection, metrics
+from paddlecloud.aio import cancel_and_wait
 
 if TYPE_CHECKING:
     from master.dispatcher import Dispatcher
@@ -278,10 +278,7 @@ class StatusPage:
         self._sampler = asyncio.create_task(self._sample_forever(), name="status-page-sampler")
 
     async def stop(self) -> None:
-        if self._sampler is not None:
-            self._sampler.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._sampler
+        await cancel_and_wait(self._sampler)
         if self._runner is not None:
             await self._runner.cleanup()
 

@@ -35,6 +35,8 @@ import aetcd
 import grpc
 from aetcd import rpc, watcher
 
+from paddlecloud.aio import cancel_and_wait
+
 logger = logging.getLogger(__name__)
 
 RPC_TIMEOUT = 10.0  # seconds; any single etcd call longer than this is treated as a failure
@@ -300,9 +302,7 @@ class LeaseKeeper:
     async def close(self) -> None:
         if self._reader is not None:
             self._requests.put_nowait(None)
-            self._reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._reader
+            await cancel_and_wait(self._reader)
             self._reader = None
         self._fail_waiters("lease keeper closed")
 
@@ -359,10 +359,7 @@ class Session:
         """Stops the keep-alive loop and, unless the lease is already lost, revokes it so
         every key on it goes at once."""
         was_lost = self.lost.is_set()  # the loop sets `lost` when cancelled: look first
-        if self._loop_task is not None:
-            self._loop_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._loop_task
+        await cancel_and_wait(self._loop_task)
         await self._keeper.close()
         if revoke and self.lease_id and not was_lost:
             with contextlib.suppress(Exception):

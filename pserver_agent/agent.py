@@ -27,7 +27,6 @@ of the *other* slots changes hands: endpoints never change, so it need not be.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import signal
@@ -35,6 +34,7 @@ from collections.abc import Mapping
 
 import aetcd
 
+from paddlecloud.aio import cancel_and_wait
 from paddlecloud.etcd import Session, connect
 from paddlecloud.exits import signal_exit_code
 from paddlecloud.keys import JobKeys
@@ -166,12 +166,7 @@ class PserverAgent:
                 return 0 if code is None else code
             return await self._stop_pserver(ends, supervised)
         finally:
-            pending = [task for task in tasks if not task.done()]
-            for task in pending:
-                task.cancel()
-            for task in pending:
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+            await cancel_and_wait(*tasks)
 
     async def _claim_and_gather(self) -> tuple[Claim, list[str]]:
         table = SlotTable(self.client, self.keys, num_slots=self.config.num_pservers,

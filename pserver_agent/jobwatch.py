@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import aetcd
 
+from paddlecloud.aio import cancel_and_wait
 from paddlecloud.keys import JobKeys
 from paddlecloud.phase import Phase
 
@@ -112,11 +113,7 @@ async def _watch_until_done(client: aetcd.Client, keys: JobKeys) -> str:
             if reason is not None:
                 return reason
     finally:
-        for pump in pumps:
-            pump.cancel()
-        for pump in pumps:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await pump
+        await cancel_and_wait(*pumps)
         for _, watch in watches:
             with contextlib.suppress(Exception):
                 await asyncio.shield(watch.cancel())

@@ -26,7 +26,12 @@ class LocalRun:
                                             env=dict(os.environ, PYTHONUNBUFFERED="1", COLUMNS="200"))
 
     def wait(self, timeout: float = 180) -> int:
-        return self.process.wait(timeout=timeout)
+        try:
+            return self.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            tail = "\n".join(self.text().splitlines()[-40:])
+            raise AssertionError(f"local train still running after {timeout:g} s; its console ends:\n"
+                                 f"{tail}") from None
 
     def text(self) -> str:
         return self.console.read_text(errors="replace")

@@ -33,6 +33,7 @@ from pathlib import Path
 import grpc
 
 from paddlecloud import checkpoints, etcd
+from paddlecloud.aio import cancel_and_wait
 from paddlecloud.api import pb, pb_grpc
 from paddlecloud.auth import ClientCredentials, JobTokens, Role
 from paddlecloud.etcd_server import EtcdServer, free_port
@@ -259,9 +260,7 @@ class LocalJob:
         try:
             done, _ = await asyncio.wait({job, keeper, stop}, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            for task in (job, keeper, stop, schedule):
-                task.cancel()
-            await asyncio.gather(job, keeper, stop, schedule, return_exceptions=True)
+            await cancel_and_wait(job, keeper, stop, schedule)
         if job in done:
             # The masters outlive the end by a page refresh, so an open status page shows it.
             await asyncio.sleep(PAGE_LINGER)

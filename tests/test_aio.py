@@ -1,0 +1,59 @@
+"""Stopping tasks for good (paddlecloud.aio.cancel_and_wait)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from paddlecloud.aio import cancel_and_wait
+
+
+async def _deaf_once(heard: list[str]) -> None:
+    """Swallows the first cancellation, as 3.11's wait_for can, then runs on until asked again."""
+    try:
+        await asyncio.Event().wait()
+    except asyncio.CancelledError:
+        heard.append("swallowed")
+    await asyncio.Event().wait()
+
+
+def test_a_task_that_swallowed_one_cancellation_is_asked_again_and_ends():
+    async def main() -> list[str]:
+        heard: list[str] = []
+        task = asyncio.create_task(_deaf_once(heard))
+        await asyncio.sleep(0)  # let it start waiting
+        await asyncio.wait_for(cancel_and_wait(task), timeout=30)
+        assert task.cancelled()
+        return heard
+
+    assert asyncio.run(main()) == ["swallowed"]
+
+
+def test_finished_failed_and_missing_tasks_are_taken_without_raising():
+    async def fails() -> None:
+        raise RuntimeError("boom")
+
+    async def main() -> tuple[bool, bool]:
+        failed = asyncio.create_task(fails())
+        finished = asyncio.create_task(asyncio.sleep(0))
+        await asyncio.sleep(0.01)
+        await cancel_and_wait(failed, finished, None)
+        return failed.done(), finished.done()
+
+    assert asyncio.run(main()) == (True, True)
+
+
+def test_the_callers_own_cancellation_is_not_swallowed():
+    async def main() -> None:
+        heard: list[str] = []
+        stubborn = asyncio.create_task(_deaf_once(heard))
+        await asyncio.sleep(0)
+        stopper = asyncio.create_task(cancel_and_wait(stubborn))
+        await asyncio.sleep(0.01)
+        stopper.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await stopper
+        stubborn.cancel()
+
+    asyncio.run(main())
