@@ -10,14 +10,16 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field, replace
 
-from paddlecloud.datasets import SpecError  # the one error of a bad spec or setting
+from paddlecloud.datasets import (  # the one error of a bad spec or setting
+    FORMATS,
+    LINE_FORMATS,
+    SpecError,
+)
 from paddlecloud.elastic import TrainerRange
-from paddlecloud.etcd import EtcdCredentials
+from paddlecloud.etcd import MIN_LEASE_TTL, EtcdCredentials
 from paddlecloud.untrusted import quote
 
 DEFAULT_CHUNK_BYTES = 64 * 1024 * 1024
-LINE_FORMATS = ("lines", "csv", "tsv", "jsonl", "text")
-FORMATS = (*LINE_FORMATS, "file")
 
 
 @dataclass(frozen=True)
@@ -74,8 +76,9 @@ class Policy:
     max_tasks_per_trainer: int = 2
 
     def __post_init__(self) -> None:
-        if self.session_ttl < 2:
-            raise SpecError(f"--session-ttl {self.session_ttl:g}s is too short: etcd leases need at least 2s")
+        if self.session_ttl < MIN_LEASE_TTL:
+            raise SpecError(f"--session-ttl {self.session_ttl:g}s is too short: etcd leases need at least "
+                            f"{MIN_LEASE_TTL:g}s")
         if self.task_timeout < 0:
             raise SpecError(f"--task-timeout {self.task_timeout:g}s is negative: use 0 to turn it off")
         if self.max_task_failures < 0:

@@ -23,7 +23,7 @@ from master.core import Core, InvalidArgument
 from master.sessions import SessionExpired, SessionInfo, SessionSuperseded
 from master.state import InvalidTransition, TaskReleased
 from master.store import NotLeader, Snapshot
-from paddlecloud.aio import cancel_and_wait
+from paddlecloud.aio import KeyedLocks, cancel_and_wait
 from paddlecloud.untrusted import quote
 
 logger = logging.getLogger(__name__)
@@ -51,7 +51,7 @@ class Trainers:
         self.core = core
         self.registry = core.sessions
         self._ending: set[int] = set()  # sessions this master is revoking right now
-        self._register_lock = asyncio.Lock()
+        self._registering = KeyedLocks()  # one trainer id's registrations go one at a time
         self._watch: asyncio.Task[None] | None = None
         self.on_gone: list[Callable[[str], None]] = []  # called with the trainer id of an ended session
 
@@ -61,7 +61,7 @@ class Trainers:
                 f"trainer id {quote(trainer)} is not a short name: use 1-{MAX_TRAINER_ID} letters, digits, "
                 "'.', '_', '-' or '/', starting and ending with a letter or digit")
         core, store = self.core, self.core.store
-        async with core.admitted(), self._register_lock:
+        async with core.admitted(), self._registering.hold(trainer):
             lease = await store.grant_lease(core.policy.session_ttl)
             old = self.registry.by_trainer.get(trainer)
             try:

@@ -1,4 +1,4 @@
-"""Stopping asyncio tasks for good.
+"""asyncio helpers: stopping tasks for good, and one lock per key.
 
 `task.cancel()` asks once, and a task may not hear it: on Python 3.11 `asyncio.wait_for`
 swallows the request when the call it waits on completes at the same moment (CPython
@@ -6,11 +6,17 @@ gh-86296, fixed in 3.12; aetcd creates every watch through `wait_for`). Such a t
 on, and a stop that awaits it waits forever: a master failing at start-up on a changed
 dataset hung that way, its session watch cancelled while the watch was being created.
 `cancel_and_wait` asks again until each task has ended.
+
+`KeyedLocks` serializes what must not interleave for one key (the registrations of one
+trainer id) and nothing else: a global lock there made a storm of registrations one
+etcd round trip after another.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Hashable
 
 ASK_AGAIN_AFTER = 0.5  # seconds between two requests to a task that did not end
 
@@ -30,3 +36,29 @@ async def cancel_and_wait(*tasks: asyncio.Future | None) -> None:
     for task in given:
         if not task.cancelled():
             task.exception()
+
+
+class KeyedLocks:
+    """One asyncio.Lock per key, made on first use and dropped when no one holds or awaits it."""
+
+    def __init__(self) -> None:
+        self._locks: dict[Hashable, tuple[asyncio.Lock, int]] = {}
+
+    def __len__(self) -> int:
+        """Keys with a holder or a waiter."""
+        return len(self._locks)
+
+    @contextlib.asynccontextmanager
+    async def hold(self, key: Hashable) -> AsyncIterator[None]:
+        lock, users = self._locks.get(key, (None, 0))
+        lock = lock or asyncio.Lock()
+        self._locks[key] = (lock, users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            _, users = self._locks[key]
+            if users == 1:
+                del self._locks[key]
+            else:
+                self._locks[key] = (lock, users - 1)

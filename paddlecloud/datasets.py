@@ -20,6 +20,10 @@ from fsspec.registry import known_implementations
 logger = logging.getLogger(__name__)
 
 GLOB_CHARS = "*?["
+# The formats the trainers' readers take: one record per line in each of LINE_FORMATS, or a
+# whole file per record (`file`).
+LINE_FORMATS = ("lines", "csv", "tsv", "jsonl", "text")
+FORMATS = (*LINE_FORMATS, "file")
 
 
 @dataclass(frozen=True)

@@ -40,6 +40,7 @@ from paddlecloud.aio import cancel_and_wait
 logger = logging.getLogger(__name__)
 
 RPC_TIMEOUT = 10.0  # seconds; any single etcd call longer than this is treated as a failure
+MIN_LEASE_TTL = 2.0  # seconds; etcd grants no shorter lease (a session's or an election's)
 
 
 class EtcdUnavailable(RuntimeError):

@@ -57,3 +57,34 @@ def test_the_callers_own_cancellation_is_not_swallowed():
         stubborn.cancel()
 
     asyncio.run(main())
+
+
+def test_keyed_locks_serialize_one_key_and_let_others_run_then_forget_it():
+    from paddlecloud.aio import KeyedLocks
+
+    async def main() -> tuple[list[str], int]:
+        locks = KeyedLocks()
+        order: list[str] = []
+        first_in = asyncio.Event()
+        release = asyncio.Event()
+
+        async def holder(key: str, name: str, *, block: bool) -> None:
+            async with locks.hold(key):
+                order.append(f"{name} in")
+                if block:
+                    first_in.set()
+                    await release.wait()
+                order.append(f"{name} out")
+
+        a1 = asyncio.create_task(holder("a", "a1", block=True))
+        await first_in.wait()
+        a2 = asyncio.create_task(holder("a", "a2", block=False))
+        await asyncio.create_task(holder("b", "b1", block=False))  # another key: not held up
+        assert order == ["a1 in", "b1 in", "b1 out"] and len(locks) == 1
+        release.set()
+        await asyncio.gather(a1, a2)
+        return order, len(locks)
+
+    order, left = asyncio.run(main())
+    assert order == ["a1 in", "b1 in", "b1 out", "a1 out", "a2 in", "a2 out"]
+    assert left == 0

@@ -1,10 +1,11 @@
 """`paddlecloud local train`: a whole job on this machine (flags of the PaddlePaddle client design).
 
 Every flag is checked here, before anything starts, with the parsers and checks the master
-uses (`paddlecloud.units`, `master.config`): a bad value is one usage error naming it (exit 2) and leaves no etcd, no
-process and no log behind. Arguments for the user's module go after `--`; any other
-leftover argument is refused, since it is most often the rest of an `--input` glob the
-shell expanded (the job would otherwise train on the first file only).
+uses (`paddlecloud.units`, `paddlecloud.datasets`, etcd's lease minimum): a bad value is one
+usage error naming it (exit 2) and leaves no etcd, no process and no log behind. Arguments
+for the user's module go after `--`; any other leftover argument is refused, since it is
+most often the rest of an `--input` glob the shell expanded (the job would otherwise train
+on the first file only).
 
 What this does NOT check: that the module runs, that the data parses in `--format`, or
 that an fsspec URL is reachable — the trainers and the master find that out.
@@ -24,8 +25,9 @@ from typing import Any
 
 import click
 
-from master.config import FORMATS, Policy, SpecError
 from paddlecloud.clitypes import DURATION, KEY_VALUE, SIZE
+from paddlecloud.datasets import FORMATS, SpecError, list_files
+from paddlecloud.etcd import MIN_LEASE_TTL
 
 EXAMPLES = {"fit-a-line": "examples.fit_a_line"}
 
@@ -53,8 +55,6 @@ def _check_module(module: str, package_path: Path | None) -> None:
 
 def _expand_inputs(inputs: tuple[str, ...]) -> tuple[str, ...]:
     """Local paths made absolute; every glob must match (the master would refuse it anyway)."""
-    from paddlecloud.datasets import list_files
-
     absolute = tuple(p if "://" in p else str(Path(p).expanduser().absolute()) for p in inputs)
     try:
         list_files(absolute)
@@ -147,10 +147,10 @@ def _check_schedule(text: str | None) -> tuple[tuple[float, int], ...]:
 
 
 def _check_session_ttl(seconds: float) -> None:
-    try:
-        Policy(session_ttl=seconds)
-    except SpecError as error:
-        raise click.BadParameter(str(error), param_hint="'--session-ttl'") from None
+    if seconds < MIN_LEASE_TTL:
+        raise click.BadParameter(f"--session-ttl {seconds:g}s is too short: etcd leases need at least "
+                                 f"{MIN_LEASE_TTL:g}s",
+                                 param_hint="'--session-ttl'")
 
 
 def _make_output(output: Path) -> None:
