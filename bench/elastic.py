@@ -24,8 +24,8 @@ measure: process start-up of a real model (PaddlePaddle's import is ~1 s more pe
 and a collective group's rendezvous), nor Kubernetes (pod scheduling and image pulls
 dominate there).
 
-    python bench/elastic.py            # 3 runs of each
-    python bench/elastic.py --runs 1   # a smoke test
+    python bench/elastic.py                    # 3 runs of each
+    python bench/elastic.py --runs 1 --quick   # a smoke test: a quarter of fit-a-line's data
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -57,6 +58,18 @@ logger = logging.getLogger(__name__)
 POLL = 0.01
 
 
+@dataclass(frozen=True)
+class Sizes:
+    """How much data the fit-a-line runs read (`--quick`: a quarter, for the smoke test; the
+    stub jobs keep theirs: with less, a job ends before the trainers a scale adds start)."""
+
+    example_rows_per_shard: int = 10_000  # 2 shards, of the fit-a-line runs
+    scale_after_consumed: int = 4_000  # records the fit-a-line group consumed before the scale
+
+
+QUICK = Sizes(example_rows_per_shard=2_500, scale_after_consumed=1_000)
+
+
 def _consumed(log: Path, *, first_group: bool = False) -> list[tuple[int, int]]:
     """(epoch, record id) of every record the example's steps consumed, in log order;
     `first_group`: only the first group's (up to the first start after a step)."""
@@ -71,12 +84,12 @@ def _consumed(log: Path, *, first_group: bool = False) -> list[tuple[int, int]]:
     return out
 
 
-async def resume_run(workdir: Path, *, every: str | None) -> dict[str, float]:
+async def resume_run(workdir: Path, *, every: str | None, sizes: Sizes) -> dict[str, float]:
     """The fit-a-line job scaled 2 -> 3 mid-epoch; records of epoch 0 consumed again after it."""
     from examples.fit_a_line.data import generate
 
     data = workdir / "data"
-    generate(data, shards=2, rows=10_000)
+    generate(data, shards=2, rows=sizes.example_rows_per_shard)
     log = workdir / "consumed.jsonl"
     env = [("FIT_A_LINE_CONSUMED_LOG", str(log))]
     if every:
@@ -91,7 +104,7 @@ async def resume_run(workdir: Path, *, every: str | None) -> dict[str, float]:
     job = LocalJob(spec, on_line=lambda who, text: None)
     runner = asyncio.create_task(job.run())
     try:
-        await _until(lambda: len(_consumed(log)) >= 4000, timeout=240)
+        await _until(lambda: len(_consumed(log)) >= sizes.scale_after_consumed, timeout=240)
         await job.scale(3)
         await runner
         before = {r for e, r in _consumed(log, first_group=True) if e == 0}
@@ -162,7 +175,7 @@ def _summary(values: list[float], unit: str, digits: int = 2) -> str:
             f"(range {min(values):.{digits}f}-{max(values):.{digits}f})")
 
 
-async def run(runs: int) -> None:
+async def run(runs: int, sizes: Sizes) -> None:
     results: dict[str, list[dict[str, float]]] = {"ps": [], "collective": [], "epoch": [], "mid": []}
     paddle = importlib.util.find_spec("paddle") is not None
     for _ in range(runs):
@@ -171,9 +184,10 @@ async def run(runs: int) -> None:
                 results[kind].append(await one_run(Path(tmp), collective=kind == "collective"))
         for kind, every in (("epoch", None), ("mid", "4")) if paddle else ():
             with tempfile.TemporaryDirectory(prefix=f"bench-elastic-{kind}-") as tmp:
-                results[kind].append(await resume_run(Path(tmp), every=every))
+                results[kind].append(await resume_run(Path(tmp), every=every, sizes=sizes))
     ps, coll = results["ps"], results["collective"]
-    print(f"load average {os.getloadavg()[0]:.2f}, {os.cpu_count()} CPUs, {runs} run(s) each")
+    print(f"load average {os.getloadavg()[0]:.2f}, {os.cpu_count()} CPUs, {runs} run(s) each"
+          + (" (--quick: a quarter of fit-a-line's data)" if sizes == QUICK else ""))
     print("| what | from ScaleTrainers |")
     print("| --- | --- |")
     print(f"| PS 2 -> 4: first record read by a new trainer | {_summary([r['first record'] for r in ps], ' s')} |")
@@ -197,10 +211,11 @@ async def run(runs: int) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--quick", action="store_true", help="a quarter of the data (a smoke test)")
     args = parser.parse_args(argv)
     if args.runs < 1:
         parser.error(f"--runs {args.runs}: must be at least 1")
-    asyncio.run(run(args.runs))
+    asyncio.run(run(args.runs, QUICK if args.quick else Sizes()))
     return 0
 
 

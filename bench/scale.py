@@ -473,9 +473,10 @@ def steady_rows(bench: Bench, data: Path, say) -> list[dict]:
               file=sys.stderr, flush=True)
     cols = ["N", "K", "tasks/s", "p50/p99 ms", "no-op calls/s", "master/no-op", "shed/s", "other transient",
             "errors", "re-reg", "RPC/tr/s", "KeepAlive/tr/s", "etcd req/tr/s", "least served", "starved",
-            "CPU master+etcd"]
+            "CPU master+etcd", "register s"]
     if args.baseline:
-        cols += ["baseline tasks/s", "baseline p99", "baseline transient", "baseline KA/tr/s", "new/baseline"]
+        cols += ["baseline tasks/s", "baseline p99", "baseline transient", "baseline KA/tr/s", "new/baseline",
+                 "baseline register s"]
     body = []
     for row in rows:
         m, z = row["master"], row["noop"]
@@ -486,11 +487,12 @@ def steady_rows(bench: Bench, data: Path, say) -> list[dict]:
                 str(m["reregistered"]), f"{m['rpc_per_trainer_s']:.2f}",
                 f"{m['keepalive_rpc_per_trainer_s']:.3f}", f"{m['etcd_per_trainer_s']:.2f}",
                 str(m["served_min"]), str(m["starved"]),
-                f"{m['cpu'].get('master', 0):.0%}+{m['cpu'].get('etcd', 0):.0%}"]
+                f"{m['cpu'].get('master', 0):.0%}+{m['cpu'].get('etcd', 0):.0%}", f"{m['register_s']:.2f}"]
         if "base" in row:
             b = row["base"]
             line += [f"{b['rate']:,.0f}", f"{b['p99_ms']:.0f}", str(sum(b["transient"].values())),
-                     f"{b['keepalive_rpc_per_trainer_s']:.3f}", f"{m['rate'] / b['rate']:.2f}x" if b["rate"] else "-"]
+                     f"{b['keepalive_rpc_per_trainer_s']:.3f}", f"{m['rate'] / b['rate']:.2f}x" if b["rate"] else "-",
+                     f"{b['register_s']:.2f}"]
         body.append(line)
     for line in table(cols, body):
         say(line)
@@ -499,7 +501,8 @@ def steady_rows(bench: Bench, data: Path, say) -> list[dict]:
         "transient: CANCELLED/UNAVAILABLE/DEADLINE_EXCEEDED the client retried; errors: codes no client "
         "retries; re-reg: sessions registered again; RPC/tr/s, KeepAlive/tr/s: the master's RPCs per "
         "trainer per second (its metrics); etcd req/tr/s: messages etcd's gRPC server received; least "
-        "served: tasks of the least served trainer in the window; starved: trainers with none.")
+        "served: tasks of the least served trainer in the window; starved: trainers with none; register s: "
+        "seconds until the last of the N trainers, all registering at once, was registered.")
     for row in rows:
         for who, r in row.items():
             if r.get("errors") or r.get("transient"):

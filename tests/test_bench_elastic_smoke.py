@@ -1,4 +1,4 @@
-"""`bench/elastic.py --runs 1` runs end to end and prints its table. No timing is asserted."""
+"""`bench/elastic.py --runs 1 --quick` runs end to end and prints its table. No timing is asserted."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ BENCH = Path(__file__).resolve().parent.parent / "bench" / "elastic.py"
 
 @pytest.mark.timeout(400)
 def test_one_run_prints_every_row():
-    out = subprocess.run([sys.executable, str(BENCH), "--runs", "1"], capture_output=True, text=True,
+    out = subprocess.run([sys.executable, str(BENCH), "--runs", "1", "--quick"], capture_output=True, text=True,
                          timeout=380)
     assert out.returncode == 0, f"{out.stdout}\n{out.stderr[-4000:]}"
     for row in ("PS 2 -> 4: first record read by a new trainer",

@@ -1,6 +1,7 @@
-"""The benchmarks run end to end: `bench/dispatch.py`, `bench/faults.py`, `bench/footprint.py`
-and `bench/report.py`, each with `--quick`, print (and write) what they should. No timing is
-asserted: speed goals live in the benchmarks, never in tests."""
+"""The benchmarks run end to end: one `bench/report.py --quick` runs `bench/dispatch.py`,
+`bench/faults.py` and `bench/footprint.py` with `--quick` and keeps what each printed and
+wrote; each part's output is checked, and the report's. No timing is asserted: speed goals
+live in the benchmarks, never in tests."""
 
 from __future__ import annotations
 
@@ -22,25 +23,8 @@ def test_help_names_the_options():
         assert option in out.stdout
 
 
-@pytest.mark.timeout(600)
-def test_quick_run_prints_the_table(tmp_path):
-    out = subprocess.run(
-        # --allow-tmpfs: a smoke test checks the bench runs, not that its figures are durable ones
-        [sys.executable, str(BENCH), "--quick", "--ns", "1,4", "--allow-tmpfs",
-         "--json", str(tmp_path / "figures.json")],
-        capture_output=True, text=True, timeout=540)
-    assert out.returncode == 0, f"{out.stdout}\n{out.stderr[-4000:]}"
-    lines = out.stdout.splitlines()
-    header = next(i for i, line in enumerate(lines) if line.split()[:2] == ["N", "tasks/s"])
-    assert "no-op calls/s" in lines[header] and "master/no-op" in lines[header]
-    rows = [lines[header + 2].split()[0], lines[header + 3].split()[0]]
-    assert rows == ["1", "4"]
-    assert "start-up to health SERVING" in out.stdout
-    assert "Targets" in out.stdout
-    assert (tmp_path / "figures.json").exists()
-
-
-# ---- faults, footprint, report: --quick runs in subprocesses, their output's shape only ----
+# ---- dispatch, faults, footprint and the report: one `report.py --quick` runs all three (in
+# subprocesses, one after the other) and keeps their output and figures: the shape is checked ----
 
 BENCH_DIR = BENCH.parent
 
@@ -52,18 +36,23 @@ def _run(script: str, *args: str, timeout: int = 240) -> subprocess.CompletedPro
     return out
 
 
-@pytest.mark.timeout(300)
-def test_faults_quick_prints_every_part(tmp_path):
-    figures = tmp_path / "faults.json"
-    out = _run("faults.py", "--quick", "--allow-tmpfs", "--json", str(figures))
-    text = out.stdout
+def _dispatch_table(text: str) -> None:
+    lines = text.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.split()[:2] == ["N", "tasks/s"])
+    assert "no-op calls/s" in lines[header] and "master/no-op" in lines[header]
+    rows = [lines[header + 2].split()[0], lines[header + 3].split()[0]]
+    assert rows == ["1", "4"]
+    assert "start-up to health SERVING" in text
+    assert "Targets" in text
+
+
+def _faults(text: str, data: dict) -> None:
     for line in ("Re-queue after SIGKILL of a trainer", "Re-queue after LeaveTrainer", "Failover: two masters",
-                 "Goals", "re-queue after SIGKILL <= session TTL + 1 s at TTL 2 s",
+                 "re-queue after SIGKILL <= session TTL + 1 s at TTL 2 s",
                  "re-queue after LeaveTrainer <= 100 ms", "failover <= election TTL + 1 s at TTL 2 s",
                  "tasks lost across failovers: 0", "tasks double-counted across failovers: 0"):
         assert line in text, line
     assert "kill->re-queued median s" in text and "kill->standby TASK median s" in text
-    data = json.loads(figures.read_text())
     (requeue,) = data["requeue"]
     assert requeue["ttl_s"] == 2 and len(requeue["runs"]) == 1
     assert requeue["runs"][0]["accepted_after"] == 2  # the poller got both tasks and finished them
@@ -74,16 +63,11 @@ def test_faults_quick_prints_every_part(tmp_path):
     assert failover["runs"][0]["first_task_s"] is not None
 
 
-@pytest.mark.timeout(300)
-def test_footprint_quick_prints_keys_and_growth(tmp_path):
-    figures = tmp_path / "footprint.json"
-    out = _run("footprint.py", "--quick", "--allow-tmpfs", "--json", str(figures))
-    text = out.stdout
+def _footprint(text: str, data: dict) -> None:
     for line in ("Mid-epoch: 200 tasks", "Growth: 50 tasks x 10 epochs", "a done mark costs",
-                 "compaction to the current revision", "--auto-compaction-retention 100,000", "Goals",
+                 "compaction to the current revision", "--auto-compaction-retention 100,000",
                  "keys bounded over 10 epochs"):
         assert line in text, line
-    data = json.loads(figures.read_text())
     mid, growth = data["mid"], data["growth"]
     assert mid["done_marks"] >= 100 and mid["assignments"] == 8  # half an epoch done, 8 trainers holding
     assert mid["snapshot"]["done_by_epoch"].keys() == {"1"}      # epoch 0's done marks are gone
@@ -92,11 +76,14 @@ def test_footprint_quick_prints_keys_and_growth(tmp_path):
 
 
 @pytest.mark.timeout(400)
-def test_report_quick_writes_json_md_and_png(tmp_path):
+def test_report_quick_runs_every_bench_and_writes_json_md_and_png(tmp_path):
     out = _run("report.py", "--quick", "--allow-tmpfs", "--out", str(tmp_path),
                "--dispatch-args=--ns 1,4", timeout=360)
     data = json.loads((tmp_path / "benchmarks.json").read_text())
     assert {"dispatch", "faults", "footprint", "goals", "meta"} <= data.keys()
+    _dispatch_table("\n".join(data["dispatch"]["text"]))
+    _faults("\n".join(data["faults"]["text"]), data["faults"])
+    _footprint("\n".join(data["footprint"]["text"]), data["footprint"])
     goals = {g["goal"] for g in data["goals"]}
     assert any(g.startswith("re-queue after SIGKILL") for g in goals)
     assert "no task lost across a failover" in goals and "no task double-counted across a failover" in goals
