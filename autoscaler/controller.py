@@ -114,6 +114,7 @@ class Controller:
         self._apps = client.AppsV1Api(api_client)
         self.wake = threading.Event()
         self.last_plan: Plan | None = None
+        self._refused: set[str] = set()  # jobs whose master refused our token (said once)
 
     # ---- reading ---------------------------------------------------------------------
     def _dicts(self, items: Iterable[Any]) -> list[dict[str, Any]]:
@@ -129,13 +130,22 @@ class Controller:
         import grpc
 
         address = self.master_address(name, namespace)
+        key = job_key(namespace, name)
         try:
             reply = fetch_master_status(address, timeout=self.settings.rpc_timeout_s,
                                         token=self.settings.token)
         except grpc.RpcError as error:
-            logger.info("job %s/%s: its master at %s did not answer (%s): not planned", namespace,
-                        name, address, error.code())
+            if error.code().name in ("UNAUTHENTICATED", "PERMISSION_DENIED"):
+                if key not in self._refused:  # a warning once, until the master accepts us again
+                    self._refused.add(key)
+                    logger.warning("job %s: its master refused our scaler token (%s): not planned "
+                                   "until the Secret %s of namespace %s holds this autoscaler's token",
+                                   key, error.code().name, manifests.SCALER_SECRET, namespace)
+            else:
+                logger.info("job %s: its master at %s did not answer (%s): not planned", key,
+                            address, error.code())
             return None
+        self._refused.discard(key)
         if reply.min_trainers < 1 or reply.max_trainers < reply.min_trainers:
             return None  # a master that knows no range yet
         return JobRange(namespace=namespace, name=name, min_trainers=reply.min_trainers,

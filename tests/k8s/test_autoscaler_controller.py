@@ -154,6 +154,8 @@ class FakeMaster(pb_grpc.MasterServicer):
         self.sim, self.name, self.lo, self.hi, self.size = sim, name, lo, hi, size
         self.scaled_by: list[tuple[int, str]] = []  # (size, the caller's token)
         self.asked_by: set[str] = set()  # the tokens GetStatus came with
+        self.asked = 0  # GetStatus calls answered or refused
+        self.accepts: str | None = None  # a token: every other one is refused, as a real master does
         self.server = grpc.aio.server()
         pb_grpc.add_MasterServicer_to_server(self, self.server)
         self.address = f"127.0.0.1:{self.server.add_insecure_port('127.0.0.1:0')}"
@@ -165,13 +167,20 @@ class FakeMaster(pb_grpc.MasterServicer):
         await self.server.stop(None)
 
     async def GetStatus(self, request: Any, context: Any) -> Any:
+        self.asked += 1
         self.asked_by.add(_token(context))
+        await self.check_token(context)
         return pb.GetStatusResponse(job=self.name, namespace=NS, min_trainers=self.lo,
                                     max_trainers=self.hi, desired_trainers=self.size)
+
+    async def check_token(self, context: Any) -> None:
+        if self.accepts is not None and _token(context) != self.accepts:
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "no valid token of this job")
 
     async def ScaleTrainers(self, request: Any, context: Any) -> Any:
         if not self.lo <= request.trainers <= self.hi:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{request.trainers} outside the range")
+        await self.check_token(context)
         self.scaled_by.append((request.trainers, _token(context)))
         self.size = request.trainers
         await self.sim.follow(self.name, self.size)
@@ -346,6 +355,22 @@ async def test_the_scaler_token_file_it_is_given_goes_with_every_call_to_the_mas
     missing = await asyncio.to_thread(CliRunner().invoke, main, args)
     assert missing.exit_code == 2 and f"cannot read token file {token_file}" in missing.output
     assert master.scaled_by == [(4, "the-scaler-token")]
+
+
+async def test_a_master_refusing_the_token_is_not_planned_and_said_once_until_it_accepts(sim, caplog):
+    sim.add_node("n1")
+    master = await sim.add_job("a", lo=1, hi=4, size=1)
+    master.accepts = "the-namespaces-token"
+    replica = Replica(sim)
+    replica.controller.settings = Settings(**{**SETTINGS.__dict__, "token": "the-autoscalers-token"})
+    async with replica:
+        await sim.k8s.wait_for(lambda: master.asked >= 4, what="four rounds refused")
+        assert master.size == 1 and master.scaled_by == []
+        assert caplog.text.count("job ml/a: its master refused our scaler token (UNAUTHENTICATED)") == 1
+        assert "paddlecloud-scaler of namespace ml" in caplog.text
+        master.accepts = "the-autoscalers-token"  # the admin put the right token in
+        await sim.k8s.wait_for(lambda: master.size == 4, what="a grown once its master accepts us")
+    assert master.scaled_by == [(4, "the-autoscalers-token")]
 
 
 async def test_of_two_replicas_only_the_lease_holder_acts_and_the_other_takes_over(sim, api_client):
