@@ -41,7 +41,9 @@ those refuse a plaintext channel, and a local job on loopback uses tokens withou
 What this does NOT guarantee: anything against a holder of the trainer token
 registering a trainer id it does not own (that supersedes the owner's session: the
 Secret is shared by the job's own pods, which are trusted with their ids), nor
-secrecy of tokens sent over a plaintext channel off loopback (use TLS).
+against a holder of the scaler token resizing, within its range, every job whose
+namespace holds that token (one token for the cluster, by design: only the autoscaler's
+Secrets hold it), nor secrecy of tokens sent over a plaintext channel off loopback (use TLS).
 """
 
 from __future__ import annotations
