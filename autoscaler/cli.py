@@ -5,10 +5,14 @@ cluster: $POD_NAMESPACE); only the leader plans and scales. `--dry-run` prints t
 and changes nothing (it takes no Lease either: it never displaces the replica that acts);
 `--once` runs one round and exits (with --dry-run: "what would it do now?").
 
-The master's `ScaleTrainers` may need a token: `--master-token` / $PADDLECLOUD_MASTER_TOKEN is
-sent as `authorization: Bearer` metadata when given. What this does NOT guarantee: that the
+A master with tokens answers the autoscaler only when it carries the scaler token
+(`paddlecloud.auth`: GetStatus and ScaleTrainers, nothing else): `--scaler-token-file` names
+the file holding it (deploy/autoscaler.yaml mounts the Secret `paddlecloud-scaler` there; every
+job's master mounts the Secret of the same name in its own namespace), read once at start and
+sent as `authorization: Bearer` metadata on both calls. Without it no token is sent (masters
+without tokens, `--dry-run` against a local cluster). What this does NOT guarantee: that the
 masters' Services resolve where it runs (they do in the cluster; from outside pass
-`--master-address` with a port-forward).
+`--master-address` with a port-forward); that a rotated token is seen before a restart.
 """
 
 from __future__ import annotations
@@ -19,9 +23,11 @@ import socket
 import sys
 import threading
 import uuid
+from pathlib import Path
 
 import click
 
+from paddlecloud.auth import CredentialError, read_token
 from paddlecloud.clitypes import DURATION
 
 logger = logging.getLogger(__name__)
@@ -41,8 +47,10 @@ DEFAULT_LEASE = "paddlecloud-autoscaler"
               show_default=True, help="The share of CPU, memory and GPUs the plan may commit.")
 @click.option("--master-address", default="{name}-master.{namespace}.svc:8080", show_default=True,
               help="Where a job's master answers GetStatus and ScaleTrainers ({name}, {namespace}).")
-@click.option("--master-token", envvar="PADDLECLOUD_MASTER_TOKEN", default=None,
-              help="Token for the masters' ScaleTrainers  [env: PADDLECLOUD_MASTER_TOKEN]")
+@click.option("--scaler-token-file", envvar="PADDLECLOUD_SCALER_TOKEN_FILE", default=None,
+              type=click.Path(dir_okay=False),
+              help="The scaler token the masters accept for GetStatus and ScaleTrainers (the Secret "
+                   "paddlecloud-scaler)  [env: PADDLECLOUD_SCALER_TOKEN_FILE]")
 @click.option("--lease-name", default=DEFAULT_LEASE, show_default=True, help="The Lease of the election.")
 @click.option("--lease-namespace", envvar="POD_NAMESPACE", default="default", show_default=True,
               help="The Lease's namespace  [env: POD_NAMESPACE]")
@@ -53,7 +61,7 @@ DEFAULT_LEASE = "paddlecloud-autoscaler"
 @click.option("--log-level", default="INFO", show_default=True,
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
 def autoscaler_command(*, kubeconfig: str | None, dry_run: bool, once: bool, interval: float,
-                       max_load_desired: float, master_address: str, master_token: str | None,
+                       max_load_desired: float, master_address: str, scaler_token_file: str | None,
                        lease_name: str, lease_namespace: str, lease_duration: int,
                        identity: str | None, log_level: str) -> None:
     """Move each elastic job's trainers within its min..max so the cluster stays busy."""
@@ -68,12 +76,19 @@ def autoscaler_command(*, kubeconfig: str | None, dry_run: bool, once: bool, int
     logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
+        token = read_token(Path(scaler_token_file)) if scaler_token_file else None
+    except CredentialError as error:
+        raise click.BadParameter(str(error), param_hint="--scaler-token-file") from None
+    if token is None:
+        logger.warning("no --scaler-token-file: a master with tokens refuses our GetStatus and "
+                       "ScaleTrainers (its jobs are not planned)")
+    try:
         api = load_api_client(kubeconfig)
     except KubernetesApiError as error:
         raise click.ClickException(str(error)) from None
     api.user_agent = COMPONENT  # its requests, told apart in the API server's audit log
     settings = Settings(dry_run=dry_run, interval_s=interval, max_load_desired=max_load_desired,
-                        token=master_token)
+                        token=token)
     controller = Controller(api, settings=settings,
                             master_address=lambda name, ns: master_address.format(name=name, namespace=ns))
     if once:

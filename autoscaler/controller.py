@@ -7,7 +7,9 @@ cluster-wide), asks each job's master for its range (GetStatus at the master's S
 builds the planner's `Cluster` (`autoscaler.snapshot`), calls `plan`, and applies each change
 through the job's own scale path: the master's `ScaleTrainers` RPC (`scale_trainers`, the call
 `paddlecloud job scale` makes), shrinks before growths so room frees before it is taken,
-each retried. Every change is logged with its reasons and recorded as a Kubernetes Event on
+each retried. Both calls carry the scaler token (`Settings.token`, from the autoscaler's Secret),
+which a master with tokens accepts for GetStatus and ScaleTrainers and nothing else
+(`paddlecloud.auth`; the master mounts the same token from its namespace). Every change is logged with its reasons and recorded as a Kubernetes Event on
 the job's master Deployment. With `dry_run` the plan is printed (logged) and nothing changes:
 no RPC that writes, no Event.
 
@@ -57,7 +59,7 @@ class Settings:
     rpc_timeout_s: float = 5.0
     attempts: int = 3
     retry_wait_s: float = 0.5
-    token: str | None = None
+    token: str | None = None  # the scaler token, sent on GetStatus and ScaleTrainers (paddlecloud.auth)
     watch_window_s: int = 30  # one watch request's life; a stopped controller's watches end within it
 
     def __post_init__(self) -> None:
@@ -112,6 +114,7 @@ class Controller:
         self._apps = client.AppsV1Api(api_client)
         self.wake = threading.Event()
         self.last_plan: Plan | None = None
+        self._refused: set[str] = set()  # jobs whose master refused our token (said once)
 
     # ---- reading ---------------------------------------------------------------------
     def _dicts(self, items: Iterable[Any]) -> list[dict[str, Any]]:
@@ -127,12 +130,22 @@ class Controller:
         import grpc
 
         address = self.master_address(name, namespace)
+        key = job_key(namespace, name)
         try:
-            reply = fetch_master_status(address, timeout=self.settings.rpc_timeout_s)
+            reply = fetch_master_status(address, timeout=self.settings.rpc_timeout_s,
+                                        token=self.settings.token)
         except grpc.RpcError as error:
-            logger.info("job %s/%s: its master at %s did not answer (%s): not planned", namespace,
-                        name, address, error.code())
+            if error.code().name in ("UNAUTHENTICATED", "PERMISSION_DENIED"):
+                if key not in self._refused:  # a warning once, until the master accepts us again
+                    self._refused.add(key)
+                    logger.warning("job %s: its master refused our scaler token (%s): not planned "
+                                   "until the Secret %s of namespace %s holds this autoscaler's token",
+                                   key, error.code().name, manifests.SCALER_SECRET, namespace)
+            else:
+                logger.info("job %s: its master at %s did not answer (%s): not planned", key,
+                            address, error.code())
             return None
+        self._refused.discard(key)
         if reply.min_trainers < 1 or reply.max_trainers < reply.min_trainers:
             return None  # a master that knows no range yet
         return JobRange(namespace=namespace, name=name, min_trainers=reply.min_trainers,

@@ -8,8 +8,14 @@ A call's `authorization: Bearer <token>` metadata becomes a `Principal` through
 | RegisterTrainer | the trainer token, the operator token |
 | KeepAlive, LeaveTrainer, GetTask, TaskFinished, TaskFailed, ReturnTask, RequestSaveModel | the session token of the request's `session_id` only |
 | GetStatus, ListTasks, ListTrainers | any token of the job (session ids and attempts shown to the operator only) |
-| RestartEpoch, SetDataset, and any Master RPC not named here | the operator token |
+| RestartEpoch, SetDataset, ScaleTrainers, and any Master RPC not named here | the operator token |
+| GetStatus, ScaleTrainers | also the scaler token (the cluster autoscaler's; nothing else) |
 | health, reflection | anyone (no token) |
+
+The scaler token (`--scaler-token-file`) is not a job's: one token of the cluster's
+autoscaler, accepted by every master that mounts it, so it may resize a job within its
+range and read its status (which shows no session id) and nothing more — not the listings,
+not a session, not RestartEpoch or SetDataset.
 
 No token, or one that is not the job's: UNAUTHENTICATED. A token of the wrong role,
 or a session token used for another session: PERMISSION_DENIED. The servicer never
@@ -40,6 +46,7 @@ logger = logging.getLogger(__name__)
 SESSION_RPCS = frozenset({"KeepAlive", "LeaveTrainer", "GetTask", "TaskFinished", "TaskFailed",
                           "ReturnTask", "RequestSaveModel"})
 READ_RPCS = frozenset({"GetStatus", "ListTasks", "ListTrainers"})
+SCALER_RPCS = frozenset({"GetStatus", "ScaleTrainers"})  # all the scaler token may call
 REGISTER_RPCS = frozenset({"RegisterTrainer"})
 
 _OPEN = Principal(Role.OPERATOR)  # every caller of a master without tokens
@@ -55,6 +62,10 @@ def caller() -> Principal:
 def denial(rpc: str, principal: Principal) -> str | None:
     """Why `principal` may not call `rpc` at all; None when it may (a session RPC still
     checks the request's session)."""
+    if principal.role is Role.SCALER:
+        if rpc in SCALER_RPCS:
+            return None
+        return f"{rpc} is not for the scaler token: it may call GetStatus and ScaleTrainers only"
     if rpc in READ_RPCS:
         return None
     if rpc in SESSION_RPCS:

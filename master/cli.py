@@ -65,6 +65,9 @@ from paddlecloud.clitypes import DURATION, NON_NEGATIVE, SIZE
               help="File holding the etcd user's password (or $PADDLE_ETCD_PASSWORD).")
 @click.option("--tokens-dir", type=click.Path(file_okay=False),
               help="The job's tokens (files trainer, operator, viewer): every RPC must carry one.")
+@click.option("--scaler-token-file", type=click.Path(dir_okay=False),
+              help="The cluster autoscaler's token: accepted for GetStatus and ScaleTrainers only; "
+                   "re-read when the file changes; absent or empty: no autoscaler (needs --tokens-dir).")
 @click.option("--tls-cert", type=click.Path(exists=True, dir_okay=False), help="Serve TLS with this certificate (PEM).")
 @click.option("--tls-key", type=click.Path(exists=True, dir_okay=False), help="... and its private key.")
 @click.option("--tls-client-ca", type=click.Path(exists=True, dir_okay=False),
@@ -81,8 +84,8 @@ def master_command(job, namespace, etcd_endpoints, port, host, advertise, inputs
                    task_timeout, max_task_failures, max_tasks_per_trainer, max_calls_in_flight,
                    metrics_port, deployer, job_spec, trainers, min_trainers, max_trainers, etcd_timeout,
                    etcd_ca_file, etcd_cert_file, etcd_key_file, etcd_user, etcd_password_file,
-                   tokens_dir, tls_cert, tls_key, tls_client_ca, insecure, set_dataset_prefixes,
-                   log_level) -> None:
+                   tokens_dir, scaler_token_file, tls_cert, tls_key, tls_client_ca, insecure,
+                   set_dataset_prefixes, log_level) -> None:
     """Run the master of one job: hands out data tasks, keeps every lease in etcd."""
     import asyncio
 
@@ -131,6 +134,7 @@ def master_command(job, namespace, etcd_endpoints, port, host, advertise, inputs
             trainer_size=trainer_size,
             max_calls_in_flight=max_calls_in_flight,
             set_dataset_prefixes=tuple(set_dataset_prefixes), tokens_dir=tokens_dir, insecure=insecure,
+            scaler_token_file=scaler_token_file,
             tls=TlsFiles(tls_cert, tls_key, tls_client_ca) if tls_cert else None,
             etcd_credentials=etcd_credentials,
             policy=Policy(session_ttl=session_ttl, task_timeout=task_timeout,

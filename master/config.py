@@ -107,6 +107,7 @@ class MasterConfig:
     set_dataset_prefixes: tuple[str, ...] = ()  # SetDataset accepts paths under these; empty: off
     tls: TlsFiles | None = None       # None: plaintext
     tokens_dir: str | None = None     # the job's role tokens (paddlecloud.auth.JobTokens); None: open
+    scaler_token_file: str | None = None  # the autoscaler's token (paddlecloud.auth.ScalerToken); None: none
     insecure: bool = False            # plaintext without tokens off loopback, explicitly asked for
     etcd_credentials: EtcdCredentials = field(default_factory=EtcdCredentials)
 
@@ -121,6 +122,9 @@ class MasterConfig:
             raise SpecError(f"--max-calls-in-flight {self.max_calls_in_flight} must be at least 1")
         if self.start_epoch < 0:
             raise SpecError(f"--start-epoch {self.start_epoch} is negative")
+        if self.scaler_token_file and not self.tokens_dir:
+            raise SpecError(f"--scaler-token-file {self.scaler_token_file} needs --tokens-dir: a master "
+                            "without tokens lets every caller scale already")
         if any(not p for p in self.set_dataset_prefixes):
             raise SpecError("--allow-set-dataset '' would allow every path: name a scheme or directory")
 

@@ -13,8 +13,9 @@ not a fault to retry: one line, exit 1.
 
 Security (DESIGN.md section 11): TLS with `--tls-cert/--tls-key` (mTLS with
 `--tls-client-ca`), and every Master RPC through one `master.authorization`
-interceptor with the job's tokens (`--tokens-dir`). A master without TLS or tokens
-says so at start, in a warning.
+interceptor with the job's tokens (`--tokens-dir`) and the cluster autoscaler's scaler
+token (`--scaler-token-file`, GetStatus and ScaleTrainers only). A master without TLS or
+tokens says so at start, in a warning.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from master.web import StatusPage
 from paddlecloud import etcd
 from paddlecloud.aio import cancel_and_wait
 from paddlecloud.api import SERVICE_NAME, pb_grpc
-from paddlecloud.auth import CredentialError, JobTokens, TokenRoles
+from paddlecloud.auth import CredentialError, JobTokens, ScalerToken, TokenRoles
 from paddlecloud.keys import JobKeys
 
 logger = logging.getLogger(__name__)
@@ -222,7 +223,8 @@ async def serve(config: MasterConfig) -> int:
     """Runs a master until SIGTERM/SIGINT; returns the process exit code."""
     try:
         job_tokens = JobTokens.load(Path(config.tokens_dir)) if config.tokens_dir else None
-        roles = TokenRoles(job_tokens, job=config.job) if job_tokens else None
+        scaler = ScalerToken(Path(config.scaler_token_file)) if config.scaler_token_file else None
+        roles = TokenRoles(job_tokens, job=config.job, scaler=scaler) if job_tokens else None
         credentials = _server_credentials(config.tls) if config.tls else None
     except (CredentialError, OSError) as error:
         logger.error("%s", error)

@@ -10,6 +10,14 @@ directory, mode 0600), one per role:
   session ids and attempts in `ListTasks`/`ListTrainers`, and all a viewer may;
 * **viewer** — `GetStatus`, the listings without session ids, the status page.
 
+A fourth role, **scaler**, is not one of a job's tokens (`JOB_ROLES` are; `JobTokens`
+never makes or loads a scaler token): it is the cluster autoscaler's one token, the same
+for every job it manages. A master reads it from `--scaler-token-file` (on Kubernetes the
+optional Secret `paddlecloud-scaler` of the job's namespace, which the admin puts there
+once) through `ScalerToken`, and accepts it for `GetStatus` and `ScaleTrainers` only: it
+can resize a job within its range and read its status, never register, finish, restart,
+or see a session id.
+
 **Sessions are bound to a credential.** Every trainer pod mounts the same Secret, so
 the trainer token says "a pod of this job", not "trainer 3". A per-session
 secret closes that gap: `RegisterTrainer` (authenticated with the trainer token)
@@ -33,7 +41,9 @@ those refuse a plaintext channel, and a local job on loopback uses tokens withou
 What this does NOT guarantee: anything against a holder of the trainer token
 registering a trainer id it does not own (that supersedes the owner's session: the
 Secret is shared by the job's own pods, which are trusted with their ids), nor
-secrecy of tokens sent over a plaintext channel off loopback (use TLS).
+against a holder of the scaler token resizing, within its range, every job whose
+namespace holds that token (one token for the cluster, by design: only the autoscaler's
+Secrets hold it), nor secrecy of tokens sent over a plaintext channel off loopback (use TLS).
 """
 
 from __future__ import annotations
@@ -64,6 +74,11 @@ class Role(enum.Enum):
     TRAINER = "trainer"
     OPERATOR = "operator"
     VIEWER = "viewer"
+    SCALER = "scaler"  # the cluster's autoscaler, not a job's: see JOB_ROLES
+
+
+# The roles of a job's own tokens: what `JobTokens` generates, writes, loads and maps.
+JOB_ROLES: tuple[Role, ...] = (Role.TRAINER, Role.OPERATOR, Role.VIEWER)
 
 
 class CredentialError(ValueError):
@@ -82,7 +97,9 @@ class Principal:
         return self.role is Role.OPERATOR
 
 
-def _read_token(path: Path) -> str:
+def read_token(path: Path) -> str:
+    """The token in a file (surrounding blanks stripped); CredentialError names a missing,
+    unreadable or empty file."""
     try:
         token = path.read_text().strip()
     except OSError as error:
@@ -102,14 +119,14 @@ class JobTokens:
 
     @classmethod
     def generate(cls) -> JobTokens:
-        return cls(*(secrets.token_urlsafe(32) for _ in Role))
+        return cls(*(secrets.token_urlsafe(32) for _ in JOB_ROLES))
 
     def of(self, role: Role) -> str:
         return getattr(self, role.value)
 
     def as_mapping(self) -> dict[str, str]:
         """{role name: token}: the data of the Kubernetes Secret, the files of `write()`."""
-        return {role.value: self.of(role) for role in Role}
+        return {role.value: self.of(role) for role in JOB_ROLES}
 
     def write(self, directory: Path) -> Path:
         """Writes one file per role (mode 0600) into `directory` (mode 0700); returns it."""
@@ -127,19 +144,71 @@ class JobTokens:
     def load(cls, directory: Path) -> JobTokens:
         if not directory.is_dir():
             raise CredentialError(f"tokens directory {directory} does not exist")
-        return cls(**{role.value: _read_token(directory / role.value) for role in Role})
+        return cls(**{role.value: read_token(directory / role.value) for role in JOB_ROLES})
+
+
+class ScalerToken:
+    """The autoscaler's token as a master accepts it: the file at `path`, read again whenever
+    it changes (inode, mtime or size: a Secret created or rotated after the master started
+    reaches the mounted file through the kubelet, and takes effect without a restart).
+
+    An absent, empty or unreadable file: no scaler token is accepted. The master says so in
+    its log once at start and once at each change, never per call. What this does NOT
+    guarantee: that a call racing a rotation sees the new token (the next one does).
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._seen: tuple[int, ...] | None = None  # the file's identity and times when last read
+        self._token: str | None = None
+        self._said = ""
+        self.current()
+
+    def current(self) -> str | None:
+        """The token now in the file; None when there is none (one stat per call)."""
+        try:
+            stat = self.path.stat()
+        except OSError as error:
+            self._seen, self._token = None, None
+            absent = isinstance(error, FileNotFoundError)
+            self._say(f"no scaler token in {self.path} ({'absent' if absent else error.strerror}): "
+                      "the autoscaler is refused", level=logging.INFO if absent else logging.WARNING)
+            return None
+        seen = (stat.st_ino, stat.st_ctime_ns, stat.st_mtime_ns, stat.st_size)
+        if seen != self._seen:
+            self._seen = seen
+            try:
+                self._token = self.path.read_text().strip() or None
+                why = "empty"
+            except OSError as error:
+                self._token, why = None, error.strerror
+            if self._token:
+                self._say(f"scaler token read from {self.path}: the autoscaler may call GetStatus "
+                          "and ScaleTrainers")
+            else:
+                self._say(f"no scaler token in {self.path} ({why}): the autoscaler is refused",
+                          level=logging.WARNING)
+        return self._token
+
+    def _say(self, message: str, *, level: int = logging.INFO) -> None:
+        """Logs `message` unless it is what was said last: once per change, never per call."""
+        if message != self._said:
+            self._said = message
+            logger.log(level, "%s", message)
 
 
 class TokenRoles:
-    """Maps a bearer token to a `Principal` (None: not one of this job's tokens).
+    """Maps a bearer token to a `Principal` (None: not one of this job's tokens, nor the scaler's).
 
     Comparisons are constant-time. A session token is valid only for the session it
-    names, and only for this job (the job name is in its HMAC).
+    names, and only for this job (the job name is in its HMAC). `scaler`, when given, is
+    the autoscaler's token file (`ScalerToken`).
     """
 
-    def __init__(self, tokens: JobTokens, *, job: str) -> None:
+    def __init__(self, tokens: JobTokens, *, job: str, scaler: ScalerToken | None = None) -> None:
         self._tokens = tokens
         self._job = job
+        self._scaler = scaler
         self._key = hashlib.sha256(b"paddlecloud-session-key|" + tokens.operator.encode()).digest()
 
     def session_token(self, session: int) -> str:
@@ -154,9 +223,12 @@ class TokenRoles:
         if token.startswith(SESSION_PREFIX):
             return self._session_principal(token)
         found = None
-        for role in Role:  # no early exit: the time taken does not say which role matched
+        for role in JOB_ROLES:  # no early exit: the time taken does not say which role matched
             if hmac.compare_digest(token.encode(), self._tokens.of(role).encode()):
                 found = Principal(role)
+        scaler = self._scaler.current() if self._scaler is not None else None
+        if scaler is not None and hmac.compare_digest(token.encode(), scaler.encode()) and found is None:
+            found = Principal(Role.SCALER)
         return found
 
     def _session_principal(self, token: str) -> Principal | None:
@@ -206,7 +278,7 @@ class ClientCredentials:
         if bool(cert) != bool(key):
             raise CredentialError(f"{ENV_CERT_FILE} and {ENV_KEY_FILE} go together")
         return cls(
-            token=_read_token(Path(token_file)) if token_file else None,
+            token=read_token(Path(token_file)) if token_file else None,
             ca=_read_bytes(ca, ENV_CA_FILE) if ca else None,
             cert=_read_bytes(cert, ENV_CERT_FILE) if cert else None,
             key=_read_bytes(key, ENV_KEY_FILE) if key else None,

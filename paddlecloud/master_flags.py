@@ -20,7 +20,8 @@ def master_flags(*, job: str, namespace: str, etcd_endpoints: str, port: int, ad
                  start_epoch: int | None = None, resume_from: str | None = None,
                  session_ttl: str | None = None, election_ttl: str | None = None,
                  metrics_port: int | None = None, trainers: tuple[int, int, int] | None = None,
-                 tokens_dir: str | None = None, tls_cert: str | None = None, tls_key: str | None = None,
+                 tokens_dir: str | None = None, scaler_token_file: str | None = None,
+                 tls_cert: str | None = None, tls_key: str | None = None,
                  extra: Sequence[str] = ()) -> list[str]:
     """The flags after `paddlecloud master`; None (or empty) leaves a flag to its default.
 
@@ -34,7 +35,8 @@ def master_flags(*, job: str, namespace: str, etcd_endpoints: str, port: int, ad
     flags += ["--port", str(port), "--advertise", advertise]
     optional = (("--metrics-port", metrics_port), ("--session-ttl", session_ttl),
                 ("--election-ttl", election_ttl), ("--start-epoch", start_epoch),
-                ("--tokens-dir", tokens_dir), ("--tls-cert", tls_cert), ("--tls-key", tls_key))
+                ("--tokens-dir", tokens_dir), ("--scaler-token-file", scaler_token_file),
+                ("--tls-cert", tls_cert), ("--tls-key", tls_key))
     flags += [arg for flag, value in optional if value is not None for arg in (flag, str(value))]
     if trainers is not None:
         desired, low, high = trainers

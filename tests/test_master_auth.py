@@ -1,4 +1,5 @@
-"""Who may call what on a master with tokens: the authorization matrix, and the forged finish.
+"""Who may call what on a master with tokens: the authorization matrix, the forged finish, and
+the cluster autoscaler's scaler token (GetStatus and ScaleTrainers, nothing else).
 
 Real master processes over real gRPC, a real etcd; the tokens are the job's files.
 """
@@ -6,6 +7,8 @@ Real master processes over real gRPC, a real etcd; the tokens are the job's file
 from __future__ import annotations
 
 import asyncio
+import os
+import secrets
 from pathlib import Path
 
 import grpc
@@ -14,8 +17,10 @@ from datasets import write_records
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from masters import pb, stub, wait_serving
+from waiting import wait_for
 
-from paddlecloud.auth import JobTokens, auth_metadata
+from master.authorization import denial
+from paddlecloud.auth import JOB_ROLES, JobTokens, Principal, Role, auth_metadata
 from paddlecloud.etcd import connect, read_range
 from paddlecloud.keys import JobKeys, prefix_range_end
 from paddlecloud.wire import duration
@@ -37,12 +42,15 @@ async def job_keys(endpoint: str, job: str) -> dict[bytes, tuple[int, bytes]]:
 
 
 class Secured:
-    """A master with tokens, its stub, and two registered trainers (victim and attacker)."""
+    """A master with tokens (and a scaler token file), its stub, and two registered trainers
+    (victim and attacker)."""
 
-    def __init__(self, master, tokens: JobTokens, other: JobTokens, channel: grpc.aio.Channel) -> None:
+    def __init__(self, master, tokens: JobTokens, other: JobTokens, channel: grpc.aio.Channel, *,
+                 scaler: str) -> None:
         self.proc = master
         self.tokens = tokens
         self.other = other
+        self.scaler = scaler
         self.stub = stub(channel)
         self.sessions: dict[str, tuple[int, str]] = {}
 
@@ -60,11 +68,14 @@ async def secured(tmp_path, start_master):
     tokens = JobTokens.generate()
     tokens.write(tmp_path / "tokens")
     other = JobTokens.generate()  # another job's tokens
+    scaler = secrets.token_urlsafe(32)  # the cluster autoscaler's, as the Secret paddlecloud-scaler holds it
+    (tmp_path / "scaler").write_text(scaler + "\n")
     proc = start_master("--input", str(tmp_path / "data"), "--epochs", "2",
-                        "--tokens-dir", str(tmp_path / "tokens"))
+                        "--tokens-dir", str(tmp_path / "tokens"), "--scaler-token-file", str(tmp_path / "scaler"),
+                        "--trainers", "2", "--min-trainers", "1", "--max-trainers", "4")
     await wait_serving(proc.address, process=proc)
     async with grpc.aio.insecure_channel(proc.address) as channel:
-        s = Secured(proc, tokens, other, channel)
+        s = Secured(proc, tokens, other, channel, scaler=scaler)
         await s.register("victim")
         await s.register("attacker")
         yield s
@@ -113,11 +124,12 @@ async def test_authorization_matrix(secured, etcd_endpoint, job_name):
         "SetDataset": lambda: s.stub.SetDataset(pb.SetDatasetRequest(
             dataset=pb.DatasetSpec(paths=["/etc/*.conf"])), metadata=m),
         "RestartEpoch": lambda: s.stub.RestartEpoch(pb.RestartEpochRequest(epoch=0), metadata=m),
+        "ScaleTrainers": lambda: s.stub.ScaleTrainers(pb.ScaleTrainersRequest(trainers=3), metadata=m),
     }
     # who -> the token it presents; "own" is the victim's session token for session RPCs,
-    # the job's trainer token for the others
+    # the job's trainer token for the others; "scaler" the cluster autoscaler's token
     who = {"none": None, "other job": s.other.operator, "other session": attacker_token,
-           "operator": s.tokens.operator}
+           "operator": s.tokens.operator, "viewer": s.tokens.viewer, "scaler": s.scaler}
     expected_denied = {  # every refusal, which must change nothing
         **{(rpc, "none"): UNAUTH for rpc in [*session_rpcs, *other_rpcs]},
         **{(rpc, "other job"): UNAUTH for rpc in [*session_rpcs, *other_rpcs]},
@@ -128,6 +140,12 @@ async def test_authorization_matrix(secured, etcd_endpoint, job_name):
         ("RestartEpoch", "other session"): DENIED,
         ("SetDataset", "own"): DENIED,
         ("RestartEpoch", "own"): DENIED,
+        ("ScaleTrainers", "other session"): DENIED,
+        ("ScaleTrainers", "own"): DENIED,
+        **{(rpc, "viewer"): DENIED for rpc in ("SetDataset", "RestartEpoch", "ScaleTrainers")},
+        # the scaler: GetStatus and ScaleTrainers only (below), no listing, no session, no restart
+        **{(rpc, "scaler"): DENIED for rpc in [*session_rpcs, *other_rpcs]
+           if rpc not in ("GetStatus", "ScaleTrainers")},
     }
     before = await job_keys(etcd_endpoint, job_name)
     for (rpc, caller), code in expected_denied.items():
@@ -150,6 +168,95 @@ async def test_authorization_matrix(secured, etcd_endpoint, job_name):
         assert await code_of(session_rpcs[rpc]()) == OK, rpc
     m = auth_metadata(s.tokens.operator)
     assert await code_of(other_rpcs["RestartEpoch"]()) == OK
+    assert await code_of(other_rpcs["ScaleTrainers"]()) == OK
+    m = auth_metadata(s.scaler)
+    for rpc in ("GetStatus", "ScaleTrainers"):
+        assert await code_of(other_rpcs[rpc]()) == OK, rpc
+
+
+def test_the_scaler_token_is_denied_every_master_rpc_but_getstatus_and_scaletrainers():
+    """Over the Master service as it is (an RPC added later is the operator's, not the scaler's)."""
+    rpcs = {method.name for method in pb.DESCRIPTOR.services_by_name["Master"].methods}
+    allowed = {rpc for rpc in rpcs if denial(rpc, Principal(Role.SCALER)) is None}
+    assert allowed == {"GetStatus", "ScaleTrainers"}
+    assert "is not for the scaler token" in denial("ListTrainers", Principal(Role.SCALER))
+    assert "operator" in denial("ScaleTrainers", Principal(Role.VIEWER))
+
+
+def test_a_scaler_token_is_not_one_of_a_jobs_tokens(tmp_path):
+    tokens = JobTokens.generate()
+    assert set(tokens.as_mapping()) == {"trainer", "operator", "viewer"} == {r.value for r in JOB_ROLES}
+    directory = tokens.write(tmp_path / "tokens")
+    assert sorted(p.name for p in directory.iterdir()) == ["operator", "trainer", "viewer"]
+    assert JobTokens.load(directory) == tokens
+
+
+async def test_the_scaler_token_scales_a_real_master_through_the_jobs_scale_path(
+        secured, etcd_endpoint, job_name, monkeypatch):
+    """`paddlecloud.k8s.jobs.scale_trainers` (the autoscaler's call) with the scaler token: the
+    size is written to etcd; the same call with another token changes nothing."""
+    from paddlecloud.k8s.jobs import fetch_master_status, scale_trainers
+
+    for name in ("PADDLE_JOB_TOKEN_FILE", "PADDLE_MASTER_CA_FILE"):  # the token given is the one sent
+        monkeypatch.delenv(name, raising=False)
+    s = secured
+    desired = JobKeys("local", job_name).trainers_desired
+    reply = await asyncio.to_thread(scale_trainers, s.proc.address, 3, timeout=10, token=s.scaler)
+    assert (reply.min_trainers, reply.max_trainers, reply.desired_trainers) == (1, 4, 3)
+    assert (await job_keys(etcd_endpoint, job_name))[desired][1] == b"3"
+    status = await asyncio.to_thread(fetch_master_status, s.proc.address, timeout=10, token=s.scaler)
+    assert (status.min_trainers, status.max_trainers, status.desired_trainers) == (1, 4, 3)
+    before = await job_keys(etcd_endpoint, job_name)
+    for token, code in ((secrets.token_urlsafe(32), UNAUTH), (s.other.operator, UNAUTH),
+                        (s.tokens.viewer, DENIED), (s.tokens.trainer, DENIED)):
+        with pytest.raises(grpc.RpcError) as refused:
+            await asyncio.to_thread(scale_trainers, s.proc.address, 2, timeout=10, token=token)
+        assert refused.value.code() == code
+    assert await job_keys(etcd_endpoint, job_name) == before
+
+
+async def test_a_scaler_token_file_is_read_when_it_appears_and_when_it_changes(tmp_path, start_master):
+    """On Kubernetes the Secret may be made after the job started, and rotated: the master
+    re-reads the file when it changes, and says once (not per call) that it has none."""
+    JobTokens.generate().write(tmp_path / "tokens")
+    path = tmp_path / "scaler" / "token"  # the optional Secret's mount: empty until it exists
+    proc = start_master("--tokens-dir", str(tmp_path / "tokens"), "--scaler-token-file", str(path),
+                        "--trainers", "2", "--min-trainers", "1", "--max-trainers", "4")
+    await wait_serving(proc.address, process=proc)
+    first, second = secrets.token_urlsafe(32), secrets.token_urlsafe(32)
+
+    def scale(token: str, trainers: int):
+        return s.ScaleTrainers(pb.ScaleTrainersRequest(trainers=trainers), metadata=auth_metadata(token))
+
+    async with grpc.aio.insecure_channel(proc.address) as channel:
+        s = stub(channel)
+        for _ in range(3):
+            assert await code_of(scale(first, 3)) == UNAUTH
+        assert proc.log().count(f"no scaler token in {path} (absent)") == 1
+        path.parent.mkdir()
+        path.write_text(first + "\n")
+        assert (await scale(first, 3)).desired_trainers == 3
+        await wait_for(lambda: f"scaler token read from {path}" in proc.log(), message="the read said")
+        staged = path.with_name("..new")  # rotated as the kubelet does: a new file renamed over it
+        staged.write_text(second)
+        os.replace(staged, path)
+        assert await code_of(scale(first, 2)) == UNAUTH
+        assert (await scale(second, 2)).desired_trainers == 2
+        path.write_text("")
+        assert await code_of(scale(second, 1)) == UNAUTH
+        await wait_for(lambda: f"no scaler token in {path} (empty)" in proc.log(), message="the empty file said")
+    assert proc.log().count(f"no scaler token in {path} (absent)") == 1
+
+
+def test_a_scaler_token_file_without_tokens_is_a_usage_error():
+    from click.testing import CliRunner
+
+    from paddlecloud.cli import main
+
+    result = CliRunner().invoke(main, ["master", "--job", "j", "--etcd-endpoints", "http://127.0.0.1:1",
+                                       "--scaler-token-file", "/run/scaler/token"])
+    assert result.exit_code == 2
+    assert "--scaler-token-file /run/scaler/token needs --tokens-dir" in result.output
 
 
 async def test_forged_finish_is_denied_and_changes_nothing(secured, etcd_endpoint, job_name):

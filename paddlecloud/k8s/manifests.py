@@ -86,6 +86,12 @@ RUN_AS_USER = 10001  # high, so no host user shares it
 # Names and paths.
 SERVICE_ACCOUNT = "paddlecloud-master"
 TOKENS_MOUNT = "/var/run/paddlecloud/tokens"  # the job's tokens Secret (paddlecloud.auth)
+# The cluster autoscaler's token (paddlecloud.auth.ScalerToken): one Secret per namespace, put
+# there by the admin (deploy/autoscaler.yaml), mounted by every master as optional, so a
+# namespace without it still runs jobs (their masters then refuse the autoscaler).
+SCALER_SECRET = "paddlecloud-scaler"
+SCALER_KEY = "token"
+SCALER_MOUNT = "/var/run/paddlecloud/scaler"
 SPEC_MOUNT = "/etc/paddlecloud"
 SPEC_KEY = "job.yaml"
 PACKAGE_MOUNT = "/opt/paddlecloud/package"
@@ -850,6 +856,7 @@ def master_command(spec: JobSpec) -> list[str]:
         chunk_bytes=spec.chunk_bytes,
         # a job started again on the same output resumes after its checkpoint
         resume_from=checkpoints_dir(spec.output) if spec.output else None, tokens_dir=TOKENS_MOUNT,
+        scaler_token_file=f"{SCALER_MOUNT}/{SCALER_KEY}",
         extra=("--deployer", "kubernetes", "--job-spec", f"{SPEC_MOUNT}/{SPEC_KEY}"),
     )
     return ["paddlecloud", "master", *flags]
@@ -862,10 +869,14 @@ def master_deployment(spec: JobSpec) -> Manifest:
     routes to the leader; liveness is a TCP check, so a standby (NOT_SERVING) lives.
     """
     mounts = [{"name": "job-spec", "mountPath": SPEC_MOUNT, "readOnly": True},
-              {"name": "job-tokens", "mountPath": TOKENS_MOUNT, "readOnly": True}]
+              {"name": "job-tokens", "mountPath": TOKENS_MOUNT, "readOnly": True},
+              {"name": "scaler-token", "mountPath": SCALER_MOUNT, "readOnly": True}]
     volumes: list[dict[str, Any]] = [
         {"name": "job-spec", "configMap": {"name": spec_configmap_name(spec.name)}},
         _token_volume(spec, only_trainer=False),
+        {"name": "scaler-token", "secret": {"secretName": SCALER_SECRET, "optional": True,
+                                            "defaultMode": 0o400,
+                                            "items": [{"key": SCALER_KEY, "path": SCALER_KEY}]}},
     ]
     if etcd_uses_tls(spec):
         mounts.append(_etcd_tls_mount())
@@ -946,6 +957,11 @@ def master_service(spec: JobSpec, owner: Mapping[str, Any] | None) -> Manifest:
 
 
 MASTER_CLIENT_LABEL = "paddlecloud.org/master-client"  # "true": may call any job's master (gRPC)
+# The autoscaler's pods (deploy/autoscaler.yaml), which call every job's master from their own
+# namespace: GetStatus and ScaleTrainers, with the scaler token.
+AUTOSCALER_NAMESPACE = "paddlecloud-system"
+AUTOSCALER_LABELS = {APP_LABEL: APP_NAME, "app.kubernetes.io/component": "autoscaler"}
+NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"  # set by the API server on every namespace
 
 
 def network_policies(spec: JobSpec, owner: Mapping[str, Any] | None) -> list[Manifest]:
@@ -954,7 +970,8 @@ def network_policies(spec: JobSpec, owner: Mapping[str, Any] | None) -> list[Man
     `NAME-internal`: the job's pods reach each other on any port (pservers, collective and
     gloo rendezvous, NCCL's own ports, the master's gRPC); nothing else reaches trainers,
     pservers or heters. `NAME-master`: besides, the master's gRPC port from pods labelled
-    `paddlecloud.org/master-client: "true"` (the job server, the operator) and its
+    `paddlecloud.org/master-client: "true"` of the job's namespace (the job server, the
+    operator), and from the autoscaler's pods in `paddlecloud-system`, and its
     status/metrics port from the job's namespace. Needs a CNI that enforces NetworkPolicy.
     """
     def policy(name: str, pod_selector: dict[str, str], ingress: list[dict[str, Any]]) -> Manifest:
@@ -970,7 +987,9 @@ def network_policies(spec: JobSpec, owner: Mapping[str, Any] | None) -> list[Man
     return [
         policy(f"{spec.name}-internal", job_pods, [{"from": [{"podSelector": {"matchLabels": job_pods}}]}]),
         policy(master_name(spec.name), selector(spec, MASTER), [
-            {"from": [{"podSelector": {"matchLabels": {MASTER_CLIENT_LABEL: "true"}}}],
+            {"from": [{"podSelector": {"matchLabels": {MASTER_CLIENT_LABEL: "true"}}},
+                      {"namespaceSelector": {"matchLabels": {NAMESPACE_NAME_LABEL: AUTOSCALER_NAMESPACE}},
+                       "podSelector": {"matchLabels": dict(AUTOSCALER_LABELS)}}],
              "ports": [{"protocol": "TCP", "port": MASTER_PORT}]},
             {"from": [{"podSelector": {}}], "ports": [{"protocol": "TCP", "port": METRICS_PORT}]},
         ]),

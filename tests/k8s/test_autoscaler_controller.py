@@ -153,6 +153,9 @@ class FakeMaster(pb_grpc.MasterServicer):
     def __init__(self, sim: Sim, name: str, *, lo: int, hi: int, size: int) -> None:
         self.sim, self.name, self.lo, self.hi, self.size = sim, name, lo, hi, size
         self.scaled_by: list[tuple[int, str]] = []  # (size, the caller's token)
+        self.asked_by: set[str] = set()  # the tokens GetStatus came with
+        self.asked = 0  # GetStatus calls answered or refused
+        self.accepts: str | None = None  # a token: every other one is refused, as a real master does
         self.server = grpc.aio.server()
         pb_grpc.add_MasterServicer_to_server(self, self.server)
         self.address = f"127.0.0.1:{self.server.add_insecure_port('127.0.0.1:0')}"
@@ -164,18 +167,29 @@ class FakeMaster(pb_grpc.MasterServicer):
         await self.server.stop(None)
 
     async def GetStatus(self, request: Any, context: Any) -> Any:
+        self.asked += 1
+        self.asked_by.add(_token(context))
+        await self.check_token(context)
         return pb.GetStatusResponse(job=self.name, namespace=NS, min_trainers=self.lo,
                                     max_trainers=self.hi, desired_trainers=self.size)
+
+    async def check_token(self, context: Any) -> None:
+        if self.accepts is not None and _token(context) != self.accepts:
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "no valid token of this job")
 
     async def ScaleTrainers(self, request: Any, context: Any) -> Any:
         if not self.lo <= request.trainers <= self.hi:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{request.trainers} outside the range")
-        token = dict(context.invocation_metadata()).get("authorization", "")
-        self.scaled_by.append((request.trainers, token.removeprefix("Bearer ")))
+        await self.check_token(context)
+        self.scaled_by.append((request.trainers, _token(context)))
         self.size = request.trainers
         await self.sim.follow(self.name, self.size)
         return pb.ScaleTrainersResponse(min_trainers=self.lo, max_trainers=self.hi,
                                         desired_trainers=self.size)
+
+
+def _token(context: Any) -> str:
+    return dict(context.invocation_metadata()).get("authorization", "").removeprefix("Bearer ")
 
 
 @pytest.fixture
@@ -323,6 +337,42 @@ async def test_dry_run_prints_the_plan_and_changes_nothing(sim, api_client, kube
     assert_autoscaler_rights(sim.k8s)
 
 
+async def test_the_scaler_token_file_it_is_given_goes_with_every_call_to_the_masters(
+        sim, api_client, kubeconfig, tmp_path, monkeypatch):
+    monkeypatch.delenv("PADDLE_JOB_TOKEN_FILE", raising=False)
+    sim.add_node("n1")
+    master = await sim.add_job("a", lo=1, hi=4, size=1)
+    token_file = tmp_path / "scaler" / "token"  # as deploy/autoscaler.yaml mounts the Secret
+    token_file.parent.mkdir()
+    token_file.write_text("the-scaler-token\n")
+    args = ["autoscaler", "--once", "--kubeconfig", kubeconfig, "--master-address", master.address,
+            "--max-load-desired", "1", "--scaler-token-file", str(token_file)]
+    result = await asyncio.to_thread(CliRunner().invoke, main, args)
+    assert result.exit_code == 0, result.output
+    assert master.asked_by == {"the-scaler-token"}
+    assert master.scaled_by == [(4, "the-scaler-token")] and sim.running("a") == 4
+    token_file.unlink()
+    missing = await asyncio.to_thread(CliRunner().invoke, main, args)
+    assert missing.exit_code == 2 and f"cannot read token file {token_file}" in missing.output
+    assert master.scaled_by == [(4, "the-scaler-token")]
+
+
+async def test_a_master_refusing_the_token_is_not_planned_and_said_once_until_it_accepts(sim, caplog):
+    sim.add_node("n1")
+    master = await sim.add_job("a", lo=1, hi=4, size=1)
+    master.accepts = "the-namespaces-token"
+    replica = Replica(sim)
+    replica.controller.settings = Settings(**{**SETTINGS.__dict__, "token": "the-autoscalers-token"})
+    async with replica:
+        await sim.k8s.wait_for(lambda: master.asked >= 4, what="four rounds refused")
+        assert master.size == 1 and master.scaled_by == []
+        assert caplog.text.count("job ml/a: its master refused our scaler token (UNAUTHENTICATED)") == 1
+        assert "paddlecloud-scaler of namespace ml" in caplog.text
+        master.accepts = "the-autoscalers-token"  # the admin put the right token in
+        await sim.k8s.wait_for(lambda: master.size == 4, what="a grown once its master accepts us")
+    assert master.scaled_by == [(4, "the-autoscalers-token")]
+
+
 async def test_of_two_replicas_only_the_lease_holder_acts_and_the_other_takes_over(sim, api_client):
     sim.add_node("n1")
     master = await sim.add_job("a", lo=1, hi=8, size=1)
@@ -449,7 +499,11 @@ def test_the_autoscaler_manifest_is_strictly_valid_hardened_and_least_privilege(
     assert f"--lease-name={LEASE}" in container["args"]
     hardened = container["securityContext"]
     assert hardened["allowPrivilegeEscalation"] is False and hardened["capabilities"] == {"drop": ["ALL"]}
-    assert {e["name"] for e in container["env"]} >= {"POD_NAME", "POD_NAMESPACE", "PADDLECLOUD_MASTER_TOKEN"}
+    assert {e["name"] for e in container["env"]} >= {"POD_NAME", "POD_NAMESPACE"}
+    mount = next(m for m in container["volumeMounts"] if m["name"] == "scaler-token")
+    assert f"--scaler-token-file={mount['mountPath']}/token" in container["args"]
+    assert next(v for v in pod["volumes"] if v["name"] == "scaler-token")["secret"]["secretName"] == \
+        manifests.SCALER_SECRET
 
 
 async def test_a_volcano_ps_job_keeps_min_member_at_its_min_through_every_scale(k8s, api_client):

@@ -1,0 +1,145 @@
+"""The scaler token on Kubernetes: the master mounts the optional Secret `paddlecloud-scaler`
+of its namespace, the autoscaler mounts its own, and the job's NetworkPolicies let the
+autoscaler's pods (and only those, besides the job's own and the master clients) reach the
+master's gRPC port.
+
+The NetworkPolicies are read by a small evaluator of their rules as the API documents them
+(a peer without a namespaceSelector is of the policy's namespace; selectors are ANDed; a
+pod is reachable when any policy that selects it admits the peer on that port).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from paddlecloud.jobspec import JobSpec
+from paddlecloud.k8s import manifests
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _docs(name: str) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all((REPO / "deploy" / name).read_text()) if d]
+
+
+def _deployment(name: str) -> dict[str, Any]:
+    return next(d for d in _docs(name) if d["kind"] == "Deployment")
+
+
+def _matches(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    assert set(selector) <= {"matchLabels"}, selector  # all paddlecloud renders
+    return all(labels.get(k) == v for k, v in (selector.get("matchLabels") or {}).items())
+
+
+def reachable(policies: list[dict[str, Any]], *, target: dict[str, str], port: int,
+              source_namespace: str, source: dict[str, str]) -> bool:
+    """Whether a pod labelled `source` in `source_namespace` may connect to `port` of a pod
+    labelled `target` (in the policies' namespace) under these NetworkPolicies."""
+    selecting = [p for p in policies if _matches(p["spec"]["podSelector"], target)]
+    assert selecting, f"no policy selects {target}: everything could reach it"
+    namespace_labels = {manifests.NAMESPACE_NAME_LABEL: source_namespace}
+    for policy in selecting:
+        for rule in policy["spec"]["ingress"]:
+            if "ports" in rule and not any(p["port"] == port for p in rule["ports"]):
+                continue
+            for peer in rule["from"]:
+                if "namespaceSelector" in peer:
+                    in_namespace = _matches(peer["namespaceSelector"], namespace_labels)
+                else:
+                    in_namespace = source_namespace == policy["metadata"]["namespace"]
+                if in_namespace and _matches(peer.get("podSelector", {}), source):
+                    return True
+    return False
+
+
+def _pod_labels(deployment: dict[str, Any]) -> dict[str, str]:
+    return deployment["spec"]["template"]["metadata"]["labels"]
+
+
+def test_the_master_mounts_the_namespaces_scaler_secret_as_optional_and_reads_it():
+    spec = JobSpec(name="ctr", namespace="team-a", module="m", trainers=2, min_trainers=1, max_trainers=4)
+    master = manifests.master_deployment(spec)
+    for version in ("1.28", kubernetes_validate.latest_version()):
+        kubernetes_validate.validate(master, version, strict=True)
+    pod = master["spec"]["template"]["spec"]
+    volume = next(v for v in pod["volumes"] if v["name"] == "scaler-token")
+    assert volume["secret"] == {"secretName": "paddlecloud-scaler", "optional": True, "defaultMode": 0o400,
+                                "items": [{"key": "token", "path": "token"}]}
+    container = pod["containers"][0]
+    mount = next(m for m in container["volumeMounts"] if m["name"] == "scaler-token")
+    assert mount == {"name": "scaler-token", "mountPath": "/var/run/paddlecloud/scaler", "readOnly": True}
+    command = container["command"]
+    assert command[command.index("--scaler-token-file") + 1] == "/var/run/paddlecloud/scaler/token"
+    assert "--tokens-dir" in command  # the master accepts the scaler only beside the job's tokens
+    assert pod["securityContext"]["fsGroup"] == manifests.RUN_AS_USER  # the 0400 file readable by it
+    # trainers and pservers never see it
+    for workload in (manifests.trainer_job(spec, None), manifests.pserver_statefulset(
+            JobSpec(name="ctr", namespace="team-a", module="m", pservers=1), None)):
+        names = {v.get("secret", {}).get("secretName") for v in workload["spec"]["template"]["spec"]["volumes"]}
+        assert "paddlecloud-scaler" not in names
+
+
+def test_the_autoscaler_mounts_the_same_secret_of_its_namespace_and_passes_the_file():
+    deployment = _deployment("autoscaler.yaml")
+    assert deployment["metadata"]["namespace"] == manifests.AUTOSCALER_NAMESPACE
+    assert _pod_labels(deployment).items() >= manifests.AUTOSCALER_LABELS.items()
+    pod = deployment["spec"]["template"]["spec"]
+    volume = next(v for v in pod["volumes"] if v["name"] == "scaler-token")
+    # not optional: an autoscaler without the token could scale nothing
+    assert volume["secret"]["secretName"] == manifests.SCALER_SECRET and "optional" not in volume["secret"]
+    assert volume["secret"]["items"] == [{"key": manifests.SCALER_KEY, "path": "token"}]
+    container = pod["containers"][0]
+    mount = next(m for m in container["volumeMounts"] if m["name"] == "scaler-token")
+    assert f"--scaler-token-file={mount['mountPath']}/token" in container["args"]
+    assert pod["securityContext"]["fsGroup"] == pod["securityContext"]["runAsUser"]
+    assert not any("TOKEN" in e["name"] for e in container["env"])  # a file, not an env value
+    header = (REPO / "deploy" / "autoscaler.yaml").read_text().split("\n---", 1)[0]
+    assert "kubectl -n $ns create secret generic paddlecloud-scaler --from-file=token=" in header
+
+
+@pytest.fixture
+def policies() -> list[dict[str, Any]]:
+    spec = JobSpec(name="ctr", namespace="default", module="m", trainers=2, pservers=1)
+    found = manifests.network_policies(spec, manifests.owner_reference("ctr", "uid-1"))
+    for policy in found:
+        for version in ("1.28", kubernetes_validate.latest_version()):
+            kubernetes_validate.validate(policy, version, strict=True)
+    return found
+
+
+def test_the_autoscaler_reaches_the_masters_grpc_port_and_nothing_else(policies):
+    spec = JobSpec(name="ctr", namespace="default", module="m")
+    master = manifests.labels(spec, manifests.MASTER)
+    autoscaler = _pod_labels(_deployment("autoscaler.yaml"))
+    home = manifests.AUTOSCALER_NAMESPACE
+
+    def can(target: dict[str, str], port: int, namespace: str, source: dict[str, str]) -> bool:
+        return reachable(policies, target=target, port=port, source_namespace=namespace, source=source)
+
+    assert can(master, manifests.MASTER_PORT, home, autoscaler)
+    assert not can(master, manifests.METRICS_PORT, home, autoscaler)
+    for role in (manifests.TRAINER, manifests.PSERVER):
+        assert not can(manifests.labels(spec, role), manifests.MASTER_PORT, home, autoscaler)
+    # its labels elsewhere, or its namespace without its labels, are not the autoscaler
+    assert not can(master, manifests.MASTER_PORT, "team-b", autoscaler)
+    assert not can(master, manifests.MASTER_PORT, home, {manifests.APP_LABEL: manifests.APP_NAME})
+
+
+def test_the_operator_the_job_server_and_the_jobs_pods_still_reach_the_master(policies):
+    spec = JobSpec(name="ctr", namespace="default", module="m")
+    master = manifests.labels(spec, manifests.MASTER)
+    for name in ("operator.yaml", "job-server.yaml"):
+        deployment = _deployment(name)
+        assert reachable(policies, target=master, port=manifests.MASTER_PORT,
+                         source_namespace=deployment["metadata"]["namespace"],
+                         source=_pod_labels(deployment)), name
+    for role in (manifests.TRAINER, manifests.PSERVER):
+        assert reachable(policies, target=master, port=manifests.MASTER_PORT, source_namespace="default",
+                         source=manifests.labels(spec, role)), role
+    assert not reachable(policies, target=master, port=manifests.MASTER_PORT, source_namespace="default",
+                         source={"app": "someone-else"})
