@@ -165,6 +165,7 @@ class SeriesModel(BaseModel):
     trainers_alive: list[int]
     trainer_restarts: list[int]
     group_restarts: list[float] = Field(description="RestartEpoch calls per second")
+    resizes: list[float] = Field(description="ScaleTrainers calls that changed the desired size, per second")
 
 
 def schema() -> dict:
@@ -185,25 +186,28 @@ class Recorder:
         self.alive: deque[int] = deque(maxlen=history)
         self.trainer_restarts: deque[int] = deque(maxlen=history)
         self.group_restarts: deque[float] = deque(maxlen=history)
+        self.resizes: deque[float] = deque(maxlen=history)
         self.first_seen: dict[int, float] = {}    # session -> monotonic time first seen
         self.sessions: dict[str, int] = {}        # trainer -> the last session seen of it
         self.restarts: dict[str, int] = {}        # trainer -> new sessions of it seen
-        self._last: tuple[float, dict[str, float], float] | None = None
+        self._last: tuple[float, dict[str, float], float, float] | None = None
 
     def sample(self, trainers: list[inspection.TrainerView] | None) -> None:
         """Takes one sample: the counters' increase since the last, and the live sessions."""
+        self.end = time.time()  # before the reads: a sample ending after t holds all counted before t
         finished = metrics.counter_values(metrics.FINISHES).get("", 0.0)
         requeues = metrics.counter_values(metrics.REQUEUES)
         restarts = metrics.counter_values(metrics.EPOCH_RESTARTS).get("", 0.0)
-        last = self._last or (finished, requeues, restarts)
-        self._last = (finished, requeues, restarts)
-        self.end = time.time()
+        resizes = sum(metrics.counter_values(metrics.RESIZES).values())  # up and down alike
+        last = self._last or (finished, requeues, restarts, resizes)
+        self._last = (finished, requeues, restarts, resizes)
         self.finished.append(finished - last[0])
         for cause in requeues.keys() - self.requeues.keys():
             self.requeues[cause] = deque([0.0] * (len(self.finished) - 1), maxlen=self.history)
         for cause, ring in self.requeues.items():
             ring.append(requeues.get(cause, 0.0) - last[1].get(cause, 0.0))
         self.group_restarts.append(restarts - last[2])
+        self.resizes.append(resizes - last[3])
         self.alive.append(len(trainers) if trainers is not None else 0)
         self.trainer_restarts.append(self._see_sessions(trainers or []))
 
@@ -228,7 +232,7 @@ class Recorder:
                            requeues={c: list(r) for c, r in self.requeues.items()},
                            trainers_alive=list(self.alive),
                            trainer_restarts=list(self.trainer_restarts),
-                           group_restarts=list(self.group_restarts))
+                           group_restarts=list(self.group_restarts), resizes=list(self.resizes))
 
 
 # ---- the application ------------------------------------------------------------------------

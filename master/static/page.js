@@ -163,7 +163,8 @@ function renderSeries(s) {
   legend.replaceChildren(...causes.map((c, k) => el("span", " " + c, "k" + (k % COLORS.length))));
   plot("plot-alive", [{ name: "alive", values: s.trainers_alive }]);
   plot("plot-restarts", [{ name: "trainers", values: s.trainer_restarts },
-                          { name: "groups", values: s.group_restarts }]);
+                          { name: "groups", values: s.group_restarts },
+                          { name: "resizes", values: s.resizes }]);
 }
 
 async function refresh() {
