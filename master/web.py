@@ -2,9 +2,10 @@
 and Prometheus' `/metrics` (DESIGN §11).
 
 One aiohttp application on the master's own event loop. Handlers read the job
-only through `master.inspection`'s read-only views and answer from memory (one
-etcd read, the pservers, per `/api/job`), so a page open in a browser costs the
-loop a few milliseconds a second. A `Recorder`, a background task owned by the
+only through `master.inspection`'s read-only views and answer from memory (two
+etcd requests per `/api/job`: the pservers, on a leader, and the masters present,
+leader and standbys, from their presence keys: `master.presence`), so a page open
+in a browser costs the loop a few milliseconds a second. A `Recorder`, a background task owned by the
 `StatusPage` (named, cancelled on `stop()`), samples the master's counters every
 second into ring buffers of an hour: the page's plots.
 
@@ -29,13 +30,14 @@ import importlib.resources
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Literal
 
 from aiohttp import web
 from pydantic import BaseModel, Field
 
 from master import inspection, metrics
+from master.presence import MasterPresence
 from paddlecloud.aio import cancel_and_wait
 
 if TYPE_CHECKING:
@@ -47,6 +49,10 @@ SAMPLE_PERIOD = 1.0        # seconds between two samples of the counters
 HISTORY = 3600             # samples kept: an hour
 FAILED_TASKS_SHOWN = 100   # failed tasks listed on the page at most
 CAUSES = ("expiry", "leave", "superseded", "failure", "deadline", "return")
+MASTERS_READ_TIMEOUT = 2.0  # seconds the page waits for etcd's list of masters
+
+# The leader key's value and the masters present (`master.presence.read_masters`, bound).
+MastersReader = Callable[[], Awaitable[tuple[str | None, list[MasterPresence]]]]
 
 OPERATOR, VIEWER, TRAINER = "operator", "viewer", "trainer"
 ROLES = (OPERATOR, VIEWER, TRAINER)
@@ -133,6 +139,14 @@ class FailedTaskModel(BaseModel):
     reasons: list[ReasonModel]
 
 
+class MasterModel(BaseModel):
+    advertise: str = Field(description="the master's --advertise address")
+    role: Literal["leader", "standby"] = Field(description="leader: its address is the leader key's value")
+    page: str = Field(description="its status page's URL (as it sees itself); empty when it serves none")
+    started: float = Field(description="when its process started (wall clock)")
+    this: bool = Field(description="the master that answers this request")
+
+
 class JobModel(BaseModel):
     job: str
     namespace: str
@@ -148,6 +162,9 @@ class JobModel(BaseModel):
     requeued: int = 0
     trainers_alive: int = 0
     pservers: list[str] = Field(default_factory=list)
+    masters: list[MasterModel] = Field(
+        default_factory=list, description="every live master, from its presence key in etcd (a dead "
+        "one goes within its election TTL); empty when etcd did not answer")
     epochs: list[EpochModel] = Field(default_factory=list)
     trainers: list[TrainerModel] = Field(default_factory=list)
     failed_tasks: list[FailedTaskModel] = Field(default_factory=list)
@@ -243,10 +260,12 @@ class StatusPage:
 
     def __init__(self, *, job: str, namespace: str, advertise: str,
                  dispatcher: Callable[[], Dispatcher | None], leader_hint: Callable[[], str | None],
-                 tokens: Mapping[str, str] | None = None) -> None:
+                 masters: MastersReader | None = None, tokens: Mapping[str, str] | None = None) -> None:
         self.job, self.namespace, self.advertise = job, namespace, advertise
         self.dispatcher = dispatcher
         self.leader_hint = leader_hint
+        self.read_masters = masters
+        self._masters_failing = False
         self.tokens = dict(tokens or {})
         bad = {role for role in self.tokens.values() if role not in ROLES}
         if bad:
@@ -316,11 +335,30 @@ class StatusPage:
     async def _job(self, request: web.Request) -> web.Response:
         return _json(await self.job_model(operator=request[ROLE] == OPERATOR))
 
+    async def masters(self) -> list[MasterModel]:
+        """Every master present in etcd with its role (one etcd request); [] when etcd does not
+        answer in time (said once in the log until it answers again) or no reader was given."""
+        if self.read_masters is None:
+            return []
+        try:
+            leader, present = await asyncio.wait_for(self.read_masters(), MASTERS_READ_TIMEOUT)
+        except Exception as error:
+            if not self._masters_failing:
+                logger.warning("the status page cannot list the masters: %s: %s",
+                               type(error).__name__, error)
+            self._masters_failing = True
+            return []
+        self._masters_failing = False
+        return [MasterModel(advertise=m.advertise, role="leader" if m.advertise == leader else "standby",
+                            page=m.page, started=m.started, this=m.advertise == self.advertise)
+                for m in present]
+
     async def job_model(self, *, operator: bool) -> JobModel:
         """The page's job panel, as this master knows it now."""
         d = self.dispatcher()
         common = dict(job=self.job, namespace=self.namespace, this_master=self.advertise,
                       viewer_role=OPERATOR if operator else VIEWER, at=time.time(),
+                      masters=await self.masters(),
                       finished_total=metrics.counter_values(metrics.FINISHES).get("", 0.0),
                       requeues_total=metrics.counter_values(metrics.REQUEUES))
         if d is None:
@@ -356,4 +394,4 @@ def _json(model: BaseModel) -> web.Response:
                         content_type="application/json", headers={"Cache-Control": "no-store"})
 
 
-__all__ = ["StatusPage", "Recorder", "authorize", "schema", "JobModel", "SeriesModel"]
+__all__ = ["StatusPage", "Recorder", "authorize", "schema", "JobModel", "MasterModel", "SeriesModel"]
