@@ -44,6 +44,9 @@ LEASE_REFRESHES = Counter("paddlecloud_master_lease_refreshes",
                           registry=REGISTRY)
 EPOCH_RESTARTS = Counter("paddlecloud_master_epoch_restarts",
                          "RestartEpoch calls (a collective group's restart)", registry=REGISTRY)
+RESIZES = Counter("paddlecloud_master_resizes",
+                  "ScaleTrainers calls that changed the desired size, by direction (up, down)",
+                  ["direction"], registry=REGISTRY)
 
 
 class StateCollector(Collector):

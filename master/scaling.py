@@ -3,7 +3,8 @@
 The range is written once (from the master's flags, or its job spec on Kubernetes)
 and etcd wins over the flags afterwards, as it does for the dataset; the desired
 size changes with `ScaleTrainers`, always within the range, by a fenced write that
-also compares the range. The deployer (`master.deployment`, or the local job
+also compares the range; each change counts one resize (`metrics.RESIZES`, plotted by
+the status page), a refused or unchanged size none. The deployer (`master.deployment`, or the local job
 through GetStatus) reads the desired size and converges to it.
 
 What this does NOT do: start or stop a trainer (the deployer does), nor count the
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import logging
 
+from master import metrics
 from master.core import Core, FailedPrecondition, InvalidArgument
 from paddlecloud.elastic import RangeError, TrainerRange
 
@@ -55,5 +57,6 @@ class Scaling:
                 if not await self.core.store.set_trainers_desired(trainers, span=span):
                     raise FailedPrecondition(f"the trainer range in etcd is no longer {span}: retry")
                 logger.info("desired trainers: %d -> %d (range %s)", self.desired, trainers, span)
+                metrics.RESIZES.labels("up" if trainers > self.desired else "down").inc()
                 self.desired = trainers
             return span, self.desired

@@ -11,6 +11,9 @@ traceback and the process exits non-zero (1; 2 for bad flags or state, which no
 retry fixes), so that its supervisor restarts it. etcd refusing our credentials is
 not a fault to retry: one line, exit 1.
 
+Every master, leader or standby, announces itself in etcd on its election session's
+lease (`master.presence`), once per session: the status page lists them from there.
+
 Security (DESIGN.md section 11): TLS with `--tls-cert/--tls-key` (mTLS with
 `--tls-client-ca`), and every Master RPC through one `master.authorization`
 interceptor with the job's tokens (`--tokens-dir`) and the cluster autoscaler's scaler
@@ -25,6 +28,7 @@ import contextlib
 import logging
 import os
 import signal
+import time
 from pathlib import Path
 
 import aetcd
@@ -37,6 +41,7 @@ from master import inspection, metrics
 from master.authorization import Authorization
 from master.config import MasterConfig, SpecError, TlsFiles
 from master.dispatcher import Dispatcher
+from master.presence import MasterPresence, announce, read_masters
 from master.servicer import MasterServicer
 from master.store import NotLeader, StoreUnavailable
 from master.web import StatusPage
@@ -84,6 +89,8 @@ class MasterNode:
         self.advertise = config.advertise or f"{os.environ.get('POD_IP', '127.0.0.1')}:{config.port}"
         self.dispatcher: Dispatcher | None = None
         self.leader_hint: str | None = None
+        self.page_url = ""  # the status page's, set by `serve` once it listens
+        self.started = time.time()
         self.health = HealthServicer()
         self.stopping = asyncio.Event()
         self.fatal: Exception | None = None
@@ -138,6 +145,10 @@ class MasterNode:
         session = await etcd.Session(self.client, ttl=self.config.election_ttl).open()
         election = etcd.Election(session, self.keys.leader)
         try:
+            # present for as long as this session lives, leader or standby (`master.presence`)
+            await announce(self.client, self.keys, MasterPresence(
+                advertise=self.advertise, page=self.page_url, started=self.started),
+                lease=session.lease_id)
             campaign = asyncio.create_task(election.campaign(self.advertise, on_leader=self._seen_leader))
             stop = asyncio.create_task(self.stopping.wait())
             await asyncio.wait({campaign, stop}, return_when=asyncio.FIRST_COMPLETED)
@@ -265,7 +276,7 @@ async def serve(config: MasterConfig) -> int:
                        if job_tokens else None)
         page = StatusPage(job=config.job, namespace=config.namespace, advertise=node.advertise,
                           dispatcher=lambda: node.dispatcher, leader_hint=lambda: node.leader_hint,
-                          tokens=page_tokens)
+                          masters=lambda: read_masters(client, node.keys), tokens=page_tokens)
         try:
             await page.start(host=config.host, port=config.metrics_port)
         except OSError as error:
@@ -275,6 +286,7 @@ async def serve(config: MasterConfig) -> int:
             await client.close()
             return 1
         logger.info("status page and /metrics at http://%s:%d/", config.host, page.port)
+        node.page_url = f"http://{node.advertise.rpartition(':')[0]}:{page.port}/"
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, node.stopping.set)

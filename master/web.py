@@ -2,9 +2,10 @@
 and Prometheus' `/metrics` (DESIGN §11).
 
 One aiohttp application on the master's own event loop. Handlers read the job
-only through `master.inspection`'s read-only views and answer from memory (one
-etcd read, the pservers, per `/api/job`), so a page open in a browser costs the
-loop a few milliseconds a second. A `Recorder`, a background task owned by the
+only through `master.inspection`'s read-only views and answer from memory (two
+etcd requests per `/api/job`: the pservers, on a leader, and the masters present,
+leader and standbys, from their presence keys: `master.presence`), so a page open
+in a browser costs the loop a few milliseconds a second. A `Recorder`, a background task owned by the
 `StatusPage` (named, cancelled on `stop()`), samples the master's counters every
 second into ring buffers of an hour: the page's plots.
 
@@ -29,13 +30,14 @@ import importlib.resources
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Literal
 
 from aiohttp import web
 from pydantic import BaseModel, Field
 
 from master import inspection, metrics
+from master.presence import MasterPresence
 from paddlecloud.aio import cancel_and_wait
 
 if TYPE_CHECKING:
@@ -47,6 +49,10 @@ SAMPLE_PERIOD = 1.0        # seconds between two samples of the counters
 HISTORY = 3600             # samples kept: an hour
 FAILED_TASKS_SHOWN = 100   # failed tasks listed on the page at most
 CAUSES = ("expiry", "leave", "superseded", "failure", "deadline", "return")
+MASTERS_READ_TIMEOUT = 2.0  # seconds the page waits for etcd's list of masters
+
+# The leader key's value and the masters present (`master.presence.read_masters`, bound).
+MastersReader = Callable[[], Awaitable[tuple[str | None, list[MasterPresence]]]]
 
 OPERATOR, VIEWER, TRAINER = "operator", "viewer", "trainer"
 ROLES = (OPERATOR, VIEWER, TRAINER)
@@ -133,6 +139,14 @@ class FailedTaskModel(BaseModel):
     reasons: list[ReasonModel]
 
 
+class MasterModel(BaseModel):
+    advertise: str = Field(description="the master's --advertise address")
+    role: Literal["leader", "standby"] = Field(description="leader: its address is the leader key's value")
+    page: str = Field(description="its status page's URL (as it sees itself); empty when it serves none")
+    started: float = Field(description="when its process started (wall clock)")
+    this: bool = Field(description="the master that answers this request")
+
+
 class JobModel(BaseModel):
     job: str
     namespace: str
@@ -148,6 +162,9 @@ class JobModel(BaseModel):
     requeued: int = 0
     trainers_alive: int = 0
     pservers: list[str] = Field(default_factory=list)
+    masters: list[MasterModel] = Field(
+        default_factory=list, description="every live master, from its presence key in etcd (a dead "
+        "one goes within its election TTL); empty when etcd did not answer")
     epochs: list[EpochModel] = Field(default_factory=list)
     trainers: list[TrainerModel] = Field(default_factory=list)
     failed_tasks: list[FailedTaskModel] = Field(default_factory=list)
@@ -165,6 +182,7 @@ class SeriesModel(BaseModel):
     trainers_alive: list[int]
     trainer_restarts: list[int]
     group_restarts: list[float] = Field(description="RestartEpoch calls per second")
+    resizes: list[float] = Field(description="ScaleTrainers calls that changed the desired size, per second")
 
 
 def schema() -> dict:
@@ -185,25 +203,28 @@ class Recorder:
         self.alive: deque[int] = deque(maxlen=history)
         self.trainer_restarts: deque[int] = deque(maxlen=history)
         self.group_restarts: deque[float] = deque(maxlen=history)
+        self.resizes: deque[float] = deque(maxlen=history)
         self.first_seen: dict[int, float] = {}    # session -> monotonic time first seen
         self.sessions: dict[str, int] = {}        # trainer -> the last session seen of it
         self.restarts: dict[str, int] = {}        # trainer -> new sessions of it seen
-        self._last: tuple[float, dict[str, float], float] | None = None
+        self._last: tuple[float, dict[str, float], float, float] | None = None
 
     def sample(self, trainers: list[inspection.TrainerView] | None) -> None:
         """Takes one sample: the counters' increase since the last, and the live sessions."""
+        self.end = time.time()  # before the reads: a sample ending after t holds all counted before t
         finished = metrics.counter_values(metrics.FINISHES).get("", 0.0)
         requeues = metrics.counter_values(metrics.REQUEUES)
         restarts = metrics.counter_values(metrics.EPOCH_RESTARTS).get("", 0.0)
-        last = self._last or (finished, requeues, restarts)
-        self._last = (finished, requeues, restarts)
-        self.end = time.time()
+        resizes = sum(metrics.counter_values(metrics.RESIZES).values())  # up and down alike
+        last = self._last or (finished, requeues, restarts, resizes)
+        self._last = (finished, requeues, restarts, resizes)
         self.finished.append(finished - last[0])
         for cause in requeues.keys() - self.requeues.keys():
             self.requeues[cause] = deque([0.0] * (len(self.finished) - 1), maxlen=self.history)
         for cause, ring in self.requeues.items():
             ring.append(requeues.get(cause, 0.0) - last[1].get(cause, 0.0))
         self.group_restarts.append(restarts - last[2])
+        self.resizes.append(resizes - last[3])
         self.alive.append(len(trainers) if trainers is not None else 0)
         self.trainer_restarts.append(self._see_sessions(trainers or []))
 
@@ -228,7 +249,7 @@ class Recorder:
                            requeues={c: list(r) for c, r in self.requeues.items()},
                            trainers_alive=list(self.alive),
                            trainer_restarts=list(self.trainer_restarts),
-                           group_restarts=list(self.group_restarts))
+                           group_restarts=list(self.group_restarts), resizes=list(self.resizes))
 
 
 # ---- the application ------------------------------------------------------------------------
@@ -239,10 +260,12 @@ class StatusPage:
 
     def __init__(self, *, job: str, namespace: str, advertise: str,
                  dispatcher: Callable[[], Dispatcher | None], leader_hint: Callable[[], str | None],
-                 tokens: Mapping[str, str] | None = None) -> None:
+                 masters: MastersReader | None = None, tokens: Mapping[str, str] | None = None) -> None:
         self.job, self.namespace, self.advertise = job, namespace, advertise
         self.dispatcher = dispatcher
         self.leader_hint = leader_hint
+        self.read_masters = masters
+        self._masters_failing = False
         self.tokens = dict(tokens or {})
         bad = {role for role in self.tokens.values() if role not in ROLES}
         if bad:
@@ -312,11 +335,30 @@ class StatusPage:
     async def _job(self, request: web.Request) -> web.Response:
         return _json(await self.job_model(operator=request[ROLE] == OPERATOR))
 
+    async def masters(self) -> list[MasterModel]:
+        """Every master present in etcd with its role (one etcd request); [] when etcd does not
+        answer in time (said once in the log until it answers again) or no reader was given."""
+        if self.read_masters is None:
+            return []
+        try:
+            leader, present = await asyncio.wait_for(self.read_masters(), MASTERS_READ_TIMEOUT)
+        except Exception as error:
+            if not self._masters_failing:
+                logger.warning("the status page cannot list the masters: %s: %s",
+                               type(error).__name__, error)
+            self._masters_failing = True
+            return []
+        self._masters_failing = False
+        return [MasterModel(advertise=m.advertise, role="leader" if m.advertise == leader else "standby",
+                            page=m.page, started=m.started, this=m.advertise == self.advertise)
+                for m in present]
+
     async def job_model(self, *, operator: bool) -> JobModel:
         """The page's job panel, as this master knows it now."""
         d = self.dispatcher()
         common = dict(job=self.job, namespace=self.namespace, this_master=self.advertise,
                       viewer_role=OPERATOR if operator else VIEWER, at=time.time(),
+                      masters=await self.masters(),
                       finished_total=metrics.counter_values(metrics.FINISHES).get("", 0.0),
                       requeues_total=metrics.counter_values(metrics.REQUEUES))
         if d is None:
@@ -352,4 +394,4 @@ def _json(model: BaseModel) -> web.Response:
                         content_type="application/json", headers={"Cache-Control": "no-store"})
 
 
-__all__ = ["StatusPage", "Recorder", "authorize", "schema", "JobModel", "SeriesModel"]
+__all__ = ["StatusPage", "Recorder", "authorize", "schema", "JobModel", "MasterModel", "SeriesModel"]

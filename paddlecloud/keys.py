@@ -49,6 +49,11 @@ class JobKeys:
     def leader(self) -> bytes:
         return self._key("leader")
 
+    def master(self, advertise: str) -> bytes:
+        """A master's presence, leader or standby: on its own election session's lease, value
+        JSON `{"advertise", "page", "started"}`; present = alive. Not job state (written unfenced)."""
+        return self._key("masters", advertise)
+
     @property
     def trainers_range(self) -> bytes:
         """The job's trainer range, JSON `{"min": N, "max": M}` (written once)."""

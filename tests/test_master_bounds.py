@@ -162,8 +162,8 @@ async def test_set_dataset_is_off_and_then_limited_to_its_prefixes(tmp_path, sta
             for path in (url, "/etc/*.conf", f"{tmp_path / 'data'}/../../*", "file:///etc/passwd"):
                 await refused(m.SetDataset(pb.SetDatasetRequest(dataset=pb.DatasetSpec(paths=[path]))),
                               grpc.StatusCode.INVALID_ARGUMENT, "is not under an allowed prefix")
-            leader = JobKeys("local", f"{job_name}-on").leader
-            assert set(await job_keys(etcd_endpoint, f"{job_name}-on")) == {leader}
+            keys = JobKeys("local", f"{job_name}-on")  # the election's and the master's presence only
+            assert set(await job_keys(etcd_endpoint, f"{job_name}-on")) == {keys.leader, keys.master(on.address)}
             reply = await m.SetDataset(pb.SetDatasetRequest(
                 dataset=pb.DatasetSpec(paths=[f"{tmp_path / 'data'}/*.csv"])))
             assert reply.num_tasks == 1

@@ -3,16 +3,21 @@ stub trainers, checked against the schema the master publishes at /api/schema.""
 
 from __future__ import annotations
 
+import time
+
 import aiohttp
+import grpc
 import jsonschema
 import pytest
 from datasets import write_records
-from masters import wait_for, wait_serving
+from masters import stub, wait_for, wait_serving
 
 from master.config import DatasetSpec, MasterConfig, Policy
 from master.dispatcher import Dispatcher
+from master.presence import MasterPresence, announce, read_masters
 from master.web import StatusPage
 from paddlecloud import etcd
+from paddlecloud.api import pb
 from paddlecloud.etcd_server import free_port
 from paddlecloud.keys import JobKeys
 
@@ -105,16 +110,122 @@ async def test_a_failed_job_says_why_and_shows_each_failed_task_s_last_reasons(t
         assert task["reasons"][-1]["trainer"] == "0"
 
 
+async def test_a_resize_raises_the_series_and_the_metric_a_refused_or_unchanged_size_does_not(
+        start_master):
+    page_port = free_port()
+    master = start_master("--trainers", "2", "--min-trainers", "1", "--max-trainers", "4",
+                          "--metrics-port", str(page_port))
+    await wait_serving(master.address, process=master)
+    base = f"http://127.0.0.1:{page_port}"
+    schema = await get(f"{base}/api/schema")
+
+    async def resizes_in_a_later_sample() -> float:
+        """The resizes in the series, once it holds a sample taken after every call so far."""
+        calls_done = time.time()
+
+        async def sampled() -> dict | None:
+            series = await checked(base, schema, "series")
+            return series if series["end"] > calls_done else None
+
+        return sum((await wait_for(sampled, timeout=10, message="no new sample"))["resizes"])
+
+    async with grpc.aio.insecure_channel(master.address) as channel:
+        scale = stub(channel).ScaleTrainers
+        await scale(pb.ScaleTrainersRequest(trainers=3))
+        assert await resizes_in_a_later_sample() == 1
+        await scale(pb.ScaleTrainersRequest(trainers=3))  # unchanged
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await scale(pb.ScaleTrainersRequest(trainers=9))
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert await resizes_in_a_later_sample() == 1
+        await scale(pb.ScaleTrainersRequest(trainers=1))
+        assert await resizes_in_a_later_sample() == 2
+    text = await get(f"{base}/metrics")
+    assert 'paddlecloud_master_resizes_total{direction="up"} 1.0' in text
+    assert 'paddlecloud_master_resizes_total{direction="down"} 1.0' in text
+
+
+async def test_every_master_s_page_lists_leader_and_standby_and_a_dead_one_goes(
+        start_master, etcd_endpoint, job_name):
+    ports = [free_port(), free_port()]
+    ttl = ("--election-ttl", "2s")
+    first = start_master(*ttl, "--metrics-port", str(ports[0]), name="first")
+    await wait_serving(first.address, process=first)
+    second = start_master(*ttl, "--metrics-port", str(ports[1]), name="second")
+    expected = [(first.address, "leader", f"http://127.0.0.1:{ports[0]}/"),
+                (second.address, "standby", f"http://127.0.0.1:{ports[1]}/")]
+
+    def listed(job: dict) -> list[tuple[str, str, str]]:
+        return sorted((m["advertise"], m["role"], m["page"]) for m in job["masters"])
+
+    for port, me in zip(ports, (first.address, second.address), strict=True):
+        base = f"http://127.0.0.1:{port}"
+        schema = await get(f"{base}/api/schema")
+
+        async def both(base=base, schema=schema) -> dict | None:
+            try:
+                job = await checked(base, schema, "job")
+            except aiohttp.ClientConnectorError:  # the second's page is not up yet
+                return None
+            return job if listed(job) == sorted(expected) else None
+
+        job = await wait_for(both, timeout=30, message=f"{me}'s page does not list both masters",
+                             details=lambda: first.log() + second.log())
+        assert [m["advertise"] for m in job["masters"] if m["this"]] == [me]
+        assert all(0 < time.time() - m["started"] < 120 for m in job["masters"])
+
+    # A standby whose session is lost announces itself again on its next session's lease.
+    client = await etcd.connect(etcd_endpoint)
+    try:
+        key = JobKeys("local", job_name).master(second.address)
+        lease = (await client.get(key)).lease
+        await client.revoke_lease(lease)
+
+        async def back_on_a_new_lease() -> bool:
+            found = await client.get(key)
+            return found is not None and found.lease != lease
+
+        await wait_for(back_on_a_new_lease, timeout=30, message="the standby did not announce itself again",
+                       details=second.log)
+    finally:
+        await client.close()
+
+    second.kill()
+
+    async def only_the_leader() -> bool:
+        job = await get(f"http://127.0.0.1:{ports[0]}/api/job")
+        return listed(job) == expected[:1]
+
+    await wait_for(only_the_leader, timeout=30, message="the killed standby is still listed",
+                   details=first.log)
+
+
+async def test_a_page_whose_etcd_does_not_answer_lists_no_masters_and_still_answers():
+    async def unreachable():
+        raise etcd.EtcdUnavailable("etcd unreachable at nowhere")
+
+    page = StatusPage(job="j", namespace="local", advertise="a:1", dispatcher=lambda: None,
+                      leader_hint=lambda: "b:2", masters=unreachable)
+    await page.start(host="127.0.0.1", port=0)
+    try:
+        job = await get(f"http://127.0.0.1:{page.port}/api/job")
+        assert job["masters"] == [] and job["leader"] == "b:2"
+    finally:
+        await page.stop()
+
+
 @pytest.fixture
 async def leader(tmp_path, etcd_endpoint, job_name):
-    """A real leading Dispatcher on a real etcd, in this process."""
+    """A real leading Dispatcher on a real etcd, in this process, present as a master is."""
     write_records(tmp_path / "data", files=1, records_per_file=4)
     config = MasterConfig(job=job_name, namespace="local", etcd_endpoints=etcd_endpoint,
                           policy=Policy(session_ttl=10, task_timeout=0),
                           dataset=DatasetSpec(paths=(str(tmp_path / "data"),), chunk_bytes=1))
     client = await etcd.connect(etcd_endpoint)
+    keys = JobKeys("local", job_name)
     session = await etcd.Session(client, ttl=10).open()
-    leadership = await etcd.Election(session, JobKeys("local", job_name).leader).campaign("me")
+    await announce(client, keys, MasterPresence("me:1", "", time.time()), lease=session.lease_id)
+    leadership = await etcd.Election(session, keys.leader).campaign("me:1")
     dispatcher = Dispatcher(client=client, config=config, leadership=leadership, advertise="me:1")
     await dispatcher.start()
     yield dispatcher
@@ -127,6 +238,7 @@ async def leader(tmp_path, etcd_endpoint, job_name):
 async def guarded_page(leader, job_name):
     page = StatusPage(job=job_name, namespace="local", advertise="me:1", dispatcher=lambda: leader,
                       leader_hint=lambda: None,
+                      masters=lambda: read_masters(leader.store.client, JobKeys("local", job_name)),
                       tokens={"v-token": "viewer", "o-token": "operator", "t-token": "trainer"})
     await page.start(host="127.0.0.1", port=0)
     yield page, f"http://127.0.0.1:{page.port}"
@@ -160,6 +272,7 @@ async def test_a_viewer_sees_no_session_ids_and_a_new_session_counts_as_a_restar
     assert operator["trainers"][0]["session"] == str(first.session)
     viewer = await wait_for(lambda: listed("v-token"), timeout=10)
     assert viewer["viewer_role"] == "viewer" and "session" not in viewer["trainers"][0]
+    assert [(m["advertise"], m["role"], m["this"]) for m in viewer["masters"]] == [("me:1", "leader", True)]
     assert str(first.session) not in str(viewer)
     await wait_for(lambda: page.recorder.sessions.get("t0") == first.session, timeout=10)
     await leader.trainers.register("t0")  # the same id again: a restarted trainer

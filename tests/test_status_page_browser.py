@@ -78,6 +78,8 @@ def test_the_page_follows_a_local_job_to_its_end(tmp_path, run_job, job_name):
                                timeout=PAGE_WAIT_MS)
         assert page.locator("#epochs .epoch[data-stage='complete']").count() >= 1
         assert page.locator("#plot-requeues polyline[data-series='expiry']").count() == 1
+        assert page.locator("#plot-restarts polyline[data-series='resizes']").count() == 1
+        assert page.locator("#masters tr[data-role='leader']").count() == 1  # the job's one master
         screenshot = DOCS_SCREENSHOT if os.environ.get("PADDLECLOUD_WRITE_DOCS") else tmp_path / "page.png"
         page.screenshot(path=str(screenshot), full_page=True)
         assert screenshot.stat().st_size > 10_000  # a page, not an empty frame

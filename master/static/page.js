@@ -88,6 +88,27 @@ function renderFailed(tasks) {
   document.getElementById("failed-tasks").replaceChildren(...rows);
 }
 
+// Every live master, leader and standbys, as each announces itself in etcd.
+function renderMasters(masters, now) {
+  const rows = masters.map((m) => {
+    const tr = el("tr");
+    tr.dataset.master = m.advertise;
+    tr.dataset.role = m.role;
+    const page = el("td");
+    if (/^https?:\/\//.test(m.page)) {  // a link only to a web page: never a javascript: URL
+      const link = el("a", m.page);
+      link.href = m.page;
+      page.append(link);
+    } else {
+      page.textContent = m.page || "-";
+    }
+    tr.append(el("td", m.advertise + (m.this ? " (this master)" : "")), el("td", m.role),
+      el("td", ago(Math.max(0, now - m.started))), page);
+    return tr;
+  });
+  document.getElementById("masters").replaceChildren(...rows);
+}
+
 function renderJob(job) {
   document.title = job.job + " · " + job.phase + " · paddlecloud";
   document.body.classList.toggle("viewer", job.viewer_role !== "operator");
@@ -118,6 +139,7 @@ function renderJob(job) {
   renderEpochs(job.epochs);
   renderTrainers(job.trainers);
   renderFailed(job.failed_tasks);
+  renderMasters(job.masters, job.at);
 }
 
 // A line plot of one or more series of equal length (one point per second, the last at the right).
@@ -163,7 +185,8 @@ function renderSeries(s) {
   legend.replaceChildren(...causes.map((c, k) => el("span", " " + c, "k" + (k % COLORS.length))));
   plot("plot-alive", [{ name: "alive", values: s.trainers_alive }]);
   plot("plot-restarts", [{ name: "trainers", values: s.trainer_restarts },
-                          { name: "groups", values: s.group_restarts }]);
+                          { name: "groups", values: s.group_restarts },
+                          { name: "resizes", values: s.resizes }]);
 }
 
 async function refresh() {
