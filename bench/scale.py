@@ -78,6 +78,7 @@ from common import (  # noqa: E402  (after the sys.path line above)
 )
 
 DISPATCH = Path(__file__).resolve().parent / "dispatch.py"
+PRIME_CAP = 120.0  # seconds after the start a steady row's window opens even if some trainer was never served
 TRANSIENT = ("UNAVAILABLE", "DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED", "CANCELLED")
 GOALS = {"ratio_64": 2.0, "ceiling_share": 0.6, "expiry_cost": 0.20, "failover_over_ttl_s": 2.0,
          "start_s": 5.0, "rss_mb": 500.0, "turnover_s": 1.0}
@@ -145,13 +146,35 @@ async def _client(config: dict) -> dict:  # noqa: C901  (one loop, kept in one p
     ttl = registered[0][2] if registered else 10.0
     print(json.dumps({"registered": n, "register_s": register_s}), flush=True)
     go = json.loads(await loop.run_in_executor(None, sys.stdin.readline))
-    w0 = go["t0"] + config["warmup"]
-    w1 = w0 + config["duration"]
-    stop = go.get("stop", w1)
+    # The window; with `prime`, it is not known yet: it starts once every trainer of every client
+    # had a task accepted (the orchestrator sends it), since with N trainers queued one round of
+    # GetTask takes N / throughput seconds and a fixed warm-up can end before the first acks.
+    window = {"w0": math.inf, "w1": math.inf, "stop": math.inf} if config.get("prime") else {
+        "w0": go["t0"] + config["warmup"], "w1": go["t0"] + config["warmup"] + config["duration"]}
+    window.setdefault("stop", go.get("stop", window["w1"]))
+    primed: set[int] = set()
+    said_primed: list[bool] = []
 
-    async def listen() -> None:  # later lines: {"mark": wall time} (a kill happened)
+    def say_primed(when: float) -> None:  # once; `partial`: not every trainer by PRIME_CAP
+        if not said_primed:
+            said_primed.append(True)
+            print(json.dumps({"primed": when, "partial": n - len(primed)}), flush=True)
+
+    async def prime_cap() -> None:
+        await asyncio.sleep(max(0.0, go["t0"] + PRIME_CAP - time.time()))
+        say_primed(time.time())
+
+    def in_window(when: float) -> bool:
+        return window["w0"] <= when <= window["w1"]
+
+    async def listen() -> None:  # later lines: {"mark": wall time} (a kill happened), {"window": [w0, w1]}
         while line := await loop.run_in_executor(None, sys.stdin.readline):
-            mark.append(json.loads(line)["mark"])
+            message = json.loads(line)
+            if "window" in message:
+                window["w0"], window["w1"] = message["window"]
+                window["stop"] = window["w1"]
+            else:
+                mark.append(message["mark"])
 
     async def keepalive(i: int) -> None:
         mode = config["keepalive"]
@@ -160,14 +183,14 @@ async def _client(config: dict) -> dict:  # noqa: C901  (one loop, kept in one p
             now = time.time()
             due = (last_ok[i] if mode == "skip" else now) + period
             await asyncio.sleep(max(0.0, due - now))
-            if time.time() >= stop:
+            if time.time() >= window["stop"]:
                 return
             if mode == "skip" and time.time() - last_ok[i] < period:
                 continue
             with contextlib.suppress(grpc.aio.AioRpcError):
                 await stubs[i][where[i]].KeepAlive(pb.KeepAliveRequest(session_id=sessions[i]), timeout=30)
                 last_ok[i] = time.time()
-                if w0 <= time.time() <= w1:
+                if in_window(time.time()):
                     keepalives[0] += 1
 
     async def trainer(i: int) -> None:
@@ -177,7 +200,7 @@ async def _client(config: dict) -> dict:  # noqa: C901  (one loop, kept in one p
         attempt = 0
         while True:
             now = time.time()
-            if now >= stop:
+            if now >= window["stop"]:
                 return
             asked = asked or now
             request = pb.GetTaskRequest(session_id=sessions[i], epoch=epochs[i], finished=previous,
@@ -192,7 +215,7 @@ async def _client(config: dict) -> dict:  # noqa: C901  (one loop, kept in one p
                     previous, asked = [], 0.0
                     continue
                 if code in TRANSIENT:
-                    if w0 <= now <= w1 or mark:
+                    if in_window(now) or mark:
                         transient[code] += 1
                     if code == "UNAVAILABLE" and len(targets) > 1:
                         where[i] ^= 1
@@ -206,11 +229,15 @@ async def _client(config: dict) -> dict:  # noqa: C901  (one loop, kept in one p
             last_ok[i] = now
             if mark and i not in resumed and now > mark[-1]:
                 resumed[i] = now
-            measured = w0 <= now <= w1
+            measured = in_window(now)
             for result in reply.finished_results:
                 accepted = result == pb.ACCEPTED
                 if accepted:
                     buckets[int(now)] += 1
+                    if config.get("prime") and i not in primed:
+                        primed.add(i)
+                        if len(primed) == n:
+                            say_primed(now)
                 if measured:
                     counts["accepted" if accepted else "stale"] += 1
                     per_trainer[i] += accepted
@@ -237,10 +264,11 @@ async def _client(config: dict) -> dict:  # noqa: C901  (one loop, kept in one p
                 return
 
     listener = loop.create_task(listen())
+    capper = loop.create_task(prime_cap()) if config.get("prime") else None
     workers = [loop.create_task(trainer(i)) for i in range(n)]
     beats = [loop.create_task(keepalive(i)) for i in range(n)] if config["keepalive"] != "none" else []
     await asyncio.wait(workers)
-    for task in beats + [listener]:
+    for task in beats + [listener] + ([capper] if capper else []):
         task.cancel()
     for task in workers:
         if task.exception() is not None:
@@ -261,14 +289,16 @@ class Clients:
     """K client processes sharing N trainers; started, registered, then released together."""
 
     def __init__(self, *, targets: list[str], n: int, k: int, prefix: str, keepalive: str,
-                 warmup: float, duration: float, stop: float | None = None, max_tasks: int = 1) -> None:
+                 warmup: float, duration: float, stop: float | None = None, max_tasks: int = 1,
+                 prime: bool = False) -> None:
         k = max(1, min(k, n))
         shares = [n // k + (1 if i < n % k else 0) for i in range(k)]
         self.processes: list[subprocess.Popen] = []
         first = 0
         for share in shares:
             config = {"targets": targets, "n": share, "first": first, "prefix": prefix,
-                      "keepalive": keepalive, "warmup": warmup, "duration": duration, "max_tasks": max_tasks}
+                      "keepalive": keepalive, "warmup": warmup, "duration": duration, "max_tasks": max_tasks,
+                      "prime": prime}
             first += share
             self.processes.append(subprocess.Popen(
                 [sys.executable, __file__, "--role", "client", "--config", json.dumps(config)],
@@ -292,6 +322,21 @@ class Clients:
             p.stdin.write(json.dumps(message) + "\n")
             p.stdin.flush()
         return t0
+
+    def window(self, *, earliest: float, duration: float) -> tuple[float, float, int]:
+        """Waits until every client said its trainers all had a task accepted (or PRIME_CAP
+        passed); sends each the window that starts then. (w0, w1, trainers never served)."""
+        partial = 0
+        for p in self.processes:
+            line = p.stdout.readline()
+            if not line:
+                raise RuntimeError(f"a client process exited with {p.wait()} before its window")
+            partial += json.loads(line)["partial"]
+        w0 = max(time.time() + 0.2, earliest)
+        for p in self.processes:
+            p.stdin.write(json.dumps({"window": [w0, w0 + duration]}) + "\n")
+            p.stdin.flush()
+        return w0, w0 + duration, partial
 
     def mark(self, when: float) -> None:
         for p in self.processes:
@@ -386,19 +431,26 @@ def etcd_requests(bench: Bench) -> float:
 
 def measure(bench: Bench, *, targets: list[str], n: int, prefix: str, keepalive: str,
             pids: dict[str, int], metrics: str | None, max_tasks: int = 1) -> dict:
-    """One steady-state run: K clients against `targets`, figures of the window."""
+    """One steady-state run: K clients against `targets`, figures of the window. Against a
+    master (`metrics`), the window opens once every trainer had a task accepted (see
+    `Clients.window`), and not before the warm-up; against the no-op server, after the warm-up."""
     args = bench.args
+    prime = metrics is not None
     clients = Clients(targets=targets, n=n, k=args.clients, prefix=prefix, keepalive=keepalive,
-                      warmup=args.warmup, duration=args.duration, max_tasks=max_tasks)
+                      warmup=args.warmup, duration=args.duration, max_tasks=max_tasks, prime=prime)
+    unserved = 0
     try:
         t0 = clients.go()
-        time.sleep(max(0.0, t0 + args.warmup - time.time()))
+        w0, w1 = t0 + args.warmup, t0 + args.warmup + args.duration
+        if prime:
+            w0, w1, unserved = clients.window(earliest=w0, duration=args.duration)
+        time.sleep(max(0.0, w0 - time.time()))
 
         def sample() -> dict:
             return {"t": time.time(), "cpu": {k: cpu_seconds(p) for k, p in pids.items()},
                     "m": scrape(metrics) if metrics else {}, "etcd": etcd_requests(bench)}
         first = sample()
-        time.sleep(max(0.0, t0 + args.warmup + args.duration - time.time()))
+        time.sleep(max(0.0, w1 - time.time()))
         last = sample()
         parts = clients.results()
     finally:
@@ -416,6 +468,7 @@ def measure(bench: Bench, *, targets: list[str], n: int, prefix: str, keepalive:
     served = sorted(r["per_trainer"])
     return {
         "n": n, "clients": len(parts), "window_s": window, "register_s": clients.register_s,
+        "warmup_s": w0 - t0, "unserved_at_window": unserved,
         "rate": r["counts"]["accepted"] / window, "calls_per_s": r["counts"]["calls"] / window,
         "p50_ms": percentile(r["latencies"], 0.50) * 1e3, "p99_ms": percentile(r["latencies"], 0.99) * 1e3,
         "max_ms": r["latencies"][-1] * 1e3 if r["latencies"] else float("nan"),
@@ -473,7 +526,7 @@ def steady_rows(bench: Bench, data: Path, say) -> list[dict]:
               file=sys.stderr, flush=True)
     cols = ["N", "K", "tasks/s", "p50/p99 ms", "no-op calls/s", "master/no-op", "shed/s", "other transient",
             "errors", "re-reg", "RPC/tr/s", "KeepAlive/tr/s", "etcd req/tr/s", "least served", "starved",
-            "CPU master+etcd", "register s"]
+            "CPU master+etcd", "register s", "warm-up s"]
     if args.baseline:
         cols += ["baseline tasks/s", "baseline p99", "baseline transient", "baseline KA/tr/s", "new/baseline",
                  "baseline register s"]
@@ -487,7 +540,8 @@ def steady_rows(bench: Bench, data: Path, say) -> list[dict]:
                 str(m["reregistered"]), f"{m['rpc_per_trainer_s']:.2f}",
                 f"{m['keepalive_rpc_per_trainer_s']:.3f}", f"{m['etcd_per_trainer_s']:.2f}",
                 str(m["served_min"]), str(m["starved"]),
-                f"{m['cpu'].get('master', 0):.0%}+{m['cpu'].get('etcd', 0):.0%}", f"{m['register_s']:.2f}"]
+                f"{m['cpu'].get('master', 0):.0%}+{m['cpu'].get('etcd', 0):.0%}", f"{m['register_s']:.2f}",
+                f"{m['warmup_s']:.1f}" + (f" ({m['unserved_at_window']} unserved)" if m["unserved_at_window"] else "")]
         if "base" in row:
             b = row["base"]
             line += [f"{b['rate']:,.0f}", f"{b['p99_ms']:.0f}", str(sum(b["transient"].values())),
@@ -502,7 +556,9 @@ def steady_rows(bench: Bench, data: Path, say) -> list[dict]:
         "retries; re-reg: sessions registered again; RPC/tr/s, KeepAlive/tr/s: the master's RPCs per "
         "trainer per second (its metrics); etcd req/tr/s: messages etcd's gRPC server received; least "
         "served: tasks of the least served trainer in the window; starved: trainers with none; register s: "
-        "seconds until the last of the N trainers, all registering at once, was registered.")
+        "seconds until the last of the N trainers, all registering at once, was registered; warm-up s: "
+        "from the start until the window opened (every trainer had a task accepted: one round of the "
+        "queue of N trainers).")
     for row in rows:
         for who, r in row.items():
             if r.get("errors") or r.get("transient"):
@@ -737,7 +793,8 @@ def run(args: argparse.Namespace) -> int:
         for line in machine_lines(str(bench.work / "etcd")):
             say(line)
         say(f"clients: {args.clients} processes (--clients), one channel per trainer; warm-up "
-            f"{args.warmup:g} s, window {args.duration:g} s; master: default flags + --input <sparse "
+            f"{args.warmup:g} s (against a master: and until every trainer had a task accepted), "
+            f"window {args.duration:g} s; master: default flags + --input <sparse "
             f"file> --chunk-bytes 1 --epochs {args.epochs} --metrics-port; its trainers ask max_tasks "
             f"{args.max_tasks}; each row the median of {args.repeat} interleaved runs"
             + (f"; baseline tree {args.baseline} (its trainers KeepAlive every ttl/3, as its agent did)"
