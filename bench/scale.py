@@ -17,8 +17,9 @@ What runs, each in its own process:
     channel (TCP connection) per trainer. A trainer registers, then loops GetTask with the
     previous task's ack piggybacked; on WAIT it sleeps retry_after x U(0.5, 1.5); on a
     transient code (UNAVAILABLE, DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED, CANCELLED) it retries
-    after a full-jitter exponential backoff (0.05 s doubling, capped at 2 s), as
-    trainer_agent does; a KeepAlive runs beside it: `skip` (today's trainer_agent: only when
+    after a full-jitter exponential backoff (0.05 s doubling, capped at trainer_agent's
+    RETRY_CAP, 1 s), and on UNAVAILABLE goes where trainer_agent would: to the leader a
+    standby names, stays on a standby that names none, else tries the other master; a KeepAlive runs beside it: `skip` (today's trainer_agent: only when
     no call was answered for ttl/3), `always` (the old agent: every ttl/3), or none (no-op).
 
 Rows (the steady state, N = --ns): finished tasks/s (ACCEPTED acks in the window), latency
@@ -110,17 +111,35 @@ async def _client(config: dict) -> dict:  # noqa: C901  (one loop, kept in one p
     buckets: Counter = Counter()          # whole wall-clock second -> ACCEPTED acks
     last_ok = [0.0] * n
     where = [0] * n
+    refused = [-1] * n                    # the target that last did not answer this trainer
     resumed: dict[int, float] = {}        # trainer -> first answer after the mark
     mark: list[float] = []
     keepalives = [0]
     gate = asyncio.Semaphore(64)
     loop = asyncio.get_running_loop()
 
-    from trainer_agent.client import retry_delay
+    from paddlecloud.wire import Reason, error_info
+    from trainer_agent.client import RETRY_CAP, retry_delay
 
     async def backoff(attempt: int, error: BaseException | None = None) -> None:
         """As trainer_agent: a shedding master's RetryInfo (jittered), else full-jitter backoff."""
-        await asyncio.sleep(retry_delay(error) or random.uniform(0, min(2.0, 0.05 * 2 ** min(attempt, 6))))
+        await asyncio.sleep(retry_delay(error) or random.uniform(0, min(RETRY_CAP, 0.05 * 2 ** min(attempt, 6))))
+
+    def redirect(i: int, error: grpc.aio.AioRpcError) -> None:
+        """After UNAVAILABLE: the leader a standby names, unless that one just did not answer (a
+        dead leader's key outlives it by its lease: trainer_agent's etcd locator then waits for
+        the new key); a standby naming none is the next leader (stay); a master that did not
+        answer at all (no ErrorInfo): the other one."""
+        if len(targets) < 2:
+            return
+        reason, metadata = error_info(error) or (None, {})
+        if reason is Reason.NOT_LEADER:
+            named = metadata.get("leader")
+            if named in targets and targets.index(named) != refused[i]:
+                where[i] = targets.index(named)
+            return
+        refused[i] = where[i]
+        where[i] ^= 1
 
     async def register(i: int) -> tuple[int, int, float]:
         attempt = 0
@@ -133,8 +152,8 @@ async def _client(config: dict) -> dict:  # noqa: C901  (one loop, kept in one p
                 return reply.session_id, reply.current_epoch, seconds(reply.ttl) or 10.0
             except grpc.aio.AioRpcError as e:
                 transient[f"RegisterTrainer:{e.code().name}"] += 1
-                if len(targets) > 1:
-                    where[i] ^= 1
+                if e.code() is grpc.StatusCode.UNAVAILABLE:
+                    redirect(i, e)
                 attempt += 1
                 await backoff(attempt, e)
 
@@ -217,8 +236,8 @@ async def _client(config: dict) -> dict:  # noqa: C901  (one loop, kept in one p
                 if code in TRANSIENT:
                     if in_window(now) or mark:
                         transient[code] += 1
-                    if code == "UNAVAILABLE" and len(targets) > 1:
-                        where[i] ^= 1
+                    if code == "UNAVAILABLE":
+                        redirect(i, e)
                 else:
                     errors[code] += 1
                 attempt += 1
@@ -227,6 +246,7 @@ async def _client(config: dict) -> dict:  # noqa: C901  (one loop, kept in one p
             attempt = 0
             now = time.time()
             last_ok[i] = now
+            refused[i] = -1
             if mark and i not in resumed and now > mark[-1]:
                 resumed[i] = now
             measured = in_window(now)

@@ -16,7 +16,7 @@ retries it after about that long, jittered, its acks still in the request. That
 bounds the latency of the calls admitted (about max_in_flight / throughput) instead
 of letting gRPC's queue grow until it cancels calls. Inspection RPCs (GetStatus,
 ListTasks, ListTrainers) are never shed. What it does NOT do: order the retries; a
-trainer unlucky several times in a row waits up to its backoff's cap (2 s).
+trainer unlucky several times in a row waits up to its backoff's cap (`RETRY_CAP`, 1 s).
 """
 
 from __future__ import annotations

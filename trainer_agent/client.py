@@ -89,6 +89,11 @@ from trainer_agent.readers import DataError, read_chunk
 logger = logging.getLogger(__name__)
 
 CALL_TIMEOUT = 15.0
+# The longest wait between two attempts of a call (full-jitter exponential backoff from 50 ms):
+# a new leader is noticed within about this long of serving (issue 17's failover goal is the
+# election TTL + 2 s), while a standby, cheap to answer, takes at most ~1 call per trainer per
+# second until then.
+RETRY_CAP = 1.0
 # Codes a call is retried on: the master is away (UNAVAILABLE), slow (DEADLINE_EXCEEDED),
 # shedding load on purpose (RESOURCE_EXHAUSTED), or the call was cancelled on the way
 # (CANCELLED: gRPC's own queues, a connection reset) while this client did not cancel it.
@@ -254,7 +259,7 @@ class MasterConnection:
         return True
 
     def _call(self, invoke: Callable[[pb_grpc.MasterStub], T]) -> T:
-        backoff = wait_random_exponential(multiplier=0.05, max=2.0)
+        backoff = wait_random_exponential(multiplier=0.05, max=RETRY_CAP)
 
         def wait(state: RetryCallState) -> float:  # a shedding master's RetryInfo, else backoff
             error = state.outcome.exception() if state.outcome is not None else None
