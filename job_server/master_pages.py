@@ -11,7 +11,7 @@ What this does NOT guarantee: a page for a job whose master is not reachable fro
 Job Server (a NetworkPolicy that admits the status port only from the job's own
 namespace keeps a Job Server of another namespace out: `MasterUnreachable`); a cached
 token is dropped and read again once the master refuses it (a job made anew under the
-same name has new tokens), not sooner.
+same name has new tokens) or does not answer (the job may be gone), not sooner.
 """
 
 from __future__ import annotations
@@ -110,6 +110,7 @@ class MasterPages:
                 headers = {h: reply.headers[h] for h in PASSED_HEADERS if h in reply.headers}
                 return Answer(status=reply.status, body=body, headers=headers)
         except (aiohttp.ClientError, TimeoutError) as error:
+            self._tokens.pop((namespace, name), None)  # read again next time: the job may be gone
             raise MasterUnreachable(f"the status page of {namespace}/{name} at "
                                     f"{self.address(namespace, name)} did not answer: "
                                     f"{type(error).__name__}: {error}"[:300]) from None

@@ -92,7 +92,7 @@ def _row(job: dict[str, Any], progress: dict[str, Any] | None) -> str:
     e = html.escape
     namespace, name, phase = job["namespace"], job["name"], job["phase"]
     return (f'<tr data-job="{e(namespace)}/{e(name)}"><td>{e(namespace)}</td>'
-            f'<td><a href="{e(page_url(namespace, name))}">{e(name)}</a></td>'
+            f'<td><a href="{e(page_url(namespace, name)[1:])}">{e(name)}</a></td>'
             f'<td><span class="phase {e(phase)}" data-field="phase">{e(phase)}</span></td>'
             f'{_progress_cells(progress)}<td>{e(job["created"])}</td></tr>')
 
@@ -161,8 +161,8 @@ async def job_page(request: Request, namespace: str, name: str, path: str) -> Re
         raise HTTPException(status.HTTP_404_NOT_FOUND,
                             f"{path[:40]!r} is not a path of the status page: "
                             "'', api/job, api/series, api/schema, static/FILE")
-    if (namespace not in caller.namespaces or not re.match(NAMESPACE, namespace)
-            or len(name) > MAX_NAME_LENGTH or not re.match(JOB_NAME, name)):
+    if (namespace not in caller.namespaces or not re.fullmatch(NAMESPACE, namespace)
+            or len(name) > MAX_NAME_LENGTH or not re.fullmatch(JOB_NAME, name)):
         raise _not_found(name, namespace)  # as for a job that does not exist: no name leaks
     try:
         answer = await request.app.state.master_pages.get(namespace, name, path)

@@ -4,6 +4,7 @@ Secret the Job Server made at submit), the Kubernetes side played by kmock."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import re
 from typing import Any
@@ -11,12 +12,15 @@ from typing import Any
 import aiohttp
 import httpx
 import pytest
+import uvicorn
+from browser import chromium_page, require_browser
 from conftest import RESOURCES
 from datasets import write_records
 from masters import wait_for, wait_serving
 
 from job_server.app import create_app
 from job_server.config import ServerConfig
+from paddlecloud.aio import cancel_and_wait
 from paddlecloud.auth import JobTokens
 from paddlecloud.etcd_server import free_port
 from paddlecloud.k8s import manifests
@@ -32,8 +36,8 @@ class Jobs:
     """Three jobs in kmock — team-a/fit (its real master answers), team-a/idle (no master
     answers), team-b/other — and the Job Server's client."""
 
-    def __init__(self, client: httpx.AsyncClient, *, master_base: str, tokens: JobTokens) -> None:
-        self.client, self.master_base, self.tokens = client, master_base, tokens
+    def __init__(self, app: Any, client: httpx.AsyncClient, *, master_base: str, tokens: JobTokens) -> None:
+        self.app, self.client, self.master_base, self.tokens = app, client, master_base, tokens
 
     async def master_json(self, path: str, role: str = "viewer") -> Any:
         """The master's own answer, asked directly with the job's token of `role`."""
@@ -75,7 +79,7 @@ async def jobs(k8s, api_client, tmp_path, start_master, start_trainer):
         # one trainer, slow enough that the job runs through the test: a session to hide
         start_trainer("0", log=tmp_path / "records.tsv", master=master.address, args=("--delay", "0.5"),
                       env={"PADDLE_JOB_TOKEN_FILE": str(tmp_path / "tokens" / "trainer")})
-        found = Jobs(client, master_base=f"http://127.0.0.1:{page_port}", tokens=tokens)
+        found = Jobs(app, client, master_base=f"http://127.0.0.1:{page_port}", tokens=tokens)
 
         async def trainer_listed() -> bool:
             return bool((await found.master_json("/api/job", role="operator"))["trainers"])
@@ -106,7 +110,7 @@ async def test_the_overview_lists_exactly_the_jobs_of_the_tokens_namespaces(jobs
     assert field(fit, "epoch") == f"{own['epoch'] + 1} / 2"
     assert re.search(rf'data-field="tasks">.*</span> / {own["num_tasks"]} ', fit), fit
     assert field(fit, "alive") == "1"
-    assert f'<a href="{PAGE}">fit</a>' in fit
+    assert f'<a href="{PAGE[1:]}">fit</a>' in fit  # a relative link
     assert "data-field" not in listed["team-a/idle"].replace('data-field="phase"', "")  # no master: no progress
     assert sorted(rows((await client.get("/", headers=B)).text)) == ["team-b/other"]
     both = (await client.get("/", headers={"Authorization": "Bearer token-ab"})).text
@@ -192,3 +196,33 @@ async def test_nothing_the_browser_receives_holds_a_master_token_or_a_session_id
         reply = await client.get(path)
         received.append(reply.text + str(reply.headers))
     assert received and not [s for s in secrets if any(s in r for r in received)]
+
+
+def browse(base: str) -> dict[str, str]:
+    """Opens the overview with the token once, follows the link to team-a/fit: what it draws."""
+    with chromium_page(width=1200, height=800) as page:
+        page.goto(base + "/?token=token-a")
+        overview_url = page.url
+        page.get_by_role("link", name="fit", exact=True).click()
+        page.get_by_test_id("phase").filter(has_text="Running").wait_for(timeout=30_000)
+        page.locator("#trainers tr[data-trainer='0']").wait_for(timeout=30_000)
+        return {"overview": overview_url, "page": page.url, "job": page.locator("#job-name").inner_text(),
+                "session_column": str(page.locator("th.operator-only").is_visible())}
+
+
+async def test_a_browser_follows_the_overview_to_the_proxied_page_which_draws(jobs):
+    require_browser()
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(jobs.app, host="127.0.0.1", port=port, log_level="warning",
+                                           lifespan="off"))
+    serving = asyncio.create_task(server.serve(), name="job-server-under-test")
+    try:
+        await wait_for(lambda: server.started, timeout=30, message="the Job Server never started")
+        seen = await asyncio.to_thread(browse, f"http://127.0.0.1:{port}")
+    finally:
+        server.should_exit = True
+        await wait_for(serving.done, timeout=30, message="the Job Server never stopped")
+        await cancel_and_wait(serving)
+    own = await jobs.master_json("/api/job")
+    assert seen == {"overview": f"http://127.0.0.1:{port}/", "page": f"http://127.0.0.1:{port}{PAGE}",
+                    "job": own["job"], "session_column": "False"}
