@@ -1,6 +1,7 @@
 """The FastAPI application: routers, configuration, store and cluster in `app.state`.
 
-`/openapi.json` is served by the app itself; `/docs` is FastAPI's Swagger UI, whose
+`/` and the jobs' proxied status pages are HTML for a browser (job_server.routers.pages),
+left out of the OpenAPI document. `/openapi.json` is served by the app itself; `/docs` is FastAPI's Swagger UI, whose
 scripts come from a CDN (jsDelivr): air-gapped clusters use `/openapi.json` with a
 local viewer instead (docs/job-server.md).
 """
@@ -15,8 +16,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from job_server.cluster import Cluster
 from job_server.config import MULTIPART_SLACK, ServerConfig
+from job_server.master_pages import MasterPages, PageAddress, service_page_address
 from job_server.packages import PackageStore
-from job_server.routers import jobs, packages, version
+from job_server.routers import jobs, packages, pages, version
 
 logger = logging.getLogger(__name__)
 
@@ -50,14 +52,18 @@ class BodyLimit:
         await self.app(scope, limited, send)
 
 
-def create_app(config: ServerConfig, *, api_client: Any) -> FastAPI:
-    """The server, talking to the cluster through `api_client` (a kubernetes ApiClient)."""
+def create_app(config: ServerConfig, *, api_client: Any,
+               page_address: PageAddress = service_page_address) -> FastAPI:
+    """The server, talking to the cluster through `api_client` (a kubernetes ApiClient) and
+    to the masters' status pages at `page_address(namespace, name)` (host:port)."""
     app = FastAPI(title="paddlecloud Job Server", version="1",
                   description="Upload trainer packages and run paddlecloud jobs (DESIGN.md §11).")
     app.state.config = config
     app.state.store = PackageStore(config.store)
     app.state.cluster = Cluster(api_client, build=config.build, paddlejobs=config.paddlejobs)
-    for router in (packages.router, jobs.router, version.router):
+    app.state.master_pages = MasterPages(read_viewer_token=app.state.cluster.viewer_token,
+                                         address=page_address)
+    for router in (packages.router, jobs.router, version.router, pages.router):
         app.include_router(router)
     app.add_middleware(BodyLimit, limit=config.limits.max_upload_bytes + MULTIPART_SLACK)
     return app

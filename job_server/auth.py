@@ -4,6 +4,12 @@
 `Principal.namespace` answers 403 for a namespace the token may not use, so a
 token of one namespace sees, reads and deletes nothing of another.
 
+The browser pages (`/` and the proxied job pages, job_server.routers.pages) take the
+same token in a cookie too: a navigation carries no header. `?token=` given once sets
+it (HttpOnly, SameSite=Strict) and the page reloads without it (`page_principal`). Only
+those read-only GET routes read the cookie: every other route wants the header, so no
+cross-site form can act with a visitor's cookie.
+
 What this does NOT guarantee: anything about who holds a token; tokens travel in
 clear unless the server is behind TLS (an Ingress, or uvicorn's --ssl-*).
 """
@@ -38,21 +44,44 @@ class Principal:
         return namespace
 
 
+TOKEN_COOKIE = "paddlecloud_token"  # the browser pages' copy of the bearer token
+UNAUTHORIZED = {"WWW-Authenticate": "Bearer"}
+
+
+def namespaces_of(request: Request, given: str) -> tuple[str, ...] | None:
+    """The namespaces of a token of the server's tokens file; None for an unknown token."""
+    found: tuple[str, ...] | None = None
+    for token, namespaces in request.app.state.config.tokens.items():
+        if hmac.compare_digest(token.encode(), given.encode()):  # every token compared: no timing hint
+            found = namespaces
+    return found
+
+
 def principal(request: Request, credentials: Annotated[
         HTTPAuthorizationCredentials | None, Depends(bearer)]) -> Principal:
     """The caller of a request, from its `Authorization: Bearer TOKEN` header."""
-    unauthorized = {"WWW-Authenticate": "Bearer"}
     if credentials is None or credentials.scheme.lower() != "bearer":
         raise HTTPException(status.HTTP_401_UNAUTHORIZED,
-                            "missing token: send Authorization: Bearer TOKEN", headers=unauthorized)
-    given = credentials.credentials.encode()
-    found: tuple[str, ...] | None = None
-    for token, namespaces in request.app.state.config.tokens.items():
-        if hmac.compare_digest(token.encode(), given):  # every token compared: no timing hint
-            found = namespaces
+                            "missing token: send Authorization: Bearer TOKEN", headers=UNAUTHORIZED)
+    found = namespaces_of(request, credentials.credentials)
     if found is None:
-        raise HTTPException(status.HTTP_401_UNAUTHORIZED, "unknown token", headers=unauthorized)
+        raise HTTPException(status.HTTP_401_UNAUTHORIZED, "unknown token", headers=UNAUTHORIZED)
+    return Principal(found)
+
+
+def page_principal(request: Request, credentials: Annotated[
+        HTTPAuthorizationCredentials | None, Depends(bearer)]) -> Principal:
+    """The caller of a browser page: the bearer header's token, else the cookie's."""
+    if credentials is not None:
+        return principal(request, credentials)
+    given = request.cookies.get(TOKEN_COOKIE)
+    found = namespaces_of(request, given) if given else None
+    if found is None:
+        raise HTTPException(status.HTTP_401_UNAUTHORIZED,
+                            "no valid token: open this page once with ?token=TOKEN (a Job Server "
+                            "token), or send Authorization: Bearer TOKEN", headers=UNAUTHORIZED)
     return Principal(found)
 
 
 Caller = Annotated[Principal, Depends(principal)]
+PageCaller = Annotated[Principal, Depends(page_principal)]

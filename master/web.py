@@ -14,8 +14,8 @@ Every request passes `authorize()`, the one place a caller's access is decided
 in sessionStorage). With no tokens configured — today, until the security issue's
 token file is wired in — every caller is an operator. A viewer sees no session ids.
 
-Until the Job Server exists, `/` is this master's own job only; the page is laid
-out so that a jobs list can take its place above the job's panel.
+`/` is this master's own job; the Job Server's `/` lists every job and serves this
+page under a prefix (job_server.routers.pages), so every URL the page uses is relative.
 
 What this does NOT do: keep the time series across a restart or failover of the
 master (they start with its term of leadership), or count a trainer restarted

@@ -1,4 +1,5 @@
-// The master's status page: polls /api/job and /api/series every second and redraws in place.
+// The master's status page: polls api/job and api/series every second and redraws in place.
+// Every URL is relative, so the page works under a prefix too (the Job Server's proxy).
 // Everything shown is set with textContent or SVG attributes (never innerHTML): names, reasons
 // and addresses come from trainers and users, so they are escaped by construction.
 "use strict";
@@ -192,7 +193,7 @@ function renderSeries(s) {
 async function refresh() {
   const started = performance.now();
   try {
-    const [job, series] = await Promise.all([getJSON("/api/job"), getJSON("/api/series")]);
+    const [job, series] = await Promise.all([getJSON("api/job"), getJSON("api/series")]);
     const fetched = performance.now();
     renderJob(job);
     renderSeries(series);
