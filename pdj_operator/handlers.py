@@ -111,6 +111,7 @@ class JobObjects:
         self.batch = client.BatchV1Api(self.api)
         self.custom = client.CustomObjectsApi(self.api)
         self.networking = client.NetworkingV1Api(self.api)
+        self.rbac = client.RbacAuthorizationV1Api(self.api)
         self.retry = RetryPolicy(attempts=3, initial_wait=0.2)
 
     def _dict(self, obj: Any) -> dict[str, Any]:
@@ -175,6 +176,17 @@ class JobObjects:
         await self._create(self.core.create_namespaced_service, service,
                            read=self.core.read_namespaced_service, owner_uid=uid,
                            patch=self.core.patch_namespaced_service)
+        rbac = {"ServiceAccount": (self.core.create_namespaced_service_account,
+                                   self.core.read_namespaced_service_account,
+                                   self.core.patch_namespaced_service_account),
+                "Role": (self.rbac.create_namespaced_role, self.rbac.read_namespaced_role,
+                         self.rbac.patch_namespaced_role),
+                "RoleBinding": (self.rbac.create_namespaced_role_binding,
+                                self.rbac.read_namespaced_role_binding,
+                                self.rbac.patch_namespaced_role_binding)}
+        for obj in manifests.master_rbac(spec, manifests.owner_reference(spec.name, uid)):
+            create, read, patch = rbac[obj["kind"]]
+            await self._create(create, obj, read=read, owner_uid=uid, patch=patch)
         await self._ensure_tokens(spec, owner)
         for policy in manifests.network_policies(spec, manifests.owner_reference(spec.name, uid)):
             await self._create(self.networking.create_namespaced_network_policy, policy,

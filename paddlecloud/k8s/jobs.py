@@ -5,7 +5,8 @@ PaddleJob instead (`create_paddlejob`); with `paddlejobs=True`, reads and delete
 see both kinds.
 
 `create_job` is the one path from rendered objects (`manifests.submit_objects`) to the
-API server: the ConfigMaps, then the master Deployment, then its Service, and the
+API server: the ConfigMaps, then the master Deployment, then its Service, its
+ServiceAccount, Role and RoleBinding, its tokens Secret and NetworkPolicies, and the
 ConfigMaps owned by the Deployment so deleting it removes the whole job. A name in
 use is refused and nothing of a half-created job is left behind. `pod_counts` and
 `fetch_master_status` are what `job status` and the job server's `GET /v1/jobs/NAME`
@@ -120,6 +121,14 @@ def create_job(api: Any, *, spec: JobSpec, objects: list[dict[str, Any]],
     owner = manifests.owner_reference(spec.name, uid)
     create(core.create_namespaced_service, manifests.master_service(spec, owner), "services",
            adopt=True)
+    # The master's own account and rights (its pods start once the ServiceAccount exists).
+    rbac = client.RbacAuthorizationV1Api(api)
+    creators = {"ServiceAccount": (core.create_namespaced_service_account, "serviceaccounts"),
+                "Role": (rbac.create_namespaced_role, "roles"),
+                "RoleBinding": (rbac.create_namespaced_role_binding, "rolebindings")}
+    for obj in manifests.master_rbac(spec, owner):
+        fn, resource = creators[obj["kind"]]
+        create(fn, obj, resource, adopt=True)
     # The job's tokens, made here and nowhere stored but in the Secret (the master's pods
     # wait for it to mount); owned, so it goes with the job.
     from paddlecloud.auth import JobTokens

@@ -4,7 +4,8 @@ Pure functions, no I/O: the CLI renders what `paddlecloud job submit` creates (t
 job-spec and package ConfigMaps, the master Deployment and its Service), the
 master's deployer renders what the leading master creates (the pservers'
 StatefulSet and headless Service, the trainers' Indexed Job, a Volcano PodGroup),
-and `rbac()` renders the namespace-scoped rights the master needs.
+`master_rbac()` renders each job's own ServiceAccount, Role and RoleBinding (its
+master's rights, named object by object), and `rbac()` the Role of those who submit.
 
 Endpoints. Every pserver's endpoint is a stable DNS name for the life of the job (a
 restarted pserver keeps its name, not its IP): with intranet `PodIP` (and `Host`)
@@ -84,7 +85,6 @@ HOST_PORTS_PER_JOB = 2  # Host intranet: PADDLE_PORT and the gloo port, side by 
 RUN_AS_USER = 10001  # high, so no host user shares it
 
 # Names and paths.
-SERVICE_ACCOUNT = "paddlecloud-master"
 TOKENS_MOUNT = "/var/run/paddlecloud/tokens"  # the job's tokens Secret (paddlecloud.auth)
 SPEC_MOUNT = "/etc/paddlecloud"
 SPEC_KEY = "job.yaml"
@@ -910,7 +910,7 @@ def master_deployment(spec: JobSpec) -> Manifest:
             "template": {
                 "metadata": {"labels": labels(spec, MASTER)},
                 "spec": {
-                    "serviceAccountName": SERVICE_ACCOUNT,
+                    "serviceAccountName": master_account_name(spec.name),
                     "securityContext": pod_security(),
                     "containers": [{**container, "securityContext": container_security()}],
                     "volumes": volumes,
@@ -984,7 +984,8 @@ def submit_objects(spec: JobSpec, package: Mapping[str, bytes] | None = None,
     out = [spec_configmap(spec)]
     if spec.package_files:
         out.append(package_configmap(spec, package or {}))
-    out += [master_deployment(spec), master_service(spec, owner), *network_policies(spec, owner)]
+    out += [master_deployment(spec), master_service(spec, owner), *network_policies(spec, owner),
+            *master_rbac(spec, owner)]
     return out
 
 
@@ -1007,31 +1008,119 @@ def dump_yaml(obj: Any) -> str:
 
 
 # ---- RBAC ---------------------------------------------------------------------------------
-MASTER_RULES: list[dict[str, Any]] = [
-    # read its own Deployment (the owner uid) and annotate it with the job's phase
-    {"apiGroups": ["apps"], "resources": ["deployments"], "verbs": ["get", "patch"]},
-    {"apiGroups": ["apps"], "resources": ["statefulsets"], "verbs": ["get", "create", "delete"]},
-    {"apiGroups": [""], "resources": ["services"], "verbs": ["get", "create", "delete"]},
-    # the trainers: patch resizes a PS job's Indexed Job; a collective job's group restart
-    # deletes and recreates it, after seeing a member pod lost
-    {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["get", "create", "patch", "delete"]},
-    {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
-    {"apiGroups": ["scheduling.volcano.sh"], "resources": ["podgroups"],
-     "verbs": ["get", "create", "patch", "delete"]},
+RBAC_API_VERSION = "rbac.authorization.k8s.io/v1"
+
+
+def master_account_name(job: str) -> str:
+    """The job's own ServiceAccount, Role and RoleBinding (one name, three kinds): the master's
+    pods run as it, so one job's master holds rights on that job's objects only."""
+    return f"{job}-master"
+
+
+def _most_trainers(spec: JobSpec) -> JobSpec:
+    """The spec at the most trainers it may be scaled to (the names a resize may create)."""
+    return spec.replace(trainers=max(spec.trainers, spec.trainer_range.maximum))
+
+
+def master_rules(spec: JobSpec) -> list[dict[str, Any]]:
+    """The rules of a job's master: exactly the calls of `master.k8s_deployer`, and every
+    `get`/`patch`/`delete` limited by `resourceNames` to this job's own objects.
+
+    Unscoped, because the API cannot scope them by name: `create` (the object's name is
+    in the body, unknown when the request is authorized) and `list` (the trainer pods are
+    found by label; a list is authorized before any selector is applied). A `create` of
+    another job's name is refused by the API server (409) and never adopted by the
+    deployer (it checks the job label). No rule may ever carry an empty `resourceNames`:
+    that would mean every name.
+    """
+    most = _most_trainers(spec)
+    services = [s["metadata"]["name"] for role in (PSERVER, HETER, TRAINER)
+                for s in role_services(most, role, owner=None)]
+
+    def named(group: str, resource: str, verbs: list[str], names: list[str]) -> dict[str, Any]:
+        return {"apiGroups": [group], "resources": [resource], "verbs": verbs,
+                "resourceNames": list(dict.fromkeys(names))}
+
+    def anonymous(group: str, resource: str, verbs: list[str]) -> dict[str, Any]:
+        return {"apiGroups": [group], "resources": [resource], "verbs": verbs}
+
+    rules = [
+        # its own Deployment: the owner uid, and the phase annotation
+        named("apps", "deployments", ["get", "patch"], [master_name(spec.name)]),
+        anonymous("apps", "statefulsets", ["create"]),
+        named("apps", "statefulsets", ["get", "delete"],
+              [pserver_name(spec.name), heter_name(spec.name)]),
+        anonymous("", "services", ["create"]),
+        named("", "services", ["get", "delete"], services),
+        # the trainers: patch resizes a PS job's Indexed Job; a collective job's group
+        # restart deletes and recreates it, after listing the group's pods
+        anonymous("batch", "jobs", ["create"]),
+        named("batch", "jobs", ["get", "patch", "delete"], [trainer_name(spec.name)]),
+        anonymous("", "pods", ["list"]),
+    ]
+    if spec.uses_volcano:
+        rules += [anonymous("scheduling.volcano.sh", "podgroups", ["create"]),
+                  named("scheduling.volcano.sh", "podgroups", ["get", "patch", "delete"],
+                        [podgroup_name(spec)])]
+    return rules
+
+
+def master_rbac(spec: JobSpec, owner: Mapping[str, Any] | None) -> list[Manifest]:
+    """The job's master's ServiceAccount, Role (`master_rules`) and RoleBinding, owned by its
+    Deployment like the job's other objects, so deleting the job removes them."""
+    name = master_account_name(spec.name)
+    return [
+        {"apiVersion": "v1", "kind": "ServiceAccount",
+         "metadata": _metadata(spec, name=name, role=MASTER, owner=owner)},
+        {"apiVersion": RBAC_API_VERSION, "kind": "Role",
+         "metadata": _metadata(spec, name=name, role=MASTER, owner=owner),
+         "rules": master_rules(spec)},
+        {"apiVersion": RBAC_API_VERSION, "kind": "RoleBinding",
+         "metadata": _metadata(spec, name=name, role=MASTER, owner=owner),
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+         "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": spec.namespace}]},
+    ]
+
+
+SUBMITTER_ROLE = "paddlecloud-submitter"
+# What `paddlecloud job submit/status/logs/delete` call (paddlecloud.k8s.jobs), beside the
+# master's own verbs: the API server lets a user create a Role only with rights the user holds.
+SUBMITTER_RULES: list[tuple[str, str, list[str]]] = [
+    ("", "configmaps", ["get", "create", "patch", "delete"]),
+    ("apps", "deployments", ["get", "list", "create", "delete"]),
+    ("", "services", ["create"]),
+    # create only: `job status` reads the job's viewer token where a user may read Secrets,
+    # which this Role does not grant (else PADDLE_JOB_TOKEN_FILE names a token)
+    ("", "secrets", ["create"]),
+    ("networking.k8s.io", "networkpolicies", ["create"]),
+    ("", "serviceaccounts", ["create"]),
+    ("rbac.authorization.k8s.io", "roles", ["create"]),
+    ("rbac.authorization.k8s.io", "rolebindings", ["create"]),
+    ("", "pods", ["list"]),
+    ("", "pods/log", ["get"]),
 ]
 
 
+def unscoped_rules(rules: list[dict[str, Any]]) -> dict[tuple[str, str], list[str]]:
+    """{(API group, resource): verbs} of `rules`, their resourceNames dropped."""
+    out: dict[tuple[str, str], list[str]] = {}
+    for rule in rules:
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                verbs = out.setdefault((group, resource), [])
+                verbs += [v for v in rule["verbs"] if v not in verbs]
+    return out
+
+
 def rbac(namespace: str) -> list[Manifest]:
-    """The master's ServiceAccount, Role and RoleBinding: one namespace, the verbs it uses."""
-    meta = {"namespace": namespace, "labels": {APP_LABEL: APP_NAME}}
-    return [
-        {"apiVersion": "v1", "kind": "ServiceAccount",
-         "metadata": {"name": SERVICE_ACCOUNT, **meta}},
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
-         "metadata": {"name": SERVICE_ACCOUNT, **meta},
-         "rules": copy.deepcopy(MASTER_RULES)},
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-         "metadata": {"name": SERVICE_ACCOUNT, **meta},
-         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": SERVICE_ACCOUNT},
-         "subjects": [{"kind": "ServiceAccount", "name": SERVICE_ACCOUNT, "namespace": namespace}]},
-    ]
+    """The Role of those who submit jobs in `namespace` (deploy/rbac.yaml): the calls of
+    `paddlecloud job`, plus every verb a job's master Role grants (any job's: with Volcano)."""
+    every = master_rules(JobSpec(name="any", namespace=namespace, module="m",
+                                 scheduler_name="volcano"))
+    verbs = unscoped_rules([{"apiGroups": [g], "resources": [r], "verbs": v}
+                            for g, r, v in SUBMITTER_RULES] + every)
+    return [{"apiVersion": RBAC_API_VERSION, "kind": "Role",
+             "metadata": {"name": SUBMITTER_ROLE, "namespace": namespace,
+                          "labels": {APP_LABEL: APP_NAME}},
+             "rules": [{"apiGroups": [group], "resources": [resource], "verbs": v}
+                       for (group, resource), v in verbs.items()]}]

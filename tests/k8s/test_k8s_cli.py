@@ -49,7 +49,8 @@ async def test_submit_creates_the_master_its_service_and_the_spec(k8s, kubeconfi
     assert "job ctr submitted to namespace ml" in result.output
     assert k8s.posted() == [("configmaps", "ctr-spec"), ("configmaps", "ctr-package"),
                             ("deployments", "ctr-master"), ("services", "ctr-master"),
-                            ("secrets", "ctr-tokens"), ("networkpolicies", "ctr-internal"),
+                            ("serviceaccounts", "ctr-master"), ("roles", "ctr-master"),
+                            ("rolebindings", "ctr-master"), ("secrets", "ctr-tokens"), ("networkpolicies", "ctr-internal"),
                             ("networkpolicies", "ctr-master")]
     deployment = k8s.stored("deployments", "ml", "ctr-master")
     uid = deployment["metadata"]["uid"]
@@ -66,7 +67,10 @@ async def test_submit_creates_the_master_its_service_and_the_spec(k8s, kubeconfi
 
     assert deployment["spec"]["replicas"] == 2
     pod = deployment["spec"]["template"]["spec"]
-    assert pod["serviceAccountName"] == "paddlecloud-master"
+    assert pod["serviceAccountName"] == "ctr-master"  # the job's own account and Role
+    for resource in ("serviceaccounts", "roles", "rolebindings"):
+        assert k8s.stored(resource, "ml", "ctr-master")["metadata"]["ownerReferences"] == [owner]
+    assert k8s.stored("rolebindings", "ml", "ctr-master")["subjects"][0]["name"] == "ctr-master"
     container = pod["containers"][0]
     command = container["command"]
     assert command[:2] == ["paddlecloud", "master"]
@@ -261,7 +265,8 @@ async def test_dry_run_is_stable_valid_yaml_and_touches_nothing(k8s, kubeconfig)
     assert first.output == second.output
     docs = list(yaml.safe_load_all(first.output))
     assert [d["kind"] for d in docs] == ["ConfigMap", "Deployment", "Service", "NetworkPolicy",
-                                         "NetworkPolicy", "Service",
+                                         "NetworkPolicy", "ServiceAccount", "Role", "RoleBinding",
+                                         "Service",
                                          "StatefulSet", "Job"]
     assert list(k8s.kmock) == []  # not one request
 

@@ -261,7 +261,12 @@ async def test_deleting_the_paddlejob_removes_everything_and_its_etcd_keys(
                                     PLURAL, "gone")
             await k8s.wait_for(lambda: k8s.stored("paddlejobs", NS, "gone") is None,
                                what="the PaddleJob gone (finalizer released)")
-        for resource, name in [*owned, ("deployments", "gone-master"), ("configmaps", "gone-spec")]:
+        # the master's ServiceAccount, Role and RoleBinding go with its Deployment, by the
+        # garbage collector alone (owned, checked above): the operator has no right to delete them
+        rbac = ("serviceaccounts", "roles", "rolebindings")
+        assert {r for r, _ in owned} >= set(rbac)
+        for resource, name in [*((r, n) for r, n in owned if r not in rbac),
+                               ("deployments", "gone-master"), ("configmaps", "gone-spec")]:
             assert k8s.stored(resource, NS, name) is None, (resource, name)
         deletes = {(r, s) for m, r, s in k8s.requests() if m == "DELETE"}
         assert {("deployments", None), ("statefulsets", None), ("jobs", None)} <= deletes
@@ -339,7 +344,11 @@ def test_the_operator_manifest_is_strictly_valid_and_least_privilege():
     assert "ClusterRole" not in kinds and "ClusterRoleBinding" not in kinds
     assert all(verb not in {"*", "deletecollection", "escalate", "bind", "impersonate"}
                for _, _, verb in operator_rules())
-    assert not any(resource in {"pods", "roles", "rolebindings"} for _, resource, _ in operator_rules())
+    # pods: list only, and Roles and their bindings: no more than creating a job's master
+    # Role needs (the API server lets it grant only what it holds: the master's list of pods)
+    assert {verb for _, resource, verb in operator_rules() if resource == "pods"} == {"list"}
+    assert {verb for _, resource, verb in operator_rules()
+            if resource in {"roles", "rolebindings"}} == {"get", "create", "patch"}
     # Secrets: it creates the job's tokens, and can read none
     assert {verb for _, resource, verb in operator_rules() if resource == "secrets"} == {"create"}
     deployment = next(d for d in docs if d["kind"] == "Deployment")
