@@ -41,7 +41,7 @@ import copy
 import logging
 import zlib
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
@@ -49,6 +49,9 @@ from paddlecloud.checkpoints import checkpoints_dir
 from paddlecloud.jobspec import HOST_PORT_RANGE, JobSpec, JobSpecError
 from paddlecloud.master_flags import master_flags
 from paddlecloud.phase import Phase
+
+if TYPE_CHECKING:
+    from paddlecloud.tls import MasterCertificate
 
 logger = logging.getLogger(__name__)
 
@@ -66,6 +69,10 @@ POD_INDEX_LABEL = "apps.kubernetes.io/pod-index"  # set by the StatefulSet contr
 POD_NAME_LABEL = "statefulset.kubernetes.io/pod-name"  # set by the StatefulSet controller
 COMPLETION_INDEX_LABEL = "batch.kubernetes.io/job-completion-index"  # Job controller, k8s >= 1.28
 PODGROUP_ANNOTATION = "scheduling.k8s.io/group-name"
+# The job's CA certificate (PEM) on the master Deployment: public, so whoever may read the
+# job's Deployments (the CLI, the autoscaler) can check the master's TLS certificate
+# without any right on Secrets.
+MASTER_CA_ANNOTATION = "paddlecloud.org/master-ca"
 
 MASTER, PSERVER, TRAINER, HETER = "master", "pserver", "trainer", "heter"
 TRAINING_ROLES = {PSERVER: "PSERVER", TRAINER: "TRAINER", HETER: "HETER_TRAINER"}
@@ -126,23 +133,54 @@ def tokens_secret_name(job: str) -> str:
     return f"{job}-tokens"
 
 
-def tokens_secret(spec: JobSpec, tokens: Mapping[str, str], owner: Mapping[str, Any] | None) -> Manifest:
-    """The Secret of the job's role tokens: the master mounts all of it (--tokens-dir), its
-    trainers and pservers only the trainer token (PADDLE_JOB_TOKEN_FILE)."""
+# The master's TLS files in the job's Secret (and so in TOKENS_MOUNT): its certificate and
+# key, for the master only; the job's CA certificate, for every pod of the job.
+TLS_CERT_KEY, TLS_KEY_KEY, CA_KEY = "tls.crt", "tls.key", "ca.crt"
+
+
+def tokens_secret(spec: JobSpec, tokens: Mapping[str, str], owner: Mapping[str, Any] | None,
+                  *, certificate: MasterCertificate) -> Manifest:
+    """The job's Secret: its role tokens and the master's TLS certificate and key (issued at
+    submit, `paddlecloud.tls.issue_master_certificate`). The master mounts all of it
+    (--tokens-dir, --tls-cert, --tls-key), its trainers and pservers only the trainer token
+    (PADDLE_JOB_TOKEN_FILE) and the CA certificate (PADDLE_MASTER_CA_FILE)."""
+    data = {role: token.encode() for role, token in tokens.items()}
+    data.update({TLS_CERT_KEY: certificate.cert, TLS_KEY_KEY: certificate.key,
+                 CA_KEY: certificate.ca})
     return {
         "apiVersion": "v1",
         "kind": "Secret",
         "metadata": _metadata(spec, name=tokens_secret_name(spec.name), role=MASTER, owner=owner),
         "type": "Opaque",
-        "data": {role: base64.b64encode(token.encode()).decode() for role, token in tokens.items()},
+        "data": {key: base64.b64encode(value).decode() for key, value in data.items()},
     }
 
 
 def _token_volume(spec: JobSpec, *, only_trainer: bool) -> dict[str, Any]:
     secret: dict[str, Any] = {"secretName": tokens_secret_name(spec.name), "defaultMode": 0o400}
     if only_trainer:
-        secret["items"] = [{"key": "trainer", "path": "trainer"}]
+        secret["items"] = [{"key": "trainer", "path": "trainer"}, {"key": CA_KEY, "path": CA_KEY}]
     return {"name": "job-tokens", "secret": secret}
+
+
+def master_hosts(job: str, namespace: str) -> list[str]:
+    """The DNS names of the master Service: the names its TLS certificate is issued for."""
+    name = master_name(job)
+    return [name, f"{name}.{namespace}", f"{name}.{namespace}.svc",
+            f"{name}.{namespace}.svc.cluster.local"]
+
+
+def master_certificate_hosts(job: str, namespace: str) -> list[str]:
+    """What the master's certificate is issued for: its Service's names, and loopback, so that
+    `kubectl port-forward svc/NAME-master` and `--master 127.0.0.1:PORT` verify too."""
+    return [*master_hosts(job, namespace), "localhost", "127.0.0.1"]
+
+
+def publish_master_ca(deployment: Manifest, ca: bytes) -> Manifest:
+    """The master Deployment with the job's CA certificate as its MASTER_CA_ANNOTATION."""
+    out = copy.deepcopy(deployment)
+    out["metadata"].setdefault("annotations", {})[MASTER_CA_ANNOTATION] = ca.decode("ascii")
+    return out
 
 
 ETCD_AUTH_SECRET = "paddlecloud-etcd"  # optional: keys `user`, `password` of etcd's auth
@@ -324,6 +362,7 @@ def _common_env(spec: JobSpec, role: str) -> list[dict[str, Any]]:
         _value("PADDLE_ETCD_ENDPOINTS", spec.etcd_endpoints),
         _value("PADDLE_MASTER_ENDPOINT", master_endpoint(spec)),
         _value("PADDLE_JOB_TOKEN_FILE", f"{TOKENS_MOUNT}/trainer"),
+        _value("PADDLE_MASTER_CA_FILE", f"{TOKENS_MOUNT}/{CA_KEY}"),
         _value("PADDLE_TRAINERS_NUM", spec.trainers),
         _value("PADDLE_PSERVERS_NUM", spec.pservers),
         _value("PADDLE_PORT", paddle_port(spec)),
@@ -850,6 +889,7 @@ def master_command(spec: JobSpec) -> list[str]:
         chunk_bytes=spec.chunk_bytes,
         # a job started again on the same output resumes after its checkpoint
         resume_from=checkpoints_dir(spec.output) if spec.output else None, tokens_dir=TOKENS_MOUNT,
+        tls_cert=f"{TOKENS_MOUNT}/{TLS_CERT_KEY}", tls_key=f"{TOKENS_MOUNT}/{TLS_KEY_KEY}",
         extra=("--deployer", "kubernetes", "--job-spec", f"{SPEC_MOUNT}/{SPEC_KEY}"),
     )
     return ["paddlecloud", "master", *flags]
@@ -859,7 +899,10 @@ def master_deployment(spec: JobSpec) -> Manifest:
     """Two masters campaigning in etcd; the root owner of everything else of the job.
 
     Readiness is the gRPC health check, SERVING only on the leader, so the Service
-    routes to the leader; liveness is a TCP check, so a standby (NOT_SERVING) lives.
+    routes to the leader; liveness is a TCP check, so a standby (NOT_SERVING) lives. The
+    master serves TLS, which the kubelet's own gRPC probe cannot speak: readiness runs
+    `paddlecloud.k8s.master_probe` in the container. The job's CA certificate is added
+    at submit (`publish_master_ca`), when it is issued.
     """
     mounts = [{"name": "job-spec", "mountPath": SPEC_MOUNT, "readOnly": True},
               {"name": "job-tokens", "mountPath": TOKENS_MOUNT, "readOnly": True}]
@@ -891,7 +934,10 @@ def master_deployment(spec: JobSpec) -> Manifest:
             {"name": "grpc", "containerPort": MASTER_PORT},
             {"name": "metrics", "containerPort": METRICS_PORT},
         ],
-        "readinessProbe": {"grpc": {"port": MASTER_PORT}, "periodSeconds": 2, "failureThreshold": 1},
+        "readinessProbe": {"exec": {"command": [
+            "python", "-m", "paddlecloud.k8s.master_probe", "--address", f"127.0.0.1:{MASTER_PORT}",
+            "--ca", f"{TOKENS_MOUNT}/{CA_KEY}", "--server-name", master_hosts(spec.name, spec.namespace)[2]]},
+            "periodSeconds": 3, "timeoutSeconds": 3, "failureThreshold": 1},
         "livenessProbe": {"tcpSocket": {"port": MASTER_PORT}, "initialDelaySeconds": 10,
                           "periodSeconds": 10, "failureThreshold": 6},
         "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
