@@ -151,3 +151,52 @@ def test_wrong_etcd_credentials_end_the_master_with_one_line(secured, tmp_path, 
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and fragment in lines[0], result.stderr
     assert PASSWORD not in result.stderr
+
+
+@pytest.fixture(scope="module")
+def tls_only(tmp_path_factory):
+    """(etcd serving TLS to any client, no client certificate or user asked; its CA file)."""
+    d = tmp_path_factory.mktemp("etcd-tls-only")
+    ca = LocalCA.create("etcd discovery test CA")
+    ca.write_cert(d / "ca.crt")
+    server = ca.issue(d, "server", hosts=("127.0.0.1", "localhost"))
+    client = ca.issue(d, "client", hosts=(), client=True)  # only for the server's health check
+    tls = EtcdTls(ca=str(d / "ca.crt"), cert=str(server.cert), key=str(server.key),
+                  client_cert=str(client.cert), client_key=str(client.key), client_cert_auth=False)
+    with EtcdServer(tls=tls) as etcd:
+        yield etcd, tls.ca
+
+
+def test_trainers_find_the_leader_over_tls_with_a_ca_only(tls_only, tmp_path, job_name, monkeypatch):
+    """A real master publishes its address in the https:// etcd; a trainer's locator reads it
+    with the CA alone (no etcd user, no client certificate), and trusts no other CA."""
+    from trainer_agent.discovery import DiscoveryError, MasterLocator
+
+    etcd, ca_file = tls_only
+    monkeypatch.setenv("PADDLE_ETCD_CA_FILE", ca_file)  # the master's (and only that)
+    write_records(tmp_path / "data", files=1, records_per_file=2)
+    proc = MasterProcess(job=job_name, etcd=etcd.endpoint, tmp=tmp_path,
+                         args=("--input", str(tmp_path / "data"))).start()
+    try:
+        asyncio.run(wait_serving(proc.address, process=proc))
+        trainer_env = {"PADDLE_ETCD_ENDPOINTS": etcd.endpoint, "PADDLE_JOB_NAME": job_name,
+                       "PADDLE_ETCD_CA_FILE": ca_file}
+        assert not {"PADDLE_ETCD_USER", "PADDLE_ETCD_CERT_FILE"} & set(trainer_env)
+        assert MasterLocator.from_env(trainer_env).resolve(timeout=5) == proc.address
+        other = LocalCA.create("someone else's CA").write_cert(tmp_path / "other.crt")
+        with pytest.raises(DiscoveryError, match="not trusted"):  # an impostor etcd is not believed
+            MasterLocator.from_env({**trainer_env, "PADDLE_ETCD_CA_FILE": str(other)}).resolve(timeout=5)
+        with pytest.raises(DiscoveryError, match="cannot read PADDLE_ETCD_CA_FILE"):
+            MasterLocator.from_env({**trainer_env, "PADDLE_ETCD_CA_FILE": str(tmp_path / "none")}).resolve()
+    finally:
+        proc.stop()
+
+
+def test_an_etcd_asking_for_credentials_tells_trainers_to_use_the_master_endpoint(secured, job_name):
+    from trainer_agent.discovery import DiscoveryError, MasterLocator
+
+    etcd, env = secured
+    locator = MasterLocator.from_env({"PADDLE_ETCD_ENDPOINTS": etcd.endpoint, "PADDLE_JOB_NAME": job_name,
+                                      "PADDLE_ETCD_CA_FILE": env["PADDLE_ETCD_CA_FILE"]})
+    with pytest.raises(DiscoveryError, match="trainers have none: set PADDLE_MASTER_ENDPOINT"):
+        locator.resolve(timeout=5)
