@@ -6,6 +6,9 @@ master's deployer renders what the leading master creates (the pservers'
 StatefulSet and headless Service, the trainers' Indexed Job, a Volcano PodGroup),
 `master_rbac()` renders each job's own ServiceAccount, Role and RoleBinding (its
 master's rights, named object by object), and `rbac()` the Role of those who submit.
+The job's Secret (`tokens_secret`) carries its tokens and the master's TLS certificate
+and key, issued at submit; the CA certificate is public, on the master Deployment
+(`publish_master_ca`) and mounted in every pod of the job.
 
 Endpoints. Every pserver's endpoint is a stable DNS name for the life of the job (a
 restarted pserver keeps its name, not its IP): with intranet `PodIP` (and `Host`)
