@@ -39,7 +39,7 @@ from autoscaler.lease import LeaseElector
 from autoscaler.planner import DEFAULT_MAX_LOAD_DESIRED, Change, Cluster, Plan, plan
 from autoscaler.snapshot import JobRange, build_cluster, job_key
 from paddlecloud.k8s import manifests
-from paddlecloud.k8s.jobs import fetch_master_status, scale_trainers
+from paddlecloud.k8s.jobs import fetch_master_status, master_ca, scale_trainers
 
 logger = logging.getLogger(__name__)
 
@@ -78,16 +78,19 @@ def _now() -> str:
 REFUSALS = ("INVALID_ARGUMENT", "FAILED_PRECONDITION", "PERMISSION_DENIED", "UNAUTHENTICATED")
 
 
-def scale_job(address: str, trainers: int, *, job: str, settings: Settings) -> bool:
+def scale_job(address: str, trainers: int, *, job: str, settings: Settings,
+              ca: bytes | None = None) -> bool:
     """Sets a job's trainers through its master at `address` (`ScaleTrainers`, the call of
     `paddlecloud job scale`), retried with backoff while the master cannot be reached; False
-    when it refused (out of range, a finishing job: the next round replans) or never answered."""
+    when it refused (out of range, a finishing job: the next round replans) or never answered.
+    `ca`: the job's CA, published on its master Deployment (TLS)."""
     import grpc
 
     wait = settings.retry_wait_s
     for attempt in range(1, settings.attempts + 1):
         try:
-            scale_trainers(address, trainers, timeout=settings.rpc_timeout_s, token=settings.token)
+            scale_trainers(address, trainers, timeout=settings.rpc_timeout_s, token=settings.token,
+                           ca=ca)
             return True
         except grpc.RpcError as error:
             logger.warning("job %s: scale to %d failed (attempt %d/%d): %s %s", job, trainers,
@@ -98,6 +101,11 @@ def scale_job(address: str, trainers: int, *, job: str, settings: Settings) -> b
             time.sleep(wait)
             wait *= 2
     return False
+
+
+def _ca_of(deployment: Mapping[str, Any]) -> bytes | None:
+    """The job's CA published on its master Deployment (`paddlecloud.k8s.jobs.master_ca`)."""
+    return master_ca((deployment.get("metadata") or {}).get("annotations"))
 
 
 class Controller:
@@ -125,15 +133,16 @@ class Controller:
         found = self._apps.list_deployment_for_all_namespaces(label_selector=MASTER_SELECTOR)
         return self._dicts(found.items or [])
 
-    def job_range(self, namespace: str, name: str) -> JobRange | None:
-        """The job's range and desired size as its master says; None when it cannot tell."""
+    def job_range(self, namespace: str, name: str, *, ca: bytes | None = None) -> JobRange | None:
+        """The job's range and desired size as its master says (TLS checked against `ca`, the
+        job's CA); None when it cannot tell."""
         import grpc
 
         address = self.master_address(name, namespace)
         key = job_key(namespace, name)
         try:
             reply = fetch_master_status(address, timeout=self.settings.rpc_timeout_s,
-                                        token=self.settings.token)
+                                        token=self.settings.token, ca=ca)
         except grpc.RpcError as error:
             if error.code().name in ("UNAUTHENTICATED", "PERMISSION_DENIED"):
                 if key not in self._refused:  # a warning once, until the master accepts us again
@@ -164,7 +173,8 @@ class Controller:
             if name:
                 jobs[job_key(meta["namespace"], name)] = (meta["namespace"], name, deployment)
         with ThreadPoolExecutor(max_workers=MASTER_QUERIES, thread_name_prefix="get-status") as pool:
-            answers = list(pool.map(lambda job: self.job_range(job[0], job[1]), jobs.values()))
+            answers = list(pool.map(lambda job: self.job_range(job[0], job[1], ca=_ca_of(job[2])),
+                                    jobs.values()))
         ranges = [found for found in answers if found is not None]
         deployments = {job_key(r.namespace, r.name): jobs[job_key(r.namespace, r.name)][2] for r in ranges}
         return build_cluster(nodes=nodes, pods=pods, ranges=ranges), deployments
@@ -187,15 +197,15 @@ class Controller:
                       flush=True)
                 continue
             logger.info("job %s: %d -> %d trainers (%s)", change.job, change.before, change.after, why)
-            if self.apply(change):
+            if self.apply(change, ca=_ca_of(deployments[change.job])):
                 self.record_event(deployments[change.job], change)
         return result
 
-    def apply(self, change: Change) -> bool:
+    def apply(self, change: Change, *, ca: bytes | None = None) -> bool:
         """Sets the job's trainers through its master (see `scale_job`)."""
         namespace, _, name = change.job.partition("/")
         return scale_job(self.master_address(name, namespace), change.after, job=change.job,
-                         settings=self.settings)
+                         settings=self.settings, ca=ca)
 
     def record_event(self, deployment: Mapping[str, Any], change: Change) -> None:
         """A core/v1 Event on the job's master Deployment (best effort: logged when refused)."""

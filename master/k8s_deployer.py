@@ -12,7 +12,7 @@ is adopted (a master that took over calls everything again). Answers that may pa
 are retried per `paddlecloud.k8s.client`; that is safe for every call made here (a
 create whose first try went through answers 409 on the retry and is adopted; gets,
 merge patches and deletes are idempotent). A 403 is a `KubernetesPermissionError`
-naming the verb, the resource and the Role in `deploy/rbac.yaml`. The Job and the
+naming the verb, the resource and the job's master Role (`manifests.master_rules`). The Job and the
 StatefulSet controllers replace failed pods, so in PS mode `reconcile` has nothing
 to do here.
 

@@ -306,3 +306,17 @@ class ClientCredentials:
     def metadata(self, token: str | None = None) -> tuple[tuple[str, str], ...]:
         """The call metadata: `token` (a session token) when given, else the job token."""
         return auth_metadata(token or self.token)
+
+
+def master_credentials(token: str | None = None, *, ca: bytes | None = None) -> ClientCredentials:
+    """How a CLI or controller speaks to a job's master: the job's operator or viewer token in
+    PADDLE_JOB_TOKEN_FILE, the master's CA in PADDLE_MASTER_CA_FILE; `token` and `ca` (the
+    job's CA published on its master Deployment) are used where the environment names none."""
+    import dataclasses
+
+    credentials = ClientCredentials.from_env()
+    if credentials.token is None and token:
+        credentials = dataclasses.replace(credentials, token=token)
+    if credentials.ca is None and ca:
+        credentials = dataclasses.replace(credentials, ca=ca)
+    return credentials

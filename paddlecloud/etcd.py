@@ -14,10 +14,15 @@ plaintext, so `_Client` opens the TLS channel), and a user and password log in
 `PADDLE_ETCD_PASSWORD`. `connect()` proves the credentials with one read under
 `/paddlecloud/`: wrong ones raise `EtcdAuthError` at once (no retry helps).
 
-What this does NOT do: renew an etcd auth token (etcd's simple tokens last while
-used; a client idle past `--auth-token-ttl` must reconnect), and it never keeps a
-*trainer's* lease alive (the master
-refreshes those only when the trainer calls, see `master.sessions`).
+etcd's simple auth tokens expire after `--auth-token-ttl` (300 s) without use, and
+aetcd logs in only once: a call answered "invalid auth token" logs in again and is
+retried once with the new token (`_Reauthenticate`), so an idle client (a standby
+master) keeps working.
+
+What this does NOT do: renew the token of a stream already open (a watch or a lease
+keep-alive stream keeps the token it started with; etcd checks it when the stream
+opens), and it never keeps a *trainer's* lease alive (the master refreshes those
+only when the trainer calls, see `master.sessions`).
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 import aetcd
@@ -103,12 +109,73 @@ class EtcdCredentials:
                                             certificate_chain=read(self.cert_file))
 
 
-class _Client(aetcd.Client):
-    """aetcd's client over a TLS channel (aetcd dials plaintext only); the rest is aetcd's."""
+INVALID_TOKEN = "invalid auth token"  # etcd's answer to an expired (or revoked) auth token
 
-    def __init__(self, *, host: str, port: int, tls: grpc.ChannelCredentials, **kwargs) -> None:
+
+def _token_expired(error: grpc.aio.AioRpcError) -> bool:
+    return error.code() == grpc.StatusCode.UNAUTHENTICATED and INVALID_TOKEN in (error.details() or "")
+
+
+class _Reauthenticate(grpc.aio.UnaryUnaryClientInterceptor):
+    """On etcd's "invalid auth token" (a simple token expires after `--auth-token-ttl` without
+    use, 300 s by default), logs in again and retries the call once with the new token."""
+
+    def __init__(self, client: _Client) -> None:
+        self._client = client
+
+    async def intercept_unary_unary(self, continuation: Callable, client_call_details: Any,
+                                    request: Any) -> Any:
+        method = client_call_details.method
+        method = method.decode() if isinstance(method, bytes) else str(method)
+        call = await continuation(client_call_details, request)
+        try:
+            return await call
+        except grpc.aio.AioRpcError as error:
+            if (not _token_expired(error) or self._client.username is None
+                    or method.endswith("/Authenticate")):
+                raise
+        sent = dict(client_call_details.metadata or ()).get("token")
+        token = await self._client.reauthenticate(stale=sent)
+        metadata = grpc.aio.Metadata(*[(k, v) for k, v in (client_call_details.metadata or ())
+                                       if k != "token"], ("token", token))
+        retried = await continuation(client_call_details._replace(metadata=metadata), request)
+        return await retried
+
+
+class _Client(aetcd.Client):
+    """aetcd's client on a channel of our own: TLS when given (aetcd dials plaintext only), and
+    a fresh auth token when etcd says ours expired (aetcd logs in once, at connect, and never
+    again); the rest is aetcd's. Long-lived streams (watches, lease keep-alives) present the
+    token they started with: one that etcd refuses is restarted by its owner, with the
+    token of `metadata` then."""
+
+    def __init__(self, *, host: str, port: int, tls: grpc.ChannelCredentials | None, **kwargs) -> None:
         super().__init__(host=host, port=port, **kwargs)
         self._tls = tls
+        self._auth_lock = asyncio.Lock()
+
+    @property
+    def username(self) -> str | None:
+        return self._username
+
+    async def _authenticate(self) -> str:
+        reply = await self.auth_stub.Authenticate(
+            rpc.AuthenticateRequest(name=self._username, password=self._password),
+            timeout=self._timeout)
+        self.metadata = (("token", reply.token),)
+        if self._watcher is not None:
+            self._watcher._metadata = self.metadata  # the token of watch streams started later
+        return reply.token
+
+    async def reauthenticate(self, *, stale: str | None) -> str:
+        """A valid token: the current one when another call renewed `stale` already."""
+        async with self._auth_lock:
+            current = dict(self.metadata or ()).get("token")
+            if current and current != stale:
+                return current
+            token = await self._authenticate()
+            logger.info("etcd auth token of user %s expired: logged in again", self._username)
+            return token
 
     async def connect(self) -> None:
         if self._connected.is_set():
@@ -118,14 +185,16 @@ class _Client(aetcd.Client):
             return
         self._is_connecting = True
         try:
-            self.channel = grpc.aio.secure_channel(f"{self._host}:{self._port}", self._tls,
-                                                   options=list(self._options.items()))
+            target, options = f"{self._host}:{self._port}", list(self._options.items())
+            interceptors = [_Reauthenticate(self)]
+            self.channel = (grpc.aio.secure_channel(target, self._tls, options=options,
+                                                    interceptors=interceptors)
+                            if self._tls is not None
+                            else grpc.aio.insecure_channel(target, options=options,
+                                                           interceptors=interceptors))
             if self._username is not None:
                 self.auth_stub = rpc.AuthStub(self.channel)
-                reply = await self.auth_stub.Authenticate(
-                    rpc.AuthenticateRequest(name=self._username, password=self._password),
-                    timeout=self._timeout)
-                self.metadata = (("token", reply.token),)
+                await self._authenticate()
             self.kvstub = rpc.KVStub(self.channel)
             self.clusterstub = rpc.ClusterStub(self.channel)
             self.leasestub = rpc.LeaseStub(self.channel)
@@ -191,8 +260,7 @@ async def connect(endpoints: str, *, timeout: float = 10.0,
     while True:
         for host, port in candidates:
             kwargs = {"username": creds.user, "password": creds.password, "timeout": RPC_TIMEOUT}
-            client = (_Client(host=host, port=port, tls=tls, **kwargs) if tls is not None
-                      else aetcd.Client(host=host, port=port, **kwargs))
+            client = _Client(host=host, port=port, tls=tls, **kwargs)
             try:
                 remaining = max(0.2, min(2.0, deadline - loop.time()))
                 await asyncio.wait_for(client.status(), remaining)

@@ -50,6 +50,7 @@ class EtcdTls:
     key: str
     client_cert: str
     client_key: str
+    client_cert_auth: bool = True  # False: any client may connect over TLS (trainers' discovery)
 
     def context(self) -> ssl.SSLContext:
         context = ssl.create_default_context(cafile=self.ca)
@@ -84,8 +85,10 @@ class EtcdServer:
     def command(self) -> list[str]:
         client = self.endpoint
         peer = f"http://127.0.0.1:{self.peer_port}"
-        tls = (("--cert-file", self.tls.cert, "--key-file", self.tls.key, "--trusted-ca-file", self.tls.ca,
-                "--client-cert-auth") if self.tls else ())
+        tls: tuple[str, ...] = ()
+        if self.tls:  # etcd asks every client for a certificate once it has --trusted-ca-file
+            tls = ("--cert-file", self.tls.cert, "--key-file", self.tls.key, *(
+                ("--trusted-ca-file", self.tls.ca, "--client-cert-auth") if self.tls.client_cert_auth else ()))
         return [
             find_etcd_binary(),
             "--name", "paddlecloud",

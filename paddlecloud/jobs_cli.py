@@ -45,6 +45,7 @@ from paddlecloud.k8s.jobs import (
     JobCreateError,
     create_job,
     fetch_master_status,
+    master_ca,
     pick_pod,
     pod_counts,
     read_package,
@@ -405,7 +406,10 @@ def status_command(name: str, namespace: str, master_address: str | None, timeou
 
     address = master_address or manifests.master_address(name, namespace)
     try:
-        reply = fetch_master_status(address, timeout=timeout, token=_viewer_token(core, name, namespace))
+        # the job's CA, published on its Deployment (its certificate names the Service and loopback)
+        ca = master_ca(annotations)
+        reply = fetch_master_status(address, timeout=timeout, token=_viewer_token(core, name, namespace),
+                                    ca=ca)
     except grpc.RpcError as error:
         code = error.code() if hasattr(error, "code") else None
         if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
@@ -450,21 +454,34 @@ def status_command(name: str, namespace: str, master_address: str | None, timeou
                    "a local job's leader is shown by `paddlecloud local train`).")
 @click.option("--timeout", type=float, default=10.0, show_default=True,
               help="Seconds to wait for the master.")
+@_kubeconfig_option
 def scale_command(name: str, trainers: int, namespace: str, master_address: str | None,
-                  timeout: float) -> None:
+                  timeout: float, kubeconfig: str | None) -> None:
     """Set the trainers of job NAME to --trainers; its deployer converges to it.
 
     PS jobs add or remove trainers while the others go on; collective jobs restart
     the trainer group at the new size. Works for local jobs too (pass --master).
     Scaling is the operator's: PADDLE_JOB_TOKEN_FILE names the job's operator token (a
     local job's is OUTPUT/.paddlecloud/tokens/operator; on Kubernetes the `operator` key of
-    the job's NAME-tokens Secret), PADDLE_MASTER_CA_FILE the master's CA when it uses TLS.
+    the job's NAME-tokens Secret), PADDLE_MASTER_CA_FILE the master's CA when it uses TLS
+    (without it, the CA published on the job's Deployment: a local job needs --master and
+    PADDLE_MASTER_CA_FILE when it uses TLS).
     """
     import grpc
 
+    from paddlecloud.auth import ENV_CA_FILE
+
     address = master_address or manifests.master_address(name, namespace)
+    ca = None
+    if not os.environ.get(ENV_CA_FILE):
+        _, apps = _clients(_api(kubeconfig))
+        deployment = _get(apps.read_namespaced_deployment, manifests.master_name(name), namespace,
+                          resource="deployments")
+        if deployment is None:
+            raise _fail(f"job {name} not found in namespace {namespace}")
+        ca = master_ca(deployment.metadata.annotations)
     try:
-        reply = scale_trainers(address, trainers, timeout=timeout)
+        reply = scale_trainers(address, trainers, timeout=timeout, ca=ca)
     except grpc.RpcError as error:
         raise _fail(f"cannot scale job {name} at {address}: {error.details()}") from None
     click.echo(f"job {name}: desired trainers {reply.desired_trainers} "

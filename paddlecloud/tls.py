@@ -1,11 +1,20 @@
-"""A private certificate authority for one job: what `local train --tls` and the tests use.
+"""A private certificate authority for one job: `local train --tls`, `job submit`, the tests.
 
 `LocalCA.create()` makes a CA key and self-signed certificate; `issue()` signs a
 server (or client) certificate for given DNS names and IP addresses. PEM files are
 written mode 0600. Keys are ECDSA P-256; certificates last `days` (default 30).
 
-What this does NOT do: revocation, rotation or anything a production PKI does —
-on Kubernetes, bring certificates from your cluster's issuer (e.g. cert-manager).
+`issue_master_certificate()` is what `job submit` (and the operator, and the job
+server) use on Kubernetes: a CA made for one job signs that job's master certificate
+for the master Service's names, and its private key is dropped right there, never
+written anywhere — nobody can sign another certificate that the job's clients
+trust. The CA certificate is public (clients trust it); the master's key goes into
+the job's Secret only.
+
+What this does NOT do: revocation, rotation or anything a production PKI does — a
+job's master certificate lasts `MASTER_CERT_DAYS` and is not renewed (a job running
+longer needs a new submit, or certificates from your cluster's issuer, e.g.
+cert-manager).
 """
 
 from __future__ import annotations
@@ -76,9 +85,10 @@ class LocalCA:
         path.write_bytes(self.pem)
         return path
 
-    def issue(self, directory: Path, name: str, *, hosts: Sequence[str] = ("127.0.0.1", "localhost"),
-              client: bool = False, days: int = 30) -> Issued:
-        """Signs `name.crt`/`name.key` in `directory` for `hosts` (DNS names or IP addresses)."""
+    def sign(self, name: str, *, hosts: Sequence[str] = ("127.0.0.1", "localhost"),
+             client: bool = False, days: int = 30) -> tuple[bytes, bytes]:
+        """A new key and its certificate for `hosts` (DNS names or IP addresses), signed by
+        this CA: (certificate chain PEM — the certificate, then the CA's —, private key PEM)."""
         key = ec.generate_private_key(ec.SECP256R1())
         names: list[x509.GeneralName] = []
         for host in hosts:
@@ -100,7 +110,36 @@ class LocalCA:
         if names:
             builder = builder.add_extension(x509.SubjectAlternativeName(names), critical=False)
         cert = builder.sign(self.key, hashes.SHA256())
+        return cert.public_bytes(serialization.Encoding.PEM) + self.pem, _pem_key(key)
+
+    def issue(self, directory: Path, name: str, *, hosts: Sequence[str] = ("127.0.0.1", "localhost"),
+              client: bool = False, days: int = 30) -> Issued:
+        """Signs `name.crt`/`name.key` in `directory` for `hosts` (DNS names or IP addresses)."""
+        cert, key = self.sign(name, hosts=hosts, client=client, days=days)
         directory.mkdir(parents=True, exist_ok=True)
         cert_path = directory / f"{name}.crt"
-        cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM) + self.pem)
-        return Issued(cert_path, _write_private(directory / f"{name}.key", _pem_key(key)))
+        cert_path.write_bytes(cert)
+        return Issued(cert_path, _write_private(directory / f"{name}.key", key))
+
+
+MASTER_CERT_DAYS = 366
+
+
+@dataclass(frozen=True)
+class MasterCertificate:
+    """A job's master certificate: `ca` and `cert` are public, `key` is the secret."""
+
+    ca: bytes    # the job's CA certificate (PEM): what the job's clients trust
+    cert: bytes  # the master's certificate chain (PEM)
+    key: bytes   # its private key (PEM)
+
+
+def issue_master_certificate(hosts: Sequence[str], *, job: str,
+                             days: int = MASTER_CERT_DAYS) -> MasterCertificate:
+    """A certificate for a job's master at `hosts`, signed by a CA made for this one job,
+    whose private key is forgotten when this returns (see the module doc)."""
+    if not hosts:
+        raise ValueError(f"no host names for the master certificate of job {job!r}")
+    ca = LocalCA.create(f"paddlecloud CA of job {job}", days=days)
+    cert, key = ca.sign("master", hosts=hosts, days=days)
+    return MasterCertificate(ca=ca.pem, cert=cert, key=key)

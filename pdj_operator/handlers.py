@@ -111,6 +111,7 @@ class JobObjects:
         self.batch = client.BatchV1Api(self.api)
         self.custom = client.CustomObjectsApi(self.api)
         self.networking = client.NetworkingV1Api(self.api)
+        self.rbac = client.RbacAuthorizationV1Api(self.api)
         self.retry = RetryPolicy(attempts=3, initial_wait=0.2)
 
     def _dict(self, obj: Any) -> dict[str, Any]:
@@ -156,8 +157,11 @@ class JobObjects:
     async def ensure_master(self, spec: JobSpec, body: Mapping[str, Any]) -> dict[str, Any]:
         """The objects `paddlecloud job submit` creates, owned by the PaddleJob; the Deployment."""
         owner = pdj_owner(body)
+        ca = await self._ensure_tokens(spec, owner, body)
         deployment: dict[str, Any] = {}
         for obj in manifests.submit_objects(spec):
+            if obj["kind"] == "Deployment":
+                obj = manifests.publish_master_ca(obj, ca)
             if obj["kind"] == "ConfigMap":
                 obj["metadata"]["ownerReferences"] = [owner]
                 await self._create(self.core.create_namespaced_config_map, obj,
@@ -175,25 +179,56 @@ class JobObjects:
         await self._create(self.core.create_namespaced_service, service,
                            read=self.core.read_namespaced_service, owner_uid=uid,
                            patch=self.core.patch_namespaced_service)
-        await self._ensure_tokens(spec, owner)
+        rbac = {"ServiceAccount": (self.core.create_namespaced_service_account,
+                                   self.core.read_namespaced_service_account,
+                                   self.core.patch_namespaced_service_account),
+                "Role": (self.rbac.create_namespaced_role, self.rbac.read_namespaced_role,
+                         self.rbac.patch_namespaced_role),
+                "RoleBinding": (self.rbac.create_namespaced_role_binding,
+                                self.rbac.read_namespaced_role_binding,
+                                self.rbac.patch_namespaced_role_binding)}
+        for obj in manifests.master_rbac(spec, manifests.owner_reference(spec.name, uid)):
+            create, read, patch = rbac[obj["kind"]]
+            await self._create(create, obj, read=read, owner_uid=uid, patch=patch)
         for policy in manifests.network_policies(spec, manifests.owner_reference(spec.name, uid)):
             await self._create(self.networking.create_namespaced_network_policy, policy,
                                read=self.networking.read_namespaced_network_policy, owner_uid=uid,
                                patch=self.networking.patch_namespaced_network_policy)
         return deployment
 
-    async def _ensure_tokens(self, spec: JobSpec, owner: Mapping[str, Any]) -> None:
-        """The job's tokens Secret (its master pods mount it), owned by the PaddleJob so a
-        re-created master keeps the tokens its trainers hold. Made once: an existing one is
-        kept as it is, unread (the operator may create Secrets, never read them)."""
+    async def _ensure_tokens(self, spec: JobSpec, owner: Mapping[str, Any],
+                             body: Mapping[str, Any]) -> bytes:
+        """The job's Secret (its tokens, the master's TLS certificate and key; its master pods
+        mount it), owned by the PaddleJob so a re-created master keeps the tokens its trainers
+        hold. Made once, never read (the operator may create Secrets, not read them): the CA
+        that signed its certificate is recorded on the PaddleJob (annotation, public) once the
+        Secret exists, and read back from there. Returns the job's CA certificate."""
         from paddlecloud.auth import JobTokens
+        from paddlecloud.tls import issue_master_certificate
 
-        secret = manifests.tokens_secret(spec, JobTokens.generate().as_mapping(), owner)
+        known = ((body.get("metadata") or {}).get("annotations") or {}).get(
+            manifests.MASTER_CA_ANNOTATION)
+        if known:
+            return str(known).encode("ascii")
+        hosts = manifests.master_certificate_hosts(spec.name, spec.namespace)
+        certificate = issue_master_certificate(hosts, job=spec.name)
+        secret = manifests.tokens_secret(spec, JobTokens.generate().as_mapping(), owner,
+                                         certificate=certificate)
         try:
             await call(self.retry, self.core.create_namespaced_secret, spec.namespace, secret)
         except Exception as error:
             if api_status(error) != 409:
                 raise
+            raise kopf.PermanentError(
+                f"Secret {secret['metadata']['name']} exists but PaddleJob {spec.name} records no "
+                f"CA for it ({manifests.MASTER_CA_ANNOTATION}): delete that Secret and the "
+                "operator makes a new one") from None
+        await call(self.retry, self.custom.patch_namespaced_custom_object, crd.GROUP, crd.VERSION,
+                   spec.namespace, crd.PLURAL, spec.name,
+                   {"metadata": {"annotations": {
+                       manifests.MASTER_CA_ANNOTATION: certificate.ca.decode("ascii")}}},
+                   _content_type="application/merge-patch+json")
+        return certificate.ca
 
     async def deployment(self, spec: JobSpec) -> dict[str, Any] | None:
         return await self.read(self.apps.read_namespaced_deployment,

@@ -18,8 +18,8 @@ from trainers import read_log
 from waiting import wait_until
 
 from paddlecloud.api import pb, pb_grpc
+from paddlecloud.auth import master_credentials
 from paddlecloud.history import mark_history
-from paddlecloud.k8s.jobs import master_credentials
 from paddlecloud.keys import JobKeys
 
 STUB = "trainer_agent.stub"

@@ -151,3 +151,108 @@ def test_wrong_etcd_credentials_end_the_master_with_one_line(secured, tmp_path, 
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and fragment in lines[0], result.stderr
     assert PASSWORD not in result.stderr
+
+
+@pytest.fixture(scope="module")
+def tls_only(tmp_path_factory):
+    """(etcd serving TLS to any client, no client certificate or user asked; its CA file)."""
+    d = tmp_path_factory.mktemp("etcd-tls-only")
+    ca = LocalCA.create("etcd discovery test CA")
+    ca.write_cert(d / "ca.crt")
+    server = ca.issue(d, "server", hosts=("127.0.0.1", "localhost"))
+    client = ca.issue(d, "client", hosts=(), client=True)  # only for the server's health check
+    tls = EtcdTls(ca=str(d / "ca.crt"), cert=str(server.cert), key=str(server.key),
+                  client_cert=str(client.cert), client_key=str(client.key), client_cert_auth=False)
+    with EtcdServer(tls=tls) as etcd:
+        yield etcd, tls.ca
+
+
+def test_trainers_find_the_leader_over_tls_with_a_ca_only(tls_only, tmp_path, job_name, monkeypatch):
+    """A real master publishes its address in the https:// etcd; a trainer's locator reads it
+    with the CA alone (no etcd user, no client certificate), and trusts no other CA."""
+    from trainer_agent.discovery import DiscoveryError, MasterLocator
+
+    etcd, ca_file = tls_only
+    monkeypatch.setenv("PADDLE_ETCD_CA_FILE", ca_file)  # the master's (and only that)
+    write_records(tmp_path / "data", files=1, records_per_file=2)
+    proc = MasterProcess(job=job_name, etcd=etcd.endpoint, tmp=tmp_path,
+                         args=("--input", str(tmp_path / "data"))).start()
+    try:
+        asyncio.run(wait_serving(proc.address, process=proc))
+        trainer_env = {"PADDLE_ETCD_ENDPOINTS": etcd.endpoint, "PADDLE_JOB_NAME": job_name,
+                       "PADDLE_ETCD_CA_FILE": ca_file}
+        assert not {"PADDLE_ETCD_USER", "PADDLE_ETCD_CERT_FILE"} & set(trainer_env)
+        assert MasterLocator.from_env(trainer_env).resolve(timeout=5) == proc.address
+        other = LocalCA.create("someone else's CA").write_cert(tmp_path / "other.crt")
+        with pytest.raises(DiscoveryError, match="not trusted"):  # an impostor etcd is not believed
+            MasterLocator.from_env({**trainer_env, "PADDLE_ETCD_CA_FILE": str(other)}).resolve(timeout=5)
+        with pytest.raises(DiscoveryError, match="cannot read PADDLE_ETCD_CA_FILE"):
+            MasterLocator.from_env({**trainer_env, "PADDLE_ETCD_CA_FILE": str(tmp_path / "none")}).resolve()
+    finally:
+        proc.stop()
+
+
+def test_an_etcd_asking_for_credentials_tells_trainers_to_use_the_master_endpoint(secured, job_name):
+    from trainer_agent.discovery import DiscoveryError, MasterLocator
+
+    etcd, env = secured
+    locator = MasterLocator.from_env({"PADDLE_ETCD_ENDPOINTS": etcd.endpoint, "PADDLE_JOB_NAME": job_name,
+                                      "PADDLE_ETCD_CA_FILE": env["PADDLE_ETCD_CA_FILE"]})
+    with pytest.raises(DiscoveryError, match="trainers have none: set PADDLE_MASTER_ENDPOINT"):
+        locator.resolve(timeout=5)
+
+
+async def test_a_client_keeps_working_past_the_auth_token_ttl():
+    """etcd's simple tokens expire after --auth-token-ttl without use, and aetcd logs in only at
+    connect: our client logs in again on "invalid auth token" and retries once, so a client (a
+    standby master) idle past the TTL still reads and writes.
+
+    The idle time is the stimulus, not a wait for something to settle: every use of a token
+    renews it, so no condition can be polled to see it expire; etcd's log then shows that the
+    first token was refused, i.e. that the renewal really ran."""
+    ttl = 2
+    with EtcdServer(extra_args=("--auth-token-ttl", str(ttl))) as etcd:
+        await _enable_auth(etcd.endpoint, EtcdCredentials())
+        client = await connect(etcd.endpoint, credentials=EtcdCredentials(user="root", password=PASSWORD))
+        try:
+            first = dict(client.metadata)["token"]
+            await client.put(b"/paddlecloud/ttl/a", b"1")
+            await asyncio.sleep(ttl + 1.5)  # idle past the TTL: the token expires
+            assert (await client.get(b"/paddlecloud/ttl/a")).value == b"1"
+            await client.put(b"/paddlecloud/ttl/b", b"2")
+            assert dict(client.metadata)["token"] != first
+            log = await asyncio.to_thread(Path(etcd.log_path).read_text)
+            assert f"invalid auth token: {first}" in log  # it did expire, and was refused once
+        finally:
+            await client.close()
+
+
+async def test_a_master_keeps_serving_past_the_auth_token_ttl(tmp_path, job_name, monkeypatch):
+    """A master on an etcd with auth and a 2 s token TTL: trainers work with it before and
+    after its first token expired (its election, its writes, its reads)."""
+    (tmp_path / "password").write_text(PASSWORD + "\n")
+    with EtcdServer(extra_args=("--auth-token-ttl", "2")) as etcd:
+        await _enable_auth(etcd.endpoint, EtcdCredentials())
+        monkeypatch.setenv("PADDLE_ETCD_USER", "root")
+        monkeypatch.setenv("PADDLE_ETCD_PASSWORD_FILE", str(tmp_path / "password"))
+        write_records(tmp_path / "data", files=4, records_per_file=3)
+        proc = MasterProcess(job=job_name, etcd=etcd.endpoint, tmp=tmp_path,
+                             args=("--input", str(tmp_path / "data"), "--session-ttl", "30s")).start()
+        try:
+            await wait_serving(proc.address, process=proc)
+            async with grpc.aio.insecure_channel(proc.address) as channel:
+                m = stub(channel)
+                for turn in range(2):
+                    session = (await m.RegisterTrainer(pb.RegisterTrainerRequest(
+                        trainer_id=f"t{turn}"))).session_id
+                    task = (await m.GetTask(pb.GetTaskRequest(session_id=session, epoch=0))).task
+                    reply = await m.TaskFinished(pb.TaskReport(session_id=session, task_id=task.id,
+                                                               epoch=0, attempt=task.attempt))
+                    assert reply.result == pb.ACCEPTED, turn
+                    if turn == 0:
+                        await asyncio.sleep(3.5)  # the stimulus: longer than the token TTL
+            log = await asyncio.to_thread(Path(etcd.log_path).read_text)
+            assert "invalid auth token" in log  # the first token did expire
+            assert proc.process.poll() is None, proc.log()
+        finally:
+            proc.stop()

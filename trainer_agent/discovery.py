@@ -4,10 +4,16 @@
 ready leader). Otherwise the leader's address is read from etcd through its JSON
 gateway (`/v3/kv/range`), which keeps this synchronous and free of an etcd client;
 callers re-resolve whenever the master answers UNAVAILABLE. With `https://`
-endpoints the gateway is read over TLS, checked against `PADDLE_ETCD_CA_FILE`, so
-whoever can answer on the network cannot redirect the trainers; a trainer needs no
-etcd user or client certificate (the leader key must be readable to it: prefer
-`PADDLE_MASTER_ENDPOINT` where etcd demands auth for every read).
+endpoints the gateway is read over TLS, the server's certificate checked against
+`PADDLE_ETCD_CA_FILE` (else the system's CAs) and its host name, so whoever can
+answer on the network cannot redirect the trainers. A trainer presents no etcd
+user and no client certificate (DESIGN.md section 11: trainers need no etcd
+credentials), so the leader key must be readable anonymously over TLS.
+
+What this does NOT do: read an etcd that demands client certificates or auth for
+every read (deploy/etcd.yaml does): that is refused with an error saying so, and
+such a job's trainers use `PADDLE_MASTER_ENDPOINT` (the job's Service, as the
+Kubernetes manifests set it).
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ class MasterLocator:
     etcd_endpoints: str | None = None
     job: str | None = None
     namespace: str = "local"
+    etcd_ca_file: str | None = None  # the CA of https:// endpoints (None: the system's)
 
     def __post_init__(self) -> None:
         if not self.master_endpoint and not (self.etcd_endpoints and self.job):
@@ -57,6 +64,7 @@ class MasterLocator:
             etcd_endpoints=env.get("PADDLE_ETCD_ENDPOINTS") or None,
             job=env.get("PADDLE_JOB_NAME") or None,
             namespace=env.get("PADDLE_NAMESPACE") or "local",
+            etcd_ca_file=env.get("PADDLE_ETCD_CA_FILE") or None,
         )
 
     def describe(self) -> str:
@@ -73,18 +81,44 @@ class MasterLocator:
         endpoints = self.etcd_endpoints or ""
         scheme, context = "http", None
         if uses_tls(endpoints):
-            scheme = "https"
-            context = ssl.create_default_context(cafile=os.environ.get("PADDLE_ETCD_CA_FILE") or None)
+            scheme, context = "https", self._tls_context()
         for host, port in parse_endpoints(endpoints):
             try:
                 value = _etcd_get(f"{scheme}://{host}:{port}", key, timeout=timeout, context=context)
             except (OSError, ValueError) as error:
-                errors.append(f"{host}:{port}: {error}")
+                errors.append(f"{host}:{port}: {_explain(error)}")
                 continue
             if value is None:
                 raise DiscoveryError(f"no leader published yet for job {self.namespace}/{self.job}")
             return value
         raise DiscoveryError(f"etcd unreachable at {self.etcd_endpoints}: {'; '.join(errors)}")
+
+
+    def _tls_context(self) -> ssl.SSLContext:
+        """Server authentication only: the CA, and the host name checked; no client certificate."""
+        try:
+            return ssl.create_default_context(cafile=self.etcd_ca_file)
+        except OSError as error:
+            raise DiscoveryError(f"cannot read PADDLE_ETCD_CA_FILE {self.etcd_ca_file}: "
+                                 f"{error.strerror or error}") from None
+
+
+def _explain(error: Exception) -> str:
+    """What a failed read of the leader key means, for the operator."""
+    reason = getattr(error, "reason", error)  # urllib wraps the TLS error
+    if isinstance(reason, ssl.SSLCertVerificationError):
+        return (f"its TLS certificate is not trusted ({reason.verify_message}): check "
+                "PADDLE_ETCD_CA_FILE")
+    text = str(error)
+    wants_credentials = (isinstance(reason, ssl.SSLEOFError)  # a handshake ended for want of one
+                         or any(alert in text.upper().replace(" ", "_")  # TLS 1.3, 1.2 alerts
+                                for alert in ("CERTIFICATE_REQUIRED", "ALERT_BAD_CERTIFICATE"))
+                         or "HTTP Error 401" in text or "user name is empty" in text)
+    if wants_credentials:
+        return (f"it asks for etcd credentials (a client certificate or a user: {text}); trainers "
+                "have none: set PADDLE_MASTER_ENDPOINT (the job's Service) instead of discovering "
+                "the master through etcd")
+    return text
 
 
 def _etcd_get(base_url: str, key: bytes, *, timeout: float,

@@ -127,8 +127,8 @@ def explain(error: BaseException, *, verb: str, resource: str, namespace: str,
     what = f"{verb} {resource}{' ' + name if name else ''} in namespace {namespace}"
     if status == 403:
         rights = rights or (
-            "The master's rights come from the Role in deploy/rbac.yaml "
-            f"(kubectl apply -n {namespace} -f deploy/rbac.yaml)"
+            "The master's rights come from its job's own Role JOB-master, made at submit "
+            "(paddlecloud.k8s.manifests.master_rules)"
         )
         return KubernetesPermissionError(
             f"forbidden to {what}: the account lacks '{verb}' on '{resource}'. {rights}; "

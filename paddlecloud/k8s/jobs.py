@@ -5,7 +5,8 @@ PaddleJob instead (`create_paddlejob`); with `paddlejobs=True`, reads and delete
 see both kinds.
 
 `create_job` is the one path from rendered objects (`manifests.submit_objects`) to the
-API server: the ConfigMaps, then the master Deployment, then its Service, and the
+API server: the ConfigMaps, then the master Deployment, then its Service, its
+ServiceAccount, Role and RoleBinding, its tokens Secret and NetworkPolicies, and the
 ConfigMaps owned by the Deployment so deleting it removes the whole job. A name in
 use is refused and nothing of a half-created job is left behind. `pod_counts` and
 `fetch_master_status` are what `job status` and the job server's `GET /v1/jobs/NAME`
@@ -19,7 +20,7 @@ ConfigMap left by a crash of the caller itself stays (unowned) until deleted.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -87,9 +88,14 @@ def create_job(api: Any, *, spec: JobSpec, objects: list[dict[str, Any]],
     """Creates the ConfigMaps, then the Deployment, then its Service; a name in use is refused."""
     from kubernetes import client
 
+    from paddlecloud.tls import issue_master_certificate
+
     core, apps = client.CoreV1Api(api), client.AppsV1Api(api)
     ns = spec.namespace
     created: list[str] = []
+    # The master's TLS certificate, by a CA made for this job alone and forgotten at once: the
+    # CA certificate goes on the Deployment (public), the master's key into the Secret only.
+    certificate = issue_master_certificate(manifests.master_certificate_hosts(spec.name, ns), job=spec.name)
 
     def create(fn: Callable[..., Any], body: dict[str, Any], resource: str, *,
                adopt: bool = False) -> Any:
@@ -107,7 +113,8 @@ def create_job(api: Any, *, spec: JobSpec, objects: list[dict[str, Any]],
         for cm in (o for o in objects if o["kind"] == "ConfigMap"):
             create(core.create_namespaced_config_map, cm, "configmaps")
             created.append(cm["metadata"]["name"])
-        deployment = next(o for o in objects if o["kind"] == "Deployment")
+        deployment = manifests.publish_master_ca(
+            next(o for o in objects if o["kind"] == "Deployment"), certificate.ca)
         made = to_dict(api, create(apps.create_namespaced_deployment, deployment, "deployments"))
     except JobCreateError:
         for cm in created:  # leave nothing behind of a job that was not created
@@ -120,12 +127,21 @@ def create_job(api: Any, *, spec: JobSpec, objects: list[dict[str, Any]],
     owner = manifests.owner_reference(spec.name, uid)
     create(core.create_namespaced_service, manifests.master_service(spec, owner), "services",
            adopt=True)
-    # The job's tokens, made here and nowhere stored but in the Secret (the master's pods
-    # wait for it to mount); owned, so it goes with the job.
+    # The master's own account and rights (its pods start once the ServiceAccount exists).
+    rbac = client.RbacAuthorizationV1Api(api)
+    creators = {"ServiceAccount": (core.create_namespaced_service_account, "serviceaccounts"),
+                "Role": (rbac.create_namespaced_role, "roles"),
+                "RoleBinding": (rbac.create_namespaced_role_binding, "rolebindings")}
+    for obj in manifests.master_rbac(spec, owner):
+        fn, resource = creators[obj["kind"]]
+        create(fn, obj, resource, adopt=True)
+    # The job's tokens and the master's key, made here and nowhere stored but in the Secret
+    # (the master's pods wait for it to mount); owned, so it goes with the job.
     from paddlecloud.auth import JobTokens
 
     create(core.create_namespaced_secret,
-           manifests.tokens_secret(spec, JobTokens.generate().as_mapping(), owner), "secrets", adopt=True)
+           manifests.tokens_secret(spec, JobTokens.generate().as_mapping(), owner,
+                                   certificate=certificate), "secrets", adopt=True)
     networking = client.NetworkingV1Api(api)
     for policy in manifests.network_policies(spec, owner):
         create(networking.create_namespaced_network_policy, policy, "networkpolicies", adopt=True)
@@ -148,39 +164,37 @@ def pod_counts(pods: Iterable[Any], job_name: str) -> dict[str, dict[str, int]]:
     return counts
 
 
-def master_credentials(token: str | None = None) -> Any:
-    """How a CLI or controller speaks to a job's master (`paddlecloud.auth.ClientCredentials`):
-    the job's operator or viewer token in PADDLE_JOB_TOKEN_FILE, the master's CA in
-    PADDLE_MASTER_CA_FILE; `token` is used when the environment names none."""
-    import dataclasses
-
-    from paddlecloud.auth import ClientCredentials
-
-    credentials = ClientCredentials.from_env()
-    if credentials.token is None and token:
-        credentials = dataclasses.replace(credentials, token=token)
-    return credentials
+def master_ca(annotations: Mapping[str, str] | None) -> bytes | None:
+    """The job's CA certificate from its master Deployment's annotations, None when they carry
+    none (a job submitted before certificates were issued at submit)."""
+    ca = (annotations or {}).get(manifests.MASTER_CA_ANNOTATION)
+    return ca.encode("ascii") if ca else None
 
 
-def fetch_master_status(address: str, *, timeout: float, token: str | None = None) -> Any:
+def fetch_master_status(address: str, *, timeout: float, token: str | None = None,
+                        ca: bytes | None = None) -> Any:
     """The master's GetStatus answer; raises grpc.RpcError when it cannot be reached.
-    Credentials as `master_credentials` finds them."""
+    Credentials as `paddlecloud.auth.master_credentials` finds them (`ca`: the job's CA,
+    `master_ca` of its Deployment)."""
     from paddlecloud.api import pb, pb_grpc
+    from paddlecloud.auth import master_credentials
 
-    credentials = master_credentials(token)
+    credentials = master_credentials(token, ca=ca)
     with credentials.channel(address) as channel:
         return pb_grpc.MasterStub(channel).GetStatus(pb.GetStatusRequest(), timeout=timeout,
                                                      metadata=credentials.metadata())
 
 
-def scale_trainers(address: str, trainers: int, *, timeout: float, token: str | None = None) -> Any:
+def scale_trainers(address: str, trainers: int, *, timeout: float, token: str | None = None,
+                   ca: bytes | None = None) -> Any:
     """Asks the job's master at `address` to set its trainers to `trainers` (its
     `ScaleTrainers` RPC, the operator's; the master's deployer converges): the answer (min,
-    max, desired). Credentials as `master_credentials` finds them. Raises grpc.RpcError.
+    max, desired). Credentials as `fetch_master_status`. Raises grpc.RpcError.
     The one scale call of `paddlecloud job scale` and of the autoscaler."""
     from paddlecloud.api import pb, pb_grpc
+    from paddlecloud.auth import master_credentials
 
-    credentials = master_credentials(token)
+    credentials = master_credentials(token, ca=ca)
     with credentials.channel(address) as channel:
         return pb_grpc.MasterStub(channel).ScaleTrainers(
             pb.ScaleTrainersRequest(trainers=trainers), timeout=timeout,
@@ -247,16 +261,17 @@ def job_status(api: Any, *, namespace: str, name: str, rights: str | None = None
             "phase": annotations.get(manifests.PHASE_ANNOTATION, "Pending"),
             "reason": annotations.get(manifests.PHASE_REASON_ANNOTATION, ""),
             "pods": pod_counts(pods.items or [], name),
-            "progress": master_progress(namespace, name)}
+            "progress": master_progress(namespace, name, ca=master_ca(annotations))}
 
 
-def master_progress(namespace: str, name: str) -> dict[str, int] | None:
-    """The master's epoch progress through its Service; None when it does not answer."""
+def master_progress(namespace: str, name: str, *, ca: bytes | None = None) -> dict[str, int] | None:
+    """The master's epoch progress through its Service (TLS checked against `ca`); None when
+    it does not answer."""
     import grpc
 
     try:
         reply = fetch_master_status(manifests.master_address(name, namespace),
-                                    timeout=MASTER_TIMEOUT_S)
+                                    timeout=MASTER_TIMEOUT_S, ca=ca)
     except grpc.RpcError as error:
         logger.info("master of %s/%s unreachable: %s", namespace, name, error)
         return None

@@ -4,7 +4,11 @@ Pure functions, no I/O: the CLI renders what `paddlecloud job submit` creates (t
 job-spec and package ConfigMaps, the master Deployment and its Service), the
 master's deployer renders what the leading master creates (the pservers'
 StatefulSet and headless Service, the trainers' Indexed Job, a Volcano PodGroup),
-and `rbac()` renders the namespace-scoped rights the master needs.
+`master_rbac()` renders each job's own ServiceAccount, Role and RoleBinding (its
+master's rights, named object by object), and `rbac()` the Role of those who submit.
+The job's Secret (`tokens_secret`) carries its tokens and the master's TLS certificate
+and key, issued at submit; the CA certificate is public, on the master Deployment
+(`publish_master_ca`) and mounted in every pod of the job.
 
 Endpoints. Every pserver's endpoint is a stable DNS name for the life of the job (a
 restarted pserver keeps its name, not its IP): with intranet `PodIP` (and `Host`)
@@ -40,7 +44,7 @@ import copy
 import logging
 import zlib
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
@@ -48,6 +52,9 @@ from paddlecloud.checkpoints import checkpoints_dir
 from paddlecloud.jobspec import HOST_PORT_RANGE, JobSpec, JobSpecError
 from paddlecloud.master_flags import master_flags
 from paddlecloud.phase import Phase
+
+if TYPE_CHECKING:
+    from paddlecloud.tls import MasterCertificate
 
 logger = logging.getLogger(__name__)
 
@@ -65,6 +72,10 @@ POD_INDEX_LABEL = "apps.kubernetes.io/pod-index"  # set by the StatefulSet contr
 POD_NAME_LABEL = "statefulset.kubernetes.io/pod-name"  # set by the StatefulSet controller
 COMPLETION_INDEX_LABEL = "batch.kubernetes.io/job-completion-index"  # Job controller, k8s >= 1.28
 PODGROUP_ANNOTATION = "scheduling.k8s.io/group-name"
+# The job's CA certificate (PEM) on the master Deployment: public, so whoever may read the
+# job's Deployments (the CLI, the autoscaler) can check the master's TLS certificate
+# without any right on Secrets.
+MASTER_CA_ANNOTATION = "paddlecloud.org/master-ca"
 
 MASTER, PSERVER, TRAINER, HETER = "master", "pserver", "trainer", "heter"
 TRAINING_ROLES = {PSERVER: "PSERVER", TRAINER: "TRAINER", HETER: "HETER_TRAINER"}
@@ -84,7 +95,6 @@ HOST_PORTS_PER_JOB = 2  # Host intranet: PADDLE_PORT and the gloo port, side by 
 RUN_AS_USER = 10001  # high, so no host user shares it
 
 # Names and paths.
-SERVICE_ACCOUNT = "paddlecloud-master"
 TOKENS_MOUNT = "/var/run/paddlecloud/tokens"  # the job's tokens Secret (paddlecloud.auth)
 # The cluster autoscaler's token (paddlecloud.auth.ScalerToken): one Secret per namespace, put
 # there by the admin (deploy/autoscaler.yaml), mounted by every master as optional, so a
@@ -132,23 +142,54 @@ def tokens_secret_name(job: str) -> str:
     return f"{job}-tokens"
 
 
-def tokens_secret(spec: JobSpec, tokens: Mapping[str, str], owner: Mapping[str, Any] | None) -> Manifest:
-    """The Secret of the job's role tokens: the master mounts all of it (--tokens-dir), its
-    trainers and pservers only the trainer token (PADDLE_JOB_TOKEN_FILE)."""
+# The master's TLS files in the job's Secret (and so in TOKENS_MOUNT): its certificate and
+# key, for the master only; the job's CA certificate, for every pod of the job.
+TLS_CERT_KEY, TLS_KEY_KEY, CA_KEY = "tls.crt", "tls.key", "ca.crt"
+
+
+def tokens_secret(spec: JobSpec, tokens: Mapping[str, str], owner: Mapping[str, Any] | None,
+                  *, certificate: MasterCertificate) -> Manifest:
+    """The job's Secret: its role tokens and the master's TLS certificate and key (issued at
+    submit, `paddlecloud.tls.issue_master_certificate`). The master mounts all of it
+    (--tokens-dir, --tls-cert, --tls-key), its trainers and pservers only the trainer token
+    (PADDLE_JOB_TOKEN_FILE) and the CA certificate (PADDLE_MASTER_CA_FILE)."""
+    data = {role: token.encode() for role, token in tokens.items()}
+    data.update({TLS_CERT_KEY: certificate.cert, TLS_KEY_KEY: certificate.key,
+                 CA_KEY: certificate.ca})
     return {
         "apiVersion": "v1",
         "kind": "Secret",
         "metadata": _metadata(spec, name=tokens_secret_name(spec.name), role=MASTER, owner=owner),
         "type": "Opaque",
-        "data": {role: base64.b64encode(token.encode()).decode() for role, token in tokens.items()},
+        "data": {key: base64.b64encode(value).decode() for key, value in data.items()},
     }
 
 
 def _token_volume(spec: JobSpec, *, only_trainer: bool) -> dict[str, Any]:
     secret: dict[str, Any] = {"secretName": tokens_secret_name(spec.name), "defaultMode": 0o400}
     if only_trainer:
-        secret["items"] = [{"key": "trainer", "path": "trainer"}]
+        secret["items"] = [{"key": "trainer", "path": "trainer"}, {"key": CA_KEY, "path": CA_KEY}]
     return {"name": "job-tokens", "secret": secret}
+
+
+def master_hosts(job: str, namespace: str) -> list[str]:
+    """The DNS names of the master Service: the names its TLS certificate is issued for."""
+    name = master_name(job)
+    return [name, f"{name}.{namespace}", f"{name}.{namespace}.svc",
+            f"{name}.{namespace}.svc.cluster.local"]
+
+
+def master_certificate_hosts(job: str, namespace: str) -> list[str]:
+    """What the master's certificate is issued for: its Service's names, and loopback, so that
+    `kubectl port-forward svc/NAME-master` and `--master 127.0.0.1:PORT` verify too."""
+    return [*master_hosts(job, namespace), "localhost", "127.0.0.1"]
+
+
+def publish_master_ca(deployment: Manifest, ca: bytes) -> Manifest:
+    """The master Deployment with the job's CA certificate as its MASTER_CA_ANNOTATION."""
+    out = copy.deepcopy(deployment)
+    out["metadata"].setdefault("annotations", {})[MASTER_CA_ANNOTATION] = ca.decode("ascii")
+    return out
 
 
 ETCD_AUTH_SECRET = "paddlecloud-etcd"  # optional: keys `user`, `password` of etcd's auth
@@ -330,6 +371,7 @@ def _common_env(spec: JobSpec, role: str) -> list[dict[str, Any]]:
         _value("PADDLE_ETCD_ENDPOINTS", spec.etcd_endpoints),
         _value("PADDLE_MASTER_ENDPOINT", master_endpoint(spec)),
         _value("PADDLE_JOB_TOKEN_FILE", f"{TOKENS_MOUNT}/trainer"),
+        _value("PADDLE_MASTER_CA_FILE", f"{TOKENS_MOUNT}/{CA_KEY}"),
         _value("PADDLE_TRAINERS_NUM", spec.trainers),
         _value("PADDLE_PSERVERS_NUM", spec.pservers),
         _value("PADDLE_PORT", paddle_port(spec)),
@@ -857,6 +899,7 @@ def master_command(spec: JobSpec) -> list[str]:
         # a job started again on the same output resumes after its checkpoint
         resume_from=checkpoints_dir(spec.output) if spec.output else None, tokens_dir=TOKENS_MOUNT,
         scaler_token_file=f"{SCALER_MOUNT}/{SCALER_KEY}",
+        tls_cert=f"{TOKENS_MOUNT}/{TLS_CERT_KEY}", tls_key=f"{TOKENS_MOUNT}/{TLS_KEY_KEY}",
         extra=("--deployer", "kubernetes", "--job-spec", f"{SPEC_MOUNT}/{SPEC_KEY}"),
     )
     return ["paddlecloud", "master", *flags]
@@ -866,7 +909,10 @@ def master_deployment(spec: JobSpec) -> Manifest:
     """Two masters campaigning in etcd; the root owner of everything else of the job.
 
     Readiness is the gRPC health check, SERVING only on the leader, so the Service
-    routes to the leader; liveness is a TCP check, so a standby (NOT_SERVING) lives.
+    routes to the leader; liveness is a TCP check, so a standby (NOT_SERVING) lives. The
+    master serves TLS, which the kubelet's own gRPC probe cannot speak: readiness runs
+    `paddlecloud.k8s.master_probe` in the container. The job's CA certificate is added
+    at submit (`publish_master_ca`), when it is issued.
     """
     mounts = [{"name": "job-spec", "mountPath": SPEC_MOUNT, "readOnly": True},
               {"name": "job-tokens", "mountPath": TOKENS_MOUNT, "readOnly": True},
@@ -902,7 +948,10 @@ def master_deployment(spec: JobSpec) -> Manifest:
             {"name": "grpc", "containerPort": MASTER_PORT},
             {"name": "metrics", "containerPort": METRICS_PORT},
         ],
-        "readinessProbe": {"grpc": {"port": MASTER_PORT}, "periodSeconds": 2, "failureThreshold": 1},
+        "readinessProbe": {"exec": {"command": [
+            "python", "-m", "paddlecloud.k8s.master_probe", "--address", f"127.0.0.1:{MASTER_PORT}",
+            "--ca", f"{TOKENS_MOUNT}/{CA_KEY}", "--server-name", master_hosts(spec.name, spec.namespace)[2]]},
+            "periodSeconds": 3, "timeoutSeconds": 3, "failureThreshold": 1},
         "livenessProbe": {"tcpSocket": {"port": MASTER_PORT}, "initialDelaySeconds": 10,
                           "periodSeconds": 10, "failureThreshold": 6},
         "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
@@ -921,7 +970,7 @@ def master_deployment(spec: JobSpec) -> Manifest:
             "template": {
                 "metadata": {"labels": labels(spec, MASTER)},
                 "spec": {
-                    "serviceAccountName": SERVICE_ACCOUNT,
+                    "serviceAccountName": master_account_name(spec.name),
                     "securityContext": pod_security(),
                     "containers": [{**container, "securityContext": container_security()}],
                     "volumes": volumes,
@@ -1003,7 +1052,8 @@ def submit_objects(spec: JobSpec, package: Mapping[str, bytes] | None = None,
     out = [spec_configmap(spec)]
     if spec.package_files:
         out.append(package_configmap(spec, package or {}))
-    out += [master_deployment(spec), master_service(spec, owner), *network_policies(spec, owner)]
+    out += [master_deployment(spec), master_service(spec, owner), *network_policies(spec, owner),
+            *master_rbac(spec, owner)]
     return out
 
 
@@ -1026,31 +1076,119 @@ def dump_yaml(obj: Any) -> str:
 
 
 # ---- RBAC ---------------------------------------------------------------------------------
-MASTER_RULES: list[dict[str, Any]] = [
-    # read its own Deployment (the owner uid) and annotate it with the job's phase
-    {"apiGroups": ["apps"], "resources": ["deployments"], "verbs": ["get", "patch"]},
-    {"apiGroups": ["apps"], "resources": ["statefulsets"], "verbs": ["get", "create", "delete"]},
-    {"apiGroups": [""], "resources": ["services"], "verbs": ["get", "create", "delete"]},
-    # the trainers: patch resizes a PS job's Indexed Job; a collective job's group restart
-    # deletes and recreates it, after seeing a member pod lost
-    {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["get", "create", "patch", "delete"]},
-    {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
-    {"apiGroups": ["scheduling.volcano.sh"], "resources": ["podgroups"],
-     "verbs": ["get", "create", "patch", "delete"]},
+RBAC_API_VERSION = "rbac.authorization.k8s.io/v1"
+
+
+def master_account_name(job: str) -> str:
+    """The job's own ServiceAccount, Role and RoleBinding (one name, three kinds): the master's
+    pods run as it, so one job's master holds rights on that job's objects only."""
+    return f"{job}-master"
+
+
+def _most_trainers(spec: JobSpec) -> JobSpec:
+    """The spec at the most trainers it may be scaled to (the names a resize may create)."""
+    return spec.replace(trainers=max(spec.trainers, spec.trainer_range.maximum))
+
+
+def master_rules(spec: JobSpec) -> list[dict[str, Any]]:
+    """The rules of a job's master: exactly the calls of `master.k8s_deployer`, and every
+    `get`/`patch`/`delete` limited by `resourceNames` to this job's own objects.
+
+    Unscoped, because the API cannot scope them by name: `create` (the object's name is
+    in the body, unknown when the request is authorized) and `list` (the trainer pods are
+    found by label; a list is authorized before any selector is applied). A `create` of
+    another job's name is refused by the API server (409) and never adopted by the
+    deployer (it checks the job label). No rule may ever carry an empty `resourceNames`:
+    that would mean every name.
+    """
+    most = _most_trainers(spec)
+    services = [s["metadata"]["name"] for role in (PSERVER, HETER, TRAINER)
+                for s in role_services(most, role, owner=None)]
+
+    def named(group: str, resource: str, verbs: list[str], names: list[str]) -> dict[str, Any]:
+        return {"apiGroups": [group], "resources": [resource], "verbs": verbs,
+                "resourceNames": list(dict.fromkeys(names))}
+
+    def anonymous(group: str, resource: str, verbs: list[str]) -> dict[str, Any]:
+        return {"apiGroups": [group], "resources": [resource], "verbs": verbs}
+
+    rules = [
+        # its own Deployment: the owner uid, and the phase annotation
+        named("apps", "deployments", ["get", "patch"], [master_name(spec.name)]),
+        anonymous("apps", "statefulsets", ["create"]),
+        named("apps", "statefulsets", ["get", "delete"],
+              [pserver_name(spec.name), heter_name(spec.name)]),
+        anonymous("", "services", ["create"]),
+        named("", "services", ["get", "delete"], services),
+        # the trainers: patch resizes a PS job's Indexed Job; a collective job's group
+        # restart deletes and recreates it, after listing the group's pods
+        anonymous("batch", "jobs", ["create"]),
+        named("batch", "jobs", ["get", "patch", "delete"], [trainer_name(spec.name)]),
+        anonymous("", "pods", ["list"]),
+    ]
+    if spec.uses_volcano:
+        rules += [anonymous("scheduling.volcano.sh", "podgroups", ["create"]),
+                  named("scheduling.volcano.sh", "podgroups", ["get", "patch", "delete"],
+                        [podgroup_name(spec)])]
+    return rules
+
+
+def master_rbac(spec: JobSpec, owner: Mapping[str, Any] | None) -> list[Manifest]:
+    """The job's master's ServiceAccount, Role (`master_rules`) and RoleBinding, owned by its
+    Deployment like the job's other objects, so deleting the job removes them."""
+    name = master_account_name(spec.name)
+    return [
+        {"apiVersion": "v1", "kind": "ServiceAccount",
+         "metadata": _metadata(spec, name=name, role=MASTER, owner=owner)},
+        {"apiVersion": RBAC_API_VERSION, "kind": "Role",
+         "metadata": _metadata(spec, name=name, role=MASTER, owner=owner),
+         "rules": master_rules(spec)},
+        {"apiVersion": RBAC_API_VERSION, "kind": "RoleBinding",
+         "metadata": _metadata(spec, name=name, role=MASTER, owner=owner),
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+         "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": spec.namespace}]},
+    ]
+
+
+SUBMITTER_ROLE = "paddlecloud-submitter"
+# What `paddlecloud job submit/status/logs/delete` call (paddlecloud.k8s.jobs), beside the
+# master's own verbs: the API server lets a user create a Role only with rights the user holds.
+SUBMITTER_RULES: list[tuple[str, str, list[str]]] = [
+    ("", "configmaps", ["get", "create", "patch", "delete"]),
+    ("apps", "deployments", ["get", "list", "create", "delete"]),
+    ("", "services", ["create"]),
+    # create only: `job status` reads the job's viewer token where a user may read Secrets,
+    # which this Role does not grant (else PADDLE_JOB_TOKEN_FILE names a token)
+    ("", "secrets", ["create"]),
+    ("networking.k8s.io", "networkpolicies", ["create"]),
+    ("", "serviceaccounts", ["create"]),
+    ("rbac.authorization.k8s.io", "roles", ["create"]),
+    ("rbac.authorization.k8s.io", "rolebindings", ["create"]),
+    ("", "pods", ["list"]),
+    ("", "pods/log", ["get"]),
 ]
 
 
+def unscoped_rules(rules: list[dict[str, Any]]) -> dict[tuple[str, str], list[str]]:
+    """{(API group, resource): verbs} of `rules`, their resourceNames dropped."""
+    out: dict[tuple[str, str], list[str]] = {}
+    for rule in rules:
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                verbs = out.setdefault((group, resource), [])
+                verbs += [v for v in rule["verbs"] if v not in verbs]
+    return out
+
+
 def rbac(namespace: str) -> list[Manifest]:
-    """The master's ServiceAccount, Role and RoleBinding: one namespace, the verbs it uses."""
-    meta = {"namespace": namespace, "labels": {APP_LABEL: APP_NAME}}
-    return [
-        {"apiVersion": "v1", "kind": "ServiceAccount",
-         "metadata": {"name": SERVICE_ACCOUNT, **meta}},
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
-         "metadata": {"name": SERVICE_ACCOUNT, **meta},
-         "rules": copy.deepcopy(MASTER_RULES)},
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-         "metadata": {"name": SERVICE_ACCOUNT, **meta},
-         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": SERVICE_ACCOUNT},
-         "subjects": [{"kind": "ServiceAccount", "name": SERVICE_ACCOUNT, "namespace": namespace}]},
-    ]
+    """The Role of those who submit jobs in `namespace` (deploy/rbac.yaml): the calls of
+    `paddlecloud job`, plus every verb a job's master Role grants (any job's: with Volcano)."""
+    every = master_rules(JobSpec(name="any", namespace=namespace, module="m",
+                                 scheduler_name="volcano"))
+    verbs = unscoped_rules([{"apiGroups": [g], "resources": [r], "verbs": v}
+                            for g, r, v in SUBMITTER_RULES] + every)
+    return [{"apiVersion": RBAC_API_VERSION, "kind": "Role",
+             "metadata": {"name": SUBMITTER_ROLE, "namespace": namespace,
+                          "labels": {APP_LABEL: APP_NAME}},
+             "rules": [{"apiGroups": [group], "resources": [resource], "verbs": v}
+                       for (group, resource), v in verbs.items()]}]

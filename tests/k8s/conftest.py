@@ -40,6 +40,9 @@ RESOURCES = {
     "statefulsets": kmocklib.resource("apps", "v1", "statefulsets"),
     "jobs": kmocklib.resource("batch", "v1", "jobs"),
     "podgroups": kmocklib.resource("scheduling.volcano.sh", "v1beta1", "podgroups"),
+    "serviceaccounts": kmocklib.resource("", "v1", "serviceaccounts"),
+    "roles": kmocklib.resource("rbac.authorization.k8s.io", "v1", "roles"),
+    "rolebindings": kmocklib.resource("rbac.authorization.k8s.io", "v1", "rolebindings"),
 }
 
 
@@ -111,8 +114,9 @@ class Cluster:
         return [(str(r.method.value).upper(), r.resource.plural if r.resource else None,
                  r.subresource) for r in self.kmock]
 
-    def rbac_verbs(self, since: int = 0) -> set[tuple[str, str, str]]:
-        """(API group, resource, RBAC verb) of every API request from request number `since`."""
+    def rbac_requests(self, since: int = 0) -> set[tuple[str, str, str, str | None]]:
+        """(API group, resource, RBAC verb, object name or None) of every API request from
+        request number `since`: what the API server's authorizer sees of it."""
         out = set()
         for request in list(self.kmock)[since:]:
             method = str(request.method.value).upper()
@@ -120,8 +124,13 @@ class Cluster:
                 verb = "get" if request.name else ("watch" if request.params.get("watch") else "list")
             else:
                 verb = {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}[method]
-            out.add((request.resource.group, request.resource.plural, verb))
+            out.add((request.resource.group, request.resource.plural, verb, request.name or None))
         return out
+
+    def rbac_verbs(self, since: int = 0) -> set[tuple[str, str, str]]:
+        """(API group, resource, RBAC verb) of every API request from request number `since`."""
+        return {(group, resource, verb) for group, resource, verb, _ in self.rbac_requests(since)}
+
 
     def fail(self, method: str, resource: str, *, status: int, times: int = 1,
              message: str = "injected by the test") -> list[int]:
@@ -275,3 +284,14 @@ async def k8s_leases(k8s: Cluster) -> Cluster:
     k8s.kmock[kmocklib.action.CREATE, LEASES] << versioned
     k8s.kmock[kmocklib.action.UPDATE, LEASES] << versioned
     return k8s
+
+
+def role_grants(rules: list[dict[str, Any]], group: str, resource: str, verb: str,
+                name: str | None) -> bool:
+    """Whether a Role's `rules` allow a request, as the API server's RBAC authorizer decides:
+    a rule with `resourceNames` matches only a request that names one of them (a create or
+    a list names none); an empty `resourceNames` would match every name."""
+    return any(group in rule["apiGroups"] and resource in rule["resources"]
+               and verb in rule["verbs"]
+               and ("resourceNames" not in rule or name in rule["resourceNames"])
+               for rule in rules)

@@ -56,7 +56,9 @@ async def test_submit_creates_exactly_what_job_submit_creates(k8s, api_client, t
     assert response.json() == {"name": "fit", "namespace": "team-a",
                                "image": "paddlecloud/paddlecloud:0.1.0"}
     assert k8s.posted() == [("configmaps", "fit-spec"), ("configmaps", "fit-package"),
-                            ("deployments", "fit-master"), ("services", "fit-master"), ("secrets", "fit-tokens"),
+                            ("deployments", "fit-master"), ("services", "fit-master"),
+                            ("serviceaccounts", "fit-master"), ("roles", "fit-master"),
+                            ("rolebindings", "fit-master"), ("secrets", "fit-tokens"),
                             ("networkpolicies", "fit-internal"), ("networkpolicies", "fit-master")]
     spec = TrainerJob(**{**JOB, "input": tuple(JOB["input"])}, namespace="team-a").to_spec(
         package_path=f"package:{digest[:12]}", package_files=tuple(sorted(PACKAGE)))
@@ -67,6 +69,7 @@ async def test_submit_creates_exactly_what_job_submit_creates(k8s, api_client, t
     assert k8s.stored("configmaps", "team-a", "fit-package")["data"] == expected["ConfigMap", "fit-package"]["data"]
     owner = manifests.owner_reference("fit", deployment["metadata"]["uid"])
     assert k8s.stored("services", "team-a", "fit-master")["metadata"]["ownerReferences"] == [owner]
+    assert k8s.stored("roles", "team-a", "fit-master")["rules"] == expected["Role", "fit-master"]["rules"]
 
 
 async def test_a_token_sees_reads_and_deletes_nothing_of_another_namespace(k8s, api_client, tmp_path):

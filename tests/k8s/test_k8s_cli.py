@@ -49,7 +49,8 @@ async def test_submit_creates_the_master_its_service_and_the_spec(k8s, kubeconfi
     assert "job ctr submitted to namespace ml" in result.output
     assert k8s.posted() == [("configmaps", "ctr-spec"), ("configmaps", "ctr-package"),
                             ("deployments", "ctr-master"), ("services", "ctr-master"),
-                            ("secrets", "ctr-tokens"), ("networkpolicies", "ctr-internal"),
+                            ("serviceaccounts", "ctr-master"), ("roles", "ctr-master"),
+                            ("rolebindings", "ctr-master"), ("secrets", "ctr-tokens"), ("networkpolicies", "ctr-internal"),
                             ("networkpolicies", "ctr-master")]
     deployment = k8s.stored("deployments", "ml", "ctr-master")
     uid = deployment["metadata"]["uid"]
@@ -60,13 +61,17 @@ async def test_submit_creates_the_master_its_service_and_the_spec(k8s, kubeconfi
     secret = k8s.stored("secrets", "ml", "ctr-tokens")
     assert secret["metadata"]["ownerReferences"] == [owner]
     tokens = secret["data"]
-    assert set(tokens) == {"trainer", "operator", "viewer"} and len(set(tokens.values())) == 3
+    assert set(tokens) == {"trainer", "operator", "viewer", "tls.crt", "tls.key", "ca.crt"}
+    assert len({tokens[role] for role in ("trainer", "operator", "viewer")}) == 3
     for cm in ("ctr-spec", "ctr-package"):
         assert k8s.stored("configmaps", "ml", cm)["metadata"]["ownerReferences"] == [owner]
 
     assert deployment["spec"]["replicas"] == 2
     pod = deployment["spec"]["template"]["spec"]
-    assert pod["serviceAccountName"] == "paddlecloud-master"
+    assert pod["serviceAccountName"] == "ctr-master"  # the job's own account and Role
+    for resource in ("serviceaccounts", "roles", "rolebindings"):
+        assert k8s.stored(resource, "ml", "ctr-master")["metadata"]["ownerReferences"] == [owner]
+    assert k8s.stored("rolebindings", "ml", "ctr-master")["subjects"][0]["name"] == "ctr-master"
     container = pod["containers"][0]
     command = container["command"]
     assert command[:2] == ["paddlecloud", "master"]
@@ -81,8 +86,12 @@ async def test_submit_creates_the_master_its_service_and_the_spec(k8s, kubeconfi
     assert env["POD_IP"] == {"fieldRef": {"fieldPath": "status.podIP"}}
     assert env["PADDLE_ETCD_PASSWORD"] == {"secretKeyRef": {"name": "paddlecloud-etcd", "key": "password",
                                                             "optional": True}}
-    assert container["readinessProbe"] == {"grpc": {"port": 8080}, "periodSeconds": 2,
-                                           "failureThreshold": 1}
+    # the leader only is ready: the gRPC health check, over TLS (the kubelet's own gRPC probe
+    # speaks no TLS), trusting the job's CA
+    assert container["readinessProbe"] == {"exec": {"command": [
+        "python", "-m", "paddlecloud.k8s.master_probe", "--address", "127.0.0.1:8080",
+        "--ca", "/var/run/paddlecloud/tokens/ca.crt", "--server-name", "ctr-master.ml.svc"]},
+        "periodSeconds": 3, "timeoutSeconds": 3, "failureThreshold": 1}
     data_mount = next(m for m in container["volumeMounts"] if m["name"] == "data")
     assert data_mount == {"name": "data", "mountPath": "/data", "readOnly": True}
 
@@ -156,24 +165,37 @@ class FakeMaster(pb_grpc.MasterServicer):
 
 
 @pytest.fixture
-async def fake_master():
-    server = grpc.aio.server()
-    pb_grpc.add_MasterServicer_to_server(FakeMaster(), server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    yield f"127.0.0.1:{port}"
-    await server.stop(None)
+async def fake_master(k8s):
+    """Starts a FakeMaster serving the TLS certificate `job submit` stored for job `name`."""
+    import base64
+
+    servers = []
+
+    async def start(name: str) -> str:
+        data = k8s.stored("secrets", "ml", manifests.tokens_secret_name(name))["data"]
+        server = grpc.aio.server()
+        pb_grpc.add_MasterServicer_to_server(FakeMaster(), server)
+        port = server.add_secure_port("127.0.0.1:0", grpc.ssl_server_credentials(
+            [(base64.b64decode(data["tls.key"]), base64.b64decode(data["tls.crt"]))]))
+        await server.start()
+        servers.append(server)
+        return f"127.0.0.1:{port}"
+
+    yield start
+    for server in servers:
+        await server.stop(None)
 
 
 async def test_status_shows_phase_pods_and_progress(k8s, kubeconfig, fake_master):
     assert (await run(*submit_args("ctr", kubeconfig))).exit_code == 0
+    address = await fake_master("ctr")  # TLS: `status` trusts the CA on the job's Deployment
     spec = JobSpec(name="ctr", namespace="ml", module="ctr.train")
     k8s.add_pod(spec, "trainer", "ctr-trainer-0-abcde")
     k8s.add_pod(spec, "trainer", "ctr-trainer-1-fghij", phase="Pending")
     k8s.add_pod(spec, "pserver", "ctr-ps-0")
     k8s.add_pod(JobSpec(name="other", namespace="ml", module="x"), "trainer", "other-trainer-0-x")
     result = await run("status", "ctr", "-n", "ml", "--kubeconfig", kubeconfig,
-                       "--master", fake_master)
+                       "--master", address)
     assert result.exit_code == 0, result.output
     out = result.output
     assert "job ctr in namespace ml: phase Pending" in out
@@ -261,7 +283,8 @@ async def test_dry_run_is_stable_valid_yaml_and_touches_nothing(k8s, kubeconfig)
     assert first.output == second.output
     docs = list(yaml.safe_load_all(first.output))
     assert [d["kind"] for d in docs] == ["ConfigMap", "Deployment", "Service", "NetworkPolicy",
-                                         "NetworkPolicy", "Service",
+                                         "NetworkPolicy", "ServiceAccount", "Role", "RoleBinding",
+                                         "Service",
                                          "StatefulSet", "Job"]
     assert list(k8s.kmock) == []  # not one request
 

@@ -11,6 +11,7 @@ import asyncio
 from typing import Any
 
 import pytest
+from conftest import role_grants
 
 from master.k8s_deployer import KubernetesDeployer, role_status_of_job, should_clean
 from paddlecloud.deployer import Deployer, RoleStatus
@@ -261,13 +262,14 @@ async def test_a_new_leader_adopts_what_the_old_one_created(k8s, api_client, etc
     assert final.phase == SUCCEEDED and len(k8s.posted()) == creates
 
 
-async def test_the_role_in_deploy_allows_exactly_what_the_master_does(k8s, api_client):
+async def test_each_jobs_role_allows_every_call_its_master_makes_and_nothing_unused(k8s, api_client):
     worker = {"spec": {"schedulerName": "volcano", "containers": [
         {"name": "paddle", "image": "img", "command": ["python", "-m", "ctr.train"]}]}}
     spec = make_spec("rights", scheduler_name="volcano", worker_template=worker,
                      ps_template=worker, with_gloo=1, clean_pod_policy="Always", max_trainers=4)
     await create_master(api_client, spec)
-    collective_spec = make_spec("rights-c", pservers=0, max_trainers=4)
+    collective_spec = make_spec("rights-c", pservers=0, max_trainers=4, intranet="Service",
+                                clean_pod_policy="Always")
     await create_master(api_client, collective_spec)  # what submit makes: not the master's rights
     since = len(list(k8s.kmock))
     deployer = KubernetesDeployer(spec, api_client=api_client, retry=FAST_RETRY)
@@ -277,16 +279,40 @@ async def test_the_role_in_deploy_allows_exactly_what_the_master_does(k8s, api_c
     await successor.create_pservers()  # a new leader adopts: 409, then get
     await deployer.trainer_status()
     await deployer.scale(4)  # PS: the Job patched
-    collective = KubernetesDeployer(collective_spec, api_client=api_client, retry=FAST_RETRY)
-    await collective.create_trainers()
-    await collective.reconcile()  # the group's pods listed
     await deployer.show_phase(Phase.SUCCEEDED, reason="the data is done")
     await deployer.cleanup(succeeded=True)
-    used = k8s.rbac_verbs(since)
-    allowed = {(group, resource, verb) for rule in manifests.MASTER_RULES
-               for group in rule["apiGroups"] for resource in rule["resources"]
-               for verb in rule["verbs"]}
-    assert used == allowed
+    ps_calls = k8s.rbac_requests(since)
+    since = len(list(k8s.kmock))
+    collective = KubernetesDeployer(collective_spec, api_client=api_client, retry=FAST_RETRY)
+    await collective.create_trainers()
+    for i in range(3):
+        k8s.add_pod(collective_spec, manifests.TRAINER, f"rights-c-trainer-{i}")
+    await collective.reconcile()  # the group's pods listed
+    await collective.scale(4)  # a group restart: the Job deleted and made again, 4 Services
+    await collective.cleanup(succeeded=False)
+    collective_calls = k8s.rbac_requests(since)
+    assert ("", "services", "create", None) in collective_calls
+
+    for job, calls in ((spec, ps_calls), (collective_spec, collective_calls)):
+        rules = manifests.master_rules(job)
+        refused = {c for c in calls if not role_grants(rules, *c)}
+        assert not refused, f"the Role of {job.name} lacks {refused}"
+        assert any(name and name.startswith(f"{job.name}-") for *_, name in calls)
+    # and the Role grants nothing the master never uses (the union over both kinds of job)
+    used = {(group, resource, verb) for group, resource, verb, _ in ps_calls | collective_calls}
+    assert used == set().union(*(
+        {(g, r, v) for (g, r), verbs in manifests.unscoped_rules(manifests.master_rules(job)).items()
+         for v in verbs} for job in (spec, collective_spec)))
+
+
+def test_another_jobs_objects_are_out_of_a_masters_role():
+    spec = make_spec("mine")
+    rules = manifests.master_rules(spec)
+    for resource, group, name in (("jobs", "batch", "other-trainer"), ("deployments", "apps", "other-master"),
+                                  ("services", "", "other-ps"), ("statefulsets", "apps", "other-ps")):
+        for verb in ("get", "patch", "delete"):
+            assert not role_grants(rules, group, resource, verb, name)
+    assert role_grants(rules, "batch", "jobs", "patch", "mine-trainer")
 
 
 async def test_an_object_of_another_job_is_not_adopted(k8s, api_client):
@@ -342,7 +368,7 @@ async def test_a_403_names_the_verb_the_resource_and_the_rbac(k8s, api_client):
         await deployer.create_trainers()
     message = str(caught.value)
     assert "forbidden to create jobs denied-trainer in namespace team-a" in message
-    assert "deploy/rbac.yaml" in message and "cannot create resource" in message
+    assert "JOB-master" in message and "cannot create resource" in message
     assert k8s.posted().count(("jobs", "denied-trainer")) == 1  # a 403 is not retried
 
 

@@ -79,7 +79,7 @@ UNSAFE = {
     "hostIPC": ({"hostIPC": True}, "spec.worker.template.spec.hostIPC"),
     "hostPath": ({"volumes": [{"name": "root", "hostPath": {"path": "/"}}]},
                  "spec.worker.template.spec.volumes[0].hostPath"),
-    "master's account": ({"serviceAccountName": manifests.SERVICE_ACCOUNT},
+    "master's account": ({"serviceAccountName": manifests.master_account_name("other")},
                          "spec.worker.template.spec.serviceAccountName"),
     "root": ({"securityContext": {"runAsUser": 0}},
              "spec.worker.template.spec.securityContext.runAsUser"),
@@ -99,7 +99,7 @@ def test_an_unsafe_template_is_refused_naming_the_field_unless_allowed(pod, fiel
     spec = JobSpec.from_paddlejob(doc, allow_privileged=True).validate()
     rendered = manifests.trainer_job(spec, None)["spec"]["template"]["spec"]
     # allowed, and kept as asked: it is no longer restricted (or has the account's rights)
-    assert violations(rendered) or rendered["serviceAccountName"] == manifests.SERVICE_ACCOUNT
+    assert violations(rendered) or rendered["serviceAccountName"] == manifests.master_account_name("other")
 
 
 def test_the_cli_flag_allows_it(tmp_path):

@@ -127,10 +127,62 @@ def test_the_static_yaml_in_deploy_is_valid(path):
 def test_rbac_yaml_is_what_the_code_renders_and_namespace_scoped():
     shipped = [d for d in yaml.safe_load_all((DEPLOY / "rbac.yaml").read_text()) if d]
     assert shipped == manifests.rbac("default")
-    kinds = [d["kind"] for d in shipped]
-    assert kinds == ["ServiceAccount", "Role", "RoleBinding"]  # no ClusterRole(Binding)
-    role = shipped[1]
-    assert not any("*" in r["verbs"] or "*" in r["resources"] for r in role["rules"])
+    assert [d["kind"] for d in shipped] == ["Role"]  # no ClusterRole(Binding)
+    assert not any("*" in r["verbs"] or "*" in r["resources"] for r in shipped[0]["rules"])
+
+
+RBAC_SPECS = {
+    "ps-service-elastic": JobSpec(name="ctr", namespace="ml", module="m", trainers=2, pservers=2,
+                                  max_trainers=5, intranet="Service", with_gloo=1),
+    "volcano-heter": JobSpec(name="ht", namespace="ml", module="m", trainers=2, pservers=1, heters=2,
+                             scheduler_name="volcano", podgroup_name="ht-gang"),
+    "collective": JobSpec(name="col", namespace="ml", module="m", trainers=4),
+}
+
+
+@pytest.mark.parametrize("spec", RBAC_SPECS.values(), ids=RBAC_SPECS.keys())
+def test_the_masters_role_names_only_its_own_jobs_objects(spec):
+    sa, role, binding = manifests.master_rbac(spec, manifests.owner_reference(spec.name, "u-1"))
+    for doc in (sa, role, binding):
+        check(doc)
+        assert doc["metadata"]["ownerReferences"][0]["uid"] == "u-1"
+        assert doc["metadata"]["name"] == f"{spec.name}-master"
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": sa["metadata"]["name"],
+                                    "namespace": spec.namespace}]
+    pod = manifests.master_deployment(spec)["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == sa["metadata"]["name"]
+    # every object the job may ever have: rendered at its most trainers, and the
+    # workloads and headless Services of roles it lacks (the clean-up deletes them by name)
+    most = spec.replace(trainers=max(spec.trainers, spec.trainer_range.maximum))
+    own = {o["metadata"]["name"] for o in [*manifests.submit_objects(spec),
+                                           *manifests.master_objects(most, None)]}
+    own |= {manifests.role_name(spec.name, r) for r in (manifests.PSERVER, manifests.HETER)}
+    for rule in role["rules"]:
+        assert "*" not in rule["verbs"] and "*" not in rule["resources"]
+        if set(rule["verbs"]) & {"get", "update", "patch", "delete"}:
+            assert rule.get("resourceNames"), rule  # empty would mean: every name
+            assert set(rule["resourceNames"]) <= own, set(rule["resourceNames"]) - own
+        else:  # the API cannot scope these by name
+            assert set(rule["verbs"]) <= {"create", "list", "watch"} and "resourceNames" not in rule
+    named = {n for r in role["rules"] for n in r.get("resourceNames", [])}
+    assert f"{spec.name}-trainer" in named and f"{spec.name}-master" in named
+    if spec.intranet == "Service":  # a resize up to max_trainers makes these Services
+        assert {f"{spec.name}-trainer-{i}" for i in range(most.trainers)} <= named
+    if spec.uses_volcano:
+        assert manifests.podgroup_name(spec) in named
+
+
+@pytest.mark.parametrize("path", ["rbac.yaml", "operator.yaml", "job-server.yaml"])
+def test_who_creates_a_masters_role_holds_every_right_in_it(path):
+    """The API server refuses a Role (or its binding) granting what its creator lacks."""
+    role = next(d for d in yaml.safe_load_all((DEPLOY / path).read_text()) if d and d["kind"] == "Role")
+    held = manifests.unscoped_rules(role["rules"])
+    needed = manifests.unscoped_rules(manifests.master_rules(RBAC_SPECS["volcano-heter"]))
+    for (group, resource), verbs in needed.items():
+        assert set(verbs) <= set(held.get((group, resource), [])), (path, group, resource)
+    for kind in ("serviceaccounts", "roles", "rolebindings"):
+        assert any("create" in v for (_, r), v in held.items() if r == kind), (path, kind)
 
 
 def test_etcd_has_three_members_with_volumes_and_a_client_service():
@@ -251,7 +303,8 @@ def test_the_master_runs_two_replicas_with_leader_readiness_and_a_read_only_data
     deployment = manifests.master_deployment(spec)
     pod = deployment["spec"]["template"]["spec"]
     assert deployment["spec"]["replicas"] == 2
-    assert pod["containers"][0]["readinessProbe"]["grpc"] == {"port": 8080}
+    probe = pod["containers"][0]["readinessProbe"]["exec"]["command"]  # gRPC health over TLS
+    assert probe[probe.index("--address") + 1] == "127.0.0.1:8080"
     assert "tcpSocket" in pod["containers"][0]["livenessProbe"]  # a standby must live
     assert {"name": "data", "persistentVolumeClaim": {"claimName": "claim", "readOnly": True}} in pod["volumes"]
     service = manifests.master_service(spec, None)

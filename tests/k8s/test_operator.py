@@ -12,6 +12,7 @@ the operator's own deletes, which leave nothing of the job behind even without o
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import uuid
 from collections.abc import AsyncIterator
@@ -150,6 +151,13 @@ async def test_apply_creates_the_master_owned_by_the_paddlejob(k8s_crds, api, co
     assert status["trainerRange"] == "2..5"
     assert status["elastic"] == "level 1: kept; the trainer range is what paddlecloud acts on"
     assert "InvalidSpec" not in str(status)
+    # the master's certificate: its key in the Secret only, the CA on the PaddleJob (where a
+    # re-created master finds it again) and on the Deployment (where clients read it)
+    secret = k8s.stored("secrets", NS, "ctr-tokens")["data"]
+    ca = base64.b64decode(secret["ca.crt"]).decode()
+    assert "PRIVATE KEY" in base64.b64decode(secret["tls.key"]).decode()
+    assert pdj["metadata"]["annotations"][manifests.MASTER_CA_ANNOTATION] == ca
+    assert deployment["metadata"]["annotations"][manifests.MASTER_CA_ANNOTATION] == ca
     assert_operator_rights(k8s)
 
 
@@ -261,7 +269,12 @@ async def test_deleting_the_paddlejob_removes_everything_and_its_etcd_keys(
                                     PLURAL, "gone")
             await k8s.wait_for(lambda: k8s.stored("paddlejobs", NS, "gone") is None,
                                what="the PaddleJob gone (finalizer released)")
-        for resource, name in [*owned, ("deployments", "gone-master"), ("configmaps", "gone-spec")]:
+        # the master's ServiceAccount, Role and RoleBinding go with its Deployment, by the
+        # garbage collector alone (owned, checked above): the operator has no right to delete them
+        rbac = ("serviceaccounts", "roles", "rolebindings")
+        assert {r for r, _ in owned} >= set(rbac)
+        for resource, name in [*((r, n) for r, n in owned if r not in rbac),
+                               ("deployments", "gone-master"), ("configmaps", "gone-spec")]:
             assert k8s.stored(resource, NS, name) is None, (resource, name)
         deletes = {(r, s) for m, r, s in k8s.requests() if m == "DELETE"}
         assert {("deployments", None), ("statefulsets", None), ("jobs", None)} <= deletes
@@ -319,6 +332,10 @@ async def test_of_two_operators_only_the_higher_priority_acts_and_the_other_take
         await k8s.wait_for(lambda: peers() == 1, what="the first operator out of the peering")
         await delete_master()
         await k8s.wait_for(lambda: master_image() == "reg/low:1", what="master by low")
+        # a re-created master trusts the CA of the Secret made once, not a new one
+        ca = base64.b64decode(k8s.stored("secrets", NS, "solo-tokens")["data"]["ca.crt"]).decode()
+        master = k8s.stored("deployments", NS, "solo-master")
+        assert master["metadata"]["annotations"][manifests.MASTER_CA_ANNOTATION] == ca
         # an Event for each creation of the master: the first, and one per re-creation (by the
         # timer, MasterRecreated, or by the lower operator's resume handler, Created)
         await k8s.wait_for(lambda: len(events(k8s, "MasterRecreated")) + len(events(k8s, "Created"))
@@ -339,7 +356,11 @@ def test_the_operator_manifest_is_strictly_valid_and_least_privilege():
     assert "ClusterRole" not in kinds and "ClusterRoleBinding" not in kinds
     assert all(verb not in {"*", "deletecollection", "escalate", "bind", "impersonate"}
                for _, _, verb in operator_rules())
-    assert not any(resource in {"pods", "roles", "rolebindings"} for _, resource, _ in operator_rules())
+    # pods: list only, and Roles and their bindings: no more than creating a job's master
+    # Role needs (the API server lets it grant only what it holds: the master's list of pods)
+    assert {verb for _, resource, verb in operator_rules() if resource == "pods"} == {"list"}
+    assert {verb for _, resource, verb in operator_rules()
+            if resource in {"roles", "rolebindings"}} == {"get", "create", "patch"}
     # Secrets: it creates the job's tokens, and can read none
     assert {verb for _, resource, verb in operator_rules() if resource == "secrets"} == {"create"}
     deployment = next(d for d in docs if d["kind"] == "Deployment")

@@ -89,7 +89,9 @@ async def test_job_submit_with_server_creates_what_job_submit_creates(k8s, job_s
     expected = manifests.master_deployment(spec)
     assert k8s.stored("deployments", "team-a", "ctr-master")["spec"] == expected["spec"]
     assert k8s.posted() == [("configmaps", "ctr-spec"), ("deployments", "ctr-master"),
-                            ("services", "ctr-master"), ("secrets", "ctr-tokens"),
+                            ("services", "ctr-master"), ("serviceaccounts", "ctr-master"),
+                            ("roles", "ctr-master"), ("rolebindings", "ctr-master"),
+                            ("secrets", "ctr-tokens"),
                             ("networkpolicies", "ctr-internal"), ("networkpolicies", "ctr-master")]
 
     refused = await asyncio.to_thread(runner.invoke, job_cli, [
