@@ -16,7 +16,6 @@ keys only when the etcd of its spec answers (the objects go regardless).
 
 from __future__ import annotations
 
-import base64
 import dataclasses
 import logging
 from collections.abc import Mapping
@@ -71,14 +70,7 @@ class Cluster:
 
     def viewer_token(self, namespace: str, name: str) -> str | None:
         """The job's viewer token from its Secret `NAME-tokens`; None when there is none."""
-        from kubernetes import client
-
-        secret_name = manifests.tokens_secret_name(name)
-        secret = jobs.call(client.CoreV1Api(self.api).read_namespaced_secret, secret_name, namespace,
-                           verb="get", resource="secrets", namespace=namespace, name=secret_name,
-                           tolerate=(404,), rights=SERVER_RIGHTS)
-        viewer = ((secret.data or {}) if secret is not None else {}).get("viewer")
-        return base64.b64decode(viewer).decode().strip() if viewer else None
+        return jobs.viewer_token(self.api, namespace=namespace, name=name, rights=SERVER_RIGHTS)
 
     def log(self, namespace: str, name: str, *, role: str, index: int, tail_lines: int) -> str | None:
         return jobs.pod_log(self.api, name=name, namespace=namespace, role=role, index=index,

@@ -342,19 +342,15 @@ def status_page_instructions(name: str, namespace: str, *, local_port: int) -> s
 def _viewer_token(core: Any, name: str, namespace: str) -> str | None:
     """The job's viewer token from its Secret, when PADDLE_JOB_TOKEN_FILE names none and the
     caller may read Secrets; else None (the master then answers UNAUTHENTICATED)."""
-    import base64
-
     from paddlecloud.auth import ENV_TOKEN_FILE
+    from paddlecloud.k8s.jobs import viewer_token
 
     if os.environ.get(ENV_TOKEN_FILE):
         return None
     try:
-        secret = _get(core.read_namespaced_secret, manifests.tokens_secret_name(name), namespace,
-                      resource="secrets")
-    except click.ClickException:
-        return None  # no right to read Secrets: the environment must give a token
-    data = (secret.data or {}) if secret is not None else {}
-    return base64.b64decode(data["viewer"]).decode() if "viewer" in data else None
+        return viewer_token(core.api_client, namespace=namespace, name=name)
+    except JobCreateError:
+        return None  # the API refused otherwise: the environment must give a token
 
 
 @job.command("status")

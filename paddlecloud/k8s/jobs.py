@@ -261,17 +261,35 @@ def job_status(api: Any, *, namespace: str, name: str, rights: str | None = None
             "phase": annotations.get(manifests.PHASE_ANNOTATION, "Pending"),
             "reason": annotations.get(manifests.PHASE_REASON_ANNOTATION, ""),
             "pods": pod_counts(pods.items or [], name),
-            "progress": master_progress(namespace, name, ca=master_ca(annotations))}
+            "progress": master_progress(namespace, name, ca=master_ca(annotations),
+                                        token=viewer_token(api, namespace=namespace, name=name,
+                                                           rights=rights))}
 
 
-def master_progress(namespace: str, name: str, *, ca: bytes | None = None) -> dict[str, int] | None:
-    """The master's epoch progress through its Service (TLS checked against `ca`); None when
-    it does not answer."""
+def viewer_token(api: Any, *, namespace: str, name: str, rights: str | None = None) -> str | None:
+    """The job's viewer token from its Secret `NAME-tokens`; None when there is none or the
+    caller may not read it (its master then answers UNAUTHENTICATED: no progress shown)."""
+    import base64
+
+    from kubernetes import client
+
+    secret_name = manifests.tokens_secret_name(name)
+    secret = call(client.CoreV1Api(api).read_namespaced_secret, secret_name, namespace,
+                  verb="get", resource="secrets", namespace=namespace, name=secret_name,
+                  tolerate=(403, 404), rights=rights)
+    viewer = ((secret.data or {}) if secret is not None else {}).get("viewer")
+    return base64.b64decode(viewer).decode().strip() if viewer else None
+
+
+def master_progress(namespace: str, name: str, *, ca: bytes | None = None,
+                    token: str | None = None) -> dict[str, int] | None:
+    """The master's epoch progress through its Service (TLS checked against `ca`, `token` the
+    job's viewer token); None when it does not answer."""
     import grpc
 
     try:
         reply = fetch_master_status(manifests.master_address(name, namespace),
-                                    timeout=MASTER_TIMEOUT_S, ca=ca)
+                                    timeout=MASTER_TIMEOUT_S, token=token, ca=ca)
     except grpc.RpcError as error:
         logger.info("master of %s/%s unreachable: %s", namespace, name, error)
         return None

@@ -251,3 +251,40 @@ async def test_where_the_operator_runs_a_job_goes_in_as_a_paddlejob(k8s_crds, ap
         deleted = await client.delete("/v1/jobs/fit", headers=A)
         assert deleted.json()["deleted"] == ["paddlejobs/fit"]
     assert k8s.kmock.objects[k8s_resource("paddlejobs"), "team-a", "fit"].deleted
+
+
+async def test_a_jobs_progress_comes_from_its_master_over_tls_with_its_viewer_token(
+        k8s, api_client, tmp_path, start_master, monkeypatch):
+    """A real master serving the certificate issued at submit and the job's tokens: the Job
+    Server trusts the CA on the Deployment and asks with the viewer token of the job's Secret
+    (without either, the master refuses and the progress stays None)."""
+    import base64
+
+    from datasets import write_records
+    from masters import wait_for
+
+    async with server(api_client, tmp_path) as client:
+        assert (await client.post("/v1/trainer/job", headers=A, json=JOB)).status_code == 201
+        data = k8s.stored("secrets", "team-a", manifests.tokens_secret_name("fit"))["data"]
+        tokens = tmp_path / "tokens"
+        tokens.mkdir()
+        for role in ("trainer", "operator", "viewer"):
+            (tokens / role).write_bytes(base64.b64decode(data[role]))
+        for key in ("tls.crt", "tls.key"):
+            (tmp_path / key).write_bytes(base64.b64decode(data[key]))
+        write_records(tmp_path / "data", files=4, records_per_file=5)
+        master = start_master("--input", str(tmp_path / "data"), "--epochs", "2", "--tokens-dir", str(tokens),
+                              "--tls-cert", str(tmp_path / "tls.crt"), "--tls-key", str(tmp_path / "tls.key"))
+        monkeypatch.setattr(manifests, "master_address",
+                            lambda name, namespace: master.address if (name, namespace) == ("fit", "team-a")
+                            else "127.0.0.1:1")
+        progress: dict[str, Any] = {}
+
+        async def answered() -> bool:
+            reply = await client.get("/v1/jobs/fit", headers=A)
+            assert reply.status_code == 200, reply.text
+            progress.update(reply.json()["progress"] or {})
+            return bool(progress)
+
+        await wait_for(answered, timeout=60, message="no progress from the job's master", details=master.log)
+        assert progress == {"epoch": 0, "epochs": 2, "tasks_done": 0, "tasks": 4, "trainers_alive": 0}
