@@ -95,6 +95,10 @@ def test_segments_end_between_tasks_and_boundaries_name_exactly_the_tasks_read(t
             # exactly the tasks read, all of them whole, and nothing of another task
             assert len(boundary.tasks_done) == len(files) == 2 * len(boundaries)
             assert boundary.train_status == TrainStatus(0, tasks_done=boundary.tasks_done)
+        # the drain gave back only tasks it had not read: every ack was taken (the master
+        # re-sends the task read last when nothing is left, and returning that one made its
+        # ack stale and the task dealt again)
+        assert dataset.client.stats["stale"] == 0
     assert whole_files(read) == set(range(FILES))
     # a drain after tasks 2, 4 and 6, then an empty segment that hears of the epoch's end
     assert [b.epoch_over for b in boundaries] == [False] * (FILES // 2) + [True]
