@@ -55,12 +55,14 @@ the group restart resumes from the last checkpoint, which no step of the segment
 
 Not guaranteed: a task that fails on a bad record (``TaskFailed``) has had its records
 before the bad one trained and is dealt again; it breaks "once" in the same way
-without checkpoints. A session that lapses in the last segment of the job, when the
-master has already counted every task, fails the trainers of a finished job. Mid-epoch checkpoints need ``num_workers=0`` (the records read in
-the training process, where the tasks read to their end are known): loader workers
-refuse them. The trainers of the group choose their drain points on their own (K/N
-tasks each, or T seconds from the last boundary); one that drains early joins the
-others' steps with zero gradients until they drain too.
+without checkpoints. A session that lapses in the last segment of the job, once the
+master has counted every task, fails the trainers (no final model is saved) of a job
+that cannot be restarted: it is finished.
+Mid-epoch checkpoints need ``num_workers=0`` (the records read in the training
+process, where the tasks read to their end are known): loader workers refuse them.
+The trainers of the group choose their drain points on their own (K/N tasks each, or
+T seconds from the last boundary); one that drains early joins the others' steps with
+zero gradients until they drain too.
 
 Loader workers and the end of an epoch: Paddle's DataLoader hands out the batches of
 its workers in a fixed round-robin order, so a worker blocked waiting for the epoch to

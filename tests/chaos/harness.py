@@ -103,7 +103,7 @@ SETTINGS = {
     "ps": ModeSettings(trainers=4, files=12, records=150, session_ttl=2.0, run_timeout=300),
     # Paddle trainers take seconds to start (import, gloo): a session outlives a failover
     # (election TTL + a poll) so that only trainer-pause expires one.
-    "collective": ModeSettings(trainers=2, files=4, records=4000, session_ttl=5.0, run_timeout=420),
+    "collective": ModeSettings(trainers=2, files=4, records=4000, session_ttl=5.0, run_timeout=600),
 }
 
 
