@@ -363,6 +363,8 @@ class Chaos:
             result.problems.append(f"{result.epochs_completed} of {self.epochs} epochs completed")
         if job.progress.phase != "Succeeded":
             result.problems.append(f"the job ended {job.progress.phase}")
+        elif result.exit_code != 0:  # the master's data is done, but the supervisor failed the job
+            result.problems.append(f"the job exited {result.exit_code}")
         if self.mode == "ps":
             failed_per_epoch = {e: {t for fe, t in failed if fe == e} for e in range(self.epochs)}
             poisoned_tasks = set().union(*failed_per_epoch.values())
