@@ -1,7 +1,8 @@
 # The two commands of the README, and the few a developer needs.
 #   make demo    set up .venv and train the fit-a-line example with 2 trainers, locally
 #   make test    set up .venv and run ruff and the whole test suite (what CI runs)
-#   make chaos   a longer chaos schedule than CI's (see tests/chaos/harness.py)
+#   make chaos   longer chaos schedules than CI's (tests/chaos/harness.py): five PS seeds of
+#                stub trainers, then five collective seeds of fit-a-line (~2 min each)
 #   make bench   the benchmark report: dispatch, re-queue, failover, footprint (docs/benchmarks.md)
 #   make proto   regenerate the gRPC code from proto/
 PYTHON ?= python3
@@ -30,6 +31,7 @@ lint: $(STAMP)
 
 chaos: $(STAMP)
 	$(BIN)/python -m tests.chaos.harness --seed 1 --seed 2 --seed 3 --seed 4 --seed 5 --faults 12 --epochs 5
+	$(BIN)/python -m tests.chaos.harness --mode collective --seed 1 --seed 2 --seed 3 --seed 4 --seed 5 --faults 6 --epochs 5
 
 bench: $(STAMP)
 	$(BIN)/python -c 'import matplotlib' 2>/dev/null || $(BIN)/python -m pip install -q -e '.[bench]'

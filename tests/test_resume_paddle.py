@@ -3,20 +3,21 @@
 The example logs the record ids of every step its model took and the step of every
 checkpoint it resumed from; the model's lineage is that log with the steps undone by
 each restart (those after the checkpoint resumed from) dropped. Through every restart,
-each epoch's records must be in it exactly once.
+each epoch's records must be in it exactly once (`chaos.lineage`, shared with the chaos
+harness's collective runs).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
 import signal
-from collections import Counter, defaultdict
+from collections import Counter
 from pathlib import Path
 
 import pytest
+from chaos.lineage import lineage, record_ids
 from local_runs import LocalRun
 from masters import wait_until
 from processes import find
@@ -25,34 +26,6 @@ pytest.importorskip("paddle")
 pytestmark = pytest.mark.paddle
 
 EXAMPLE = "examples.fit_a_line.train"
-
-
-def record_ids(data: Path) -> Counter[int]:
-    """The example's `record_id` of every line of the data (computed here, independently)."""
-    ids: Counter[int] = Counter()
-    for path in sorted(data.rglob("*.csv")):
-        for line in path.read_text().splitlines():
-            if line.strip():
-                ids[int.from_bytes(hashlib.blake2b(line.strip().encode(), digest_size=8).digest(),
-                                   "big") >> 2] += 1
-    return ids
-
-
-def lineage(log: Path) -> dict[int, Counter[int]]:
-    """Per epoch, the records in the final model's lineage (steps undone by restarts dropped)."""
-    steps: dict[int, list[dict]] = defaultdict(list)
-    for line in log.read_text().splitlines():
-        entry = json.loads(line)
-        if "resumed" in entry:
-            for step in [s for s in steps if s > entry["resumed"]]:
-                del steps[step]
-        elif "ids" in entry:
-            steps[entry["step"]].append(entry)
-    consumed: dict[int, Counter[int]] = defaultdict(Counter)
-    for entries in steps.values():
-        for entry in entries:
-            consumed[entry["epoch"]].update(entry["ids"])
-    return consumed
 
 
 def resumes(log: Path) -> int:

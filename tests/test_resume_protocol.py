@@ -10,20 +10,21 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import threading
 from collections import Counter
 
 import grpc
 import numpy as np
 import pytest
 from datasets import write_records
-from masters import pb, stub, wait_serving
+from masters import pb, stub, wait_serving, wait_until
 
 paddle = pytest.importorskip("paddle")
 
 from trainer_agent.checkpoint import CheckpointEvery, TrainStatus  # noqa: E402
 from trainer_agent.client import TaskClient  # noqa: E402
 from trainer_agent.discovery import MasterLocator  # noqa: E402
-from trainer_agent.paddle import MasterDataset  # noqa: E402
+from trainer_agent.paddle import MasterDataset, SessionLapsed  # noqa: E402
 
 pytestmark = pytest.mark.paddle
 
@@ -35,14 +36,14 @@ def parse(line: str) -> np.ndarray:
     return np.array([int(v) for v in line.split(",")[0].split("-")], dtype=np.int64)
 
 
-def master_for(start_master, tmp_path, *, epochs: int = 1):
+def master_for(start_master, tmp_path, *extra: str, epochs: int = 1):
     write_records(tmp_path / "data", files=FILES, records_per_file=PER_FILE)
-    proc = start_master("--input", str(tmp_path / "data"), "--epochs", str(epochs))
+    proc = start_master("--input", str(tmp_path / "data"), "--epochs", str(epochs), *extra)
     asyncio.run(wait_serving(proc.address, process=proc))
     return proc
 
 
-def dataset_of(proc, every: CheckpointEvery | None) -> MasterDataset:
+def dataset_of(proc, every: CheckpointEvery | None, *, parse=parse) -> MasterDataset:
     factory = functools.partial(TaskClient, locator=MasterLocator(master_endpoint=proc.address),
                                 deadline=60)
     return MasterDataset(parse=parse, client_factory=factory, trainer_id="t0", checkpoint_every=every)
@@ -94,6 +95,10 @@ def test_segments_end_between_tasks_and_boundaries_name_exactly_the_tasks_read(t
             # exactly the tasks read, all of them whole, and nothing of another task
             assert len(boundary.tasks_done) == len(files) == 2 * len(boundaries)
             assert boundary.train_status == TrainStatus(0, tasks_done=boundary.tasks_done)
+        # the drain gave back only tasks it had not read: every ack was taken (the master
+        # re-sends the task read last when nothing is left, and returning that one made its
+        # ack stale and the task dealt again)
+        assert dataset.client.stats["stale"] == 0
     assert whole_files(read) == set(range(FILES))
     # a drain after tasks 2, 4 and 6, then an empty segment that hears of the epoch's end
     assert [b.epoch_over for b in boundaries] == [False] * (FILES // 2) + [True]
@@ -139,3 +144,32 @@ def test_a_consumed_task_dealt_again_is_acknowledged_unread(tmp_path, start_mast
         rest = segment(dataset)
         assert dataset.boundary().epoch_over
     assert whole_files(first + rest) == set(range(FILES))
+
+
+def trainers_alive(proc) -> int:
+    with grpc.insecure_channel(proc.address) as channel:
+        return stub(channel).GetStatus(pb.GetStatusRequest()).trainers_alive
+
+
+@pytest.mark.timeout(120)
+def test_a_session_that_lapsed_while_reading_fails_the_boundary(tmp_path, start_master):
+    # The trainer goes silent mid-task (as one SIGSTOPped past its lease): the master deals
+    # its tasks again, so what it read may be read again; nothing of the segment may be saved.
+    proc = master_for(start_master, tmp_path, "--session-ttl", "2s")
+    lapsed = threading.Event()
+
+    def parse_after_the_lapse(line: str) -> np.ndarray:
+        row = parse(line)
+        if row[1] >= 5:  # the second half of every task is read once the session lapsed
+            assert lapsed.wait(60)
+        return row
+
+    with dataset_of(proc, CheckpointEvery(tasks=2), parse=parse_after_the_lapse) as dataset:
+        batches = iter(paddle.io.DataLoader(dataset, batch_size=4, num_workers=0))
+        next(batches)  # inside the first task
+        dataset.client.session.close()  # no more keep-alives
+        wait_until(lambda: trainers_alive(proc) == 0, timeout=60, message="the session never expired")
+        lapsed.set()
+        assert len(list(batches)) == 4  # the rest of the segment (2 tasks), read on after the lapse
+        with pytest.raises(SessionLapsed, match="expired while reading"):
+            dataset.boundary()

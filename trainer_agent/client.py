@@ -756,6 +756,11 @@ class Epoch:
                     reply = pending.result(timeout=CALL_TIMEOUT)
                     if reply.outcome == pb.TASK:
                         for task in (reply.task, *reply.more_tasks):
+                            # A task re-sent (the master re-sends a held task when nothing is
+                            # left to deal) that was read and acknowledged must not go back:
+                            # its ack would be stale and another trainer would read it again.
+                            if tasks.seen(task):
+                                continue
                             tasks.hold(task)
                             client.give_back(task)
                 except Exception:

@@ -46,14 +46,23 @@ cannot, so the only sound choice with whole tasks is to finish them first. A dra
 costs little: a trainer finishes at most the task it is reading; prefetched tasks go
 back to the master untouched.
 
+A trainer whose session expired while it read (paused past its lease, cut off from the
+master through a failover) had its tasks dealt again by the master: their records can
+go into the model twice (its own read and another's, or its own twice). ``boundary()``
+therefore fails with ``SessionLapsed`` on every trainer when any trainer's session was
+registered again during the segment, before anything is saved: the trainers exit, and
+the group restart resumes from the last checkpoint, which no step of the segment is in.
+
 Not guaranteed: a task that fails on a bad record (``TaskFailed``) has had its records
-before the bad one trained and is dealt again; a task whose lease lapsed while a slow
-trainer still read it can be read by two trainers. Both break "once" in the same way
-without checkpoints. Mid-epoch checkpoints need ``num_workers=0`` (the records read in
-the training process, where the tasks read to their end are known): loader workers
-refuse them. The trainers of the group choose their drain points on their own (K/N
-tasks each, or T seconds from the last boundary); one that drains early joins the
-others' steps with zero gradients until they drain too.
+before the bad one trained and is dealt again; it breaks "once" in the same way
+without checkpoints. A session that lapses in the last segment of the job, once the
+master has counted every task, fails the trainers (no final model is saved) of a job
+that cannot be restarted: it is finished.
+Mid-epoch checkpoints need ``num_workers=0`` (the records read in the training
+process, where the tasks read to their end are known): loader workers refuse them.
+The trainers of the group choose their drain points on their own (K/N tasks each, or
+T seconds from the last boundary); one that drains early joins the others' steps with
+zero gradients until they drain too.
 
 Loader workers and the end of an epoch: Paddle's DataLoader hands out the batches of
 its workers in a fixed round-robin order, so a worker blocked waiting for the epoch to
@@ -116,6 +125,14 @@ MAX_WORKERS = 256
 ClientFactory = Callable[..., TaskClient]
 
 
+class SessionLapsed(RuntimeError):
+    """A trainer's session expired during a segment: records of it may be in the model twice.
+
+    Raised by ``MasterDataset.boundary()`` on every trainer of the group; only a restart
+    from the last checkpoint (a group restart) undoes the segment.
+    """
+
+
 class MasterDataset(paddle.io.IterableDataset):
     """A ``paddle.io.IterableDataset`` over the master's tasks; each ``__iter__`` is one epoch.
 
@@ -145,8 +162,10 @@ class MasterDataset(paddle.io.IterableDataset):
         self._consumed: dict[int, set[int]] = {}    # epoch -> its tasks the model consumed
         self._client: TaskClient | None = None
         self._client_pid = 0
-        # Shared with forked or spawned loader workers: [epoch (-1: none yet), job done].
-        self._progress = multiprocessing.RawArray("q", [-1, 0])
+        # Shared with forked or spawned loader workers: [epoch (-1: none yet), job done,
+        # a worker's session lapsed since the last boundary].
+        self._progress = multiprocessing.RawArray("q", [-1, 0, 0])
+        self._lapses = 0  # this process's client's re-registrations when its segment started
         # Per loader worker: 1 while it holds a task (guarded by _holding's lock).
         self._holding = multiprocessing.Array("b", MAX_WORKERS)
 
@@ -198,6 +217,8 @@ class MasterDataset(paddle.io.IterableDataset):
         and an iteration ends only between tasks (the drain), so each trainer's finished
         tasks are consumed whole; their union with the tasks a resumed checkpoint had
         consumed is the epoch's ``tasks_done``. Acknowledgements are flushed first.
+        Raises ``SessionLapsed`` on every trainer when a session of any lapsed in the
+        segment (see the module docstring).
         """
         client = self.client
         segment = self._segment
@@ -213,9 +234,15 @@ class MasterDataset(paddle.io.IterableDataset):
             finished=sorted(segment.finished) if segment is not None else [],
             # loader workers read where this process cannot see: an epoch number says they did
             read=segment is not None if client is not None else self.epoch is not None,
+            lapsed=self._lapsed(client),
         )
         self._segment = None
         everyone = _all_gather(mine, group=group)
+        if any(m.lapsed for m in everyone):
+            raise SessionLapsed(
+                f"the session of trainer(s) {', '.join(str(i) for i, m in enumerate(everyone) if m.lapsed)} "
+                "expired while reading: the master dealt their tasks again, so records may be in "
+                "the model twice; restart the group from the last checkpoint")
         read = [m for m in everyone if m.read]
         epoch = min(m.epoch for m in read or everyone)
         over = any(m.ended for m in everyone)
@@ -235,6 +262,16 @@ class MasterDataset(paddle.io.IterableDataset):
         for m in everyone:
             done.update(m.finished)
         return Boundary(epoch=epoch, epoch_over=False, job_done=False, tasks_done=tuple(sorted(done)))
+
+    def _lapsed(self, client: TaskClient | None) -> bool:
+        """A session of this trainer (this process's, or a loader worker's) was registered
+        again after it expired, since its segment started."""
+        lapsed = bool(self._progress[2])
+        self._progress[2] = 0
+        if client is not None:
+            lapsed = lapsed or client.session.reregistrations > self._lapses
+            self._lapses = client.session.reregistrations
+        return lapsed
 
     def close(self) -> None:
         """Flushes acknowledgements, gives held tasks back and leaves, for this process's session."""
@@ -275,9 +312,13 @@ class MasterDataset(paddle.io.IterableDataset):
             self._set_holding(info.id, False)
             self._client = None
             client.close()
+            if client.session.reregistrations:
+                self._progress[2] = 1  # a fresh client each epoch: any re-registration is this one's
 
     def _one_epoch(self, client: TaskClient) -> Iterator[Any]:
         client.session.ensure()
+        # a lapse between segments, holding nothing and owing no acks, took nothing back
+        self._lapses = client.session.reregistrations
         if client.progress.finished:
             self._progress[1] = 1
             return
@@ -357,6 +398,7 @@ class _Local:
     job_done: bool
     finished: list[int]
     read: bool
+    lapsed: bool = False
 
 
 def _all_gather(mine: _Local, *, group: Any = None) -> list[_Local]:
@@ -364,9 +406,9 @@ def _all_gather(mine: _Local, *, group: Any = None) -> list[_Local]:
         return [mine]
     everyone: list[Any] = []
     dist.all_gather_object(everyone, (mine.epoch, mine.ended, mine.next_epoch, mine.job_done,
-                                      mine.finished, mine.read), group=group)
-    return [_Local(int(e), bool(d), int(n), bool(j), [int(t) for t in f], bool(r))
-            for e, d, n, j, f, r in everyone]
+                                      mine.finished, mine.read, mine.lapsed), group=group)
+    return [_Local(int(e), bool(d), int(n), bool(j), [int(t) for t in f], bool(r), bool(x))
+            for e, d, n, j, f, r, x in everyone]
 
 
 def _leave_on_idle(client: TaskClient, holding: Any, worker: int) -> None:

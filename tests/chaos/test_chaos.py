@@ -1,7 +1,8 @@
 """The chaos suite: whole local jobs under seeded faults, audited from logs and etcd history.
 
 A failing seed prints the one command that reproduces it. Longer schedules for local
-runs: `python -m tests.chaos.harness --seed 1 --seed 2 ... --faults 12 --epochs 5`.
+runs: `python -m tests.chaos.harness --seed 1 --seed 2 ... --faults 12 --epochs 5`, and
+for collective runs `--mode collective ... --faults 6 --epochs 5` (`make chaos` runs both).
 """
 
 from __future__ import annotations
@@ -27,3 +28,22 @@ def test_job_survives_a_seeded_fault_schedule(tmp_path, seed, capsys):
                        f"\n--- last lines of the job ---\n{log}")
     assert result.tasks_lost == 0 and result.double_counted == 0
     assert result.epochs_completed == 3
+
+
+@pytest.mark.paddle
+@pytest.mark.timeout(300)
+def test_collective_job_keeps_every_record_once_in_the_model_through_group_restarts(tmp_path, capsys):
+    pytest.importorskip("paddle")
+    # seed 6's first faults: a trainer SIGKILLed (a group restart from a checkpoint inside
+    # the epoch), then a trainer SIGSTOPped past its session lease
+    seed, faults = 6, 2
+    chaos = Chaos(seed=seed, workdir=tmp_path, mode="collective", epochs=3, faults=faults)
+    result = asyncio.run(chaos.run())
+    with capsys.disabled():
+        print(f"\n{result.line()}")
+    log = "\n".join(chaos.log_lines[-80:])
+    assert result.ok, (f"{result.line()}\nreproduce: python -m tests.chaos.harness --mode collective "
+                       f"--seed {seed} --faults {faults}\n--- last lines of the job ---\n{log}")
+    assert len(result.faults) == faults and result.restarts >= 1
+    assert result.seen_twice == 0 and [e.never_seen for e in result.lineage] == [0, 0, 0]
+    assert result.tasks_lost == 0 and result.double_counted == 0 and result.epochs_completed == 3
