@@ -460,7 +460,8 @@ def scale_command(name: str, trainers: int, namespace: str, master_address: str 
     Scaling is the operator's: PADDLE_JOB_TOKEN_FILE names the job's operator token (a
     local job's is OUTPUT/.paddlecloud/tokens/operator; on Kubernetes the `operator` key of
     the job's NAME-tokens Secret), PADDLE_MASTER_CA_FILE the master's CA when it uses TLS
-    (without it, the CA published on the job's Deployment: a local job needs --master and
+    (without it, the CA published on the job's Deployment; with --master, a job without a
+    Deployment or Kubernetes configuration is taken for a local one: plaintext, or
     PADDLE_MASTER_CA_FILE when it uses TLS).
     """
     import grpc
@@ -470,12 +471,17 @@ def scale_command(name: str, trainers: int, namespace: str, master_address: str 
     address = master_address or manifests.master_address(name, namespace)
     ca = None
     if not os.environ.get(ENV_CA_FILE):
-        _, apps = _clients(_api(kubeconfig))
-        deployment = _get(apps.read_namespaced_deployment, manifests.master_name(name), namespace,
-                          resource="deployments")
-        if deployment is None:
+        try:
+            _, apps = _clients(_api(kubeconfig))
+            deployment = _get(apps.read_namespaced_deployment, manifests.master_name(name), namespace,
+                              resource="deployments")
+        except click.ClickException:
+            if master_address is None:
+                raise
+            deployment = None  # no Kubernetes here: a local job
+        if deployment is None and master_address is None:
             raise _fail(f"job {name} not found in namespace {namespace}")
-        ca = master_ca(deployment.metadata.annotations)
+        ca = master_ca(deployment.metadata.annotations) if deployment is not None else None
     try:
         reply = scale_trainers(address, trainers, timeout=timeout, ca=ca)
     except grpc.RpcError as error:
