@@ -46,7 +46,10 @@ async def test_master_creates_pservers_then_trainers_once_pservers_register(
                        timeout=30, what="the pserver StatefulSet")
     async with grpc.aio.insecure_channel(proc.address) as channel:
         master = stub(channel)
-        assert (await master.GetStatus(pb.GetStatusRequest())).phase == "Starting"
+
+        async def starting() -> bool:  # the deployment's phase follows the objects it made
+            return (await master.GetStatus(pb.GetStatusRequest())).phase == "Starting"
+        await k8s.wait_for(starting, timeout=30, what="phase Starting")
         # No trainer before every pserver registered.
         assert k8s.stored("jobs", "team-b", manifests.trainer_name(name)) is None
         client = await etcd.connect(etcd_endpoint)

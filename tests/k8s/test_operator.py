@@ -339,7 +339,7 @@ async def test_of_two_operators_only_the_higher_priority_acts_and_the_other_take
         # an Event for each creation of the master: the first, and one per re-creation (by the
         # timer, MasterRecreated, or by the lower operator's resume handler, Created)
         await k8s.wait_for(lambda: len(events(k8s, "MasterRecreated")) + len(events(k8s, "Created"))
-                           >= 3, what="an Event for each creation of the master")
+                           >= 3, timeout=60, what="an Event for each creation of the master")
     assert_operator_rights(k8s)
 
 
