@@ -402,6 +402,40 @@ def test_an_expired_session_registers_again_told_by_its_error_info(tmp_path, sta
         connection.close()
 
 
+def test_a_session_that_expires_again_before_the_retry_lands_is_registered_again(tmp_path, start_master):
+    """The session ends between the re-registration and the retried call (a pause, a failover):
+    the call is not lost to one more expiry; the retries are bounded (EXPIRED_RETRIES)."""
+    from trainer_agent.client import EXPIRED_RETRIES
+
+    write_records(tmp_path / "data", files=1, records_per_file=1)
+    proc = serving(start_master("--input", str(tmp_path / "data")))
+    connection = MasterConnection(MasterLocator(master_endpoint=proc.address), deadline=20,
+                                  open_channel=without_messages)
+    session = Session(connection, trainer_id="unlucky")
+    ended: list[int] = []
+
+    def ending_first(times: int):
+        def call(s: int) -> None:
+            if len(ended) < times:  # the session ends just before the call lands
+                connection.leave_trainer(s, timeout=10)
+                ended.append(s)
+            connection.keep_alive(s)
+        return call
+
+    try:
+        session.register()
+        session.run(ending_first(2))
+        assert session.reregistrations == 2 and session.id not in ended and len(set(ended)) == 2
+        ended.clear()
+        with pytest.raises(grpc.RpcError) as refused:
+            session.run(ending_first(EXPIRED_RETRIES + 1))
+        assert refused.value.code() is grpc.StatusCode.NOT_FOUND
+        assert len(ended) == EXPIRED_RETRIES + 1
+    finally:
+        session.close()
+        connection.close()
+
+
 # ---- the package ------------------------------------------------------------------------
 
 

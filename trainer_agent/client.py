@@ -94,6 +94,7 @@ CALL_TIMEOUT = 15.0
 # election TTL + 2 s), while a standby, cheap to answer, takes at most ~1 call per trainer per
 # second until then.
 RETRY_CAP = 1.0
+EXPIRED_RETRIES = 3  # registrations again within one call whose session keeps expiring
 # Codes a call is retried on: the master is away (UNAVAILABLE), slow (DEADLINE_EXCEEDED),
 # shedding load on purpose (RESOURCE_EXHAUSTED), or the call was cancelled on the way
 # (CANCELLED: gRPC's own queues, a connection reset) while this client did not cancel it.
@@ -384,33 +385,33 @@ class Session:
             return self._id
 
     def run(self, call: Callable[[int], T]) -> T:
-        """`call(session_id)`; registers again once if the session expired meanwhile."""
-        session = self.ensure()
-        sent = time.monotonic()
-        try:
-            result = call(session)
-            self._answered(sent)
-            return result
-        except grpc.RpcError as error:
-            reason, metadata = _reason(error)
-            if reason is Reason.SESSION_SUPERSEDED:
-                with self._lock:
-                    self._superseded = TrainerSuperseded(
-                        f"trainer {self.trainer_id}: session {session} superseded by a newer session "
-                        f"of trainer {metadata.get('trainer', self.trainer_id)}; another process uses "
-                        "this trainer id")
-                    raise self._superseded from None
-            if reason is not Reason.SESSION_EXPIRED:
-                raise
-        with self._lock:
-            if self._id == session:  # not yet registered again by another thread
-                logger.warning("session %d expired; registering again", session)
-                self.reregistrations += 1
-                self.register()
-        sent = time.monotonic()
-        result = call(self.ensure())
-        self._answered(sent)
-        return result
+        """`call(session_id)`; registers again when the session expired meanwhile, up to
+        EXPIRED_RETRIES times (a session can lapse again before the retry lands: a pause, a
+        master failover between the two calls)."""
+        for attempt in range(EXPIRED_RETRIES + 1):
+            session = self.ensure()
+            sent = time.monotonic()
+            try:
+                result = call(session)
+                self._answered(sent)
+                return result
+            except grpc.RpcError as error:
+                reason, metadata = _reason(error)
+                if reason is Reason.SESSION_SUPERSEDED:
+                    with self._lock:
+                        self._superseded = TrainerSuperseded(
+                            f"trainer {self.trainer_id}: session {session} superseded by a newer "
+                            f"session of trainer {metadata.get('trainer', self.trainer_id)}; another "
+                            "process uses this trainer id")
+                        raise self._superseded from None
+                if reason is not Reason.SESSION_EXPIRED or attempt == EXPIRED_RETRIES:
+                    raise
+            with self._lock:
+                if self._id == session:  # not yet registered again by another thread
+                    logger.warning("session %d expired; registering again", session)
+                    self.reregistrations += 1
+                    self.register()
+        raise AssertionError("unreachable")
 
     def _answered(self, sent: float) -> None:
         with self._lock:
