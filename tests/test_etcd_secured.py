@@ -41,14 +41,18 @@ async def _enable_auth(endpoint: str, credentials: EtcdCredentials) -> None:
         await client.close()
 
 
+def _certificates(d, name: str):
+    """A new CA (its certificate in d/ca.crt) and the (server, client) certificates it issued."""
+    ca = LocalCA.create(name)
+    ca.write_cert(d / "ca.crt")
+    return ca.issue(d, "server", hosts=("127.0.0.1", "localhost")), ca.issue(d, "client", hosts=(), client=True)
+
+
 @pytest.fixture(scope="module")
 def secured(tmp_path_factory):
     """(etcd, the environment of a process that may use it)."""
     d = tmp_path_factory.mktemp("etcd-tls")
-    ca = LocalCA.create("etcd test CA")
-    ca.write_cert(d / "ca.crt")
-    server = ca.issue(d, "server", hosts=("127.0.0.1", "localhost"))
-    client = ca.issue(d, "client", hosts=(), client=True)
+    server, client = _certificates(d, "etcd test CA")
     (d / "password").write_text(PASSWORD + "\n")
     tls = EtcdTls(ca=str(d / "ca.crt"), cert=str(server.cert), key=str(server.key),
                   client_cert=str(client.cert), client_key=str(client.key))
@@ -157,10 +161,7 @@ def test_wrong_etcd_credentials_end_the_master_with_one_line(secured, tmp_path, 
 def tls_only(tmp_path_factory):
     """(etcd serving TLS to any client, no client certificate or user asked; its CA file)."""
     d = tmp_path_factory.mktemp("etcd-tls-only")
-    ca = LocalCA.create("etcd discovery test CA")
-    ca.write_cert(d / "ca.crt")
-    server = ca.issue(d, "server", hosts=("127.0.0.1", "localhost"))
-    client = ca.issue(d, "client", hosts=(), client=True)  # only for the server's health check
+    server, client = _certificates(d, "etcd discovery test CA")  # client: the health check's only
     tls = EtcdTls(ca=str(d / "ca.crt"), cert=str(server.cert), key=str(server.key),
                   client_cert=str(client.cert), client_key=str(client.key), client_cert_auth=False)
     with EtcdServer(tls=tls) as etcd:

@@ -16,16 +16,22 @@ from chaos.harness import Chaos
 pytestmark = pytest.mark.chaos
 
 
-@pytest.mark.timeout(240)
-@pytest.mark.parametrize("seed", [11, 12, 13])
-def test_job_survives_a_seeded_fault_schedule(tmp_path, seed, capsys):
-    chaos = Chaos(seed=seed, workdir=tmp_path, trainers=4, epochs=3, faults=5)
+def run_and_show(chaos: Chaos, capsys, *, reproduce: str):
+    """Runs the harness, prints its line; fails with the command that reproduces it."""
     result = asyncio.run(chaos.run())
     with capsys.disabled():
         print(f"\n{result.line()}")
     log = "\n".join(chaos.log_lines[-80:])
-    assert result.ok, (f"{result.line()}\nreproduce: python -m tests.chaos.harness --seed {seed} --faults 5"
+    assert result.ok, (f"{result.line()}\nreproduce: python -m tests.chaos.harness {reproduce}"
                        f"\n--- last lines of the job ---\n{log}")
+    return result
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("seed", [11, 12, 13])
+def test_job_survives_a_seeded_fault_schedule(tmp_path, seed, capsys):
+    chaos = Chaos(seed=seed, workdir=tmp_path, trainers=4, epochs=3, faults=5)
+    result = run_and_show(chaos, capsys, reproduce=f"--seed {seed} --faults 5")
     assert result.tasks_lost == 0 and result.double_counted == 0
     assert result.epochs_completed == 3
 
@@ -38,12 +44,7 @@ def test_collective_job_keeps_every_record_once_in_the_model_through_group_resta
     # the epoch), then a trainer SIGSTOPped past its session lease
     seed, faults = 6, 2
     chaos = Chaos(seed=seed, workdir=tmp_path, mode="collective", epochs=3, faults=faults)
-    result = asyncio.run(chaos.run())
-    with capsys.disabled():
-        print(f"\n{result.line()}")
-    log = "\n".join(chaos.log_lines[-80:])
-    assert result.ok, (f"{result.line()}\nreproduce: python -m tests.chaos.harness --mode collective "
-                       f"--seed {seed} --faults {faults}\n--- last lines of the job ---\n{log}")
+    result = run_and_show(chaos, capsys, reproduce=f"--mode collective --seed {seed} --faults {faults}")
     assert len(result.faults) == faults and result.restarts >= 1
     assert result.seen_twice == 0 and [e.never_seen for e in result.lineage] == [0, 0, 0]
     assert result.tasks_lost == 0 and result.double_counted == 0 and result.epochs_completed == 3
