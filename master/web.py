@@ -11,8 +11,9 @@ second into ring buffers of an hour: the page's plots.
 
 Every request passes `authorize()`, the one place a caller's access is decided
 (a bearer token in the `Authorization` header, or `?token=` which the page keeps
-in sessionStorage). With no tokens configured — today, until the security issue's
-token file is wired in — every caller is an operator. A viewer sees no session ids.
+in sessionStorage), checked against the job's tokens (`--tokens-dir`: every local and
+Kubernetes job has them). A master started without tokens (an explicitly insecure one)
+takes every caller for an operator. A viewer sees no session ids.
 
 `/` is this master's own job; the Job Server's `/` lists every job and serves this
 page under a prefix (job_server.routers.pages), so every URL the page uses is relative.
