@@ -12,12 +12,16 @@ This module never unpickles a state (that runs code: `trainer_agent` does it for
 user who wrote it) and never writes. What it does NOT guarantee: that a version
 found complete here is still there when it is loaded (one saver per directory,
 which prunes old versions, is assumed).
+
+`CheckpointEvery` (how often a collective job checkpoints inside an epoch) lives here
+because the local CLI checks `--checkpoint-every` and the trainer library acts on it.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import posixpath
 import re
 from collections.abc import Iterator
@@ -26,6 +30,8 @@ from typing import Any
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
+
+from paddlecloud.units import parse_duration
 
 logger = logging.getLogger(__name__)
 
@@ -159,3 +165,54 @@ def _complete_meta(d: CheckpointDir, version: Version) -> dict[str, Any] | None:
         )
         return None
     return meta
+
+
+#: How often a trainer checkpoints inside an epoch (``CheckpointEvery.parse``'s syntax).
+CHECKPOINT_EVERY_ENV = "PADDLECLOUD_CHECKPOINT_EVERY"
+
+
+@dataclass(frozen=True)
+class CheckpointEvery:
+    """When a collective job checkpoints inside an epoch: every ``tasks`` tasks of the job
+    (each trainer takes its share, ``ceil(tasks / trainers)``), or every ``seconds``.
+
+    ``parse("20")`` is every 20 tasks, ``parse("30s")`` / ``parse("2m")`` a duration.
+    """
+
+    tasks: int | None = None
+    seconds: float | None = None
+
+    def __post_init__(self) -> None:
+        if (self.tasks is None) == (self.seconds is None):
+            raise ValueError("CheckpointEvery needs exactly one of tasks and seconds")
+        if self.tasks is not None and self.tasks < 1:
+            raise ValueError(f"checkpoint every {self.tasks} tasks: need at least 1")
+        if self.seconds is not None and self.seconds <= 0:
+            raise ValueError(f"checkpoint every {self.seconds}s: need a positive duration")
+
+    @classmethod
+    def parse(cls, text: str) -> CheckpointEvery:
+        """``N`` (tasks) or a duration (``30s``, ``2m``); a clear ValueError otherwise."""
+        raw = text.strip()
+        if raw.isdigit():
+            return cls(tasks=int(raw))
+        try:
+            return cls(seconds=parse_duration(raw))
+        except ValueError:
+            raise ValueError(f"checkpoint every {text[:40]!r}: need a number of tasks (20) "
+                             "or a duration (30s, 2m)") from None
+
+    @classmethod
+    def from_env(cls) -> CheckpointEvery | None:
+        """``$PADDLECLOUD_CHECKPOINT_EVERY`` parsed; None when unset or empty."""
+        raw = os.environ.get(CHECKPOINT_EVERY_ENV, "").strip()
+        return cls.parse(raw) if raw else None
+
+    def due(self, *, tasks: int, elapsed: float, trainers: int) -> bool:
+        """True once a trainer that read ``tasks`` tasks in ``elapsed`` seconds should stop."""
+        if self.tasks is not None:
+            return tasks >= -(-self.tasks // max(trainers, 1))
+        return elapsed >= (self.seconds or 0.0)
+
+    def __str__(self) -> str:
+        return str(self.tasks) if self.tasks is not None else f"{self.seconds:g}s"

@@ -38,22 +38,20 @@ from dataclasses import dataclass
 from itertools import islice
 from typing import Any
 
-from paddlecloud.checkpoints import (
+from paddlecloud.checkpoints import (  # CheckpointEvery: in the core (the local CLI checks it)
+    CHECKPOINT_EVERY_ENV,  # noqa: F401  (this library's API)
     FORMAT_VERSION,
     META_FILE,
     STATE_FILE,
     TASKS_DONE,
     CheckpointDir,
     CheckpointError,
+    CheckpointEvery,  # noqa: F401  (this library's API)
     complete_versions,
     versions,
 )
-from paddlecloud.units import parse_duration
 
 logger = logging.getLogger(__name__)
-
-#: How often a trainer checkpoints inside an epoch (``CheckpointEvery.parse``'s syntax).
-CHECKPOINT_EVERY_ENV = "PADDLECLOUD_CHECKPOINT_EVERY"
 
 #: A ``.tmp-*`` directory older than this is a dead saver's leftover and gets deleted.
 STALE_TMP_SECONDS = 600.0
@@ -99,53 +97,6 @@ class TrainStatus:
         if self.epoch is None:
             return 0
         return self.epoch if self.in_epoch else self.epoch + 1
-
-
-@dataclass(frozen=True)
-class CheckpointEvery:
-    """When a collective job checkpoints inside an epoch: every ``tasks`` tasks of the job
-    (each trainer takes its share, ``ceil(tasks / trainers)``), or every ``seconds``.
-
-    ``parse("20")`` is every 20 tasks, ``parse("30s")`` / ``parse("2m")`` a duration.
-    """
-
-    tasks: int | None = None
-    seconds: float | None = None
-
-    def __post_init__(self) -> None:
-        if (self.tasks is None) == (self.seconds is None):
-            raise ValueError("CheckpointEvery needs exactly one of tasks and seconds")
-        if self.tasks is not None and self.tasks < 1:
-            raise ValueError(f"checkpoint every {self.tasks} tasks: need at least 1")
-        if self.seconds is not None and self.seconds <= 0:
-            raise ValueError(f"checkpoint every {self.seconds}s: need a positive duration")
-
-    @classmethod
-    def parse(cls, text: str) -> CheckpointEvery:
-        """``N`` (tasks) or a duration (``30s``, ``2m``); a clear ValueError otherwise."""
-        raw = text.strip()
-        if raw.isdigit():
-            return cls(tasks=int(raw))
-        try:
-            return cls(seconds=parse_duration(raw))
-        except ValueError:
-            raise ValueError(f"checkpoint every {text[:40]!r}: need a number of tasks (20) "
-                             "or a duration (30s, 2m)") from None
-
-    @classmethod
-    def from_env(cls) -> CheckpointEvery | None:
-        """``$PADDLECLOUD_CHECKPOINT_EVERY`` parsed; None when unset or empty."""
-        raw = os.environ.get(CHECKPOINT_EVERY_ENV, "").strip()
-        return cls.parse(raw) if raw else None
-
-    def due(self, *, tasks: int, elapsed: float, trainers: int) -> bool:
-        """True once a trainer that read ``tasks`` tasks in ``elapsed`` seconds should stop."""
-        if self.tasks is not None:
-            return tasks >= -(-self.tasks // max(trainers, 1))
-        return elapsed >= (self.seconds or 0.0)
-
-    def __str__(self) -> str:
-        return str(self.tasks) if self.tasks is not None else f"{self.seconds:g}s"
 
 
 def save_checkpoint(

@@ -77,7 +77,7 @@ class _TrainCommand(click.Command):
 
 def _check_checkpoint_every(text: str) -> tuple[str, str]:
     """`--checkpoint-every` as the trainers' environment variable; a clear error otherwise."""
-    from trainer_agent.checkpoint import CHECKPOINT_EVERY_ENV, CheckpointEvery
+    from paddlecloud.checkpoints import CHECKPOINT_EVERY_ENV, CheckpointEvery
 
     try:
         return CHECKPOINT_EVERY_ENV, str(CheckpointEvery.parse(text))
