@@ -2,9 +2,10 @@
 seconds (as the Go master did). The grant lives in etcd on a lease of that length,
 so it survives a master failover and lapses on its own. `block` is capped (the task
 timeout, or `MAX_BLOCK` when that is off), and the grant dies with its holder's
-session: when the session ends (leave, expiry, superseded) the grant is deleted. A
-session that ended while no master led leaves its grant to lapse with its own lease
-(at most the cap).
+session: when the session ends (leave, expiry, superseded) the grant is deleted. So
+does a RestartEpoch (in its own transaction): the grant was the old group's, whose
+holder may have been stopped without leaving. A session that ended while no master
+led leaves its grant to lapse with its own lease (at most the cap).
 
 What this does NOT do: know whether the trainer saved anything.
 """

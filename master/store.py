@@ -391,7 +391,8 @@ class EtcdStore:
                 return Txn.of([value_is(k.epoch, str(epoch))], [put(k.phase, Phase.FAILED.value)],
                               exclusive=True)
             case EpochRestarted(epoch=epoch, done=done):
-                # sessions stay; their assignments are gone; the checkpoint's tasks are done:
+                # sessions stay; their assignments and the save-model grant (the old group's:
+                # its holder may be stopped and never leave) are gone; the checkpoint's tasks are done:
                 # their marks kept or written here, or (more than one transaction holds)
                 # every mark deleted and the list put in the restart marker, whose marks
                 # `restart_marks` then writes in follow-up transactions
@@ -404,7 +405,8 @@ class EtcdStore:
                 return Txn.of([], [put(k.epoch, str(epoch)), put(k.phase, Phase.RUNNING.value),
                                    *marks,
                                    delete_prefix(k.kind_prefix("failures")),
-                                   delete_prefix(k.kind_prefix("assign"))], exclusive=True)
+                                   delete_prefix(k.kind_prefix("assign")), delete(k.save_model)],
+                              exclusive=True)
             case _:
                 assert_never(event)
 

@@ -36,6 +36,18 @@ class LocalRun:
     def text(self) -> str:
         return self.console.read_text(errors="replace")
 
+    @property
+    def operator_token(self) -> Path:
+        """The token file of the run's operator role (what `job scale` must carry)."""
+        return self.output / ".paddlecloud" / "tokens" / "operator"
+
+    def scale(self, address: str, trainers: int) -> subprocess.CompletedProcess:
+        """`paddlecloud job scale` against the run's master at ``address``, as its operator."""
+        return subprocess.run([sys.executable, "-m", "paddlecloud", "job", "scale", self.job,
+                               "--trainers", str(trainers), "--master", address],
+                              capture_output=True, text=True, timeout=60,
+                              env=dict(os.environ, PADDLE_JOB_TOKEN_FILE=str(self.operator_token)))
+
     def stop(self) -> None:
         if self.process.poll() is None:
             self.process.kill()

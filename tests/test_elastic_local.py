@@ -35,7 +35,7 @@ def _status(address: str) -> pb.GetStatusResponse:
 
 def _as_operator(monkeypatch, run) -> None:
     """This test's calls (and the `job scale` it runs) carry the local run's operator token."""
-    monkeypatch.setenv("PADDLE_JOB_TOKEN_FILE", str(run.output / ".paddlecloud" / "tokens" / "operator"))
+    monkeypatch.setenv("PADDLE_JOB_TOKEN_FILE", str(run.operator_token))
 
 
 def _alive(address: str) -> int:
@@ -44,12 +44,6 @@ def _alive(address: str) -> int:
         return _status(address).trainers_alive
     except grpc.RpcError:
         return -1
-
-
-def _scale(job: str, address: str, trainers: int) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "paddlecloud", "job", "scale", job, "--trainers",
-                           str(trainers), "--master", address], capture_output=True, text=True,
-                          timeout=60)
 
 
 def test_ps_job_scaled_2_4_1_3_counts_every_task_once_and_no_failure(tmp_path, local_run, job_name,
@@ -67,12 +61,12 @@ def test_ps_job_scaled_2_4_1_3_counts_every_task_once_and_no_failure(tmp_path, l
     status = _status(address)
     assert (status.min_trainers, status.max_trainers, status.desired_trainers) == (1, 4, 2)
 
-    refused = _scale(job_name, address, 5)
+    refused = run.scale(address, 5)
     assert refused.returncode != 0 and "5 trainers is outside the job's range 1..4" in refused.stderr
 
     for size in (4, 1, 3):
         read_before = len(read_log(run.records))
-        done = _scale(job_name, address, size)
+        done = run.scale(address, size)
         assert done.returncode == 0, done.stderr
         assert f"desired trainers {size} (range 1..4)" in done.stdout
         wait_until(lambda size=size: _alive(address) == size, timeout=90,

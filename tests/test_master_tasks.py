@@ -13,7 +13,7 @@ from etcd_history import done_marks, per_epoch
 from masters import pb, stub, wait_for, wait_serving
 
 from paddlecloud.keys import JobKeys
-from paddlecloud.wire import seconds
+from paddlecloud.wire import duration, seconds
 
 
 def ref(task: pb.Task) -> pb.TaskRef:
@@ -353,6 +353,22 @@ async def test_restart_epoch_clears_its_marks(tmp_path, start_master, channel_to
     assert (await master.TaskFinished(report(session, held))).result == pb.STALE
     await asyncio.wait_for(run_trainer(master, "t2", accepted=accepted), 60)
     assert sorted(accepted) == [(e, t) for e in range(3) for t in range(3)]
+
+
+async def test_a_group_restart_takes_the_save_model_grant_from_the_old_group(tmp_path, start_master,
+                                                                          channel_to):
+    """A trainer stopped for a group restart may never leave (SIGKILL, a lost pod): its grant
+    must not keep the restarted group from saving until its session expires."""
+    write_records(tmp_path / "data", files=2, records_per_file=1)
+    proc = start_master("--input", str(tmp_path / "data"))
+    await wait_serving(proc.address, process=proc)
+    master = await channel_to(proc.address)
+    old, new = await register(master, "1"), await register(master, "0")
+    block = duration(30)
+    assert (await master.RequestSaveModel(pb.RequestSaveModelRequest(session_id=old, block=block))).granted
+    assert not (await master.RequestSaveModel(pb.RequestSaveModelRequest(session_id=new, block=block))).granted
+    await master.RestartEpoch(pb.RestartEpochRequest(epoch=0))
+    assert (await master.RequestSaveModel(pb.RequestSaveModelRequest(session_id=new, block=block))).granted
 
 
 async def test_sigterm_hands_leadership_over_cleanly(tmp_path, start_master, channel_to, etcd_endpoint, job_name):

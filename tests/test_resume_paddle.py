@@ -1,4 +1,4 @@
-"""Exact resume mid-epoch, for real: fit-a-line resized 2 -> 1 -> 2 and a trainer SIGKILLed.
+"""Exact resume mid-epoch, for real: fit-a-line scaled 2 -> 1 -> 2 and a trainer SIGKILLed.
 
 The example logs the record ids of every step its model took and the step of every
 checkpoint it resumed from; the model's lineage is that log with the steps undone by
@@ -9,6 +9,7 @@ harness's collective runs).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import pytest
 from chaos.lineage import lineage, record_ids
-from local_runs import LocalRun
+from local_runs import LocalRun, leader_of
 from masters import wait_until
 from processes import find
 
@@ -28,8 +29,19 @@ pytestmark = pytest.mark.paddle
 EXAMPLE = "examples.fit_a_line.train"
 
 
+def _entries(log: Path) -> list[dict]:
+    return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+
+
 def resumes(log: Path) -> int:
-    return sum(1 for line in log.read_text().splitlines() if '"resumed"' in line)
+    return sum(1 for entry in _entries(log) if "resumed" in entry)
+
+
+def early_in_an_epoch(log: Path, after: int) -> bool:
+    """The latest checkpoint, saved after the log's first ``after`` entries, lies early inside
+    an epoch: many tasks before the epoch's end checkpoint, so a restart now resumes inside."""
+    saved = [entry for entry in _entries(log)[after:] if "saved" in entry]
+    return bool(saved) and saved[-1]["tasks_done"] is not None and saved[-1]["tasks_done"] <= 18
 
 
 @pytest.fixture
@@ -51,22 +63,33 @@ def test_resized_and_killed_the_model_consumes_every_record_once_per_epoch(
         run_example, tmp_path, job_name, etcd_endpoint):
     log = tmp_path / "consumed.jsonl"
     run = run_example("--epochs", "3", "--chunk-bytes", "64KiB", "--checkpoint-every", "6",
-                      "--resize-schedule", "2@0s,1@12s,2@24s", "--etcd-endpoints", etcd_endpoint,
-                      "-e", f"FIT_A_LINE_CONSUMED_LOG={log}", "--", "--step-delay", "0.03")
-    # 2 -> 1 -> 2: two group restarts, each resuming from a checkpoint
-    wait_until(lambda: "scaling the trainers 1 -> 2" in run.text() and log.exists()
-               and resumes(log) >= 3, timeout=300, message="the resize to 2 never resumed")
-    marks = len(log.read_text().splitlines())
-    wait_until(lambda: len(log.read_text().splitlines()) > marks + 20, timeout=120,
-               message="the group of 2 never stepped")
+                      "--trainers", "2", "--min-trainers", "1", "--max-trainers", "2",
+                      "--etcd-endpoints", etcd_endpoint, "-e", f"FIT_A_LINE_CONSUMED_LOG={log}",
+                      "--", "--step-delay", "0.03")
+    wait_until(lambda: asyncio.run(leader_of(etcd_endpoint, job_name)), timeout=60, message="no leader")
+    address = asyncio.run(leader_of(etcd_endpoint, job_name))
+    # Each change comes early inside an epoch (not on a clock, which a loaded machine
+    # outruns), so that each group restart resumes from a checkpoint inside it.
+    for size, resumed in ((1, 1), (2, 3)):
+        marks = len(_entries(log))
+        wait_until(lambda marks=marks: early_in_an_epoch(log, marks), timeout=180,
+                   message=f"no checkpoint early inside an epoch before the resize to {size}")
+        done = run.scale(address, size)
+        assert done.returncode == 0, done.stderr
+        wait_until(lambda resumed=resumed: resumes(log) >= resumed, timeout=180,
+                   message=f"the group of {size} never resumed")
+    marks = len(_entries(log))
+    wait_until(lambda: early_in_an_epoch(log, marks), timeout=180,
+               message="the group of 2 saved no checkpoint early inside an epoch")
     victim = find(job_name, module=EXAMPLE, PADDLE_TRAINER_ID="1")
     assert victim, "trainer 1 is not running"
     os.kill(victim[0], signal.SIGKILL)
     assert run.wait(timeout=300) == 0, run.text()[-4000:]
     text = run.text()
-    assert "scaling the trainers 2 -> 1" in text
+    assert "scaling the trainers 2 -> 1" in text and "scaling the trainers 1 -> 2" in text
     assert "restarting the trainer group" in text
-    assert "resumed from the checkpoint inside epoch" in text  # a mid-epoch resume happened
+    # every restart (two resizes, one death) resumed inside an epoch
+    assert text.count("resumed from the checkpoint inside epoch") >= 5, text[-4000:]
     expected = record_ids(run.output / "data")
     assert len(expected) > 10_000 and set(expected.values()) == {1}
     consumed = lineage(log)
