@@ -98,6 +98,26 @@ async def test_sigterm_reaches_the_child_and_its_code_comes_back(tmp_path, start
     assert got.read_text() == "yes"
 
 
+async def test_a_child_that_exits_128_plus_the_forwarded_signal_is_told_stopped_by_it(tmp_path, start_master):
+    write_records(tmp_path / "data", files=1, records_per_file=1)
+    proc = start_master("--input", str(tmp_path / "data"))
+    await wait_serving(proc.address, process=proc)
+    script = ("import signal, sys, time\n"
+              "signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))\n"
+              "print('ready', flush=True)\n"
+              "time.sleep(60)\n")
+    child = launch(["--", sys.executable, "-c", script],
+                   {"PADDLE_MASTER_ENDPOINT": proc.address, "PADDLE_TRAINER_ID": "3"},
+                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert await asyncio.to_thread(child.stdout.readline) == "ready\n"
+        child.send_signal(signal.SIGTERM)
+        assert await asyncio.to_thread(child.wait, 30) == 143
+        assert "trainer 3 stopped by SIGTERM" in child.stderr.read()
+    finally:
+        child.kill()
+
+
 def test_unreachable_master_is_an_error_naming_it():
     address = f"127.0.0.1:{free_port()}"
     result = subprocess.run([sys.executable, "-m", "paddlecloud", "trainer", "--wait-timeout", "2", "--", "true"],

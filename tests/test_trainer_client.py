@@ -462,3 +462,76 @@ def test_the_package_exports_its_api_without_importing_paddle():
     with pytest.raises(AttributeError, match="no attribute 'MasterDatset'"):
         import trainer_agent
         trainer_agent.MasterDatset  # noqa: B018
+
+
+# ---- a trainer stopped with SIGTERM leaves first (trainer_agent.termination) --------------
+
+STOPPED_TRAINER = """
+import ctypes, os, signal, sys, time
+from trainer_agent.client import TaskClient
+
+trainer_id, how = sys.argv[1], sys.argv[2]
+if how == "own-handler-first":
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(7))
+client = TaskClient.from_env(trainer_id=trainer_id)
+if how == "registered-by-a-thread":  # as a Paddle DataLoader reads its dataset
+    import threading
+    replies = []
+    reader = threading.Thread(target=lambda: (client.register(), replies.append(client.fetch(0).result())))
+    reader.start()
+    reader.join()
+    reply = replies[0]
+else:
+    client.register()
+    reply = client.fetch(0).result()
+assert reply.task.chunks  # holds a task now
+if how == "own-handler-after":
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(7))
+if how == "after-a-forked-child":  # a DataLoader worker's way: SIGTERM kills it, nothing more
+    child = os.fork()
+    if child == 0:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(30)
+        os._exit(0)
+    print("child", os.waitpid(child, 0)[1], flush=True)
+print("holding", flush=True)
+if how == "in-c":
+    # a zeroed pthread_mutex_t is an unlocked default mutex: the second lock blocks in C
+    # forever, signals or not, as a collective call waiting for a dead peer does
+    mutex = ctypes.create_string_buffer(64)
+    libc = ctypes.CDLL(None)
+    libc.pthread_mutex_lock(mutex)
+    libc.pthread_mutex_lock(mutex)
+while True:
+    time.sleep(1)
+"""
+
+
+@pytest.mark.parametrize("how, code", [("in-c", 143), ("in-python", 143), ("after-a-forked-child", 143),
+                                       ("registered-by-a-thread", 143),
+                                       ("own-handler-first", 7), ("own-handler-after", 7)])
+def test_a_trainer_stopped_with_sigterm_leaves_and_its_task_returns_at_once(tmp_path, start_master,
+                                                                           how, code):
+    write_records(tmp_path / "data", files=2, records_per_file=5)
+    proc = serving(start_master("--input", str(tmp_path / "data"), "--session-ttl", "120s"))
+    program = tmp_path / "stopped_trainer.py"
+    program.write_text(STOPPED_TRAINER)
+    trainer = subprocess.Popen([sys.executable, str(program), "t", how], stdout=subprocess.PIPE,
+                               text=True, env=dict(os.environ, PADDLE_MASTER_ENDPOINT=proc.address))
+    try:
+        if how == "after-a-forked-child":  # killed by SIGTERM, the child left nothing of the parent's
+            assert trainer.stdout.readline().split() == ["child", str(signal.SIGTERM.value)]
+            assert status(proc).trainers_alive == 1
+        assert trainer.stdout.readline().strip() == "holding"
+        assert len(tasks(proc, pb.PENDING)) == 1
+        trainer.send_signal(signal.SIGTERM)
+        assert trainer.wait(timeout=60) == code
+    finally:
+        trainer.kill()
+        trainer.wait()
+    if code == 143:  # left: far sooner than the session's 120 s TTL would have ended it
+        assert status(proc).trainers_alive == 0
+        assert tasks(proc, pb.PENDING) == []
+        assert all(t.failures == 0 for t in tasks(proc, pb.TODO))
+    else:  # the program's own handler ran instead, and nothing of ours
+        assert status(proc).trainers_alive == 1

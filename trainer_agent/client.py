@@ -83,6 +83,7 @@ from tenacity import (
 from paddlecloud.api import pb, pb_grpc
 from paddlecloud.auth import ClientCredentials
 from paddlecloud.wire import Reason, duration, error_info, seconds
+from trainer_agent import termination
 from trainer_agent.discovery import DiscoveryError, MasterLocator
 from trainer_agent.readers import DataError, read_chunk
 
@@ -368,6 +369,7 @@ class Session:
             self._ttl = seconds(reply.ttl) or 10.0
             if self._on_register is not None:
                 self._on_register(reply)
+            termination.track(self)  # stopped with SIGTERM, the process leaves first
             if self._keepalive is None:
                 self._keepalive = threading.Thread(target=self._keep_alive, name="session-keepalive",
                                                    daemon=True)
@@ -419,7 +421,7 @@ class Session:
 
     def leave(self, *, timeout: float = 5.0) -> None:
         """Ends the session at the master (its tasks return at once)."""
-        session = self.id
+        session = self._id  # no lock: a stopping process leaves while its main thread may hold it
         if session:
             self.connection.leave_trainer(session, timeout=timeout)
 
@@ -427,6 +429,7 @@ class Session:
         """Stops the keep-alive thread: it starts no call after this (one under way ends
         when the connection closes)."""
         self._closed.set()
+        termination.untrack(self)
 
     def _next_beat(self) -> float:
         """Seconds until a KeepAlive is due: ttl/3 after the last answered call (or try)."""
@@ -551,6 +554,7 @@ class TaskClient:
         self.connection = MasterConnection(locator, deadline=deadline)
         self.tasks = TaskLedger()
         self.session = Session(self.connection, trainer_id=trainer_id, on_register=self._registered)
+        termination.install()  # here, in the main thread, before any thread registers
         self._lock = threading.Lock()  # for writers of `progress` and the counters
         self.progress = Progress()
         self._counts: Counter[str] = Counter()

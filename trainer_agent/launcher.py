@@ -18,7 +18,9 @@ its startup banners, "create libuv server ..."), `PYTHONWARNINGS` ignoring Paddl
 `trainer_agent.paddle` remove Paddle's C++ signal handler, the one that prints a crash
 report ("C++ Traceback ... FatalError: `Termination signal` is detected") when the
 trainer is stopped with SIGTERM or crashes. A child killed by a signal is reported
-here in one line instead (`trainer 1 killed by SIGKILL`).
+here in one line instead (`trainer 1 killed by SIGKILL`; `trainer 1 stopped by SIGTERM`
+when it exited with 128+15 after the launcher forwarded SIGTERM: a trainer that left
+the master first, see `trainer_agent.termination`).
 
 What it does NOT do: restart the command. The backend (a Kubernetes Job, or
 `paddlecloud local train`) restarts the launcher itself. Nor does it quiet what Paddle
@@ -38,7 +40,7 @@ import time
 import click
 
 from paddlecloud.api import pb
-from paddlecloud.exits import describe_exit, exit_code
+from paddlecloud.exits import describe_exit, exit_code, signal_exit_code
 from trainer_agent.client import MasterConnection, MasterUnavailable
 from trainer_agent.discovery import DiscoveryError, MasterLocator
 
@@ -102,14 +104,19 @@ def trainer_environment(env: dict[str, str], status: pb.GetStatusResponse) -> di
 def run_child(command: list[str], env: dict[str, str]) -> int:
     """Runs `command`, forwarding signals; returns its exit code (128+N when killed by N).
 
-    A death by signal is logged in one line naming the trainer and the signal."""
+    A death by signal is logged in one line naming the trainer and the signal; so is an
+    exit with 128+N after this launcher forwarded signal N (a trainer that left the master
+    on SIGTERM first, `trainer_agent.termination`, exits so)."""
     try:
         child = subprocess.Popen(command, env=env)
     except OSError as error:
         raise click.UsageError(f"cannot run {command[0]!r}: {error.strerror}") from None
 
+    forwarded: list[int] = []
+
     def forward(signum, _frame):
         if child.poll() is None:
+            forwarded.append(signum)
             child.send_signal(signum)
 
     previous = {sig: signal.signal(sig, forward) for sig in FORWARDED}
@@ -118,8 +125,11 @@ def run_child(command: list[str], env: dict[str, str]) -> int:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+    trainer = env.get("PADDLE_TRAINER_ID", "?")
     if code < 0:
-        logger.warning("trainer %s %s", env.get("PADDLE_TRAINER_ID", "?"), describe_exit(code))
+        logger.warning("trainer %s %s", trainer, describe_exit(code))
+    elif forwarded and code == signal_exit_code(forwarded[-1]):
+        logger.warning("trainer %s stopped by %s", trainer, signal.Signals(forwarded[-1]).name)
     return exit_code(code)
 
 

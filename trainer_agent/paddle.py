@@ -105,6 +105,7 @@ import paddle
 import paddle.distributed as dist
 
 from paddlecloud.api import pb
+from trainer_agent import termination
 from trainer_agent.checkpoint import (
     CheckpointError,
     CheckpointEvery,
@@ -153,6 +154,7 @@ class MasterDataset(paddle.io.IterableDataset):
                  trainer_id: str | None = None,
                  checkpoint_every: CheckpointEvery | None = None) -> None:
         super().__init__()
+        termination.install()  # the DataLoader registers from a thread: install in this one
         self.parse = parse
         self.client_factory = client_factory
         self.trainer_id = trainer_id
