@@ -58,6 +58,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from datetime import datetime
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -746,36 +747,83 @@ def big(bench: Bench, say) -> dict:
     say(f"Big dataset: {args.big_tasks:,} tasks: fresh job to SERVING {out['start_s']:.2f} s (goal "
         f"{GOALS['start_s']:g} s), master RSS {out['rss_mb']:.0f} MB (goal {GOALS['rss_mb']:g}); in-process "
         f"state: new {out['state_new_s']:.3f} s, epoch turnover to the first task {out['turnover_s']:.3f} s")
-    # The late failover: a job of --late-tasks tasks, 90% of them marked done in etcd.
-    late_job = f"late-{bench.tag}"
-    late_data = sparse_file(bench.work / f"{late_job}.dat", args.late_tasks)
-    master, _ = bench.master(late_job, late_data, 1)
-    master.wait_serving(timeout=300)
-    master.stop()
+    out.update(late_failover(bench, say))
+    return out
+
+
+def late_failover(bench: Bench, say) -> dict:
+    """A failover late in a --late-tasks epoch with 90% of it marked done in etcd: the leader
+    SIGKILLed, its warm standby (already running, as in a real failover) loads every mark."""
+    args = bench.args
+    out: dict = {}
+    job = f"late-{bench.tag}"
+    data = sparse_file(bench.work / f"{job}.dat", args.late_tasks)
+    flags = args.failover_flags.split()
+    ttl = election_ttl(flags)
+    first, _ = bench.master(job, data, 1, *flags, name="late-first")
+    first.wait_serving(timeout=300)
+    first.stop()
     done = args.late_tasks * 9 // 10
     started = time.perf_counter()
-    asyncio.run(_mark_done(bench.etcd.endpoint, late_job, done))
+    asyncio.run(_mark_done(bench.etcd.endpoint, job, done))
     write_s = time.perf_counter() - started
-    master, _ = bench.master(late_job, late_data, 1, name="late")
-    out["late_serving_s"] = master.wait_serving(timeout=300)
-    started = time.perf_counter()
+    leader, _ = bench.master(job, data, 1, *flags, name="late-leader")
+    leader.wait_serving(timeout=300)
+    standby, _ = bench.master(job, data, 1, *flags, name="late-standby")
+    wait_logged(standby, "standby: the leader is", timeout=120)
+    killed = time.time()
+    leader.kill()
+    standby.wait_serving(timeout=300)
+    out["late_serving_s"] = time.time() - killed
+    out["late_load_s"] = logged_at(standby, "cache loaded") - logged_at(standby, "elected leader")
     import grpc
 
     from paddlecloud.api import pb, pb_grpc
-    with grpc.insecure_channel(master.address) as channel:
+    started = time.perf_counter()
+    with grpc.insecure_channel(standby.address) as channel:
         stub = pb_grpc.MasterStub(channel)
         session = stub.RegisterTrainer(pb.RegisterTrainerRequest(trainer_id="late"), timeout=60).session_id
         reply = stub.GetTask(pb.GetTaskRequest(session_id=session, epoch=0), timeout=60)
     out["late_first_task_s"] = out["late_serving_s"] + time.perf_counter() - started
-    out["late_rss_mb"] = rss_mb(master.pid)
-    master.stop()
+    out["late_rss_mb"] = rss_mb(standby.pid)
+    standby.stop()
     out["late_outcome"] = pb.Outcome.Name(reply.outcome)
+    out["late_election_ttl_s"] = ttl
     say(f"  late failover: {args.late_tasks:,}-task epoch with {done:,} done marks (written in "
-        f"{write_s:.1f} s): a new master SERVING after {out['late_serving_s']:.2f} s, first GetTask "
-        f"answered ({out['late_outcome']}) {out['late_first_task_s']:.2f} s after its start, RSS "
-        f"{out['late_rss_mb']:.0f} MB (goal: within election TTL + {GOALS['failover_over_ttl_s']:g} s "
-        "of the kill, i.e. these seconds <= 2)")
+        f"{write_s:.1f} s), election TTL {ttl:g} s, the leader SIGKILLed: its standby SERVING "
+        f"{out['late_serving_s']:.2f} s after the kill ({out['late_load_s']:.2f} s of it from its "
+        f"election to its state loaded), first GetTask answered ({out['late_outcome']}) "
+        f"{out['late_first_task_s']:.2f} s after the kill, RSS {out['late_rss_mb']:.0f} MB (goal: "
+        f"election TTL + {GOALS['failover_over_ttl_s']:g} s = {ttl + GOALS['failover_over_ttl_s']:g} s)")
     return out
+
+
+def election_ttl(flags: list[str]) -> float:
+    """The --election-ttl among master flags, in seconds (the master's default otherwise)."""
+    from master.cli import DEFAULT_ELECTION_TTL
+    from paddlecloud.units import parse_duration
+    for i, flag in enumerate(flags):
+        if flag == "--election-ttl" and i + 1 < len(flags):
+            return parse_duration(flags[i + 1])
+        if flag.startswith("--election-ttl="):
+            return parse_duration(flag.split("=", 1)[1])
+    return parse_duration(DEFAULT_ELECTION_TTL)
+
+
+def logged_at(master: Master, text: str) -> float:
+    """The wall-clock time of the first line of the master's log holding `text`."""
+    for line in master.log_path.read_text(errors="replace").splitlines():
+        if text in line:
+            return datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+    raise RuntimeError(f"{master.log_path} has no line with {text!r}")
+
+
+def wait_logged(master: Master, text: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while text not in master.log_path.read_text(errors="replace"):
+        if time.monotonic() > deadline or not master.alive():
+            raise RuntimeError(f"{master.log_path}: no {text!r} after {timeout:g} s")
+        time.sleep(0.05)
 
 
 async def _mark_done(endpoint: str, job: str, count: int) -> None:

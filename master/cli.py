@@ -10,6 +10,8 @@ import click
 
 from paddlecloud.clitypes import DURATION, NON_NEGATIVE, SIZE
 
+DEFAULT_ELECTION_TTL = "10s"  # also what bench/scale.py assumes when no flag says
+
 
 @click.command("master")
 @click.option("--job", required=True, envvar="PADDLE_JOB_NAME", help="Job name ($PADDLE_JOB_NAME).")
@@ -36,7 +38,7 @@ from paddlecloud.clitypes import DURATION, NON_NEGATIVE, SIZE
 @click.option("--session-ttl", type=DURATION, default="30s", show_default=True,
               help="Trainer session lease: longer than a failover (--election-ttl plus the rebuild), "
                    "so trainers keep their sessions when the leader dies.")
-@click.option("--election-ttl", type=DURATION, default="10s", show_default=True)
+@click.option("--election-ttl", type=DURATION, default=DEFAULT_ELECTION_TTL, show_default=True)
 @click.option("--task-timeout", type=DURATION, default="30m", show_default=True, help="0 turns it off.")
 @click.option("--max-task-failures", type=NON_NEGATIVE, default=3, show_default=True)
 @click.option("--max-tasks-per-trainer", type=click.IntRange(min=1), default=2, show_default=True)

@@ -51,7 +51,7 @@ from master.state import (
 )
 from paddlecloud.aio import cancel_and_wait
 from paddlecloud.elastic import TrainerRange
-from paddlecloud.etcd import EtcdUnavailable, Leadership, LeaseKeeper, read_range
+from paddlecloud.etcd import EtcdUnavailable, Leadership, LeaseKeeper, read_key_numbers, read_range
 from paddlecloud.keys import JobKeys, prefix_range_end
 from paddlecloud.phase import Phase
 
@@ -642,8 +642,9 @@ class EtcdStore:
         return snap
 
     async def _done_marks(self, epoch: int, revision: int) -> list[int]:
-        """The tasks marked done in `epoch` at `revision`: keys only, bytes only, in ranges of
-        about DONE_RANGE marks each (by the leading digits of the task id), a few at once."""
+        """The tasks marked done in `epoch` at `revision`: keys only, in ranges of about
+        DONE_RANGE marks each (by the leading digits of the task id), a few at once, each
+        decoded without an object per key (`read_key_numbers`)."""
         base = self.keys.prefix + b"done/%d/" % epoch
         await self.client.connect()
         counted = await self.client.kvstub.Range(
@@ -659,12 +660,10 @@ class EtcdStore:
             ranges += [(key, prefix_range_end(key))
                        for key in (base + b"%0*d" % (digits, i) for i in range(10 ** digits))]
         gate = asyncio.Semaphore(16)
-        blen = len(base)
 
         async def read(lo: bytes, hi: bytes) -> list[int]:
             async with gate:
-                kvs, _ = await read_range(self.client, lo, hi, revision=revision, keys_only=True)
-            return [int(kv.key[blen:]) for kv in kvs]
+                return await read_key_numbers(self.client, base, lo, hi, revision=revision)
 
         done: list[int] = []
         for part in await asyncio.gather(*(read(lo, hi) for lo, hi in ranges)):

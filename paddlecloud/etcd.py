@@ -31,6 +31,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -304,6 +305,49 @@ async def read_range(client: aetcd.Client, key: bytes, range_end: bytes, *,
         if not reply.more or not reply.kvs:
             return kvs, revision
         start = reply.kvs[-1].key + b"\0"
+
+
+async def read_key_numbers(client: aetcd.Client, base: bytes, key: bytes, range_end: bytes, *,
+                           revision: int) -> list[int]:
+    """The numbers N of the keys `base` + N (decimal) in [key, range_end) at `revision`.
+
+    For ranges of many keys (a late epoch's done marks: up to one per task, a million):
+    a Python object per key-value costs a microsecond or more, a third of it gone here.
+    Each page is read keys only, as the bytes etcd sent, and its keys found in them by one
+    regex (C speed): in a keys-only answer `base` occurs only inside keys, and a key is
+    followed by the tag of `create_revision` (field 2, always set), never by a digit. The
+    page is parsed too (in C, no object per key) for its count, `more` and last key; a
+    page whose matches and keys do not count the same (a key of another shape) is read
+    key by key instead, and a key that is not `base` + digits is a ValueError naming it.
+    """
+    pattern = re.compile(re.escape(base) + rb"(\d+)(?=\x10)")
+    await client.connect()
+    raw_range = client.channel.unary_unary("/etcdserverpb.KV/Range",
+                                           request_serializer=rpc.RangeRequest.SerializeToString,
+                                           response_deserializer=None)  # the bytes as sent
+    numbers: list[int] = []
+    start = key
+    while True:
+        raw = await raw_range(rpc.RangeRequest(key=start, range_end=range_end, limit=READ_PAGE,
+                                               revision=revision, keys_only=True),
+                              timeout=30, metadata=client.metadata)
+        reply = rpc.RangeResponse.FromString(raw)
+        count = len(reply.kvs)
+        found = pattern.findall(raw)
+        if len(found) == count:
+            numbers.extend(map(int, found))
+        else:
+            numbers.extend(_key_number(kv.key, base) for kv in reply.kvs)
+        if not reply.more or not count:
+            return numbers
+        start = reply.kvs[-1].key + b"\0"
+
+
+def _key_number(key: bytes, base: bytes) -> int:
+    suffix = key[len(base):]
+    if not key.startswith(base) or not suffix.isdigit():
+        raise ValueError(f"etcd key {key[:80]!r} is not {base[:60]!r} and a number")
+    return int(suffix)
 
 
 class LeaseKeeper:

@@ -1,5 +1,6 @@
 """Loading a job late in a big epoch: the done marks are read in many small ranges (etcd 3.4
-walks the rest of a range for every page it answers), and none is missed or read twice."""
+walks the rest of a range for every page it answers), and none is missed or read twice; each
+range's keys are found in the bytes etcd sent (`paddlecloud.etcd.read_key_numbers`)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import pytest
 from master import store as store_module
 from master.store import EtcdStore
 from paddlecloud import etcd
-from paddlecloud.keys import JobKeys
+from paddlecloud.etcd import read_key_numbers
+from paddlecloud.keys import JobKeys, prefix_range_end
 
 
 @pytest.mark.parametrize("done_range", [10_000, 7, 1])
@@ -31,3 +33,34 @@ async def test_every_done_mark_of_the_current_epoch_is_read_once_whatever_the_ra
     assert snap.epoch == 2
     assert sorted(snap.done) == marked and len(snap.done) == len(marked)
     assert snap.failures == {4: 2}
+
+
+@pytest.fixture
+async def client(etcd_endpoint):
+    connected = await etcd.connect(etcd_endpoint)
+    yield connected
+    await connected.close()
+
+
+async def _put_all(client, keys: list[bytes]) -> int:
+    for key in keys:
+        await client.put(key, b"")
+    return (await client.get(keys[-1])).mod_revision
+
+
+async def test_the_numbers_of_every_key_in_pages_at_one_revision(client, job_name, monkeypatch):
+    monkeypatch.setattr(etcd, "READ_PAGE", 7)  # many pages
+    base = JobKeys("local", job_name).kind_prefix("done", 0)
+    numbers = [0, 5, 9, 10, 42, 99, 100, 123, 4567, 1_000_000, *range(200, 240)]
+    revision = await _put_all(client, [base + b"%d" % n for n in numbers])
+    await client.put(base + b"77", b"")  # after the revision: not seen
+    await client.put(JobKeys("local", job_name).kind_prefix("done", 1) + b"3", b"")  # another epoch
+    found = await read_key_numbers(client, base, base, prefix_range_end(base), revision=revision)
+    assert sorted(found) == sorted(numbers)
+
+
+async def test_a_key_that_is_no_number_is_an_error_naming_it(client, job_name):
+    base = JobKeys("local", job_name).kind_prefix("done", 0)
+    revision = await _put_all(client, [base + b"1", base + b"12x", base + b"2"])
+    with pytest.raises(ValueError, match=r"etcd key b'.*/done/0/12x' is not"):
+        await read_key_numbers(client, base, base, prefix_range_end(base), revision=revision)
