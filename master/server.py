@@ -92,10 +92,12 @@ class MasterNode:
         self.page_url = ""  # the status page's, set by `serve` once it listens
         self.started = time.time()
         self.health = HealthServicer()
+        self.serving = False  # what the health service says (also the HTTP port's /ready)
         self.stopping = asyncio.Event()
         self.fatal: Exception | None = None
 
     async def set_serving(self, serving: bool) -> None:
+        self.serving = serving
         status = (health_pb2.HealthCheckResponse.SERVING if serving
                   else health_pb2.HealthCheckResponse.NOT_SERVING)
         for service in ("", SERVICE_NAME):
@@ -276,7 +278,8 @@ async def serve(config: MasterConfig) -> int:
                        if job_tokens else None)
         page = StatusPage(job=config.job, namespace=config.namespace, advertise=node.advertise,
                           dispatcher=lambda: node.dispatcher, leader_hint=lambda: node.leader_hint,
-                          masters=lambda: read_masters(client, node.keys), tokens=page_tokens)
+                          masters=lambda: read_masters(client, node.keys), tokens=page_tokens,
+                          serving=lambda: node.serving)
         try:
             await page.start(host=config.host, port=config.metrics_port)
         except OSError as error:

@@ -1,5 +1,7 @@
 """The master's HTTP port: its job's status page at `/`, the page's JSON under `/api/`,
-and Prometheus' `/metrics` (DESIGN §11).
+Prometheus' `/metrics` (DESIGN §11), and `/ready`: the pod's readiness probe (200 on the
+leader once it serves, as the gRPC health check's SERVING; 503 on a standby or while
+loading), plain HTTP so that the kubelet's own probe reads it (its gRPC probe speaks no TLS).
 
 One aiohttp application on the master's own event loop. Handlers read the job
 only through `master.inspection`'s read-only views and answer from memory (two
@@ -57,8 +59,9 @@ MastersReader = Callable[[], Awaitable[tuple[str | None, list[MasterPresence]]]]
 
 OPERATOR, VIEWER, TRAINER = "operator", "viewer", "trainer"
 ROLES = (OPERATOR, VIEWER, TRAINER)
-# What needs no token: the page's shell and code, and the schema (no job data in them).
-PUBLIC_PATHS = ("/", "/api/schema")
+# What needs no token: the page's shell and code, the schema (no job data in them), and
+# the pod's readiness (whether the Service should route here, no more).
+PUBLIC_PATHS = ("/", "/api/schema", "/ready")
 PUBLIC_PREFIXES = ("/static/",)
 ROLE = web.RequestKey("role", str)  # the caller's role, as `authorize` decided it
 
@@ -261,8 +264,10 @@ class StatusPage:
 
     def __init__(self, *, job: str, namespace: str, advertise: str,
                  dispatcher: Callable[[], Dispatcher | None], leader_hint: Callable[[], str | None],
-                 masters: MastersReader | None = None, tokens: Mapping[str, str] | None = None) -> None:
+                 masters: MastersReader | None = None, tokens: Mapping[str, str] | None = None,
+                 serving: Callable[[], bool] | None = None) -> None:
         self.job, self.namespace, self.advertise = job, namespace, advertise
+        self.serving = serving
         self.dispatcher = dispatcher
         self.leader_hint = leader_hint
         self.read_masters = masters
@@ -289,6 +294,7 @@ class StatusPage:
         app.router.add_get("/api/series", self._series)
         app.router.add_get("/api/schema", self._schema)
         app.router.add_get("/metrics", self._metrics)
+        app.router.add_get("/ready", self._ready)
         app.router.add_static("/static/", str(static))
         return app
 
@@ -325,6 +331,11 @@ class StatusPage:
 
     async def _schema(self, request: web.Request) -> web.Response:
         return web.json_response(schema())
+
+    async def _ready(self, request: web.Request) -> web.Response:
+        if self.serving is not None and self.serving():
+            return web.Response(text="serving\n")
+        return web.Response(status=503, text="not serving: a standby, or loading\n")
 
     async def _metrics(self, request: web.Request) -> web.Response:
         return web.Response(body=metrics.exposition(),

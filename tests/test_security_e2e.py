@@ -88,12 +88,11 @@ def test_a_master_with_the_certificate_job_submit_issues_trusts_only_the_publish
         tmp_path, start_master):
     """What `job submit` does on Kubernetes (paddlecloud.k8s.jobs.create_job): a certificate
     for the master Service's names from a one-job CA; a real master serves it. A client that
-    trusts the CA published on the Deployment gets in (as the pod's readiness probe does);
-    one trusting another job's CA, or speaking plaintext, is refused."""
+    trusts the CA published on the Deployment gets in; one trusting another job's CA, or
+    speaking plaintext, is refused."""
     from paddlecloud.auth import JobTokens
     from paddlecloud.jobspec import JobSpec
     from paddlecloud.k8s import manifests
-    from paddlecloud.k8s.master_probe import check
     from paddlecloud.tls import issue_master_certificate
 
     hosts = manifests.master_certificate_hosts("sec", "ml")
@@ -108,19 +107,20 @@ def test_a_master_with_the_certificate_job_submit_issues_trusts_only_the_publish
     proc = start_master("--input", str(tmp_path / "data"), "--tokens-dir", str(tokens),
                         "--tls-cert", str(tmp_path / "tls.crt"), "--tls-key", str(tmp_path / "tls.key"))
     service_name = hosts[2]  # what clients dial: NAME-master.NS.svc
-    wait_until(lambda: check(proc.address, ca=published, server_name=service_name, timeout=2) is None,
-               timeout=60, details=proc.log)
-
     viewer = (("authorization", f"Bearer {(tokens / 'viewer').read_text().strip()}"),)
     override = [("grpc.ssl_target_name_override", service_name)]
     trusted = grpc.ssl_channel_credentials(root_certificates=published)
+
+    def serves_over_tls() -> bool:
+        with grpc.secure_channel(proc.address, trusted, options=override) as channel:
+            return _code(channel, viewer) == grpc.StatusCode.OK
+    wait_until(serves_over_tls, timeout=60, details=proc.log)
     with grpc.secure_channel(proc.address, trusted, options=override) as channel:
         assert _code(channel, viewer) == grpc.StatusCode.OK
     other = issue_master_certificate(hosts, job="sec")  # same names, another job's CA
     with grpc.secure_channel(proc.address, grpc.ssl_channel_credentials(root_certificates=other.ca),
                              options=override) as channel:
         assert _code(channel, viewer) == grpc.StatusCode.UNAVAILABLE  # the handshake fails
-    assert check(proc.address, ca=other.ca, server_name=service_name, timeout=2) is not None
     with grpc.insecure_channel(proc.address) as plaintext:
         assert _code(plaintext, viewer) == grpc.StatusCode.UNAVAILABLE
     # the certificate is for the Service's names only: dialled by another name it is refused

@@ -173,6 +173,9 @@ async def test_every_master_s_page_lists_leader_and_standby_and_a_dead_one_goes(
                              details=lambda: first.log() + second.log())
         assert [m["advertise"] for m in job["masters"] if m["this"]] == [me]
         assert all(0 < time.time() - m["started"] < 120 for m in job["masters"])
+    # readiness (the pod's probe): the leader only, and no token asked
+    assert await get(f"http://127.0.0.1:{ports[0]}/ready") == "serving\n"
+    assert "not serving" in await get(f"http://127.0.0.1:{ports[1]}/ready", status=503)
 
     # A standby whose session is lost announces itself again on its next session's lease.
     client = await etcd.connect(etcd_endpoint)
@@ -258,6 +261,7 @@ async def test_every_data_request_needs_a_viewer_or_operator_token(guarded_page)
     assert "<title>" in await get(base + "/")
     await get(base + "/static/page.js")
     await get(base + "/api/schema")
+    await get(base + "/ready", status=503)  # readiness, open: this page was given no serving state
 
 
 async def test_a_viewer_sees_no_session_ids_and_a_new_session_counts_as_a_restart(guarded_page, leader):

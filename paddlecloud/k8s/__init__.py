@@ -6,5 +6,5 @@ do), for `master.k8s_deployer`, `paddlecloud.jobs_cli` and `pdj_operator`;
 `jobs` creates, reads and deletes one job's objects (`job submit`, the job server
 and the Python API share it); `image_build` renders and runs the Kaniko Job that
 builds a package's runtime image; `portwatch` is the helper that runs beside images
-without paddlecloud; `master_probe` is the master pod's readiness probe over TLS.
+without paddlecloud.
 """

@@ -908,11 +908,11 @@ def master_command(spec: JobSpec) -> list[str]:
 def master_deployment(spec: JobSpec) -> Manifest:
     """Two masters campaigning in etcd; the root owner of everything else of the job.
 
-    Readiness is the gRPC health check, SERVING only on the leader, so the Service
-    routes to the leader; liveness is a TCP check, so a standby (NOT_SERVING) lives. The
-    master serves TLS, which the kubelet's own gRPC probe cannot speak: readiness runs
-    `paddlecloud.k8s.master_probe` in the container. The job's CA certificate is added
-    at submit (`publish_master_ca`), when it is issued.
+    Readiness is `/ready` on the master's HTTP port, 200 only on the leader once it
+    serves (the gRPC health check's SERVING), so the Service routes to the leader;
+    liveness is a TCP check, so a standby lives. (The gRPC port serves TLS, which the
+    kubelet's own gRPC probe cannot speak; a plain HTTP GET costs the pod nothing.) The
+    job's CA certificate is added at submit (`publish_master_ca`), when it is issued.
     """
     mounts = [{"name": "job-spec", "mountPath": SPEC_MOUNT, "readOnly": True},
               {"name": "job-tokens", "mountPath": TOKENS_MOUNT, "readOnly": True},
@@ -948,10 +948,8 @@ def master_deployment(spec: JobSpec) -> Manifest:
             {"name": "grpc", "containerPort": MASTER_PORT},
             {"name": "metrics", "containerPort": METRICS_PORT},
         ],
-        "readinessProbe": {"exec": {"command": [
-            "python", "-m", "paddlecloud.k8s.master_probe", "--address", f"127.0.0.1:{MASTER_PORT}",
-            "--ca", f"{TOKENS_MOUNT}/{CA_KEY}", "--server-name", master_hosts(spec.name, spec.namespace)[2]]},
-            "periodSeconds": 3, "timeoutSeconds": 3, "failureThreshold": 1},
+        "readinessProbe": {"httpGet": {"path": "/ready", "port": "metrics"},
+                           "periodSeconds": 2, "timeoutSeconds": 2, "failureThreshold": 1},
         "livenessProbe": {"tcpSocket": {"port": MASTER_PORT}, "initialDelaySeconds": 10,
                           "periodSeconds": 10, "failureThreshold": 6},
         "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},

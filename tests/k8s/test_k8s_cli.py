@@ -86,12 +86,9 @@ async def test_submit_creates_the_master_its_service_and_the_spec(k8s, kubeconfi
     assert env["POD_IP"] == {"fieldRef": {"fieldPath": "status.podIP"}}
     assert env["PADDLE_ETCD_PASSWORD"] == {"secretKeyRef": {"name": "paddlecloud-etcd", "key": "password",
                                                             "optional": True}}
-    # the leader only is ready: the gRPC health check, over TLS (the kubelet's own gRPC probe
-    # speaks no TLS), trusting the job's CA
-    assert container["readinessProbe"] == {"exec": {"command": [
-        "python", "-m", "paddlecloud.k8s.master_probe", "--address", "127.0.0.1:8080",
-        "--ca", "/var/run/paddlecloud/tokens/ca.crt", "--server-name", "ctr-master.ml.svc"]},
-        "periodSeconds": 3, "timeoutSeconds": 3, "failureThreshold": 1}
+    # the leader only is ready: /ready on the HTTP port (the kubelet's own gRPC probe speaks no TLS)
+    assert container["readinessProbe"] == {"httpGet": {"path": "/ready", "port": "metrics"},
+                                           "periodSeconds": 2, "timeoutSeconds": 2, "failureThreshold": 1}
     data_mount = next(m for m in container["volumeMounts"] if m["name"] == "data")
     assert data_mount == {"name": "data", "mountPath": "/data", "readOnly": True}
 

@@ -51,11 +51,9 @@ def test_tokens_secret_is_valid_and_holds_the_three_roles_and_the_masters_tls_fi
     assert command[command.index("--tokens-dir") + 1] == "/var/run/paddlecloud/tokens"
     assert command[command.index("--tls-cert") + 1] == "/var/run/paddlecloud/tokens/tls.crt"
     assert command[command.index("--tls-key") + 1] == "/var/run/paddlecloud/tokens/tls.key"
-    # the kubelet's gRPC probe speaks no TLS: readiness checks health over TLS with the job's CA
-    probe = container["readinessProbe"]["exec"]["command"]
-    assert probe[:3] == ["python", "-m", "paddlecloud.k8s.master_probe"]
-    assert probe[probe.index("--ca") + 1] == "/var/run/paddlecloud/tokens/ca.crt"
-    assert probe[probe.index("--server-name") + 1] == "sec-master.ml.svc"
+    # the kubelet's gRPC probe speaks no TLS: readiness is the HTTP port's /ready (no token)
+    assert container["readinessProbe"]["httpGet"] == {"path": "/ready", "port": "metrics"}
+    assert {"name": "metrics", "containerPort": manifests.METRICS_PORT} in container["ports"]
 
 
 def test_the_certificate_names_the_master_service_and_its_ca_signs_nothing_else():
