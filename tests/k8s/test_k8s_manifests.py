@@ -303,8 +303,8 @@ def test_the_master_runs_two_replicas_with_leader_readiness_and_a_read_only_data
     deployment = manifests.master_deployment(spec)
     pod = deployment["spec"]["template"]["spec"]
     assert deployment["spec"]["replicas"] == 2
-    probe = pod["containers"][0]["readinessProbe"]["exec"]["command"]  # gRPC health over TLS
-    assert probe[probe.index("--address") + 1] == "127.0.0.1:8080"
+    # ready = the leader serving: /ready on the HTTP port (the kubelet's gRPC probe speaks no TLS)
+    assert pod["containers"][0]["readinessProbe"]["httpGet"] == {"path": "/ready", "port": "metrics"}
     assert "tcpSocket" in pod["containers"][0]["livenessProbe"]  # a standby must live
     assert {"name": "data", "persistentVolumeClaim": {"claimName": "claim", "readOnly": True}} in pod["volumes"]
     service = manifests.master_service(spec, None)
