@@ -32,7 +32,7 @@ import contextlib
 import logging
 import os
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -288,23 +288,35 @@ async def connect(endpoints: str, *, timeout: float = 10.0,
 READ_PAGE = 5000  # key-values per Range request of `read_range`
 
 
+async def _range_pages(client: aetcd.Client, key: bytes, range_end: bytes, *, revision: int,
+                       keys_only: bool) -> AsyncIterator[tuple[rpc.RangeResponse, bytes]]:
+    """Each page of [key, range_end) at one revision (`revision`, else the first page's),
+    parsed and as the bytes etcd sent (for `read_key_numbers`)."""
+    await client.connect()
+    raw_range = client.channel.unary_unary("/etcdserverpb.KV/Range",
+                                           request_serializer=rpc.RangeRequest.SerializeToString,
+                                           response_deserializer=None)  # the bytes as sent
+    start = key
+    while True:
+        raw = await raw_range(rpc.RangeRequest(key=start, range_end=range_end, limit=READ_PAGE,
+                                               revision=revision, keys_only=keys_only),
+                              timeout=30, metadata=client.metadata)
+        reply = rpc.RangeResponse.FromString(raw)
+        revision = revision or reply.header.revision
+        yield reply, raw
+        if not reply.more or not reply.kvs:
+            return
+        start = reply.kvs[-1].key + b"\0"
+
+
 async def read_range(client: aetcd.Client, key: bytes, range_end: bytes, *,
                      revision: int = 0, keys_only: bool = False) -> tuple[list, int]:
     """All key-values in [key, range_end) at one revision, read in pages; returns (kvs, revision)."""
-    await client.connect()
     kvs: list = []
-    start = key
-    while True:
-        reply = await client.kvstub.Range(
-            rpc.RangeRequest(key=start, range_end=range_end, limit=READ_PAGE,
-                             revision=revision, keys_only=keys_only),
-            timeout=30, metadata=client.metadata,
-        )
+    async for reply, _ in _range_pages(client, key, range_end, revision=revision, keys_only=keys_only):
         revision = revision or reply.header.revision
         kvs.extend(reply.kvs)
-        if not reply.more or not reply.kvs:
-            return kvs, revision
-        start = reply.kvs[-1].key + b"\0"
+    return kvs, revision
 
 
 async def read_key_numbers(client: aetcd.Client, base: bytes, key: bytes, range_end: bytes, *,
@@ -315,32 +327,19 @@ async def read_key_numbers(client: aetcd.Client, base: bytes, key: bytes, range_
     a Python object per key-value costs a microsecond or more, a third of it gone here.
     Each page is read keys only, as the bytes etcd sent, and its keys found in them by one
     regex (C speed): in a keys-only answer `base` occurs only inside keys, and a key is
-    followed by the tag of `create_revision` (field 2, always set), never by a digit. The
-    page is parsed too (in C, no object per key) for its count, `more` and last key; a
+    followed by the tag of `create_revision` (field 2, always set), never by a digit. A
     page whose matches and keys do not count the same (a key of another shape) is read
     key by key instead, and a key that is not `base` + digits is a ValueError naming it.
     """
     pattern = re.compile(re.escape(base) + rb"(\d+)(?=\x10)")
-    await client.connect()
-    raw_range = client.channel.unary_unary("/etcdserverpb.KV/Range",
-                                           request_serializer=rpc.RangeRequest.SerializeToString,
-                                           response_deserializer=None)  # the bytes as sent
     numbers: list[int] = []
-    start = key
-    while True:
-        raw = await raw_range(rpc.RangeRequest(key=start, range_end=range_end, limit=READ_PAGE,
-                                               revision=revision, keys_only=True),
-                              timeout=30, metadata=client.metadata)
-        reply = rpc.RangeResponse.FromString(raw)
-        count = len(reply.kvs)
+    async for reply, raw in _range_pages(client, key, range_end, revision=revision, keys_only=True):
         found = pattern.findall(raw)
-        if len(found) == count:
+        if len(found) == len(reply.kvs):
             numbers.extend(map(int, found))
         else:
             numbers.extend(_key_number(kv.key, base) for kv in reply.kvs)
-        if not reply.more or not count:
-            return numbers
-        start = reply.kvs[-1].key + b"\0"
+    return numbers
 
 
 def _key_number(key: bytes, base: bytes) -> int:
