@@ -86,6 +86,13 @@ def _now() -> str:
     return datetime.datetime.now(tz=datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def _recorded_ca(body: Mapping[str, Any]) -> bytes | None:
+    """The job's CA certificate as recorded on the PaddleJob `body`, None before it is."""
+    known = ((body.get("metadata") or {}).get("annotations") or {}).get(
+        manifests.MASTER_CA_ANNOTATION)
+    return str(known).encode("ascii") if known else None
+
+
 def pdj_owner(body: Mapping[str, Any]) -> dict[str, Any]:
     """An owner reference to the PaddleJob: deleting it deletes the owned object."""
     meta = body["metadata"]
@@ -126,15 +133,16 @@ class JobObjects:
             raise
 
     async def _create(self, fn: Any, body: dict[str, Any], *, read: Any, owner_uid: str,
-                      patch: Any = None) -> dict[str, Any]:
-        """Creates `body`, or returns the existing object when `owner_uid` owns it.
+                      patch: Any = None) -> tuple[dict[str, Any], bool]:
+        """Creates `body`, or returns the existing object when `owner_uid` owns it; and whether
+        this call created it (two handlers may race to create the same object: one wins).
 
         With `patch`, an existing object of the same job owned by an earlier master
         Deployment (one deleted by hand, not yet collected) is given to the new one.
         """
         ns, name = body["metadata"]["namespace"], body["metadata"]["name"]
         try:
-            return self._dict(await call(self.retry, fn, ns, body))
+            return self._dict(await call(self.retry, fn, ns, body)), True
         except Exception as error:
             if api_status(error) != 409:
                 raise
@@ -146,19 +154,21 @@ class JobObjects:
         if owner_uid not in owners and patch is not None and same_job:
             ours = {"metadata": {"ownerReferences": body["metadata"]["ownerReferences"]}}
             return self._dict(await call(self.retry, patch, name, ns, ours,
-                                         _content_type="application/merge-patch+json"))
+                                         _content_type="application/merge-patch+json")), False
         if owner_uid not in owners:
             raise kopf.PermanentError(
                 f"{body['kind']} {name} already exists in namespace {ns} and is not this "
                 "PaddleJob's (a job submitted with `paddlecloud job submit`?): delete it or "
                 "rename the PaddleJob")
-        return existing
+        return existing, False
 
-    async def ensure_master(self, spec: JobSpec, body: Mapping[str, Any]) -> dict[str, Any]:
-        """The objects `paddlecloud job submit` creates, owned by the PaddleJob; the Deployment."""
+    async def ensure_master(self, spec: JobSpec, body: Mapping[str, Any]) -> bool:
+        """The objects `paddlecloud job submit` creates, owned by the PaddleJob; whether this
+        call created the master Deployment (the caller records an Event for it then)."""
         owner = pdj_owner(body)
         ca = await self._ensure_tokens(spec, owner, body)
         deployment: dict[str, Any] = {}
+        created = False
         for obj in manifests.submit_objects(spec):
             if obj["kind"] == "Deployment":
                 obj = manifests.publish_master_ca(obj, ca)
@@ -168,7 +178,7 @@ class JobObjects:
                                    read=self.core.read_namespaced_config_map, owner_uid=owner["uid"])
             elif obj["kind"] == "Deployment":
                 obj["metadata"]["ownerReferences"] = [owner]
-                deployment = await self._create(self.apps.create_namespaced_deployment, obj,
+                deployment, created = await self._create(self.apps.create_namespaced_deployment, obj,
                                                 read=self.apps.read_namespaced_deployment,
                                                 owner_uid=owner["uid"])
         uid = (deployment.get("metadata") or {}).get("uid")
@@ -194,7 +204,7 @@ class JobObjects:
             await self._create(self.networking.create_namespaced_network_policy, policy,
                                read=self.networking.read_namespaced_network_policy, owner_uid=uid,
                                patch=self.networking.patch_namespaced_network_policy)
-        return deployment
+        return created
 
     async def _ensure_tokens(self, spec: JobSpec, owner: Mapping[str, Any],
                              body: Mapping[str, Any]) -> bytes:
@@ -206,10 +216,8 @@ class JobObjects:
         from paddlecloud.auth import JobTokens
         from paddlecloud.tls import issue_master_certificate
 
-        known = ((body.get("metadata") or {}).get("annotations") or {}).get(
-            manifests.MASTER_CA_ANNOTATION)
-        if known:
-            return str(known).encode("ascii")
+        if known := _recorded_ca(body):
+            return known
         hosts = manifests.master_certificate_hosts(spec.name, spec.namespace)
         certificate = issue_master_certificate(hosts, job=spec.name)
         secret = manifests.tokens_secret(spec, JobTokens.generate().as_mapping(), owner,
@@ -219,6 +227,12 @@ class JobObjects:
         except Exception as error:
             if api_status(error) != 409:
                 raise
+            # a handler run on a body older than our own annotation patch (Kopf may hand one
+            # over again): the PaddleJob as stored now says whether the Secret is ours
+            stored = await self.read(self.custom.get_namespaced_custom_object, crd.GROUP,
+                                     crd.VERSION, spec.namespace, crd.PLURAL, spec.name)
+            if known := _recorded_ca(stored or {}):
+                return known
             raise kopf.PermanentError(
                 f"Secret {secret['metadata']['name']} exists but PaddleJob {spec.name} records no "
                 f"CA for it ({manifests.MASTER_CA_ANNOTATION}): delete that Secret and the "
@@ -395,9 +409,7 @@ def make_registry(config: OperatorConfig, *,
                                                  "lastTransitionTime": _now()}]})
             await jobs().event(body, kind="Warning", reason="InvalidSpec", message=str(error))
             raise kopf.PermanentError(str(error)) from None
-        existed = await jobs().deployment(spec) is not None
-        await jobs().ensure_master(spec, body)
-        if not existed:
+        if await jobs().ensure_master(spec, body):
             await jobs().event(body, kind="Normal", reason="Created",
                                message=f"master Deployment {manifests.master_name(spec.name)} created")
         patch.status.update({
@@ -423,8 +435,8 @@ def make_registry(config: OperatorConfig, *,
             return  # `apply` has not created the master yet
         deployment = await jobs().deployment(spec)
         if deployment is None:
-            if old_phase not in {p.value for p in TERMINAL}:
-                await jobs().ensure_master(spec, body)
+            if old_phase not in {p.value for p in TERMINAL} and \
+                    await jobs().ensure_master(spec, body):
                 await jobs().event(body, kind="Warning", reason="MasterRecreated", message=(
                     f"master Deployment {manifests.master_name(spec.name)} was deleted while the "
                     "job ran: created again (it resumes from etcd)"))

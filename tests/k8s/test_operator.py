@@ -28,7 +28,14 @@ from master.k8s_deployer import KubernetesDeployer
 from paddlecloud.k8s import manifests
 from paddlecloud.keys import JobKeys
 from paddlecloud.paddlejob import translate
-from pdj_operator.handlers import USER_AGENT, OperatorConfig, make_registry, make_settings
+from pdj_operator.handlers import (
+    USER_AGENT,
+    JobObjects,
+    OperatorConfig,
+    make_registry,
+    make_settings,
+    spec_of,
+)
 
 NS = "ml"
 REPO = Path(__file__).resolve().parents[2]
@@ -311,6 +318,10 @@ async def test_of_two_operators_only_the_higher_priority_acts_and_the_other_take
                 and r.resource.plural == "deployments"
                 for c in r.data["spec"]["template"]["spec"]["containers"]]
 
+    def status_writes() -> int:
+        return sum(1 for r in list(k8s.kmock) if str(r.method.value).upper() == "PATCH"
+                   and r.resource and r.resource.plural == PLURAL and r.subresource == "status")
+
     async def delete_master() -> None:
         await asyncio.to_thread(apps.delete_namespaced_deployment, "solo-master", NS)
 
@@ -326,7 +337,10 @@ async def test_of_two_operators_only_the_higher_priority_acts_and_the_other_take
             # while both run, only the higher priority acts: it re-creates a deleted master
             await delete_master()
             await k8s.wait_for(lambda: master_image() == "reg/high:1", what="master again, by high")
-            await asyncio.sleep(1.0)  # five timer rounds of the lower one, were it acting
+            # five more timer rounds (each writes the status): the lower one, were it acting,
+            # would have run its own timer as often and re-created the master too
+            rounds = status_writes() + 5
+            await k8s.wait_for(lambda: status_writes() >= rounds, what="five more timer rounds")
             assert "reg/low:1" not in created_images()
         # the higher one is gone (it left the peering): the lower one takes over
         await k8s.wait_for(lambda: peers() == 1, what="the first operator out of the peering")
@@ -341,6 +355,29 @@ async def test_of_two_operators_only_the_higher_priority_acts_and_the_other_take
         await k8s.wait_for(lambda: len(events(k8s, "MasterRecreated")) + len(events(k8s, "Created"))
                            >= 3, timeout=60, what="an Event for each creation of the master")
     assert_operator_rights(k8s)
+
+
+async def test_of_two_handlers_racing_to_create_the_master_one_creates_it(
+        k8s_crds, api, api_client, config):
+    """Kopf may run a handler again on a body older than its own patches, and the timer may
+    run beside the creation handler: neither fails, and only one says it created the master
+    (so one Event is recorded per creation)."""
+    from kubernetes import client
+
+    await apply(api, paddlejob(name="race"))
+    jobs = JobObjects(config, api_client=api_client)
+    stale = k8s_crds.stored(PLURAL, NS, "race")
+    spec = spec_of(stale, config)
+    assert await jobs.ensure_master(spec, stale) is True
+    # the body from before the CA annotation: the Secret found is the job's own, not a stranger's
+    assert manifests.MASTER_CA_ANNOTATION not in (stale["metadata"].get("annotations") or {})
+    assert await jobs.ensure_master(spec, stale) is False
+    await asyncio.to_thread(client.AppsV1Api(api_client).delete_namespaced_deployment,
+                            manifests.master_name("race"), NS)
+    fresh = k8s_crds.stored(PLURAL, NS, "race")
+    created = await asyncio.gather(jobs.ensure_master(spec, fresh), jobs.ensure_master(spec, fresh))
+    assert sorted(created) == [False, True]
+    assert k8s_crds.stored("deployments", NS, manifests.master_name("race")) is not None
 
 
 def test_the_operator_manifest_is_strictly_valid_and_least_privilege():
