@@ -27,7 +27,7 @@ from master.config import DatasetSpec, MasterConfig
 from master.partition import FileEntry, Partition
 from master.sessions import SessionRegistry
 from master.state import Durable, Event, InvalidTransition, JobState, committed
-from master.store import EtcdStore, NotLeader, Snapshot, StoreUnavailable
+from master.store import EtcdStore, MarkMirror, NotLeader, Snapshot, StoreUnavailable
 from paddlecloud.aio import cancel_and_wait
 from paddlecloud.phase import Phase
 
@@ -63,6 +63,7 @@ class Core:
         self.partition: Partition | None = None
         self.state: JobState | None = None
         self.loaded_phase: Phase | None = None   # the `phase` key as the last load found it
+        self.standby_marks: MarkMirror | None = None  # the standby's mirror, for the first load
         self.requeued = 0                        # tasks put back since this master leads
         self.deposed: asyncio.Future[Exception] = asyncio.get_running_loop().create_future()
         # Set by the dispatcher that wires the rooms: what follows a change, and a load.
@@ -197,7 +198,8 @@ class Core:
     async def load(self) -> None:
         """(Re)builds the cache from one snapshot of etcd."""
         started = time.monotonic()
-        snap = await self.store.load()
+        mirror, self.standby_marks = self.standby_marks, None  # exact for the first load only
+        snap = await self.store.load(mirror)
         read = time.monotonic()
         self.loaded_phase = snap.phase
         self.sessions.restore(snap.trainers, snap.superseded)
@@ -213,9 +215,10 @@ class Core:
                              if a.session in self.sessions.by_session},
             )
         self.on_load(snap)
-        logger.info("cache loaded at revision %d: epoch %s, %d done marks, %d sessions, %d live "
+        logger.info("cache loaded at revision %d: epoch %s, %d done marks%s, %d sessions, %d live "
                     "assignments (etcd read %.2f s, state built %.2f s)", snap.revision, snap.epoch,
-                    len(snap.done), len(snap.trainers), len(snap.assignments), read - started,
+                    len(snap.done), " (the standby's mirror)" if snap.mirrored else "",
+                    len(snap.trainers), len(snap.assignments), read - started,
                     time.monotonic() - read)
 
     def schedule_rebuild(self) -> None:

@@ -27,7 +27,7 @@ from master.deploy_adapter import DeployAdapter
 from master.epochs import Epochs
 from master.save_model import SaveModel
 from master.scaling import Scaling
-from master.store import EtcdStore
+from master.store import EtcdStore, MarkMirror
 from master.tasks import Tasks
 from master.trainers import Trainers
 from paddlecloud.etcd import Leadership
@@ -37,11 +37,12 @@ from paddlecloud.phase import Phase
 
 class Dispatcher:
     def __init__(self, *, client: aetcd.Client, config: MasterConfig, leadership: Leadership,
-                 advertise: str) -> None:
+                 advertise: str, mirror: MarkMirror | None = None) -> None:
         self.config = config
         self.advertise = advertise
         self.store = EtcdStore(client, JobKeys(config.namespace, config.job), leadership)
         self.core = Core(store=self.store, config=config)
+        self.core.standby_marks = mirror
         self.trainers = Trainers(self.core)
         self.tasks = Tasks(self.core, self.trainers)
         self.epochs = Epochs(self.core)

@@ -41,6 +41,7 @@ from master import inspection, metrics
 from master.authorization import Authorization
 from master.config import MasterConfig, SpecError, TlsFiles
 from master.dispatcher import Dispatcher
+from master.mirror import DoneMarkMirror
 from master.presence import MasterPresence, announce, read_masters
 from master.servicer import MasterServicer
 from master.store import NotLeader, StoreUnavailable
@@ -146,6 +147,8 @@ class MasterNode:
     async def _term(self) -> None:
         session = await etcd.Session(self.client, ttl=self.config.election_ttl).open()
         election = etcd.Election(session, self.keys.leader)
+        mirror = DoneMarkMirror(self.client, self.keys)  # while standby: the first load takes it
+        mirror.start()
         try:
             # present for as long as this session lives, leader or standby (`master.presence`)
             await announce(self.client, self.keys, MasterPresence(
@@ -163,10 +166,11 @@ class MasterNode:
                         self.advertise)
             self.leader_hint = self.advertise
             dispatcher = Dispatcher(client=self.client, config=self.config, leadership=leadership,
-                                    advertise=self.advertise)
+                                    advertise=self.advertise, mirror=mirror)
             deployment = None
             try:
                 await dispatcher.start()
+                await mirror.stop()
                 self.dispatcher = dispatcher
                 await self.set_serving(True)
                 if self.config.job_spec:
@@ -180,6 +184,7 @@ class MasterNode:
                 if not session.lost.is_set():
                     await election.resign(leadership)
         finally:
+            await mirror.stop()
             await session.close()
 
     async def _deploy(self, dispatcher: Dispatcher) -> None:

@@ -28,7 +28,7 @@ import math
 from collections import deque
 from collections.abc import AsyncIterator, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import assert_never
+from typing import Protocol, assert_never
 
 import aetcd
 import grpc
@@ -303,6 +303,7 @@ class Snapshot:
     superseded: dict[int, str] = field(default_factory=dict)      # old session -> trainer id
     assignments: dict[int, Assignment] = field(default_factory=dict)
     done: list[int] = field(default_factory=list)
+    mirrored: bool = False      # `done` came from a standby's mirror, not read at `revision`
     failures: dict[int, int] = field(default_factory=dict)
     pservers: dict[int, str] = field(default_factory=dict)
 
@@ -312,6 +313,49 @@ def encode_assignment(a: Assignment, epoch: int, trainer_json: bytes | None = No
     trainer = trainer_json or json.dumps(a.trainer).encode()
     return b'{"session":%d,"trainer":%s,"epoch":%d,"deadline":%s}' % (
         a.session, trainer, epoch, repr(float(a.deadline)).encode())
+
+
+class MarkMirror(Protocol):
+    """A copy of the done marks kept outside the load (`master.mirror.DoneMarkMirror`)."""
+
+    async def marks(self, epoch: int, *, revision: int) -> list[int] | None:
+        """`epoch`'s marks with every change up to `revision` applied; None if not known."""
+
+
+async def count_keys(client: aetcd.Client, key: bytes, range_end: bytes, *, revision: int) -> int:
+    """How many keys [key, range_end) holds at `revision` (etcd counts them in its index)."""
+    await client.connect()
+    counted = await client.kvstub.Range(
+        rpc.RangeRequest(key=key, range_end=range_end, revision=revision, count_only=True),
+        timeout=30, metadata=client.metadata)
+    return counted.count
+
+
+async def read_done_marks(client: aetcd.Client, keys: JobKeys, epoch: int, revision: int) -> list[int]:
+    """The tasks marked done in `epoch` at `revision`: keys only, in ranges of about
+    DONE_RANGE marks each (by the leading digits of the task id), a few at once, each
+    decoded without an object per key (`read_key_numbers`)."""
+    base = keys.kind_prefix("done") + b"%d/" % epoch
+    count = await count_keys(client, base, prefix_range_end(base), revision=revision)
+    digits = len(str(max(1, count // DONE_RANGE - 1)))
+    if count <= DONE_RANGE:
+        ranges = [(base, prefix_range_end(base))]
+    else:
+        # ids shorter than `digits` are single keys; the others share their first `digits` digits
+        ranges = [(key, key + b"\0") for width in range(1, digits)
+                  for key in (base + b"%0*d" % (width, i) for i in range(10 ** width))]
+        ranges += [(key, prefix_range_end(key))
+                   for key in (base + b"%0*d" % (digits, i) for i in range(10 ** digits))]
+    gate = asyncio.Semaphore(16)
+
+    async def read(lo: bytes, hi: bytes) -> list[int]:
+        async with gate:
+            return await read_key_numbers(client, base, lo, hi, revision=revision)
+
+    done: list[int] = []
+    for part in await asyncio.gather(*(read(lo, hi) for lo, hi in ranges)):
+        done.extend(part)
+    return done
 
 
 class EtcdStore:
@@ -584,9 +628,10 @@ class EtcdStore:
 
     # -- reading --
 
-    async def load(self) -> Snapshot:
+    async def load(self, mirror: MarkMirror | None = None) -> Snapshot:
         """The job's keys at one revision. The done marks (up to one per task: a failover
-        late in a big epoch finds a million) are read apart, in many small ranges at once:
+        late in a big epoch finds a million) come from `mirror` where it has them as of our
+        election (`master.mirror`), else are read apart, in many small ranges at once:
         etcd 3.4 walks the whole rest of a range for each page it answers, so one paged
         range over them costs O(marks^2)."""
         prefix = self.keys.prefix
@@ -634,41 +679,18 @@ class EtcdStore:
             for kv in marks:
                 if kv.key.startswith(failures):
                     snap.failures[int(kv.key[flen:])] = int(kv.value)
-            with _etcd_answers("the done marks"):
-                snap.done = await self._done_marks(snap.epoch, revision)
+            mirrored = None if mirror is None else await mirror.marks(
+                snap.epoch, revision=self.leadership.create_revision)
+            snap.mirrored = mirrored is not None
+            if mirrored is not None:
+                snap.done = mirrored
+            else:
+                with _etcd_answers("the done marks"):
+                    snap.done = await read_done_marks(self.client, self.keys, snap.epoch, revision)
             if restart is not None and restart["epoch"] == snap.epoch:
                 # a bigger restart whose marks were not all written: its list is the truth
                 snap.done = sorted(set(snap.done) | {int(t) for t in restart["done"]})
         return snap
-
-    async def _done_marks(self, epoch: int, revision: int) -> list[int]:
-        """The tasks marked done in `epoch` at `revision`: keys only, in ranges of about
-        DONE_RANGE marks each (by the leading digits of the task id), a few at once, each
-        decoded without an object per key (`read_key_numbers`)."""
-        base = self.keys.prefix + b"done/%d/" % epoch
-        await self.client.connect()
-        counted = await self.client.kvstub.Range(
-            rpc.RangeRequest(key=base, range_end=prefix_range_end(base), revision=revision,
-                             count_only=True), timeout=30, metadata=self.client.metadata)
-        digits = len(str(max(1, counted.count // DONE_RANGE - 1)))
-        if counted.count <= DONE_RANGE:
-            ranges = [(base, prefix_range_end(base))]
-        else:
-            # ids shorter than `digits` are single keys; the others share their first `digits` digits
-            ranges = [(key, key + b"\0") for width in range(1, digits)
-                      for key in (base + b"%0*d" % (width, i) for i in range(10 ** width))]
-            ranges += [(key, prefix_range_end(key))
-                       for key in (base + b"%0*d" % (digits, i) for i in range(10 ** digits))]
-        gate = asyncio.Semaphore(16)
-
-        async def read(lo: bytes, hi: bytes) -> list[int]:
-            async with gate:
-                return await read_key_numbers(self.client, base, lo, hi, revision=revision)
-
-        done: list[int] = []
-        for part in await asyncio.gather(*(read(lo, hi) for lo, hi in ranges)):
-            done.extend(part)
-        return done
 
     async def pservers(self) -> list[str]:
         """The registered pservers' endpoints, by index."""

@@ -124,6 +124,8 @@ async def test_leader_sigkill_standby_serves_the_job_to_its_end(two_masters, etc
         leader.kill()
         await wait_serving(standby.address, process=standby, timeout=60)
         await asyncio.wait_for(asyncio.gather(*runs), 120)
+        # its load took the done marks it had followed while it waited (`master.mirror`)
+        assert "done marks (the standby's mirror)" in standby.log()
     finally:
         for t in trainers:
             await t.close()
