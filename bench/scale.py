@@ -771,6 +771,7 @@ def late_failover(bench: Bench, say) -> dict:
     leader.wait_serving(timeout=300)
     standby, _ = bench.master(job, data, 1, *flags, name="late-standby")
     wait_logged(standby, "standby: the leader is", timeout=120)
+    wait_logged(standby, "done-mark mirror following", timeout=120)  # as a standby long up is
     killed = time.time()
     leader.kill()
     standby.wait_serving(timeout=300)
@@ -786,13 +787,18 @@ def late_failover(bench: Bench, say) -> dict:
         reply = stub.GetTask(pb.GetTaskRequest(session_id=session, epoch=0), timeout=60)
     out["late_first_task_s"] = out["late_serving_s"] + time.perf_counter() - started
     out["late_rss_mb"] = rss_mb(standby.pid)
+    out["late_mirrored"] = "(the standby's mirror)" in standby.log_path.read_text(errors="replace")
+    # side by side: the same load reading the marks from etcd, as one without the mirror does
+    out["late_read_load_s"] = asyncio.run(_timed_load(bench.etcd.endpoint, job))
     standby.stop()
     out["late_outcome"] = pb.Outcome.Name(reply.outcome)
     out["late_election_ttl_s"] = ttl
     say(f"  late failover: {args.late_tasks:,}-task epoch with {done:,} done marks (written in "
         f"{write_s:.1f} s), election TTL {ttl:g} s, the leader SIGKILLed: its standby SERVING "
         f"{out['late_serving_s']:.2f} s after the kill ({out['late_load_s']:.2f} s of it from its "
-        f"election to its state loaded), first GetTask answered ({out['late_outcome']}) "
+        f"election to its state loaded, the marks "
+        f"{'from its mirror' if out['late_mirrored'] else 'read from etcd'}; a load reading them "
+        f"from etcd took {out['late_read_load_s']:.2f} s in the same run), first GetTask answered ({out['late_outcome']}) "
         f"{out['late_first_task_s']:.2f} s after the kill, RSS {out['late_rss_mb']:.0f} MB (goal: "
         f"election TTL + {GOALS['failover_over_ttl_s']:g} s = {ttl + GOALS['failover_over_ttl_s']:g} s)")
     return out
@@ -824,6 +830,21 @@ def wait_logged(master: Master, text: str, timeout: float) -> None:
         if time.monotonic() > deadline or not master.alive():
             raise RuntimeError(f"{master.log_path}: no {text!r} after {timeout:g} s")
         time.sleep(0.05)
+
+
+async def _timed_load(endpoint: str, job: str) -> float:
+    """Seconds one load of the job's keys takes reading its done marks from etcd."""
+    from master.store import EtcdStore
+    from paddlecloud import etcd
+    from paddlecloud.keys import JobKeys
+    keys = JobKeys("local", job)
+    client = await etcd.connect(endpoint)
+    try:
+        started = time.perf_counter()
+        await EtcdStore(client, keys, etcd.Leadership(keys.leader, 1)).load()
+        return time.perf_counter() - started
+    finally:
+        await client.close()
 
 
 async def _mark_done(endpoint: str, job: str, count: int) -> None:

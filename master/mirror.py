@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 
 import aetcd
 
@@ -90,6 +91,7 @@ class DoneMarkMirror:
             wait = min(wait * 2, RETRY_MAX)
 
     async def _read_and_watch(self) -> None:
+        began = time.monotonic()
         epoch_kvs, start = await read_range(self._client, self._keys.epoch, self._keys.epoch + b"\0")
         self._marks.clear()
         if epoch_kvs:
@@ -104,6 +106,8 @@ class DoneMarkMirror:
                                          start_revision=start + 1)
         self.revision = start
         self._moved.set()
+        logger.info("done-mark mirror following from revision %d: %d marks read in %.2f s", start,
+                    sum(map(len, self._marks.values())), time.monotonic() - began)
         try:
             async for event in watch:
                 self._apply(event.kind, event.kv.key, event.kv.mod_revision)
