@@ -3,8 +3,9 @@
 Submitting renders the job as `paddlecloud job submit` does
 (`manifests.submit_objects`) and creates it with the same function
 (`paddlecloud.k8s.jobs.create_job`). With a builder configured, the package is
-built into a runtime image first (`paddlecloud.k8s.image_build`) and the pods run
-that image; without one, the package ships in a ConfigMap, as `job submit`'s does.
+built into a runtime image first (`build_image`, `paddlecloud.k8s.image_build`;
+skipped when the store recorded that image) and the pods run that image; without
+one, the package ships in a ConfigMap, as `job submit`'s does.
 With `paddlejobs: true` in the configuration (where the operator runs), a job with
 no package ConfigMap goes in as a PaddleJob, and the operator creates its master.
 The calls block: FastAPI runs the routes that use them in its thread pool.
@@ -38,13 +39,16 @@ class Cluster:
                  paddlejobs: bool = False) -> None:
         self.api, self.build, self.paddlejobs = api, build, paddlejobs
 
+    def build_image(self, tag: str, *, context: str) -> str:
+        """Builds (or waits for the build Job of) image `tag`; returns its reference."""
+        if self.build is None:
+            raise RuntimeError("Cluster.build_image needs a build configuration")
+        return image_build.run_build(self.api, self.build, tag=tag, context=context)
+
     def submit(self, job: TrainerJob, *, namespace: str, package_key: str,
-               files: Mapping[str, bytes] | None, context: str | None) -> JobSpec:
-        """Creates the job; builds its image first when a builder is configured."""
-        image = None
-        if files is not None and self.build is not None and context is not None:
-            tag = image_build.image_tag(package_key, job.base_image)
-            image = image_build.run_build(self.api, self.build, tag=tag, context=context)
+               files: Mapping[str, bytes] | None, image: str | None = None) -> JobSpec:
+        """Creates the job: its pods run `image` (the package built in), or, without one,
+        the package `files` ship in a ConfigMap."""
         ship = files is not None and image is None
         spec = dataclasses.replace(job, namespace=namespace).to_spec(
             image=image, package_path=f"package:{package_key[:12]}" if ship else "",

@@ -85,7 +85,10 @@ def _section(cls: type, raw: Any, *, key: str) -> Any:
     unknown = sorted(set(raw) - known)
     if unknown:
         raise ConfigError(f"unknown config key {key}.{unknown[0]}: known are {', '.join(sorted(known))}")
-    return cls(**raw)
+    try:
+        return cls(**raw)
+    except (TypeError, ValueError) as error:  # a section's own checks (e.g. build.timeout_s)
+        raise ConfigError(f"config key {key}: {error}") from None
 
 
 def load_config(path: str | None, *, tokens_file: str | None = None) -> ServerConfig:

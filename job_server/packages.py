@@ -10,9 +10,13 @@ must be at the package's root. Nothing is written before every check passed.
 `PackageStore` keeps a package under `packages/DIGEST/` of any fsspec URL (a PVC
 path, `s3://...`, `memory://` in tests); DIGEST hashes the files' paths and bytes,
 so the same package uploaded twice — re-zipped, other timestamps — is stored once.
+Beside them it keeps the image builds' contexts (`contexts/TAG.tar.gz`) and a record
+of each image built (`images/TAG.json`, TAG hashing package and base image), which
+outlives the build Job, so a pair is built once.
 
 What this does NOT guarantee: that the package's code runs, nor that its
-requirements install (the image build finds out).
+requirements install (the image build finds out); that a recorded image is still in
+the registry (delete `images/TAG.json` to build it again).
 """
 
 from __future__ import annotations
@@ -210,3 +214,19 @@ class PackageStore:
         if protocol in ("file", "local"):
             return posixpath.relpath(path, self.root)  # on the claim mounted at the store's root
         return f"{protocol}://{path}"
+
+    def _image_record(self, tag: str) -> str:
+        return posixpath.join(self.root, "images", f"{tag}.json")
+
+    def record_image(self, tag: str, image: str) -> None:
+        """Records that image `tag` was built and pushed as `image`."""
+        path = self._image_record(tag)
+        self.fs.makedirs(posixpath.dirname(path), exist_ok=True)
+        self.fs.pipe_file(path, json.dumps({"image": image}).encode())
+
+    def recorded_image(self, tag: str) -> str | None:
+        """The image recorded for `tag`; None when it was never built."""
+        path = self._image_record(tag)
+        if not self.fs.exists(path):
+            return None
+        return str(json.loads(self.fs.cat_file(path))["image"])

@@ -7,9 +7,11 @@ value); `submit(server=URL, token=...)` zips the package directory, uploads it
 (`POST /v1/package`) and submits (`POST /v1/trainer/job`) — or, without a server,
 creates the job straight on Kubernetes with the user's kubeconfig, as `job submit`
 does — returning a `JobHandle`
-with `status()`, `logs()`, `delete()` and `wait()` (a rich progress bar in a terminal, plain
-lines elsewhere, e.g. a notebook). `dist_train` submits when `PADDLE_NOTEBOOK=YES`
-and otherwise runs the job here, through `paddlecloud local train`'s `LocalJob`.
+with `status()`, `logs()`, `delete()` and `wait()` (a rich progress bar in a terminal or a
+Jupyter notebook, plain lines elsewhere, e.g. logs and pipes). `dist_train` submits when
+`PADDLE_NOTEBOOK=YES` and otherwise runs the job here, through `paddlecloud local train`'s
+`LocalJob`. A submit through a server waits for the server's image build:
+`SUBMIT_TIMEOUT_S` is above the longest build the server may wait for.
 
 Only the standard library is imported here; `rich` and the local runner load
 when used, so `import paddlecloud` stays light.
@@ -25,7 +27,6 @@ import io
 import json
 import logging
 import os
-import sys
 import time
 import uuid
 import zipfile
@@ -41,6 +42,11 @@ from paddlecloud.phase import TERMINAL
 logger = logging.getLogger(__name__)
 
 NOTEBOOK_ENV = "PADDLE_NOTEBOOK"
+# The server answers a submit once the job's image is built, and waits for a build at most
+# its build.timeout_s (paddlecloud.k8s.image_build.MAX_BUILD_TIMEOUT_S, 3000 s, at most): the
+# submit waits longer, so it never gives up while the server goes on and creates the job.
+SUBMIT_TIMEOUT_S = 3600.0
+REQUEST_TIMEOUT_S = 600.0  # every other request
 
 
 class JobServerError(RuntimeError):
@@ -76,21 +82,24 @@ class PaddleJob(TrainerJob):
         return out.getvalue()
 
     def submit(self, *, server: str | None = None, token: str | None = None,
-               kubeconfig: str | None = None) -> JobHandle:
-        """Submits through the Job Server at `server` (with `token`), or, without `server`,
-        straight to Kubernetes with the user's kubeconfig, as `paddlecloud job submit` does."""
+               kubeconfig: str | None = None, timeout: float = SUBMIT_TIMEOUT_S) -> JobHandle:
+        """Submits through the Job Server at `server` (with `token`, waiting at most `timeout`
+        seconds for its answer, image build included), or, without `server`, straight to
+        Kubernetes with the user's kubeconfig, as `paddlecloud job submit` does."""
         if server:
             if not token:
                 raise ValueError("submit(server=...) needs token=")
-            return self._submit_to_server(_Client(server, token))
+            if not timeout > 0:
+                raise ValueError(f"submit timeout must be above 0 seconds, got {timeout!r}")
+            return self._submit_to_server(_Client(server, token), timeout=timeout)
         return self._submit_to_kubernetes(kubeconfig)
 
-    def _submit_to_server(self, client: _Client) -> JobHandle:
+    def _submit_to_server(self, client: _Client, *, timeout: float) -> JobHandle:
         body = {f.name: getattr(self, f.name) for f in dataclasses.fields(TrainerJob)}
         body["input"], body["env"] = list(self.input), dict(self.env)
         if self.trainer_package:
             body["trainer_package"] = client.upload(self.package_archive())["digest"]
-        made = client.request("POST", "/v1/trainer/job", body)
+        made = client.request("POST", "/v1/trainer/job", body, timeout=timeout)
         return JobHandle(_ServerBackend(client), name=made["name"], namespace=made["namespace"])
 
     def _submit_to_kubernetes(self, kubeconfig: str | None) -> JobHandle:
@@ -138,7 +147,7 @@ class JobHandle:
     def wait(self, *, interval: float = 5.0, timeout: float | None = None) -> dict[str, Any]:
         """Polls until the job ends; shows progress; returns the last status."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        show = _progress_view()
+        show = _progress_view(_console())
         try:
             while True:
                 status = self.status()
@@ -196,12 +205,27 @@ class _KubernetesBackend:
         return delete_job(self.api, namespace=namespace, name=name)
 
 
-def _progress_view() -> Callable[[dict[str, Any] | None], None]:
-    """A rich progress bar in a terminal, plain lines elsewhere; None closes it."""
-    if sys.stdout.isatty():
+def _console() -> Any:
+    from rich.console import Console
+
+    return Console()
+
+
+def _shows_bar(console: Any, *, widgets: bool) -> bool:
+    """Whether `wait()` draws a live bar on `console` (a rich Console): in a terminal, or in a
+    Jupyter notebook where ipywidgets is installed (rich draws it in an output widget there,
+    and without one only warns); logs and pipes get plain lines."""
+    return bool(console.is_terminal or (console.is_jupyter and widgets))
+
+
+def _progress_view(console: Any) -> Callable[[dict[str, Any] | None], None]:
+    """A rich progress bar where `_shows_bar`, plain lines elsewhere; None closes it."""
+    import importlib.util
+
+    if _shows_bar(console, widgets=importlib.util.find_spec("ipywidgets") is not None):
         from rich.progress import Progress
 
-        bar = Progress()
+        bar = Progress(console=console)
         bar.start()
         task = bar.add_task("pending", total=None)
 
@@ -223,7 +247,7 @@ def _progress_view() -> Callable[[dict[str, Any] | None], None]:
         line = (f"{status['name']}: {status['phase']}" + (
             f", epoch {p['epoch'] + 1}/{p['epochs']}, tasks {p['tasks_done']}/{p['tasks']}" if p else ""))
         if last != [line]:
-            print(line, flush=True)
+            print(line, file=console.file, flush=True)
             last[:] = [line]
     return plain_view
 
@@ -235,16 +259,21 @@ class _Client:
         self.server, self.token = server.rstrip("/"), token
 
     def _send(self, method: str, path: str, *, data: bytes | None, content_type: str,
-              as_json: bool = True) -> Any:
+              as_json: bool = True, timeout: float = REQUEST_TIMEOUT_S) -> Any:
         import urllib.error
         import urllib.request
 
         request = urllib.request.Request(self.server + path, data=data, method=method, headers={
             "Authorization": f"Bearer {self.token}", "Content-Type": content_type})
         try:
-            with urllib.request.urlopen(request, timeout=600) as response:
+            with urllib.request.urlopen(request, timeout=timeout) as response:
                 body = response.read()
                 return json.loads(body) if as_json else body.decode("utf-8", errors="replace")
+        except TimeoutError:
+            # the server goes on: a submit may still build the image and create the job
+            raise TimeoutError(f"{method} {path}: no answer from {self.server} in {timeout:g}s; "
+                               "the server may still finish the request (a submit: build the "
+                               "image and create the job, see GET /v1/jobs)") from None
         except urllib.error.HTTPError as error:
             detail = error.read().decode("utf-8", errors="replace")
             try:
@@ -253,9 +282,11 @@ class _Client:
                 pass
             raise JobServerError(f"{method} {path}: {error.code}: {detail}", status=error.code) from None
 
-    def request(self, method: str, path: str, body: Any = None) -> Any:
+    def request(self, method: str, path: str, body: Any = None, *,
+                timeout: float = REQUEST_TIMEOUT_S) -> Any:
         data = None if body is None else json.dumps(body).encode()
-        return self._send(method, path, data=data, content_type="application/json")
+        return self._send(method, path, data=data, content_type="application/json",
+                          timeout=timeout)
 
     def text(self, path: str) -> str:
         return self._send("GET", path, data=None, content_type="text/plain", as_json=False)

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import logging
-from typing import Annotated, Literal
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, HTTPException, Path, Query, Request, status
 from fastapi.responses import PlainTextResponse
@@ -57,6 +58,22 @@ def _api_error(error: JobCreateError) -> HTTPException:
     return HTTPException(status.HTTP_502_BAD_GATEWAY, f"the Kubernetes API: {error}")
 
 
+def runtime_image(state: Any, job: TrainerJob, files: Mapping[str, bytes]) -> str:
+    """The image of the job's package on its base image: the one the store recorded, or a
+    new build, recorded once it succeeded (the build Job is deleted a day after it ends;
+    the record stays, so the pair is not built again)."""
+    config = state.config.build
+    tag = image_build.image_tag(job.trainer_package, job.base_image)
+    wanted = image_build.image_ref(config, tag)
+    if state.store.recorded_image(tag) == wanted:  # one of an older registry: build here again
+        logger.info("image %s was built before: reusing it", wanted)
+        return wanted
+    context = state.store.put_context(tag, image_build.context_archive(files, job.base_image))
+    image = state.cluster.build_image(tag, context=context)
+    state.store.record_image(tag, image)
+    return image
+
+
 @router.post("/trainer/job", response_model=SubmittedJob, status_code=status.HTTP_201_CREATED,
              responses={403: {"description": "A quota, or a namespace the token may not use"},
                         409: {"description": "A job of that name exists"},
@@ -68,7 +85,7 @@ def submit_job(request: Request, caller: Caller, body: TrainerJobRequest) -> Sub
     job = body.to_job()
     namespace = caller.namespace(job.namespace or None)
     check_quotas(job, state.config.quotas)
-    files = context = None
+    files = image = None
     if job.trainer_package:
         try:
             files = state.store.get(job.trainer_package)
@@ -76,12 +93,11 @@ def submit_job(request: Request, caller: Caller, body: TrainerJobRequest) -> Sub
             raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT,
                                 f"unknown trainer_package {job.trainer_package[:16]!r}: upload it "
                                 "with POST /v1/package and give its digest") from None
-        if state.config.build is not None:
-            tag = image_build.image_tag(job.trainer_package, job.base_image)
-            context = state.store.put_context(tag, image_build.context_archive(files, job.base_image))
     try:
+        if files is not None and state.config.build is not None:
+            image = runtime_image(state, job, files)
         spec = state.cluster.submit(job, namespace=namespace, package_key=job.trainer_package,
-                                    files=files, context=context)
+                                    files=files, image=image)
     except JobSpecError as error:
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, str(error)) from None
     except JobCreateError as error:

@@ -8,7 +8,13 @@ sense that matters here (no Docker daemon, no privileged pod, no host socket) â€
 which pushes to the configured registry with credentials from a
 `kubernetes.io/dockerconfigjson` Secret. The tag is the content hash of the package
 and the base image, so the same pair is built once: an existing build Job (running
-or done) is reused, not started again.
+or done) is reused, not started again, and the job server records each image built
+(`job_server.packages.PackageStore.record_image`), so the pair is not built again
+once the build Job is gone (`ttlSecondsAfterFinished`) or the server restarted.
+
+A build may take at most `MAX_BUILD_TIMEOUT_S`: the Python API's submit waits for
+the build (`paddlecloud.sdk.SUBMIT_TIMEOUT_S`, longer than that), so a build the
+server still waits for never outlives the client's request.
 
 What this does NOT guarantee: that the registry or the base image are reachable
 from the cluster, nor that Kaniko's own user is non-root (its executor image runs
@@ -37,6 +43,9 @@ CONTEXT_MOUNT = "/context"
 DOCKER_CONFIG_MOUNT = "/kaniko/.docker"
 BUILD_LABEL = "paddlecloud.org/image-build"
 LOG_TAIL_LINES = 40
+# The longest `BuildConfig.timeout_s`: below the SDK's submit timeout (paddlecloud.sdk
+# .SUBMIT_TIMEOUT_S, 3600 s), so a client never gives up on a submit the server goes on with.
+MAX_BUILD_TIMEOUT_S = 3000.0
 
 
 class ImageBuildError(JobCreateError):
@@ -52,8 +61,16 @@ class BuildConfig:
     push_secret: str = ""  # a kubernetes.io/dockerconfigjson Secret in `namespace`
     context_claim: str = ""  # a PVC holding the store, for tar:// contexts
     builder_image: str = KANIKO_IMAGE
-    timeout_s: float = 1800.0
+    timeout_s: float = 1800.0  # at most MAX_BUILD_TIMEOUT_S
     poll_s: float = 2.0
+
+    def __post_init__(self) -> None:
+        for key, most in (("timeout_s", MAX_BUILD_TIMEOUT_S), ("poll_s", MAX_BUILD_TIMEOUT_S)):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= most:
+                raise ValueError(f"build {key} {value!r} must be a number of seconds above 0 and at "
+                                 f"most {most:.0f} (the Python API's submit waits "
+                                 f"{MAX_BUILD_TIMEOUT_S:.0f} s and more for a build)")
 
 
 def image_tag(package_digest: str, base_image: str) -> str:

@@ -4,6 +4,8 @@ on loopback, kmock behind it) when PADDLE_NOTEBOOK=YES, and trains locally other
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import io
 import threading
 from pathlib import Path
 
@@ -19,8 +21,8 @@ from paddlecloud import PaddleJob, dist_train
 from paddlecloud.etcd_server import free_port
 from paddlecloud.jobs_cli import job as job_cli
 from paddlecloud.jobspec import JobSpec, JobSpecError
-from paddlecloud.k8s import manifests
-from paddlecloud.sdk import JobHandle
+from paddlecloud.k8s import image_build, manifests
+from paddlecloud.sdk import JobHandle, _progress_view, _shows_bar
 
 
 def test_a_bad_value_is_refused_at_construction_naming_it():
@@ -30,10 +32,9 @@ def test_a_bad_value_is_refused_at_construction_naming_it():
         PaddleJob(job_name="Fit!", module="fit.train")
 
 
-@pytest.fixture
-async def job_server(k8s, api_client, tmp_path):
+@contextlib.asynccontextmanager
+async def serving(k8s, api_client, config: ServerConfig):
     """A real Job Server: uvicorn on loopback in a thread, kmock behind it."""
-    config = ServerConfig(store=str(tmp_path / "store"), tokens={"tok": ("team-a",)})
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(create_app(config, api_client=api_client),
                                            host="127.0.0.1", port=port, log_level="warning"))
@@ -45,6 +46,13 @@ async def job_server(k8s, api_client, tmp_path):
     finally:
         server.should_exit = True
         await asyncio.to_thread(thread.join, 10)
+
+
+@pytest.fixture
+async def job_server(k8s, api_client, tmp_path):
+    config = ServerConfig(store=str(tmp_path / "store"), tokens={"tok": ("team-a",)})
+    async with serving(k8s, api_client, config) as url:
+        yield url
 
 
 async def test_dist_train_in_a_notebook_submits_and_the_handle_reads_status(
@@ -71,6 +79,65 @@ async def test_dist_train_in_a_notebook_submits_and_the_handle_reads_status(
     assert (await asyncio.to_thread(handle.wait, interval=0.05, timeout=30))["phase"] == "Succeeded"
     assert "fit: Succeeded" in capsys.readouterr().out  # plain lines: not a terminal
     assert "deployments/fit-master" in await asyncio.to_thread(handle.delete)
+
+
+def _console(**kwargs):
+    from rich.console import Console
+
+    return Console(file=io.StringIO(), width=100, **kwargs)
+
+
+@pytest.mark.parametrize(("console", "widgets", "bar"), [
+    ({"force_terminal": True}, False, True),  # a terminal
+    ({"force_jupyter": True}, True, True),  # a notebook: rich draws the bar in a widget
+    ({"force_jupyter": True}, False, False),  # a notebook without ipywidgets: rich only warns
+    ({"force_jupyter": False}, True, False),  # a log file or a pipe
+])
+def test_wait_draws_a_bar_in_a_terminal_or_a_notebook_and_plain_lines_elsewhere(
+        monkeypatch, console, widgets, bar):
+    for variable in ("FORCE_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE"):  # rich's overrides
+        monkeypatch.delenv(variable, raising=False)
+    assert _shows_bar(_console(**console), widgets=widgets) is bar
+
+
+@pytest.mark.parametrize(("console", "shown"), [
+    ({"force_terminal": True}, ["Running", "50%"]),
+    ({"force_terminal": False, "force_jupyter": False},
+     ["fit: Running, epoch 1/2, tasks 2/4\n"]),
+])
+def test_the_progress_view_writes_to_its_console(console, shown):
+    out = _console(**console)
+    show = _progress_view(out)
+    status = {"name": "fit", "phase": "Running",
+              "progress": {"epoch": 0, "epochs": 2, "tasks_done": 2, "tasks": 4}}
+    show(status)
+    show(status)  # unchanged: plain lines do not repeat it
+    show(None)
+    text = out.file.getvalue()
+    assert all(part in text for part in shown), text
+    assert text.count("fit: Running") <= 1
+
+
+async def test_a_submit_that_outlasts_its_timeout_says_the_server_goes_on(k8s, api_client, tmp_path):
+    """The submit waits for the image build; one that gives up names what the server still does,
+    and the server does it."""
+    build = image_build.BuildConfig(registry="registry.example.com/pc", namespace="builds",
+                                    context_claim="packages", timeout_s=60, poll_s=0.02)
+    config = ServerConfig(store=str(tmp_path / "store"), tokens={"tok": ("team-a",)}, build=build)
+    package = tmp_path / "fit"
+    package.mkdir()
+    (package / "train.py").write_text("print('fit')\n")
+    job = PaddleJob(job_name="fit", module="train", trainer_package=str(package))
+    async with serving(k8s, api_client, config) as url:
+        with pytest.raises(ValueError, match="above 0 seconds, got 0"):
+            job.submit(server=url, token="tok", timeout=0)
+        with pytest.raises(TimeoutError, match=r"no answer .* in 0.5s; .*create the job"):
+            await asyncio.to_thread(job.submit, server=url, token="tok", timeout=0.5)
+        builds = [name for resource, name in k8s.posted() if resource == "jobs"]
+        assert len(builds) == 1 and k8s.stored("deployments", "team-a", "fit-master") is None
+        k8s.set_job_status("builds", builds[0], {"succeeded": 1})
+        await k8s.wait_for(lambda: k8s.stored("deployments", "team-a", "fit-master"),
+                           what="the job the server created after the client gave up")
 
 
 async def test_job_submit_with_server_creates_what_job_submit_creates(k8s, job_server):
