@@ -331,3 +331,54 @@ def test_job_token_of_the_file_is_what_the_client_sends(tmp_path, monkeypatch):
     tokens.write(tmp_path / "tokens")
     monkeypatch.setenv("PADDLE_JOB_TOKEN_FILE", str(Path(tmp_path / "tokens" / "trainer")))
     assert ClientCredentials.from_env().metadata() == (("authorization", f"Bearer {tokens.trainer}"),)
+
+
+async def test_every_session_rpc_takes_the_token_of_its_own_session_only(secured, etcd_endpoint, job_name):
+    """For each RPC that names a session (master.authorization.SESSION_RPCS): the job's shared
+    trainer token and the token of another session of the job are PERMISSION_DENIED and
+    change nothing; the session's own token is served."""
+    from master.authorization import SESSION_RPCS
+
+    s = secured
+    victim, victim_token = s.sessions["victim"]
+    _, attacker_token = s.sessions["attacker"]
+
+    def calls(metadata, task: pb.Task) -> dict:
+        report = pb.TaskReport(session_id=victim, task_id=task.id, epoch=task.epoch, attempt=task.attempt,
+                               reason="bad")
+        return {
+            "KeepAlive": lambda: s.stub.KeepAlive(pb.KeepAliveRequest(session_id=victim), metadata=metadata),
+            "GetTask": lambda: s.stub.GetTask(pb.GetTaskRequest(session_id=victim, epoch=0), metadata=metadata),
+            "RequestSaveModel": lambda: s.stub.RequestSaveModel(
+                pb.RequestSaveModelRequest(session_id=victim, block=duration(1)), metadata=metadata),
+            "ReturnTask": lambda: s.stub.ReturnTask(report, metadata=metadata),
+            "TaskFailed": lambda: s.stub.TaskFailed(report, metadata=metadata),
+            "TaskFinished": lambda: s.stub.TaskFinished(report, metadata=metadata),
+            "LeaveTrainer": lambda: s.stub.LeaveTrainer(pb.LeaveTrainerRequest(session_id=victim),
+                                                        metadata=metadata),
+        }
+
+    own = auth_metadata(victim_token)
+    held = (await s.stub.GetTask(pb.GetTaskRequest(session_id=victim, epoch=0), metadata=own)).task
+    assert set(calls(own, held)) == set(SESSION_RPCS)  # a session RPC added later is added here
+    before = await job_keys(etcd_endpoint, job_name)
+    for name, token in (("the shared trainer token", s.tokens.trainer), ("another session's token", attacker_token)):
+        for rpc, call in calls(auth_metadata(token), held).items():
+            assert await code_of(call()) == DENIED, (rpc, name)
+    assert await job_keys(etcd_endpoint, job_name) == before
+
+    # the own token, for each RPC, on a task the session holds where it names one
+    served: dict[str, grpc.StatusCode] = {}
+    task = held
+    for rpc in ("KeepAlive", "RequestSaveModel", "ReturnTask", "GetTask", "TaskFailed", "GetTask", "TaskFinished",
+                "LeaveTrainer"):
+        call = calls(own, task)[rpc]
+        if rpc == "GetTask":
+            reply = await call()
+            assert reply.HasField("task"), reply
+            task, served[rpc] = reply.task, OK
+        else:
+            served[rpc] = await code_of(call())
+    assert served == {rpc: OK for rpc in SESSION_RPCS}
+    status = await s.stub.GetStatus(pb.GetStatusRequest(), metadata=auth_metadata(s.tokens.viewer))
+    assert status.counts.done == 1
