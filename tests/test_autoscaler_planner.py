@@ -119,6 +119,13 @@ CASES = [
          [node("a", cpu=4500, gib=32)],  # 2000m idle
          [job("cpu2", 1, 4, 1, cpu=1500, gib=1, on="a"), job("cpu1", 1, 4, 1, cpu=1000, gib=8, on="a")],
          {"cpu2": 1, "cpu1": 3}, max_load=1.0),  # cpu1 first, twice: cpu2 (1500m) never fits
+    # Same fulfillment (0), same CPU and memory: only the GPU limit tells them apart, and the
+    # job with fewer GPUs goes first. 1000m idle is room for one trainer of either (the node
+    # has GPUs to spare), so "cpu_only" takes it; by name ("alpha" < "cpu_only") alpha would.
+    Case("tie_on_fulfillment_fewer_gpus_first",
+         [node("a", cpu=3000, gib=32, gpu=4)],  # 1000m idle, 3 GPUs free
+         [job("alpha", 1, 4, 1, cpu=1000, gpu=1, on="a"), job("cpu_only", 1, 4, 1, cpu=1000, on="a")],
+         {"alpha": 1, "cpu_only": 2}, max_load=1.0),
     Case("room_shared_round_robin_by_fulfillment",
          [node("a", cpu=6000, gib=32)],
          [job("x", 1, 5, 1, cpu=1000, on="a"), job("y", 1, 5, 1, cpu=1000, on="a")],
