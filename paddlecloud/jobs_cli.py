@@ -2,7 +2,7 @@
 
 `submit` creates only the job's master (a Deployment of two replicas, the root
 owner of everything else), its Service and the job-spec (and package) ConfigMaps;
-the leading master deploys the pservers and trainers (`master.k8s_deployer`). Every
+the leading master deploys the pservers and trainers (`paddlecloud.k8s.deployer`). Every
 API call goes through `paddlecloud.k8s.client` (retries, errors that say what to do).
 `delete` removes the Deployment — the API server's garbage collector removes what
 it owns — plus the ConfigMaps, and clears the job's etcd prefix.
@@ -196,6 +196,22 @@ def render_dry_run(spec: JobSpec, package: Mapping[str, bytes] | None) -> str:
     return "".join(parts)
 
 
+def _with_checkpoint_every(options: dict[str, Any]) -> dict[str, Any]:
+    """`options` with `--checkpoint-every` turned into one more `-e` value, as `local train`
+    does: the trainers read it from their environment, so nothing else needs to carry it."""
+    from paddlecloud.checkpoints import check_checkpoint_every
+
+    every = options.pop("checkpoint_every", None)
+    if not every:
+        return options
+    key, value = check_checkpoint_every(every)
+    if any(pair.partition("=")[0] == key for pair in options["env"]):
+        # spec.validate would say only "given twice", hiding that the flag sets it too
+        raise click.UsageError(f"--checkpoint-every {every} sets {key}, which -e sets as well: "
+                               "give one of them")
+    return {**options, "env": (*options["env"], f"{key}={value}")}
+
+
 @job.command("submit")
 @click.argument("name", required=False)
 @click.option("-f", "--file", "paddlejob", type=click.Path(exists=True, dir_okay=False),
@@ -229,6 +245,10 @@ def render_dry_run(spec: JobSpec, package: Mapping[str, bytes] | None) -> str:
 @click.option("--epochs", type=int, help="Passes over the input  [default: 1]")
 @click.option("--restart-limit", type=int,
               help="Restarts of the trainer group after a lost trainer before the job fails  [default: 3]")
+@click.option("--checkpoint-every", metavar="TASKS|DURATION",
+              help="Checkpoint inside epochs too, every TASKS tasks of the job (20) or DURATION "
+                   "(30s): a group restart then resumes mid-epoch (the trainers read it from "
+                   "$PADDLECLOUD_CHECKPOINT_EVERY, passed as -e values are).")
 @click.option("--data-volume", metavar="CLAIM:PATH",
               help="A PVC mounted at PATH in the master (read-only) and every trainer.")
 @click.option("--clean-pod-policy", type=click.Choice(CLEAN_POD_POLICIES),
@@ -246,6 +266,7 @@ def render_dry_run(spec: JobSpec, package: Mapping[str, bytes] | None) -> str:
 def submit_command(name: str | None, paddlejob: str | None, dry_run: bool, server: str | None,
                    token: str | None, kubeconfig: str | None, **options: Any) -> None:
     """Submit job NAME: its master deploys the pservers and trainers."""
+    options = _with_checkpoint_every(options)
     try:
         package = read_package(Path(options["package_path"])) if options["package_path"] else None
         spec = build_spec(name=name, paddlejob=paddlejob, package=package, options=options)
@@ -330,27 +351,50 @@ def list_command(namespace: str, kubeconfig: str | None) -> None:
 
 
 # ---- status -------------------------------------------------------------------------------------
-def status_page_instructions(name: str, namespace: str, *, local_port: int) -> str:
-    """How to reach a Kubernetes job's status page: its master Service's page port, forwarded."""
-    return (f"the status page of job {name} is served by its leading master on port "
+def viewer_token_command(name: str, namespace: str) -> str:
+    """The kubectl command that prints job `name`'s viewer token (its Secret, key `viewer`)."""
+    return (f"kubectl -n {namespace} get secret {manifests.tokens_secret_name(name)} "
+            "-o jsonpath='{.data.viewer}' | base64 -d")
+
+
+def status_page_instructions(name: str, namespace: str, *, local_port: int,
+                             token: str | None) -> str:
+    """How to reach a Kubernetes job's status page: its master Service's page port, forwarded,
+    and a URL with the job's viewer `token` (the page's data needs one); without the token,
+    the URL has a placeholder and a line says where the token is."""
+    from urllib.parse import quote
+
+    shown = quote(token, safe="") if token else "TOKEN"
+    text = (f"the status page of job {name} is served by its leading master on port "
             f"{manifests.METRICS_PORT}; from outside the cluster run\n"
             f"  kubectl -n {namespace} port-forward svc/{manifests.master_name(name)} "
             f"{local_port}:{manifests.METRICS_PORT}\n"
-            f"and open http://127.0.0.1:{local_port}/")
+            f"and open http://127.0.0.1:{local_port}/?token={shown}")
+    if token:
+        return text
+    return (text + f"\nno viewer token: Secret {manifests.tokens_secret_name(name)} (key viewer) "
+            f"could not be read; replace TOKEN with what `{viewer_token_command(name, namespace)}` "
+            "prints (it needs get on secrets)")
+
+
+def _secret_viewer_token(core: Any, name: str, namespace: str) -> str | None:
+    """The job's viewer token from its Secret; None when the API refuses it (403, 404, other)."""
+    from paddlecloud.k8s.jobs import viewer_token
+
+    try:
+        return viewer_token(core.api_client, namespace=namespace, name=name)
+    except JobCreateError:
+        return None
 
 
 def _viewer_token(core: Any, name: str, namespace: str) -> str | None:
     """The job's viewer token from its Secret, when PADDLE_JOB_TOKEN_FILE names none and the
     caller may read Secrets; else None (the master then answers UNAUTHENTICATED)."""
     from paddlecloud.auth import ENV_TOKEN_FILE
-    from paddlecloud.k8s.jobs import viewer_token
 
     if os.environ.get(ENV_TOKEN_FILE):
         return None
-    try:
-        return viewer_token(core.api_client, namespace=namespace, name=name)
-    except JobCreateError:
-        return None  # the API refused otherwise: the environment must give a token
+    return _secret_viewer_token(core, name, namespace)
 
 
 @job.command("status")
@@ -361,7 +405,8 @@ def _viewer_token(core: Any, name: str, namespace: str) -> str | None:
 @click.option("--timeout", type=float, default=3.0, show_default=True,
               help="Seconds to wait for the master.")
 @click.option("--web", is_flag=True,
-              help="Print how to open the job's status page: a kubectl port-forward and its URL.")
+              help="Print how to open the job's status page: a kubectl port-forward and its URL "
+                   "with the job's viewer token (read from its Secret NAME-tokens).")
 @click.option("--local-port", type=click.IntRange(1, 65535), default=manifests.METRICS_PORT,
               show_default=True, help="With --web: the local end of the port-forward.")
 @_kubeconfig_option
@@ -370,7 +415,8 @@ def status_command(name: str, namespace: str, master_address: str | None, timeou
     """Phase, pods per role, and the master's progress of job NAME.
 
     With --web, the commands that open the job's status page from outside the
-    cluster (this CLI does not hold a port-forward open itself)."""
+    cluster, its URL carrying the job's viewer token (this CLI does not hold a
+    port-forward open itself)."""
     import grpc
     from rich.console import Console
     from rich.progress_bar import ProgressBar
@@ -383,7 +429,8 @@ def status_command(name: str, namespace: str, master_address: str | None, timeou
     if deployment is None:
         raise _fail(f"job {name} not found in namespace {namespace}")
     if web:
-        click.echo(status_page_instructions(name, namespace, local_port=local_port))
+        click.echo(status_page_instructions(name, namespace, local_port=local_port,
+                                            token=_secret_viewer_token(core, name, namespace)))
         return
     pods = _call(core.list_namespaced_pod, namespace, label_selector=manifests.label_selector(name),
                  verb="list", resource="pods", namespace=namespace)
@@ -411,8 +458,7 @@ def status_command(name: str, namespace: str, master_address: str | None, timeou
         if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
             console.print(
                 f"master: refused our token at {address} ({code.name}); showing the pods only. Give "
-                f"PADDLE_JOB_TOKEN_FILE a token of the job: kubectl -n {namespace} get secret "
-                f"{manifests.tokens_secret_name(name)} -o jsonpath='{{.data.viewer}}' | base64 -d")
+                f"PADDLE_JOB_TOKEN_FILE a token of the job: {viewer_token_command(name, namespace)}")
             return
         console.print(
             f"master: unreachable at {address} ({getattr(code, 'name', code)}); showing the pods "

@@ -75,16 +75,6 @@ class _TrainCommand(click.Command):
         return super().parse_args(ctx, args)
 
 
-def _check_checkpoint_every(text: str) -> tuple[str, str]:
-    """`--checkpoint-every` as the trainers' environment variable; a clear error otherwise."""
-    from paddlecloud.checkpoints import CHECKPOINT_EVERY_ENV, CheckpointEvery
-
-    try:
-        return CHECKPOINT_EVERY_ENV, str(CheckpointEvery.parse(text))
-    except ValueError as error:
-        raise click.BadParameter(str(error), param_hint="'--checkpoint-every'") from None
-
-
 def _check_leftovers(module_args: tuple[str, ...], inputs: tuple[str, ...]) -> None:
     """Refuses arguments given without `--`: they are most often an unquoted glob's expansion."""
     after = click.get_current_context().meta.get(_AFTER_DASHES, [])
@@ -248,7 +238,7 @@ def train(module, package_path, inputs, output, trainers, min_trainers, max_trai
 
     Quote an --input glob ('data/*.csv'); arguments for MODULE go after `--`.
     """
-    from paddlecloud.checkpoints import CHECKPOINTS_DIR
+    from paddlecloud.checkpoints import CHECKPOINTS_DIR, check_checkpoint_every
     from paddlecloud.local.job import JobFailed, LocalJob, LocalJobSpec, resume_epoch
     from paddlecloud.local.view import ConsoleView
 
@@ -265,7 +255,7 @@ def train(module, package_path, inputs, output, trainers, min_trainers, max_trai
     _check_session_ttl(session_ttl)
     schedule = _check_schedule(resize_schedule)
     if checkpoint_every:
-        env = (*env, _check_checkpoint_every(checkpoint_every))
+        env = (*env, check_checkpoint_every(checkpoint_every))
     if schedule:
         sizes = [size for _, size in schedule]
         min_trainers = min_trainers if min_trainers is not None else min(sizes)

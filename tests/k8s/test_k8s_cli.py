@@ -137,7 +137,7 @@ async def test_submit_a_paddlejob(k8s, kubeconfig):
 async def test_list_shows_jobs_and_their_phase(k8s, kubeconfig, api_client):
     for name in ("alpha", "beta"):
         assert (await run(*submit_args(name, kubeconfig))).exit_code == 0
-    from master.k8s_deployer import KubernetesDeployer
+    from paddlecloud.k8s.deployer import KubernetesDeployer
 
     beta = JobSpec(name="beta", namespace="ml", module="ctr.train")
     await KubernetesDeployer(beta, api_client=api_client).show_phase(Phase.RUNNING)
@@ -303,12 +303,68 @@ def test_the_job_group_is_a_paddlecloud_subcommand():
         assert command in result.output
 
 
+def printed_url(output: str) -> Any:
+    """The URL `status --web` says to open, parsed."""
+    from urllib.parse import urlsplit
+
+    line = next(line for line in output.splitlines() if line.startswith("and open "))
+    return urlsplit(line.removeprefix("and open "))
+
+
 async def test_status_web_prints_the_port_forward_to_the_status_page(k8s, kubeconfig):
+    import base64
+    from urllib.parse import parse_qs
+
     assert (await run(*submit_args("webbed", kubeconfig))).exit_code == 0
     result = await run("status", "webbed", "-n", "ml", "--kubeconfig", kubeconfig, "--web",
                        "--local-port", "18080")
     assert result.exit_code == 0, result.output
     assert "kubectl -n ml port-forward svc/webbed-master 18080:9090" in result.output
-    assert "http://127.0.0.1:18080/" in result.output
+    url = printed_url(result.output)
+    assert (url.scheme, url.netloc, url.path) == ("http", "127.0.0.1:18080", "/")
+    # the viewer token the job's masters take (their --tokens-dir is this Secret)
+    viewer = base64.b64decode(k8s.stored("secrets", "ml", "webbed-tokens")["data"]["viewer"]).decode()
+    assert parse_qs(url.query) == {"token": [viewer]}
+    assert "no viewer token" not in result.output
     missing = await run("status", "ghost", "-n", "ml", "--kubeconfig", kubeconfig, "--web")
     assert missing.exit_code == 1 and "job ghost not found in namespace ml" in missing.output
+
+
+@pytest.mark.parametrize("status", [403, 404])
+async def test_status_web_without_the_secret_says_where_the_token_is(k8s, kubeconfig, status):
+    assert (await run(*submit_args("hidden", kubeconfig))).exit_code == 0
+    k8s.fail("get", "secrets", status=status, times=10, message="secrets is forbidden")
+    result = await run("status", "hidden", "-n", "ml", "--kubeconfig", kubeconfig, "--web")
+    assert result.exit_code == 0, result.output
+    assert "kubectl -n ml port-forward svc/hidden-master 9090:9090" in result.output
+    assert printed_url(result.output).query == "token=TOKEN"
+    assert ("no viewer token: Secret hidden-tokens (key viewer) could not be read; replace TOKEN "
+            "with what `kubectl -n ml get secret hidden-tokens -o jsonpath='{.data.viewer}' | "
+            "base64 -d` prints") in result.output
+
+
+def trainer_env(k8s: Any, name: str) -> dict[str, str]:
+    """The trainer pods' environment as the job's master renders it from the stored spec."""
+    spec = JobSpec.from_yaml(k8s.stored("configmaps", "ml", f"{name}-spec")["data"]["job.yaml"])
+    container = manifests.trainer_job(spec, None)["spec"]["template"]["spec"]["containers"][0]
+    return {e["name"]: e.get("value") for e in container["env"]}
+
+
+@pytest.mark.parametrize(("given", "passed"), [("50", "50"), ("2m", "120s")])
+async def test_submit_checkpoint_every_reaches_the_trainers(k8s, kubeconfig, given, passed):
+    result = await run(*submit_args("resumable", kubeconfig, "--pservers", "0",
+                                    "--checkpoint-every", given, "-e", "GLOG_v=1"))
+    assert result.exit_code == 0, result.output
+    env = trainer_env(k8s, "resumable")
+    assert env["PADDLECLOUD_CHECKPOINT_EVERY"] == passed and env["GLOG_v"] == "1"
+
+
+async def test_submit_refuses_a_bad_checkpoint_every_naming_it(k8s, kubeconfig):
+    bad = await run(*submit_args("nope", kubeconfig, "--checkpoint-every", "fifty"))
+    assert bad.exit_code == 2
+    assert "'--checkpoint-every'" in bad.output and "'fifty'" in bad.output
+    twice = await run(*submit_args("nope", kubeconfig, "--checkpoint-every", "5",
+                                   "-e", "PADDLECLOUD_CHECKPOINT_EVERY=9"))
+    assert twice.exit_code == 2
+    assert "--checkpoint-every 5 sets PADDLECLOUD_CHECKPOINT_EVERY, which -e sets as well" in twice.output
+    assert k8s.posted() == []  # refused before any API call
