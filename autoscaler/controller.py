@@ -14,7 +14,7 @@ the job's master Deployment. With `dry_run` the plan is printed (logged) and not
 no RPC that writes, no Event.
 
 The job's master does the resize: for a Volcano job its scale path keeps the PodGroup's
-minMember (`master.k8s_deployer`), so the autoscaler needs no right on PodGroups. Pservers
+minMember (`paddlecloud.k8s.deployer`), so the autoscaler needs no right on PodGroups. Pservers
 are never scaled (the planner sizes trainers only; pservers are load).
 
 What it does NOT guarantee: that the scheduler places the new trainers where the dry run

@@ -28,12 +28,12 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from master.k8s_deployer import KubernetesDeployer
 from master.store import NotLeader, StoreUnavailable
 from paddlecloud import checkpoints
 from paddlecloud.etcd import EtcdUnavailable
 from paddlecloud.jobspec import JobSpec
 from paddlecloud.k8s.client import KubernetesApiError, is_transient
+from paddlecloud.k8s.deployer import KubernetesDeployer
 from paddlecloud.phase import Phase
 from paddlecloud.supervision import Graces, MasterState, Verdict, supervise
 
@@ -112,7 +112,10 @@ async def supervise_on_kubernetes(dispatcher: Dispatcher, deployer: KubernetesDe
                                   poll_interval: float = 2.0, graces: Graces = DEFAULT_GRACES) -> Verdict:
     """`supervise` with the master's data, its etcd and its fenced phase write."""
 
+    shown: list[tuple[int, int]] = []
+
     async def master_state() -> MasterState:
+        await _show_epoch(dispatcher, deployer, shown)
         return MasterState(has_dataset=dispatcher.spec is not None,
                            done=dispatcher.dataset_done(), failed=dispatcher.dataset_failed())
 
@@ -130,6 +133,25 @@ async def supervise_on_kubernetes(dispatcher: Dispatcher, deployer: KubernetesDe
         initial_phase=Phase(loaded) if loaded else None, graces=graces,
         desired_trainers=desired_trainers,
     )
+
+
+async def _show_epoch(dispatcher: Dispatcher, deployer: KubernetesDeployer,
+                      shown: list[tuple[int, int]]) -> None:
+    """Annotates the master Deployment with the epoch when it moved since last shown. A
+    courtesy for readers of the Deployment (the operator's `kubectl get pdj`): an API error
+    is logged and the next poll tries again; it never fails the deployment."""
+    state, spec = dispatcher.core.state, dispatcher.spec
+    if state is None or spec is None:
+        return
+    now = (state.epoch, spec.num_epochs)
+    if shown == [now]:
+        return
+    try:
+        await deployer.show_epoch(*now)
+    except Exception as error:
+        logger.info("could not annotate the master Deployment with epoch %d/%d: %s", *now, error)
+        return
+    shown[:] = [now]
 
 
 async def _fail(dispatcher: Dispatcher, deployer: KubernetesDeployer | None, reason: str) -> None:

@@ -42,6 +42,7 @@ from pydantic import BaseModel, Field
 from master import inspection, metrics
 from master.presence import MasterPresence
 from paddlecloud.aio import cancel_and_wait
+from paddlecloud.phase import Phase
 
 if TYPE_CHECKING:
     from master.dispatcher import Dispatcher
@@ -393,7 +394,7 @@ class StatusPage:
             if f.failures or f.status.name == "FAILED"]
         return JobModel(
             role="leader", leader=status.leader, phase=status.phase,
-            failure_reason=inspection.failure_reason(d) if status.phase == "Failed" else "",
+            failure_reason=inspection.failure_reason(d) if status.phase == Phase.FAILED.value else "",
             epoch=status.epoch, num_epochs=status.num_epochs, num_tasks=status.num_tasks,
             counts=status.counts, requeued=status.requeued, trainers_alive=status.trainers_alive,
             pservers=status.pservers,

@@ -38,8 +38,6 @@ DEFAULT_PEERING = "paddlecloud-operator"
               help="Kubeconfig file (default: in-cluster, then ~/.kube/config).")
 @click.option("--interval", type=DURATION, default="10s", show_default=True,
               help="How often each PaddleJob's status is refreshed.")
-@click.option("--master-address", default="{name}-master.{namespace}.svc:8080", show_default=True,
-              help="Where a job's master answers GetStatus ({name}, {namespace}).")
 @click.option("--peering", default=DEFAULT_PEERING, show_default=True,
               help="Kopf peering object: of several operators, the highest priority acts.")
 @click.option("--priority", type=int, default=None,
@@ -52,7 +50,7 @@ DEFAULT_PEERING = "paddlecloud-operator"
 @click.option("--log-level", default="INFO", show_default=True,
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
 def operator_command(namespaces: tuple[str, ...], all_namespaces: bool, etcd_endpoints: str,
-                     image: str, kubeconfig: str | None, interval: float, master_address: str,
+                     image: str, kubeconfig: str | None, interval: float,
                      peering: str, priority: int | None, standalone: bool, keep_etcd: bool,
                      liveness: str | None, log_level: str) -> None:
     """Run PaddleJobs (kubectl apply -f job.yaml): each gets its master, which deploys the rest."""
@@ -68,7 +66,7 @@ def operator_command(namespaces: tuple[str, ...], all_namespaces: bool, etcd_end
         ) from None
     try:
         config = OperatorConfig(etcd_endpoints=etcd_endpoints, image=image, kubeconfig=kubeconfig,
-                                interval=interval, master_address=master_address,
+                                interval=interval,
                                 clear_etcd=not keep_etcd)
     except ValueError as error:
         raise click.BadParameter(str(error)) from None

@@ -13,7 +13,7 @@ For each PaddleJob (`paddlejobs.batch.paddlepaddle.org/v1`):
   GetStatus when it answers, are mirrored into the PaddleJob's status and
   conditions, with an Event on each phase change; a master Deployment or a role
   workload deleted by hand while the job runs is created again (the workloads by
-  the master's own deployer code, `master.k8s_deployer.KubernetesDeployer`);
+  the master's own deployer code, `paddlecloud.k8s.deployer.KubernetesDeployer`);
 * deleted: everything labelled with the job is deleted explicitly too (the
   garbage collector would, but not at once), and the job's etcd keys are cleared,
   as `paddlecloud job delete` does.
@@ -28,7 +28,6 @@ Event says so: delete and apply again).
 
 from __future__ import annotations
 
-import asyncio
 import datetime
 import logging
 import uuid
@@ -38,7 +37,6 @@ from typing import Any
 
 import kopf
 
-from master.k8s_deployer import KubernetesDeployer, RetryPolicy, api_status, call, load_api_client
 from paddlecloud.jobspec import (
     DEFAULT_ETCD_ENDPOINTS,
     DEFAULT_IMAGE,
@@ -47,10 +45,12 @@ from paddlecloud.jobspec import (
     JobSpecError,
 )
 from paddlecloud.k8s import manifests
+from paddlecloud.k8s.client import RetryPolicy, api_status, call, load_api_client
+from paddlecloud.k8s.deployer import KubernetesDeployer
 from paddlecloud.paddlejob import translate
 from paddlecloud.phase import TERMINAL, Phase
 from pdj_operator import crd
-from pdj_operator.status import MasterView, conditions, job_status
+from pdj_operator.status import conditions, job_status
 
 logger = logging.getLogger(__name__)
 
@@ -60,26 +60,20 @@ USER_AGENT = f"{COMPONENT}/1"
 
 @dataclass(frozen=True)
 class OperatorConfig:
-    """What every PaddleJob gets from the operator, and how often it looks.
-
-    `master_address` is a template with `{name}` and `{namespace}` (the default is
-    the master Service's address, reachable in the cluster).
-    """
+    """What every PaddleJob gets from the operator, and how often it looks."""
 
     etcd_endpoints: str = DEFAULT_ETCD_ENDPOINTS
     image: str = DEFAULT_IMAGE
     kubeconfig: str | None = None
     interval: float = 10.0
-    master_address: str = "{name}-master.{namespace}.svc:" + str(manifests.MASTER_PORT)
-    grpc_timeout: float = 2.0
     clear_etcd: bool = True
     etcd_timeout: float = 5.0
 
     def __post_init__(self) -> None:
         if self.interval <= 0:
             raise ValueError(f"invalid interval {self.interval!r}: must be > 0 seconds")
-        if self.grpc_timeout <= 0 or self.etcd_timeout <= 0:
-            raise ValueError("timeouts must be > 0 seconds")
+        if self.etcd_timeout <= 0:
+            raise ValueError(f"invalid etcd timeout {self.etcd_timeout!r}: must be > 0 seconds")
 
 
 def _now() -> str:
@@ -104,7 +98,7 @@ class JobObjects:
     """The Kubernetes calls of one operator: the job's objects, Events, the master's status.
 
     The client blocks; every call runs off the event loop, retried as the master's
-    deployer retries (`master.k8s_deployer.call`).
+    deployer retries (`paddlecloud.k8s.client.call`).
     """
 
     def __init__(self, config: OperatorConfig, *, api_client: Any | None = None) -> None:
@@ -319,17 +313,6 @@ class JobObjects:
         except Exception as error:  # an Event is a courtesy: never fail a handler for one
             logger.warning("could not record event %s on %s: %s", reason, meta["name"], error)
 
-    async def master_view(self, spec: JobSpec) -> MasterView | None:
-        """The master's GetStatus, None when it does not answer in time."""
-        address = self.config.master_address.format(name=spec.name, namespace=spec.namespace)
-        try:
-            reply = await asyncio.to_thread(_get_status, address, self.config.grpc_timeout)
-        except Exception as error:  # not up yet, or unreachable from here
-            logger.debug("master %s of %s did not answer: %s", address, spec.name, error)
-            return None
-        return MasterView(phase=reply.phase, current_epoch=reply.current_epoch,
-                          num_epochs=reply.num_epochs, has_dataset=reply.has_dataset)
-
     async def clear_etcd(self, spec: JobSpec) -> int:
         """Deletes the job's keys under /paddlecloud/NS/NAME/, as `paddlecloud job delete` does."""
         from paddlecloud.etcd import connect
@@ -341,15 +324,6 @@ class JobObjects:
             return int(getattr(result, "deleted", 0) or 0)
         finally:
             await client.close()
-
-
-def _get_status(address: str, timeout: float) -> Any:
-    import grpc
-
-    from paddlecloud.api import pb, pb_grpc
-
-    with grpc.insecure_channel(address) as channel:
-        return pb_grpc.MasterStub(channel).GetStatus(pb.GetStatusRequest(), timeout=timeout)
 
 
 def spec_of(body: Mapping[str, Any], config: OperatorConfig) -> JobSpec:
@@ -413,7 +387,7 @@ def make_registry(config: OperatorConfig, *,
             await jobs().event(body, kind="Normal", reason="Created",
                                message=f"master Deployment {manifests.master_name(spec.name)} created")
         patch.status.update({
-            **job_status(spec, deployment=None, workloads={}, master=None),
+            **job_status(spec, deployment=None, workloads={}),
             "phase": (body.get("status") or {}).get("phase") or Phase.PENDING.value,
             "observedGeneration": body.metadata.get("generation") or 0,
         })
@@ -442,8 +416,7 @@ def make_registry(config: OperatorConfig, *,
                     "job ran: created again (it resumes from etcd)"))
             return
         workloads = await jobs().workloads(spec)
-        master = await jobs().master_view(spec)
-        new = job_status(spec, deployment=deployment, workloads=workloads, master=master)
+        new = job_status(spec, deployment=deployment, workloads=workloads)
         await _recreate_missing(spec, body=body, phase=new["phase"], workloads=workloads,
                                 jobs=jobs())
         now = _now()

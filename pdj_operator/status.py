@@ -1,22 +1,22 @@
 """What a PaddleJob's status says, from what the job's master and workloads show.
 
 Pure functions, no I/O: `paddlecloud operator` reads the master Deployment (its
-`paddlecloud.org/phase` annotation, written by the leading master), the role
-workloads (the pservers' and heter trainers' StatefulSets, the trainers' Job) and,
-when it can reach it, the master's `GetStatus` (epochs); this module turns them
-into the `status` of the PaddleJob that `kubectl get pdj` prints (phase, mode,
-ready/desired per role, epoch progress) and its conditions.
+`paddlecloud.org/phase` and `paddlecloud.org/epoch` annotations, written by the
+leading master) and the role workloads (the pservers' and heter trainers'
+StatefulSets, the trainers' Job); this module turns them into the `status` of the
+PaddleJob that `kubectl get pdj` prints (phase, mode, ready/desired per role, epoch
+progress) and its conditions. The operator never calls a master: masters serve TLS
+to the holders of the job's tokens only, and their NetworkPolicy admits the job's pods.
 
-What this does NOT guarantee: the phase is the master's, as last annotated; a
-master that cannot write its annotation leaves the PaddleJob's phase behind it
-(etcd holds the truth: `paddlecloud job status`).
+What this does NOT guarantee: the phase and epoch are the master's, as last
+annotated; a master that cannot write its annotations leaves the PaddleJob's status
+behind it (etcd holds the truth: `paddlecloud job status`).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from paddlecloud.jobspec import JobSpec
@@ -31,23 +31,28 @@ ROLE_STATUS_KEY = {manifests.PSERVER: "ps", manifests.TRAINER: "worker", manifes
 ELASTIC_LEVEL = "kept; the trainer range is what paddlecloud acts on"
 
 
-@dataclass(frozen=True)
-class MasterView:
-    """The fields of the master's GetStatus the status shows."""
-
-    phase: str
-    current_epoch: int
-    num_epochs: int
-    has_dataset: bool
+def _annotations(deployment: Mapping[str, Any] | None) -> Mapping[str, Any]:
+    return ((deployment or {}).get("metadata") or {}).get("annotations") or {}
 
 
 def master_phase(deployment: Mapping[str, Any] | None) -> str | None:
     """The phase the leading master annotated on its Deployment, None when there is none."""
-    if deployment is None:
-        return None
-    annotations = (deployment.get("metadata") or {}).get("annotations") or {}
-    phase = annotations.get(manifests.PHASE_ANNOTATION)
+    phase = _annotations(deployment).get(manifests.PHASE_ANNOTATION)
     return phase if phase in {p.value for p in Phase} else None
+
+
+def master_epochs(deployment: Mapping[str, Any] | None) -> tuple[int, int] | None:
+    """(current epoch, epochs) as the leading master annotated them; None before it did (no
+    dataset yet), or when the annotation is not two numbers (it is logged)."""
+    text = _annotations(deployment).get(manifests.EPOCH_ANNOTATION)
+    if text is None:
+        return None
+    current, _, total = str(text).partition("/")
+    if not (current.isdigit() and total.isdigit()):
+        logger.warning("ignoring annotation %s=%r: not CURRENT/TOTAL epochs",
+                       manifests.EPOCH_ANNOTATION, str(text)[:40])
+        return None
+    return int(current), int(total)
 
 
 def role_counts(role: str, workload: Mapping[str, Any] | None, *, desired: int) -> dict[str, Any]:
@@ -65,20 +70,19 @@ def role_counts(role: str, workload: Mapping[str, Any] | None, *, desired: int) 
     return counts
 
 
-def epoch_progress(master: MasterView | None) -> str | None:
+def epoch_progress(phase: str, epochs: tuple[int, int] | None) -> str | None:
     """"done/total" epochs: the epochs finished (all of them once the job succeeded)."""
-    if master is None or not master.has_dataset or master.num_epochs <= 0:
+    if epochs is None or epochs[1] <= 0:
         return None
-    done = master.num_epochs if master.phase == Phase.SUCCEEDED else master.current_epoch
-    return f"{min(done, master.num_epochs)}/{master.num_epochs}"
+    current, total = epochs
+    done = total if phase == Phase.SUCCEEDED else current
+    return f"{min(done, total)}/{total}"
 
 
 def job_status(spec: JobSpec, *, deployment: Mapping[str, Any] | None,
-               workloads: Mapping[str, Mapping[str, Any] | None],
-               master: MasterView | None) -> dict[str, Any]:
+               workloads: Mapping[str, Mapping[str, Any] | None]) -> dict[str, Any]:
     """The PaddleJob's status fields (conditions apart: see `conditions`)."""
-    phase = (master.phase if master is not None and master.phase else None) \
-        or master_phase(deployment) or Phase.PENDING.value
+    phase = master_phase(deployment) or Phase.PENDING.value
     span = spec.trainer_range
     out: dict[str, Any] = {
         "phase": phase,
@@ -92,7 +96,7 @@ def job_status(spec: JobSpec, *, deployment: Mapping[str, Any] | None,
         desired = spec.replicas_of(role)
         if desired:
             out[ROLE_STATUS_KEY[role]] = role_counts(role, workloads.get(role), desired=desired)
-    epoch = epoch_progress(master)
+    epoch = epoch_progress(phase, master_epochs(deployment))
     if epoch is not None:
         out["epoch"] = epoch
     return out

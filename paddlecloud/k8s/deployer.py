@@ -422,6 +422,15 @@ class KubernetesDeployer(Deployer):
                                VOLCANO_VERSION, ns, PODGROUPS, group, resource=PODGROUPS,
                                target=group)
 
+    async def show_epoch(self, epoch: int, num_epochs: int) -> None:
+        """Records the data's epoch as "current/total", an annotation of the master Deployment."""
+        name = manifests.master_name(self.spec.name)
+        await self._call(self._apps.patch_namespaced_deployment, name, self.namespace,
+                         {"metadata": {"annotations": {
+                             manifests.EPOCH_ANNOTATION: f"{epoch}/{num_epochs}"}}},
+                         _content_type="application/merge-patch+json",
+                         verb="patch", resource="deployments", target=name)
+
     async def show_phase(self, phase: Phase, *, reason: str = "") -> None:
         """Records the phase and its reason as annotations of the master Deployment."""
         name = manifests.master_name(self.spec.name)

@@ -26,6 +26,7 @@ from typing import Any
 
 from paddlecloud.jobspec import PADDLEJOB_API_VERSION, PADDLEJOB_KIND, JobSpec, JobSpecError
 from paddlecloud.k8s import manifests
+from paddlecloud.phase import Phase
 
 logger = logging.getLogger(__name__)
 
@@ -225,14 +226,14 @@ def list_jobs(api: Any, namespace: str, *, rights: str | None = None,
         if name:
             out.append({"name": name, "namespace": namespace,
                         "phase": (item.metadata.annotations or {}).get(
-                            manifests.PHASE_ANNOTATION, "Pending"),
+                            manifests.PHASE_ANNOTATION, Phase.PENDING.value),
                         "created": str(item.metadata.creation_timestamp or "")})
     named = {j["name"] for j in out}
     for pdj in _paddlejobs(api, namespace, rights=rights) if paddlejobs else ():  # before the operator made the master
         meta = pdj.get("metadata") or {}
         if meta.get("name") and meta["name"] not in named:
             out.append({"name": meta["name"], "namespace": namespace,
-                        "phase": (pdj.get("status") or {}).get("phase") or "Pending",
+                        "phase": (pdj.get("status") or {}).get("phase") or Phase.PENDING.value,
                         "created": str(meta.get("creationTimestamp") or "")})
     return sorted(out, key=lambda j: j["name"])
 
@@ -252,13 +253,13 @@ def job_status(api: Any, *, namespace: str, name: str, rights: str | None = None
         if pdj is None:
             return None
         return {"name": name, "namespace": namespace,
-                "phase": (pdj.get("status") or {}).get("phase") or "Pending", "reason": "",
+                "phase": (pdj.get("status") or {}).get("phase") or Phase.PENDING.value, "reason": "",
                 "pods": {role: {} for role in ROLES}, "progress": None}
     pods = call(core.list_namespaced_pod, namespace, label_selector=manifests.label_selector(name),
                 verb="list", resource="pods", namespace=namespace, rights=rights)
     annotations = deployment.metadata.annotations or {}
     return {"name": name, "namespace": namespace,
-            "phase": annotations.get(manifests.PHASE_ANNOTATION, "Pending"),
+            "phase": annotations.get(manifests.PHASE_ANNOTATION, Phase.PENDING.value),
             "reason": annotations.get(manifests.PHASE_REASON_ANNOTATION, ""),
             "pods": pod_counts(pods.items or [], name),
             "progress": master_progress(namespace, name, ca=master_ca(annotations),

@@ -67,6 +67,10 @@ JOB_LABEL = "paddlecloud.org/job"
 ROLE_LABEL = "paddlecloud.org/role"
 PHASE_ANNOTATION = "paddlecloud.org/phase"
 PHASE_REASON_ANNOTATION = "paddlecloud.org/phase-reason"
+# "current/total" epochs of the job's data, written by the leading master when the epoch
+# moves: whoever may read the Deployment (`kubectl get pdj`'s operator) sees the progress
+# without a token for, or a route to, the master
+EPOCH_ANNOTATION = "paddlecloud.org/epoch"
 COMPLETION_INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
 POD_INDEX_LABEL = "apps.kubernetes.io/pod-index"  # set by the StatefulSet controller (k8s >= 1.28)
 POD_NAME_LABEL = "statefulset.kubernetes.io/pod-name"  # set by the StatefulSet controller
@@ -1017,8 +1021,8 @@ def network_policies(spec: JobSpec, owner: Mapping[str, Any] | None) -> list[Man
     `NAME-internal`: the job's pods reach each other on any port (pservers, collective and
     gloo rendezvous, NCCL's own ports, the master's gRPC); nothing else reaches trainers,
     pservers or heters. `NAME-master`: besides, the master's gRPC port from pods labelled
-    `paddlecloud.org/master-client: "true"` of the job's namespace (the job server, the
-    operator), and from the autoscaler's pods in `paddlecloud-system`, and its
+    `paddlecloud.org/master-client: "true"` of the job's namespace (the job server), and
+    from the autoscaler's pods in `paddlecloud-system`, and its
     status/metrics port from the job's namespace. Needs a CNI that enforces NetworkPolicy.
     """
     def policy(name: str, pod_selector: dict[str, str], ingress: list[dict[str, Any]]) -> Manifest:
@@ -1089,7 +1093,7 @@ def _most_trainers(spec: JobSpec) -> JobSpec:
 
 
 def master_rules(spec: JobSpec) -> list[dict[str, Any]]:
-    """The rules of a job's master: exactly the calls of `master.k8s_deployer`, and every
+    """The rules of a job's master: exactly the calls of `paddlecloud.k8s.deployer`, and every
     `get`/`patch`/`delete` limited by `resourceNames` to this job's own objects.
 
     Unscoped, because the API cannot scope them by name: `create` (the object's name is

@@ -13,6 +13,7 @@ masters end to end is tests/test_autoscaler_local.py.
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -235,7 +236,8 @@ class Replica:
         self.controller.api_client.close()
 
 
-async def test_a_newcomer_in_a_full_cluster_makes_the_elastic_jobs_give_way_to_its_min(sim, api_client):
+async def test_a_newcomer_in_a_full_cluster_makes_the_elastic_jobs_give_way_to_its_min(sim, api_client, caplog):
+    caplog.set_level(logging.INFO, logger="autoscaler.controller")
     for name in ("n1", "n2", "n3"):
         sim.add_node(name)
     await sim.add_job("a", lo=1, hi=4, size=4)
@@ -266,6 +268,11 @@ async def test_a_newcomer_in_a_full_cluster_makes_the_elastic_jobs_give_way_to_i
         assert event["message"] == "trainers 4 -> 3: gave way to job 'ml/c', placed below its min (2)"
         check_valid_event(event)
     assert sim.events("c") == []  # c was placed where their trainers left: its size never changed
+    # every change is logged with its reason, once (the round that made it), and nothing else
+    changes = [r.getMessage() for r in caplog.records
+               if r.name == "autoscaler.controller" and " trainers (" in r.getMessage()]
+    assert sorted(changes) == [f"job ml/{job}: 4 -> 3 trainers (gave way to job 'ml/c', placed below its "
+                               "min (2))" for job in ("a", "b")]
 
 
 async def test_a_node_added_lets_the_jobs_grow_and_a_deleted_job_frees_its_share(sim, api_client):
@@ -512,7 +519,7 @@ async def test_a_volcano_ps_job_keeps_min_member_at_its_min_through_every_scale(
     from test_k8s_deployer import FAST_RETRY, create_master, make_spec
     from test_k8s_deployer import NS as DEPLOYER_NS
 
-    from master.k8s_deployer import KubernetesDeployer
+    from paddlecloud.k8s.deployer import KubernetesDeployer
 
     worker = {"spec": {"schedulerName": "volcano", "containers": [
         {"name": "paddle", "image": "img", "command": ["python", "-m", "ctr.train"]}]}}

@@ -13,7 +13,6 @@ from typing import Any
 import pytest
 from conftest import role_grants
 
-from master.k8s_deployer import KubernetesDeployer, role_status_of_job, should_clean
 from paddlecloud.deployer import Deployer, RoleStatus
 from paddlecloud.etcd import connect
 from paddlecloud.jobspec import JobSpec
@@ -24,6 +23,7 @@ from paddlecloud.k8s.client import (
     KubernetesPermissionError,
     RetryPolicy,
 )
+from paddlecloud.k8s.deployer import KubernetesDeployer, role_status_of_job, should_clean
 from paddlecloud.keys import JobKeys
 from paddlecloud.phase import Phase
 from paddlecloud.supervision import Graces, MasterState, supervise

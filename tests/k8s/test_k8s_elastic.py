@@ -14,9 +14,9 @@ from test_k8s_deployer import FAST_RETRY, NS, create_master, env_of, make_spec, 
 from test_k8s_master_process import start_deploying_master
 from waiting import wait_for
 
-from master.k8s_deployer import KubernetesDeployer
 from paddlecloud.jobspec import JobSpecError
 from paddlecloud.k8s import manifests
+from paddlecloud.k8s.deployer import KubernetesDeployer
 
 VERSIONS = ("1.28", kubernetes_validate.latest_version())
 

@@ -72,6 +72,12 @@ async def test_master_creates_pservers_then_trainers_once_pservers_register(
         await k8s.wait_for(running, timeout=30, what="phase Running")
         status = await master.GetStatus(pb.GetStatusRequest())
         assert list(status.pserver_endpoints) == manifests.pserver_endpoints(spec)
+        # the epoch is shown on the master Deployment, for readers with no route to the master
+        deployment = manifests.master_name(name)
+        await k8s.wait_for(lambda: (k8s.stored("deployments", "team-b", deployment)["metadata"]
+                                    .get("annotations") or {}).get(manifests.EPOCH_ANNOTATION)
+                           == f"{status.current_epoch}/{status.num_epochs}",
+                           timeout=30, what="the epoch annotation on the master Deployment")
 
 
 

@@ -24,8 +24,8 @@ import pytest
 import yaml
 from kopf.testing import KopfRunner
 
-from master.k8s_deployer import KubernetesDeployer
 from paddlecloud.k8s import manifests
+from paddlecloud.k8s.deployer import KubernetesDeployer
 from paddlecloud.keys import JobKeys
 from paddlecloud.paddlejob import translate
 from pdj_operator.handlers import (
@@ -66,8 +66,7 @@ async def running_operator(config: OperatorConfig, *args: str) -> AsyncIterator[
 
 @pytest.fixture
 def config(kubeconfig: str) -> OperatorConfig:
-    return OperatorConfig(kubeconfig=kubeconfig, interval=0.2, clear_etcd=False,
-                          grpc_timeout=0.2, master_address="127.0.0.1:1")
+    return OperatorConfig(kubeconfig=kubeconfig, interval=0.2, clear_etcd=False)
 
 
 @pytest.fixture
@@ -243,8 +242,7 @@ async def test_the_masters_phase_and_counts_reach_the_status_and_a_deleted_workl
 async def test_deleting_the_paddlejob_removes_everything_and_its_etcd_keys(
         k8s_crds, api, api_client, kubeconfig, etcd_endpoint):
     k8s = k8s_crds
-    config = OperatorConfig(kubeconfig=kubeconfig, interval=0.2, etcd_endpoints=etcd_endpoint,
-                            grpc_timeout=0.2, master_address="127.0.0.1:1")
+    config = OperatorConfig(kubeconfig=kubeconfig, interval=0.2, etcd_endpoints=etcd_endpoint)
     from paddlecloud.etcd import connect
 
     etcd = await connect(etcd_endpoint)
@@ -302,8 +300,7 @@ async def test_of_two_operators_only_the_higher_priority_acts_and_the_other_take
     apps = client.AppsV1Api(api_client)
 
     def config(image: str) -> OperatorConfig:  # the image tells the two operators' work apart
-        return OperatorConfig(kubeconfig=kubeconfig, interval=0.2, clear_etcd=False, image=image,
-                              grpc_timeout=0.2, master_address="127.0.0.1:1")
+        return OperatorConfig(kubeconfig=kubeconfig, interval=0.2, clear_etcd=False, image=image)
 
     def peers() -> int:
         return len(k8s.stored("kopfpeerings", NS, "pdj-test").get("status") or {})
@@ -421,27 +418,27 @@ def test_the_operator_command_needs_a_scope():
     assert result.exit_code == 2 and "'-1s'" in result.output
 
 
-async def test_epoch_progress_comes_from_the_masters_get_status(
-        k8s_crds, api, kubeconfig, start_master, tmp_path):
-    """A real master (real etcd, real gRPC) answers GetStatus; the operator shows its epochs."""
-    from masters import wait_serving
-
+async def test_epoch_progress_comes_from_the_masters_deployment_annotation(k8s_crds, api, config):
+    """The leading master annotates its Deployment with the epoch (a real deploying master
+    does: tests/k8s/test_k8s_master_process.py); the operator shows it without calling the
+    master, which serves TLS to the job's token holders only."""
     k8s = k8s_crds
-    data = tmp_path / "train.csv"
-    data.write_text("".join(f"{i},{i * 2}\n" for i in range(100)))
     name = f"epochs-{uuid.uuid4().hex[:6]}"
-    master = start_master("--namespace", NS, "--input", str(data), "--epochs", "3", job=name)
-    await wait_serving(master.address, process=master)
-    config = OperatorConfig(kubeconfig=kubeconfig, interval=0.2, clear_etcd=False,
-                            master_address=master.address)
     async with running_operator(config):
         await apply(api, paddlejob(name=name))
-        await k8s.wait_for(lambda: (k8s.stored("paddlejobs", NS, name).get("status") or {}).get("epoch"),
-                           what="the epoch in the status")
-    status = k8s.stored("paddlejobs", NS, name)["status"]
-    assert status["epoch"] == "0/3"  # no trainer has finished a task yet
-    # the master's phase wins over a stale annotation once the master answers
-    assert status["phase"] in ("Pending", "Starting", "Running")
+        await k8s.wait_for(lambda: k8s.stored("deployments", NS, manifests.master_name(name)),
+                           what="the master Deployment")
+        assert "epoch" not in (k8s.stored("paddlejobs", NS, name).get("status") or {})
+        annotate = k8s.kmock.objects[manifests_key("deployments", manifests.master_name(name))].patch
+        annotate({"metadata": {"annotations": {manifests.EPOCH_ANNOTATION: "1/3",
+                                               manifests.PHASE_ANNOTATION: "Running"}}})
+        await k8s.wait_for(lambda: (k8s.stored("paddlejobs", NS, name).get("status") or {}).get(
+            "epoch") == "1/3", what="epoch 1/3 in the status")
+        annotate({"metadata": {"annotations": {manifests.EPOCH_ANNOTATION: "3/3",
+                                               manifests.PHASE_ANNOTATION: "Succeeded"}}})
+        await k8s.wait_for(lambda: (k8s.stored("paddlejobs", NS, name).get("status") or {}).get(
+            "epoch") == "3/3", what="epoch 3/3 once Succeeded")
+    assert k8s.stored("paddlejobs", NS, name)["status"]["phase"] == "Succeeded"
 
 
 def test_conditions_move_their_transition_time_only_when_they_change():
@@ -458,12 +455,12 @@ def test_conditions_move_their_transition_time_only_when_they_change():
     assert (done["Failed"]["lastTransitionTime"], done["Created"]["lastTransitionTime"]) == ("t1", "t1")
 
 
-@pytest.mark.parametrize("phase, current, total, shown", [
-    ("Running", 1, 3, "1/3"), ("Succeeded", 2, 3, "3/3"), ("Running", 0, 0, None)])
-def test_epoch_progress_counts_the_epochs_done(phase, current, total, shown):
-    from pdj_operator.status import MasterView, epoch_progress
+@pytest.mark.parametrize("phase, annotation, shown", [
+    ("Running", "1/3", "1/3"), ("Succeeded", "2/3", "3/3"), ("Running", "0/0", None),
+    ("Running", None, None), ("Running", "one/3", None), ("Running", "-1/3", None)])
+def test_epoch_progress_counts_the_epochs_done(phase, annotation, shown):
+    from pdj_operator.status import epoch_progress, master_epochs
 
-    view = MasterView(phase=phase, current_epoch=current, num_epochs=total, has_dataset=True)
-    assert epoch_progress(view) == shown
-    assert epoch_progress(MasterView(phase=phase, current_epoch=current, num_epochs=total,
-                                     has_dataset=False)) is None
+    annotations = {} if annotation is None else {manifests.EPOCH_ANNOTATION: annotation}
+    deployment = {"metadata": {"annotations": annotations}}
+    assert epoch_progress(phase, master_epochs(deployment)) == shown
