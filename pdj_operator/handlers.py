@@ -47,7 +47,7 @@ from paddlecloud.jobspec import (
 from paddlecloud.k8s import manifests
 from paddlecloud.k8s.client import RetryPolicy, api_status, call, load_api_client
 from paddlecloud.k8s.deployer import KubernetesDeployer
-from paddlecloud.paddlejob import translate
+from paddlecloud.paddlejob import PODGROUP_KIND, PODGROUP_SPEC_FIELDS, translate
 from paddlecloud.phase import TERMINAL, Phase
 from pdj_operator import crd
 from pdj_operator.status import conditions, job_status
@@ -238,6 +238,33 @@ class JobObjects:
                    _content_type="application/merge-patch+json")
         return certificate.ca
 
+    async def companion_podgroup(self, body: Mapping[str, Any]) -> dict[str, Any] | None:
+        """The Volcano PodGroup `kubectl apply` created from the PaddleJob's own file: named
+        like the job, in its namespace, labelled for no job yet. As the document the file
+        held (the spec fields a PaddleJob file may give), None when there is none."""
+        meta = body["metadata"]
+        group, version = manifests.VOLCANO_API_VERSION.split("/")
+        stored = await self.read(self.custom.get_namespaced_custom_object, group, version,
+                                 meta["namespace"], "podgroups", meta["name"])
+        labels = ((stored or {}).get("metadata") or {}).get("labels") or {}
+        if stored is None or manifests.JOB_LABEL in labels:
+            return None  # none, or the job's own (its master made it, or we adopted it)
+        given = {k: v for k, v in (stored.get("spec") or {}).items() if k in PODGROUP_SPEC_FIELDS}
+        return {"apiVersion": manifests.VOLCANO_API_VERSION, "kind": PODGROUP_KIND,
+                "metadata": {"name": meta["name"], "namespace": meta["namespace"]}, "spec": given}
+
+    async def adopt_podgroup(self, body: Mapping[str, Any]) -> None:
+        """Labels the companion PodGroup as the job's, owned by the PaddleJob: the master's
+        deployer then adopts it (and sets its minMember as it deploys), and deleting the
+        PaddleJob deletes it."""
+        meta = body["metadata"]
+        group, version = manifests.VOLCANO_API_VERSION.split("/")
+        await call(self.retry, self.custom.patch_namespaced_custom_object, group, version,
+                   meta["namespace"], "podgroups", meta["name"],
+                   {"metadata": {"labels": {manifests.JOB_LABEL: meta["name"]},
+                                 "ownerReferences": [pdj_owner(body)]}},
+                   _content_type="application/merge-patch+json")
+
     async def deployment(self, spec: JobSpec) -> dict[str, Any] | None:
         return await self.read(self.apps.read_namespaced_deployment,
                                manifests.master_name(spec.name), spec.namespace)
@@ -326,9 +353,11 @@ class JobObjects:
             await client.close()
 
 
-def spec_of(body: Mapping[str, Any], config: OperatorConfig) -> JobSpec:
+def spec_of(body: Mapping[str, Any], config: OperatorConfig, *,
+            podgroup: Mapping[str, Any] | None = None) -> JobSpec:
     """The one translation, with what the operator gives every job."""
-    return translate(body, etcd_endpoints=config.etcd_endpoints, image=config.image).validate()
+    return translate(body, podgroup=podgroup, etcd_endpoints=config.etcd_endpoints,
+                     image=config.image).validate()
 
 
 def make_settings() -> kopf.OperatorSettings:
@@ -376,6 +405,12 @@ def make_registry(config: OperatorConfig, *,
     async def apply(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
         try:
             spec = spec_of(body, config)
+            # a PodGroup document applied with the job (kubectl apply -f of one file) is
+            # the job's: its queue, priority and minMember (checked) are kept
+            group = await jobs().companion_podgroup(body) if spec.uses_volcano else None
+            if group is not None:
+                spec = spec_of(body, config, podgroup=group)
+                await jobs().adopt_podgroup(body)
         except JobSpecError as error:
             patch.status.update({"phase": Phase.FAILED.value, "message": str(error),
                                  "conditions": [{"type": "Created", "status": "False",

@@ -24,6 +24,7 @@ import pytest
 import yaml
 from kopf.testing import KopfRunner
 
+from paddlecloud.jobspec import JobSpec
 from paddlecloud.k8s import manifests
 from paddlecloud.k8s.deployer import KubernetesDeployer
 from paddlecloud.keys import JobKeys
@@ -178,6 +179,56 @@ async def test_an_invalid_paddlejob_fails_with_its_reason_and_creates_nothing(k8
     assert status["phase"] == "Failed" and "did you mean spec.cleanPodPolicy?" in status["message"]
     assert "did you mean spec.cleanPodPolicy?" in events(k8s, "InvalidSpec")[0]["message"]
     assert k8s.stored("deployments", NS, "typo-master") is None
+
+
+def put_podgroup(k8s: Any, name: str, **spec: Any) -> None:
+    """What `kubectl apply` created of a PodGroup document in the PaddleJob's file (put in
+    the emulator directly: its create reaction that versions the PaddleJob is for that)."""
+    k8s.kmock.objects[kmock.resource("scheduling.volcano.sh", "v1beta1", "podgroups"), NS, name] = {
+        "apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "PodGroup",
+        "metadata": {"name": name, "namespace": NS, "uid": str(uuid.uuid4())}, "spec": spec,
+        "status": {"phase": "Pending"}}  # as the API server keeps it: not a file's field
+
+
+def gang_job(name: str) -> dict[str, Any]:
+    job = paddlejob(name=name)
+    job["spec"]["worker"]["template"]["spec"]["schedulerName"] = "volcano"
+    return job
+
+
+async def test_a_podgroup_applied_with_the_paddlejob_is_the_jobs_and_its_master_adopts_it(
+        k8s_crds, api, api_client, config):
+    k8s = k8s_crds
+    put_podgroup(k8s, "gang", minMember=3, queue="research", priorityClassName="high")
+    async with running_operator(config):
+        await apply(api, gang_job("gang"))
+        await k8s.wait_for(lambda: k8s.stored("deployments", NS, manifests.master_name("gang")),
+                           what="the master Deployment")
+    group = k8s.stored("podgroups", NS, "gang")
+    assert group["metadata"]["labels"][manifests.JOB_LABEL] == "gang"
+    assert [o["kind"] for o in group["metadata"]["ownerReferences"]] == ["PaddleJob"]
+    stored = k8s.stored("configmaps", NS, manifests.spec_configmap_name("gang"))
+    spec = JobSpec.from_yaml(stored["data"][manifests.SPEC_KEY])
+    assert (spec.queue, spec.priority_class, spec.min_member) == ("research", "high", 3)
+    # the master's deployer takes it as the job's (one not labelled so is a conflict) and
+    # its trainers' pods join it
+    await KubernetesDeployer(spec, api_client=api_client).create_trainers()
+    group = k8s.stored("podgroups", NS, "gang")
+    assert (group["spec"]["minMember"], group["spec"]["queue"]) == (3, "research")
+    pods = k8s.stored("jobs", NS, manifests.trainer_name("gang"))["spec"]["template"]
+    assert pods["metadata"]["annotations"][manifests.PODGROUP_ANNOTATION] == "gang"
+
+
+async def test_a_podgroup_applied_with_the_paddlejob_is_checked_against_the_jobs_size(
+        k8s_crds, api, api_client, config):
+    k8s = k8s_crds
+    put_podgroup(k8s, "big", minMember=40)
+    async with running_operator(config):
+        await apply(api, gang_job("big"))
+        await k8s.wait_for(lambda: events(k8s, "InvalidSpec"), what="InvalidSpec event")
+    assert "PodGroup minMember 40 is more than" in events(k8s, "InvalidSpec")[0]["message"]
+    assert k8s.stored("deployments", NS, "big-master") is None
+    assert manifests.JOB_LABEL not in (k8s.stored("podgroups", NS, "big")["metadata"].get("labels") or {})
 
 
 async def test_the_masters_phase_and_counts_reach_the_status_and_a_deleted_workload_returns(
