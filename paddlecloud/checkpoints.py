@@ -217,13 +217,3 @@ class CheckpointEvery:
     def __str__(self) -> str:
         return str(self.tasks) if self.tasks is not None else f"{self.seconds:g}s"
 
-
-def check_checkpoint_every(text: str) -> tuple[str, str]:
-    """`--checkpoint-every TEXT` of `local train` and `job submit` as the trainers' environment
-    entry, normalised; a usage error naming TEXT (exit 2) when it is neither tasks nor a duration."""
-    import click  # here, not at the top: trainers import this module and need no CLI
-
-    try:
-        return CHECKPOINT_EVERY_ENV, str(CheckpointEvery.parse(text))
-    except ValueError as error:
-        raise click.BadParameter(str(error), param_hint="'--checkpoint-every'") from None

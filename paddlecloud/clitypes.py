@@ -32,3 +32,14 @@ DURATION = ParsedType("duration", parse_duration)
 SIZE = ParsedType("size", parse_size)
 KEY_VALUE = ParsedType("key=value", parse_key_value)
 NON_NEGATIVE = click.IntRange(min=0)
+
+
+def checkpoint_every_env(text: str) -> tuple[str, str]:
+    """`--checkpoint-every TEXT` of `local train` and `job submit` as the trainers' environment
+    entry, normalised; a usage error naming TEXT (exit 2) when it is neither tasks nor a duration."""
+    from paddlecloud.checkpoints import CHECKPOINT_EVERY_ENV, CheckpointEvery
+
+    try:
+        return CHECKPOINT_EVERY_ENV, str(CheckpointEvery.parse(text))
+    except ValueError as error:
+        raise click.BadParameter(str(error), param_hint="'--checkpoint-every'") from None

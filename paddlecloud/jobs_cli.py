@@ -199,12 +199,12 @@ def render_dry_run(spec: JobSpec, package: Mapping[str, bytes] | None) -> str:
 def _with_checkpoint_every(options: dict[str, Any]) -> dict[str, Any]:
     """`options` with `--checkpoint-every` turned into one more `-e` value, as `local train`
     does: the trainers read it from their environment, so nothing else needs to carry it."""
-    from paddlecloud.checkpoints import check_checkpoint_every
+    from paddlecloud.clitypes import checkpoint_every_env
 
     every = options.pop("checkpoint_every", None)
     if not every:
         return options
-    key, value = check_checkpoint_every(every)
+    key, value = checkpoint_every_env(every)
     if any(pair.partition("=")[0] == key for pair in options["env"]):
         # spec.validate would say only "given twice", hiding that the flag sets it too
         raise click.UsageError(f"--checkpoint-every {every} sets {key}, which -e sets as well: "

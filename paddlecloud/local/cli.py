@@ -238,7 +238,8 @@ def train(module, package_path, inputs, output, trainers, min_trainers, max_trai
 
     Quote an --input glob ('data/*.csv'); arguments for MODULE go after `--`.
     """
-    from paddlecloud.checkpoints import CHECKPOINTS_DIR, check_checkpoint_every
+    from paddlecloud.checkpoints import CHECKPOINTS_DIR
+    from paddlecloud.clitypes import checkpoint_every_env
     from paddlecloud.local.job import JobFailed, LocalJob, LocalJobSpec, resume_epoch
     from paddlecloud.local.view import ConsoleView
 
@@ -255,7 +256,7 @@ def train(module, package_path, inputs, output, trainers, min_trainers, max_trai
     _check_session_ttl(session_ttl)
     schedule = _check_schedule(resize_schedule)
     if checkpoint_every:
-        env = (*env, check_checkpoint_every(checkpoint_every))
+        env = (*env, checkpoint_every_env(checkpoint_every))
     if schedule:
         sizes = [size for _, size in schedule]
         min_trainers = min_trainers if min_trainers is not None else min(sizes)
