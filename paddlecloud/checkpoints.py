@@ -216,4 +216,3 @@ class CheckpointEvery:
 
     def __str__(self) -> str:
         return str(self.tasks) if self.tasks is not None else f"{self.seconds:g}s"
-
