@@ -46,7 +46,7 @@ from paddlecloud.jobspec import (
 )
 from paddlecloud.k8s import manifests
 from paddlecloud.k8s.client import RetryPolicy, api_status, call, load_api_client
-from paddlecloud.k8s.deployer import KubernetesDeployer
+from paddlecloud.k8s.deployer import PODGROUPS, VOLCANO_GROUP, VOLCANO_VERSION, KubernetesDeployer
 from paddlecloud.paddlejob import PODGROUP_KIND, PODGROUP_SPEC_FIELDS, translate
 from paddlecloud.phase import TERMINAL, Phase
 from pdj_operator import crd
@@ -243,9 +243,8 @@ class JobObjects:
         like the job, in its namespace, labelled for no job yet. As the document the file
         held (the spec fields a PaddleJob file may give), None when there is none."""
         meta = body["metadata"]
-        group, version = manifests.VOLCANO_API_VERSION.split("/")
-        stored = await self.read(self.custom.get_namespaced_custom_object, group, version,
-                                 meta["namespace"], "podgroups", meta["name"])
+        stored = await self.read(self.custom.get_namespaced_custom_object, VOLCANO_GROUP,
+                                 VOLCANO_VERSION, meta["namespace"], PODGROUPS, meta["name"])
         labels = ((stored or {}).get("metadata") or {}).get("labels") or {}
         if stored is None or manifests.JOB_LABEL in labels:
             return None  # none, or the job's own (its master made it, or we adopted it)
@@ -258,9 +257,8 @@ class JobObjects:
         deployer then adopts it (and sets its minMember as it deploys), and deleting the
         PaddleJob deletes it."""
         meta = body["metadata"]
-        group, version = manifests.VOLCANO_API_VERSION.split("/")
-        await call(self.retry, self.custom.patch_namespaced_custom_object, group, version,
-                   meta["namespace"], "podgroups", meta["name"],
+        await call(self.retry, self.custom.patch_namespaced_custom_object, VOLCANO_GROUP,
+                   VOLCANO_VERSION, meta["namespace"], PODGROUPS, meta["name"],
                    {"metadata": {"labels": {manifests.JOB_LABEL: meta["name"]},
                                  "ownerReferences": [pdj_owner(body)]}},
                    _content_type="application/merge-patch+json")
@@ -309,12 +307,11 @@ class JobObjects:
                     if api_status(error) != 404:
                         raise
         if spec.uses_volcano:
-            group, version = manifests.VOLCANO_API_VERSION.split("/")
             name = manifests.podgroup_name(spec)
             try:
-                await call(self.retry, self.custom.delete_namespaced_custom_object, group, version,
-                           ns, "podgroups", name)
-                deleted.append(f"podgroups/{name}")
+                await call(self.retry, self.custom.delete_namespaced_custom_object, VOLCANO_GROUP,
+                           VOLCANO_VERSION, ns, PODGROUPS, name)
+                deleted.append(f"{PODGROUPS}/{name}")
             except Exception as error:
                 if api_status(error) != 404:
                     raise
