@@ -54,7 +54,8 @@ def partition_of(spec: DatasetSpec, files: list[FileEntry]) -> Partition:
 
 
 class Core:
-    def __init__(self, *, store: EtcdStore, config: MasterConfig) -> None:
+    def __init__(self, *, store: EtcdStore, config: MasterConfig,
+                 standby_marks: MarkMirror | None = None) -> None:
         self.store = store
         self.config = config
         self.policy = config.policy
@@ -63,7 +64,7 @@ class Core:
         self.partition: Partition | None = None
         self.state: JobState | None = None
         self.loaded_phase: Phase | None = None   # the `phase` key as the last load found it
-        self.standby_marks: MarkMirror | None = None  # the standby's mirror, for the first load
+        self.standby_marks = standby_marks  # the standby's mirror, for the first load
         self.requeued = 0                        # tasks put back since this master leads
         self.deposed: asyncio.Future[Exception] = asyncio.get_running_loop().create_future()
         # Set by the dispatcher that wires the rooms: what follows a change, and a load.

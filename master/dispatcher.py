@@ -41,8 +41,7 @@ class Dispatcher:
         self.config = config
         self.advertise = advertise
         self.store = EtcdStore(client, JobKeys(config.namespace, config.job), leadership)
-        self.core = Core(store=self.store, config=config)
-        self.core.standby_marks = mirror
+        self.core = Core(store=self.store, config=config, standby_marks=mirror)
         self.trainers = Trainers(self.core)
         self.tasks = Tasks(self.core, self.trainers)
         self.epochs = Epochs(self.core)

@@ -424,18 +424,16 @@ class KubernetesDeployer(Deployer):
 
     async def show_epoch(self, epoch: int, num_epochs: int) -> None:
         """Records the data's epoch as "current/total", an annotation of the master Deployment."""
-        name = manifests.master_name(self.spec.name)
-        await self._call(self._apps.patch_namespaced_deployment, name, self.namespace,
-                         {"metadata": {"annotations": {
-                             manifests.EPOCH_ANNOTATION: f"{epoch}/{num_epochs}"}}},
-                         _content_type="application/merge-patch+json",
-                         verb="patch", resource="deployments", target=name)
+        await self._annotate_master({manifests.EPOCH_ANNOTATION: f"{epoch}/{num_epochs}"})
 
     async def show_phase(self, phase: Phase, *, reason: str = "") -> None:
         """Records the phase and its reason as annotations of the master Deployment."""
+        await self._annotate_master({manifests.PHASE_ANNOTATION: phase.value,
+                                     manifests.PHASE_REASON_ANNOTATION: reason or None})
+
+    async def _annotate_master(self, annotations: dict[str, str | None]) -> None:
+        """Merges `annotations` into the master Deployment's (a None value removes one)."""
         name = manifests.master_name(self.spec.name)
-        annotations = {manifests.PHASE_ANNOTATION: phase.value,
-                       manifests.PHASE_REASON_ANNOTATION: reason or None}  # None removes it
         await self._call(self._apps.patch_namespaced_deployment, name, self.namespace,
                          {"metadata": {"annotations": annotations}},
                          _content_type="application/merge-patch+json",
