@@ -16,7 +16,7 @@ plaintext, so `_Client` opens the TLS channel), and a user and password log in
 
 etcd's simple auth tokens expire after `--auth-token-ttl` (300 s) without use, and
 aetcd logs in only once: a call answered "invalid auth token" logs in again and is
-retried once with the new token (`_Reauthenticate`), so an idle client (a standby
+retried once with the new token (`_Reauthenticating`), so an idle client (a standby
 master) keeps working.
 
 What this does NOT do: renew the token of a stream already open (a watch or a lease
@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import re
@@ -117,30 +118,36 @@ def _token_expired(error: grpc.aio.AioRpcError) -> bool:
     return error.code() == grpc.StatusCode.UNAUTHENTICATED and INVALID_TOKEN in (error.details() or "")
 
 
-class _Reauthenticate(grpc.aio.UnaryUnaryClientInterceptor):
-    """On etcd's "invalid auth token" (a simple token expires after `--auth-token-ttl` without
-    use, 300 s by default), logs in again and retries the call once with the new token."""
+class _Reauthenticating:
+    """A stub whose unary calls, on etcd's "invalid auth token" (a simple token expires after
+    `--auth-token-ttl` without use, 300 s by default), log in again and are retried once with
+    the new token; other calls (streams) pass through.
 
-    def __init__(self, client: _Client) -> None:
+    Not a `grpc.aio` client interceptor: a channel with one runs every unary call through an
+    extra task and two more coroutines (CPU per call measured in docs/benchmarks.md), and
+    the master's group commit makes one such call per batch."""
+
+    def __init__(self, stub: Any, client: _Client) -> None:
+        self._stub = stub
         self._client = client
 
-    async def intercept_unary_unary(self, continuation: Callable, client_call_details: Any,
-                                    request: Any) -> Any:
-        method = client_call_details.method
-        method = method.decode() if isinstance(method, bytes) else str(method)
-        call = await continuation(client_call_details, request)
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self._stub, name)
+        if isinstance(method, grpc.aio.UnaryUnaryMultiCallable):
+            method = functools.partial(self._call, method)
+        setattr(self, name, method)  # found once per method
+        return method
+
+    async def _call(self, method: grpc.aio.UnaryUnaryMultiCallable, request: Any, **kwargs: Any) -> Any:
         try:
-            return await call
+            return await method(request, **kwargs)
         except grpc.aio.AioRpcError as error:
-            if (not _token_expired(error) or self._client.username is None
-                    or method.endswith("/Authenticate")):
+            if not _token_expired(error) or self._client.username is None:
                 raise
-        sent = dict(client_call_details.metadata or ()).get("token")
-        token = await self._client.reauthenticate(stale=sent)
-        metadata = grpc.aio.Metadata(*[(k, v) for k, v in (client_call_details.metadata or ())
-                                       if k != "token"], ("token", token))
-        retried = await continuation(client_call_details._replace(metadata=metadata), request)
-        return await retried
+        metadata = tuple(kwargs.get("metadata") or ())
+        token = await self._client.reauthenticate(stale=dict(metadata).get("token"))
+        kwargs["metadata"] = (*((k, v) for k, v in metadata if k != "token"), ("token", token))
+        return await method(request, **kwargs)
 
 
 class _Client(aetcd.Client):
@@ -187,19 +194,16 @@ class _Client(aetcd.Client):
         self._is_connecting = True
         try:
             target, options = f"{self._host}:{self._port}", list(self._options.items())
-            interceptors = [_Reauthenticate(self)]
-            self.channel = (grpc.aio.secure_channel(target, self._tls, options=options,
-                                                    interceptors=interceptors)
+            self.channel = (grpc.aio.secure_channel(target, self._tls, options=options)
                             if self._tls is not None
-                            else grpc.aio.insecure_channel(target, options=options,
-                                                           interceptors=interceptors))
+                            else grpc.aio.insecure_channel(target, options=options))
             if self._username is not None:
                 self.auth_stub = rpc.AuthStub(self.channel)
                 await self._authenticate()
-            self.kvstub = rpc.KVStub(self.channel)
-            self.clusterstub = rpc.ClusterStub(self.channel)
-            self.leasestub = rpc.LeaseStub(self.channel)
-            self.maintenancestub = rpc.MaintenanceStub(self.channel)
+            self.kvstub = _Reauthenticating(rpc.KVStub(self.channel), self)
+            self.clusterstub = _Reauthenticating(rpc.ClusterStub(self.channel), self)
+            self.leasestub = _Reauthenticating(rpc.LeaseStub(self.channel), self)
+            self.maintenancestub = _Reauthenticating(rpc.MaintenanceStub(self.channel), self)
             self._watcher = watcher.Watcher(rpc.WatchStub(self.channel), timeout=self._timeout,
                                             metadata=self.metadata)
             self._connected.set()
