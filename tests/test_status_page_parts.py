@@ -6,7 +6,6 @@ import browser
 import pytest
 
 from master import metrics
-from master.inspection import TrainerView
 from master.web import Recorder
 
 
@@ -25,12 +24,12 @@ def test_failure_reasons_keep_the_last_few_of_the_most_recent_tasks():
 
 def test_the_recorder_samples_counter_increases_and_sees_restarted_trainers():
     recorder = Recorder(history=4)
-    recorder.sample([TrainerView("a", 1, [], 0.0)])
+    recorder.sample({"a": 1})
     metrics.FINISHES.inc(3)
     metrics.REQUEUES.labels("a-new-cause").inc(2)
     metrics.RESIZES.labels("up").inc()
     metrics.RESIZES.labels("down").inc(2)
-    recorder.sample([TrainerView("a", 2, [7], 0.0), TrainerView("b", 5, [], 0.0)])
+    recorder.sample({"a": 2, "b": 5})
     series = recorder.series()
     assert series.finished_per_s == [0.0, 3.0]
     assert series.resizes == [0.0, 3.0]  # up and down alike
@@ -38,7 +37,7 @@ def test_the_recorder_samples_counter_increases_and_sees_restarted_trainers():
     assert series.trainers_alive == [1, 2] and series.trainer_restarts == [0, 1]
     assert recorder.restarts == {"a": 1} and set(recorder.first_seen) == {2, 5}
     for _ in range(10):
-        recorder.sample([])
+        recorder.sample({})
     assert len(recorder.series().finished_per_s) == 4  # an hour at most: bounded
     assert recorder.series().resizes == [0.0] * 4
     assert recorder.first_seen == {} and recorder.restarts == {"a": 1}
