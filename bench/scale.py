@@ -20,7 +20,8 @@ What runs, each in its own process:
     after a full-jitter exponential backoff (0.05 s doubling, capped at trainer_agent's
     RETRY_CAP, 1 s), and on UNAVAILABLE goes where trainer_agent would: to the leader a
     standby names, stays on a standby that names none, else tries the other master; a KeepAlive runs beside it: `skip` (today's trainer_agent: only when
-    no call was answered for ttl/3), `always` (the old agent: every ttl/3), or none (no-op).
+    no call was answered for ttl/3, counted from when it was sent, and none is under way),
+    `always` (the old agent: every ttl/3), or none (no-op).
 
 Rows (the steady state, N = --ns): finished tasks/s (ACCEPTED acks in the window), latency
 of a GetTask that got a task (from its first attempt, retries included), calls shed,
@@ -110,7 +111,8 @@ async def _client(config: dict) -> dict:  # noqa: C901  (one loop, kept in one p
     latencies: list[float] = []
     per_trainer = [0] * n
     buckets: Counter = Counter()          # whole wall-clock second -> ACCEPTED acks
-    last_ok = [0.0] * n
+    last_ok = [0.0] * n                   # when the last answered call was sent (trainer_agent's Session)
+    under_way = [False] * n               # a GetTask sent and not answered yet
     where = [0] * n
     refused = [-1] * n                    # the target that last did not answer this trainer
     resumed: dict[int, float] = {}        # trainer -> first answer after the mark
@@ -146,10 +148,11 @@ async def _client(config: dict) -> dict:  # noqa: C901  (one loop, kept in one p
         attempt = 0
         while True:
             try:
+                sent = time.time()
                 async with gate:
                     reply = await stubs[i][where[i]].RegisterTrainer(
                         pb.RegisterTrainerRequest(trainer_id=f"{config['prefix']}{first + i}"), timeout=30)
-                last_ok[i] = time.time()
+                last_ok[i] = sent
                 return reply.session_id, reply.current_epoch, seconds(reply.ttl) or 10.0
             except grpc.aio.AioRpcError as e:
                 transient[f"RegisterTrainer:{e.code().name}"] += 1
@@ -205,11 +208,14 @@ async def _client(config: dict) -> dict:  # noqa: C901  (one loop, kept in one p
             await asyncio.sleep(max(0.0, due - now))
             if time.time() >= window["stop"]:
                 return
-            if mode == "skip" and time.time() - last_ok[i] < period:
+            if mode == "skip" and (under_way[i] or time.time() - last_ok[i] < period):
+                if under_way[i]:
+                    await asyncio.sleep(min(1.0, period / 10))  # as trainer_agent's BEAT_RECHECK
                 continue
             with contextlib.suppress(grpc.aio.AioRpcError):
+                sent = time.time()
                 await stubs[i][where[i]].KeepAlive(pb.KeepAliveRequest(session_id=sessions[i]), timeout=30)
-                last_ok[i] = time.time()
+                last_ok[i] = max(last_ok[i], sent)
                 if in_window(time.time()):
                     keepalives[0] += 1
 
@@ -225,10 +231,13 @@ async def _client(config: dict) -> dict:  # noqa: C901  (one loop, kept in one p
             asked = asked or now
             request = pb.GetTaskRequest(session_id=sessions[i], epoch=epochs[i], finished=previous,
                                         max_tasks=config["max_tasks"])
+            under_way[i] = True  # until answered: trainer_agent's retries of one call included
             try:
                 reply = await stubs[i][where[i]].GetTask(request, timeout=30)
             except grpc.aio.AioRpcError as e:
                 code = e.code().name
+                if code not in TRANSIENT:
+                    under_way[i] = False
                 if code == "NOT_FOUND":  # the session expired: register again
                     reregistered += 1
                     sessions[i], epochs[i], _ = await register(i)
@@ -245,8 +254,9 @@ async def _client(config: dict) -> dict:  # noqa: C901  (one loop, kept in one p
                 await backoff(attempt, e)
                 continue
             attempt = 0
+            last_ok[i] = now  # when this attempt was sent
+            under_way[i] = False
             now = time.time()
-            last_ok[i] = now
             refused[i] = -1
             if mark and i not in resumed and now > mark[-1]:
                 resumed[i] = now

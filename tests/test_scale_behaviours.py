@@ -179,6 +179,60 @@ def test_a_trainer_that_calls_often_sends_no_keepalive_and_an_idle_one_does(tmp_
         connection.close()
 
 
+class Queued(pb_grpc.MasterServicer):
+    """A real gRPC server that holds each GetTask until released, as a master holds a call
+    queued behind thousands of others; it counts the KeepAlives it hears meanwhile."""
+
+    def __init__(self, ttl_s: int) -> None:
+        self.ttl_s = ttl_s
+        self.release = asyncio.Event()
+        self.keepalives = 0
+        self.keepalives_while_held = 0
+
+    async def RegisterTrainer(self, request, context):
+        reply = pb.RegisterTrainerResponse(session_id=1, current_epoch=0, num_epochs=1)
+        reply.ttl.seconds = self.ttl_s
+        return reply
+
+    async def KeepAlive(self, request, context):
+        self.keepalives += 1
+        self.keepalives_while_held += not self.release.is_set()
+        reply = pb.KeepAliveResponse()
+        reply.ttl.seconds = self.ttl_s
+        return reply
+
+    async def GetTask(self, request, context):
+        await self.release.wait()
+        return pb.GetTaskResponse(outcome=pb.WAIT, current_epoch=request.epoch)
+
+
+async def test_a_trainer_whose_call_is_queued_at_the_master_sends_no_keepalive_meanwhile():
+    """Under load a master takes calls up seconds after they were sent; the call under way
+    refreshes the session when taken up, so a KeepAlive behind it would only add load. Once
+    the call is answered and the trainer idles, the KeepAlives come back."""
+    servicer = Queued(ttl_s=3)  # a KeepAlive is due ttl/3 = 1 s after the last answered call
+    server = grpc.aio.server()
+    pb_grpc.add_MasterServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    connection = MasterConnection(MasterLocator(master_endpoint=f"127.0.0.1:{port}"), deadline=30)
+    session = Session(connection, trainer_id="queued")
+    try:
+        await asyncio.to_thread(session.register)
+        call = asyncio.create_task(asyncio.to_thread(
+            session.run, lambda s: connection.get_task(s, epoch=0, finished=[])))
+        await asyncio.sleep(2.5)  # the stimulus: the call is held for 2.5 keep-alive periods
+        servicer.release.set()
+        assert (await call).outcome == pb.WAIT
+        await wait_for(lambda: servicer.keepalives >= 1, timeout=30,
+                       message="an idle trainer sent no KeepAlive after its call was answered")
+    finally:
+        session.close()
+        connection.close()
+        await server.stop(grace=None)
+    assert servicer.keepalives_while_held == 0
+
+
 # ---- failover with default flags -----------------------------------------------------------
 
 

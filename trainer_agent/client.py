@@ -90,6 +90,7 @@ from trainer_agent.readers import DataError, read_chunk
 logger = logging.getLogger(__name__)
 
 CALL_TIMEOUT = 15.0
+BEAT_RECHECK = 1.0  # seconds between looks at a session whose call is under way (Session)
 # The longest wait between two attempts of a call (full-jitter exponential backoff from 50 ms):
 # a new leader is noticed within about this long of serving (issue 17's failover goal is the
 # election TTL + 2 s), while a standby, cheap to answer, takes at most ~1 call per trainer per
@@ -328,7 +329,10 @@ class Session:
     `on_register(reply)` runs after each registration, under this session's lock.
     The keep-alive thread starts with the first registration and stops at `close()`;
     it calls `KeepAlive` only when no call through `run` was answered for ttl/3 (any
-    call carrying the session refreshes it at the master).
+    call carrying the session refreshes it at the master) and none is under way. A call
+    under way refreshes the session when the master takes it up, and a KeepAlive sent
+    now would pass the same gate after it: under load (calls queued at the master for
+    longer than ttl/3), such KeepAlives would only lengthen the queue that delays them.
     """
 
     def __init__(self, connection: MasterConnection, *, trainer_id: str,
@@ -342,6 +346,7 @@ class Session:
         self._superseded: TrainerSuperseded | None = None
         self._last_call = 0.0   # monotonic time the last answered call carrying the session was sent
         self._last_beat = 0.0   # ... the keep-alive thread last tried a KeepAlive
+        self._under_way = 0     # calls through `run` sent and not yet answered (or failed)
         self.keepalives = 0     # KeepAlive calls sent
         self.reregistrations = 0  # how often an expired session was registered again
         self._closed = threading.Event()
@@ -393,6 +398,7 @@ class Session:
         for attempt in range(EXPIRED_RETRIES + 1):
             session = self.ensure()
             sent = time.monotonic()
+            self._begin()
             try:
                 result = call(session)
                 self._answered(sent)
@@ -408,12 +414,22 @@ class Session:
                         raise self._superseded from None
                 if reason is not Reason.SESSION_EXPIRED or attempt == EXPIRED_RETRIES:
                     raise
+            finally:
+                self._end()
             with self._lock:
                 if self._id == session:  # not yet registered again by another thread
                     logger.warning("session %d expired; registering again", session)
                     self.reregistrations += 1
                     self.register()
         raise AssertionError("unreachable")
+
+    def _begin(self) -> None:
+        with self._lock:
+            self._under_way += 1
+
+    def _end(self) -> None:
+        with self._lock:
+            self._under_way -= 1
 
     def _answered(self, sent: float) -> None:
         with self._lock:
@@ -432,8 +448,11 @@ class Session:
         termination.untrack(self)
 
     def _next_beat(self) -> float:
-        """Seconds until a KeepAlive is due: ttl/3 after the last answered call (or try)."""
+        """Seconds until a KeepAlive is due: ttl/3 after the last answered call (or try); while
+        a call is under way, none is due (looked at again in BEAT_RECHECK seconds)."""
         with self._lock:
+            if self._under_way:
+                return min(BEAT_RECHECK, self._ttl / 30)
             return max(self._last_call, self._last_beat) + self._ttl / 3 - time.monotonic()
 
     def _keep_alive(self) -> None:
