@@ -10,9 +10,10 @@ before this module runs (`master.authorization`); here only which fields the cal
 sees (session ids and attempts: the operator only).
 
 Admission: at most `max_in_flight` trainer calls are worked on at once; one more is
-answered RESOURCE_EXHAUSTED before it touches the dispatcher (no etcd, no state), with a
+answered RESOURCE_EXHAUSTED before it reaches the dispatcher (no job state read or written), with a
 `google.rpc.RetryInfo` of SHED_RETRY seconds (one status, built once), and the trainer
-retries it after about that long, jittered, its acks still in the request. That
+retries it after about that long, jittered, its acks still in the request; the shed
+call still refreshes its session's lease when due, unwaited (its trainer is alive). That
 bounds the latency of the calls admitted (about max_in_flight / throughput) instead
 of letting gRPC's queue grow until it cancels calls. Inspection RPCs (GetStatus,
 ListTasks, ListTrainers) are never shed. What it does NOT do: order the retries; a
@@ -104,6 +105,7 @@ def _wrap(method: Callable, *, shed: bool) -> Callable:
         if shed:
             if self.in_flight >= self.max_in_flight:
                 metrics.SHED_CALLS.labels(name).inc()
+                await self._keep_session(request)
                 await context.abort_with_status(self.shed_status)
             self.in_flight += 1
         started = time.perf_counter()
@@ -161,6 +163,13 @@ class MasterServicer(pb_grpc.MasterServicer):
         self.max_in_flight = max_in_flight
         self.shed_status = _shed_status(max_in_flight)
         self.in_flight = 0  # shed calls being worked on (one event loop: no lock)
+
+    async def _keep_session(self, request) -> None:
+        """A shed call's session outlives the wait it is told to take (`Trainers.keep`)."""
+        session = getattr(request, "session_id", 0)
+        dispatcher = self.dispatcher()
+        if session and dispatcher is not None:
+            await dispatcher.trainers.keep(session)
 
     @_rpc
     async def RegisterTrainer(self, d: Dispatcher, request):

@@ -91,6 +91,14 @@ class Trainers:
             await self.touch(session, force=True)
             return self.core.policy.session_ttl
 
+    async def keep(self, session: int) -> None:
+        """A call of `session` was shed: its trainer is alive, so its lease is refreshed when
+        due (unwaited, as any call's), outside the gate: a lease refresh writes no job state.
+        Without this a trainer shed, then queued again behind thousands of calls, outlived its
+        session. An unknown or superseded session is left alone (its next call hears why)."""
+        with contextlib.suppress(SessionExpired, SessionSuperseded):
+            await self.registry.touch(session)
+
     async def leave(self, session: int) -> None:
         async with self.core.admitted():
             if session in self.registry.by_session:

@@ -104,3 +104,37 @@ async def serving_stub(start_master, data: Path, *, files: int, records_per_file
 
 # wait_for and wait_until live in tests/waiting.py; re-exported for the tests that import them here.
 __all__ = ["MasterProcess", "wait_serving", "wait_for", "wait_until", "stub", "serving_stub", "pb"]
+
+
+@contextlib.asynccontextmanager
+async def in_process_master(data: Path, etcd_endpoint: str, job_name: str, *, session_ttl: float = 10):
+    """A real Dispatcher on a real etcd behind the real servicer on a real gRPC server, in this
+    process, so a test can reach behind the machine's back: (dispatcher, servicer, stub)."""
+    from master.config import DatasetSpec, MasterConfig, Policy
+    from master.dispatcher import Dispatcher
+    from master.servicer import MasterServicer
+    from paddlecloud import etcd
+    from paddlecloud.keys import JobKeys
+
+    config = MasterConfig(job=job_name, namespace="local", etcd_endpoints=etcd_endpoint,
+                          policy=Policy(session_ttl=session_ttl, task_timeout=0),
+                          dataset=DatasetSpec(paths=(str(data),), chunk_bytes=1))
+    client = await etcd.connect(etcd_endpoint)
+    session = await etcd.Session(client, ttl=10).open()
+    leadership = await etcd.Election(session, JobKeys("local", job_name).leader).campaign("me")
+    dispatcher = Dispatcher(client=client, config=config, leadership=leadership, advertise="me")
+    await dispatcher.start()
+    servicer = MasterServicer(dispatcher=lambda: dispatcher, leader_hint=lambda: None)
+    server = grpc.aio.server()
+    pb_grpc.add_MasterServicer_to_server(servicer, server)
+    port = free_port()
+    server.add_insecure_port(f"127.0.0.1:{port}")
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            yield dispatcher, servicer, stub(channel)
+    finally:
+        await server.stop(grace=None)
+        await dispatcher.stop()
+        await session.close()
+        await client.close()

@@ -11,16 +11,12 @@ import aetcd
 import grpc
 import pytest
 from datasets import write_records
-from masters import pb, serving_stub, stub, wait_for, wait_serving
+from masters import in_process_master, pb, serving_stub, stub, wait_for, wait_serving
 
-from master.config import DatasetSpec, MasterConfig, Policy
-from master.dispatcher import Dispatcher
+from master.config import MasterConfig
 from master.server import MasterNode
-from master.servicer import MasterServicer
 from paddlecloud import etcd
-from paddlecloud.api import pb_grpc
 from paddlecloud.etcd_server import free_port
-from paddlecloud.keys import JobKeys
 from paddlecloud.wire import Reason, error_info
 
 
@@ -95,29 +91,10 @@ async def test_an_error_that_is_not_the_callers_fault_carries_no_error_info(mast
 
 @pytest.fixture
 async def in_process(tmp_path, etcd_endpoint, job_name):
-    """A real Dispatcher on a real etcd behind the real servicer on a real gRPC server, in
-    this process, so a test can put the cache out of step behind the machine's back."""
+    """A master in this process, so a test can put the cache out of step behind the machine's back."""
     write_records(tmp_path / "data", files=1, records_per_file=4)
-    config = MasterConfig(job=job_name, namespace="local", etcd_endpoints=etcd_endpoint,
-                          policy=Policy(session_ttl=10, task_timeout=0),
-                          dataset=DatasetSpec(paths=(str(tmp_path / "data"),), chunk_bytes=1))
-    client = await etcd.connect(etcd_endpoint)
-    session = await etcd.Session(client, ttl=10).open()
-    leadership = await etcd.Election(session, JobKeys("local", job_name).leader).campaign("me")
-    dispatcher = Dispatcher(client=client, config=config, leadership=leadership, advertise="me")
-    await dispatcher.start()
-    server = grpc.aio.server()
-    pb_grpc.add_MasterServicer_to_server(
-        MasterServicer(dispatcher=lambda: dispatcher, leader_hint=lambda: None), server)
-    port = free_port()
-    server.add_insecure_port(f"127.0.0.1:{port}")
-    await server.start()
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-        yield dispatcher, stub(channel)
-    await server.stop(grace=None)
-    await dispatcher.stop()
-    await session.close()
-    await client.close()
+    async with in_process_master(tmp_path / "data", etcd_endpoint, job_name) as (dispatcher, _, master):
+        yield dispatcher, master
 
 
 async def test_an_invalid_transition_in_an_rpc_is_logged_rebuilds_the_cache_and_answers_unavailable(

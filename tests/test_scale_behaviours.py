@@ -15,7 +15,7 @@ import grpc
 import pytest
 from datasets import write_records
 from etcd_history import done_marks, per_epoch
-from masters import pb, stub, wait_for, wait_serving, wait_until
+from masters import in_process_master, pb, stub, wait_for, wait_serving, wait_until
 from test_master_ha import Trainer, leader_and_standby
 
 from paddlecloud.api import pb_grpc
@@ -114,6 +114,28 @@ class Flaky(pb_grpc.MasterServicer):
         if self.calls == 1:
             await context.abort(self.code, f"injected {self.code.name}")
         return pb.GetTaskResponse(outcome=pb.WAIT, current_epoch=request.epoch)
+
+
+async def test_a_trainer_whose_calls_are_all_shed_keeps_its_session(tmp_path, etcd_endpoint, job_name):
+    """A shed call still refreshes its session's lease: a trainer shed again and again (told to
+    wait, then queued again behind thousands) would otherwise lose its session and register
+    again, adding load exactly when the master is saturated."""
+    write_records(tmp_path / "data", files=1, records_per_file=4)
+    async with in_process_master(tmp_path / "data", etcd_endpoint, job_name,
+                                 session_ttl=2) as (dispatcher, servicer, master):
+        session = (await master.RegisterTrainer(pb.RegisterTrainerRequest(trainer_id="shed"))).session_id
+        servicer.max_in_flight = 0  # every trainer call is shed from now on
+        shed = 0
+        deadline = asyncio.get_running_loop().time() + 5.0  # the stimulus: 2.5 session TTLs of sheds
+        while asyncio.get_running_loop().time() < deadline:
+            with pytest.raises(grpc.aio.AioRpcError) as error:
+                await master.GetTask(pb.GetTaskRequest(session_id=session, epoch=0))
+            assert error.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            shed += 1
+            await asyncio.sleep(0.3)  # a trainer's jittered wait before it tries again, shortened
+        servicer.max_in_flight = 1024
+        reply = await master.GetTask(pb.GetTaskRequest(session_id=session, epoch=0))
+    assert reply.outcome == pb.TASK and shed >= 10  # the same session, never expired
 
 
 @pytest.mark.parametrize("code", [grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
