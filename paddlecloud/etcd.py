@@ -123,9 +123,9 @@ class _Reauthenticating:
     `--auth-token-ttl` without use, 300 s by default), log in again and are retried once with
     the new token; other calls (streams) pass through.
 
-    Not a `grpc.aio` client interceptor: a channel with one runs every unary call through an
-    extra task and two more coroutines (CPU per call measured in docs/benchmarks.md), and
-    the master's group commit makes one such call per batch."""
+    Not a `grpc.aio` client interceptor: a channel with one runs every unary call (the group
+    commit's Txn included) through an extra task and two more coroutines; this is a plain
+    coroutine around the call (a few percent of a Txn's client CPU, docs/benchmarks.md)."""
 
     def __init__(self, stub: Any, client: _Client) -> None:
         self._stub = stub
