@@ -102,10 +102,6 @@ async def serving_stub(start_master, data: Path, *, files: int, records_per_file
         yield stub(channel)
 
 
-# wait_for and wait_until live in tests/waiting.py; re-exported for the tests that import them here.
-__all__ = ["MasterProcess", "wait_serving", "wait_for", "wait_until", "stub", "serving_stub", "pb"]
-
-
 @contextlib.asynccontextmanager
 async def in_process_master(data: Path, etcd_endpoint: str, job_name: str, *, session_ttl: float = 10):
     """A real Dispatcher on a real etcd behind the real servicer on a real gRPC server, in this
@@ -138,3 +134,8 @@ async def in_process_master(data: Path, etcd_endpoint: str, job_name: str, *, se
         await dispatcher.stop()
         await session.close()
         await client.close()
+
+
+# wait_for and wait_until live in tests/waiting.py; re-exported for the tests that import them here.
+__all__ = ["MasterProcess", "wait_serving", "wait_for", "wait_until", "stub", "serving_stub",
+           "in_process_master", "pb"]

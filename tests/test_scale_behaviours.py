@@ -7,9 +7,11 @@ session. Timings (how fast, how many trainers) live in bench/scale.py, never her
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import urllib.request
 from collections import Counter
+from collections.abc import AsyncIterator
 
 import grpc
 import pytest
@@ -102,6 +104,21 @@ def test_trainers_retry_shed_calls_until_every_one_is_served(tmp_path, start_mas
     assert len(set(sessions.values())) == len(sessions) == 24 * rounds  # every shed call was retried
 
 
+@contextlib.asynccontextmanager
+async def connected_to(servicer: pb_grpc.MasterServicer) -> AsyncIterator[MasterConnection]:
+    """`servicer` on a real gRPC server on a free port, and a trainer's connection to it."""
+    server = grpc.aio.server()
+    pb_grpc.add_MasterServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    connection = MasterConnection(MasterLocator(master_endpoint=f"127.0.0.1:{port}"), deadline=30)
+    try:
+        yield connection
+    finally:
+        connection.close()
+        await server.stop(grace=None)
+
+
 class Flaky(pb_grpc.MasterServicer):
     """A real gRPC server that fails each call once with `code`, then answers."""
 
@@ -142,32 +159,16 @@ async def test_a_trainer_whose_calls_are_all_shed_keeps_its_session(tmp_path, et
                                   grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.CANCELLED])
 async def test_the_client_retries_every_transient_code(code):
     servicer = Flaky(code)
-    server = grpc.aio.server()
-    pb_grpc.add_MasterServicer_to_server(servicer, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    connection = MasterConnection(MasterLocator(master_endpoint=f"127.0.0.1:{port}"), deadline=30)
-    try:
+    async with connected_to(servicer) as connection:
         reply = await asyncio.to_thread(connection.get_task, 7, epoch=3, finished=[])
-    finally:
-        connection.close()
-        await server.stop(grace=None)
     assert (reply.outcome, reply.current_epoch, servicer.calls) == (pb.WAIT, 3, 2)
 
 
 async def test_a_code_that_is_not_transient_is_not_retried():
     servicer = Flaky(grpc.StatusCode.INVALID_ARGUMENT)
-    server = grpc.aio.server()
-    pb_grpc.add_MasterServicer_to_server(servicer, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    connection = MasterConnection(MasterLocator(master_endpoint=f"127.0.0.1:{port}"), deadline=30)
-    try:
+    async with connected_to(servicer) as connection:
         with pytest.raises(grpc.RpcError) as error:
             await asyncio.to_thread(connection.get_task, 7, epoch=3, finished=[])
-    finally:
-        connection.close()
-        await server.stop(grace=None)
     assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT and servicer.calls == 1
 
 
@@ -233,25 +234,19 @@ async def test_a_trainer_whose_call_is_queued_at_the_master_sends_no_keepalive_m
     refreshes the session when taken up, so a KeepAlive behind it would only add load. Once
     the call is answered and the trainer idles, the KeepAlives come back."""
     servicer = Queued(ttl_s=3)  # a KeepAlive is due ttl/3 = 1 s after the last answered call
-    server = grpc.aio.server()
-    pb_grpc.add_MasterServicer_to_server(servicer, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    connection = MasterConnection(MasterLocator(master_endpoint=f"127.0.0.1:{port}"), deadline=30)
-    session = Session(connection, trainer_id="queued")
-    try:
-        await asyncio.to_thread(session.register)
-        call = asyncio.create_task(asyncio.to_thread(
-            session.run, lambda s: connection.get_task(s, epoch=0, finished=[])))
-        await asyncio.sleep(2.5)  # the stimulus: the call is held for 2.5 keep-alive periods
-        servicer.release.set()
-        assert (await call).outcome == pb.WAIT
-        await wait_for(lambda: servicer.keepalives >= 1, timeout=30,
-                       message="an idle trainer sent no KeepAlive after its call was answered")
-    finally:
-        session.close()
-        connection.close()
-        await server.stop(grace=None)
+    async with connected_to(servicer) as connection:
+        session = Session(connection, trainer_id="queued")
+        try:
+            await asyncio.to_thread(session.register)
+            call = asyncio.create_task(asyncio.to_thread(
+                session.run, lambda s: connection.get_task(s, epoch=0, finished=[])))
+            await asyncio.sleep(2.5)  # the stimulus: the call is held for 2.5 keep-alive periods
+            servicer.release.set()
+            assert (await call).outcome == pb.WAIT
+            await wait_for(lambda: servicer.keepalives >= 1, timeout=30,
+                           message="an idle trainer sent no KeepAlive after its call was answered")
+        finally:
+            session.close()
     assert servicer.keepalives_while_held == 0
 
 
