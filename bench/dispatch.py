@@ -10,7 +10,8 @@ What runs, each in its own process:
   * `paddlecloud master` with default flags plus the dataset, `--chunk-bytes 1` (so one
     byte of a sparse file is one chunk, one task) and `--metrics-port`;
   * a no-op gRPC server (`--role noop`) that answers GetTask with a prebuilt
-    GetTaskResponse of the same shape and size as the master's;
+    GetTaskResponse of the same shape and size as the master's, on the master's event
+    loop (`paddlecloud.aio.run`: uvloop);
   * one client process (`--role client`) running N asyncio trainers over real gRPC,
     one channel (TCP connection) each, as separate trainer processes would have. Each
     trainer registers once, then loops GetTask with the previous task piggybacked in
@@ -77,6 +78,7 @@ TARGETS = {
 def run_noop(config: dict) -> None:
     import grpc
 
+    from paddlecloud import aio
     from paddlecloud.api import pb, pb_grpc
 
     task = pb.Task(id=config["task_id"], epoch=0, attempt=config["attempt"], format="lines",
@@ -109,10 +111,7 @@ def run_noop(config: dict) -> None:
         await stop.wait()
         await server.stop(grace=0.5)
 
-    if config.get("uvloop"):
-        import uvloop
-        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
-    asyncio.run(serve())
+    aio.run(serve())  # the master's event loop (uvloop): the ceiling runs on what the master does
 
 
 # ---- the client: N simulated trainers (its own process) -----------------------------

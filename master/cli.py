@@ -89,10 +89,9 @@ def master_command(job, namespace, etcd_endpoints, port, host, advertise, inputs
                    tokens_dir, scaler_token_file, tls_cert, tls_key, tls_client_ca, insecure,
                    set_dataset_prefixes, log_level) -> None:
     """Run the master of one job: hands out data tasks, keeps every lease in etcd."""
-    import asyncio
-
     from master.config import DatasetSpec, MasterConfig, Policy, SpecError, TlsFiles
     from master.server import serve
+    from paddlecloud import aio
     from paddlecloud.elastic import TrainerRange
     from paddlecloud.etcd import EtcdCredentials, parse_endpoints
 
@@ -146,7 +145,7 @@ def master_command(job, namespace, etcd_endpoints, port, host, advertise, inputs
         config.check_access()
     except (SpecError, ValueError) as error:
         raise click.UsageError(str(error)) from None
-    sys.exit(asyncio.run(serve(config)))
+    sys.exit(aio.run(serve(config)))
 
 
 @click.command("credentials")

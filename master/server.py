@@ -298,8 +298,8 @@ async def serve(config: MasterConfig) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, node.stopping.set)
-    logger.info("master of job %s/%s listening on %s (advertised as %s)", config.namespace,
-                config.job, address, node.advertise)
+    logger.info("master of job %s/%s listening on %s (advertised as %s; event loop: %s)", config.namespace,
+                config.job, address, node.advertise, type(loop).__module__.partition(".")[0])
     _warn_if_open(config)
     try:
         await node.run()

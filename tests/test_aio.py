@@ -1,4 +1,4 @@
-"""Stopping tasks for good (paddlecloud.aio.cancel_and_wait)."""
+"""Stopping tasks for good (paddlecloud.aio.cancel_and_wait); the master's event loop (aio.run)."""
 
 from __future__ import annotations
 
@@ -88,3 +88,14 @@ def test_keyed_locks_serialize_one_key_and_let_others_run_then_forget_it():
     order, left = asyncio.run(main())
     assert order == ["a1 in", "b1 in", "b1 out", "a1 out", "a2 in", "a2 out"]
     assert left == 0
+
+
+def test_run_runs_the_coroutine_on_uvloop_and_returns_its_value():
+    from paddlecloud.aio import run
+
+    async def main() -> tuple[str, int]:
+        await asyncio.sleep(0)
+        return type(asyncio.get_running_loop()).__module__, 42
+
+    module, value = run(main())
+    assert module.startswith("uvloop") and value == 42

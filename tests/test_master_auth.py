@@ -318,10 +318,11 @@ async def test_master_off_loopback_without_tokens_refuses_to_start(tmp_path, etc
     assert "--host 0.0.0.0 without --tokens-dir" in err.decode() and "--insecure" in err.decode()
 
 
-async def test_open_master_says_so_at_start(tmp_path, start_master):
+async def test_open_master_says_so_and_names_its_event_loop_at_start(tmp_path, start_master):
     proc = start_master()
     await wait_serving(proc.address, process=proc)
     assert "INSECURE: no --tokens-dir" in proc.log()
+    assert "event loop: uvloop)" in proc.log()  # the master's loop (paddlecloud.aio.run)
 
 
 def test_job_token_of_the_file_is_what_the_client_sends(tmp_path, monkeypatch):
