@@ -38,6 +38,7 @@ from paddlecloud import etcd
 from paddlecloud.etcd_server import EtcdServer
 from paddlecloud.keys import JobKeys
 
+REGISTER_AT_ONCE = 500
 RECORD_BYTES = 10  # "FF-IIIIII\n": one record per chunk, one chunk per task
 CHROMIUM = "/usr/bin/chromium"
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -83,13 +84,16 @@ async def main(trainers: int, tasks: int) -> None:
         await d.start()
         print(f"setup: dataset of {d.core.state.num_tasks} tasks adopted in "
               f"{time.perf_counter() - started:.1f}s", flush=True)
-        sessions = await asyncio.gather(*(d.trainers.register(f"trainer-{i:04d}") for i in range(trainers)))
-        await asyncio.gather(*(d.tasks.get_task(s.session, 0, []) for s in sessions))
+        sessions = []
+        for first in range(0, trainers, REGISTER_AT_ONCE):  # etcd refuses a storm of lease grants
+            sessions += await asyncio.gather(*(d.trainers.register(f"trainer-{i:05d}") for i in
+                                               range(first, min(trainers, first + REGISTER_AT_ONCE))))
+            await asyncio.gather(*(d.tasks.get_task(s.session, 0, []) for s in sessions[first:]))
         page = StatusPage(job="bench-page", namespace="local", advertise="127.0.0.1:1",
                           dispatcher=lambda: d, leader_hint=lambda: None)
         views = inspection.all_trainers(d)
         for _ in range(HISTORY):
-            page.recorder.sample(views)
+            page.recorder.sample(d.core.sessions.by_trainer)
         await page.start(host="127.0.0.1", port=0)
         base = f"http://127.0.0.1:{page.port}"
         print(f"setup: {len(views)} trainers holding {sum(len(v.tasks) for v in views)} tasks; "

@@ -14,12 +14,15 @@ What this does NOT do: change anything, or show an epoch other than the current 
 
 from __future__ import annotations
 
+import heapq
 import time
 from dataclasses import dataclass
+from operator import attrgetter
 
 from master.core import InvalidArgument
 from master.dispatcher import Dispatcher
 from master.partition import ChunkRange
+from master.sessions import SessionInfo
 from master.state import TaskStatus
 from master.trainers import is_trainer_id
 from paddlecloud.phase import Phase
@@ -219,14 +222,30 @@ def epoch_bars(d: Dispatcher) -> list[EpochBar]:
 def all_trainers(d: Dispatcher) -> list[TrainerView]:
     """Every live session, in trainer-id order (`list_trainers` without pages)."""
     now = time.monotonic()
-    sessions, state = d.core.sessions, d.core.state
-    views = []
-    for trainer in sorted(sessions.by_trainer):
-        session = sessions.by_trainer[trainer]
-        info = sessions.by_session[session]
-        views.append(TrainerView(trainer, session, state.held_by(session) if state else [],
-                                 now - info.last_call))
-    return views
+    sessions = d.core.sessions
+    return [_trainer_view(d, sessions.by_session[sessions.by_trainer[trainer]], now)
+            for trainer in sorted(sessions.by_trainer)]
+
+
+def trainers_to_show(d: Dispatcher, *, limit: int) -> tuple[list[TrainerView], int]:
+    """At most `limit` live sessions for the status page, and how many were left out.
+
+    All of them in trainer-id order when they fit; else the `limit` longest since their
+    last call (the likeliest to be stuck), longest first, picked without sorting the
+    rest: at 10,000 trainers a page that lists them all costs the master's loop a
+    quarter of a second per refresh."""
+    infos = d.core.sessions.by_session.values()
+    if len(infos) <= limit:
+        return all_trainers(d), 0
+    now = time.monotonic()
+    stalest = heapq.nsmallest(limit, infos, key=attrgetter("last_call"))
+    return [_trainer_view(d, info, now) for info in stalest], len(infos) - limit
+
+
+def _trainer_view(d: Dispatcher, info: SessionInfo, now: float) -> TrainerView:
+    state = d.core.state
+    return TrainerView(info.trainer, info.session, state.held_by(info.session) if state else [],
+                       now - info.last_call)
 
 
 def failed_tasks(d: Dispatcher, *, limit: int) -> list[int]:

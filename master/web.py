@@ -52,6 +52,7 @@ logger = logging.getLogger(__name__)
 SAMPLE_PERIOD = 1.0        # seconds between two samples of the counters
 HISTORY = 3600             # samples kept: an hour
 FAILED_TASKS_SHOWN = 100   # failed tasks listed on the page at most
+TRAINERS_SHOWN = 100       # trainers listed on the page at most (`inspection.trainers_to_show`)
 CAUSES = ("expiry", "leave", "superseded", "failure", "deadline", "return")
 MASTERS_READ_TIMEOUT = 2.0  # seconds the page waits for etcd's list of masters
 
@@ -171,7 +172,11 @@ class JobModel(BaseModel):
         default_factory=list, description="every live master, from its presence key in etcd (a dead "
         "one goes within its election TTL); empty when etcd did not answer")
     epochs: list[EpochModel] = Field(default_factory=list)
-    trainers: list[TrainerModel] = Field(default_factory=list)
+    trainers: list[TrainerModel] = Field(
+        default_factory=list, description="every live trainer in id order; when more are alive than "
+        "the page lists, the ones longest since their last call, longest first")
+    trainers_omitted: int = Field(0, description="live trainers not in `trainers`")
+    trainer_restarts: int = Field(0, description="new sessions of known trainer ids seen by this master")
     failed_tasks: list[FailedTaskModel] = Field(default_factory=list)
     finished_total: float = 0
     requeues_total: dict[str, float] = Field(default_factory=dict)
@@ -267,8 +272,9 @@ class StatusPage:
     def __init__(self, *, job: str, namespace: str, advertise: str,
                  dispatcher: Callable[[], Dispatcher | None], leader_hint: Callable[[], str | None],
                  masters: MastersReader | None = None, tokens: Mapping[str, str] | None = None,
-                 serving: Callable[[], bool] | None = None) -> None:
+                 serving: Callable[[], bool] | None = None, trainers_shown: int = TRAINERS_SHOWN) -> None:
         self.job, self.namespace, self.advertise = job, namespace, advertise
+        self.trainers_shown = trainers_shown
         self.serving = serving
         self.dispatcher = dispatcher
         self.leader_hint = leader_hint
@@ -380,12 +386,13 @@ class StatusPage:
         status = await inspection.status(d)
         now = time.monotonic()
         rec = self.recorder
+        shown, omitted = inspection.trainers_to_show(d, limit=self.trainers_shown)
         trainers = [
             TrainerModel(trainer=t.trainer, session=str(t.session) if operator else None,
                          session_age_s=round(now - rec.first_seen.get(t.session, now), 1),
                          tasks=t.tasks, since_last_call_s=round(t.since_last_call, 1),
                          restarts=rec.restarts.get(t.trainer, 0))
-            for t in inspection.all_trainers(d)]
+            for t in shown]
         shown = list(dict.fromkeys([*reversed(metrics.FAILURE_REASONS.tasks_seen()),
                                     *inspection.failed_tasks(d, limit=FAILED_TASKS_SHOWN)]))
         failed = [
@@ -400,7 +407,8 @@ class StatusPage:
             counts=status.counts, requeued=status.requeued, trainers_alive=status.trainers_alive,
             pservers=status.pservers,
             epochs=[EpochModel(**vars(bar)) for bar in inspection.epoch_bars(d)],
-            trainers=trainers, failed_tasks=failed, **common)
+            trainers=trainers, trainers_omitted=omitted, trainer_restarts=sum(rec.restarts.values()),
+            failed_tasks=failed, **common)
 
 
 def _json(model: BaseModel) -> web.Response:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
@@ -51,3 +51,16 @@ def chromium_page(*, width: int = 1400, height: int = 1000) -> Iterator:
             yield page
         finally:
             browser.close()
+
+
+@contextlib.asynccontextmanager
+async def chromium_tab(*, width: int = 1400, height: int = 1000) -> AsyncIterator:
+    """`chromium_page` for a test on an event loop (Playwright's async API)."""
+    from playwright.async_api import async_playwright
+
+    async with async_playwright() as p:
+        browser = await p.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
+        try:
+            yield await browser.new_page(viewport={"width": width, "height": height})
+        finally:
+            await browser.close()

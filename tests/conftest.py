@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import time
 import uuid
 
 import pytest
@@ -84,3 +85,32 @@ def local_run(tmp_path, job_name):
     yield start
     for run in runs:
         run.stop()
+
+
+@pytest.fixture
+async def leader(tmp_path, etcd_endpoint, job_name):
+    """A real leading Dispatcher of a 4-task job on a real etcd, in this process, present as a
+    master is (as `me:1`)."""
+    from datasets import write_records
+
+    from master.config import DatasetSpec, MasterConfig, Policy
+    from master.dispatcher import Dispatcher
+    from master.presence import MasterPresence, announce
+    from paddlecloud import etcd
+    from paddlecloud.keys import JobKeys
+
+    write_records(tmp_path / "data", files=1, records_per_file=4)
+    config = MasterConfig(job=job_name, namespace="local", etcd_endpoints=etcd_endpoint,
+                          policy=Policy(session_ttl=10, task_timeout=0),
+                          dataset=DatasetSpec(paths=(str(tmp_path / "data"),), chunk_bytes=1))
+    client = await etcd.connect(etcd_endpoint)
+    keys = JobKeys("local", job_name)
+    session = await etcd.Session(client, ttl=10).open()
+    await announce(client, keys, MasterPresence("me:1", "", time.time()), lease=session.lease_id)
+    leadership = await etcd.Election(session, keys.leader).campaign("me:1")
+    dispatcher = Dispatcher(client=client, config=config, leadership=leadership, advertise="me:1")
+    await dispatcher.start()
+    yield dispatcher
+    await dispatcher.stop()
+    await session.close()
+    await client.close()

@@ -12,9 +12,7 @@ import pytest
 from datasets import write_records
 from masters import stub, wait_for, wait_serving
 
-from master.config import DatasetSpec, MasterConfig, Policy
-from master.dispatcher import Dispatcher
-from master.presence import MasterPresence, announce, read_masters
+from master.presence import read_masters
 from master.web import StatusPage
 from paddlecloud import etcd
 from paddlecloud.api import pb
@@ -218,26 +216,6 @@ async def test_a_page_whose_etcd_does_not_answer_lists_no_masters_and_still_answ
 
 
 @pytest.fixture
-async def leader(tmp_path, etcd_endpoint, job_name):
-    """A real leading Dispatcher on a real etcd, in this process, present as a master is."""
-    write_records(tmp_path / "data", files=1, records_per_file=4)
-    config = MasterConfig(job=job_name, namespace="local", etcd_endpoints=etcd_endpoint,
-                          policy=Policy(session_ttl=10, task_timeout=0),
-                          dataset=DatasetSpec(paths=(str(tmp_path / "data"),), chunk_bytes=1))
-    client = await etcd.connect(etcd_endpoint)
-    keys = JobKeys("local", job_name)
-    session = await etcd.Session(client, ttl=10).open()
-    await announce(client, keys, MasterPresence("me:1", "", time.time()), lease=session.lease_id)
-    leadership = await etcd.Election(session, keys.leader).campaign("me:1")
-    dispatcher = Dispatcher(client=client, config=config, leadership=leadership, advertise="me:1")
-    await dispatcher.start()
-    yield dispatcher
-    await dispatcher.stop()
-    await session.close()
-    await client.close()
-
-
-@pytest.fixture
 async def guarded_page(leader, job_name):
     page = StatusPage(job=job_name, namespace="local", advertise="me:1", dispatcher=lambda: leader,
                       leader_hint=lambda: None,
@@ -286,6 +264,39 @@ async def test_a_viewer_sees_no_session_ids_and_a_new_session_counts_as_a_restar
         return job["trainers"][0]["restarts"] == 1
 
     await wait_for(restarted, timeout=10, message="the new session was not counted as a restart")
+
+
+async def test_past_its_limit_the_page_lists_the_trainers_longest_since_their_last_call(leader, job_name):
+    page = StatusPage(job=job_name, namespace="local", advertise="me:1", dispatcher=lambda: leader,
+                      leader_hint=lambda: None, trainers_shown=3)
+    await page.start(host="127.0.0.1", port=0)
+    try:
+        base = f"http://127.0.0.1:{page.port}"
+        schema = await get(f"{base}/api/schema")
+        sessions = {t: (await leader.trainers.register(t)).session for t in ("t0", "t1", "t2", "t3", "t4")}
+        job = await checked(base, schema, "job")
+        assert [t["trainer"] for t in job["trainers"]] == ["t0", "t1", "t2"]  # registered in this order
+        assert job["trainers_omitted"] == 2 and job["trainers_alive"] == 5
+        for trainer in ("t1", "t3", "t0", "t4"):  # t2 is left the longest without a call
+            await leader.trainers.keep_alive(sessions[trainer])
+        job = await checked(base, schema, "job")
+        assert [t["trainer"] for t in job["trainers"]] == ["t2", "t1", "t3"]
+        assert job["trainers_omitted"] == 2
+        await wait_for(lambda: page.recorder.sessions.get("t4") == sessions["t4"], timeout=10)
+        await leader.trainers.register("t4")  # a restart of a trainer the page does not list
+
+        async def counted() -> dict | None:
+            job = await checked(base, schema, "job")
+            return job if job["trainer_restarts"] == 1 else None
+
+        job = await wait_for(counted, timeout=10, message="the unlisted trainer's restart was not counted")
+        assert "t4" not in [t["trainer"] for t in job["trainers"]]
+        page.trainers_shown = 5
+        job = await checked(base, schema, "job")
+        assert [t["trainer"] for t in job["trainers"]] == ["t0", "t1", "t2", "t3", "t4"]  # all fit: id order
+        assert job["trainers_omitted"] == 0
+    finally:
+        await page.stop()
 
 
 async def test_the_page_listens_only_on_the_master_s_host():

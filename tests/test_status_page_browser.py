@@ -1,4 +1,5 @@
-"""The status page in a real headless browser, on a local job with stub trainers."""
+"""The status page in a real headless browser, on a local job with stub trainers, and on an
+in-process leader with more trainers than the page lists."""
 
 from __future__ import annotations
 
@@ -9,11 +10,13 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from browser import chromium_page, require_browser
+from browser import chromium_page, chromium_tab, require_browser
 from datasets import write_records
 from local_runs import LocalRun
-from masters import wait_until
+from masters import wait_for, wait_until
 from processes import find
+
+from master.web import StatusPage
 
 STUB = "trainer_agent.stub"
 # The docs' screenshot is rewritten only when asked (a plain test run leaves the tree clean):
@@ -111,3 +114,36 @@ def test_a_failed_job_shows_why_at_the_top_and_its_tasks_reasons_escaped(tmp_pat
         assert page.locator("#failed-tasks b, #failed-tasks img").count() == 0
         assert page.evaluate("window.injected === undefined")
     assert run.wait(timeout=120) == 1, run.text()
+
+
+@pytest.mark.timeout(120)
+async def test_past_its_limit_the_page_lists_the_stalest_trainers_and_says_how_many_it_left_out(
+        leader, job_name):
+    require_browser()
+    status = StatusPage(job=job_name, namespace="local", advertise="me:1", dispatcher=lambda: leader,
+                        leader_hint=lambda: None, trainers_shown=2)
+    await status.start(host="127.0.0.1", port=0)
+    try:
+        sessions = [(await leader.trainers.register(f"t{i}")).session for i in range(5)]
+        await wait_for(lambda: len(status.recorder.sessions) == 5, timeout=10)
+        await leader.trainers.register("t4")  # a restart of a trainer the page does not list
+        async with chromium_tab() as tab:
+            await tab.goto(f"http://127.0.0.1:{status.port}/")
+            await tab.get_by_test_id("trainers-omitted").filter(has_text="3 more trainers alive").wait_for(
+                timeout=PAGE_WAIT_MS)
+            rows = tab.locator("#trainers tr")
+            assert [await rows.nth(i).get_attribute("data-trainer") for i in range(await rows.count())] == [
+                "t0", "t1"]
+            await tab.wait_for_function("() => document.getElementById('restarts').textContent === '1'",
+                                        timeout=PAGE_WAIT_MS)
+            for session in sessions[:4]:  # all but t4 call: t4's new session is the stalest now
+                await leader.trainers.keep_alive(session)
+            await tab.locator("#trainers tr[data-trainer='t4']").wait_for(timeout=PAGE_WAIT_MS)
+            await leader.trainers.leave(sessions[0])
+            await leader.trainers.leave(sessions[1])
+            await leader.trainers.leave(sessions[2])  # two left, both listed: the note goes
+            await tab.wait_for_function("() => document.getElementById('trainers-omitted').hidden",
+                                        timeout=PAGE_WAIT_MS)
+            assert await tab.locator("#trainers tr").count() == 2
+    finally:
+        await status.stop()

@@ -65,7 +65,7 @@ function renderEpochs(epochs) {
   box.replaceChildren(...rows);
 }
 
-function renderTrainers(trainers) {
+function renderTrainers(trainers, omitted) {
   const rows = trainers.map((t) => {
     const tr = el("tr");
     tr.dataset.trainer = t.trainer;
@@ -75,6 +75,10 @@ function renderTrainers(trainers) {
     return tr;
   });
   document.getElementById("trainers").replaceChildren(...rows);
+  const more = document.getElementById("trainers-omitted");
+  more.hidden = omitted === 0;
+  more.textContent = omitted ? `${omitted} more trainers alive, not listed: listed are the ${trainers.length} ` +
+    "longest since their last call, longest first" : "";
 }
 
 function renderFailed(tasks) {
@@ -131,14 +135,14 @@ function renderJob(job) {
   setText("requeued", job.requeued);
   const causes = Object.entries(job.requeues_total).filter(([, n]) => n > 0).map(([c, n]) => `${c} ${n}`);
   setText("requeue-causes", causes.length ? "(" + causes.join(", ") + ")" : "");
-  setText("restarts", job.trainers.reduce((sum, t) => sum + t.restarts, 0));
+  setText("restarts", job.trainer_restarts);
   setText("this-master", job.this_master);
   setText("master-role", job.role);
   setText("leader", job.leader || "unknown");
   setText("pservers", job.pservers.length ? job.pservers.join(", ") : "none");
   setText("updated", new Date(job.at * 1000).toLocaleTimeString());
   renderEpochs(job.epochs);
-  renderTrainers(job.trainers);
+  renderTrainers(job.trainers, job.trainers_omitted);
   renderFailed(job.failed_tasks);
   renderMasters(job.masters, job.at);
 }
