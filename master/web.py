@@ -386,13 +386,13 @@ class StatusPage:
         status = await inspection.status(d)
         now = time.monotonic()
         rec = self.recorder
-        shown, omitted = inspection.trainers_to_show(d, limit=self.trainers_shown)
+        listed, omitted = inspection.trainers_to_show(d, limit=self.trainers_shown)
         trainers = [
             TrainerModel(trainer=t.trainer, session=str(t.session) if operator else None,
                          session_age_s=round(now - rec.first_seen.get(t.session, now), 1),
                          tasks=t.tasks, since_last_call_s=round(t.since_last_call, 1),
                          restarts=rec.restarts.get(t.trainer, 0))
-            for t in shown]
+            for t in listed]
         shown = list(dict.fromkeys([*reversed(metrics.FAILURE_REASONS.tasks_seen()),
                                     *inspection.failed_tasks(d, limit=FAILED_TASKS_SHOWN)]))
         failed = [

@@ -12,7 +12,7 @@ trainer id) and nothing else: a global lock there made a storm of registrations 
 etcd round trip after another.
 
 `run` runs the master on uvloop's event loop: grpc.aio's machinery and asyncio's own are
-most of the master's CPU per call, and uvloop took 7-22% off the master's CPU per task,
+most of the master's CPU per call, and uvloop took 1-19% off the master's CPU per task,
 side by side (docs/benchmarks.md, "The event loop").
 """
 
