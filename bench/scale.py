@@ -21,7 +21,9 @@ What runs, each in its own process:
     RETRY_CAP, 1 s), and on UNAVAILABLE goes where trainer_agent would: to the leader a
     standby names, stays on a standby that names none, else tries the other master; a KeepAlive runs beside it: `skip` (today's trainer_agent: only when
     no call was answered for ttl/3, counted from when it was sent, and none is under way),
-    `always` (the old agent: every ttl/3), or none (no-op).
+    `always` (the old agent: every ttl/3), or none (no-op). Today's trainers also give each
+    call trainer_agent's deadline (`CALL_TIMEOUT`) and ping as its channel does
+    (`paddlecloud.wire.CLIENT_KEEPALIVE`); the others give 30 s and do not ping.
 
 Rows (the steady state, N = --ns): finished tasks/s (ACCEPTED acks in the window), latency
 of a GetTask that got a task (from its first attempt, retries included), calls shed,
@@ -98,10 +100,15 @@ async def _client(config: dict) -> dict:  # noqa: C901  (one loop, kept in one p
     import grpc
 
     from paddlecloud.api import pb, pb_grpc
-    from paddlecloud.wire import seconds
+    from paddlecloud.wire import CLIENT_KEEPALIVE, seconds
+    from trainer_agent.client import CALL_TIMEOUT
 
     n, targets, first = config["n"], config["targets"], config["first"]
     options = [("grpc.use_local_subchannel_pool", 1)]  # one TCP connection per trainer
+    today = config["keepalive"] == "skip"  # trainers of today's trainer_agent, against today's master
+    if today:  # its deadline and keep-alive pings; the old agent's and the no-op's: 30 s, no pings
+        options += CLIENT_KEEPALIVE
+    timeout = CALL_TIMEOUT if today else 30
     channels = [[grpc.aio.insecure_channel(t, options=options) for t in targets] for _ in range(n)]
     stubs = [[pb_grpc.MasterStub(c) for c in pair] for pair in channels]
     transient: Counter = Counter()
@@ -151,7 +158,7 @@ async def _client(config: dict) -> dict:  # noqa: C901  (one loop, kept in one p
                 sent = time.time()
                 async with gate:
                     reply = await stubs[i][where[i]].RegisterTrainer(
-                        pb.RegisterTrainerRequest(trainer_id=f"{config['prefix']}{first + i}"), timeout=30)
+                        pb.RegisterTrainerRequest(trainer_id=f"{config['prefix']}{first + i}"), timeout=timeout)
                 last_ok[i] = sent
                 return reply.session_id, reply.current_epoch, seconds(reply.ttl) or 10.0
             except grpc.aio.AioRpcError as e:
@@ -214,7 +221,7 @@ async def _client(config: dict) -> dict:  # noqa: C901  (one loop, kept in one p
                 continue
             with contextlib.suppress(grpc.aio.AioRpcError):
                 sent = time.time()
-                await stubs[i][where[i]].KeepAlive(pb.KeepAliveRequest(session_id=sessions[i]), timeout=30)
+                await stubs[i][where[i]].KeepAlive(pb.KeepAliveRequest(session_id=sessions[i]), timeout=timeout)
                 last_ok[i] = max(last_ok[i], sent)
                 if in_window(time.time()):
                     keepalives[0] += 1
@@ -233,7 +240,7 @@ async def _client(config: dict) -> dict:  # noqa: C901  (one loop, kept in one p
                                         max_tasks=config["max_tasks"])
             under_way[i] = True  # until answered: trainer_agent's retries of one call included
             try:
-                reply = await stubs[i][where[i]].GetTask(request, timeout=30)
+                reply = await stubs[i][where[i]].GetTask(request, timeout=timeout)
             except grpc.aio.AioRpcError as e:
                 code = e.code().name
                 if code not in TRANSIENT:

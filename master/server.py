@@ -51,6 +51,7 @@ from paddlecloud.aio import cancel_and_wait
 from paddlecloud.api import SERVICE_NAME, pb_grpc
 from paddlecloud.auth import CredentialError, JobTokens, ScalerToken, TokenRoles
 from paddlecloud.keys import JobKeys
+from paddlecloud.wire import SERVER_KEEPALIVE
 
 logger = logging.getLogger(__name__)
 
@@ -66,6 +67,7 @@ SERVER_OPTIONS = [
     ("grpc.so_reuseport", 0),
     ("grpc.server.max_pending_requests", PENDING_CALLS_LIMIT),
     ("grpc.server.max_pending_requests_hard_limit", PENDING_CALLS_LIMIT),
+    *SERVER_KEEPALIVE,  # the clients' pings while their calls wait in that queue
 ]
 
 _ETCD_FAULTS = (etcd.EtcdUnavailable, aetcd.ClientError, StoreUnavailable, NotLeader, OSError,

@@ -60,6 +60,8 @@ from pathlib import Path
 
 import grpc
 
+from paddlecloud.wire import CLIENT_KEEPALIVE
+
 logger = logging.getLogger(__name__)
 
 ENV_TOKEN_FILE = "PADDLE_JOB_TOKEN_FILE"
@@ -295,13 +297,13 @@ class ClientCredentials:
     def channel(self, address: str) -> grpc.Channel:
         """A blocking channel to `address`: TLS with the CA when given, else plaintext."""
         if self.tls:
-            return grpc.secure_channel(address, self._channel_credentials())
-        return grpc.insecure_channel(address)
+            return grpc.secure_channel(address, self._channel_credentials(), options=CLIENT_KEEPALIVE)
+        return grpc.insecure_channel(address, options=CLIENT_KEEPALIVE)
 
     def aio_channel(self, address: str) -> grpc.aio.Channel:
         if self.tls:
-            return grpc.aio.secure_channel(address, self._channel_credentials())
-        return grpc.aio.insecure_channel(address)
+            return grpc.aio.secure_channel(address, self._channel_credentials(), options=CLIENT_KEEPALIVE)
+        return grpc.aio.insecure_channel(address, options=CLIENT_KEEPALIVE)
 
     def metadata(self, token: str | None = None) -> tuple[tuple[str, str], ...]:
         """The call metadata: `token` (a session token) when given, else the job token."""

@@ -1,4 +1,5 @@
-"""Contracts of the wire that both ends share: durations, and errors a client acts on.
+"""Contracts of the wire that both ends share: durations, errors a client acts on, and the
+keep-alive pings of a connection to a master.
 
 Durations cross the wire as `google.protobuf.Duration`; one conversion each way,
 rounded to the nanosecond, so the master and the trainer never disagree by a tick.
@@ -23,6 +24,33 @@ from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
 DOMAIN = "paddlecloud.org"
+
+# Keep-alive pings on a client's connection to a master, while a call is under way. A
+# trainer's call may wait in a busy master's queue longer than a short deadline allows, so
+# it gets a long one (`trainer_agent.client.CALL_TIMEOUT`); a master gone without closing
+# the connection (its node lost, its process stopped) is noticed instead when a ping goes
+# unanswered: within KEEPALIVE_TIME_MS + KEEPALIVE_TIMEOUT_MS.
+KEEPALIVE_TIME_MS = 10_000
+KEEPALIVE_TIMEOUT_MS = 5_000
+# The most often a master accepts a client's pings while no data flows. gRPC's default is
+# once per 5 minutes: a client pinging more often is sent GOAWAY (too_many_pings), which
+# fails every call on its connection.
+MIN_PING_INTERVAL_MS = 1_000
+
+
+def client_keepalive(time_ms: int = KEEPALIVE_TIME_MS, timeout_ms: int = KEEPALIVE_TIMEOUT_MS
+                     ) -> tuple[tuple[str, int], ...]:
+    """The channel options of a connection to a master (see above)."""
+    return (
+        ("grpc.keepalive_time_ms", time_ms),
+        ("grpc.keepalive_timeout_ms", timeout_ms),
+        ("grpc.http2.ping_timeout_ms", timeout_ms),  # what grpcio 1.85 waits for a ping's ack
+        ("grpc.http2.max_pings_without_data", 0),   # a queued call sends no data: ping on regardless
+    )
+
+
+CLIENT_KEEPALIVE = client_keepalive()
+SERVER_KEEPALIVE = (("grpc.http2.min_ping_interval_without_data_ms", MIN_PING_INTERVAL_MS),)
 
 
 class Reason(str, enum.Enum):

@@ -89,7 +89,13 @@ from trainer_agent.readers import DataError, read_chunk
 
 logger = logging.getLogger(__name__)
 
-CALL_TIMEOUT = 15.0
+# How long one attempt of a call may take. Long: a call waits its turn in a busy master's
+# queue (about N / throughput: 15-16 s at 10,000 trainers on 2 cores), and one cut off
+# there goes to the back of it again. A master gone without closing the connection (its
+# node lost, its process stopped) is noticed sooner, by keep-alive pings that go
+# unanswered (`paddlecloud.wire.CLIENT_KEEPALIVE`: within 15 s).
+CALL_TIMEOUT = 60.0
+LAST_ATTEMPT = 1.0  # seconds the last attempt before `deadline` may take at least
 BEAT_RECHECK = 1.0  # seconds between looks at a session whose call is under way (Session)
 # The longest wait between two attempts of a call (full-jitter exponential backoff from 50 ms):
 # a new leader is noticed within about this long of serving (issue 17's failover goal is the
@@ -202,19 +208,19 @@ class MasterConnection:
 
     def register_trainer(self, trainer_id: str) -> pb.RegisterTrainerResponse:
         request = pb.RegisterTrainerRequest(trainer_id=trainer_id)
-        reply = self._call(lambda stub: stub.RegisterTrainer(request, timeout=CALL_TIMEOUT, metadata=self._as()))
+        reply = self._call(lambda stub, wait: stub.RegisterTrainer(request, timeout=wait, metadata=self._as()))
         if reply.session_token:
             with self._lock:
                 self._session_tokens[reply.session_id] = reply.session_token
         return reply
 
     def keep_alive(self, session: int) -> None:
-        self._call(lambda stub: stub.KeepAlive(pb.KeepAliveRequest(session_id=session), timeout=CALL_TIMEOUT,
+        self._call(lambda stub, wait: stub.KeepAlive(pb.KeepAliveRequest(session_id=session), timeout=wait,
                                                metadata=self._as(session)))
 
     def leave_trainer(self, session: int, *, timeout: float) -> None:
-        self._call(lambda stub: stub.LeaveTrainer(pb.LeaveTrainerRequest(session_id=session), timeout=timeout,
-                                                  metadata=self._as(session)))
+        self._call(lambda stub, wait: stub.LeaveTrainer(pb.LeaveTrainerRequest(session_id=session),
+                                                        timeout=min(timeout, wait), metadata=self._as(session)))
 
     def get_task(self, session: int, *, epoch: int, finished: list[pb.TaskRef],
                  max_tasks: int = 1) -> pb.GetTaskResponse:
@@ -222,29 +228,29 @@ class MasterConnection:
         is none; `finished` acknowledges tasks read."""
         request = pb.GetTaskRequest(session_id=session, epoch=epoch, finished=finished,
                                     max_tasks=max_tasks)
-        return self._call(lambda stub: stub.GetTask(request, timeout=CALL_TIMEOUT, metadata=self._as(session)))
+        return self._call(lambda stub, wait: stub.GetTask(request, timeout=wait, metadata=self._as(session)))
 
     def task_finished(self, session: int, ref: pb.TaskRef) -> pb.ReportResult:
         request = pb.TaskReport(session_id=session, task_id=ref.task_id, epoch=ref.epoch, attempt=ref.attempt)
-        return self._call(lambda stub: stub.TaskFinished(request, timeout=CALL_TIMEOUT,
+        return self._call(lambda stub, wait: stub.TaskFinished(request, timeout=wait,
                                                          metadata=self._as(session))).result
 
     def task_failed(self, session: int, task: pb.Task, *, reason: str) -> None:
-        self._call(lambda stub: stub.TaskFailed(_report(session, task, reason), timeout=CALL_TIMEOUT,
+        self._call(lambda stub, wait: stub.TaskFailed(_report(session, task, reason), timeout=wait,
                                                 metadata=self._as(session)))
 
     def return_task(self, session: int, task: pb.Task, *, timeout: float) -> None:
-        self._call(lambda stub: stub.ReturnTask(_report(session, task), timeout=timeout,
+        self._call(lambda stub, wait: stub.ReturnTask(_report(session, task), timeout=min(timeout, wait),
                                                 metadata=self._as(session)))
 
     def request_save_model(self, session: int, *, block: float) -> bool:
         """True when this session's trainer is granted the save for `block` seconds."""
         request = pb.RequestSaveModelRequest(session_id=session, block=duration(block))
-        return self._call(lambda stub: stub.RequestSaveModel(request, timeout=CALL_TIMEOUT,
+        return self._call(lambda stub, wait: stub.RequestSaveModel(request, timeout=wait,
                                                              metadata=self._as(session))).granted
 
     def get_status(self) -> pb.GetStatusResponse:
-        return self._call(lambda stub: stub.GetStatus(pb.GetStatusRequest(), timeout=CALL_TIMEOUT,
+        return self._call(lambda stub, wait: stub.GetStatus(pb.GetStatusRequest(), timeout=wait,
                                                       metadata=self._as()))
 
     # ---- retries and the leader -----------------------------------------------------
@@ -261,8 +267,11 @@ class MasterConnection:
                 return not self._closed
         return True
 
-    def _call(self, invoke: Callable[[pb_grpc.MasterStub], T]) -> T:
+    def _call(self, invoke: Callable[[pb_grpc.MasterStub, float], T]) -> T:
+        """`invoke(stub, seconds)`, retried while the master is away or busy until `deadline`;
+        one attempt waits at most CALL_TIMEOUT seconds, and never past that deadline."""
         backoff = wait_random_exponential(multiplier=0.05, max=RETRY_CAP)
+        give_up = time.monotonic() + self.deadline
 
         def wait(state: RetryCallState) -> float:  # a shedding master's RetryInfo, else backoff
             error = state.outcome.exception() if state.outcome is not None else None
@@ -278,7 +287,8 @@ class MasterConnection:
                 with attempt:
                     with self._lock:
                         stub = self._stub
-                    return invoke(stub or self._connect())
+                    wait = min(CALL_TIMEOUT, max(LAST_ATTEMPT, give_up - time.monotonic()))
+                    return invoke(stub or self._connect(), wait)
         except RetryError as error:
             last = error.last_attempt.exception()
             detail = last.details() if isinstance(last, grpc.RpcError) else str(last)
