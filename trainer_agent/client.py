@@ -95,7 +95,7 @@ logger = logging.getLogger(__name__)
 # node lost, its process stopped) is noticed sooner, by keep-alive pings that go
 # unanswered (`paddlecloud.wire.CLIENT_KEEPALIVE`: within 15 s).
 CALL_TIMEOUT = 60.0
-LAST_ATTEMPT = 1.0  # seconds the last attempt before `deadline` may take at least
+LAST_ATTEMPT = 1.0  # the least time one attempt is given, however little of `deadline` is left
 BEAT_RECHECK = 1.0  # seconds between looks at a session whose call is under way (Session)
 # The longest wait between two attempts of a call (full-jitter exponential backoff from 50 ms):
 # a new leader is noticed within about this long of serving (issue 17's failover goal is the
