@@ -6,8 +6,17 @@ lapsed (seen by the watch of `trainers/<id>` keys) — etcd has already dropped 
 `assign/<task>` keys with the lease, so the tasks it held are mirrored back to todo
 in the cache (no write, no failure counted).
 
-What this does NOT do: keep a lease alive on its own, or touch a task's state other
-than by mirroring what a lease took with it.
+One exception to "only when the trainer calls": a new session's lease is refreshed once,
+half a TTL after its registration, if no call of it was served by then. A trainer sends its
+first GetTask as soon as it registers, but when thousands register at once that call queues
+behind the rest of the storm: at 10,000 trainers on 2 cores, 186 sessions (TTL 30 s) of the
+first trainers to register lapsed before their first call was served, and registered
+again, adding to the storm. A session that was never served holds no task, so
+the refresh keeps no task from coming back; a trainer that died right after registering
+counts as alive for 1.5 TTL instead of one.
+
+What this does NOT do: keep a lease alive on its own beyond that, or touch a task's state
+other than by mirroring what a lease took with it.
 """
 
 from __future__ import annotations
@@ -53,6 +62,7 @@ class Trainers:
         self._ending: set[int] = set()  # sessions this master is revoking right now
         self._registering = KeyedLocks()  # one trainer id's registrations go one at a time
         self._watch: asyncio.Task[None] | None = None
+        self._graces: dict[int, asyncio.TimerHandle] = {}  # new session -> its one refresh, pending
         self.on_gone: list[Callable[[str], None]] = []  # called with the trainer id of an ended session
 
     async def register(self, trainer: str) -> Registration:
@@ -77,6 +87,8 @@ class Trainers:
                     await store.revoke_lease(lease)
                 raise
             self.registry.add(trainer, lease, supersedes=old)
+            self._graces[lease] = asyncio.get_running_loop().call_later(
+                core.policy.session_ttl / 2, self._first_call_grace, lease, self.registry.by_session[lease].last_call)
             logger.info("trainer %s registered: session %d%s", trainer, lease,
                         f" (supersedes {old})" if old else "")
             state = core.state
@@ -98,6 +110,13 @@ class Trainers:
         session. An unknown or superseded session is left alone (its next call hears why)."""
         with contextlib.suppress(SessionExpired, SessionSuperseded):
             await self.registry.touch(session)
+
+    def _first_call_grace(self, session: int, registered: float) -> None:
+        """Refreshes a new session's lease once (unwaited) unless one of its calls was served."""
+        self._graces.pop(session, None)
+        info = self.registry.by_session.get(session)
+        if info is not None and info.last_call == registered:
+            self.core.spawn(self.core.store.refresh_lease(session, wait=False), "first-call-grace")
 
     async def leave(self, session: int) -> None:
         async with self.core.admitted():
@@ -137,6 +156,9 @@ class Trainers:
         A task with a write in flight is left to that write: etcd refuses it now, and
         its refusal releases the task (`master.tasks`).
         """
+        grace = self._graces.pop(session, None)
+        if grace is not None:
+            grace.cancel()
         if cause != "superseded":
             self.registry.forget_superseded_by(session)
         info = self.registry.remove(session)
@@ -178,4 +200,7 @@ class Trainers:
             self.core.schedule_rebuild()
 
     async def stop(self) -> None:
+        for grace in self._graces.values():
+            grace.cancel()
+        self._graces.clear()
         await cancel_and_wait(self._watch)
