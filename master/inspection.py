@@ -165,14 +165,10 @@ def list_trainers(d: Dispatcher, *, page_size: int, page_token: str,
         raise InvalidArgument(f"page_token {quote(page_token)} is not one this master gave: "
                               "pass the next_page_token of the previous page, or nothing")
     now = time.monotonic()
-    sessions, state = d.core.sessions, d.core.state
+    sessions = d.core.sessions
     ids = sorted(t for t in sessions.by_trainer if t > page_token)
-    views = []
-    for trainer in ids[:size]:
-        session = sessions.by_trainer[trainer]
-        info = sessions.by_session[session]
-        held = state.held_by(session) if state else []
-        views.append(TrainerView(trainer, session if reveal_sessions else 0, held, now - info.last_call))
+    views = [_trainer_view(d, sessions.by_session[sessions.by_trainer[trainer]], now, reveal=reveal_sessions)
+             for trainer in ids[:size]]
     return views, (ids[size - 1] if len(ids) > size else "")
 
 
@@ -242,10 +238,11 @@ def trainers_to_show(d: Dispatcher, *, limit: int) -> tuple[list[TrainerView], i
     return [_trainer_view(d, info, now) for info in stalest], len(infos) - limit
 
 
-def _trainer_view(d: Dispatcher, info: SessionInfo, now: float) -> TrainerView:
+def _trainer_view(d: Dispatcher, info: SessionInfo, now: float, *, reveal: bool = True) -> TrainerView:
+    """One live session as operators see it (its id 0 unless `reveal`)."""
     state = d.core.state
-    return TrainerView(info.trainer, info.session, state.held_by(info.session) if state else [],
-                       now - info.last_call)
+    return TrainerView(info.trainer, info.session if reveal else 0,
+                       state.held_by(info.session) if state else [], now - info.last_call)
 
 
 def failed_tasks(d: Dispatcher, *, limit: int) -> list[int]:
