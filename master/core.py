@@ -53,6 +53,26 @@ def partition_of(spec: DatasetSpec, files: list[FileEntry]) -> Partition:
                      splits_files=spec.splits_files)
 
 
+class _Admission:
+    """`Core.admitted()`: a class, not an async generator (it wraps every call of the master;
+    `contextlib.asynccontextmanager` costs an async generator and two awaits more)."""
+
+    __slots__ = ("_core",)
+
+    def __init__(self, core: Core) -> None:
+        self._core = core
+
+    async def __aenter__(self) -> None:
+        core = self._core
+        if not core.serving:
+            await core._until_open()
+        core._enter()
+
+    async def __aexit__(self, kind: type[BaseException] | None, error: BaseException | None, tb) -> bool:
+        self._core._leave(error)
+        return False
+
+
 class Core:
     def __init__(self, *, store: EtcdStore, config: MasterConfig,
                  standby_marks: MarkMirror | None = None) -> None:
@@ -87,31 +107,36 @@ class Core:
         """The gate is open (no rebuild or exclusive call under way)."""
         return self._ready.is_set()
 
-    @contextlib.asynccontextmanager
-    async def admitted(self) -> AsyncIterator[None]:
-        """Admits one call: waits while the cache is rebuilt; counts the call in flight.
+    def admitted(self) -> _Admission:
+        """Admits one call (`async with core.admitted():`): waits while the cache is rebuilt;
+        counts the call in flight.
 
         The seams are decided here: a store fault deposes this master (NotLeader) or
         rebuilds the cache (StoreUnavailable) and goes on up; an InvalidTransition is a
         cache out of step (or a bug): logged with its traceback, the cache rebuilt, and
         the caller told to retry (CacheOutOfStep).
         """
+        return _Admission(self)
+
+    async def _until_open(self) -> None:
         if self.deposed.done():
             raise self.deposed.result()
         await self._ready.wait()
+
+    def _enter(self) -> None:
         if self.deposed.done():
             raise self.deposed.result()
         self._inflight += 1
         self._drained.clear()
+
+    def _leave(self, error: BaseException | None) -> None:
         try:
-            yield
-        except (StoreUnavailable, NotLeader) as error:
-            self.on_store_error(error, where="rpc")
-            raise
-        except InvalidTransition as error:
-            logger.error("a transition did not fit the cache; rebuilding it from etcd", exc_info=error)
-            self.schedule_rebuild()
-            raise CacheOutOfStep(f"the master's cache is being rebuilt ({error}): retry") from error
+            if isinstance(error, (StoreUnavailable, NotLeader)):
+                self.on_store_error(error, where="rpc")
+            elif isinstance(error, InvalidTransition):
+                logger.error("a transition did not fit the cache; rebuilding it from etcd", exc_info=error)
+                self.schedule_rebuild()
+                raise CacheOutOfStep(f"the master's cache is being rebuilt ({error}): retry") from error
         finally:
             self._inflight -= 1
             if self._inflight == 0:
