@@ -154,7 +154,7 @@ class DealQueue:
     whose permutation position may still lie ahead (it is then skipped there).
     """
 
-    __slots__ = ("_order", "_cursor", "_front", "_back", "_queued", "_is_todo", "_rest")
+    __slots__ = ("_order", "_cursor", "_front", "_back", "_queued", "_is_todo", "_rest", "_seen")
 
     def __init__(self, order: Permutation, is_todo: Callable[[int], bool]) -> None:
         self._order = order
@@ -164,6 +164,9 @@ class DealQueue:
         self._queued: set[int] = set()  # in front or back
         self._is_todo = is_todo
         self._rest: deque[int] | None = None  # see `restrict`
+        # (position, task) of the last permutation lookup: a deal peeks, then takes, the same
+        # position, and each lookup is a few rounds of the cipher
+        self._seen = (-1, -1)
 
     def restrict(self, left: list[int]) -> None:
         """Only `left` remain of the permutation (a restore late in an epoch): they are put
@@ -180,7 +183,10 @@ class DealQueue:
             return rest[0] if rest else None
         order, n = self._order, self._order.n
         while self._cursor < n:
-            task = order[self._cursor]
+            position, task = self._seen
+            if position != self._cursor:
+                task = order[self._cursor]
+                self._seen = (self._cursor, task)
             if is_todo(task) and task not in queued:
                 return task
             self._cursor += 1

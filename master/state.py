@@ -143,9 +143,9 @@ def committed(event: Durable, revision: int) -> Durable:
     return event
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Decision:
-    """What `GetTask` should answer, before any write."""
+    """What `GetTask` should answer, before any write (not frozen: see `master.tasks.TaskRef`)."""
 
     outcome: Outcome
     task: int | None = None          # with TASK: the task to reserve, or one already held

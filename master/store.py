@@ -149,9 +149,10 @@ def nested_txn(compares: list[rpc.Compare], ops: list[rpc.RequestOp]) -> rpc.Req
     return rpc.RequestOp(request_txn=rpc.TxnRequest(compare=compares, success=ops))
 
 
-@dataclass(slots=True, frozen=True)
+@dataclass(slots=True)
 class Txn:
-    """One write, ready to ride in a group-commit batch."""
+    """One write, ready to ride in a group-commit batch (not frozen: made for each write, see
+    `master.tasks.TaskRef`)."""
 
     op: rpc.RequestOp          # the nested transaction (the hot paths build it in place)
     width: int                 # max(compares, ops): what etcd counts against --max-txn-ops

@@ -42,14 +42,19 @@ DISPATCH_RETRY = 0.05     # ... when etcd refused a dispatch the cache thought v
 NO_DATASET_RETRY = 1.0
 
 
-@dataclass(frozen=True)
+# The per-call values below are slotted, not frozen: a frozen dataclass sets each field through
+# object.__setattr__ (0.6 us for three fields against 0.2 us), and a GetTask makes a dozen.
+# Nothing changes them once made.
+
+
+@dataclass(slots=True)
 class TaskRef:
     task: int
     epoch: int
     attempt: int
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class TaskView:
     task: int
     epoch: int
@@ -58,7 +63,7 @@ class TaskView:
     format: str
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class GetTaskResult:
     outcome: Outcome
     current_epoch: int
