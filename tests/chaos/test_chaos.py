@@ -41,8 +41,8 @@ def test_job_survives_a_seeded_fault_schedule(tmp_path, seed, capsys):
 def test_collective_job_keeps_every_record_once_in_the_model_through_group_restarts(tmp_path, capsys):
     pytest.importorskip("paddle")
     # seed 6's first faults: a trainer SIGKILLed (a group restart from a checkpoint inside
-    # the epoch), then a trainer SIGSTOPped past its session lease. Four epochs: the pause
-    # comes before the last one (the harness injects none in it) however the box is loaded.
+    # the epoch), then a trainer SIGSTOPped past its session lease. Four epochs, so that the
+    # pause comes well before the last one (the harness pauses no trainer in the last epoch).
     seed, faults, epochs = 6, 2, 4
     chaos = Chaos(seed=seed, workdir=tmp_path, mode="collective", epochs=epochs, faults=faults)
     result = run_and_show(chaos, capsys,
