@@ -83,7 +83,10 @@ class Core:
         self.spec: DatasetSpec | None = None
         self.partition: Partition | None = None
         self.state: JobState | None = None
-        self.loaded_phase: Phase | None = None   # the `phase` key as the last load found it
+        # The `phase` key as this master last loaded or wrote it: the deployer's record of the
+        # job (Pending .. Succeeded/Failed), or Failed by the data. The data's end is the
+        # `epoch` key (>= num_epochs), not this: Succeeded here is a deployer's final verdict.
+        self.recorded_phase: Phase | None = None
         self.standby_marks = standby_marks  # the standby's mirror, for the first load
         self.requeued = 0                        # tasks put back since this master leads
         self.deposed: asyncio.Future[Exception] = asyncio.get_running_loop().create_future()
@@ -227,7 +230,7 @@ class Core:
         mirror, self.standby_marks = self.standby_marks, None  # exact for the first load only
         snap = await self.store.load(mirror)
         read = time.monotonic()
-        self.loaded_phase = snap.phase
+        self.recorded_phase = snap.phase
         self.sessions.restore(snap.trainers, snap.superseded)
         if snap.spec is not None:
             self.spec = snap.spec

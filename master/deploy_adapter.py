@@ -21,8 +21,11 @@ class DeployAdapter:
     async def record_phase(self, phase: str) -> None:
         """The deployer's phase: a fenced write of the `phase` key, shown by GetStatus."""
         known = Phase(phase)
+        # Known before it is written: a RestartEpoch that would reopen the job (`Epochs`)
+        # sees the verdict while its write is in flight. A write that fails steps this
+        # master down; the next one loads what etcd holds.
+        self.phase_override = self.core.recorded_phase = known
         await self.core.store.set_phase(known)
-        self.phase_override = known
 
     def dataset_done(self) -> bool:
         return self.core.state is not None and self.core.state.job_over

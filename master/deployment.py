@@ -101,7 +101,8 @@ def epoch_restarter(dispatcher: Dispatcher, spec: JobSpec) -> Callable[[], Await
                                                   checkpoints.checkpoints_dir(spec.output))
         if epoch >= dispatcher.spec.num_epochs:
             epoch, done = dispatcher.spec.num_epochs - 1, ()
-        await dispatcher.epochs.restart(epoch, done=done)
+        # reopen: the group may have acknowledged the job's last task before it stopped
+        await dispatcher.epochs.restart(epoch, done=done, reopen=True)
         logger.info("group restart: the master restarted epoch %d%s", epoch,
                     f" with the checkpoint's {len(done)} tasks done" if done else "")
 
@@ -125,7 +126,7 @@ async def supervise_on_kubernetes(dispatcher: Dispatcher, deployer: KubernetesDe
     async def desired_trainers() -> int | None:
         return dispatcher.scaling.desired or None  # etcd's, read at load, changed by ScaleTrainers
 
-    loaded = dispatcher.loaded_phase
+    loaded = dispatcher.recorded_phase
     return await supervise(
         deployer, num_pservers=deployer.spec.pservers,
         registered_pservers=dispatcher.registered_pservers, master_state=master_state,

@@ -63,8 +63,8 @@ class Dispatcher:
         return self.core.spec
 
     @property
-    def loaded_phase(self) -> Phase | None:
-        return self.core.loaded_phase
+    def recorded_phase(self) -> Phase | None:
+        return self.core.recorded_phase
 
     async def start(self) -> None:
         await self.store.start()

@@ -6,8 +6,13 @@ pending are all empty, the epoch's end is committed in the background —
 can never stall (PaddlePaddle issue #5279). Its write in flight is a mark in the
 state, so it is committed once.
 
+A job whose data is all consumed is restarted only when asked to `reopen` it (a group
+restart that raced the job's last task: the group was stopped before it saved what it
+trained since its checkpoint, so the data must be read again from there), and only while
+no deployer has recorded the job's end; otherwise FAILED_PRECONDITION.
+
 What this does NOT do: restart an epoch while any call is in flight (RestartEpoch
-closes the gate first), or restart a finished job (FAILED_PRECONDITION).
+closes the gate first), or restart a job whose data failed, or whose end is recorded.
 """
 
 from __future__ import annotations
@@ -65,8 +70,9 @@ class Epochs:
             metrics.EPOCHS.inc()
             logger.info("epoch %d complete", event.epoch - 1)
 
-    async def restart(self, epoch: int, *, done: Iterable[int] = ()) -> int:
-        """Starts `epoch` afresh with the tasks `done` (a checkpoint's consumed tasks) done.
+    async def restart(self, epoch: int, *, done: Iterable[int] = (), reopen: bool = False) -> int:
+        """Starts `epoch` afresh with the tasks `done` (a checkpoint's consumed tasks) done;
+        with `reopen`, also when the job's data is all consumed (see the module's docstring).
 
         Up to MAX_RESTART_DONE, the done marks are written in the restart's own
         transaction: a master that dies meanwhile leaves either the old epoch or the
@@ -83,17 +89,19 @@ class Epochs:
                 raise FailedPrecondition("the job has no dataset yet: nothing to restart")
             if not 0 <= epoch < state.num_epochs:
                 raise InvalidArgument(f"epoch {epoch} is outside 0..{state.num_epochs - 1}")
-            if state.phase.terminal:
-                raise FailedPrecondition(f"the job has finished ({state.phase.value}): a finished job "
-                                         "is not restarted; submit it again")
+            self._check_restartable(state, reopen=reopen)
             bad = [t for t in done if not 0 <= t < state.num_tasks]
             if bad:
                 raise InvalidArgument(f"done task {bad[0]} is outside 0..{state.num_tasks - 1}")
             if len(done) > MAX_RESTART_LIST:
                 raise InvalidArgument(f"{len(done)} done tasks: a restart takes at most "
                                       f"{MAX_RESTART_LIST} (the list is one etcd value)")
-        # Exclusive: no call may be in flight while every assignment is dropped.
+        # Exclusive: no call may be in flight while every assignment is dropped. Checked
+        # again there: the job's last task may have been acknowledged meanwhile.
         async with core.exclusive():
+            if core.state is None:  # a rebuild that found no dataset: as the check above
+                raise FailedPrecondition("the job has no dataset yet: nothing to restart")
+            self._check_restartable(core.state, reopen=reopen)
             revision = await core.commit(EpochRestarted(epoch, done))  # sessions stay; assignments go
             if revision is not None and len(done) > MAX_RESTART_DONE:
                 # more marks than one transaction holds: the restart's marker lists them
@@ -102,3 +110,19 @@ class Epochs:
             metrics.EPOCH_RESTARTS.inc()
             logger.info("epoch %d restarted%s", epoch, f" with {len(done)} tasks done" if done else "")
             return epoch
+
+    def _check_restartable(self, state: JobState, *, reopen: bool) -> None:
+        """FAILED_PRECONDITION unless `state` may be restarted (the module's docstring)."""
+        recorded = self.core.recorded_phase
+        if state.failed_job:
+            raise FailedPrecondition(f"the job has finished (Failed: every task of epoch {state.epoch} "
+                                     "failed): a failed job is not restarted; submit it again")
+        if not state.job_over:
+            return
+        if not reopen:
+            raise FailedPrecondition(f"the job has finished ({state.phase.value}: its data is all "
+                                     "consumed): a finished job is not restarted; submit it again, "
+                                     "or reopen it (reopen=true) from a group restart that raced its end")
+        if recorded is not None and recorded.terminal:
+            raise FailedPrecondition(f"the job's end is recorded ({recorded.value}): it is not "
+                                     "reopened; submit it again")

@@ -275,6 +275,6 @@ def failure_reason(d: Dispatcher) -> str:
     if state is not None and state.failed_job:
         return (f"every task of epoch {state.epoch} failed "
                 f"(each after {d.core.policy.max_task_failures} failures)")
-    if d.deployment.phase_override is Phase.FAILED or d.loaded_phase is Phase.FAILED:
+    if d.recorded_phase is Phase.FAILED:
         return "the job's deployment failed (the master's log and its Deployment's annotations say why)"
     return ""

@@ -238,7 +238,7 @@ class MasterServicer(pb_grpc.MasterServicer):
     @_rpc
     async def RestartEpoch(self, d: Dispatcher, request):
         return pb.RestartEpochResponse(current_epoch=await d.epochs.restart(
-            request.epoch, done=request.done_tasks))
+            request.epoch, done=request.done_tasks, reopen=request.reopen))
 
     @_inspection
     async def GetStatus(self, d: Dispatcher, request):

@@ -422,13 +422,12 @@ class EtcdStore:
                 return Txn.of([mod_revision_is(k.assign(task), attempt)], [delete(k.assign(task))],
                               (k.assign(task),))
             case EpochAdvanced(epoch=epoch):
-                # ends the epoch before `epoch` only if no assignment is live; old marks go
+                # ends the epoch before `epoch` only if no assignment is live; old marks go.
+                # The last one (epoch >= num_epochs: the data's end) leaves `phase` alone:
+                # Succeeded is the deployer's verdict, once the trainers are done too.
                 assign_prefix = k.kind_prefix("assign")
                 ops = [put(k.epoch, str(epoch)), delete_prefix(k.kind_prefix("done")),
-                       delete_prefix(k.kind_prefix("failures"))]
-                ops.append(delete(self.restart_key))
-                if epoch >= state.num_epochs:
-                    ops.append(put(k.phase, Phase.SUCCEEDED.value))
+                       delete_prefix(k.kind_prefix("failures")), delete(self.restart_key)]
                 return Txn.of([value_is(k.epoch, str(epoch - 1)),
                                version_is(assign_prefix, 0, prefix_range_end(assign_prefix))],
                               ops, exclusive=True)

@@ -110,24 +110,6 @@ async def test_failure_reasons_are_truncated_and_escaped_in_the_log(master):
     assert "z" * 4000 in log and "z" * 5000 not in log
 
 
-async def test_restart_epoch_of_a_finished_job_is_refused(tmp_path, start_master):
-    write_records(tmp_path / "data", files=1, records_per_file=1)
-    proc = start_master("--input", str(tmp_path / "data"))
-    await wait_serving(proc.address, process=proc)
-    async with grpc.aio.insecure_channel(proc.address) as channel:
-        m = stub(channel)
-        session = (await m.RegisterTrainer(pb.RegisterTrainerRequest(trainer_id="t"))).session_id
-        task = (await m.GetTask(pb.GetTaskRequest(session_id=session, epoch=0))).task
-        await m.TaskFinished(pb.TaskReport(session_id=session, task_id=task.id, epoch=0, attempt=task.attempt))
-
-        async def succeeded() -> bool:
-            return (await m.GetStatus(pb.GetStatusRequest())).phase == "Succeeded"
-        await wait_for(succeeded, timeout=30)
-        await refused(m.RestartEpoch(pb.RestartEpochRequest(epoch=0)), grpc.StatusCode.FAILED_PRECONDITION,
-                      "finished (Succeeded)")
-        assert (await m.GetStatus(pb.GetStatusRequest())).phase == "Succeeded"
-
-
 class _Recorder(http.server.BaseHTTPRequestHandler):
     seen: list[str] = []
 

@@ -52,6 +52,9 @@ NAMESPACE = "local"
 TRAINERS_EXITED_GRACE = 5.0  # seconds the master's phase may lag the trainers' exit
 POLL_INTERVAL = 0.5          # seconds between two looks at the master and the children
 PAGE_LINGER = 2.0            # seconds the masters serve their status page after the job's end
+# Answers to RestartEpoch that no retry changes (the others: no leader serving yet).
+_PERMANENT = frozenset({grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.INVALID_ARGUMENT,
+                        grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED})
 
 
 @dataclass(frozen=True)
@@ -323,18 +326,24 @@ class LocalJob:
         await master.restart()
 
     async def _restart_epoch(self, epoch: int, done: tuple[int, ...] = ()) -> None:
+        """RestartEpoch for a group restart, retried while no leader answers (60 s).
+
+        `reopen`: the stopped group may have acknowledged the job's last task, so a job
+        whose data is all consumed is read again from the checkpoint. An answer no retry
+        changes (a failed job, a bad checkpoint position) fails the job at once."""
         address = self.progress.leader
         deadline = time.monotonic() + 60
         while True:
             try:
                 await self._master(address).RestartEpoch(
-                    pb.RestartEpochRequest(epoch=epoch, done_tasks=done), timeout=10,
+                    pb.RestartEpochRequest(epoch=epoch, done_tasks=done, reopen=True), timeout=10,
                     metadata=self.credentials.metadata())
                 self._event(f"the master restarted epoch {epoch}"
                             + (f" with the checkpoint's {len(done)} tasks done" if done else ""))
+                await self._poll_status()  # the phase the supervisor reads next is the reopened one
                 return
             except grpc.aio.AioRpcError as error:
-                if time.monotonic() > deadline:
+                if error.code() in _PERMANENT or time.monotonic() > deadline:
                     raise JobFailed(f"could not restart epoch {epoch}: {error.details()}") from None
                 await asyncio.sleep(POLL_INTERVAL)
                 await self._poll_status()

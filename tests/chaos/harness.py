@@ -35,8 +35,8 @@ the tasks it consumed), the group started again. Each fault waits two polls of t
 supervisor after the last one, then until the group logs a new step, so faults hit
 training more often than a restart. No trainer is paused once the job's last epoch has
 begun: a session that lapses in the last segment, once the master has counted every
-task, fails the trainers of a finished job by contract (`RestartEpoch` of a finished job
-is FAILED_PRECONDITION; trainer_agent.paddle), so such a pause is not injected. The
+task, fails the trainers of a finished job (the supervisor restarts no group once the
+data is done; trainer_agent.paddle), so such a pause is not injected. The
 audit adds the model's lineage (`tests/chaos/lineage.py`, from the example's
 `--consumed-log`: the steps a restart undid dropped): per epoch,
 every record of the data in it exactly once — `seen_twice` counts records in an

@@ -130,3 +130,37 @@ async def test_a_transient_deploy_error_past_its_retries_steps_the_master_down(
     finally:
         await client.close()
     assert value is not None and value.value != b"Failed"
+
+
+async def test_a_new_leader_after_the_data_s_end_leaves_the_running_trainers_alone(
+        tmp_path, k8s, api_client, kubeconfig, etcd_endpoint, job_name, monkeypatch, start_master):
+    """The data's end is not the job's: trainers still run (saving the model) until they exit
+    or the done grace passes. A failover in between must not take the end as a verdict."""
+    name, ns = short(job_name), "team-d"
+    spec, proc = await start_deploying_master(tmp_path, api_client, kubeconfig, etcd_endpoint,
+                                              monkeypatch, start_master, name=name, namespace=ns)
+    await wait_serving(proc.address, process=proc)
+    trainers = manifests.trainer_name(name)
+    await k8s.wait_for(lambda: k8s.stored("jobs", ns, trainers), timeout=30, what="the trainers' Job")
+    k8s.set_job_status(ns, trainers, {"active": 2})  # both still running after the last task
+    async with grpc.aio.insecure_channel(proc.address) as channel:
+        m = stub(channel)
+        session = (await m.RegisterTrainer(pb.RegisterTrainerRequest(trainer_id="0"))).session_id
+        while (reply := await m.GetTask(pb.GetTaskRequest(session_id=session, epoch=0))).outcome != pb.JOB_DONE:
+            if reply.outcome == pb.TASK:
+                await m.TaskFinished(pb.TaskReport(session_id=session, task_id=reply.task.id,
+                                                   epoch=0, attempt=reply.task.attempt))
+
+    def deployment() -> dict:
+        return k8s.stored("deployments", ns, manifests.master_name(name))
+    await k8s.wait_for(lambda: deployment()["metadata"]["annotations"].get(manifests.EPOCH_ANNOTATION)
+                       == "1/1", timeout=30, what="the data's end shown by the first leader")
+    proc.kill()
+    # the new leader's first look at the job shows the epoch again: its watch has begun
+    deployment()["metadata"]["annotations"][manifests.EPOCH_ANNOTATION] = "unseen"
+    later = start_master(*proc.args, job=name, name="later")
+    await k8s.wait_for(lambda: deployment()["metadata"]["annotations"].get(manifests.EPOCH_ANNOTATION)
+                       == "1/1", timeout=60, what="the new leader watching the job")
+    assert k8s.stored("jobs", ns, trainers) is not None  # not cleaned up as if Succeeded
+    assert "repeating its clean-up only" not in later.log()
+    assert deployment()["metadata"]["annotations"][manifests.PHASE_ANNOTATION] == "Running"

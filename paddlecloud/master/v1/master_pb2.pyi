@@ -200,12 +200,14 @@ class GetTaskResponse(_message.Message):
     def __init__(self, outcome: _Optional[_Union[Outcome, str]] = ..., task: _Optional[_Union[Task, _Mapping]] = ..., current_epoch: _Optional[int] = ..., retry_after: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., finished_results: _Optional[_Iterable[_Union[ReportResult, str]]] = ..., more_tasks: _Optional[_Iterable[_Union[Task, _Mapping]]] = ...) -> None: ...
 
 class RestartEpochRequest(_message.Message):
-    __slots__ = ("epoch", "done_tasks")
+    __slots__ = ("epoch", "done_tasks", "reopen")
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     DONE_TASKS_FIELD_NUMBER: _ClassVar[int]
+    REOPEN_FIELD_NUMBER: _ClassVar[int]
     epoch: int
     done_tasks: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, epoch: _Optional[int] = ..., done_tasks: _Optional[_Iterable[int]] = ...) -> None: ...
+    reopen: bool
+    def __init__(self, epoch: _Optional[int] = ..., done_tasks: _Optional[_Iterable[int]] = ..., reopen: _Optional[bool] = ...) -> None: ...
 
 class RestartEpochResponse(_message.Message):
     __slots__ = ("current_epoch",)
