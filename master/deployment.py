@@ -89,7 +89,9 @@ def epoch_restarter(dispatcher: Dispatcher, spec: JobSpec) -> Callable[[], Await
     The checkpoint is read where the trainers write it (`spec.output`, a path the
     master mounts or an fsspec URL); one saved inside an epoch resumes it with the tasks
     it consumed done; none there (or no output) is epoch 0, which is where a model
-    without a checkpoint starts too. A job without a dataset has no epoch to restart.
+    without a checkpoint starts too. A job without a dataset has no epoch to restart, nor
+    one whose checkpoint was saved at the end of its last epoch: that holds the whole job
+    (reading the last epoch again would count it twice in the model).
     """
 
     async def restart() -> None:
@@ -99,8 +101,9 @@ def epoch_restarter(dispatcher: Dispatcher, spec: JobSpec) -> Callable[[], Await
         if spec.output:
             epoch, done = await asyncio.to_thread(checkpoints.resume_point,
                                                   checkpoints.checkpoints_dir(spec.output))
-        if epoch >= dispatcher.spec.num_epochs:
-            epoch, done = dispatcher.spec.num_epochs - 1, ()
+        if epoch >= dispatcher.spec.num_epochs:  # saved at the end of the last epoch
+            logger.info("group restart: the checkpoint holds the whole job: no epoch to restart")
+            return
         # reopen: the group may have acknowledged the job's last task before it stopped
         await dispatcher.epochs.restart(epoch, done=done, reopen=True)
         logger.info("group restart: the master restarted epoch %d%s", epoch,

@@ -11,7 +11,7 @@ and an Indexed Job, driven by the job's leading master) and
     create_trainers()                      the trainer group, ids 0..N-1
     every poll: scale(desired) when the master's desired size is known, reconcile(),
                 trainer_status()
-    once the master's data is done or failed: finishing()
+    once the master's data is done or failed: finishing(); reconcile() no more once it failed
     show_phase(phase, reason=...)          at every phase change
     cleanup(succeeded=...)                 per the job's cleanPodPolicy
 
@@ -111,7 +111,11 @@ class Deployer(abc.ABC):
 
     @abc.abstractmethod
     async def finishing(self) -> None:
-        """The master's data is done or failed: from now on nothing that exits is replaced."""
+        """The master's data is done or failed: from now on nothing is resized, and a PS
+        trainer or a pserver that exits is not replaced. A collective group that loses a
+        member after the data is done is still restarted by `reconcile` (while the data
+        has not failed): what it trained since its checkpoint is in no saved model, and the
+        restart reopens the job there (`RestartEpoch` with `reopen`)."""
 
     @abc.abstractmethod
     async def trainer_status(self) -> RoleStatus:

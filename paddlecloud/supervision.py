@@ -210,7 +210,8 @@ async def _watch(deployer: Deployer, *, master_state: Callable[[], Awaitable[Mas
             desired = await desired_trainers()
             if desired is not None:
                 await deployer.scale(desired)
-        await deployer.reconcile()
+        if not master.failed:  # a job whose data failed is Failed: nothing to restart
+            await deployer.reconcile()
         try:
             status = await deployer.trainer_status()
             errors = 0

@@ -175,3 +175,59 @@ def test_a_group_restart_resumes_the_epoch_with_the_checkpoints_tasks_done(tmp_p
         assert records and len(records) == len(set(records)), (task, records)
     events = asyncio.run(done_events(etcd_endpoint, keys))
     check_exactly_once(events, num_tasks=len({t for _, _, t in events}), num_epochs=2)
+
+
+# A trainer that crashes once, after the job's data is done: the stub reads to the end,
+# then trainer 1 exits 1 the first time (the marker file says it did), having saved a
+# checkpoint of the whole job first when a checkpoint directory is given.
+CRASHING_AT_THE_END = '''
+import os, sys
+from pathlib import Path
+from trainer_agent import stub
+from trainer_agent.checkpoint import TrainStatus, save_checkpoint
+
+code = stub.main([])
+marker = Path(sys.argv[1])
+if code == 0 and os.environ["PADDLE_TRAINER_ID"] == "1" and not marker.exists():
+    if len(sys.argv) > 2:
+        save_checkpoint(sys.argv[2], {}, TrainStatus(int(sys.argv[3])))
+    marker.write_text("crashed once, after the data was done\\n")
+    sys.exit(1)
+sys.exit(code)
+'''
+
+
+@pytest.mark.parametrize("final_checkpoint", [False, True])
+def test_a_group_that_loses_a_member_after_the_data_s_end_is_restarted_from_its_checkpoint(
+        tmp_path, local_run, job_name, etcd_endpoint, final_checkpoint):
+    """The group's work since its checkpoint is in no saved model once a member died before the
+    end: the group restarts, and the master reopens the job there (no checkpoint: from epoch 0)
+    instead of the job failing. A checkpoint saved at the last epoch's end holds the whole
+    job: the group restarts and nothing is read again."""
+    keys = JobKeys("local", job_name)
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "crashing_trainer.py").write_text(CRASHING_AT_THE_END)
+    marker = tmp_path / "crashed"
+    write_records(tmp_path / "data", files=4, records_per_file=20)
+    checkpoint = [str(tmp_path / "out" / "checkpoints"), "1"] if final_checkpoint else []
+    run = local_run("--module", "crashing_trainer", "--package-path", str(package),
+                    "--input", str(tmp_path / "data"), "--trainers", "2", "--epochs", "2",
+                    "--chunk-bytes", "300", "--etcd-endpoints", etcd_endpoint, "--", str(marker),
+                    *checkpoint)
+    assert run.wait() == 0, run.text()
+    text = run.text()
+    assert marker.exists()
+    assert "trainer 1 died: restarting the trainer group" in text
+    rows = read_log(run.records)
+    reads = [sum(1 for e, _, _, _ in rows if e == epoch) for epoch in (0, 1)]
+    records = len({r for _, _, _, r in rows})
+    if final_checkpoint:
+        assert "the checkpoint holds the whole job: no epoch to restart" in text
+        assert "the master restarted epoch" not in text
+        assert reads == [records, records]  # each record once per epoch: nothing read again
+    else:
+        assert "the master restarted epoch 0" in text
+        assert reads == [2 * records, 2 * records]  # the whole job read again, once more
+    events = asyncio.run(done_events(etcd_endpoint, keys))
+    check_exactly_once(events, num_tasks=len({t for _, _, t in events}), num_epochs=2)

@@ -56,9 +56,9 @@ the group restart resumes from the last checkpoint, which no step of the segment
 Not guaranteed: a task that fails on a bad record (``TaskFailed``) has had its records
 before the bad one trained and is dealt again; it breaks "once" in the same way
 without checkpoints. A session that lapses in the last segment of the job, once the
-master has counted every task, fails the trainers (no final model is saved), and the
-job with them: once the data is done the supervisors restart no group. (A group
-restart already under way when the last task is acknowledged reopens the job instead.)
+master has counted every task, fails the trainers before anything is saved; the group
+restart that follows reopens the finished job at the last checkpoint (``RestartEpoch``
+with ``reopen``), so the last segment is trained again, once.
 Mid-epoch checkpoints need ``num_workers=0`` (the records read in the training
 process, where the tasks read to their end are known): loader workers refuse them.
 The trainers of the group choose their drain points on their own (K/N tasks each, or

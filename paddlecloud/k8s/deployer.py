@@ -344,8 +344,8 @@ class KubernetesDeployer(Deployer):
 
     async def reconcile(self) -> None:
         """Collective jobs: a lost member restarts the group. PS: the controllers replace pods."""
-        if not self.spec.collective or self._finishing or self._gave_up:
-            return
+        if not self.spec.collective or self._gave_up:
+            return  # a group is restarted after the data's end too: `Deployer.finishing`
         pods = await self._trainer_pods()
         if self._members is None:
             if len(pods) >= self.size:
@@ -385,8 +385,8 @@ class KubernetesDeployer(Deployer):
         return pods
 
     async def finishing(self) -> None:
-        """From now on nothing is resized or restarted; a pod the Job controller replaces is told
-        JOB_DONE and exits 0."""
+        """From now on nothing is resized; a PS pod the Job controller replaces is told JOB_DONE
+        and exits 0. A collective group that loses a member is still restarted (`reconcile`)."""
         self._finishing = True
 
     async def trainer_status(self) -> RoleStatus:

@@ -10,7 +10,9 @@ mode (collective training, where a group cannot lose a member) by
 last checkpoint resumes at, the whole group started again. Past `--restart-limit`
 the deployer gives up on the trainers as a Job past its backoffLimit does: every
 trainer is stopped and `trainer_status()` reports the reason. A pserver past the
-limit raises `JobFailed`.
+limit raises `JobFailed`. Once the data is done (`finishing`) nothing is resized or
+replaced, but a group that loses a member is still restarted: the master reopens the
+job at the checkpoint.
 
 `scale(n)` resizes the group: in `trainer` mode (PS) by starting launchers with
 the next ids, or stopping the highest ids with SIGTERM (a trainer that handles it
@@ -117,9 +119,9 @@ class LocalDeployer(Deployer):
             await asyncio.gather(*(t.stop(grace=GROUP_STOP_GRACE) for t in leaving))
 
     async def reconcile(self) -> None:
-        if not self._replacing or self._gave_up:
+        if self._gave_up:
             return
-        for pserver in self.pservers:
+        for pserver in self.pservers if self._replacing else ():
             # exit 0 is the agent's own end (it saw the job finish before this loop did)
             if self._dead(pserver):
                 if pserver.restarts >= self.restart_limit:
@@ -130,6 +132,8 @@ class LocalDeployer(Deployer):
         if not dead:
             return
         if self.restart_mode == "trainer":
+            if not self._replacing:
+                return
             for trainer in dead:
                 if trainer.restarts >= self.restart_limit:
                     await self._give_up(f"{trainer.name} exited with {trainer.returncode}; it was "
@@ -144,10 +148,12 @@ class LocalDeployer(Deployer):
                                     f"group was restarted {restarts} times "
                                     f"(--restart-limit {self.restart_limit})")
                 return
+            # also once the data is done: the master reopens the job at the checkpoint
             self._event(f"{', '.join(t.name for t in dead)} died: restarting the trainer group")
             await self.restart_trainers()
 
     async def finishing(self) -> None:
+        """No more resizes nor replacements, but a group restart (see `Deployer.finishing`)."""
         self._replacing = False
 
     async def trainer_status(self) -> RoleStatus:
@@ -157,8 +163,10 @@ class LocalDeployer(Deployer):
             return RoleStatus(desired=self.num_trainers, active=0, succeeded=succeeded,
                               failed=max(failed, 1), detail=self._gave_up)
         running = sum(t.running for t in self.trainers)
-        # a dead trainer is replaced by the next reconcile while replacing goes on
-        replaced = sum(self._dead(t) for t in self.trainers) if self._replacing else 0
+        # a dead trainer is replaced by the next reconcile while replacing goes on (a group
+        # is restarted whenever it loses one)
+        replacing = self._replacing or self.restart_mode == "group"
+        replaced = sum(self._dead(t) for t in self.trainers) if replacing else 0
         return RoleStatus(desired=self.num_trainers, active=running + replaced,
                           succeeded=succeeded, failed=failed)
 

@@ -330,7 +330,12 @@ class LocalJob:
 
         `reopen`: the stopped group may have acknowledged the job's last task, so a job
         whose data is all consumed is read again from the checkpoint. An answer no retry
-        changes (a failed job, a bad checkpoint position) fails the job at once."""
+        changes (a failed job, a bad checkpoint position) fails the job at once. A checkpoint
+        saved at the end of the last epoch holds the whole job: nothing is restarted (the
+        group reads that checkpoint, is told the job is done, and saves the model from it)."""
+        if epoch >= self.progress.num_epochs:
+            self._event("the checkpoint holds the whole job: no epoch to restart")
+            return
         address = self.progress.leader
         deadline = time.monotonic() + 60
         while True:

@@ -121,6 +121,28 @@ async def test_collective_lost_pod_restarts_the_whole_group(k8s, api_client, job
     check_valid(job)
 
 
+async def test_after_the_data_s_end_a_lost_pod_still_restarts_the_group_but_nothing_resizes(
+        k8s, api_client, job_name):
+    spec = make_spec(short(job_name), trainers=2, min_trainers=1, max_trainers=4, pservers=0)
+    await create_master(api_client, spec)
+    trainer = manifests.trainer_name(spec.name)
+    restarts = EpochRestarts(k8s, trainer)
+    deployer = KubernetesDeployer(spec, api_client=api_client, retry=FAST_RETRY, restart_epoch=restarts)
+    await deployer.create_trainers()
+    first = add_group(k8s, spec, 2, "a")
+    await deployer.reconcile()
+    await deployer.finishing()
+    await deployer.scale(4)
+    assert restarts.jobs_present == [] and deployer.size == 2  # no resize once the data is done
+    k8s.add_pod(spec, manifests.TRAINER, first[0], phase="Succeeded")  # one member finished
+    await deployer.reconcile()
+    assert restarts.jobs_present == []  # a member that finished is not lost
+    await delete_pod(api_client, first[1])  # the other died before it saved
+    await deployer.reconcile()
+    assert restarts.jobs_present == [False] and deployer.restarts == 1
+    assert k8s.posted().count(("jobs", trainer)) == 2
+
+
 async def test_collective_scale_restarts_the_group_at_the_new_size(k8s, api_client, job_name):
     spec = make_spec(short(job_name), trainers=2, min_trainers=1, max_trainers=4, pservers=0)
     await create_master(api_client, spec)
@@ -256,3 +278,53 @@ async def test_supervise_hands_the_desired_size_to_the_deployer_until_the_data_i
     first = deployer.calls.index("scale(2)")
     assert deployer.calls[first + 1] == "reconcile"
     assert not any(c.startswith("scale") for c in deployer.calls[deployer.calls.index("finishing"):])
+
+
+async def read_everything(master) -> None:
+    """A trainer reads the job to its end (JOB_DONE), acknowledging each task."""
+    session = (await master.RegisterTrainer(pb.RegisterTrainerRequest(trainer_id="0"))).session_id
+    while (reply := await master.GetTask(pb.GetTaskRequest(session_id=session, epoch=0))).outcome != pb.JOB_DONE:
+        if reply.outcome == pb.TASK:
+            await master.TaskFinished(pb.TaskReport(session_id=session, task_id=reply.task.id,
+                                                    epoch=0, attempt=reply.task.attempt))
+        else:
+            await asyncio.sleep(0.05)  # WAIT: the epoch's end is being written
+
+
+@pytest.mark.parametrize("final_checkpoint", [False, True])
+async def test_a_member_lost_after_the_data_s_end_restarts_the_group_from_its_checkpoint(
+        tmp_path, k8s, api_client, kubeconfig, etcd_endpoint, job_name, monkeypatch, start_master,
+        final_checkpoint):
+    """Without a checkpoint of the whole job the master reopens it (the group's work since its
+    checkpoint is in no saved model); with one saved at the last epoch's end nothing is read
+    again (that would count the epoch twice): the group only starts again, to save from it."""
+    from trainer_agent.checkpoint import TrainStatus, save_checkpoint
+
+    name = short(job_name)
+    output = tmp_path / "out"
+    spec, proc = await start_deploying_master(tmp_path, api_client, kubeconfig, etcd_endpoint,
+                                              monkeypatch, start_master, name=name, namespace=NS,
+                                              output=str(output))
+    trainer = manifests.trainer_name(name)
+    await wait_serving(proc.address, process=proc)
+    await k8s.wait_for(lambda: k8s.stored("jobs", NS, trainer), timeout=30, what="the trainer Job")
+    pods = add_group(k8s, spec, 2, "a")
+    await k8s.wait_for(lambda: "the trainer group of 2 runs" in proc.log(), timeout=30,
+                       what="the group seen whole")
+    if final_checkpoint:
+        save_checkpoint(str(output / "checkpoints"), {}, TrainStatus(0))  # epoch 0 of 1, finished
+    async with grpc.aio.insecure_channel(proc.address) as channel:
+        master = stub(channel)
+        await read_everything(master)
+        await delete_pod(api_client, pods[1])
+        await k8s.wait_for(lambda: k8s.posted().count(("jobs", trainer)) == 2, timeout=30,
+                           what="the group restarted")
+        log = proc.log()
+        assert f"trainer pod(s) {pods[1]} lost: restarting the trainer group" in log
+        status = await master.GetStatus(pb.GetStatusRequest())
+        if final_checkpoint:
+            assert "the checkpoint holds the whole job: no epoch to restart" in log
+            assert (status.phase, status.counts.done) == ("Succeeded", status.num_tasks)
+        else:
+            assert "group restart: the master restarted epoch 0" in log
+            assert (status.phase, status.counts.todo) == ("Running", status.num_tasks)
