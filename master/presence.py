@@ -14,12 +14,22 @@ job's prefix.
 What this does NOT do: tell a live master from a dead one whose lease has not lapsed
 yet (a SIGKILLed master stays listed up to its election TTL), or list a master between
 losing a session and opening the next.
+
+`sole_listener_at` answers one narrower question: can any other live process be the
+master at an address? A master restarted in place (the local supervisor restarts it
+with the same port; Kubernetes restarts its container in the same pod, same IP) finds
+the leader key naming its own address, held on its dead predecessor's lease. When it
+listens there itself, no other process can (its gRPC server does not share ports:
+`grpc.so_reuseport` 0), so that holder is dead and the master revokes its lease instead
+of waiting up to an election TTL for it to lapse (`paddlecloud.etcd.Election`).
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import logging
+import socket
 from dataclasses import asdict, dataclass
 
 import aetcd
@@ -80,3 +90,32 @@ async def read_masters(client: aetcd.Client, keys: JobKeys, *,
 
 
 __all__ = ["MasterPresence", "announce", "read_masters"]
+
+
+_WILDCARDS = {"0.0.0.0", "::", "[::]", ""}
+
+
+def sole_listener_at(advertise: str, *, host: str, port: int) -> bool:
+    """True when this process, listening on `host`:`port` with a port of its own, is the
+    only one that can listen at `advertise`: the same port, on an IP address (not a name:
+    a name may stand for several machines) of this machine that `host` covers."""
+    name, _, advertised_port = advertise.rpartition(":")
+    if not advertised_port.isdigit() or int(advertised_port) != port:
+        return False
+    try:
+        ip = ipaddress.ip_address(name.strip("[]"))
+    except ValueError:
+        return False
+    if host not in _WILDCARDS:
+        try:
+            if ipaddress.ip_address(host.strip("[]")) != ip:
+                return False
+        except ValueError:
+            return False
+    family = socket.AF_INET6 if ip.version == 6 else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind((str(ip), 0))  # succeeds only for an address of this machine
+        except OSError:
+            return False
+    return True

@@ -42,7 +42,7 @@ from master.authorization import Authorization
 from master.config import MasterConfig, SpecError, TlsFiles
 from master.dispatcher import Dispatcher
 from master.mirror import DoneMarkMirror
-from master.presence import MasterPresence, announce, read_masters
+from master.presence import MasterPresence, announce, read_masters, sole_listener_at
 from master.servicer import MasterServicer
 from master.store import NotLeader, StoreUnavailable
 from master.web import StatusPage
@@ -64,7 +64,7 @@ RETRY_MAX = 8.0     # ... doubling up to this
 # servicer instead, on purpose and cheaply (`--max-calls-in-flight`: RESOURCE_EXHAUSTED).
 PENDING_CALLS_LIMIT = 1 << 20
 SERVER_OPTIONS = [
-    ("grpc.so_reuseport", 0),
+    ("grpc.so_reuseport", 0),  # a port of its own: `presence.sole_listener_at` relies on it
     ("grpc.server.max_pending_requests", PENDING_CALLS_LIMIT),
     ("grpc.server.max_pending_requests_hard_limit", PENDING_CALLS_LIMIT),
     *SERVER_KEEPALIVE,  # the clients' pings while their calls wait in that queue
@@ -93,6 +93,8 @@ class MasterNode:
         self.dispatcher: Dispatcher | None = None
         self.leader_hint: str | None = None
         self.page_url = ""  # the status page's, set by `serve` once it listens
+        # set by `serve` once it listens: a leader key naming `advertise` is a dead predecessor's
+        self.reclaims = False
         self.started = time.time()
         self.health = HealthServicer()
         self.serving = False  # what the health service says (also the HTTP port's /ready)
@@ -156,7 +158,8 @@ class MasterNode:
             await announce(self.client, self.keys, MasterPresence(
                 advertise=self.advertise, page=self.page_url, started=self.started),
                 lease=session.lease_id)
-            campaign = asyncio.create_task(election.campaign(self.advertise, on_leader=self._seen_leader))
+            campaign = asyncio.create_task(election.campaign(self.advertise, on_leader=self._seen_leader,
+                                                             reclaim=self.reclaims))
             stop = asyncio.create_task(self.stopping.wait())
             await asyncio.wait({campaign, stop}, return_when=asyncio.FIRST_COMPLETED)
             if not campaign.done():
@@ -278,6 +281,7 @@ async def serve(config: MasterConfig) -> int:
         logger.error("cannot listen on %s: %s", address, error)
         await client.close()
         return 1
+    node.reclaims = sole_listener_at(node.advertise, host=config.host, port=config.port)
     await server.start()
     page = None
     if config.metrics_port:

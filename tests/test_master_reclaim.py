@@ -1,0 +1,69 @@
+"""A master restarted in place takes over at once: the leader key names its own address on
+its dead predecessor's lease, and, as the only process that can listen there, it revokes
+that lease instead of waiting up to an election TTL. A master that merely advertises
+another's address (misconfigured) revokes nothing.
+
+The election TTL here is 600 s: a master that waited for the lease to lapse would not
+serve within any of these waits.
+"""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+from datasets import write_records
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from masters import pb, stub, wait_serving
+from waiting import wait_for
+
+from master.presence import sole_listener_at
+from paddlecloud.etcd_server import free_port
+
+LONG_TTL = ("--election-ttl", "600s", "--session-ttl", "1800s")
+
+
+@pytest.fixture
+def data(tmp_path) -> str:
+    write_records(tmp_path / "data", files=2, records_per_file=2)
+    return str(tmp_path / "data")
+
+
+async def health_of(address: str) -> int:
+    async with grpc.aio.insecure_channel(address) as channel:
+        reply = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
+        return reply.status
+
+
+async def test_a_master_restarted_in_place_revokes_its_dead_predecessor_s_lease(data, start_master):
+    first = start_master("--input", data, *LONG_TTL)
+    await wait_serving(first.address, process=first)
+    async with grpc.aio.insecure_channel(first.address) as channel:
+        session = (await stub(channel).RegisterTrainer(pb.RegisterTrainerRequest(trainer_id="t"))).session_id
+    first.kill()
+    again = start_master(*first.args, port=first.port, name="again")
+    await wait_serving(again.address, process=again, timeout=60)
+    assert "a dead predecessor's; revoking it" in again.log()
+    async with grpc.aio.insecure_channel(again.address) as channel:  # the trainer's session lives on
+        reply = await stub(channel).GetTask(pb.GetTaskRequest(session_id=session, epoch=0))
+        assert reply.outcome == pb.TASK
+
+
+async def test_a_master_advertising_another_s_address_revokes_nothing(data, start_master):
+    leader = start_master("--input", data, *LONG_TTL)
+    await wait_serving(leader.address, process=leader)
+    impostor = start_master("--input", data, *LONG_TTL, "--advertise", leader.address, name="impostor")
+    await wait_for(lambda: f"standby: the leader is {leader.address}" in impostor.log(), timeout=30)
+    assert await health_of(leader.address) == health_pb2.HealthCheckResponse.SERVING
+    assert await health_of(impostor.address) == health_pb2.HealthCheckResponse.NOT_SERVING
+    assert "revoking" not in impostor.log()
+
+
+def test_only_an_ip_of_this_machine_on_the_port_listened_on_is_held_alone():
+    port = free_port()
+    assert sole_listener_at(f"127.0.0.1:{port}", host="127.0.0.1", port=port)
+    assert sole_listener_at(f"127.0.0.1:{port}", host="0.0.0.0", port=port)
+    assert not sole_listener_at(f"127.0.0.1:{port + 1}", host="0.0.0.0", port=port)  # another port
+    assert not sole_listener_at(f"localhost:{port}", host="0.0.0.0", port=port)  # a name: any machine
+    assert not sole_listener_at(f"127.0.0.1:{port}", host="127.0.0.2", port=port)  # not listened on
+    assert not sole_listener_at(f"192.0.2.7:{port}", host="0.0.0.0", port=port)  # not this machine's
+    assert not sole_listener_at("nonsense", host="0.0.0.0", port=port)
