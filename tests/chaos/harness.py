@@ -33,10 +33,9 @@ checkpoint boundary then fails with `SessionLapsed`) each make a group restart: 
 trainer stopped, the master's epoch reset to the last checkpoint (`RestartEpoch` with
 the tasks it consumed), the group started again. Each fault waits two polls of the
 supervisor after the last one, then until the group logs a new step, so faults hit
-training more often than a restart. No trainer is paused once the job's last epoch has
-begun: a session that lapses in the last segment, once the master has counted every
-task, fails the trainers of a finished job (the supervisor restarts no group once the
-data is done; trainer_agent.paddle), so such a pause is not injected. The
+training more often than a restart. A pause late in the last epoch can make a session
+lapse after the master counted every task: the trainers then fail at the boundary, and
+the group restart reopens the finished job at the last checkpoint (trainer_agent.paddle). The
 audit adds the model's lineage (`tests/chaos/lineage.py`, from the example's
 `--consumed-log`: the steps a restart undid dropped): per epoch,
 every record of the data in it exactly once — `seen_twice` counts records in an
@@ -83,7 +82,7 @@ import grpc
 from paddlecloud.etcd_server import EtcdServer
 from paddlecloud.history import MarkEvent, audit_done_marks, mark_history
 from paddlecloud.keys import JobKeys
-from paddlecloud.local.job import POLL_INTERVAL, LocalJob, LocalJobSpec, Progress, master_address
+from paddlecloud.local.job import POLL_INTERVAL, LocalJob, LocalJobSpec, master_address
 
 from .lineage import EpochLineage, audit_lineage, lineage, record_ids
 
@@ -298,8 +297,6 @@ class Chaos:
                 await asyncio.sleep(max(0.0, started + at - time.monotonic()))
             if job.progress.phase in ("Succeeded", "Failed"):
                 return
-            if self.mode == "collective" and fault == "trainer-pause" and _in_last_epoch(job.progress):
-                continue  # its lapse could come after the last task is counted (the module says)
             await self._fault(job, fault)
 
     @staticmethod
@@ -409,11 +406,6 @@ class Chaos:
                                        f"{e.never_seen} never seen, {e.unknown} unknown ids")
         if extra := sorted(set(consumed) - set(range(self.epochs))):
             result.problems.append(f"the lineage has epochs {extra} past the job's {self.epochs}")
-
-
-def _in_last_epoch(progress: Progress) -> bool:
-    """The job's last epoch has begun, as the supervisor's last poll of the master saw it."""
-    return progress.num_epochs > 0 and progress.epoch >= progress.num_epochs - 1
 
 
 def _size(path: Path) -> int:

@@ -42,7 +42,8 @@ def test_collective_job_keeps_every_record_once_in_the_model_through_group_resta
     pytest.importorskip("paddle")
     # seed 6's first faults: a trainer SIGKILLed (a group restart from a checkpoint inside
     # the epoch), then a trainer SIGSTOPped past its session lease. Four epochs, so that the
-    # pause comes well before the last one (the harness pauses no trainer in the last epoch).
+    # pause comes well before the last one: a lapse after the job's last task is recovered
+    # by reopening the job, which tests/test_elastic_local.py shows on its own.
     seed, faults, epochs = 6, 2, 4
     chaos = Chaos(seed=seed, workdir=tmp_path, mode="collective", epochs=epochs, faults=faults)
     result = run_and_show(chaos, capsys,
