@@ -89,8 +89,6 @@ async def read_masters(client: aetcd.Client, keys: JobKeys, *,
     return leader, sorted(masters, key=lambda m: m.advertise)
 
 
-__all__ = ["MasterPresence", "announce", "read_masters"]
-
 
 _WILDCARDS = {"0.0.0.0", "::", "[::]", ""}
 
@@ -119,3 +117,6 @@ def sole_listener_at(advertise: str, *, host: str, port: int) -> bool:
         except OSError:
             return False
     return True
+
+
+__all__ = ["MasterPresence", "announce", "read_masters", "sole_listener_at"]
