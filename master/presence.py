@@ -7,7 +7,8 @@ and again with each new session that replaces a lost one; etcd deletes the key w
 the lease lapses or is revoked, so the list is live to within the election TTL.
 
 This key is not job state (DESIGN.md section 6, invariant 4 speaks of job state): it
-is written unfenced, by standbys too, and nothing that decides the job reads it.
+is written unfenced, by standbys too, and nothing that decides the job's state reads it
+(a restarted master reads its predecessor's, below, to end that dead master's term).
 `paddlecloud job delete` and `local train --fresh` clear it with the rest of the
 job's prefix.
 
@@ -15,13 +16,18 @@ What this does NOT do: tell a live master from a dead one whose lease has not la
 yet (a SIGKILLed master stays listed up to its election TTL), or list a master between
 losing a session and opening the next.
 
-`sole_listener_at` answers one narrower question: can any other live process be the
-master at an address? A master restarted in place (the local supervisor restarts it
-with the same port; Kubernetes restarts its container in the same pod, same IP) finds
-the leader key naming its own address, held on its dead predecessor's lease. When it
-listens there itself, no other process can (its gRPC server does not share ports:
-`grpc.so_reuseport` 0), so that holder is dead and the master revokes its lease instead
-of waiting up to an election TTL for it to lapse (`paddlecloud.etcd.Election`).
+A master restarted in place (the local supervisor restarts it with the same port;
+Kubernetes restarts its container in the same pod, same IP) finds the leader key naming
+its own address, held on its dead predecessor's lease, and revokes that lease instead of
+waiting up to an election TTL for it to lapse (`paddlecloud.etcd.Election`), when two
+things prove the predecessor dead (`dead_predecessor`):
+* `sole_listener_at`: this master listens at its advertised address, an IP of this
+  machine, on a port of its own (its gRPC server does not share ports:
+  `grpc.so_reuseport` 0), so no other live process listens there;
+* the predecessor's presence, on the same lease as the leader key, names this master's
+  network namespace (`network_id`: the kernel's boot id and the namespace's inode), so
+  "there" is the same place: two machines (or two pods) that both advertise 127.0.0.1
+  are not mistaken for one.
 """
 
 from __future__ import annotations
@@ -29,8 +35,10 @@ from __future__ import annotations
 import ipaddress
 import json
 import logging
+import os
 import socket
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import aetcd
 from aetcd import rpc
@@ -47,6 +55,7 @@ class MasterPresence:
     advertise: str   # its --advertise address, HOST:PORT
     page: str        # its status page's URL; "" when it serves none
     started: float   # when its process started, seconds since the epoch (wall clock)
+    network: str = ""  # `network_id()` of its process; "" when not known
 
     def to_json(self) -> bytes:
         return json.dumps(asdict(self)).encode()
@@ -56,7 +65,7 @@ class MasterPresence:
         try:
             fields = json.loads(raw)
             return cls(advertise=str(fields["advertise"]), page=str(fields["page"]),
-                       started=float(fields["started"]))
+                       started=float(fields["started"]), network=str(fields.get("network", "")))
         except (ValueError, TypeError, KeyError) as error:
             raise ValueError(f"not a master's presence: {raw[:100]!r} ({error})") from None
 
@@ -119,4 +128,30 @@ def sole_listener_at(advertise: str, *, host: str, port: int) -> bool:
     return True
 
 
-__all__ = ["MasterPresence", "announce", "read_masters", "sole_listener_at"]
+def network_id() -> str:
+    """This process's network namespace, unique on this machine since its boot: the same
+    for a container restarted in its pod, different for another machine or pod."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        return f"{boot}:{os.stat('/proc/self/ns/net').st_ino}"
+    except OSError:
+        return ""  # not Linux: no predecessor is ever proved dead
+
+
+async def dead_predecessor(client: aetcd.Client, keys: JobKeys, advertise: str, *,
+                           network: str) -> int | None:
+    """The election lease of a dead master that had `advertise` in `network` (this master's
+    `network_id()`; its presence, read before this master announces its own), or None.
+    Only for a master that is the sole listener at `advertise` (the module's docstring)."""
+    found = await client.get(keys.master(advertise))
+    if found is None or not found.lease:
+        return None
+    try:
+        presence = MasterPresence.from_json(found.value)
+    except ValueError:
+        return None
+    return found.lease if network and presence.network == network else None
+
+
+__all__ = ["MasterPresence", "announce", "dead_predecessor", "network_id", "read_masters",
+           "sole_listener_at"]

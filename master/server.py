@@ -42,7 +42,14 @@ from master.authorization import Authorization
 from master.config import MasterConfig, SpecError, TlsFiles
 from master.dispatcher import Dispatcher
 from master.mirror import DoneMarkMirror
-from master.presence import MasterPresence, announce, read_masters, sole_listener_at
+from master.presence import (
+    MasterPresence,
+    announce,
+    dead_predecessor,
+    network_id,
+    read_masters,
+    sole_listener_at,
+)
 from master.servicer import MasterServicer
 from master.store import NotLeader, StoreUnavailable
 from master.web import StatusPage
@@ -93,8 +100,9 @@ class MasterNode:
         self.dispatcher: Dispatcher | None = None
         self.leader_hint: str | None = None
         self.page_url = ""  # the status page's, set by `serve` once it listens
-        # set by `serve` once it listens: a leader key naming `advertise` is a dead predecessor's
-        self.reclaims = False
+        # set by `serve` once it listens: no other live process can listen at `advertise`
+        self.sole_listener = False
+        self.network = network_id()  # where `advertise` lives (`master.presence`)
         self.started = time.time()
         self.health = HealthServicer()
         self.serving = False  # what the health service says (also the HTTP port's /ready)
@@ -154,12 +162,15 @@ class MasterNode:
         mirror = DoneMarkMirror(self.client, self.keys)  # while standby: the first load takes it
         mirror.start()
         try:
-            # present for as long as this session lives, leader or standby (`master.presence`)
+            # read before our presence replaces its predecessor's (`master.presence`)
+            dead = (await dead_predecessor(self.client, self.keys, self.advertise, network=self.network)
+                    if self.sole_listener else None)
+            # present for as long as this session lives, leader or standby
             await announce(self.client, self.keys, MasterPresence(
-                advertise=self.advertise, page=self.page_url, started=self.started),
-                lease=session.lease_id)
+                advertise=self.advertise, page=self.page_url, started=self.started,
+                network=self.network), lease=session.lease_id)
             campaign = asyncio.create_task(election.campaign(self.advertise, on_leader=self._seen_leader,
-                                                             reclaim=self.reclaims))
+                                                             reclaim=dead))
             stop = asyncio.create_task(self.stopping.wait())
             await asyncio.wait({campaign, stop}, return_when=asyncio.FIRST_COMPLETED)
             if not campaign.done():
@@ -281,7 +292,7 @@ async def serve(config: MasterConfig) -> int:
         logger.error("cannot listen on %s: %s", address, error)
         await client.close()
         return 1
-    node.reclaims = sole_listener_at(node.advertise, host=config.host, port=config.port)
+    node.sole_listener = sole_listener_at(node.advertise, host=config.host, port=config.port)
     await server.start()
     page = None
     if config.metrics_port:

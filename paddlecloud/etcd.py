@@ -508,12 +508,11 @@ class Election:
         self.key = key
 
     async def campaign(self, value: str, *, on_leader: Callable[[str], None] | None = None,
-                       reclaim: bool = False) -> Leadership:
+                       reclaim: int | None = None) -> Leadership:
         """Waits until this session holds the key; calls `on_leader` with each other leader seen.
 
-        `reclaim`: the caller has proved that no other live process can campaign with
-        `value` (`master.presence.sole_listener_at`), so the key holding `value` on another
-        lease is a dead predecessor's: that lease is revoked (once) instead of waited out."""
+        `reclaim`: a lease the caller has proved dead (`master.presence.dead_predecessor`):
+        the key holding `value` on it is revoked (once) instead of waited out."""
         client = self.session.client
         while True:
             succeeded, responses = await client.transaction(
@@ -530,8 +529,8 @@ class Election:
                 value_now, meta = responses[0][0]
                 if meta.lease == self.session.lease_id:  # ours from an earlier attempt
                     return Leadership(self.key, meta.create_revision)
-                if reclaim and meta.lease and value_now == value.encode():
-                    reclaim = False  # once: a lease that will not go is waited out
+                if reclaim is not None and meta.lease == reclaim and value_now == value.encode():
+                    reclaim = None  # once: a lease that will not go is waited out
                     logger.warning("the leader key names this campaigner's own address %s on another "
                                    "lease (%x): a dead predecessor's; revoking it", value, meta.lease)
                     with contextlib.suppress(aetcd.ClientError):  # gone already: no matter

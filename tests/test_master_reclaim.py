@@ -1,13 +1,19 @@
 """A master restarted in place takes over at once: the leader key names its own address on
-its dead predecessor's lease, and, as the only process that can listen there, it revokes
-that lease instead of waiting up to an election TTL. A master that merely advertises
-another's address (misconfigured) revokes nothing.
+its dead predecessor's lease, and, as the only process that can listen there (and in the
+network namespace its predecessor announced), it revokes that lease instead of waiting up
+to an election TTL. A master that merely advertises another's address (misconfigured), or
+one whose predecessor at that address was in another network (two machines advertising
+127.0.0.1), revokes nothing.
 
 The election TTL here is 600 s: a master that waited for the lease to lapse would not
 serve within any of these waits.
 """
 
 from __future__ import annotations
+
+import json
+import subprocess
+import sys
 
 import grpc
 import pytest
@@ -16,8 +22,10 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from masters import pb, stub, wait_serving
 from waiting import wait_for
 
-from master.presence import sole_listener_at
+from master.presence import network_id, sole_listener_at
+from paddlecloud import etcd
 from paddlecloud.etcd_server import free_port
+from paddlecloud.keys import JobKeys
 
 LONG_TTL = ("--election-ttl", "600s", "--session-ttl", "1800s")
 
@@ -56,6 +64,33 @@ async def test_a_master_advertising_another_s_address_revokes_nothing(data, star
     assert await health_of(leader.address) == health_pb2.HealthCheckResponse.SERVING
     assert await health_of(impostor.address) == health_pb2.HealthCheckResponse.NOT_SERVING
     assert "revoking" not in impostor.log()
+
+
+async def test_a_predecessor_at_the_same_address_in_another_network_is_not_revoked(
+        data, start_master, etcd_endpoint, job_name):
+    first = start_master("--input", data, *LONG_TTL)
+    await wait_serving(first.address, process=first)
+    first.kill()
+    keys = JobKeys("local", job_name)
+    client = await etcd.connect(etcd_endpoint)
+    try:  # as if the leader had been another machine's master, also advertising 127.0.0.1:P
+        leader = await client.get(keys.leader)
+        presence = json.loads((await client.get(keys.master(first.address))).value)
+        presence["network"] = "another-machine:4026531833"
+        await client.put(keys.master(first.address), json.dumps(presence).encode(), lease=leader.lease)
+        again = start_master(*first.args, port=first.port, name="again")
+        await wait_for(lambda: f"standby: the leader is {first.address}" in again.log(), timeout=30)
+        assert await health_of(again.address) == health_pb2.HealthCheckResponse.NOT_SERVING
+        assert "revoking" not in again.log()
+        assert (await client.get(keys.leader)).lease == leader.lease  # still held
+    finally:
+        await client.close()
+
+
+def test_the_network_id_is_the_namespace_s_not_the_process_s():
+    child = subprocess.run([sys.executable, "-c", "from master.presence import network_id; print(network_id())"],
+                           capture_output=True, text=True, check=True)
+    assert network_id() and child.stdout.strip() == network_id()
 
 
 def test_only_an_ip_of_this_machine_on_the_port_listened_on_is_held_alone():
