@@ -103,6 +103,9 @@ class MasterNode:
         # set by `serve` once it listens: no other live process can listen at `advertise`
         self.sole_listener = False
         self.network = network_id()  # where `advertise` lives (`master.presence`)
+        # Earlier sessions of this process: a term ends (its session lost to an etcd blip)
+        # before etcd lets its lease lapse, and the next may find the leader key on it.
+        self.past_leases: set[int] = set()
         self.started = time.time()
         self.health = HealthServicer()
         self.serving = False  # what the health service says (also the HTTP port's /ready)
@@ -165,12 +168,13 @@ class MasterNode:
             # read before our presence replaces its predecessor's (`master.presence`)
             dead = (await dead_predecessor(self.client, self.keys, self.advertise, network=self.network)
                     if self.sole_listener else None)
+            reclaim = {*self.past_leases, *([dead] if dead else [])}
             # present for as long as this session lives, leader or standby
             await announce(self.client, self.keys, MasterPresence(
                 advertise=self.advertise, page=self.page_url, started=self.started,
                 network=self.network), lease=session.lease_id)
             campaign = asyncio.create_task(election.campaign(self.advertise, on_leader=self._seen_leader,
-                                                             reclaim=dead))
+                                                             reclaim=reclaim))
             stop = asyncio.create_task(self.stopping.wait())
             await asyncio.wait({campaign, stop}, return_when=asyncio.FIRST_COMPLETED)
             if not campaign.done():
@@ -200,6 +204,7 @@ class MasterNode:
                 if not session.lost.is_set():
                     await election.resign(leadership)
         finally:
+            self.past_leases.add(session.lease_id)  # this term is over: nothing leads on it
             await mirror.stop()
             await session.close()
 

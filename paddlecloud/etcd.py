@@ -33,7 +33,7 @@ import functools
 import logging
 import os
 import re
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -508,12 +508,14 @@ class Election:
         self.key = key
 
     async def campaign(self, value: str, *, on_leader: Callable[[str], None] | None = None,
-                       reclaim: int | None = None) -> Leadership:
+                       reclaim: Iterable[int] = ()) -> Leadership:
         """Waits until this session holds the key; calls `on_leader` with each other leader seen.
 
-        `reclaim`: a lease the caller has proved dead (`master.presence.dead_predecessor`):
-        the key holding `value` on it is revoked (once) instead of waited out."""
+        `reclaim`: leases the caller has proved dead or abandoned (a dead predecessor's:
+        `master.presence.dead_predecessor`; its own earlier sessions'): the key holding
+        `value` on one of them is revoked (once each) instead of waited out."""
         client = self.session.client
+        reclaim = set(reclaim)
         while True:
             succeeded, responses = await client.transaction(
                 compare=[client.transactions.create(self.key) == 0],
@@ -529,10 +531,11 @@ class Election:
                 value_now, meta = responses[0][0]
                 if meta.lease == self.session.lease_id:  # ours from an earlier attempt
                     return Leadership(self.key, meta.create_revision)
-                if reclaim is not None and meta.lease == reclaim and value_now == value.encode():
-                    reclaim = None  # once: a lease that will not go is waited out
-                    logger.warning("the leader key names this campaigner's own address %s on another "
-                                   "lease (%x): a dead predecessor's; revoking it", value, meta.lease)
+                if meta.lease in reclaim and value_now == value.encode():
+                    reclaim.discard(meta.lease)  # once: a lease that will not go is waited out
+                    logger.warning("the leader key names this campaigner's own address %s on lease %x, "
+                                   "which no live campaigner holds (a dead predecessor's, or an earlier "
+                                   "session of this one): revoking it", value, meta.lease)
                     with contextlib.suppress(aetcd.ClientError):  # gone already: no matter
                         await client.revoke_lease(meta.lease)
                     continue

@@ -11,6 +11,7 @@ serve within any of these waits.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
@@ -50,7 +51,8 @@ async def test_a_master_restarted_in_place_revokes_its_dead_predecessor_s_lease(
     first.kill()
     again = start_master(*first.args, port=first.port, name="again")
     await wait_serving(again.address, process=again, timeout=60)
-    assert "a dead predecessor's; revoking it" in again.log()
+    assert "which no live campaigner holds (a dead predecessor's, or an earlier session of this one): " \
+           "revoking it" in again.log()
     async with grpc.aio.insecure_channel(again.address) as channel:  # the trainer's session lives on
         reply = await stub(channel).GetTask(pb.GetTaskRequest(session_id=session, epoch=0))
         assert reply.outcome == pb.TASK
@@ -102,3 +104,43 @@ def test_only_an_ip_of_this_machine_on_the_port_listened_on_is_held_alone():
     assert not sole_listener_at(f"127.0.0.1:{port}", host="127.0.0.2", port=port)  # not listened on
     assert not sole_listener_at(f"192.0.2.7:{port}", host="0.0.0.0", port=port)  # not this machine's
     assert not sole_listener_at("nonsense", host="0.0.0.0", port=port)
+
+
+async def test_a_campaign_revokes_only_a_lease_it_was_told_holds_its_own_address(etcd_endpoint, job_name):
+    """An earlier session of the same master (its term ended while etcd kept its lease, as an
+    etcd restart does) is reclaimed; a lease named to it that holds another address is not."""
+    client = await etcd.connect(etcd_endpoint)
+    key = JobKeys("local", job_name).leader
+    sessions = []
+    try:
+        async def session() -> etcd.Session:
+            sessions.append(await etcd.Session(client, ttl=600).open())
+            return sessions[-1]
+
+        old = await session()
+        await etcd.Election(old, key).campaign("me:1")
+        await old.close(revoke=False)  # abandoned: its lease lives on in etcd, with the key
+        new = await session()
+        seen: list[str] = []
+        waiting = asyncio.create_task(etcd.Election(new, key).campaign("me:1", on_leader=seen.append))
+        await wait_for(lambda: seen == ["me:1"], timeout=30)  # not told: it waits the lease out
+        waiting.cancel()
+        await asyncio.gather(waiting, return_exceptions=True)
+        await etcd.Election(new, key).campaign("me:1", reclaim={old.lease_id})
+        assert (await client.get(key)).lease == new.lease_id
+
+        await new.close()  # the key goes with it
+        other = await session()
+        await etcd.Election(other, key).campaign("other:2")
+        mine = await session()
+        seen.clear()
+        waiting = asyncio.create_task(etcd.Election(mine, key).campaign(
+            "me:1", on_leader=seen.append, reclaim={other.lease_id}))
+        await wait_for(lambda: seen == ["other:2"], timeout=30)
+        waiting.cancel()
+        await asyncio.gather(waiting, return_exceptions=True)
+        assert (await client.get(key)).lease == other.lease_id  # another address: not revoked
+    finally:
+        for s in sessions:
+            await s.close()
+        await client.close()
