@@ -108,7 +108,8 @@ async def test_a_job_whose_end_is_recorded_is_not_reopened(data, start_master, e
         await client.close()
 
 
-async def test_a_failed_job_is_not_reopened(tmp_path, start_master):
+async def failed_job(tmp_path, start_master):
+    """A master whose job failed: its one task failed once, past --max-task-failures 0."""
     write_records(tmp_path / "data", files=1, records_per_file=1)
     proc = start_master("--input", str(tmp_path / "data"), "--max-task-failures", "0")
     await wait_serving(proc.address, process=proc)
@@ -119,7 +120,13 @@ async def test_a_failed_job_is_not_reopened(tmp_path, start_master):
         await m.TaskFailed(pb.TaskReport(session_id=session, task_id=task.id, epoch=0,
                                          attempt=task.attempt, reason="bad record"))
         await wait_phase(m, "Failed")
-        await refused(m.RestartEpoch(pb.RestartEpochRequest(epoch=0, reopen=True)),
+    return proc
+
+
+async def test_a_failed_job_is_not_reopened(tmp_path, start_master):
+    proc = await failed_job(tmp_path, start_master)
+    async with grpc.aio.insecure_channel(proc.address) as channel:
+        await refused(stub(channel).RestartEpoch(pb.RestartEpochRequest(epoch=0, reopen=True)),
                       grpc.StatusCode.FAILED_PRECONDITION, "every task of epoch 0 failed")
 
 
@@ -167,16 +174,7 @@ async def test_the_local_supervisor_s_group_restart_reopens_a_job_that_ended_mea
 
 async def test_the_local_supervisor_fails_at_once_on_an_answer_no_retry_changes(
         tmp_path, start_master, job_name):
-    write_records(tmp_path / "data", files=1, records_per_file=1)
-    proc = start_master("--input", str(tmp_path / "data"), "--max-task-failures", "0")
-    await wait_serving(proc.address, process=proc)
-    async with grpc.aio.insecure_channel(proc.address) as channel:
-        m = stub(channel)
-        session = (await m.RegisterTrainer(pb.RegisterTrainerRequest(trainer_id="t"))).session_id
-        task = (await m.GetTask(pb.GetTaskRequest(session_id=session, epoch=0))).task
-        await m.TaskFailed(pb.TaskReport(session_id=session, task_id=task.id, epoch=0,
-                                         attempt=task.attempt, reason="bad record"))
-        await wait_phase(m, "Failed")
+    proc = await failed_job(tmp_path, start_master)
     async with supervisor_of(tmp_path, job_name, proc.address) as (supervisor, counting):
         with pytest.raises(JobFailed, match="could not restart epoch 0: .*every task of epoch 0 failed"):
             await supervisor._restart_epoch(0)

@@ -50,6 +50,20 @@ def add_group(k8s: Any, spec: Any, size: int, generation: str) -> list[str]:
     return names
 
 
+async def collective_deployer(k8s: Any, api_client: Any, job_name: str, *, restart_limit: int | None = None,
+                              **changes: Any) -> tuple[Any, str, EpochRestarts, KubernetesDeployer]:
+    """A collective job's master Deployment and its deployer, trainers created: (spec, the
+    trainer Job's name, the RestartEpoch calls it made, the deployer)."""
+    spec = make_spec(short(job_name), pservers=0, **changes)
+    await create_master(api_client, spec)
+    trainer = manifests.trainer_name(spec.name)
+    restarts = EpochRestarts(k8s, trainer)
+    deployer = KubernetesDeployer(spec, api_client=api_client, retry=FAST_RETRY, restart_epoch=restarts,
+                                  restart_limit=restart_limit)
+    await deployer.create_trainers()
+    return spec, trainer, restarts, deployer
+
+
 async def delete_pod(api_client: Any, name: str) -> None:
     from kubernetes import client
 
@@ -96,12 +110,8 @@ async def test_ps_scale_changes_only_the_trainer_job_size(k8s, api_client, job_n
 
 
 async def test_collective_lost_pod_restarts_the_whole_group(k8s, api_client, job_name):
-    spec = make_spec(short(job_name), trainers=3, min_trainers=1, max_trainers=4, pservers=0)
-    await create_master(api_client, spec)
-    trainer = manifests.trainer_name(spec.name)
-    restarts = EpochRestarts(k8s, trainer)
-    deployer = KubernetesDeployer(spec, api_client=api_client, retry=FAST_RETRY, restart_epoch=restarts)
-    await deployer.create_trainers()
+    spec, trainer, restarts, deployer = await collective_deployer(
+        k8s, api_client, job_name, trainers=3, min_trainers=1, max_trainers=4)
     first = add_group(k8s, spec, 3, "a")
     await deployer.reconcile()  # the group is seen whole
     await deployer.reconcile()
@@ -123,12 +133,8 @@ async def test_collective_lost_pod_restarts_the_whole_group(k8s, api_client, job
 
 async def test_after_the_data_s_end_a_lost_pod_still_restarts_the_group_but_nothing_resizes(
         k8s, api_client, job_name):
-    spec = make_spec(short(job_name), trainers=2, min_trainers=1, max_trainers=4, pservers=0)
-    await create_master(api_client, spec)
-    trainer = manifests.trainer_name(spec.name)
-    restarts = EpochRestarts(k8s, trainer)
-    deployer = KubernetesDeployer(spec, api_client=api_client, retry=FAST_RETRY, restart_epoch=restarts)
-    await deployer.create_trainers()
+    spec, trainer, restarts, deployer = await collective_deployer(
+        k8s, api_client, job_name, trainers=2, min_trainers=1, max_trainers=4)
     first = add_group(k8s, spec, 2, "a")
     await deployer.reconcile()
     await deployer.finishing()
@@ -144,12 +150,8 @@ async def test_after_the_data_s_end_a_lost_pod_still_restarts_the_group_but_noth
 
 
 async def test_collective_scale_restarts_the_group_at_the_new_size(k8s, api_client, job_name):
-    spec = make_spec(short(job_name), trainers=2, min_trainers=1, max_trainers=4, pservers=0)
-    await create_master(api_client, spec)
-    trainer = manifests.trainer_name(spec.name)
-    restarts = EpochRestarts(k8s, trainer)
-    deployer = KubernetesDeployer(spec, api_client=api_client, retry=FAST_RETRY, restart_epoch=restarts)
-    await deployer.create_trainers()
+    spec, trainer, restarts, deployer = await collective_deployer(
+        k8s, api_client, job_name, trainers=2, min_trainers=1, max_trainers=4)
     add_group(k8s, spec, 2, "a")
     await deployer.reconcile()
 
@@ -167,13 +169,8 @@ async def test_collective_scale_restarts_the_group_at_the_new_size(k8s, api_clie
 
 
 async def test_a_group_restart_loop_ends_at_the_restart_limit(k8s, api_client, job_name):
-    spec = make_spec(short(job_name), trainers=2, pservers=0)
-    await create_master(api_client, spec)
-    trainer = manifests.trainer_name(spec.name)
-    restarts = EpochRestarts(k8s, trainer)
-    deployer = KubernetesDeployer(spec, api_client=api_client, retry=FAST_RETRY,
-                                  restart_epoch=restarts, restart_limit=1)
-    await deployer.create_trainers()
+    spec, trainer, restarts, deployer = await collective_deployer(
+        k8s, api_client, job_name, trainers=2, restart_limit=1)
     for generation in ("a", "b"):
         pods = add_group(k8s, spec, 2, generation)
         await deployer.reconcile()
