@@ -98,7 +98,6 @@ async def read_masters(client: aetcd.Client, keys: JobKeys, *,
     return leader, sorted(masters, key=lambda m: m.advertise)
 
 
-
 _WILDCARDS = {"0.0.0.0", "::", "[::]", ""}
 
 
