@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import signal
@@ -15,6 +16,7 @@ from waiting import wait_for, wait_until
 
 from paddlecloud.api import pb, pb_grpc
 from paddlecloud.etcd_server import free_port
+from paddlecloud.wire import seconds
 
 
 class MasterProcess:
@@ -89,6 +91,29 @@ async def wait_serving(address: str, *, timeout: float = 30.0, process: MasterPr
 def stub(channel: grpc.aio.Channel) -> pb_grpc.MasterStub:
     return pb_grpc.MasterStub(channel)
 
+
+
+async def read_to_the_end(master: pb_grpc.MasterStub, *, trainer_id: str = "t") -> list[int]:
+    """One trainer reads every task left of the job (to JOB_DONE), epoch after epoch,
+    acknowledging each; the ids it was dealt. A WAIT (an epoch's end being written) is
+    waited out as told."""
+    registered = await master.RegisterTrainer(pb.RegisterTrainerRequest(trainer_id=trainer_id))
+    session, epoch = registered.session_id, registered.current_epoch
+    dealt: list[int] = []
+    while True:
+        reply = await master.GetTask(pb.GetTaskRequest(session_id=session, epoch=epoch))
+        if reply.outcome == pb.JOB_DONE:
+            return dealt
+        if reply.outcome == pb.EPOCH_DONE:
+            epoch = reply.current_epoch
+            continue
+        if reply.outcome == pb.WAIT:
+            await asyncio.sleep(seconds(reply.retry_after))
+            continue
+        assert reply.outcome == pb.TASK, reply
+        dealt.append(reply.task.id)
+        await master.TaskFinished(pb.TaskReport(session_id=session, task_id=reply.task.id,
+                                                epoch=reply.task.epoch, attempt=reply.task.attempt))
 
 @contextlib.asynccontextmanager
 async def serving_stub(start_master, data: Path, *, files: int, records_per_file: int):

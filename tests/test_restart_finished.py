@@ -10,37 +10,18 @@ that record: it leaves etcd's `phase` key alone.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 
 import grpc
 import pytest
 from datasets import write_records
-from masters import pb, stub, wait_serving
+from masters import pb, read_to_the_end, stub, wait_serving
 from test_master_bounds import refused
 from waiting import wait_for
 
 from paddlecloud import etcd
 from paddlecloud.keys import JobKeys
 from paddlecloud.local.job import JobFailed, LocalJob, LocalJobSpec
-from paddlecloud.wire import seconds
-
-
-async def read_to_the_end(m) -> list[int]:
-    """One trainer reads every task left, acknowledging each; the ids it was dealt."""
-    session = (await m.RegisterTrainer(pb.RegisterTrainerRequest(trainer_id="t"))).session_id
-    dealt: list[int] = []
-    while True:
-        reply = await m.GetTask(pb.GetTaskRequest(session_id=session, epoch=0))
-        if reply.outcome == pb.JOB_DONE:
-            return dealt
-        if reply.outcome == pb.WAIT:  # the last tasks' epoch end is being written: as told
-            await asyncio.sleep(seconds(reply.retry_after))
-            continue
-        assert reply.outcome == pb.TASK, reply
-        dealt.append(reply.task.id)
-        await m.TaskFinished(pb.TaskReport(session_id=session, task_id=reply.task.id, epoch=0,
-                                           attempt=reply.task.attempt))
 
 
 async def phase_of(m) -> str:

@@ -9,7 +9,7 @@ from typing import Any
 import grpc
 import kubernetes_validate
 import pytest
-from masters import pb, stub, wait_serving
+from masters import pb, read_to_the_end, stub, wait_serving
 from test_k8s_deployer import FAST_RETRY, NS, create_master, env_of, make_spec, short
 from test_k8s_master_process import start_deploying_master
 from waiting import wait_for
@@ -277,17 +277,6 @@ async def test_supervise_hands_the_desired_size_to_the_deployer_until_the_data_i
     assert not any(c.startswith("scale") for c in deployer.calls[deployer.calls.index("finishing"):])
 
 
-async def read_everything(master) -> None:
-    """A trainer reads the job to its end (JOB_DONE), acknowledging each task."""
-    session = (await master.RegisterTrainer(pb.RegisterTrainerRequest(trainer_id="0"))).session_id
-    while (reply := await master.GetTask(pb.GetTaskRequest(session_id=session, epoch=0))).outcome != pb.JOB_DONE:
-        if reply.outcome == pb.TASK:
-            await master.TaskFinished(pb.TaskReport(session_id=session, task_id=reply.task.id,
-                                                    epoch=0, attempt=reply.task.attempt))
-        else:
-            await asyncio.sleep(0.05)  # WAIT: the epoch's end is being written
-
-
 @pytest.mark.parametrize("final_checkpoint", [False, True])
 async def test_a_member_lost_after_the_data_s_end_restarts_the_group_from_its_checkpoint(
         tmp_path, k8s, api_client, kubeconfig, etcd_endpoint, job_name, monkeypatch, start_master,
@@ -312,7 +301,7 @@ async def test_a_member_lost_after_the_data_s_end_restarts_the_group_from_its_ch
         save_checkpoint(str(output / "checkpoints"), {}, TrainStatus(0))  # epoch 0 of 1, finished
     async with grpc.aio.insecure_channel(proc.address) as channel:
         master = stub(channel)
-        await read_everything(master)
+        await read_to_the_end(master, trainer_id="0")
         await delete_pod(api_client, pods[1])
         await k8s.wait_for(lambda: k8s.posted().count(("jobs", trainer)) == 2, timeout=30,
                            what="the group restarted")

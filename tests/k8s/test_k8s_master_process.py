@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import grpc
 from datasets import write_records
-from masters import pb, stub, wait_serving
+from masters import pb, read_to_the_end, stub, wait_serving
 from test_k8s_deployer import create_master, short
 
 from paddlecloud import etcd
@@ -144,12 +144,7 @@ async def test_a_new_leader_after_the_data_s_end_leaves_the_running_trainers_alo
     await k8s.wait_for(lambda: k8s.stored("jobs", ns, trainers), timeout=30, what="the trainers' Job")
     k8s.set_job_status(ns, trainers, {"active": 2})  # both still running after the last task
     async with grpc.aio.insecure_channel(proc.address) as channel:
-        m = stub(channel)
-        session = (await m.RegisterTrainer(pb.RegisterTrainerRequest(trainer_id="0"))).session_id
-        while (reply := await m.GetTask(pb.GetTaskRequest(session_id=session, epoch=0))).outcome != pb.JOB_DONE:
-            if reply.outcome == pb.TASK:
-                await m.TaskFinished(pb.TaskReport(session_id=session, task_id=reply.task.id,
-                                                   epoch=0, attempt=reply.task.attempt))
+        await read_to_the_end(stub(channel), trainer_id="0")
 
     def deployment() -> dict:
         return k8s.stored("deployments", ns, manifests.master_name(name))
