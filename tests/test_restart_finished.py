@@ -40,15 +40,24 @@ def data(tmp_path):
     return str(tmp_path / "data")
 
 
-async def test_a_finished_job_is_refused_and_reopened_from_the_checkpoint_on_request(
-        data, start_master, etcd_endpoint, job_name):
+async def finished_job(data: str, start_master):
+    """A master whose job's data is all consumed (one trainer read it to its end), and the
+    task ids that trainer was dealt."""
     proc = start_master("--input", data)
     await wait_serving(proc.address, process=proc)
     async with grpc.aio.insecure_channel(proc.address) as channel:
         m = stub(channel)
-        first = await read_to_the_end(m)
-        assert len(first) == 4
+        dealt = await read_to_the_end(m)
         await wait_phase(m, "Succeeded")
+    return proc, dealt
+
+
+async def test_a_finished_job_is_refused_and_reopened_from_the_checkpoint_on_request(
+        data, start_master, etcd_endpoint, job_name):
+    proc, first = await finished_job(data, start_master)
+    assert len(first) == 4
+    async with grpc.aio.insecure_channel(proc.address) as channel:
+        m = stub(channel)
         await refused(m.RestartEpoch(pb.RestartEpochRequest(epoch=0)), grpc.StatusCode.FAILED_PRECONDITION,
                       "finished (Succeeded: its data is all consumed)", "reopen")
         assert await phase_of(m) == "Succeeded"
@@ -70,10 +79,7 @@ async def test_a_finished_job_is_refused_and_reopened_from_the_checkpoint_on_req
 
 
 async def test_a_job_whose_end_is_recorded_is_not_reopened(data, start_master, etcd_endpoint, job_name):
-    proc = start_master("--input", data)
-    await wait_serving(proc.address, process=proc)
-    async with grpc.aio.insecure_channel(proc.address) as channel:
-        await read_to_the_end(stub(channel))
+    proc, _ = await finished_job(data, start_master)
     proc.stop()
     client = await etcd.connect(etcd_endpoint)
     keys = JobKeys("local", job_name)
@@ -139,12 +145,9 @@ async def supervisor_of(tmp_path, job: str, address: str):
 
 async def test_the_local_supervisor_s_group_restart_reopens_a_job_that_ended_meanwhile(
         tmp_path, data, start_master, job_name):
-    proc = start_master("--input", data)
-    await wait_serving(proc.address, process=proc)
+    proc, first = await finished_job(data, start_master)
     async with grpc.aio.insecure_channel(proc.address) as channel:
         m = stub(channel)
-        first = await read_to_the_end(m)
-        await wait_phase(m, "Succeeded")
         async with supervisor_of(tmp_path, job_name, proc.address) as (supervisor, counting):
             await supervisor._restart_epoch(0, tuple(first[:2]))
         assert counting.restarts == 1
