@@ -41,6 +41,7 @@ from pydantic import BaseModel, Field
 
 from master import inspection, metrics
 from master.presence import MasterPresence
+from paddlecloud import pagestyle
 from paddlecloud.aio import cancel_and_wait
 from paddlecloud.phase import Phase
 
@@ -303,6 +304,7 @@ class StatusPage:
         app.router.add_get("/api/schema", self._schema)
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/ready", self._ready)
+        app.router.add_get("/static/page.css", self._stylesheet)  # before the folder: it is not in it
         app.router.add_static("/static/", str(static))
         return app
 
@@ -336,6 +338,10 @@ class StatusPage:
         page = importlib.resources.files("master") / "static" / "index.html"
         return web.Response(text=page.read_text(encoding="utf-8"), content_type="text/html",
                             headers={"Cache-Control": "no-store"})
+
+    async def _stylesheet(self, request: web.Request) -> web.Response:
+        return web.Response(text=pagestyle.stylesheet(), content_type=pagestyle.MEDIA_TYPE,
+                            headers={"Cache-Control": pagestyle.CACHE_CONTROL})
 
     async def _schema(self, request: web.Request) -> web.Response:
         return web.json_response(schema())

@@ -14,7 +14,7 @@ from masters import stub, wait_for, wait_serving
 
 from master.presence import read_masters
 from master.web import StatusPage
-from paddlecloud import etcd
+from paddlecloud import etcd, pagestyle
 from paddlecloud.api import pb
 from paddlecloud.etcd_server import free_port
 from paddlecloud.keys import JobKeys
@@ -238,6 +238,7 @@ async def test_every_data_request_needs_a_viewer_or_operator_token(guarded_page)
     # The page's shell, code and schema carry no job data: open.
     assert "<title>" in await get(base + "/")
     await get(base + "/static/page.js")
+    assert await get(base + "/static/page.css") == pagestyle.stylesheet()  # the core's, not in master/static
     await get(base + "/api/schema")
     await get(base + "/ready", status=503)  # readiness, open: this page was given no serving state
 

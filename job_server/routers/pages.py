@@ -36,6 +36,7 @@ from fastapi.security import HTTPAuthorizationCredentials
 from job_server.auth import TOKEN_COOKIE, Principal, bearer, namespaces_of, page_principal
 from job_server.master_pages import MasterUnreachable, allowed
 from job_server.routers.jobs import JOB_NAME, NAMESPACE
+from paddlecloud import pagestyle
 from paddlecloud.jobspec import MAX_NAME_LENGTH
 from paddlecloud.k8s.jobs import JobCreateError
 
@@ -131,9 +132,9 @@ async def overview(request: Request) -> Response:
 
 @router.get("/static/page.css")
 async def stylesheet() -> Response:
-    """The master's page's stylesheet, the one both pages use (no job data in it)."""
-    css = (importlib.resources.files("master") / "static" / "page.css").read_text(encoding="utf-8")
-    return Response(css, media_type="text/css", headers={"Cache-Control": "max-age=300"})
+    """The stylesheet both pages use (`paddlecloud.pagestyle`)."""
+    return Response(pagestyle.stylesheet(), media_type=pagestyle.MEDIA_TYPE,
+                    headers={"Cache-Control": pagestyle.CACHE_CONTROL})
 
 
 # ---- a job's page, from its master --------------------------------------------------------------
