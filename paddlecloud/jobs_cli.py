@@ -176,6 +176,11 @@ def build_spec(*, name: str | None, paddlejob: str | None, package: Mapping[str,
         return translate_documents(docs, source=paddlejob, name=name, **common)
     if not name:
         raise JobSpecError("no job name: give NAME (or -f job.yaml with metadata.name)")
+    if ("." in name or "/" in name) and (name.endswith((".yaml", ".yml", ".json")) or Path(name).is_file()):
+        # `kubectl apply job.yaml` habits. No job name holds '.' or '/': refused either way,
+        # but "invalid job name" would hide why.
+        raise JobSpecError(f"NAME {name[:60]!r} is a file, not a job name: give a PaddleJob "
+                           "file with -f, or a job name")
     values = {k: v for k, v in common.items() if v is not None}
     values.update({k: options[k] for k in pod_shape if options[k] is not None})
     if options.get("trainers") is None and options.get("max_trainers") is not None:

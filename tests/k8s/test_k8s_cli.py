@@ -294,6 +294,25 @@ async def test_a_package_too_large_for_a_configmap_is_refused(k8s, kubeconfig, t
     assert list(k8s.kmock) == []
 
 
+@pytest.mark.parametrize("given", ["job.yaml", "jobs/ctr.yml", "specs/ctr"])
+async def test_a_file_given_as_the_name_is_refused_pointing_at_dash_f(k8s, kubeconfig, tmp_path,
+                                                                      monkeypatch, given):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "specs").mkdir()
+    (tmp_path / "specs" / "ctr").write_text("kind: PaddleJob\n")
+    result = await run(*submit_args(given, kubeconfig))
+    assert result.exit_code != 0
+    assert f"NAME {given!r} is a file, not a job name" in result.output and "-f" in result.output
+    assert list(k8s.kmock) == []
+
+
+async def test_a_job_named_like_a_file_here_is_still_a_job_name(k8s, kubeconfig, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "ctr").write_text("a file that happens to share the job's name\n")
+    result = await run(*submit_args("ctr", kubeconfig, "--dry-run"))
+    assert result.exit_code == 0, result.output
+
+
 def test_the_job_group_is_a_paddlecloud_subcommand():
     from paddlecloud.cli import main
 
