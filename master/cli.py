@@ -161,15 +161,23 @@ def credentials_command(directory: str, hosts: tuple[str, ...]) -> None:
     from pathlib import Path
 
     from paddlecloud.auth import JobTokens
+    from paddlecloud.tls import LocalCA, subject_name
 
+    for host in hosts:  # all checked before anything is written
+        try:
+            subject_name(host)
+        except ValueError as error:
+            raise click.BadParameter(str(error), param_hint="--tls-host") from None
     root = Path(directory)
-    tokens = JobTokens.generate().write(root / "tokens")
-    click.echo(f"tokens in {tokens}: master --tokens-dir {tokens}")
-    if hosts:
-        from paddlecloud.tls import LocalCA
-
-        ca = LocalCA.create()
-        ca.write_cert(root / "ca.crt")
-        issued = ca.issue(root, "master", hosts=hosts)
-        click.echo(f"TLS: master --tls-cert {issued.cert} --tls-key {issued.key}; "
-                   f"clients PADDLE_MASTER_CA_FILE={root / 'ca.crt'}")
+    try:
+        tokens = JobTokens.generate().write(root / "tokens")
+        click.echo(f"tokens in {tokens}: master --tokens-dir {tokens}")
+        if hosts:
+            ca = LocalCA.create()
+            ca.write_cert(root / "ca.crt")
+            issued = ca.issue(root, "master", hosts=hosts)
+            click.echo(f"TLS: master --tls-cert {issued.cert} --tls-key {issued.key}; "
+                       f"clients PADDLE_MASTER_CA_FILE={root / 'ca.crt'}")
+    except OSError as error:  # a missing parent, a read-only place: say which, not a traceback
+        raise click.ClickException(f"cannot write the credentials into {directory[:200]}: "
+                                   f"{error.strerror or error}") from None

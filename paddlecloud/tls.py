@@ -23,6 +23,7 @@ import datetime
 import ipaddress
 import logging
 import os
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -89,13 +90,8 @@ class LocalCA:
              client: bool = False, days: int = 30) -> tuple[bytes, bytes]:
         """A new key and its certificate for `hosts` (DNS names or IP addresses), signed by
         this CA: (certificate chain PEM — the certificate, then the CA's —, private key PEM)."""
+        names = [subject_name(host) for host in hosts]  # a bad one fails before any key is made
         key = ec.generate_private_key(ec.SECP256R1())
-        names: list[x509.GeneralName] = []
-        for host in hosts:
-            try:
-                names.append(x509.IPAddress(ipaddress.ip_address(host)))
-            except ValueError:
-                names.append(x509.DNSName(host))
         now = datetime.datetime.now(datetime.timezone.utc)
         usage = ExtendedKeyUsageOID.CLIENT_AUTH if client else ExtendedKeyUsageOID.SERVER_AUTH
         builder = (x509.CertificateBuilder()
@@ -120,6 +116,23 @@ class LocalCA:
         cert_path = directory / f"{name}.crt"
         cert_path.write_bytes(cert)
         return Issued(cert_path, _write_private(directory / f"{name}.key", key))
+
+
+# A DNS name a certificate may name (RFC 1123 labels; a leading "*." wildcard).
+_DNS_NAME = re.compile(r"(\*\.)?([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*",
+                       re.IGNORECASE)
+
+
+def subject_name(host: str) -> x509.GeneralName:
+    """`host` as a certificate's subject alternative name: an IP address or a DNS name.
+    Anything else no client would match, so it is refused here, named."""
+    try:
+        return x509.IPAddress(ipaddress.ip_address(host))
+    except ValueError:
+        pass
+    if len(host) > 253 or not _DNS_NAME.fullmatch(host):
+        raise ValueError(f"host {host[:64]!r} is neither an IP address nor a DNS name")
+    return x509.DNSName(host)
 
 
 MASTER_CERT_DAYS = 366

@@ -97,6 +97,44 @@ def test_token_files_are_private(tmp_path):
     assert JobTokens.load(directory).trainer == (directory / "trainer").read_text().strip()
 
 
+@pytest.mark.parametrize("host", ["bad host!", "", "a..b", "-edge.example", "x" * 300])
+def test_credentials_refuse_a_tls_host_that_is_no_host_writing_nothing(tmp_path, host):
+    from click.testing import CliRunner
+
+    from master.cli import credentials_command
+
+    result = CliRunner().invoke(credentials_command, [str(tmp_path / "creds"), "--tls-host", "127.0.0.1",
+                                                      "--tls-host", host])
+    assert result.exit_code == 2, result.output
+    assert f"host {host[:64]!r} is neither an IP address nor a DNS name" in result.output
+    assert not (tmp_path / "creds").exists()
+
+
+def test_credentials_in_a_place_that_cannot_be_written_say_where(tmp_path):
+    from click.testing import CliRunner
+
+    from master.cli import credentials_command
+
+    (tmp_path / "file").write_text("not a directory\n")
+    result = CliRunner().invoke(credentials_command, [str(tmp_path / "file" / "creds")])
+    assert result.exit_code == 1, result.output  # a ClickException: no traceback
+    assert f"cannot write the credentials into {tmp_path / 'file' / 'creds'}: Not a directory" in result.output
+
+
+@pytest.mark.parametrize("hosts", [("10.1.2.3", "::1"), ("master.ns.svc.cluster.local", "*.ns.svc", "localhost")])
+def test_credentials_mint_a_certificate_naming_each_host(tmp_path, hosts):
+    from click.testing import CliRunner
+    from cryptography import x509
+
+    from master.cli import credentials_command
+
+    result = CliRunner().invoke(credentials_command, [str(tmp_path), *(a for h in hosts for a in ("--tls-host", h))])
+    assert result.exit_code == 0, result.output
+    cert = x509.load_pem_x509_certificates((tmp_path / "master.crt").read_bytes())[0]
+    names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert sorted(str(n.value) for n in names) == sorted(hosts)
+
+
 async def test_authorization_matrix(secured, etcd_endpoint, job_name):
     s = secured
     victim, victim_token = s.sessions["victim"]
