@@ -1013,6 +1013,9 @@ MASTER_CLIENT_LABEL = "paddlecloud.org/master-client"  # "true": may call any jo
 AUTOSCALER_NAMESPACE = "paddlecloud-system"
 AUTOSCALER_LABELS = {APP_LABEL: APP_NAME, "app.kubernetes.io/component": "autoscaler"}
 NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"  # set by the API server on every namespace
+# "true" on a namespace (a cluster admin's mark: tenants cannot label namespaces): its
+# master-client pods (the job server's) may call the masters of jobs in every namespace.
+MASTER_CLIENTS_NAMESPACE_LABEL = "paddlecloud.org/master-clients"
 
 
 def network_policies(spec: JobSpec, owner: Mapping[str, Any] | None) -> list[Manifest]:
@@ -1021,9 +1024,11 @@ def network_policies(spec: JobSpec, owner: Mapping[str, Any] | None) -> list[Man
     `NAME-internal`: the job's pods reach each other on any port (pservers, collective and
     gloo rendezvous, NCCL's own ports, the master's gRPC); nothing else reaches trainers,
     pservers or heters. `NAME-master`: besides, the master's gRPC port from pods labelled
-    `paddlecloud.org/master-client: "true"` of the job's namespace (the job server), and
-    from the autoscaler's pods in `paddlecloud-system`, and its
-    status/metrics port from the job's namespace. Needs a CNI that enforces NetworkPolicy.
+    `paddlecloud.org/master-client: "true"` of the job's namespace or of a namespace labelled
+    `paddlecloud.org/master-clients: "true"` (the job server, serving several namespaces), and
+    from the autoscaler's pods in `paddlecloud-system`; its status/metrics port from the job's
+    namespace and from those master clients (the job server proxies the page). Needs a CNI
+    that enforces NetworkPolicy.
     """
     def policy(name: str, pod_selector: dict[str, str], ingress: list[dict[str, Any]]) -> Manifest:
         return {
@@ -1035,14 +1040,16 @@ def network_policies(spec: JobSpec, owner: Mapping[str, Any] | None) -> list[Man
         }
 
     job_pods = {JOB_LABEL: spec.name}
+    clients = {"podSelector": {"matchLabels": {MASTER_CLIENT_LABEL: "true"}}}
+    marked_clients = {"namespaceSelector": {"matchLabels": {MASTER_CLIENTS_NAMESPACE_LABEL: "true"}}, **clients}
+    autoscaler = {"namespaceSelector": {"matchLabels": {NAMESPACE_NAME_LABEL: AUTOSCALER_NAMESPACE}},
+                  "podSelector": {"matchLabels": dict(AUTOSCALER_LABELS)}}
     return [
         policy(f"{spec.name}-internal", job_pods, [{"from": [{"podSelector": {"matchLabels": job_pods}}]}]),
         policy(master_name(spec.name), selector(spec, MASTER), [
-            {"from": [{"podSelector": {"matchLabels": {MASTER_CLIENT_LABEL: "true"}}},
-                      {"namespaceSelector": {"matchLabels": {NAMESPACE_NAME_LABEL: AUTOSCALER_NAMESPACE}},
-                       "podSelector": {"matchLabels": dict(AUTOSCALER_LABELS)}}],
+            {"from": [clients, marked_clients, autoscaler],
              "ports": [{"protocol": "TCP", "port": MASTER_PORT}]},
-            {"from": [{"podSelector": {}}], "ports": [{"protocol": "TCP", "port": METRICS_PORT}]},
+            {"from": [{"podSelector": {}}, marked_clients], "ports": [{"protocol": "TCP", "port": METRICS_PORT}]},
         ]),
     ]
 

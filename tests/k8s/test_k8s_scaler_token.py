@@ -37,12 +37,14 @@ def _matches(selector: dict[str, Any], labels: dict[str, str]) -> bool:
 
 
 def reachable(policies: list[dict[str, Any]], *, target: dict[str, str], port: int,
-              source_namespace: str, source: dict[str, str]) -> bool:
-    """Whether a pod labelled `source` in `source_namespace` may connect to `port` of a pod
-    labelled `target` (in the policies' namespace) under these NetworkPolicies."""
+              source_namespace: str, source: dict[str, str],
+              namespace_labels: dict[str, str] | None = None) -> bool:
+    """Whether a pod labelled `source` in `source_namespace` (its other labels:
+    `namespace_labels`) may connect to `port` of a pod labelled `target` (in the policies'
+    namespace) under these NetworkPolicies."""
     selecting = [p for p in policies if _matches(p["spec"]["podSelector"], target)]
     assert selecting, f"no policy selects {target}: everything could reach it"
-    namespace_labels = {manifests.NAMESPACE_NAME_LABEL: source_namespace}
+    namespace_labels = {**(namespace_labels or {}), manifests.NAMESPACE_NAME_LABEL: source_namespace}
     for policy in selecting:
         for rule in policy["spec"]["ingress"]:
             if "ports" in rule and not any(p["port"] == port for p in rule["ports"]):
@@ -146,3 +148,27 @@ def test_the_job_server_and_the_jobs_pods_still_reach_the_master_and_the_operato
                          source=manifests.labels(spec, role)), role
     assert not reachable(policies, target=master, port=manifests.MASTER_PORT, source_namespace="default",
                          source={"app": "someone-else"})
+
+
+def test_a_job_server_of_a_marked_namespace_reaches_the_masters_of_other_namespaces():
+    spec = JobSpec(name="ctr", namespace="team-a", module="m", trainers=2, pservers=1)
+    policies = manifests.network_policies(spec, manifests.owner_reference("ctr", "uid-1"))
+    for policy in policies:
+        kubernetes_validate.validate(policy, kubernetes_validate.latest_version(), strict=True)
+    master = manifests.labels(spec, manifests.MASTER)
+    server = _deployment("job-server.yaml")
+    home, labels = server["metadata"]["namespace"], _pod_labels(server)
+    marked = {manifests.MASTER_CLIENTS_NAMESPACE_LABEL: "true"}
+
+    def can(target: dict[str, str], port: int, source: dict[str, str], namespace_labels=None) -> bool:
+        return reachable(policies, target=target, port=port, source_namespace=home, source=source,
+                         namespace_labels=namespace_labels)
+
+    for port in (manifests.MASTER_PORT, manifests.METRICS_PORT):  # status, and the proxied page
+        assert can(master, port, labels, marked), port
+        assert not can(master, port, labels), port  # a namespace no admin marked
+        assert not can(master, port, {"app": "someone-else"}, marked), port  # not a master client
+    for role in (manifests.TRAINER, manifests.PSERVER):  # the master only
+        assert not can(manifests.labels(spec, role), manifests.MASTER_PORT, labels, marked), role
+    header = (REPO / "deploy" / "job-server.yaml").read_text().split("\n---", 1)[0]
+    assert f"kubectl label namespace {home} {manifests.MASTER_CLIENTS_NAMESPACE_LABEL}=true" in header
