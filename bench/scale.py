@@ -183,11 +183,12 @@ async def _client(config: dict) -> dict:  # noqa: C901  (one loop, kept in one p
         "w0": go["t0"] + config["warmup"], "w1": go["t0"] + config["warmup"] + config["duration"]}
     window.setdefault("stop", go.get("stop", window["w1"]))
     primed: set[int] = set()
-    said_primed: list[bool] = []
+    said_primed = False
 
     def say_primed(when: float) -> None:  # once; `partial`: not every trainer by PRIME_CAP
+        nonlocal said_primed
         if not said_primed:
-            said_primed.append(True)
+            said_primed = True
             print(json.dumps({"primed": when, "partial": n - len(primed)}), flush=True)
 
     async def prime_cap() -> None:
