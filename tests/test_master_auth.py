@@ -13,6 +13,8 @@ from pathlib import Path
 
 import grpc
 import pytest
+from click.testing import CliRunner
+from cryptography import x509
 from datasets import write_records
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
@@ -20,6 +22,7 @@ from masters import pb, stub, wait_serving
 from waiting import wait_for
 
 from master.authorization import denial
+from master.cli import credentials_command
 from paddlecloud.auth import JOB_ROLES, JobTokens, Principal, Role, auth_metadata
 from paddlecloud.etcd import connect, read_range
 from paddlecloud.keys import JobKeys, prefix_range_end
@@ -99,10 +102,6 @@ def test_token_files_are_private(tmp_path):
 
 @pytest.mark.parametrize("host", ["bad host!", "", "a..b", "-edge.example", "x" * 300])
 def test_credentials_refuse_a_tls_host_that_is_no_host_writing_nothing(tmp_path, host):
-    from click.testing import CliRunner
-
-    from master.cli import credentials_command
-
     result = CliRunner().invoke(credentials_command, [str(tmp_path / "creds"), "--tls-host", "127.0.0.1",
                                                       "--tls-host", host])
     assert result.exit_code == 2, result.output
@@ -111,10 +110,6 @@ def test_credentials_refuse_a_tls_host_that_is_no_host_writing_nothing(tmp_path,
 
 
 def test_credentials_in_a_place_that_cannot_be_written_say_where(tmp_path):
-    from click.testing import CliRunner
-
-    from master.cli import credentials_command
-
     (tmp_path / "file").write_text("not a directory\n")
     result = CliRunner().invoke(credentials_command, [str(tmp_path / "file" / "creds")])
     assert result.exit_code == 1, result.output  # a ClickException: no traceback
@@ -123,11 +118,6 @@ def test_credentials_in_a_place_that_cannot_be_written_say_where(tmp_path):
 
 @pytest.mark.parametrize("hosts", [("10.1.2.3", "::1"), ("master.ns.svc.cluster.local", "*.ns.svc", "localhost")])
 def test_credentials_mint_a_certificate_naming_each_host(tmp_path, hosts):
-    from click.testing import CliRunner
-    from cryptography import x509
-
-    from master.cli import credentials_command
-
     result = CliRunner().invoke(credentials_command, [str(tmp_path), *(a for h in hosts for a in ("--tls-host", h))])
     assert result.exit_code == 0, result.output
     cert = x509.load_pem_x509_certificates((tmp_path / "master.crt").read_bytes())[0]
