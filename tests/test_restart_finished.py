@@ -95,6 +95,30 @@ async def test_a_job_whose_end_is_recorded_is_not_reopened(data, start_master, e
         await client.close()
 
 
+async def test_an_older_masters_succeeded_at_the_data_s_end_is_not_taken_for_a_verdict(
+        data, start_master, etcd_endpoint, job_name):
+    """Older masters wrote `phase` Succeeded in the data's end's own transaction; a deployer's
+    verdict is a write of its own. A new master tells them apart by their revisions."""
+    proc, first = await finished_job(data, start_master)
+    proc.stop()
+    client = await etcd.connect(etcd_endpoint)
+    keys = JobKeys("local", job_name)
+    try:
+        epoch = (await client.get(keys.epoch)).value
+        await client.transaction(compare=[], success=[client.transactions.put(keys.epoch, epoch),
+                                                      client.transactions.put(keys.phase, b"Succeeded")],
+                                 failure=[])
+        later = start_master("--input", data, name="later")
+        await wait_serving(later.address, process=later)
+        async with grpc.aio.insecure_channel(later.address) as channel:
+            m = stub(channel)
+            reply = await m.RestartEpoch(pb.RestartEpochRequest(epoch=0, done_tasks=first[:1], reopen=True))
+            assert reply.current_epoch == 0
+            assert sorted(await read_to_the_end(m)) == sorted(first[1:])
+    finally:
+        await client.close()
+
+
 async def failed_job(tmp_path, start_master):
     """A master whose job failed: its one task failed once, past --max-task-failures 0."""
     write_records(tmp_path / "data", files=1, records_per_file=1)
