@@ -8,8 +8,8 @@ HTTP app (`master.web.StatusPage`) on this process' event loop. Figures:
 * server: time to build and serialise `/api/job` and `/api/series` (median of 20), and
   their sizes;
 * HTTP: a GET of each over loopback (median of 20);
-* browser: Debian's chromium (headless, driven by Playwright; no browser download)
-  opens the page; the first full draw after navigation (`performance.now()` when the
+* browser: Debian's chromium (headless, driven by Playwright; no browser download;
+  another binary: `PADDLECLOUD_CHROMIUM`, as for the tests) opens the page; the first full draw after navigation (`performance.now()` when the
   first refresh is drawn: fetch, parse, DOM and SVG), then the median of the next
   refreshes, each split into fetch+draw and draw alone.
 
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import statistics
 import sys
 import tempfile
@@ -40,7 +41,7 @@ from paddlecloud.keys import JobKeys
 
 REGISTER_AT_ONCE = 500
 RECORD_BYTES = 10  # "FF-IIIIII\n": one record per chunk, one chunk per task
-CHROMIUM = "/usr/bin/chromium"
+CHROMIUM = os.environ.get("PADDLECLOUD_CHROMIUM", "/usr/bin/chromium")  # as tests/browser.py
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
         "--disable-component-update", "--disable-sync"]
 
