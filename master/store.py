@@ -644,7 +644,7 @@ class EtcdStore:
         pieces: list[tuple[bytes, bytes]] = []
         restart: dict | None = None
         marks: list = []  # failures keys: up to one per task, read below without decoding
-        written_with = {}  # the epoch's and the phase's mod revisions
+        epoch_revision = phase_revision = 0  # the keys' mod revisions (0: absent)
         for kv in (*head, *tail):
             if kv.key.startswith(b"failures/", plen):
                 marks.append(kv)
@@ -657,10 +657,10 @@ class EtcdStore:
                 pieces.append((kv.key, kv.value))
             elif kind == "epoch":
                 snap.epoch = int(kv.value)
-                written_with["epoch"] = kv.mod_revision
+                epoch_revision = kv.mod_revision
             elif kind == "phase":
                 snap.phase = Phase(kv.value.decode())
-                written_with["phase"] = kv.mod_revision
+                phase_revision = kv.mod_revision
             elif kind == "trainers":
                 snap.trainers["/".join(parts[1:])] = int(kv.value)
             elif kind == "superseded":
@@ -674,7 +674,7 @@ class EtcdStore:
                 snap.pservers[int(parts[1])] = kv.value.decode()
             elif kind == "restart":
                 restart = json.loads(kv.value)
-        if snap.phase is Phase.SUCCEEDED and written_with["phase"] == written_with.get("epoch"):
+        if snap.phase is Phase.SUCCEEDED and phase_revision == epoch_revision:
             # Written in the data's end's own transaction, as older masters did: the data's end,
             # not a deployer's verdict (a verdict is a write of its own); trainers may still run.
             snap.phase = None
