@@ -9,7 +9,8 @@ HTTP app (`master.web.StatusPage`) on this process' event loop. Figures:
   their sizes;
 * HTTP: a GET of each over loopback (median of 20);
 * browser: Debian's chromium (headless, driven by Playwright; no browser download;
-  another binary: `PADDLECLOUD_CHROMIUM`, as for the tests) opens the page; the first full draw after navigation (`performance.now()` when the
+  another binary: `PADDLECLOUD_CHROMIUM`, as for the tests) opens the page; the first
+  full draw after navigation (`performance.now()` when the
   first refresh is drawn: fetch, parse, DOM and SVG), then the median of the next
   refreshes, each split into fetch+draw and draw alone.
 
