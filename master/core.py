@@ -48,6 +48,11 @@ class CacheOutOfStep(Exception):
     """An event did not fit the cache: it is being rebuilt from etcd; the caller retries."""
 
 
+class TooSlow(Exception):
+    """The master answered slower than the session TTL: a lease it granted for the call lapsed
+    before the call's write reached etcd. Nothing was recorded; the caller retries."""
+
+
 def partition_of(spec: DatasetSpec, files: list[FileEntry]) -> Partition:
     return Partition(files, chunk_bytes=spec.chunk_bytes, chunks_per_task=spec.chunks_per_task,
                      splits_files=spec.splits_files)

@@ -5,9 +5,11 @@ bad value. A standby master answers UNAVAILABLE with the leader's address. Only 
 dispatcher's own `InvalidArgument` is INVALID_ARGUMENT; a cache out of step (it is
 being rebuilt) is UNAVAILABLE, so the client retries; anything else is a bug: logged
 with its traceback and answered INTERNAL. etcd out of space (NOSPACE) is
-RESOURCE_EXHAUSTED with what the operator must do. Who may call what is decided
-before this module runs (`master.authorization`); here only which fields the caller
-sees (session ids and attempts: the operator only).
+RESOURCE_EXHAUSTED with what the operator must do; so is a registration whose lease lapsed
+before its session was written (`TooSlow`: the master is slower than the session TTL; the
+trainer registers again). Who may call what is decided before this module runs
+(`master.authorization`); here only which fields the caller sees (session ids and
+attempts: the operator only).
 
 Admission: at most `max_in_flight` trainer calls are worked on at once; one more is
 answered RESOURCE_EXHAUSTED before it reaches the dispatcher (no job state read or written), with a
@@ -35,7 +37,7 @@ from grpc_status import rpc_status
 from master import inspection, metrics
 from master.authorization import caller
 from master.config import DatasetSpec
-from master.core import CacheOutOfStep, FailedPrecondition, InvalidArgument
+from master.core import CacheOutOfStep, FailedPrecondition, InvalidArgument, TooSlow
 from master.dispatcher import Dispatcher
 from master.sessions import SessionExpired, SessionSuperseded
 from master.state import Outcome, TaskStatus
@@ -58,6 +60,7 @@ _ERRORS: list[tuple[type[BaseException], grpc.StatusCode]] = [
     (StoreFull, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (StoreUnavailable, grpc.StatusCode.UNAVAILABLE),
     (CacheOutOfStep, grpc.StatusCode.UNAVAILABLE),
+    (TooSlow, grpc.StatusCode.RESOURCE_EXHAUSTED),
 ]
 
 

@@ -6,9 +6,10 @@ applying the event once etcd took it. Every write compares the leader key's
 creation revision (the election fence), so a deposed master that still runs
 changes nothing (invariant 4). Writes are group-committed: many RPCs' transactions
 ride as nested transactions in one etcd request, each with its own compares, so one
-failed compare never fails the others, and every caller is answered only after the
-request is durable. Keys written by one nested transaction never overlap another's
-in the same request (etcd refuses that).
+failed compare never fails the others (nor does a write on a lease that lapsed: the batch
+is sent again without it), and every caller is answered only after the request is durable.
+Keys written by one nested transaction never overlap another's in the same request (etcd
+refuses that).
 
 The store is also the master's only reader of etcd (the snapshot a cache is rebuilt
 from, the pservers, the save-model grant, the leader key, the watch of trainer keys)
@@ -96,6 +97,12 @@ def is_nospace(error: BaseException) -> bool:
         if e is not None and "database space exceeded" in str(e):
             return True
     return False
+
+
+def is_lease_gone(error: BaseException) -> bool:
+    """etcd refused a write because a lease it puts a key on does not exist (any more)."""
+    return (isinstance(error, grpc.RpcError) and error.code() == grpc.StatusCode.NOT_FOUND
+            and "lease not found" in (error.details() or ""))
 
 
 @contextlib.contextmanager
@@ -272,6 +279,9 @@ class GroupCommitter:
             reply = await self._client.kvstub.Txn(request, timeout=self._timeout,
                                                   metadata=self._client.metadata)
         except Exception as error:  # grpc errors, timeouts: the outcome is unknown
+            if is_lease_gone(error):
+                await self._without_lapsed_lease(batch)
+                return
             _fail_all(batch, StoreFull(error) if is_nospace(error)
                       else StoreUnavailable(f"etcd transaction failed: {error}"))
             return
@@ -286,6 +296,22 @@ class GroupCommitter:
         for write, result in zip(batch, reply.responses, strict=True):
             if not write.future.done():
                 write.future.set_result(revision if result.response_txn.succeeded else None)
+
+    async def _without_lapsed_lease(self, batch: list[_Write]) -> None:
+        """etcd refused the whole request because a write puts a key on a lease that is gone
+        (its session lapsed before the write went out; no compare can test a lease), and
+        applied none of it. Before, every write of the batch failed and the master rebuilt
+        its cache from etcd, each time: under a queue longer than the session TTL that was
+        a rebuild a second. Now the batch is sent again in halves until that write rides
+        alone, and it alone is refused (None), as a failed compare would be."""
+        if len(batch) == 1:
+            logger.info("a write's lease had lapsed before it reached etcd: refused")
+            if not batch[0].future.done():
+                batch[0].future.set_result(None)
+            return
+        half = len(batch) // 2
+        await self._send(batch[:half])
+        await self._send(batch[half:])
 
 
 # ---- reading ------------------------------------------------------------------------

@@ -28,7 +28,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from master.core import Core, InvalidArgument
+from master.core import Core, InvalidArgument, TooSlow
 from master.sessions import SessionExpired, SessionInfo, SessionSuperseded
 from master.state import InvalidTransition, TaskReleased
 from master.store import NotLeader, Snapshot
@@ -81,7 +81,10 @@ class Trainers:
                     # (it would register again and evict the newer process in turn).
                     self.registry.mark_superseded(old, trainer)
                     await self._end(old, cause="superseded")
-                await store.open_session(trainer, lease, superseded=old)
+                if not await store.open_session(trainer, lease, superseded=old):
+                    raise TooSlow(f"the session of trainer {quote(trainer)} lapsed before it was "
+                                  f"recorded (this master is slower than its {core.policy.session_ttl:g}s "
+                                  "session TTL): register again")
             except BaseException:
                 with contextlib.suppress(Exception):
                     await store.revoke_lease(lease)

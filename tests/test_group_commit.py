@@ -54,6 +54,29 @@ async def test_one_failed_compare_fails_only_its_own_write(leading):
         await committer.stop()
 
 
+async def test_a_write_on_a_lapsed_lease_is_refused_alone_and_the_batch_commits(leading):
+    """etcd refuses a whole request when one of its writes puts a key on a lease that is gone
+    (no compare can test a lease): the others must still commit, that write alone refused."""
+    client, leadership, prefix = leading
+    gone = [(await client.lease(10)).id for _ in range(2)]
+    for lease in gone:
+        await client.revoke_lease(lease)
+    live = (await client.lease(10)).id
+    committer = GroupCommitter(client, leadership)
+    committer.start()
+    try:
+        bad = {3: gone[0], 7: gone[1]}
+        futures = [committer.submit([], [put(prefix + f"w/{i}".encode(), "v", lease=bad.get(i, live))])
+                   for i in range(10)]  # queued before the committer runs: one batch
+        results = await asyncio.wait_for(asyncio.gather(*futures), 30)
+        assert [r is None for r in results] == [i in bad for i in range(10)]
+        written = {kv.key for kv in await client.get_prefix(prefix + b"w/")}
+        assert written == {prefix + f"w/{i}".encode() for i in range(10) if i not in bad}
+    finally:
+        await committer.stop()
+        await client.revoke_lease(live)
+
+
 async def test_a_stopped_committer_refuses_writes(leading):
     client, leadership, prefix = leading
     committer = GroupCommitter(client, leadership)

@@ -115,6 +115,31 @@ async def test_an_invalid_transition_in_an_rpc_is_logged_rebuilds_the_cache_and_
     assert reply.outcome == pb.TASK and 0 <= reply.task.id < dispatcher.core.state.num_tasks
 
 
+async def test_a_registration_whose_lease_lapsed_before_its_write_is_retried_not_a_rebuild(in_process):
+    """A master slower than its session TTL: the lease granted for a registration is gone when
+    the session's write reaches etcd. The trainer hears RESOURCE_EXHAUSTED (it retries), nothing
+    is recorded, and the cache is not rebuilt (etcd's refusal of the write is no store fault)."""
+    dispatcher, master = in_process
+    store, state = dispatcher.store, dispatcher.core.state
+    grant = store.grant_lease
+
+    async def lapsing_grant(ttl: float) -> int:
+        lease = await grant(ttl)
+        await store.client.revoke_lease(lease)  # as a lapse: etcd no longer has it
+        return lease
+
+    store.grant_lease = lapsing_grant
+    error = await rpc_error(master.RegisterTrainer(pb.RegisterTrainerRequest(trainer_id="slow-1")))
+    assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, error.details()
+    assert "slow-1" in error.details() and "register again" in error.details()
+    assert "slow-1" not in dispatcher.core.sessions.by_trainer
+    assert await store.client.get(dispatcher.store.keys.trainer("slow-1")) is None
+    assert dispatcher.core.state is state and dispatcher.core.serving  # no rebuild
+    store.grant_lease = grant
+    reg = await master.RegisterTrainer(pb.RegisterTrainerRequest(trainer_id="slow-1"))
+    assert (await master.GetTask(pb.GetTaskRequest(session_id=reg.session_id, epoch=0))).outcome == pb.TASK
+
+
 async def test_a_bug_inside_an_rpc_is_internal_not_invalid_argument(in_process, caplog):
     """Only the dispatcher's own InvalidArgument is the caller's fault; a ValueError from a bug
     is INTERNAL, logged with its traceback."""
