@@ -174,38 +174,10 @@ async def _client(config: dict) -> dict:  # noqa: C901  (one loop, kept in one p
     sessions = [r[0] for r in registered]
     epochs = [r[1] for r in registered]
     ttl = registered[0][2] if registered else 10.0
-    print(json.dumps({"registered": n, "register_s": register_s}), flush=True)
-    go = json.loads(await loop.run_in_executor(None, sys.stdin.readline))
-    # The window; with `prime`, it is not known yet: it starts once every trainer of every client
-    # had a task accepted (the orchestrator sends it), since with N trainers queued one round of
-    # GetTask takes N / throughput seconds and a fixed warm-up can end before the first acks.
-    window = {"w0": math.inf, "w1": math.inf, "stop": math.inf} if config.get("prime") else {
-        "w0": go["t0"] + config["warmup"], "w1": go["t0"] + config["warmup"] + config["duration"]}
-    window.setdefault("stop", go.get("stop", window["w1"]))
-    primed: set[int] = set()
-    said_primed = False
-
-    def say_primed(when: float) -> None:  # once; `partial`: not every trainer by PRIME_CAP
-        nonlocal said_primed
-        if not said_primed:
-            said_primed = True
-            print(json.dumps({"primed": when, "partial": n - len(primed)}), flush=True)
-
-    async def prime_cap() -> None:
-        await asyncio.sleep(max(0.0, go["t0"] + PRIME_CAP - time.time()))
-        say_primed(time.time())
+    window = {"w0": math.inf, "w1": math.inf, "stop": math.inf}
 
     def in_window(when: float) -> bool:
         return window["w0"] <= when <= window["w1"]
-
-    async def listen() -> None:  # later lines: {"mark": wall time} (a kill happened), {"window": [w0, w1]}
-        while line := await loop.run_in_executor(None, sys.stdin.readline):
-            message = json.loads(line)
-            if "window" in message:
-                window["w0"], window["w1"] = message["window"]
-                window["stop"] = window["w1"]
-            else:
-                mark.append(message["mark"])
 
     async def keepalive(i: int) -> None:
         mode = config["keepalive"]
@@ -226,6 +198,39 @@ async def _client(config: dict) -> dict:  # noqa: C901  (one loop, kept in one p
                 last_ok[i] = max(last_ok[i], sent)
                 if in_window(time.time()):
                     keepalives[0] += 1
+
+    # Sessions are kept while the trainers wait for the others to register, as trainer_agent
+    # keeps its own before its first call (a KeepAlive once no call was answered for ttl/3).
+    beats = [loop.create_task(keepalive(i)) for i in range(n)] if config["keepalive"] != "none" else []
+    print(json.dumps({"registered": n, "register_s": register_s}), flush=True)
+    go = json.loads(await loop.run_in_executor(None, sys.stdin.readline))
+    # The window; with `prime`, it is not known yet: it starts once every trainer of every client
+    # had a task accepted (the orchestrator sends it), since with N trainers queued one round of
+    # GetTask takes N / throughput seconds and a fixed warm-up can end before the first acks.
+    if not config.get("prime"):
+        window.update(w0=go["t0"] + config["warmup"], w1=go["t0"] + config["warmup"] + config["duration"])
+        window["stop"] = go.get("stop", window["w1"])
+    primed: set[int] = set()
+    said_primed = False
+
+    def say_primed(when: float) -> None:  # once; `partial`: not every trainer by PRIME_CAP
+        nonlocal said_primed
+        if not said_primed:
+            said_primed = True
+            print(json.dumps({"primed": when, "partial": n - len(primed)}), flush=True)
+
+    async def prime_cap() -> None:
+        await asyncio.sleep(max(0.0, go["t0"] + PRIME_CAP - time.time()))
+        say_primed(time.time())
+
+    async def listen() -> None:  # later lines: {"mark": wall time} (a kill happened), {"window": [w0, w1]}
+        while line := await loop.run_in_executor(None, sys.stdin.readline):
+            message = json.loads(line)
+            if "window" in message:
+                window["w0"], window["w1"] = message["window"]
+                window["stop"] = window["w1"]
+            else:
+                mark.append(message["mark"])
 
     async def trainer(i: int) -> None:
         nonlocal reregistered
@@ -305,7 +310,6 @@ async def _client(config: dict) -> dict:  # noqa: C901  (one loop, kept in one p
     listener = loop.create_task(listen())
     capper = loop.create_task(prime_cap()) if config.get("prime") else None
     workers = [loop.create_task(trainer(i)) for i in range(n)]
-    beats = [loop.create_task(keepalive(i)) for i in range(n)] if config["keepalive"] != "none" else []
     await asyncio.wait(workers)
     for task in beats + [listener] + ([capper] if capper else []):
         task.cancel()
@@ -540,7 +544,7 @@ def steady_rows(bench: Bench, data: Path, say) -> list[dict]:
         runs: dict[str, list[dict]] = {"master": [], "noop": [], "base": []}
         for rep in range(args.repeat):  # interleaved: a noisy neighbour hits all three alike
             job = f"scale-{bench.tag}-n{n}-{rep}"
-            master, metrics = bench.master(job, data, args.epochs)
+            master, metrics = bench.master(job, data, args.epochs, *args.steady_flags.split())
             master.wait_serving()
             runs["master"].append(measure(
                 bench, targets=[master.address], n=n, prefix=f"t{n}-", keepalive="skip",
@@ -550,7 +554,8 @@ def steady_rows(bench: Bench, data: Path, say) -> list[dict]:
             runs["noop"].append(measure(bench, targets=[bench.noop_address], n=n, prefix="noop-",
                                         keepalive="none", pids={"master": bench.noop.pid}, metrics=None))
             if args.baseline:
-                base, metrics = bench.master(f"{job}-base", data, args.epochs, tree=Path(args.baseline).resolve())
+                base, metrics = bench.master(f"{job}-base", data, args.epochs, *args.steady_flags.split(),
+                                             tree=Path(args.baseline).resolve())
                 base.wait_serving()
                 runs["base"].append(measure(
                     bench, targets=[base.address], n=n, prefix=f"b{n}-", keepalive="always",
@@ -901,7 +906,7 @@ def run(args: argparse.Namespace) -> int:
             say(line)
         say(f"clients: {args.clients} processes (--clients), one channel per trainer; warm-up "
             f"{args.warmup:g} s (against a master: and until every trainer had a task accepted), "
-            f"window {args.duration:g} s; master: default flags + --input <sparse "
+            f"window {args.duration:g} s; master: {args.steady_flags or 'default flags'} + --input <sparse "
             f"file> --chunk-bytes 1 --epochs {args.epochs} --metrics-port; its trainers ask max_tasks "
             f"{args.max_tasks}; each row the median of {args.repeat} interleaved runs"
             + (f"; baseline tree {args.baseline} (its trainers KeepAlive every ttl/3, as its agent did)"
@@ -945,6 +950,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-tasks", type=int, default=2,
                         help="max_tasks the new master's trainers ask per GetTask (prefetch) [2 = the "
                              "default --max-tasks-per-trainer]; the baseline's ask one")
+    parser.add_argument("--steady-flags", default="", metavar="FLAGS",
+                        help="more master flags for the steady rows, the baseline's too (e.g. '--session-ttl "
+                             "10s') [none: the defaults]")
     parser.add_argument("--baseline", metavar="TREE", help="also run the master of this source tree in each row")
     parser.add_argument("--failover-n", type=int, help="trainers of the failover [1024; --quick 32]")
     parser.add_argument("--failover-tasks", type=int, help="tasks of the failover's job [60000; --quick 3000]")
