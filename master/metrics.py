@@ -42,6 +42,9 @@ SHED_CALLS = Counter("paddlecloud_master_shed_calls",
 LEASE_REFRESHES = Counter("paddlecloud_master_lease_refreshes",
                           "Trainer leases refreshed in etcd (KeepAlive, or piggybacked on a call)",
                           registry=REGISTRY)
+LAPSED_ALIVE = Counter("paddlecloud_master_sessions_lapsed_alive",
+                       "Sessions that lapsed although their trainer called again afterwards: the "
+                       "master was slower than --session-ttl, or the trainer was paused", registry=REGISTRY)
 EPOCH_RESTARTS = Counter("paddlecloud_master_epoch_restarts",
                          "RestartEpoch calls (a collective group's restart)", registry=REGISTRY)
 RESIZES = Counter("paddlecloud_master_resizes",

@@ -15,6 +15,12 @@ again, adding to the storm. A session that was never served holds no task, so
 the refresh keeps no task from coming back; a trainer that died right after registering
 counts as alive for 1.5 TTL instead of one.
 
+A session that lapsed and whose trainer then calls again was alive all along: either the
+master served it slower than its TTL (too many sessions for `--session-ttl`: the README's
+sizing) or the trainer was paused. Each is counted (`paddlecloud_master_sessions_lapsed_alive`)
+and, at most once a minute, named in a warning, so an operator sees the master past its
+capacity before the re-registrations it causes pile up.
+
 What this does NOT do: keep a lease alive on its own beyond that, or touch a task's state
 other than by mirroring what a lease took with it.
 """
@@ -24,10 +30,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import re
+import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from master import metrics
 from master.core import Core, InvalidArgument, TooSlow
 from master.sessions import SessionExpired, SessionInfo, SessionSuperseded
 from master.state import InvalidTransition, TaskReleased
@@ -38,6 +48,8 @@ from paddlecloud.untrusted import quote
 logger = logging.getLogger(__name__)
 
 MAX_TRAINER_ID = 253  # bytes, as a Kubernetes object name
+LAPSED_REMEMBERED = 65_536  # lapsed sessions remembered to tell a late call (~100 bytes each)
+LAPSED_WARN_EVERY = 60.0  # seconds between warnings about sessions that lapsed alive
 _TRAINER_ID = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._/-]*[A-Za-z0-9])?")
 
 
@@ -64,6 +76,9 @@ class Trainers:
         self._watch: asyncio.Task[None] | None = None
         self._graces: dict[int, asyncio.TimerHandle] = {}  # new session -> its one refresh, pending
         self.on_gone: list[Callable[[str], None]] = []  # called with the trainer id of an ended session
+        self._lapsed: OrderedDict[int, None] = OrderedDict()  # sessions ended by expiry, the newest last
+        self._lapsed_alive = 0  # of them, called again since the last warning
+        self._warned_at = -math.inf
 
     async def register(self, trainer: str) -> Registration:
         if not is_trainer_id(trainer):
@@ -143,7 +158,24 @@ class Trainers:
                 raise
             if isinstance(error, SessionExpired):
                 self.gone(session, cause="expiry")
+                self._called_after_lapse(session)
             raise
+
+    def _called_after_lapse(self, session: int) -> None:
+        """`session` is expired; if it lapsed under this master, its trainer was alive."""
+        if session not in self._lapsed:
+            return
+        del self._lapsed[session]  # counted once: the trainer registers again now
+        metrics.LAPSED_ALIVE.inc()
+        self._lapsed_alive += 1
+        now = time.monotonic()
+        if now - self._warned_at >= LAPSED_WARN_EVERY:
+            logger.warning(
+                "%d session(s) lapsed although their trainers still called: this master served them "
+                "slower than --session-ttl %gs (%d sessions now; idle trainers ask 3 x sessions / TTL "
+                "KeepAlives a second: see the README's sizing), or those trainers were paused",
+                self._lapsed_alive, self.registry.ttl, len(self.registry.by_session))
+            self._warned_at, self._lapsed_alive = now, 0
 
     async def _end(self, session: int, *, cause: str) -> None:
         self._ending.add(session)  # the watch sees the lease go first: let the cause be ours
@@ -168,6 +200,10 @@ class Trainers:
         if info is not None:
             for hook in self.on_gone:
                 hook(info.trainer)
+            if cause == "expiry":
+                self._lapsed[session] = None
+                if len(self._lapsed) > LAPSED_REMEMBERED:
+                    self._lapsed.popitem(last=False)
         state = self.core.state
         if info is None or state is None:
             return

@@ -140,6 +140,35 @@ async def test_a_registration_whose_lease_lapsed_before_its_write_is_retried_not
     assert (await master.GetTask(pb.GetTaskRequest(session_id=reg.session_id, epoch=0))).outcome == pb.TASK
 
 
+async def test_a_session_that_lapsed_while_its_trainer_still_called_is_counted_and_named(
+        tmp_path, etcd_endpoint, job_name, caplog):
+    """A trainer calling after its session lapsed was alive: the master was too slow for its
+    TTL (or the trainer paused). The operator sees it in a metric and a warning naming the TTL;
+    each such session counts once, and a session the master never had does not count."""
+    from master.metrics import REGISTRY
+
+    def lapsed_alive() -> float:
+        return REGISTRY.get_sample_value("paddlecloud_master_sessions_lapsed_alive_total") or 0.0
+
+    write_records(tmp_path / "data", files=1, records_per_file=4)
+    async with in_process_master(tmp_path / "data", etcd_endpoint, job_name, session_ttl=2) as (
+            dispatcher, _, master):
+        before = lapsed_alive()
+        reg = await master.RegisterTrainer(pb.RegisterTrainerRequest(trainer_id="late-1"))
+        # the stimulus: the trainer does not call for longer than its session lives
+        await wait_for(lambda: reg.session_id not in dispatcher.core.sessions.by_session,
+                       message="the session did not lapse")
+        with caplog.at_level(logging.WARNING, logger="master.trainers"):
+            late = await rpc_error(master.GetTask(pb.GetTaskRequest(session_id=reg.session_id, epoch=0)))
+            again = await rpc_error(master.KeepAlive(pb.KeepAliveRequest(session_id=reg.session_id)))
+            never = await rpc_error(master.GetTask(pb.GetTaskRequest(session_id=12345, epoch=0)))
+        assert late.code() == again.code() == never.code() == grpc.StatusCode.NOT_FOUND
+        assert lapsed_alive() - before == 1
+        warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+        assert any("lapsed although their trainers still called" in w and "--session-ttl 2s" in w
+                   for w in warnings), warnings
+
+
 async def test_a_bug_inside_an_rpc_is_internal_not_invalid_argument(in_process, caplog):
     """Only the dispatcher's own InvalidArgument is the caller's fault; a ValueError from a bug
     is INTERNAL, logged with its traceback."""
