@@ -300,10 +300,10 @@ class GroupCommitter:
     async def _without_lapsed_lease(self, batch: list[_Write]) -> None:
         """etcd refused the whole request because a write puts a key on a lease that is gone
         (its session lapsed before the write went out; no compare can test a lease), and
-        applied none of it. Before, every write of the batch failed and the master rebuilt
-        its cache from etcd, each time: under a queue longer than the session TTL that was
-        a rebuild a second. Now the batch is sent again in halves until that write rides
-        alone, and it alone is refused (None), as a failed compare would be."""
+        applied none of it. That is no store fault: failing every write of the batch would
+        rebuild the cache for each such batch, which a master slower than its session TTL
+        meets often. The batch is sent again in halves until that write rides alone, and it
+        alone is refused (None), as a failed compare would be."""
         if len(batch) == 1:
             logger.info("a write's lease had lapsed before it reached etcd: refused")
             if not batch[0].future.done():

@@ -21,8 +21,8 @@ sizing) or the trainer was paused. Each is counted (`paddlecloud_master_sessions
 and, at most once a minute, named in a warning, so an operator sees the master past its
 capacity before the re-registrations it causes pile up.
 
-What this does NOT do: keep a lease alive on its own beyond that, or touch a task's state
-other than by mirroring what a lease took with it.
+What this does NOT do: keep a lease alive on its own beyond that first-call grace, or touch
+a task's state other than by mirroring what a lease took with it.
 """
 
 from __future__ import annotations
