@@ -133,7 +133,7 @@ async def test_a_registration_whose_lease_lapsed_before_its_write_is_retried_not
     assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, error.details()
     assert "slow-1" in error.details() and "register again" in error.details()
     assert "slow-1" not in dispatcher.core.sessions.by_trainer
-    assert await store.client.get(dispatcher.store.keys.trainer("slow-1")) is None
+    assert await store.client.get(store.keys.trainer("slow-1")) is None
     assert dispatcher.core.state is state and dispatcher.core.serving  # no rebuild
     store.grant_lease = grant
     reg = await master.RegisterTrainer(pb.RegisterTrainerRequest(trainer_id="slow-1"))
