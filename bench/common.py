@@ -74,8 +74,12 @@ def percentile(sorted_values: list[float], q: float) -> float:
 
 
 def free_port() -> int:
-    from paddlecloud.etcd_server import free_port as port
-    return port()
+    return free_ports(1)[0]
+
+
+def free_ports(count: int) -> list[int]:
+    from paddlecloud.etcd_server import free_ports as ports
+    return ports(count)
 
 
 def filesystem_of(path: str) -> str:

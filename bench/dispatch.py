@@ -55,6 +55,7 @@ from common import (  # noqa: E402  (after the sys.path line above)
     fdatasync_ms,
     filesystem_of,
     free_port,
+    free_ports,
     machine_busy_seconds,
     percentile,
     rss_mb,
@@ -300,7 +301,7 @@ class Bench:
                      ) -> tuple[subprocess.Popen, str, str, float]:
         """Starts a master (from the source tree `tree`); returns (process, address, metrics
         url, seconds from spawn to health SERVING)."""
-        port, metrics_port = free_port(), free_port()
+        port, metrics_port = free_ports(2)
         log = open(self.work / f"{job}.log", "ab")
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         if tree != ROOT:  # `python -m` puts the cwd first on sys.path, PYTHONPATH next

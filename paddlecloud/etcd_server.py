@@ -9,6 +9,7 @@ and must show a certificate signed by the given CA (peers stay plaintext: one me
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -59,9 +60,17 @@ class EtcdTls:
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_ports(1)[0]
+
+
+def free_ports(count: int) -> list[int]:
+    """`count` loopback ports free now, all different: each socket stays bound until all are
+    chosen (two `free_port()` calls in a row may get the same port back)."""
+    with contextlib.ExitStack() as held:
+        sockets = [held.enter_context(socket.socket()) for _ in range(count)]
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
 
 
 class EtcdServer:

@@ -16,7 +16,7 @@ from master.presence import read_masters
 from master.web import StatusPage
 from paddlecloud import etcd, pagestyle
 from paddlecloud.api import pb
-from paddlecloud.etcd_server import free_port
+from paddlecloud.etcd_server import free_port, free_ports
 from paddlecloud.keys import JobKeys
 
 
@@ -145,7 +145,7 @@ async def test_a_resize_raises_the_series_and_the_metric_a_refused_or_unchanged_
 
 async def test_every_master_s_page_lists_leader_and_standby_and_a_dead_one_goes(
         start_master, etcd_endpoint, job_name):
-    ports = [free_port(), free_port()]
+    ports = free_ports(2)
     ttl = ("--election-ttl", "2s")
     first = start_master(*ttl, "--metrics-port", str(ports[0]), name="first")
     await wait_serving(first.address, process=first)

@@ -36,7 +36,7 @@ from paddlecloud import checkpoints, etcd
 from paddlecloud.aio import cancel_and_wait
 from paddlecloud.api import pb, pb_grpc
 from paddlecloud.auth import ClientCredentials, JobTokens, Role
-from paddlecloud.etcd_server import EtcdServer, free_port
+from paddlecloud.etcd_server import EtcdServer, free_ports
 from paddlecloud.exits import signal_exit_code
 from paddlecloud.keys import JobKeys, prefix_range_end
 from paddlecloud.local.children import Child
@@ -212,7 +212,7 @@ class LocalJob:
     async def _start_masters(self) -> None:
         s = self.spec
         for index in range(s.masters):
-            port, page_port = free_port(), free_port()
+            port, page_port = free_ports(2)
             command = [sys.executable, "-m", "paddlecloud", "master", *master_flags(
                 job=s.job, namespace=NAMESPACE, etcd_endpoints=self.etcd_endpoint, host="127.0.0.1",
                 port=port, advertise=f"127.0.0.1:{port}", session_ttl=s.session_ttl,

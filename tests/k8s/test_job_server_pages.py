@@ -22,7 +22,7 @@ from job_server.app import create_app
 from job_server.config import ServerConfig
 from paddlecloud.aio import cancel_and_wait
 from paddlecloud.auth import JobTokens
-from paddlecloud.etcd_server import free_port
+from paddlecloud.etcd_server import free_port, free_ports
 from paddlecloud.k8s import manifests
 
 TOKENS = {"token-a": ("team-a",), "token-b": ("team-b",), "token-ab": ("team-a", "team-b")}
@@ -60,7 +60,7 @@ def submitted_tokens(k8s: Any, namespace: str, name: str) -> JobTokens:
 
 @pytest.fixture
 async def jobs(k8s, api_client, tmp_path, start_master, start_trainer):
-    page_port, nobody = free_port(), free_port()  # nothing listens on `nobody`
+    page_port, nobody = free_ports(2)  # nothing listens on `nobody`
     addresses = {("team-a", "fit"): f"127.0.0.1:{page_port}"}
     app = create_app(ServerConfig(store=str(tmp_path / "store"), tokens=TOKENS), api_client=api_client,
                      page_address=lambda ns, name: addresses.get((ns, name), f"127.0.0.1:{nobody}"))
