@@ -36,7 +36,7 @@ from pathlib import Path
 
 from paddlecloud import checkpoints
 from paddlecloud.deployer import Deployer, RoleStatus
-from paddlecloud.etcd_server import free_port
+from paddlecloud.etcd_server import free_ports
 from paddlecloud.local.children import Child
 from paddlecloud.phase import Phase
 
@@ -108,7 +108,7 @@ class LocalDeployer(Deployer):
         if self.restart_mode == "group":
             await self._restart_group(counted=False)
         elif trainers > len(self.trainers):
-            ports = [free_port() for _ in range(trainers)]
+            ports = free_ports(trainers)
             for index in range(len(self.trainers), trainers):
                 child = self._spawn("trainer", index, self.trainer_command,
                                     self._trainer_env(index, ports))
@@ -211,7 +211,7 @@ class LocalDeployer(Deployer):
                 and child.returncode not in (0, None) and not child.expected_exit)
 
     async def _start_trainers(self) -> None:
-        ports = [free_port() for _ in range(self.num_trainers)]
+        ports = free_ports(self.num_trainers)
         self.trainers = []
         for index in range(self.num_trainers):
             child = self._spawn("trainer", index, self.trainer_command, self._trainer_env(index, ports))
