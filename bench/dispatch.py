@@ -9,9 +9,9 @@ What runs, each in its own process:
     dir on a real disk: tmpfs is refused, no --unsafe-no-fsync: every commit is fsynced);
   * `paddlecloud master` with default flags plus the dataset, `--chunk-bytes 1` (so one
     byte of a sparse file is one chunk, one task) and `--metrics-port`;
-  * a no-op gRPC server (`--role noop`) that answers GetTask with a prebuilt
-    GetTaskResponse of the same shape and size as the master's, on the master's event
-    loop (`paddlecloud.aio.run`: uvloop);
+  * a no-op gRPC server (`--role noop`) that answers GetTask (and each message of a
+    GetTaskStream, for bench/scale.py) with a prebuilt GetTaskResponse of the same shape
+    and size as the master's, on the master's event loop (`paddlecloud.aio.run`: uvloop);
   * one client process (`--role client`) running N asyncio trainers over real gRPC,
     one channel (TCP connection) each, as separate trainer processes would have. Each
     trainer registers once, then loops GetTask with the previous task piggybacked in
@@ -97,6 +97,10 @@ def run_noop(config: dict) -> None:
 
         async def GetTask(self, request, context):
             return acked if request.finished else plain
+
+        async def GetTaskStream(self, requests, context):
+            async for request in requests:
+                yield acked if request.finished else plain
 
     async def serve() -> None:
         options = [("grpc.so_reuseport", 0), *map(tuple, config.get("options", []))]

@@ -10,7 +10,8 @@ What runs, each in its own process:
   * `paddlecloud master`, default flags plus the dataset (`--chunk-bytes 1`: one byte of a
     sparse file is one task) and `--metrics-port`;
   * the no-op gRPC server of bench/dispatch.py (`--role noop`): the ceiling of the machine
-    for the same client loop;
+    for the same client loop, over the same transport as the master's trainers (a stream,
+    or unary with `--unary`);
   * optionally the master of another source tree (`--baseline TREE`, e.g. a `git worktree`
     of the commit before a change), same etcd, same client;
   * K client processes (`--role client`), each with its share of the N trainers, one gRPC
@@ -23,7 +24,10 @@ What runs, each in its own process:
     no call was answered for ttl/3, counted from when it was sent, and none is under way),
     `always` (the old agent: every ttl/3), or none (no-op). Today's trainers also give each
     call trainer_agent's deadline (`CALL_TIMEOUT`) and ping as its channel does
-    (`paddlecloud.wire.CLIENT_KEEPALIVE`); the others give 30 s and do not ping.
+    (`paddlecloud.wire.CLIENT_KEEPALIVE`); the others give 30 s and do not ping. Today's
+    trainers send their GetTasks over one `GetTaskStream` each, as trainer_agent does (a
+    failed stream is dropped and the next call opens another); `--unary` makes them call
+    GetTask unary, as trainer_agent does at a master without streams.
 
 Rows (the steady state, N = --ns): finished tasks/s (ACCEPTED acks in the window), latency
 of a GetTask that got a task (from its first attempt, retries included), calls shed,
@@ -232,6 +236,40 @@ async def _client(config: dict) -> dict:  # noqa: C901  (one loop, kept in one p
             else:
                 mark.append(message["mark"])
 
+    class _LocalError(grpc.aio.AioRpcError):
+        """A GetTask over a stream that ended without the master's status (a timeout)."""
+
+        def __init__(self, code: grpc.StatusCode) -> None:
+            super().__init__(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details=code.name)
+
+    streams: list = [None] * n  # trainer -> (target, its open GetTaskStream); None: open one when needed
+
+    async def get_task(i: int, request: pb.GetTaskRequest) -> pb.GetTaskResponse:
+        """One GetTask: a unary call, or (`stream`) a message on the trainer's stream, as
+        trainer_agent sends it; a stream that failed is dropped, the next call opens one."""
+        if not config.get("stream"):
+            return await stubs[i][where[i]].GetTask(request, timeout=timeout)
+        held = streams[i]
+        if held is None or held[0] != where[i]:
+            if held is not None:
+                held[1].cancel()
+            held = streams[i] = (where[i], stubs[i][where[i]].GetTaskStream())
+        call = held[1]
+        try:
+            await call.write(request)
+            reply = await asyncio.wait_for(call.read(), timeout)
+        except grpc.aio.AioRpcError:
+            streams[i] = None
+            raise
+        except (asyncio.TimeoutError, asyncio.InvalidStateError):
+            streams[i] = None
+            call.cancel()
+            raise _LocalError(grpc.StatusCode.DEADLINE_EXCEEDED) from None
+        if reply is grpc.aio.EOF:  # the master ended the stream with OK: it never does
+            streams[i] = None
+            raise _LocalError(grpc.StatusCode.UNAVAILABLE)
+        return reply
+
     async def trainer(i: int) -> None:
         nonlocal reregistered
         previous: list = []
@@ -246,7 +284,7 @@ async def _client(config: dict) -> dict:  # noqa: C901  (one loop, kept in one p
                                         max_tasks=config["max_tasks"])
             under_way[i] = True  # until answered: trainer_agent's retries of one call included
             try:
-                reply = await stubs[i][where[i]].GetTask(request, timeout=timeout)
+                reply = await get_task(i, request)
             except grpc.aio.AioRpcError as e:
                 code = e.code().name
                 if code not in TRANSIENT:
@@ -333,15 +371,15 @@ class Clients:
 
     def __init__(self, *, targets: list[str], n: int, k: int, prefix: str, keepalive: str,
                  warmup: float, duration: float, stop: float | None = None, max_tasks: int = 1,
-                 prime: bool = False) -> None:
+                 prime: bool = False, stream: bool = False) -> None:
         k = max(1, min(k, n))
         shares = [n // k + (1 if i < n % k else 0) for i in range(k)]
         self.processes: list[subprocess.Popen] = []
         first = 0
         for share in shares:
             config = {"targets": targets, "n": share, "first": first, "prefix": prefix,
-                      "keepalive": keepalive, "warmup": warmup, "duration": duration, "max_tasks": max_tasks,
-                      "prime": prime}
+                      "keepalive": keepalive, "stream": stream, "warmup": warmup,
+                      "duration": duration, "max_tasks": max_tasks, "prime": prime}
             first += share
             self.processes.append(subprocess.Popen(
                 [sys.executable, __file__, "--role", "client", "--config", json.dumps(config)],
@@ -473,14 +511,15 @@ def etcd_requests(bench: Bench) -> float:
 
 
 def measure(bench: Bench, *, targets: list[str], n: int, prefix: str, keepalive: str,
-            pids: dict[str, int], metrics: str | None, max_tasks: int = 1) -> dict:
+            pids: dict[str, int], metrics: str | None, max_tasks: int = 1, stream: bool = False) -> dict:
     """One steady-state run: K clients against `targets`, figures of the window. Against a
     master (`metrics`), the window opens once every trainer had a task accepted (see
     `Clients.window`), and not before the warm-up; against the no-op server, after the warm-up."""
     args = bench.args
     prime = metrics is not None
     clients = Clients(targets=targets, n=n, k=args.clients, prefix=prefix, keepalive=keepalive,
-                      warmup=args.warmup, duration=args.duration, max_tasks=max_tasks, prime=prime)
+                      warmup=args.warmup, duration=args.duration, max_tasks=max_tasks, prime=prime,
+                      stream=stream)
     unserved = 0
     try:
         t0 = clients.go()
@@ -549,10 +588,11 @@ def steady_rows(bench: Bench, data: Path, say) -> list[dict]:
             runs["master"].append(measure(
                 bench, targets=[master.address], n=n, prefix=f"t{n}-", keepalive="skip",
                 pids={"master": master.pid, "etcd": bench.etcd.process.pid}, metrics=metrics,
-                max_tasks=args.max_tasks))
+                max_tasks=args.max_tasks, stream=not args.unary))
             master.stop()
             runs["noop"].append(measure(bench, targets=[bench.noop_address], n=n, prefix="noop-",
-                                        keepalive="none", pids={"master": bench.noop.pid}, metrics=None))
+                                        keepalive="none", pids={"master": bench.noop.pid}, metrics=None,
+                                        stream=not args.unary))
             if args.baseline:
                 base, metrics = bench.master(f"{job}-base", data, args.epochs, *args.steady_flags.split(),
                                              tree=Path(args.baseline).resolve())
@@ -653,7 +693,7 @@ def failover(bench: Bench, say) -> dict:
     b, _ = bench.master(job, data, 1, *flags, name="b")
     masters = [a, b]
     clients = Clients(targets=[a.address, b.address], n=n, k=args.clients, prefix="f-", keepalive="skip",
-                      warmup=0.0, duration=3600.0)
+                      warmup=0.0, duration=3600.0, stream=not args.unary)
     killed = serving_at = None
     try:
         clients.go()
@@ -703,9 +743,9 @@ def expiry(bench: Bench, say) -> dict:
     before = max(2.0, args.duration)
     run_s = args.warmup + before + ttl + 6.0
     survivors = Clients(targets=[master.address], n=n - v, k=args.clients, prefix="s-", keepalive="skip",
-                        warmup=args.warmup, duration=run_s - args.warmup, stop=run_s)
+                        warmup=args.warmup, duration=run_s - args.warmup, stop=run_s, stream=not args.unary)
     victim = Clients(targets=[master.address], n=v, k=1, prefix="v-", keepalive="skip",
-                     warmup=args.warmup, duration=run_s - args.warmup, stop=run_s)
+                     warmup=args.warmup, duration=run_s - args.warmup, stop=run_s, stream=not args.unary)
     requeued = 'paddlecloud_master_requeues_total{cause="expiry"}'
     try:
         t0 = survivors.go()
@@ -908,7 +948,8 @@ def run(args: argparse.Namespace) -> int:
             f"{args.warmup:g} s (against a master: and until every trainer had a task accepted), "
             f"window {args.duration:g} s; master: {args.steady_flags or 'default flags'} + --input <sparse "
             f"file> --chunk-bytes 1 --epochs {args.epochs} --metrics-port; its trainers ask max_tasks "
-            f"{args.max_tasks}; each row the median of {args.repeat} interleaved runs"
+            f"{args.max_tasks}, {'unary (--unary)' if args.unary else 'over one GetTaskStream each'}, and so do the no-op "
+            f"server's; the baseline's call GetTask unary; each row the median of {args.repeat} interleaved runs"
             + (f"; baseline tree {args.baseline} (its trainers KeepAlive every ttl/3, as its agent did)"
                if args.baseline else ""))
         data = sparse_file(bench.work / "main.dat", args.chunks)
@@ -950,6 +991,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-tasks", type=int, default=2,
                         help="max_tasks the new master's trainers ask per GetTask (prefetch) [2 = the "
                              "default --max-tasks-per-trainer]; the baseline's ask one")
+    parser.add_argument("--unary", action="store_true",
+                        help="the new master's trainers call GetTask unary, as trainer_agent does at a master "
+                             "without GetTaskStream [off: over one stream per trainer, as trainer_agent does]")
     parser.add_argument("--steady-flags", default="", metavar="FLAGS",
                         help="more master flags for the steady rows, the baseline's too (e.g. '--session-ttl "
                              "10s') [none: the defaults]")

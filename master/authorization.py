@@ -6,7 +6,7 @@ A call's `authorization: Bearer <token>` metadata becomes a `Principal` through
 | RPC | who |
 | --- | --- |
 | RegisterTrainer | the trainer token, the operator token |
-| KeepAlive, LeaveTrainer, GetTask, TaskFinished, TaskFailed, ReturnTask, RequestSaveModel | the session token of the request's `session_id` only |
+| KeepAlive, LeaveTrainer, GetTask, GetTaskStream, TaskFinished, TaskFailed, ReturnTask, RequestSaveModel | the session token of the request's `session_id` only (of a stream's every request) |
 | GetStatus, ListTasks, ListTrainers | any token of the job (session ids and attempts shown to the operator only) |
 | RestartEpoch, SetDataset, ScaleTrainers, and any Master RPC not named here | the operator token |
 | GetStatus, ScaleTrainers | also the scaler token (the cluster autoscaler's; nothing else) |
@@ -27,15 +27,15 @@ through as the operator, as before this interceptor existed, and says so at star
 serves without the interceptor: `caller()` is the operator by default, and gRPC's
 interceptor path costs ~20 us a call (docs/benchmarks.md).
 
-What this does NOT do: rate limiting, or anything for streaming RPCs (the Master
-service has none; a streaming method would be refused as unknown).
+What this does NOT do: rate limiting. Of streaming methods it serves those that stream
+both ways (GetTaskStream); any other kind would be refused as unimplemented.
 """
 
 from __future__ import annotations
 
 import contextvars
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import grpc
 
@@ -45,7 +45,7 @@ from paddlecloud.untrusted import quote
 
 logger = logging.getLogger(__name__)
 
-SESSION_RPCS = frozenset({"KeepAlive", "LeaveTrainer", "GetTask", "TaskFinished", "TaskFailed",
+SESSION_RPCS = frozenset({"KeepAlive", "LeaveTrainer", "GetTask", "GetTaskStream", "TaskFinished", "TaskFailed",
                           "ReturnTask", "RequestSaveModel"})
 READ_RPCS = frozenset({"GetStatus", "ListTasks", "ListTrainers"})
 SCALER_RPCS = frozenset({"GetStatus", "ScaleTrainers"})  # all the scaler token may call
@@ -88,9 +88,11 @@ Behavior = Callable[[object, grpc.aio.ServicerContext], Awaitable[object]]
 
 
 def _handler(handler: grpc.RpcMethodHandler, behavior: Behavior) -> grpc.RpcMethodHandler:
-    return grpc.unary_unary_rpc_method_handler(
-        behavior, request_deserializer=handler.request_deserializer,
-        response_serializer=handler.response_serializer)
+    """`behavior` served as `handler`'s kind (unary, or a stream both ways: GetTaskStream)."""
+    make = (grpc.stream_stream_rpc_method_handler if handler.stream_stream is not None
+            else grpc.unary_unary_rpc_method_handler)
+    return make(behavior, request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer)
 
 
 def _refusal(handler: grpc.RpcMethodHandler, code: grpc.StatusCode, message: str) -> grpc.RpcMethodHandler:
@@ -100,19 +102,44 @@ def _refusal(handler: grpc.RpcMethodHandler, code: grpc.StatusCode, message: str
     return _handler(handler, refuse)
 
 
+async def _own_session(request, principal: Principal, context: grpc.aio.ServicerContext) -> None:
+    if request.session_id != principal.session:
+        await context.abort(grpc.StatusCode.PERMISSION_DENIED,
+                            f"session {quote(str(request.session_id))} is not the session of "
+                            "this token: a trainer acts on its own session only")
+
+
 def _as(handler: grpc.RpcMethodHandler, principal: Principal, *, bound: bool) -> grpc.RpcMethodHandler:
+    if handler.stream_stream is not None:
+        return _stream_as(handler, principal, bound=bound)
     inner = handler.unary_unary
 
     async def guarded(request, context: grpc.aio.ServicerContext) -> object:
-        if bound and request.session_id != principal.session:
-            await context.abort(grpc.StatusCode.PERMISSION_DENIED,
-                                f"session {quote(str(request.session_id))} is not the session of "
-                                "this token: a trainer acts on its own session only")
+        if bound:
+            await _own_session(request, principal, context)
         reset = _CALLER.set(principal)
         try:
             return await inner(request, context)
         finally:
             _CALLER.reset(reset)
+
+    return _handler(handler, guarded)
+
+
+def _stream_as(handler: grpc.RpcMethodHandler, principal: Principal, *, bound: bool) -> grpc.RpcMethodHandler:
+    """A stream's every request is checked as a unary call's is; the caller is set for the
+    stream's task (gRPC runs each RPC in a task of its own, so it needs no reset)."""
+    inner = handler.stream_stream
+
+    async def checked(requests: AsyncIterator, context: grpc.aio.ServicerContext) -> AsyncIterator:
+        async for request in requests:
+            await _own_session(request, principal, context)
+            yield request
+
+    async def guarded(requests: AsyncIterator, context: grpc.aio.ServicerContext) -> AsyncIterator:
+        _CALLER.set(principal)
+        async for reply in inner(checked(requests, context) if bound else requests, context):
+            yield reply
 
     return _handler(handler, guarded)
 
@@ -131,8 +158,8 @@ class Authorization(grpc.aio.ServerInterceptor):
         if handler is None or not details.method.startswith(_PREFIX):
             return handler  # health, reflection, unknown methods: grpc answers them
         rpc = details.method[len(_PREFIX):]
-        if handler.unary_unary is None:
-            return _refusal(handler, grpc.StatusCode.UNIMPLEMENTED, f"{rpc} is not a unary RPC")
+        if handler.unary_unary is None and handler.stream_stream is None:
+            return _refusal(handler, grpc.StatusCode.UNIMPLEMENTED, f"{rpc} is neither unary nor a stream both ways")
         if self.roles is None:
             return _as(handler, _OPEN, bound=False)
         principal = self.roles.principal_of(bearer_token(details.invocation_metadata))

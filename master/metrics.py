@@ -16,7 +16,7 @@ from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -39,6 +39,9 @@ BATCH_SIZE = Histogram("paddlecloud_master_etcd_batch_writes",
 SHED_CALLS = Counter("paddlecloud_master_shed_calls",
                      "Calls answered RESOURCE_EXHAUSTED past --max-calls-in-flight", ["method"],
                      registry=REGISTRY)
+TASK_STREAMS_OPENED = Counter("paddlecloud_master_task_streams_opened",
+                              "GetTaskStream streams opened (a trainer keeps one while it can)", registry=REGISTRY)
+TASK_STREAMS = Gauge("paddlecloud_master_task_streams", "GetTaskStream streams open now", registry=REGISTRY)
 LEASE_REFRESHES = Counter("paddlecloud_master_lease_refreshes",
                           "Trainer leases refreshed in etcd (KeepAlive, or piggybacked on a call)",
                           registry=REGISTRY)

@@ -216,6 +216,19 @@ class MasterServicer(pb_grpc.MasterServicer):
             reply.retry_after.CopyFrom(duration(r.retry_after))
         return reply
 
+    async def GetTaskStream(self, requests, context: grpc.aio.ServicerContext):
+        """GetTask for each request, in order, over one stream: gRPC's work per unary call is
+        most of a GetTask's cost, and a message on an open stream costs a fraction of it. Each
+        message goes through `GetTask` itself (admission, errors, its latency metric): an error
+        aborts the stream with the status GetTask would answer, and the client opens another."""
+        metrics.TASK_STREAMS_OPENED.inc()
+        metrics.TASK_STREAMS.inc()
+        try:
+            async for request in requests:
+                yield await self.GetTask(request, context)
+        finally:
+            metrics.TASK_STREAMS.dec()
+
     @_rpc
     async def TaskFinished(self, d: Dispatcher, request):
         return pb.TaskReportResponse(result=_result(await d.tasks.task_finished(request.session_id, _ref(request))))

@@ -372,12 +372,20 @@ async def test_every_session_rpc_takes_the_token_of_its_own_session_only(secured
     victim, victim_token = s.sessions["victim"]
     _, attacker_token = s.sessions["attacker"]
 
+    async def over_stream(metadata) -> pb.GetTaskResponse:
+        call = s.stub.GetTaskStream(metadata=metadata)
+        await call.write(pb.GetTaskRequest(session_id=victim, epoch=0))
+        reply = await call.read()
+        await call.done_writing()
+        return reply
+
     def calls(metadata, task: pb.Task) -> dict:
         report = pb.TaskReport(session_id=victim, task_id=task.id, epoch=task.epoch, attempt=task.attempt,
                                reason="bad")
         return {
             "KeepAlive": lambda: s.stub.KeepAlive(pb.KeepAliveRequest(session_id=victim), metadata=metadata),
             "GetTask": lambda: s.stub.GetTask(pb.GetTaskRequest(session_id=victim, epoch=0), metadata=metadata),
+            "GetTaskStream": lambda: over_stream(metadata),
             "RequestSaveModel": lambda: s.stub.RequestSaveModel(
                 pb.RequestSaveModelRequest(session_id=victim, block=duration(1)), metadata=metadata),
             "ReturnTask": lambda: s.stub.ReturnTask(report, metadata=metadata),
@@ -399,10 +407,10 @@ async def test_every_session_rpc_takes_the_token_of_its_own_session_only(secured
     # the own token, for each RPC, on a task the session holds where it names one
     served: dict[str, grpc.StatusCode] = {}
     task = held
-    for rpc in ("KeepAlive", "RequestSaveModel", "ReturnTask", "GetTask", "TaskFailed", "GetTask", "TaskFinished",
-                "LeaveTrainer"):
+    for rpc in ("KeepAlive", "RequestSaveModel", "ReturnTask", "GetTask", "TaskFailed", "GetTaskStream",
+                "TaskFinished", "LeaveTrainer"):
         call = calls(own, task)[rpc]
-        if rpc == "GetTask":
+        if rpc in ("GetTask", "GetTaskStream"):
             reply = await call()
             assert reply.HasField("task"), reply
             task, served[rpc] = reply.task, OK
@@ -411,3 +419,21 @@ async def test_every_session_rpc_takes_the_token_of_its_own_session_only(secured
     assert served == {rpc: OK for rpc in SESSION_RPCS}
     status = await s.stub.GetStatus(pb.GetStatusRequest(), metadata=auth_metadata(s.tokens.viewer))
     assert status.counts.done == 1
+
+
+async def test_a_task_stream_checks_every_request_not_only_the_first(secured, etcd_endpoint, job_name):
+    """A stream opened with a session's own token serves that session; a later request on the
+    same stream for another session is PERMISSION_DENIED, ends the stream and changes nothing."""
+    s = secured
+    victim, _ = s.sessions["victim"]
+    attacker, attacker_token = s.sessions["attacker"]
+    call = s.stub.GetTaskStream(metadata=auth_metadata(attacker_token))
+    await call.write(pb.GetTaskRequest(session_id=attacker, epoch=0))
+    assert (await call.read()).HasField("task")
+    before = await job_keys(etcd_endpoint, job_name)
+    await call.write(pb.GetTaskRequest(session_id=victim, epoch=0))
+    with pytest.raises(grpc.aio.AioRpcError) as denied:
+        await call.read()
+    assert denied.value.code() == DENIED
+    assert f"session '{victim}' is not the session of this token" in denied.value.details()
+    assert await job_keys(etcd_endpoint, job_name) == before

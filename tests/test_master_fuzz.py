@@ -63,6 +63,12 @@ def calls_of(s: pb_grpc.MasterStub, m, *, session: int, task: int, epoch: int, a
         "GetTask": lambda: s.GetTask(pb.GetTaskRequest(
             session_id=session, epoch=epoch, finished=[pb.TaskRef(task_id=task, epoch=epoch, attempt=attempt)]),
             metadata=m),
+        # the drawn request, then one of another session on the same stream
+        "GetTaskStream": lambda: list(s.GetTaskStream(iter([
+            pb.GetTaskRequest(session_id=session, epoch=epoch, max_tasks=page_size,
+                              finished=[pb.TaskRef(task_id=task, epoch=epoch, attempt=attempt)]),
+            pb.GetTaskRequest(session_id=session + 1 if session < 2**63 - 1 else 0, epoch=epoch)]),
+            metadata=m, timeout=30)),
         "TaskFinished": lambda: s.TaskFinished(report, metadata=m),
         "TaskFailed": lambda: s.TaskFailed(report, metadata=m),
         "ReturnTask": lambda: s.ReturnTask(report, metadata=m),
@@ -82,7 +88,7 @@ def calls_of(s: pb_grpc.MasterStub, m, *, session: int, task: int, epoch: int, a
 
 
 def test_every_rpc_of_the_service_is_fuzzed():
-    assert len(RPCS) >= 14 and "ScaleTrainers" in RPCS
+    assert len(RPCS) >= 15 and {"ScaleTrainers", "GetTaskStream"} <= set(RPCS)
     drawn = dict(session=0, task=0, epoch=0, attempt=0, text="", block=Duration(), page_size=0)
     assert sorted(calls_of(None, (), **drawn)) == sorted(RPCS)
 
@@ -158,7 +164,7 @@ def test_fuzzed_requests_never_break_the_master(tmp_path, etcd_endpoint, job_nam
                                                      metadata=auth_metadata(tokens.viewer)).num_tasks
             assert fuzzed.num_tasks > 3
 
-            # 200 drawn + 112 explicit (14 RPCs x 8 token kinds): about the 300 calls of before
+            # 200 drawn + 120 explicit (15 RPCs x 8 token kinds): about the 300 calls of before
             @settings(max_examples=200, deadline=None, database=None,
                       suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
             @every_rpc_with_every_token

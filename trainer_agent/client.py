@@ -6,7 +6,8 @@
             train_step(record)
 
 A task is acknowledged only once all its records were consumed: the ack rides on the
-next `GetTask` (one call per task in steady state), and `close()` flushes what is left
+next `GetTask` (one per task in steady state; they go over one `GetTaskStream` per
+session, which costs the master a fraction of a unary call), and `close()` flushes what is left
 with `TaskFinished`. A reader or parse error reports `TaskFailed`; any other way out
 of the loop while a task is open (an exception in the user's code, Ctrl-C, `break`)
 gives the open and prefetched tasks back with `ReturnTask` and lets the exception go on.
@@ -44,8 +45,9 @@ Each piece of state has one owner that guards it with its own lock:
 
 Locks nest only in that order (a Session's, then a connection's, ledger's or
 client's). Held across a call to the network: the Session's lock while it registers
-(one registration at a time; the other threads wait for its id) and the connection's
-while it resolves the leader in etcd; no other.
+(one registration at a time; the other threads wait for its id), the connection's
+while it resolves the leader in etcd, and a `TaskStream`'s while one GetTask on it is
+answered (taken last, under none of the others); no other.
 `Epoch` owns nothing shared: it uses the client's and the ledger's public methods.
 
 What this does NOT guarantee: that a record is *read* once. A trainer that dies after
@@ -58,6 +60,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import queue
 import random
 import socket
 import threading
@@ -162,6 +165,77 @@ def _report(session: int, task: pb.Task, reason: str = "") -> pb.TaskReport:
                          attempt=task.attempt, reason=reason)
 
 
+class _StreamError(grpc.RpcError):
+    """A task stream that ended without the master's status: no reply in time, or none at all."""
+
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(details)
+        self._code, self._details = code, details
+
+    def code(self) -> grpc.StatusCode:
+        return self._code
+
+    def details(self) -> str:
+        return self._details
+
+    def trailing_metadata(self) -> None:  # no ErrorInfo or RetryInfo: the master said nothing
+        return None
+
+
+_END = object()  # ends a task stream's requests
+
+
+class TaskStream:
+    """One `GetTaskStream` of one session at one master: `ask` sends a GetTask and waits for
+    its answer, at most `wait` seconds; answers come in the order of the requests.
+
+    A message on an open stream costs the master a fraction of a unary call
+    (docs/benchmarks.md). gRPC's synchronous stack reads the requests in a thread of its own;
+    one more thread reads the answers into a queue, so that `ask` can give up in time. A
+    stream that failed is done: `ask` raises the master's status (or DEADLINE_EXCEEDED when
+    no answer came in time), and the connection opens another for the next call.
+    """
+
+    def __init__(self, stub: pb_grpc.MasterStub, session: int, metadata: tuple[tuple[str, str], ...]) -> None:
+        self.stub, self.session = stub, session
+        self._requests: queue.SimpleQueue = queue.SimpleQueue()
+        self._replies: queue.SimpleQueue = queue.SimpleQueue()
+        self._ended: BaseException | None = None
+        self._asking = threading.Lock()
+        self._call = stub.GetTaskStream(iter(self._requests.get, _END), metadata=metadata)
+        threading.Thread(target=self._read, name=f"task-stream-{session}", daemon=True).start()
+
+    def _read(self) -> None:
+        try:
+            for reply in self._call:
+                self._replies.put(reply)
+            self._replies.put(_StreamError(grpc.StatusCode.UNAVAILABLE, "the master ended the task stream"))
+        except grpc.RpcError as error:
+            self._replies.put(error)
+        finally:
+            self._requests.put(_END)  # gRPC's request thread stops too
+
+    def ask(self, request: pb.GetTaskRequest, wait: float) -> pb.GetTaskResponse:
+        with self._asking:  # one request at a time: each answer is the one for this request
+            if self._ended is not None:
+                raise self._ended
+            self._requests.put(request)
+            try:
+                item = self._replies.get(timeout=wait)
+            except queue.Empty:
+                item = _StreamError(grpc.StatusCode.DEADLINE_EXCEEDED,
+                                    f"no answer on the task stream in {wait:g}s")
+            if isinstance(item, BaseException):
+                self._ended = item
+                self.close()
+                raise item
+            return item
+
+    def close(self) -> None:
+        self._requests.put(_END)
+        self._call.cancel()
+
+
 class MasterConnection:
     """Calls to the job's leading master: one typed method per RPC a trainer makes.
 
@@ -191,6 +265,10 @@ class MasterConnection:
         self._address: str | None = None
         self._stub: pb_grpc.MasterStub | None = None
         self._closed = False
+        # GetTask goes over one stream of the current session at the current master; unary
+        # once a master answered UNIMPLEMENTED (one from before GetTaskStream).
+        self._stream: TaskStream | None = None
+        self._streaming = True
 
     @property
     def address(self) -> str | None:
@@ -228,7 +306,40 @@ class MasterConnection:
         is none; `finished` acknowledges tasks read."""
         request = pb.GetTaskRequest(session_id=session, epoch=epoch, finished=finished,
                                     max_tasks=max_tasks)
-        return self._call(lambda stub, wait: stub.GetTask(request, timeout=wait, metadata=self._as(session)))
+        return self._call(lambda stub, wait: self._get_task(stub, session, request, wait))
+
+    def _get_task(self, stub: pb_grpc.MasterStub, session: int, request: pb.GetTaskRequest,
+                  wait: float) -> pb.GetTaskResponse:
+        """One GetTask over the session's task stream, else (a master without one) unary."""
+        stream = self._task_stream(stub, session)
+        if stream is not None:
+            try:
+                return stream.ask(request, wait)
+            except grpc.RpcError as error:
+                with self._lock:
+                    if self._stream is stream:
+                        self._stream = None
+                    if error.code() is not grpc.StatusCode.UNIMPLEMENTED:
+                        raise
+                    self._streaming = False
+                logger.info("the master at %s has no GetTaskStream: GetTask goes unary", self.address)
+        return stub.GetTask(request, timeout=wait, metadata=self._as(session))
+
+    def _task_stream(self, stub: pb_grpc.MasterStub, session: int) -> TaskStream | None:
+        """The open stream of `session` at `stub`'s master; a new one when the master or the
+        session changed (the old one is closed); None once streams are not served."""
+        metadata = self._as(session)
+        with self._lock:
+            old = self._stream
+            if not self._streaming or self._closed:
+                return None
+            if old is not None and old.stub is stub and old.session == session:
+                return old
+            self._stream = TaskStream(stub, session, metadata)
+            stream = self._stream
+        if old is not None:
+            old.close()
+        return stream
 
     def task_finished(self, session: int, ref: pb.TaskRef) -> pb.ReportResult:
         request = pb.TaskReport(session_id=session, task_id=ref.task_id, epoch=ref.epoch, attempt=ref.attempt)
@@ -326,6 +437,9 @@ class MasterConnection:
             channels = list(self._channels.values())
             self._channels.clear()
             self._stub = None
+            stream, self._stream = self._stream, None
+        if stream is not None:
+            stream.close()
         for channel in channels:
             channel.close()
 

@@ -64,6 +64,11 @@ class MasterStub:
                 request_serializer=paddlecloud_dot_master_dot_v1_dot_master__pb2.GetTaskRequest.SerializeToString,
                 response_deserializer=paddlecloud_dot_master_dot_v1_dot_master__pb2.GetTaskResponse.FromString,
                 _registered_method=True)
+        self.GetTaskStream = channel.stream_stream(
+                '/paddlecloud.master.v1.Master/GetTaskStream',
+                request_serializer=paddlecloud_dot_master_dot_v1_dot_master__pb2.GetTaskRequest.SerializeToString,
+                response_deserializer=paddlecloud_dot_master_dot_v1_dot_master__pb2.GetTaskResponse.FromString,
+                _registered_method=True)
         self.TaskFinished = channel.unary_unary(
                 '/paddlecloud.master.v1.Master/TaskFinished',
                 request_serializer=paddlecloud_dot_master_dot_v1_dot_master__pb2.TaskReport.SerializeToString,
@@ -147,6 +152,16 @@ class MasterServicer:
 
     def GetTask(self, request, context):
         """Applies `finished`, then hands out the next task (or says why not).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetTaskStream(self, request_iterator, context):
+        """GetTask, many times over one stream: each request is answered by exactly
+        the response GetTask would give it, in order. An error GetTask would
+        answer ends the stream with that status; the client opens a new stream.
+        A message costs the master a fraction of a call (docs/benchmarks.md).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -236,6 +251,11 @@ def add_MasterServicer_to_server(servicer, server):
             ),
             'GetTask': grpc.unary_unary_rpc_method_handler(
                     servicer.GetTask,
+                    request_deserializer=paddlecloud_dot_master_dot_v1_dot_master__pb2.GetTaskRequest.FromString,
+                    response_serializer=paddlecloud_dot_master_dot_v1_dot_master__pb2.GetTaskResponse.SerializeToString,
+            ),
+            'GetTaskStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.GetTaskStream,
                     request_deserializer=paddlecloud_dot_master_dot_v1_dot_master__pb2.GetTaskRequest.FromString,
                     response_serializer=paddlecloud_dot_master_dot_v1_dot_master__pb2.GetTaskResponse.SerializeToString,
             ),
@@ -440,6 +460,33 @@ class Master:
             request,
             target,
             '/paddlecloud.master.v1.Master/GetTask',
+            paddlecloud_dot_master_dot_v1_dot_master__pb2.GetTaskRequest.SerializeToString,
+            paddlecloud_dot_master_dot_v1_dot_master__pb2.GetTaskResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetTaskStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/paddlecloud.master.v1.Master/GetTaskStream',
             paddlecloud_dot_master_dot_v1_dot_master__pb2.GetTaskRequest.SerializeToString,
             paddlecloud_dot_master_dot_v1_dot_master__pb2.GetTaskResponse.FromString,
             options,
