@@ -237,7 +237,8 @@ async def _client(config: dict) -> dict:  # noqa: C901  (one loop, kept in one p
                 mark.append(message["mark"])
 
     class _LocalError(grpc.aio.AioRpcError):
-        """A GetTask over a stream that ended without the master's status (a timeout)."""
+        """A GetTask over a stream that ended without the master's status: a timeout, or a new
+        stream the server cancelled before taking it up."""
 
         def __init__(self, code: grpc.StatusCode) -> None:
             super().__init__(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details=code.name)
@@ -257,6 +258,14 @@ async def _client(config: dict) -> dict:  # noqa: C901  (one loop, kept in one p
         call = held[1]
         try:
             await call.write(request)
+        except grpc.aio.AioRpcError as e:
+            streams[i] = None
+            if e.code() is grpc.StatusCode.INTERNAL and e.details().startswith("Internal error from Core"):
+                # the server cancelled the new stream before taking it up (the no-op's gRPC queue
+                # overflowed, as it cancels unary calls): grpc.aio's write says INTERNAL
+                raise _LocalError(grpc.StatusCode.CANCELLED) from None
+            raise
+        try:
             reply = await asyncio.wait_for(call.read(), timeout)
         except grpc.aio.AioRpcError:
             streams[i] = None

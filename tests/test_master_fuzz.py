@@ -65,7 +65,7 @@ def calls_of(s: pb_grpc.MasterStub, m, *, session: int, task: int, epoch: int, a
             metadata=m),
         # the drawn request, then one of another session on the same stream
         "GetTaskStream": lambda: list(s.GetTaskStream(iter([
-            pb.GetTaskRequest(session_id=session, epoch=epoch, max_tasks=page_size,
+            pb.GetTaskRequest(session_id=session, epoch=epoch, max_tasks=abs(page_size),
                               finished=[pb.TaskRef(task_id=task, epoch=epoch, attempt=attempt)]),
             pb.GetTaskRequest(session_id=session + 1 if session < 2**63 - 1 else 0, epoch=epoch)]),
             metadata=m, timeout=30)),
