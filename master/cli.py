@@ -45,7 +45,7 @@ DEFAULT_ELECTION_TTL = "10s"  # also what bench/scale.py assumes when no flag sa
 @click.option("--max-calls-in-flight", type=click.IntRange(min=1), default=1024, show_default=True,
               help="Trainer calls the master works on at once; past it a call is answered "
                    "RESOURCE_EXHAUSTED at once and the trainer retries with jittered backoff. "
-                   "GetTasks on streams are never shed: as many again wait their turn.")
+                   "GetTasks on streams are never shed: they wait their turn.")
 @click.option("--metrics-port", type=click.IntRange(1, 65535), default=None,
               help="Serve the status page, its JSON and Prometheus metrics on this port (on --host).")
 @click.option("--deployer", type=click.Choice(["none", "kubernetes"]), default="none", show_default=True,

@@ -19,7 +19,7 @@ call still refreshes its session's lease when due, unwaited (its trainer is aliv
 bounds the latency of the calls admitted (about max_in_flight / throughput) instead
 of letting gRPC's queue grow until it cancels calls. Inspection RPCs (GetStatus,
 ListTasks, ListTrainers) are never shed, nor are the GetTasks of a stream: those wait
-their turn for `max_in_flight` slots of their own (`GetTaskStream`). What it does NOT do: order the retries; a
+their turn for STREAM_SLOTS slots of their own (`GetTaskStream`). What it does NOT do: order the retries; a
 trainer unlucky several times in a row waits up to its backoff's cap (`RETRY_CAP`, 1 s).
 """
 
@@ -76,6 +76,12 @@ def _details(error: BaseException) -> tuple[Reason, dict[str, str]] | None:
         return Reason.SESSION_SUPERSEDED, {"trainer": error.trainer}
     return None
 
+
+# GetTasks of streams worked on at once; the others wait their turn, FIFO. Few: the calls
+# worked on are what makes one turn of the event loop long, and gRPC accepts one new call
+# (a new stream, a KeepAlive, a registration) per turn. 10,000 trainers on 2 cores, one run
+# each: 2,057 tasks/s with 64, 1,670 with 1,024 (docs/benchmarks.md).
+STREAM_SLOTS = 64
 
 SHED_RETRY = 1.0  # seconds a shed call is told to wait (the client jitters it x U(0.5, 1.5))
 
@@ -168,7 +174,7 @@ class MasterServicer(pb_grpc.MasterServicer):
         self.max_in_flight = max_in_flight
         self.shed_status = _shed_status(max_in_flight)
         self.in_flight = 0  # shed calls being worked on (one event loop: no lock)
-        self.stream_slots = asyncio.Semaphore(max_in_flight)  # streams' GetTasks worked on at once
+        self.stream_slots = asyncio.Semaphore(STREAM_SLOTS)  # streams' GetTasks worked on at once
 
     async def _keep_session(self, request) -> None:
         """A shed call's session outlives the wait it is told to take (`Trainers.keep`)."""
@@ -228,7 +234,7 @@ class MasterServicer(pb_grpc.MasterServicer):
         with the status GetTask would answer, and the client opens another.
 
         Admission: a message is never shed. It waits its turn (FIFO) for one of
-        `max_in_flight` slots of its own (unary calls keep theirs, so a registration still
+        STREAM_SLOTS slots of its own (unary calls keep theirs, so a registration still
         gets in past thousands of streams). Shedding is for unary calls, which would
         otherwise wait in gRPC's queue; a stream's next message waits in the stream, one per
         trainer, and shedding it would cost a new stream: measured, 4,096 shed streams

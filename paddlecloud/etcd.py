@@ -250,6 +250,12 @@ def is_auth_failure(error: BaseException) -> bool:
             or any(marker in text for marker in _AUTH_FAILURES))
 
 
+# A watch that catches up sends up to 1,000 revisions in one message, so a job whose group
+# commits are large overflows gRPC's default 4 MiB (a history replay of a 1,024-trainer
+# failover: 5 MB). etcd's own Go client receives any size (MaxCallRecvMsgSize: MaxInt32).
+RECEIVE_ANY_SIZE = {"grpc.max_receive_message_length": -1}
+
+
 async def connect(endpoints: str, *, timeout: float = 10.0,
                   credentials: EtcdCredentials | None = None) -> aetcd.Client:
     """Returns a client of the first endpoint that answers within `timeout` seconds in all.
@@ -264,7 +270,8 @@ async def connect(endpoints: str, *, timeout: float = 10.0,
     tls = creds.channel_credentials() if uses_tls(endpoints) else None
     while True:
         for host, port in candidates:
-            kwargs = {"username": creds.user, "password": creds.password, "timeout": RPC_TIMEOUT}
+            kwargs = {"username": creds.user, "password": creds.password, "timeout": RPC_TIMEOUT,
+                      "options": RECEIVE_ANY_SIZE}
             client = _Client(host=host, port=port, tls=tls, **kwargs)
             try:
                 remaining = max(0.2, min(2.0, deadline - loop.time()))

@@ -120,10 +120,13 @@ async def connected_to(servicer: pb_grpc.MasterServicer) -> AsyncIterator[Master
 
 
 class Flaky(pb_grpc.MasterServicer):
-    """A real gRPC server that fails each call once with `code`, then answers."""
+    """A real gRPC server that fails the first GetTask with `code`, then answers; over a
+    stream (the first stream ends with the code), or unary (`stream` False: a master
+    without GetTaskStream)."""
 
-    def __init__(self, code: grpc.StatusCode) -> None:
+    def __init__(self, code: grpc.StatusCode, *, stream: bool) -> None:
         self.code = code
+        self.stream = stream
         self.calls = 0
 
     async def GetTask(self, request, context):
@@ -131,6 +134,12 @@ class Flaky(pb_grpc.MasterServicer):
         if self.calls == 1:
             await context.abort(self.code, f"injected {self.code.name}")
         return pb.GetTaskResponse(outcome=pb.WAIT, current_epoch=request.epoch)
+
+    async def GetTaskStream(self, requests, context):
+        if not self.stream:
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, "Method not implemented!")
+        async for request in requests:
+            yield await self.GetTask(request, context)
 
 
 async def test_a_trainer_whose_calls_are_all_shed_keeps_its_session(tmp_path, etcd_endpoint, job_name):
@@ -174,17 +183,19 @@ async def test_a_new_session_outlives_its_ttl_once_while_its_first_call_queues(t
                        message="a session that never called was kept alive")
 
 
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "unary"])
 @pytest.mark.parametrize("code", [grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
                                   grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.CANCELLED])
-async def test_the_client_retries_every_transient_code(code):
-    servicer = Flaky(code)
+async def test_the_client_retries_every_transient_code(code, stream):
+    servicer = Flaky(code, stream=stream)
     async with connected_to(servicer) as connection:
         reply = await asyncio.to_thread(connection.get_task, 7, epoch=3, finished=[])
     assert (reply.outcome, reply.current_epoch, servicer.calls) == (pb.WAIT, 3, 2)
 
 
-async def test_a_code_that_is_not_transient_is_not_retried():
-    servicer = Flaky(grpc.StatusCode.INVALID_ARGUMENT)
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "unary"])
+async def test_a_code_that_is_not_transient_is_not_retried(stream):
+    servicer = Flaky(grpc.StatusCode.INVALID_ARGUMENT, stream=stream)
     async with connected_to(servicer) as connection:
         with pytest.raises(grpc.RpcError) as error:
             await asyncio.to_thread(connection.get_task, 7, epoch=3, finished=[])

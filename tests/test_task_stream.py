@@ -167,3 +167,26 @@ async def test_a_stream_that_does_not_answer_in_time_is_dropped_and_the_call_ret
         assert reply.outcome == pb.WAIT and reply.current_epoch == 4
         assert servicer.streams == 2
         await asyncio.wait_for(servicer.stalled_ended.wait(), 30)  # the client cancelled it
+
+
+async def test_a_streams_get_tasks_wait_their_turn_where_unary_calls_would_be_shed(tmp_path, start_master):
+    """With one call in flight allowed, 40 trainers' GetTasks at once over their streams are
+    all answered (none RESOURCE_EXHAUSTED): shedding a stream would cost it a new one."""
+    write_records(tmp_path / "data", files=50, records_per_file=1)
+    proc = start_master("--input", str(tmp_path / "data"), "--max-calls-in-flight", "1")
+    await wait_serving(proc.address, process=proc)
+    async with grpc.aio.insecure_channel(proc.address) as channel:
+        master = stub(channel)
+        sessions = [(await master.RegisterTrainer(pb.RegisterTrainerRequest(trainer_id=f"t{i}"))).session_id
+                    for i in range(40)]  # one at a time: none shed
+
+        async def first_task(session: int) -> pb.GetTaskResponse:
+            call = master.GetTaskStream()
+            await call.write(pb.GetTaskRequest(session_id=session, epoch=0))
+            reply = await call.read()
+            await call.done_writing()
+            return reply
+
+        replies = await asyncio.gather(*(first_task(s) for s in sessions))
+    assert [r.outcome for r in replies] == [pb.TASK] * 40
+    assert len({r.task.id for r in replies}) == 40
