@@ -19,8 +19,9 @@ call still refreshes its session's lease when due, unwaited (its trainer is aliv
 bounds the latency of the calls admitted (about max_in_flight / throughput) instead
 of letting gRPC's queue grow until it cancels calls. Inspection RPCs (GetStatus,
 ListTasks, ListTrainers) are never shed, nor are the GetTasks of a stream: those wait
-their turn for STREAM_SLOTS slots of their own (`GetTaskStream`). What it does NOT do: order the retries; a
-trainer unlucky several times in a row waits up to its backoff's cap (`RETRY_CAP`, 1 s).
+their turn for STREAM_SLOTS slots of their own (`GetTaskStream`). What it does NOT do:
+order the retries; a trainer unlucky several times in a row waits up to its backoff's
+cap (`RETRY_CAP`, 1 s).
 """
 
 from __future__ import annotations
