@@ -328,14 +328,17 @@ class MasterConnection:
     def _task_stream(self, stub: pb_grpc.MasterStub, session: int) -> TaskStream | None:
         """The open stream of `session` at `stub`'s master; a new one when the master or the
         session changed (the old one is closed); None once streams are not served."""
-        metadata = self._as(session)
         with self._lock:
-            old = self._stream
+            current = self._stream
             if not self._streaming or self._closed:
                 return None
-            if old is not None and old.stub is stub and old.session == session:
-                return old
-            self._stream = TaskStream(stub, session, metadata)
+            if current is not None and current.stub is stub and current.session == session:
+                return current
+        metadata = self._as(session)  # only for a new stream: not on every GetTask
+        with self._lock:
+            if self._closed:
+                return None
+            old, self._stream = self._stream, TaskStream(stub, session, metadata)
             stream = self._stream
         if old is not None:
             old.close()
