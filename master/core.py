@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
@@ -26,7 +27,16 @@ from master import metrics
 from master.config import DatasetSpec, MasterConfig
 from master.partition import FileEntry, Partition
 from master.sessions import SessionRegistry
-from master.state import Durable, Event, InvalidTransition, JobState, committed
+from master.state import (
+    Durable,
+    Event,
+    InvalidTransition,
+    JobState,
+    TaskFailed,
+    TaskFinished,
+    TaskReleased,
+    committed,
+)
 from master.store import EtcdStore, MarkMirror, NotLeader, Snapshot, StoreUnavailable
 from paddlecloud.aio import cancel_and_wait
 from paddlecloud.phase import Phase
@@ -142,9 +152,7 @@ class Core:
             if isinstance(error, (StoreUnavailable, NotLeader)):
                 self.on_store_error(error, where="rpc")
             elif isinstance(error, InvalidTransition):
-                logger.error("a transition did not fit the cache; rebuilding it from etcd", exc_info=error)
-                self.schedule_rebuild()
-                raise CacheOutOfStep(f"the master's cache is being rebuilt ({error}): retry") from error
+                raise self._out_of_step(error) from error
         finally:
             self._inflight -= 1
             if self._inflight == 0:
@@ -188,29 +196,58 @@ class Core:
         return self.write(state, event)
 
     def write(self, state: JobState, event: Durable) -> Awaitable[int | None]:
-        """`commit()` of an event whose write `state.begin` already marked."""
-        try:
-            future = self.store.submit(event, state)
-        except BaseException:
-            state.abandon(event)
-            raise
-        return self._settle(state, event, future)
+        """`commit()` of an event whose write `state.begin` already marked.
 
-    async def _settle(self, state: JobState, event: Durable, future: Awaitable[int | None]) -> int | None:
+        The cache takes etcd's answer as it comes (`_settle`), whether or not the caller
+        still awaits it: a call cancelled while its write is on the wire (the trainer's
+        connection dropped) cancels only its wait, for etcd applies the write all the same.
+        """
         try:
-            revision = await future
+            return self.store.submit(event, state, functools.partial(self._settle, state, event))
         except BaseException:
-            if self.state is state:
-                state.abandon(event)
-            raise
-        if self.state is not state:  # the cache was rebuilt from etcd meanwhile: etcd has it, or not
-            return revision
-        if revision is None:
             state.abandon(event)
-            return None
-        state.apply(committed(event, revision))
-        self.on_change()
-        return revision
+            raise
+
+    def _settle(self, state: JobState, event: Durable, revision: int | None, error: BaseException | None) -> None:
+        """etcd's answer to the write of `event`, taken into the cache: applied, or unmarked
+        when refused or failed (a failure's caller, if any, rebuilds: `_leave`)."""
+        if self.state is not state:  # the cache was rebuilt from etcd meanwhile: etcd has it, or not
+            return
+        if error is not None or revision is None:
+            state.abandon(event)
+            if error is None:
+                self._refused(state, event)
+            return
+        try:
+            state.apply(committed(event, revision))
+            self.on_change()
+        except InvalidTransition as raised:
+            raise self._out_of_step(raised) from raised
+
+    def _refused(self, state: JobState, event: Durable) -> None:
+        """etcd refused a report (finish, failure, return) on a task the cache holds live: its
+        session lapsed (the watch may not have told yet: the task goes back now), or the cache
+        is out of step. A refused deal or epoch end is its caller's to explain."""
+        if not isinstance(event, (TaskFinished, TaskFailed, TaskReleased)):
+            return
+        assignment = state.assignment(event.task)
+        if assignment is None or assignment.attempt != event.attempt:
+            return
+        if assignment.session not in self.sessions.by_session:
+            self.mirror(TaskReleased(event.task, event.attempt, "expiry"))
+            self.count_requeue("expiry")
+        else:
+            logger.warning("etcd refused a report on task %d (attempt %d) of live session %d: the "
+                           "cache is out of step; rebuilding it from etcd", event.task, event.attempt,
+                           assignment.session)
+            self.schedule_rebuild()
+
+    def _out_of_step(self, error: InvalidTransition) -> CacheOutOfStep:
+        """An event did not fit the cache (a bug, or the cache out of step): logged, the cache
+        rebuilt; the caller is told to retry."""
+        logger.error("a transition did not fit the cache; rebuilding it from etcd", exc_info=error)
+        self.schedule_rebuild()
+        return CacheOutOfStep(f"the master's cache is being rebuilt ({error}): retry")
 
     def mirror(self, event: Event) -> None:
         """Applies an event etcd already holds without a write of ours (a lapsed or revoked

@@ -27,7 +27,7 @@ import json
 import logging
 import math
 from collections import deque
-from collections.abc import AsyncIterator, Iterable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Protocol, assert_never
 
@@ -172,16 +172,36 @@ class Txn:
         return cls(nested_txn(compares, ops), max(len(compares), len(ops)), frozenset(keys), exclusive)
 
 
+# Told etcd's answer to one write: (revision, None) when it held (revision None: a compare
+# failed), (None, error) when it failed. It may raise: the write's awaiter hears that instead.
+Answered = Callable[[int | None, BaseException | None], None]
+
+
 @dataclass(slots=True)
 class _Write:
     txn: Txn
     future: asyncio.Future[int | None] = field(repr=False)
+    then: Answered | None = field(default=None, repr=False)
+
+    def answer(self, revision: int | None, error: BaseException | None = None) -> None:
+        """Tells `then` first, whether or not anyone still awaits the future: a caller
+        cancelled while its write was on the wire cancels its wait, not etcd's answer."""
+        if self.then is not None:
+            try:
+                self.then(revision, error)
+            except Exception as raised:  # noqa: BLE001  (the awaiter hears it)
+                error = raised
+        if self.future.done():
+            return
+        if error is not None:
+            self.future.set_exception(error)
+        else:
+            self.future.set_result(revision)
 
 
 def _fail_all(writes: Iterable[_Write], error: Exception) -> None:
     for write in writes:
-        if not write.future.done():
-            write.future.set_exception(error)
+        write.answer(None, error)
 
 
 class GroupCommitter:
@@ -223,15 +243,16 @@ class GroupCommitter:
         """Queues one transaction; the future resolves as `commit()` returns."""
         return self.submit_txn(Txn.of(compares, ops, keys, exclusive=exclusive))
 
-    def submit_txn(self, txn: Txn) -> asyncio.Future[int | None]:
-        """`submit()` of a transaction already built."""
-        future = asyncio.get_running_loop().create_future()
+    def submit_txn(self, txn: Txn, then: Answered | None = None) -> asyncio.Future[int | None]:
+        """`submit()` of a transaction already built; `then` is told etcd's answer as it
+        comes, before the future resolves, even when the future was cancelled meanwhile."""
+        write = _Write(txn, asyncio.get_running_loop().create_future(), then)
         if self._stopped:
-            future.set_exception(NotLeader(None))
-            return future
-        self._queue.append(_Write(txn, future))
+            write.answer(None, NotLeader(None))
+            return write.future
+        self._queue.append(write)
         self._wakeup.set()
-        return future
+        return write.future
 
     async def commit(self, compares: list[rpc.Compare], ops: list[rpc.RequestOp],
                      keys: frozenset[bytes] = frozenset(), *, exclusive: bool = False) -> int | None:
@@ -294,8 +315,7 @@ class GroupCommitter:
             return
         revision = reply.header.revision
         for write, result in zip(batch, reply.responses, strict=True):
-            if not write.future.done():
-                write.future.set_result(revision if result.response_txn.succeeded else None)
+            write.answer(revision if result.response_txn.succeeded else None)
 
     async def _without_lapsed_lease(self, batch: list[_Write]) -> None:
         """etcd refused the whole request because a write puts a key on a lease that is gone
@@ -306,8 +326,7 @@ class GroupCommitter:
         alone is refused (None), as a failed compare would be."""
         if len(batch) == 1:
             logger.info("a write's lease had lapsed before it reached etcd: refused")
-            if not batch[0].future.done():
-                batch[0].future.set_result(None)
+            batch[0].answer(None)
             return
         half = len(batch) // 2
         await self._send(batch[:half])
@@ -426,9 +445,10 @@ class EtcdStore:
 
     # -- the state's events --
 
-    def submit(self, event: Durable, state: JobState) -> asyncio.Future[int | None]:
-        """Queues `event`'s transaction; resolves to the revision, or None if a compare failed."""
-        return self.committer.submit_txn(self.txn_for(event, state))
+    def submit(self, event: Durable, state: JobState, then: Answered | None = None) -> asyncio.Future[int | None]:
+        """Queues `event`'s transaction; resolves to the revision, or None if a compare failed
+        (`then`: as `GroupCommitter.submit_txn`)."""
+        return self.committer.submit_txn(self.txn_for(event, state), then)
 
     def txn_for(self, event: Durable, state: JobState) -> Txn:
         """The one etcd transaction that stands for `event`, applied to `state` as it is now."""

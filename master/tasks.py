@@ -166,6 +166,9 @@ class Tasks:
         if refused and not taken:
             # The session's key or the epoch moved under us: the session is gone, or the cache is stale.
             if session in self.core.sessions.by_session:
+                logger.warning("etcd refused every task dealt to live session %d (tasks %s): "
+                               "the cache is out of step; rebuilding it from etcd",
+                               session, [task for task, _ in dispatches])
                 self.core.schedule_rebuild()
                 return []
             raise SessionExpired(session)
@@ -177,30 +180,13 @@ class Tasks:
         if not self._is_live(state, session, ref):
             metrics.STALE_REPORTS.labels("finished").inc()
             return None
-        return self._finished(state, ref, self.core.commit(TaskFinished(ref.task, ref.attempt)))
+        return self._finished(self.core.commit(TaskFinished(ref.task, ref.attempt)))
 
-    async def _finished(self, state: JobState, ref: TaskRef, write: Awaitable[int | None]) -> bool:
-        accepted = await self._settled(state, ref, write)
+    @staticmethod
+    async def _finished(write: Awaitable[int | None]) -> bool:
+        accepted = await write is not None  # a refusal is the core's to explain (`Core._refused`)
         (metrics.FINISHES if accepted else metrics.STALE_REPORTS.labels("finished")).inc()
         return accepted
-
-    async def _settled(self, state: JobState, ref: TaskRef, write: Awaitable[int | None]) -> bool:
-        """Awaits a report's write; a refusal on a task the cache held live is explained."""
-        revision = await write
-        if revision is None and self.core.state is state:
-            self._write_refused(state, ref)
-        return revision is not None
-
-    def _write_refused(self, state: JobState, ref: TaskRef) -> None:
-        """etcd refused a write on a task the cache held live: its session must be gone."""
-        assignment = state.assignment(ref.task)
-        if assignment is None or assignment.attempt != ref.attempt:
-            return
-        if assignment.session not in self.core.sessions.by_session:
-            self.core.mirror(TaskReleased(ref.task, ref.attempt, "expiry"))
-            self.core.count_requeue("expiry")
-        else:
-            self.core.schedule_rebuild()
 
     async def _report_state(self, session: int) -> JobState | None:
         """Reports are never errors for staleness: an unknown session's report is STALE."""
@@ -232,7 +218,7 @@ class Tasks:
             logger.info("task %d (epoch %d, attempt %d) failed: %s", ref.task, ref.epoch, ref.attempt, reason)
             metrics.FAILURE_REASONS.record(ref.task, epoch=ref.epoch, attempt=ref.attempt, reason=reason,
                                            trainer=state.assignment(ref.task).trainer, at=time.time())
-            return await self._fail(state, ref, cause="failure")
+            return await self._fail(ref, cause="failure")
 
     async def return_task(self, session: int, ref: TaskRef) -> bool:
         async with self.core.admitted():
@@ -240,14 +226,13 @@ class Tasks:
             if state is None or not self._is_live(state, session, ref):
                 metrics.STALE_REPORTS.labels("returned").inc()
                 return False
-            returned = await self._settled(state, ref,
-                                           self.core.commit(TaskReleased(ref.task, ref.attempt, "return")))
+            returned = await self.core.commit(TaskReleased(ref.task, ref.attempt, "return")) is not None
             if returned:
                 self.core.count_requeue("return")
             return returned
 
-    async def _fail(self, state: JobState, ref: TaskRef, *, cause: str) -> bool:
-        if not await self._settled(state, ref, self.core.commit(TaskFailed(ref.task, ref.attempt, cause))):
+    async def _fail(self, ref: TaskRef, *, cause: str) -> bool:
+        if await self.core.commit(TaskFailed(ref.task, ref.attempt, cause)) is None:
             return False
         self.core.count_requeue(cause)
         return True
@@ -272,4 +257,4 @@ class Tasks:
 
     async def _deadline_passed(self, state: JobState, ref: TaskRef) -> None:
         if self.core.state is state and state.live_assignment(ref.task, ref.epoch, ref.attempt) is not None:
-            await self._fail(state, ref, cause="deadline")
+            await self._fail(ref, cause="deadline")
