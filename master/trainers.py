@@ -6,14 +6,16 @@ lapsed (seen by the watch of `trainers/<id>` keys) — etcd has already dropped 
 `assign/<task>` keys with the lease, so the tasks it held are mirrored back to todo
 in the cache (no write, no failure counted).
 
-One exception to "only when the trainer calls": a new session's lease is refreshed once,
-half a TTL after its registration, if no call of it was served by then. A trainer sends its
-first GetTask as soon as it registers, but when thousands register at once that call queues
-behind the rest of the storm: at 10,000 trainers on 2 cores, 186 sessions (TTL 30 s) of the
-first trainers to register lapsed before their first call was served, and registered
-again, adding to the storm. A session that was never served holds no task, so
-the refresh keeps no task from coming back; a trainer that died right after registering
-counts as alive for 1.5 TTL instead of one.
+One exception to "only when the trainer calls": a new session's lease is refreshed every
+half TTL after its registration, up to FIRST_CALL_GRACES times, while no call of it was
+served. A trainer sends its first GetTask as soon as it registers, but when thousands
+register at once that call queues behind the rest of the storm: at 10,000 trainers on 2
+cores, 186 sessions (TTL 30 s) of the first trainers to register lapsed before their first
+call was served, and registered again, adding to the storm. One refresh (1.5 TTL) still
+left 3 of 10,000 to lapse once trainers streamed their GetTasks: gRPC takes up one new
+stream per turn of the event loop, and the first round took 58 s. A session that was never
+served holds no task, so the refreshes keep no task from coming back; a trainer that died
+right after registering counts as alive for up to 3 TTLs instead of one.
 
 A session that lapsed and whose trainer then calls again was alive all along: either the
 master served it slower than its TTL (too many sessions for `--session-ttl`: the README's
@@ -50,6 +52,7 @@ logger = logging.getLogger(__name__)
 MAX_TRAINER_ID = 253  # bytes, as a Kubernetes object name
 LAPSED_REMEMBERED = 65_536  # lapsed sessions remembered to tell a late call (~100 bytes each)
 LAPSED_WARN_EVERY = 60.0  # seconds between warnings about sessions that lapsed alive
+FIRST_CALL_GRACES = 4  # refreshes, TTL/2 apart, of a session none of whose calls was served yet
 _TRAINER_ID = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._/-]*[A-Za-z0-9])?")
 
 
@@ -74,7 +77,7 @@ class Trainers:
         self._ending: set[int] = set()  # sessions this master is revoking right now
         self._registering = KeyedLocks()  # one trainer id's registrations go one at a time
         self._watch: asyncio.Task[None] | None = None
-        self._graces: dict[int, asyncio.TimerHandle] = {}  # new session -> its one refresh, pending
+        self._graces: dict[int, asyncio.TimerHandle] = {}  # new session -> its next refresh, pending
         self.on_gone: list[Callable[[str], None]] = []  # called with the trainer id of an ended session
         self._lapsed: OrderedDict[int, None] = OrderedDict()  # sessions ended by expiry, the newest last
         self._lapsed_alive = 0  # of them, called again since the last warning
@@ -105,8 +108,7 @@ class Trainers:
                     await store.revoke_lease(lease)
                 raise
             self.registry.add(trainer, lease, supersedes=old)
-            self._graces[lease] = asyncio.get_running_loop().call_later(
-                core.policy.session_ttl / 2, self._first_call_grace, lease, self.registry.by_session[lease].last_call)
+            self._grace_later(lease, self.registry.by_session[lease].last_call, FIRST_CALL_GRACES)
             logger.info("trainer %s registered: session %d%s", trainer, lease,
                         f" (supersedes {old})" if old else "")
             state = core.state
@@ -129,12 +131,19 @@ class Trainers:
         with contextlib.suppress(SessionExpired, SessionSuperseded):
             await self.registry.touch(session)
 
-    def _first_call_grace(self, session: int, registered: float) -> None:
-        """Refreshes a new session's lease once (unwaited) unless one of its calls was served."""
+    def _grace_later(self, session: int, registered: float, left: int) -> None:
+        self._graces[session] = asyncio.get_running_loop().call_later(
+            self.core.policy.session_ttl / 2, self._first_call_grace, session, registered, left)
+
+    def _first_call_grace(self, session: int, registered: float, left: int) -> None:
+        """Refreshes a new session's lease (unwaited) unless one of its calls was served."""
         self._graces.pop(session, None)
         info = self.registry.by_session.get(session)
-        if info is not None and info.last_call == registered:
-            self.core.spawn(self.core.store.refresh_lease(session, wait=False), "first-call-grace")
+        if info is None or info.last_call != registered:
+            return
+        self.core.spawn(self.core.store.refresh_lease(session, wait=False), "first-call-grace")
+        if left > 1:
+            self._grace_later(session, registered, left - 1)
 
     async def leave(self, session: int) -> None:
         async with self.core.admitted():

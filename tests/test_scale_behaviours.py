@@ -164,19 +164,22 @@ async def test_a_trainer_whose_calls_are_all_shed_keeps_its_session(tmp_path, et
     assert reply.outcome == pb.TASK and shed >= 10  # the same session, never expired
 
 
-async def test_a_new_session_outlives_its_ttl_once_while_its_first_call_queues(tmp_path, etcd_endpoint,
-                                                                               job_name):
+async def test_a_new_session_outlives_its_ttl_while_its_first_call_queues(tmp_path, etcd_endpoint, job_name):
     """A registration storm queues a trainer's first GetTask behind the rest of it: a session
-    not yet served gets one refresh, half a TTL in, so that first call may come late. Once
-    only: a session that never calls still ends."""
+    not yet served is refreshed every half TTL, FIRST_CALL_GRACES times, so that first call may
+    come late (streams: gRPC takes up one new stream per turn of the loop). Not for ever: a
+    session that never calls still ends."""
+    from master.trainers import FIRST_CALL_GRACES
     write_records(tmp_path / "data", files=1, records_per_file=4)
+    ttl = 3
     async with in_process_master(tmp_path / "data", etcd_endpoint, job_name,
-                                 session_ttl=3) as (dispatcher, _, master):
+                                 session_ttl=ttl) as (dispatcher, _, master):
         loop = asyncio.get_running_loop()
         registered = loop.time()
         early = (await master.RegisterTrainer(pb.RegisterTrainerRequest(trainer_id="early"))).session_id
         silent = (await master.RegisterTrainer(pb.RegisterTrainerRequest(trainer_id="silent"))).session_id
-        await asyncio.sleep(registered + 3.75 - loop.time())  # the stimulus: a first call 1.25 TTLs late
+        late = (FIRST_CALL_GRACES / 2 + 0.5) * ttl  # 2.5 TTLs: between the last refresh and its lapse
+        await asyncio.sleep(registered + late - loop.time())  # the stimulus: a first call that late
         reply = await master.GetTask(pb.GetTaskRequest(session_id=early, epoch=0))
         assert reply.outcome == pb.TASK  # the same session, never expired
         await wait_for(lambda: silent not in dispatcher.core.sessions.by_session, timeout=30,
