@@ -210,13 +210,18 @@ class Core:
 
     def _settle(self, state: JobState, event: Durable, revision: int | None, error: BaseException | None) -> None:
         """etcd's answer to the write of `event`, taken into the cache: applied, or unmarked
-        when refused or failed (a failure's caller, if any, rebuilds: `_leave`)."""
+        when refused or failed. A failed write's outcome is unknown (etcd may hold it): the
+        cache is rebuilt, here too, for its caller may be gone (its `_leave` logs it)."""
         if self.state is not state:  # the cache was rebuilt from etcd meanwhile: etcd has it, or not
             return
         if error is not None or revision is None:
             state.abandon(event)
             if error is None:
                 self._refused(state, event)
+            elif isinstance(error, NotLeader):
+                self.depose(error)
+            elif isinstance(error, StoreUnavailable):
+                self.schedule_rebuild()
             return
         try:
             state.apply(committed(event, revision))

@@ -169,16 +169,12 @@ async def test_a_session_that_lapsed_while_its_trainer_still_called_is_counted_a
                    for w in warnings), warnings
 
 
-async def test_a_call_cancelled_while_its_writes_are_in_flight_leaves_the_cache_as_etcd_has_it(in_process):
-    """A trainer's connection drops (its process killed) while the writes of its GetTask are
-    on their way to etcd. etcd applies them all the same, so the cache must take them too.
-    Before, the cancellation unmarked them in the cache: it kept the finished task pending,
-    dealt it again once the dead session lapsed, and etcd's refusal of that deal rebuilt
-    the whole cache (a stall of every trainer)."""
-    from master.state import TaskStatus
+async def cancelled_mid_write(dispatcher, master, answer) -> tuple[int, int, int]:
+    """A GetTask that finishes a task and is dealt another, cancelled (its trainer's connection
+    dropped) while both writes are on the wire; then `answer(send, batch)` answers them.
+    (session, finished task, dealt task) once the call and its writes are over."""
     from master.tasks import TaskRef
-    dispatcher, master = in_process
-    core, committer = dispatcher.core, dispatcher.store.committer
+    committer = dispatcher.store.committer
     reg = await master.RegisterTrainer(pb.RegisterTrainerRequest(trainer_id="doomed"))
     first = (await master.GetTask(pb.GetTaskRequest(session_id=reg.session_id, epoch=0))).task
     send = committer._send
@@ -186,23 +182,49 @@ async def test_a_call_cancelled_while_its_writes_are_in_flight_leaves_the_cache_
     async def held_send(batch) -> None:  # the stimulus's timing: on the wire until the caller is gone
         await wait_for(lambda: any(write.future.cancelled() for write in batch),
                        message="the cancellation never reached the call's writes")
-        await send(batch)
+        await answer(send, batch)
 
     committer._send = held_send
-    state = core.state
     call = asyncio.create_task(dispatcher.tasks.get_task(
         reg.session_id, 0, [TaskRef(first.id, 0, first.attempt)], max_tasks=1))
     await wait_for(lambda: committer._sending, message="the call's writes never left")
-    second = next(iter(state.reserved))
+    dealt = next(iter(dispatcher.core.state.reserved))
     call.cancel()  # the stimulus: the trainer is gone
     with pytest.raises(asyncio.CancelledError):
         await call  # it settles the writes it queued first
     committer._send = send
+    return reg.session_id, first.id, dealt
+
+
+async def test_a_call_cancelled_while_its_writes_are_in_flight_leaves_the_cache_as_etcd_has_it(in_process):
+    """etcd applies the writes of a cancelled call all the same, so the cache must take them
+    too. Before, the cancellation unmarked them in the cache: it kept the finished task
+    pending, dealt it again once the dead session lapsed, and etcd's refusal of that deal
+    rebuilt the whole cache (a stall of every trainer)."""
+    from master.state import TaskStatus
+    dispatcher, master = in_process
+    state = dispatcher.core.state
+    session, finished, dealt = await cancelled_mid_write(dispatcher, master, lambda send, batch: send(batch))
     snap = await dispatcher.store.load()
-    assert first.id in snap.done and second in snap.assignments  # etcd took both writes
-    assert core.state is state, "the cache was rebuilt"
-    assert state.status[first.id] == TaskStatus.DONE, "etcd counts the task done; the cache does not"
-    assert state.held_by(reg.session_id) == [second], "etcd assigned the task; the cache did not"
+    assert finished in snap.done and dealt in snap.assignments  # etcd took both writes
+    assert dispatcher.core.state is state, "the cache was rebuilt"
+    assert state.status[finished] == TaskStatus.DONE, "etcd counts the task done; the cache does not"
+    assert state.held_by(session) == [dealt], "etcd assigned the task; the cache did not"
+
+
+async def test_a_cancelled_call_whose_writes_failed_still_rebuilds_the_cache(in_process):
+    """A write etcd did not answer may have been applied: the cache is rebuilt from etcd, also
+    when no caller is left to hear the failure."""
+    from master.store import StoreUnavailable, _fail_all
+    dispatcher, master = in_process
+    state = dispatcher.core.state
+
+    async def unanswered(send, batch) -> None:
+        _fail_all(batch, StoreUnavailable("etcd transaction failed: the test's"))
+
+    await cancelled_mid_write(dispatcher, master, unanswered)
+    await wait_for(lambda: dispatcher.core.state is not state and dispatcher.core.serving,
+                   message="the cache was not rebuilt")
 
 
 async def test_a_bug_inside_an_rpc_is_internal_not_invalid_argument(in_process, caplog):
