@@ -519,6 +519,45 @@ def etcd_requests(bench: Bench) -> float:
     return sum(v for k, v in found.items() if k.startswith("grpc_server_msg_received_total"))
 
 
+class NewCalls:
+    """A new GetStatus call every PERIOD seconds from `start` to `end`, over one channel of its
+    own, timed: how long a call the master has not taken up yet waits behind its trainers'
+    (an operator's look, a new trainer's first call). GetStatus is never shed."""
+
+    PERIOD = 0.5
+
+    def __init__(self, address: str, start: float, end: float) -> None:
+        import threading
+        self.latencies: list[float] = []
+        self.errors: Counter[str] = Counter()
+        self._thread = threading.Thread(target=self._run, args=(address, start, end), daemon=True)
+        self._thread.start()
+
+    def _run(self, address: str, start: float, end: float) -> None:
+        import grpc
+
+        from paddlecloud.api import pb, pb_grpc
+        with grpc.insecure_channel(address) as channel:
+            master = pb_grpc.MasterStub(channel)
+            at = start
+            while at < end:
+                time.sleep(max(0.0, at - time.time()))
+                began = time.perf_counter()
+                try:
+                    master.GetStatus(pb.GetStatusRequest(), timeout=120)
+                    self.latencies.append(time.perf_counter() - began)
+                except grpc.RpcError as error:
+                    self.errors[error.code().name] += 1
+                at = max(at + self.PERIOD, time.time())
+
+    def result(self) -> dict:
+        self._thread.join()
+        ordered = sorted(self.latencies)
+        return {"new_call_p50_ms": percentile(ordered, 0.50) * 1e3,
+                "new_call_max_ms": ordered[-1] * 1e3 if ordered else float("nan"),
+                "new_calls": len(ordered), "new_call_errors": dict(self.errors)}
+
+
 def measure(bench: Bench, *, targets: list[str], n: int, prefix: str, keepalive: str,
             pids: dict[str, int], metrics: str | None, max_tasks: int = 1, stream: bool = False) -> dict:
     """One steady-state run: K clients against `targets`, figures of the window. Against a
@@ -529,12 +568,13 @@ def measure(bench: Bench, *, targets: list[str], n: int, prefix: str, keepalive:
     clients = Clients(targets=targets, n=n, k=args.clients, prefix=prefix, keepalive=keepalive,
                       warmup=args.warmup, duration=args.duration, max_tasks=max_tasks, prime=prime,
                       stream=stream)
-    unserved = 0
+    unserved, new_calls = 0, None
     try:
         t0 = clients.go()
         w0, w1 = t0 + args.warmup, t0 + args.warmup + args.duration
         if prime:
             w0, w1, unserved = clients.window(earliest=w0, duration=args.duration)
+        new_calls = NewCalls(targets[0], w0, w1) if prime else None
         time.sleep(max(0.0, w0 - time.time()))
 
         def sample() -> dict:
@@ -574,7 +614,13 @@ def measure(bench: Bench, *, targets: list[str], n: int, prefix: str, keepalive:
         "cpu": {k: (last["cpu"][k] - first["cpu"][k]) / window for k in pids},
         "served_min": served[0] if served else 0, "served_median": served[len(served) // 2] if served else 0,
         "starved": sum(1 for s in served if s == 0),
+        **(new_calls.result() if new_calls is not None else {}),
     }
+
+
+def new_call_cell(run: dict) -> str:
+    cell = f"{run['new_call_p50_ms']:.0f}/{run['new_call_max_ms']:.0f}"
+    return cell + (f" ({sum(run['new_call_errors'].values())} failed)" if run["new_call_errors"] else "")
 
 
 def median_run(runs: list[dict]) -> dict:
@@ -619,10 +665,10 @@ def steady_rows(bench: Bench, data: Path, say) -> list[dict]:
               file=sys.stderr, flush=True)
     cols = ["N", "K", "tasks/s", "p50/p99 ms", "no-op calls/s", "master/no-op", "shed/s", "other transient",
             "errors", "re-reg", "RPC/tr/s", "KeepAlive/tr/s", "etcd req/tr/s", "least served", "starved",
-            "CPU master+etcd", "register s", "warm-up s"]
+            "CPU master+etcd", "register s", "warm-up s", "new call p50/max ms"]
     if args.baseline:
         cols += ["baseline tasks/s", "baseline p99", "baseline transient", "baseline KA/tr/s", "new/baseline",
-                 "baseline register s"]
+                 "baseline register s", "baseline new call p50/max ms"]
     body = []
     for row in rows:
         m, z = row["master"], row["noop"]
@@ -634,12 +680,13 @@ def steady_rows(bench: Bench, data: Path, say) -> list[dict]:
                 f"{m['keepalive_rpc_per_trainer_s']:.3f}", f"{m['etcd_per_trainer_s']:.2f}",
                 str(m["served_min"]), str(m["starved"]),
                 f"{m['cpu'].get('master', 0):.0%}+{m['cpu'].get('etcd', 0):.0%}", f"{m['register_s']:.2f}",
-                f"{m['warmup_s']:.1f}" + (f" ({m['unserved_at_window']} unserved)" if m["unserved_at_window"] else "")]
+                f"{m['warmup_s']:.1f}" + (f" ({m['unserved_at_window']} unserved)" if m["unserved_at_window"] else ""),
+                new_call_cell(m)]
         if "base" in row:
             b = row["base"]
             line += [f"{b['rate']:,.0f}", f"{b['p99_ms']:.0f}", str(sum(b["transient"].values())),
                      f"{b['keepalive_rpc_per_trainer_s']:.3f}", f"{m['rate'] / b['rate']:.2f}x" if b["rate"] else "-",
-                     f"{b['register_s']:.2f}"]
+                     f"{b['register_s']:.2f}", new_call_cell(b)]
         body.append(line)
     for line in table(cols, body):
         say(line)
@@ -651,7 +698,8 @@ def steady_rows(bench: Bench, data: Path, say) -> list[dict]:
         "served: tasks of the least served trainer in the window; starved: trainers with none; register s: "
         "seconds until the last of the N trainers, all registering at once, was registered; warm-up s: "
         "from the start until the window opened (every trainer had a task accepted: one round of the "
-        "queue of N trainers).")
+        "queue of N trainers); new call: a GetStatus every 0.5 s through the window, from its first "
+        "attempt to its answer (a call the master has not taken up yet waits behind the trainers').")
     for row in rows:
         for who, r in row.items():
             if r.get("errors") or r.get("transient"):
