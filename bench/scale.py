@@ -63,6 +63,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter
 from datetime import datetime
@@ -527,7 +528,6 @@ class NewCalls:
     PERIOD = 0.5
 
     def __init__(self, address: str, start: float, end: float) -> None:
-        import threading
         self.latencies: list[float] = []
         self.errors: Counter[str] = Counter()
         self._thread = threading.Thread(target=self._run, args=(address, start, end), daemon=True)

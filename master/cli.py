@@ -46,6 +46,10 @@ DEFAULT_ELECTION_TTL = "10s"  # also what bench/scale.py assumes when no flag sa
               help="Trainer calls the master works on at once; past it a call is answered "
                    "RESOURCE_EXHAUSTED at once and the trainer retries with jittered backoff. "
                    "GetTasks on streams are never shed: they wait their turn.")
+@click.option("--task-streams/--no-task-streams", default=True, show_default=True,
+              help="Serve GetTaskStream. Off, it answers UNIMPLEMENTED and trainers send each GetTask "
+                   "as a call of its own: a third of the dispatch, but thousands of trainers starting "
+                   "at once are all served sooner (docs/benchmarks.md).")
 @click.option("--metrics-port", type=click.IntRange(1, 65535), default=None,
               help="Serve the status page, its JSON and Prometheus metrics on this port (on --host).")
 @click.option("--deployer", type=click.Choice(["none", "kubernetes"]), default="none", show_default=True,
@@ -84,7 +88,7 @@ DEFAULT_ELECTION_TTL = "10s"  # also what bench/scale.py assumes when no flag sa
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
 def master_command(job, namespace, etcd_endpoints, port, host, advertise, inputs, fmt, chunk_bytes,
                    chunks_per_task, epochs, shuffle_seed, start_epoch, resume_from, session_ttl, election_ttl,
-                   task_timeout, max_task_failures, max_tasks_per_trainer, max_calls_in_flight,
+                   task_timeout, max_task_failures, max_tasks_per_trainer, max_calls_in_flight, task_streams,
                    metrics_port, deployer, job_spec, trainers, min_trainers, max_trainers, etcd_timeout,
                    etcd_ca_file, etcd_cert_file, etcd_key_file, etcd_user, etcd_password_file,
                    tokens_dir, scaler_token_file, tls_cert, tls_key, tls_client_ca, insecure,
@@ -134,7 +138,7 @@ def master_command(job, namespace, etcd_endpoints, port, host, advertise, inputs
             advertise=advertise, election_ttl=election_ttl, dataset=dataset, start_epoch=start_epoch,
             metrics_port=metrics_port, etcd_timeout=etcd_timeout, job_spec=job_spec,
             trainer_size=trainer_size,
-            max_calls_in_flight=max_calls_in_flight,
+            max_calls_in_flight=max_calls_in_flight, task_streams=task_streams,
             set_dataset_prefixes=tuple(set_dataset_prefixes), tokens_dir=tokens_dir, insecure=insecure,
             scaler_token_file=scaler_token_file,
             tls=TlsFiles(tls_cert, tls_key, tls_client_ca) if tls_cert else None,

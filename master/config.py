@@ -104,6 +104,7 @@ class MasterConfig:
     job_spec: str | None = None   # with it, the leader deploys the job on Kubernetes
     trainer_size: tuple[TrainerRange, int] | None = None  # the range and desired size at start
     max_calls_in_flight: int = 1024  # trainer calls worked on at once; more are shed (RESOURCE_EXHAUSTED)
+    task_streams: bool = True  # serve GetTaskStream; off: UNIMPLEMENTED, trainers call GetTask unary
     set_dataset_prefixes: tuple[str, ...] = ()  # SetDataset accepts paths under these; empty: off
     tls: TlsFiles | None = None       # None: plaintext
     tokens_dir: str | None = None     # the job's role tokens (paddlecloud.auth.JobTokens); None: open

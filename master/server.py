@@ -281,7 +281,7 @@ async def serve(config: MasterConfig) -> int:
     server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=interceptors)
     pb_grpc.add_MasterServicer_to_server(
         MasterServicer(dispatcher=lambda: node.dispatcher, leader_hint=lambda: node.leader_hint,
-                       max_in_flight=config.max_calls_in_flight,
+                       max_in_flight=config.max_calls_in_flight, task_streams=config.task_streams,
                        session_token=roles.session_token if roles else None), server)
     health_pb2_grpc.add_HealthServicer_to_server(node.health, server)
     reflection.enable_server_reflection(

@@ -168,8 +168,9 @@ def _ref(report: pb.TaskReport | pb.TaskRef) -> TaskRef:
 class MasterServicer(pb_grpc.MasterServicer):
     def __init__(self, *, dispatcher: Callable[[], Dispatcher | None],
                  leader_hint: Callable[[], str | None], max_in_flight: int = 1024,
-                 session_token: Callable[[int], str] | None = None) -> None:
+                 session_token: Callable[[int], str] | None = None, task_streams: bool = True) -> None:
         self.dispatcher = dispatcher
+        self.task_streams = task_streams  # off (--no-task-streams): GetTaskStream is UNIMPLEMENTED
         self.leader_hint = leader_hint
         self.session_token = session_token  # None: a master without tokens
         self.max_in_flight = max_in_flight
@@ -240,6 +241,9 @@ class MasterServicer(pb_grpc.MasterServicer):
         otherwise wait in gRPC's queue; a stream's next message waits in the stream, one per
         trainer, and shedding it would cost a new stream: measured, 4,096 shed streams
         served 279 tasks/s, starving 2,717 trainers."""
+        if not self.task_streams:  # trainers fall back to unary GetTask for good on this answer
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED,
+                                "GetTaskStream is off on this master (--no-task-streams): call GetTask")
         metrics.TASK_STREAMS_OPENED.inc()
         metrics.TASK_STREAMS.inc()
         try:

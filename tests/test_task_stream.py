@@ -140,6 +140,29 @@ async def test_a_master_without_streams_is_asked_once_then_called_unary():
     assert (servicer.streams, servicer.calls) == (1, 3)
 
 
+async def test_a_master_with_task_streams_off_is_called_unary(tmp_path, start_master):
+    """--no-task-streams: GetTaskStream answers UNIMPLEMENTED, naming the flag, and a trainer
+    gets its tasks by unary GetTask (its fallback for a master without streams)."""
+    write_records(tmp_path / "data", files=2, records_per_file=1)
+    metrics_port = free_port()
+    proc = start_master("--input", str(tmp_path / "data"), "--no-task-streams", "--metrics-port", str(metrics_port))
+    await wait_serving(proc.address, process=proc)
+    async with grpc.aio.insecure_channel(proc.address) as channel:
+        call = stub(channel).GetTaskStream()
+        await call.write(pb.GetTaskRequest(session_id=1, epoch=0))
+        assert await call.code() == grpc.StatusCode.UNIMPLEMENTED
+        assert "--no-task-streams" in await call.details()
+    connection = MasterConnection(MasterLocator(master_endpoint=proc.address), deadline=30)
+    try:
+        session = await asyncio.to_thread(lambda: connection.register_trainer("unary-1").session_id)
+        replies = [await asyncio.to_thread(connection.get_task, session, epoch=0, finished=[]) for _ in range(2)]
+    finally:
+        connection.close()
+    assert [r.outcome for r in replies] == [pb.TASK, pb.TASK]
+    assert metric(metrics_port, 'paddlecloud_master_rpc_seconds_count{method="GetTask"}') == 2
+    assert metric(metrics_port, "paddlecloud_master_task_streams_opened_total") == 0
+
+
 class Stalling(pb_grpc.MasterServicer):
     """Its first stream never answers (a master stuck, a connection half gone); later ones do."""
 
