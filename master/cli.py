@@ -48,7 +48,7 @@ DEFAULT_ELECTION_TTL = "10s"  # also what bench/scale.py assumes when no flag sa
                    "GetTasks on streams are never shed: they wait their turn.")
 @click.option("--task-streams/--no-task-streams", default=True, show_default=True,
               help="Serve GetTaskStream. Off, it answers UNIMPLEMENTED and trainers send each GetTask "
-                   "as a call of its own: a third of the dispatch, but thousands of trainers starting "
+                   "as a call of its own: about 0.6 of the dispatch at 64 trainers, but thousands starting "
                    "at once are all served sooner (docs/benchmarks.md).")
 @click.option("--metrics-port", type=click.IntRange(1, 65535), default=None,
               help="Serve the status page, its JSON and Prometheus metrics on this port (on --host).")
