@@ -86,6 +86,14 @@ def events(k8s: Any, reason: str) -> list[dict[str, Any]]:
             if resource.plural == "events" and obj.raw.get("reason") == reason]
 
 
+async def wait_for_job(k8s: Any, name: str) -> None:
+    """Until the operator has made the whole job: its master's Deployment comes first (the rest
+    is owned by it, so needs its uid), the Created event after the last of it."""
+    await k8s.wait_for(lambda: any(e["involvedObject"]["name"] == name
+                                   for e in events(k8s, "Created")),
+                       what=f"the Created event of job {name}")
+
+
 def play_master(k8s: Any, name: str, *, phase: str) -> None:
     """What the leading master writes: its phase, as the annotation of its Deployment."""
     k8s.kmock.objects[manifests_key("deployments", manifests.master_name(name))].patch(
@@ -202,8 +210,7 @@ async def test_a_podgroup_applied_with_the_paddlejob_is_the_jobs_and_its_master_
     put_podgroup(k8s, "gang", minMember=3, queue="research", priorityClassName="high")
     async with running_operator(config):
         await apply(api, gang_job("gang"))
-        await k8s.wait_for(lambda: k8s.stored("deployments", NS, manifests.master_name("gang")),
-                           what="the master Deployment")
+        await wait_for_job(k8s, "gang")
     group = k8s.stored("podgroups", NS, "gang")
     assert group["metadata"]["labels"][manifests.JOB_LABEL] == "gang"
     assert [o["kind"] for o in group["metadata"]["ownerReferences"]] == ["PaddleJob"]
@@ -236,7 +243,7 @@ async def test_the_masters_phase_and_counts_reach_the_status_and_a_deleted_workl
     k8s = k8s_crds
     async with running_operator(config):
         await apply(api, paddlejob())
-        await k8s.wait_for(lambda: k8s.stored("deployments", NS, "ctr-master"), what="master")
+        await wait_for_job(k8s, "ctr")
         # the master's part: its deployer creates the workloads, it writes its phase
         spec = translate(k8s.stored("paddlejobs", NS, "ctr"), etcd_endpoints=config.etcd_endpoints,
                          image=config.image).validate()
@@ -302,7 +309,7 @@ async def test_deleting_the_paddlejob_removes_everything_and_its_etcd_keys(
     try:
         async with running_operator(config):
             await apply(api, paddlejob(name="gone", intranet="Service"))
-            await k8s.wait_for(lambda: k8s.stored("deployments", NS, "gone-master"), what="master")
+            await wait_for_job(k8s, "gone")
             spec = translate(k8s.stored("paddlejobs", NS, "gone"), etcd_endpoints=etcd_endpoint,
                              image=config.image).validate()
             deployer = KubernetesDeployer(spec, api_client=api_client)
@@ -477,8 +484,7 @@ async def test_epoch_progress_comes_from_the_masters_deployment_annotation(k8s_c
     name = f"epochs-{uuid.uuid4().hex[:6]}"
     async with running_operator(config):
         await apply(api, paddlejob(name=name))
-        await k8s.wait_for(lambda: k8s.stored("deployments", NS, manifests.master_name(name)),
-                           what="the master Deployment")
+        await wait_for_job(k8s, name)
         assert "epoch" not in (k8s.stored("paddlejobs", NS, name).get("status") or {})
         annotate = k8s.kmock.objects[manifests_key("deployments", manifests.master_name(name))].patch
         annotate({"metadata": {"annotations": {manifests.EPOCH_ANNOTATION: "1/3",
