@@ -37,7 +37,14 @@ from master.state import (
     TaskReleased,
     committed,
 )
-from master.store import EtcdStore, MarkMirror, NotLeader, Snapshot, StoreUnavailable
+from master.store import (
+    EtcdStore,
+    MarkMirror,
+    NotLeader,
+    Snapshot,
+    StoreUnanswered,
+    StoreUnavailable,
+)
 from paddlecloud.aio import cancel_and_wait
 from paddlecloud.phase import Phase
 
@@ -130,7 +137,8 @@ class Core:
         counts the call in flight.
 
         The seams are decided here: a store fault deposes this master (NotLeader) or
-        rebuilds the cache (StoreUnavailable) and goes on up; an InvalidTransition is a
+        rebuilds the cache (StoreUnavailable, but not StoreUnanswered: a read or a lease
+        call wrote nothing) and goes on up; an InvalidTransition is a
         cache out of step (or a bug): logged with its traceback, the cache rebuilt, and
         the caller told to retry (CacheOutOfStep).
         """
@@ -329,6 +337,11 @@ class Core:
     def on_store_error(self, error: BaseException, *, where: str) -> None:
         if isinstance(error, NotLeader):
             self.depose(error)
+        elif isinstance(error, StoreUnanswered):
+            # A read or a lease refresh: nothing written, the cache still agrees with etcd.
+            # Rebuilding it stalled every trainer each time etcd dropped the lease keeper's
+            # stream under load (hundreds of KeepAlives failed at once).
+            logger.debug("%s: %s", where, error)
         elif isinstance(error, StoreUnavailable):
             logger.warning("%s: %s; rebuilding the cache from etcd", where, error)
             self.schedule_rebuild()

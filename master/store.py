@@ -79,6 +79,11 @@ class StoreUnavailable(Exception):
     read has no answer; the caller retries."""
 
 
+class StoreUnanswered(StoreUnavailable):
+    """etcd did not answer a read or a lease call: nothing of the job's was written, so the
+    cache still agrees with etcd (no rebuild); the caller retries."""
+
+
 class StoreFull(StoreUnavailable):
     """etcd is out of space (its NOSPACE alarm): no write succeeds until an operator acts."""
 
@@ -107,13 +112,13 @@ def is_lease_gone(error: BaseException) -> bool:
 
 @contextlib.contextmanager
 def _etcd_answers(what: str) -> Iterator[None]:
-    """Turns etcd not answering a read or a lease call into StoreUnavailable."""
+    """Turns etcd not answering a read or a lease call into StoreUnanswered."""
     try:
         yield
     except (grpc.RpcError, aetcd.ClientError, EtcdUnavailable, asyncio.TimeoutError, OSError) as error:
         if is_nospace(error):
             raise StoreFull(error) from error
-        raise StoreUnavailable(f"etcd did not answer {what}: {error}") from error
+        raise StoreUnanswered(f"etcd did not answer {what}: {error}") from error
 
 
 # ---- building blocks ----------------------------------------------------------------

@@ -365,75 +365,102 @@ class LeaseKeeper:
 
     aetcd opens a new stream per refresh; a master refreshing many trainer leases
     would pay a stream set-up each time, so this multiplexes them on one stream.
-    `refresh(lease)` returns the remaining TTL, 0 when the lease is gone;
+    `refresh(lease)` returns the remaining TTL, 0 when the lease is gone (an answer for
+    the lease answers every caller waiting on it: a refresh is a refresh);
     `refresh_soon(lease)` only queues the request (no future, no wait): for a refresh
-    whose answer nobody needs, e.g. one piggybacked on a trainer's call. A request
-    queued while the stream is down is dropped with it.
+    whose answer nobody needs, e.g. one piggybacked on a trainer's call.
+
+    A stream that breaks is opened again at once (then after 0.1 s doubling to 2 s while it
+    keeps breaking), and every lease asked for and not yet answered is asked again on it:
+    a refresh is idempotent. etcd under a burst of writes ends the stream now and then
+    ("waiting for the applied index took too long"): when that dropped the refreshes
+    queued on it, 10,000 new trainers' sessions lapsed together. A caller of `refresh`
+    still waits no longer than its timeout.
     """
 
-    def __init__(self, client: aetcd.Client) -> None:
+    def __init__(self, client: aetcd.Client, *,
+                 on_answer: Callable[[int, int], None] | None = None) -> None:
         self._client = client
-        self._requests: asyncio.Queue[rpc.LeaseKeepAliveRequest | None] = asyncio.Queue()
+        self._on_answer = on_answer  # called with (lease, TTL) for every answer
+        self._requests: asyncio.Queue[int] = asyncio.Queue()
         self._waiters: dict[int, list[asyncio.Future[int]]] = {}
+        self._unanswered: dict[int, None] = {}  # leases asked for on the stream, in order
         self._reader: asyncio.Task[None] | None = None
 
     async def refresh(self, lease_id: int, *, timeout: float = RPC_TIMEOUT) -> int:
-        if self._reader is None or self._reader.done():
-            self._start()
         future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self._waiters.setdefault(lease_id, []).append(future)
-        self._requests.put_nowait(rpc.LeaseKeepAliveRequest(ID=lease_id))
+        self.refresh_soon(lease_id)
         try:
             return await asyncio.wait_for(asyncio.shield(future), timeout)
         except asyncio.TimeoutError:
             raise EtcdUnavailable(f"etcd did not refresh lease {lease_id:x} in {timeout:g}s") from None
         finally:
-            with contextlib.suppress(ValueError):
-                self._waiters.get(lease_id, []).remove(future)
+            waiters = self._waiters.get(lease_id)
+            if waiters is not None:
+                with contextlib.suppress(ValueError):
+                    waiters.remove(future)
+                if not waiters:
+                    del self._waiters[lease_id]
 
     def refresh_soon(self, lease_id: int) -> None:
         if self._reader is None or self._reader.done():
-            self._start()
-        self._requests.put_nowait(rpc.LeaseKeepAliveRequest(ID=lease_id))
+            self._reader = asyncio.create_task(self._run(), name="lease-keeper")
+        self._unanswered[lease_id] = None
+        self._requests.put_nowait(lease_id)
 
-    def _start(self) -> None:
-        self._requests = asyncio.Queue()
-        self._reader = asyncio.create_task(self._read(), name="lease-keeper")
+    @staticmethod
+    async def _requests_of(queue: asyncio.Queue[int]):
+        while True:  # bound to one stream's queue: a broken stream's iterator takes no more
+            yield rpc.LeaseKeepAliveRequest(ID=await queue.get())
 
-    async def _requests_iter(self):
-        while (request := await self._requests.get()) is not None:
-            yield request
+    async def _run(self) -> None:
+        delay = 0.0
+        while True:
+            if delay:
+                await asyncio.sleep(delay)
+            self._requests = asyncio.Queue()
+            for lease in self._unanswered:  # asked for on the stream that broke: ask again
+                self._requests.put_nowait(lease)
+            try:
+                answered = await self._stream(self._requests)
+            except asyncio.CancelledError:
+                raise
+            except Exception as error:
+                # once per outage: while etcd stays away the stream breaks every 2 s
+                logger.log(logging.DEBUG if delay else logging.WARNING,
+                           "lease keep-alive stream broke (%s); asking again for the %d "
+                           "lease(s) it had not answered", error, len(self._unanswered))
+                answered = False
+            delay = 0.0 if answered else min(max(2 * delay, 0.1), 2.0)
 
-    async def _read(self) -> None:
-        try:
-            await self._client.connect()
-            stream = self._client.leasestub.LeaseKeepAlive(
-                self._requests_iter(), metadata=self._client.metadata
-            )
-            async for reply in stream:
-                waiters = self._waiters.get(reply.ID)
-                if waiters:
-                    future = waiters.pop(0)
-                    if not future.done():
-                        future.set_result(reply.TTL)
-        except asyncio.CancelledError:
-            raise
-        except Exception as error:  # the stream broke: fail every waiter, restart on next use
-            logger.warning("lease keep-alive stream broke: %s", error)
-            self._fail_waiters(f"lease keep-alive stream broke: {error}")
+    async def _stream(self, queue: asyncio.Queue[int]) -> bool:
+        """Serves one stream until it ends; whether it answered anything."""
+        await self._client.connect()
+        stream = self._client.leasestub.LeaseKeepAlive(self._requests_of(queue),
+                                                       metadata=self._client.metadata)
+        answered = False
+        async for reply in stream:
+            answered = True
+            self._answered(reply.ID, reply.TTL)
+        return answered
+
+    def _answered(self, lease: int, ttl: int) -> None:
+        self._unanswered.pop(lease, None)
+        for future in self._waiters.pop(lease, ()):
+            if not future.done():
+                future.set_result(ttl)
+        if self._on_answer is not None:
+            self._on_answer(lease, ttl)
 
     async def close(self) -> None:
-        if self._reader is not None:
-            self._requests.put_nowait(None)
-            await cancel_and_wait(self._reader)
-            self._reader = None
-        self._fail_waiters("lease keeper closed")
-
-    def _fail_waiters(self, why: str) -> None:
+        await cancel_and_wait(self._reader)
+        self._reader = None
+        self._unanswered.clear()
         for waiters in self._waiters.values():
             for future in waiters:
                 if not future.done():
-                    future.set_exception(EtcdUnavailable(why))
+                    future.set_exception(EtcdUnavailable("lease keeper closed"))
         self._waiters.clear()
 
 

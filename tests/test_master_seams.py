@@ -227,6 +227,27 @@ async def test_a_cancelled_call_whose_writes_failed_still_rebuilds_the_cache(in_
                    message="the cache was not rebuilt")
 
 
+async def test_a_lease_refresh_etcd_did_not_answer_is_retried_not_a_rebuild(in_process):
+    """A KeepAlive whose refresh etcd left unanswered (it ends the keeper's stream under a
+    burst of writes) answers UNAVAILABLE, and the trainer retries. Nothing was written, so
+    the cache stays: rebuilding it once per such KeepAlive stalled 10,000 trainers."""
+    from paddlecloud.etcd import EtcdUnavailable
+    dispatcher, master = in_process
+    keeper, state = dispatcher.store.keeper, dispatcher.core.state
+    reg = await master.RegisterTrainer(pb.RegisterTrainerRequest(trainer_id="kept"))
+    refresh = keeper.refresh
+
+    async def unanswered(lease: int, **_) -> int:
+        raise EtcdUnavailable(f"etcd did not refresh lease {lease:x} in 10s")
+
+    keeper.refresh = unanswered
+    error = await rpc_error(master.KeepAlive(pb.KeepAliveRequest(session_id=reg.session_id)))
+    assert error.code() == grpc.StatusCode.UNAVAILABLE and "lease" in error.details(), error.details()
+    keeper.refresh = refresh
+    await master.KeepAlive(pb.KeepAliveRequest(session_id=reg.session_id))  # after any rebuild
+    assert dispatcher.core.state is state and dispatcher.core.serving, "the cache was rebuilt"
+
+
 async def test_a_bug_inside_an_rpc_is_internal_not_invalid_argument(in_process, caplog):
     """Only the dispatcher's own InvalidArgument is the caller's fault; a ValueError from a bug
     is INTERNAL, logged with its traceback."""
