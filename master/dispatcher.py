@@ -13,7 +13,8 @@ Each RPC becomes one call into a room; the servicer translates protobufs at the
 edge, so nothing here sees one. Every room reads and writes etcd only through
 `master.store`, and changes the cache only through the core.
 
-What this does NOT do: keep trainer leases alive on its own, or read any data.
+What this does NOT do: keep trainer leases alive on its own (it refreshes them when their
+trainers call, from a process of its own: `paddlecloud.lease_process`), or read any data.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from master.tasks import Tasks
 from master.trainers import Trainers
 from paddlecloud.etcd import Leadership
 from paddlecloud.keys import JobKeys
+from paddlecloud.lease_process import LeaseKeeperProcess
 from paddlecloud.phase import Phase
 
 
@@ -40,7 +42,9 @@ class Dispatcher:
                  advertise: str, mirror: MarkMirror | None = None) -> None:
         self.config = config
         self.advertise = advertise
-        self.store = EtcdStore(client, JobKeys(config.namespace, config.job), leadership)
+        keeper = LeaseKeeperProcess(config.etcd_endpoints, credentials=config.etcd_credentials,
+                                    timeout=config.etcd_timeout)
+        self.store = EtcdStore(client, JobKeys(config.namespace, config.job), leadership, keeper=keeper)
         self.core = Core(store=self.store, config=config, standby_marks=mirror)
         self.trainers = Trainers(self.core)
         self.tasks = Tasks(self.core, self.trainers)

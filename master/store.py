@@ -412,12 +412,15 @@ async def read_done_marks(client: aetcd.Client, keys: JobKeys, epoch: int, revis
 class EtcdStore:
     """The job's keys in etcd, and the one transaction each durable event takes."""
 
-    def __init__(self, client: aetcd.Client, keys: JobKeys, leadership: Leadership) -> None:
+    def __init__(self, client: aetcd.Client, keys: JobKeys, leadership: Leadership, *,
+                 keeper: LeaseKeeper | None = None) -> None:
         self.client = client
         self.keys = keys
         self.leadership = leadership
         self.committer = GroupCommitter(client, leadership)
-        self.keeper = LeaseKeeper(client)
+        # the trainers' leases; the master's refreshes them from a process of its own
+        # (paddlecloud.lease_process), else on this loop
+        self.keeper = keeper if keeper is not None else LeaseKeeper(client)
         # The hot paths' keys, from prefixes computed once (JobKeys builds them from strings).
         self._assign_prefix = keys.kind_prefix("assign")
         self._done_prefix = keys.kind_prefix("done")

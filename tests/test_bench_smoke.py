@@ -101,3 +101,12 @@ def test_report_quick_runs_every_bench_and_writes_json_md_and_png(tmp_path):
     except ImportError:
         return  # the bench extra is not installed: no plot, and the report says so
     assert (tmp_path / "benchmarks.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_lease_keeper_bench_measures_both_keepers_side_by_side():
+    out = _run("lease_keeper.py", "--quick", "--busy", "0", "--leases", "50", timeout=120).stdout
+    header = next(line for line in out.splitlines() if line.startswith("busy coroutines"))
+    assert "on the loop" in header and "own process" in header, out
+    row = out.splitlines()[-1].split()
+    assert row[0] == "0" and row[-1].endswith("x"), out  # both finished: a ratio, not "-"
+    assert all(float(cell.replace(",", "")) > 0 for cell in row[1:3]), out

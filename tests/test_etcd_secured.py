@@ -92,6 +92,8 @@ async def test_master_and_job_delete_work_through_tls_and_auth(secured, tmp_path
         async with grpc.aio.insecure_channel(proc.address) as channel:
             m = stub(channel)
             session = (await m.RegisterTrainer(pb.RegisterTrainerRequest(trainer_id="t"))).session_id
+            # refreshed by the master's lease process, which must log in as the master does
+            await m.KeepAlive(pb.KeepAliveRequest(session_id=session), timeout=30)
             task = (await m.GetTask(pb.GetTaskRequest(session_id=session, epoch=0))).task
             reply = await m.TaskFinished(pb.TaskReport(session_id=session, task_id=task.id, epoch=0,
                                                        attempt=task.attempt))

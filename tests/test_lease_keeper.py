@@ -1,4 +1,5 @@
-"""The lease keeper against a real etcd, its stream cut by a real TCP fault (`tcp_proxy`).
+"""The lease keepers against a real etcd: the in-loop one, its stream cut by a real TCP fault
+(`tcp_proxy`), and the master's, in a real process of its own, stopped and killed.
 
 At 10,000 trainers registering at once, etcd ended the keeper's stream ("waiting for the
 applied index took too long"); the refreshes queued on it were dropped, and thousands of
@@ -10,6 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import signal
+import subprocess
+import sys
 from urllib.parse import urlsplit
 
 import aetcd
@@ -18,6 +23,7 @@ from tcp_proxy import TcpProxy
 from waiting import wait_for
 
 from paddlecloud import etcd
+from paddlecloud.lease_process import LeaseKeeperProcess
 
 TTL = 20
 
@@ -83,3 +89,68 @@ async def _below(client, lease: int, ttl: int) -> bool:
 async def _above(client, lease: int, ttl: int) -> bool:
     return await remaining(client, lease) > ttl
 
+
+# ---- in a process of its own (the master's) -------------------------------------------
+
+
+@pytest.fixture
+async def process_keeper(etcd_endpoint):
+    """(a LeaseKeeperProcess, a direct client, a lease of TTL seconds)."""
+    direct = await etcd.connect(etcd_endpoint)
+    keeper = LeaseKeeperProcess(etcd_endpoint)
+    lease = (await direct.lease(TTL)).id
+    try:
+        yield keeper, direct, lease
+    finally:
+        await keeper.close()
+        with contextlib.suppress(aetcd.ClientError):
+            await direct.revoke_lease(lease)
+        await direct.close()
+
+
+async def test_the_process_keeper_refreshes_leases_and_says_which_are_gone(process_keeper):
+    keeper, direct, lease = process_keeper
+    gone = (await direct.lease(TTL)).id
+    await direct.revoke_lease(gone)
+    assert await keeper.refresh(lease) == TTL
+    assert await keeper.refresh(gone) == 0
+    child = keeper.child
+    await keeper.close()
+    assert child.returncode == 0, "the lease process outlived its keeper"
+
+
+async def test_a_killed_lease_process_is_started_again_and_asked_again(process_keeper):
+    """A refresh the child took and never answered (it is stopped, then killed) is asked of
+    the next child."""
+    keeper, direct, lease = process_keeper
+    assert await keeper.refresh(lease) == TTL
+    first = keeper.child
+    first.send_signal(signal.SIGSTOP)
+    keeper.refresh_soon(lease)
+    await wait_for(lambda: _below(direct, lease, TTL - 3), timeout=30,
+                   message="the lease's TTL never ran down")
+    first.kill()
+    await wait_for(lambda: _above(direct, lease, TTL - 3), timeout=30,
+                   message="the refresh the dead process had taken was never asked again")
+    assert keeper.child is not first and keeper.child.returncode is None
+
+
+def lease_process(settings: dict) -> subprocess.Popen:
+    child = subprocess.Popen([sys.executable, "-m", "paddlecloud.lease_process"], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    child.stdin.write(json.dumps(settings).encode() + b"\n")
+    child.stdin.flush()
+    return child
+
+
+def test_the_lease_process_ends_when_its_parent_does(etcd_endpoint):
+    """Its stdin closes when the master stops or is killed: it must not outlive it."""
+    child = lease_process({"endpoints": etcd_endpoint, "timeout": 10, "credentials": {}})
+    child.stdin.close()
+    assert child.wait(timeout=30) == 0, child.stderr.read().decode()
+
+
+def test_the_lease_process_names_an_etcd_it_cannot_reach():
+    child = lease_process({"endpoints": "http://127.0.0.1:1", "timeout": 1, "credentials": {}})
+    _, err = child.communicate(timeout=60)
+    assert child.returncode == 1 and "127.0.0.1:1" in err.decode(), err.decode()
