@@ -446,6 +446,7 @@ class EtcdStore:
 
     async def start(self) -> None:
         self.committer.start()
+        self.keeper.start()  # the lease process starts while the cache loads, not at the first KeepAlive
 
     async def stop(self) -> None:
         await self.committer.stop()

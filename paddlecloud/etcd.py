@@ -404,10 +404,14 @@ class LeaseKeeper:
                     del self._waiters[lease_id]
 
     def refresh_soon(self, lease_id: int) -> None:
-        if self._reader is None or self._reader.done():
-            self._reader = asyncio.create_task(self._run(), name="lease-keeper")
+        self.start()
         self._unanswered[lease_id] = None
         self._requests.put_nowait(lease_id)
+
+    def start(self) -> None:
+        """Opens the stream now rather than at the first refresh (which would wait for it)."""
+        if self._reader is None or self._reader.done():
+            self._reader = asyncio.create_task(self._run(), name="lease-keeper")
 
     @staticmethod
     async def _requests_of(queue: asyncio.Queue[int]):

@@ -248,6 +248,14 @@ async def test_a_lease_refresh_etcd_did_not_answer_is_retried_not_a_rebuild(in_p
     assert dispatcher.core.state is state and dispatcher.core.serving, "the cache was rebuilt"
 
 
+async def test_the_lease_process_starts_with_the_leader_not_at_the_first_keepalive(in_process):
+    """A new leader's first KeepAlives (a failover's) must not wait for a Python to start."""
+    dispatcher, _ = in_process
+    child = await wait_for(lambda: dispatcher.store.keeper.child, timeout=30,
+                           message="no lease process before any trainer called")
+    assert child.poll() is None
+
+
 async def test_a_bug_inside_an_rpc_is_internal_not_invalid_argument(in_process, caplog):
     """Only the dispatcher's own InvalidArgument is the caller's fault; a ValueError from a bug
     is INTERNAL, logged with its traceback."""
