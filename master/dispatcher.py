@@ -39,12 +39,15 @@ from paddlecloud.phase import Phase
 
 class Dispatcher:
     def __init__(self, *, client: aetcd.Client, config: MasterConfig, leadership: Leadership,
-                 advertise: str, mirror: MarkMirror | None = None) -> None:
+                 advertise: str, mirror: MarkMirror | None = None,
+                 keeper: LeaseKeeperProcess | None = None) -> None:
         self.config = config
         self.advertise = advertise
-        keeper = LeaseKeeperProcess(config.etcd_endpoints, credentials=config.etcd_credentials,
-                                    timeout=config.etcd_timeout)
-        self.store = EtcdStore(client, JobKeys(config.namespace, config.job), leadership, keeper=keeper)
+        # the term's lease process (`MasterNode` starts it while standing by); else our own
+        self._own_keeper = keeper is None
+        self.keeper = keeper if keeper is not None else lease_process(config)
+        self.store = EtcdStore(client, JobKeys(config.namespace, config.job), leadership,
+                               keeper=self.keeper)
         self.core = Core(store=self.store, config=config, standby_marks=mirror)
         self.trainers = Trainers(self.core)
         self.tasks = Tasks(self.core, self.trainers)
@@ -94,4 +97,12 @@ class Dispatcher:
         """Stops serving: calls at the gate or in flight fail with NotLeader."""
         await self.trainers.stop()
         await self.core.stop()
+        if self._own_keeper:
+            await self.keeper.close()
+
+
+def lease_process(config: MasterConfig) -> LeaseKeeperProcess:
+    """The keeper of the trainers' leases, in a process of its own, logged in as the master is."""
+    return LeaseKeeperProcess(config.etcd_endpoints, credentials=config.etcd_credentials,
+                              timeout=config.etcd_timeout)
 

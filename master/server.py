@@ -40,7 +40,7 @@ from grpc_reflection.v1alpha import reflection
 from master import inspection, metrics
 from master.authorization import Authorization
 from master.config import MasterConfig, SpecError, TlsFiles
-from master.dispatcher import Dispatcher
+from master.dispatcher import Dispatcher, lease_process
 from master.mirror import DoneMarkMirror
 from master.presence import (
     MasterPresence,
@@ -164,6 +164,8 @@ class MasterNode:
         election = etcd.Election(session, self.keys.leader)
         mirror = DoneMarkMirror(self.client, self.keys)  # while standby: the first load takes it
         mirror.start()
+        keeper = lease_process(self.config)  # started while standing by: a failover's KeepAlives
+        keeper.start()                       # must not wait for a Python to start
         try:
             # read before our presence replaces its predecessor's (`master.presence`)
             dead = (await dead_predecessor(self.client, self.keys, self.advertise, network=self.network)
@@ -186,7 +188,7 @@ class MasterNode:
                         self.advertise)
             self.leader_hint = self.advertise
             dispatcher = Dispatcher(client=self.client, config=self.config, leadership=leadership,
-                                    advertise=self.advertise, mirror=mirror)
+                                    advertise=self.advertise, mirror=mirror, keeper=keeper)
             deployment = None
             try:
                 await dispatcher.start()
@@ -206,6 +208,7 @@ class MasterNode:
         finally:
             self.past_leases.add(session.lease_id)  # this term is over: nothing leads on it
             await mirror.stop()
+            await keeper.close()
             await session.close()
 
     async def _deploy(self, dispatcher: Dispatcher) -> None:

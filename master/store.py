@@ -418,8 +418,9 @@ class EtcdStore:
         self.keys = keys
         self.leadership = leadership
         self.committer = GroupCommitter(client, leadership)
-        # the trainers' leases; the master's refreshes them from a process of its own
-        # (paddlecloud.lease_process), else on this loop
+        # the trainers' leases; the master refreshes them from a process of its own
+        # (paddlecloud.lease_process, closed by whoever gave it), else on this loop
+        self._own_keeper = keeper is None
         self.keeper = keeper if keeper is not None else LeaseKeeper(client)
         # The hot paths' keys, from prefixes computed once (JobKeys builds them from strings).
         self._assign_prefix = keys.kind_prefix("assign")
@@ -450,7 +451,8 @@ class EtcdStore:
 
     async def stop(self) -> None:
         await self.committer.stop()
-        await self.keeper.close()
+        if self._own_keeper:
+            await self.keeper.close()
 
     # -- the state's events --
 

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 from collections import Counter
+from pathlib import Path
 
 import grpc
 import pytest
@@ -108,6 +110,39 @@ async def test_standby_is_not_serving_and_names_the_leader(two_masters):
             await stub(channel).GetStatus(pb.GetStatusRequest())
     assert error.value.code() == grpc.StatusCode.UNAVAILABLE
     assert error.value.details() == f"not the leader; the leader is {leader.address}"
+
+
+def lease_processes(master) -> list[int]:
+    """The master's children that refresh trainers' leases (`paddlecloud.lease_process`)."""
+    found = []
+    for task in Path(f"/proc/{master.process.pid}/task").iterdir():  # any thread's children
+        with contextlib.suppress(OSError):  # a thread or a child that ended meanwhile
+            for child in (task / "children").read_text().split():
+                with contextlib.suppress(OSError):
+                    if b"paddlecloud.lease_process" in Path(f"/proc/{child}/cmdline").read_bytes():
+                        found.append(int(child))
+    return found
+
+
+def gone(pid: int) -> bool:
+    """Exited (reaped, or a zombie its dead parent left to init)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+async def test_a_standby_has_its_lease_process_up_before_it_leads_and_none_outlives_a_kill(two_masters):
+    """A failover's first KeepAlives must not wait for a Python to start; a killed master's
+    lease process sees its stdin close and goes."""
+    leader, standby = await leader_and_standby(two_masters)
+    children = await wait_for(lambda: lease_processes(standby), timeout=30,
+                              message="the standby has no lease process")
+    assert len(children) == 1
+    [orphan] = await wait_for(lambda: lease_processes(leader), timeout=30,
+                              message="the leader has no lease process")
+    leader.signal(signal.SIGKILL)
+    await wait_for(lambda: gone(orphan), timeout=30, message="a killed master's lease process lived on")
 
 
 async def test_leader_sigkill_standby_serves_the_job_to_its_end(two_masters, etcd_endpoint, job_name):
