@@ -17,7 +17,6 @@ class TcpProxy:
         self.port = 0
         self._server: asyncio.base_events.Server | None = None
         self._writers: set[asyncio.StreamWriter] = set()
-        self.connections = 0  # accepted since the start
 
     async def start(self) -> TcpProxy:
         self._server = await asyncio.start_server(self._serve, "127.0.0.1", self.port)
@@ -40,7 +39,6 @@ class TcpProxy:
         await self.pause()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.connections += 1
         try:
             up_reader, up_writer = await asyncio.open_connection(*self.target)
         except OSError:

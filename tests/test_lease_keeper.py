@@ -132,7 +132,7 @@ async def test_a_killed_lease_process_is_started_again_and_asked_again(process_k
     first.kill()
     await wait_for(lambda: _above(direct, lease, TTL - 3), timeout=30,
                    message="the refresh the dead process had taken was never asked again")
-    assert keeper.child is not first and keeper.child.returncode is None
+    assert keeper.child is not first and keeper.child.poll() is None
 
 
 def lease_process(settings: dict) -> subprocess.Popen:
