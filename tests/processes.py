@@ -13,6 +13,22 @@ def _read(path: Path) -> bytes:
         return b""
 
 
+def gone(pid: int) -> bool:
+    """Dead: no such process, or a zombie (it runs no more)."""
+    return _read(Path(f"/proc/{pid}/stat")).rpartition(b")")[2].split()[:1] in ([], [b"Z"])
+
+
+def children(pid: int) -> list[int]:
+    """The live children of `pid`, whichever of its threads started them."""
+    return [int(child) for task in Path(f"/proc/{pid}/task").iterdir()
+            for child in _read(task / "children").split() if not gone(int(child))]
+
+
+def cmdline(pid: int) -> bytes:
+    """The process's argv, NUL-separated (empty once it is gone)."""
+    return _read(Path(f"/proc/{pid}/cmdline"))
+
+
 def job_processes(job: str) -> list[tuple[int, list[str], dict[str, str]]]:
     """(pid, argv, env) of every live process whose environment or argv names the job."""
     found = []

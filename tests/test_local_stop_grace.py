@@ -14,7 +14,7 @@ from pathlib import Path
 
 from datasets import write_records
 from local_runs import leader_of
-from processes import job_processes
+from processes import gone, job_processes
 from waiting import wait_until
 
 IGNORING = '''
@@ -32,14 +32,6 @@ marker.write_text("")  # only once SIGTERM is handled
 while True:
     signal.pause()
 '''
-
-
-def _gone(pid: int) -> bool:
-    """Dead (a zombie counts: it runs no more)."""
-    try:
-        return ") Z " in Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True
 
 
 def _trainers(marks: Path) -> dict[int, Path]:
@@ -64,7 +56,7 @@ def test_a_trainer_ignoring_sigterm_is_killed_when_its_group_stops(tmp_path, loc
     scaled = run.scale(address, 1)  # collective: the group stops and starts again at 1
     assert scaled.returncode == 0, scaled.stderr
     # the point is that they do not hang forever: the grace is 5 s, the deadline generous
-    wait_until(lambda: all(_gone(pid) for pid in first), timeout=60,
+    wait_until(lambda: all(gone(pid) for pid in first), timeout=60,
                message="a trainer ignoring SIGTERM outlived its group's stop", details=run.text)
     for pid, marker in first.items():
         assert "SIGTERM ignored" in marker.read_text(), pid  # it was asked, refused, and killed
@@ -77,5 +69,5 @@ def test_a_trainer_ignoring_sigterm_is_killed_when_its_group_stops(tmp_path, loc
     run.process.send_signal(signal.SIGINT)  # the clean-up meets the same trainer at the end
     assert run.wait(timeout=60) == 128 + signal.SIGINT
     assert "SIGTERM ignored" in _trainers(marks)[next(iter(second))].read_text()
-    wait_until(lambda: all(_gone(pid) for pid in second) and job_processes(job_name) == [], timeout=10,
+    wait_until(lambda: all(gone(pid) for pid in second) and job_processes(job_name) == [], timeout=10,
                message="children outlived the CLI")

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import signal
 from collections import Counter
-from pathlib import Path
 
 import grpc
 import pytest
@@ -14,6 +12,7 @@ from datasets import write_records
 from etcd_history import done_marks, per_epoch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from masters import pb, stub, wait_for, wait_serving
+from processes import children, cmdline, gone
 
 from paddlecloud import etcd
 from paddlecloud.keys import JobKeys
@@ -114,22 +113,7 @@ async def test_standby_is_not_serving_and_names_the_leader(two_masters):
 
 def lease_processes(master) -> list[int]:
     """The master's children that refresh trainers' leases (`paddlecloud.lease_process`)."""
-    found = []
-    for task in Path(f"/proc/{master.process.pid}/task").iterdir():  # any thread's children
-        with contextlib.suppress(OSError):  # a thread or a child that ended meanwhile
-            for child in (task / "children").read_text().split():
-                with contextlib.suppress(OSError):
-                    if b"paddlecloud.lease_process" in Path(f"/proc/{child}/cmdline").read_bytes():
-                        found.append(int(child))
-    return found
-
-
-def gone(pid: int) -> bool:
-    """Exited (reaped, or a zombie its dead parent left to init)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] == "Z"
-    except OSError:
-        return True
+    return [c for c in children(master.process.pid) if b"paddlecloud.lease_process" in cmdline(c)]
 
 
 async def test_a_standby_has_its_lease_process_up_before_it_leads_and_none_outlives_a_kill(two_masters):

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import waiting
+from processes import gone
 
 from paddlecloud.etcd import connect
 from paddlecloud.etcd_server import free_port
@@ -103,9 +104,9 @@ def agents(tmp_path, etcd_endpoint, job_name):
     # No stub pserver outlives its agent, even a SIGKILLed one (they die with it).
     pids = {row["pid"]: agent.name for agent in started for row in agent.events("start")}
     deadline = time.monotonic() + 10
-    while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
+    while any(not gone(pid) for pid in pids) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not [pid for pid in pids if _alive(pid)], f"pservers outlived their agents: {pids}"
+    assert not [pid for pid in pids if not gone(pid)], f"pservers outlived their agents: {pids}"
 
 
 @pytest.fixture
@@ -120,16 +121,6 @@ def keys(job_name) -> JobKeys:
     return JobKeys("local", job_name)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:  # a zombie is dead too
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 async def eventually(predicate, *, timeout: float = DEADLINE, what: str = "", agents=()):
