@@ -385,6 +385,7 @@ class LeaseKeeper:
         self._requests: asyncio.Queue[int] = asyncio.Queue()
         self._waiters: dict[int, list[asyncio.Future[int]]] = {}
         self._unanswered: dict[int, None] = {}  # leases asked for on the stream, in order
+        self._served = False  # the current stream answered something (it was not a failed open)
         self._reader: asyncio.Task[None] | None = None
 
     async def refresh(self, lease_id: int, *, timeout: float = RPC_TIMEOUT) -> int:
@@ -426,8 +427,9 @@ class LeaseKeeper:
             self._requests = asyncio.Queue()
             for lease in self._unanswered:  # asked for on the stream that broke: ask again
                 self._requests.put_nowait(lease)
+            self._served = False
             try:
-                answered = await self._stream(self._requests)
+                await self._stream(self._requests)
             except asyncio.CancelledError:
                 raise
             except Exception as error:
@@ -435,21 +437,18 @@ class LeaseKeeper:
                 logger.log(logging.DEBUG if delay else logging.WARNING,
                            "lease keep-alive stream broke (%s); asking again for the %d "
                            "lease(s) it had not answered", error, len(self._unanswered))
-                answered = False
-            delay = 0.0 if answered else min(max(2 * delay, 0.1), 2.0)
+            delay = 0.0 if self._served else min(max(2 * delay, 0.1), 2.0)
 
-    async def _stream(self, queue: asyncio.Queue[int]) -> bool:
-        """Serves one stream until it ends; whether it answered anything."""
+    async def _stream(self, queue: asyncio.Queue[int]) -> None:
+        """Serves one stream until it ends."""
         await self._client.connect()
         stream = self._client.leasestub.LeaseKeepAlive(self._requests_of(queue),
                                                        metadata=self._client.metadata)
-        answered = False
         async for reply in stream:
-            answered = True
             self._answered(reply.ID, reply.TTL)
-        return answered
 
     def _answered(self, lease: int, ttl: int) -> None:
+        self._served = True
         self._unanswered.pop(lease, None)
         for future in self._waiters.pop(lease, ()):
             if not future.done():

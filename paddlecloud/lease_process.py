@@ -33,6 +33,7 @@ import signal
 import struct
 import subprocess
 import sys
+from collections.abc import AsyncIterator
 
 from paddlecloud.aio import cancel_and_wait
 from paddlecloud.etcd import RPC_TIMEOUT, EtcdCredentials, EtcdUnavailable, LeaseKeeper, connect
@@ -53,8 +54,8 @@ class LeaseKeeperProcess(LeaseKeeper):
         self._settings = {"endpoints": endpoints, "timeout": timeout,
                           "credentials": dataclasses.asdict(credentials or EtcdCredentials.from_env())}
 
-    async def _stream(self, queue: asyncio.Queue[int]) -> bool:
-        """Runs one child until it exits; whether it answered anything."""
+    async def _stream(self, queue: asyncio.Queue[int]) -> None:
+        """Runs one child until it exits."""
         loop = asyncio.get_running_loop()
         child = self.child = await asyncio.to_thread(_spawn)
         answers = asyncio.StreamReader(limit=_READ * 4)
@@ -63,22 +64,26 @@ class LeaseKeeperProcess(LeaseKeeper):
         writing, _ = await loop.connect_write_pipe(asyncio.Protocol, child.stdin)
         writing.write(json.dumps(self._settings).encode() + b"\n")
         sender = asyncio.create_task(_send(queue, writing), name="lease-process-send")
-        answered = False
         try:
-            rest = b""
-            while chunk := await answers.read(_READ):
-                rest += chunk
-                whole = len(rest) - len(rest) % _ANSWER.size
-                for lease, ttl in _ANSWER.iter_unpack(rest[:whole]):
-                    self._answered(lease, ttl)
-                answered = answered or whole > 0
-                rest = rest[whole:]
+            async for lease, ttl in _records(answers, _ANSWER):
+                self._answered(lease, ttl)
         finally:
             await cancel_and_wait(sender)
             writing.close()  # the child exits at the end of its stdin
             reading.close()
             await _reap(child)
         raise EtcdUnavailable(f"the lease keeper process exited with code {child.returncode}")
+
+
+async def _records(pipe: asyncio.StreamReader, record: struct.Struct) -> AsyncIterator[tuple]:
+    """The fixed-size records on `pipe` until its end, as they come (a read may split one)."""
+    rest = b""
+    while chunk := await pipe.read(_READ):
+        rest += chunk
+        whole = len(rest) - len(rest) % record.size
+        for fields in record.iter_unpack(rest[:whole]):
+            yield fields
+        rest = rest[whole:]
 
 
 def _spawn() -> subprocess.Popen:
@@ -130,13 +135,8 @@ async def _child() -> None:
 
     keeper = LeaseKeeper(client, on_answer=on_answer)
     try:
-        rest = b""
-        while chunk := await stdin.read(_READ):
-            rest += chunk
-            whole = len(rest) - len(rest) % _ID.size
-            for (lease,) in _ID.iter_unpack(rest[:whole]):
-                keeper.refresh_soon(lease)
-            rest = rest[whole:]
+        async for (lease,) in _records(stdin, _ID):
+            keeper.refresh_soon(lease)
     finally:
         await keeper.close()
         await client.close()
