@@ -19,7 +19,7 @@ What runs, each in its own process:
     previous task's ack piggybacked; on WAIT it sleeps retry_after x U(0.5, 1.5); on a
     transient code (UNAVAILABLE, DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED, CANCELLED) it retries
     after a full-jitter exponential backoff (0.05 s doubling, capped at trainer_agent's
-    RETRY_CAP, 1 s), and on UNAVAILABLE goes where trainer_agent would: to the leader a
+    RETRY_CAP, 1 s; counted from when the attempt was sent), and on UNAVAILABLE goes where trainer_agent would: to the leader a
     standby names, stays on a standby that names none, else tries the other master; a KeepAlive runs beside it: `skip` (today's trainer_agent: only when
     no call was answered for ttl/3, counted from when it was sent, and none is under way),
     `always` (the old agent: every ttl/3), or none (no-op). Today's trainers also give each
@@ -136,9 +136,11 @@ async def _client(config: dict) -> dict:  # noqa: C901  (one loop, kept in one p
     from paddlecloud.wire import Reason, error_info
     from trainer_agent.client import RETRY_CAP, retry_delay
 
-    async def backoff(attempt: int, error: BaseException | None = None) -> None:
-        """As trainer_agent: a shedding master's RetryInfo (jittered), else full-jitter backoff."""
-        await asyncio.sleep(retry_delay(error) or random.uniform(0, min(RETRY_CAP, 0.05 * 2 ** min(attempt, 6))))
+    async def backoff(attempt: int, error: BaseException | None, sent: float) -> None:
+        """As trainer_agent: a shedding master's RetryInfo (jittered), else full-jitter backoff
+        counted from when the failed attempt was `sent` (a held call waited already)."""
+        delay = random.uniform(0, min(RETRY_CAP, 0.05 * 2 ** min(attempt, 6))) - (time.time() - sent)
+        await asyncio.sleep(retry_delay(error) or max(0.0, delay))
 
     def redirect(i: int, error: grpc.aio.AioRpcError) -> None:
         """After UNAVAILABLE: the leader a standby names, unless that one just did not answer (a
@@ -171,7 +173,7 @@ async def _client(config: dict) -> dict:  # noqa: C901  (one loop, kept in one p
                 if e.code() is grpc.StatusCode.UNAVAILABLE:
                     redirect(i, e)
                 attempt += 1
-                await backoff(attempt, e)
+                await backoff(attempt, e, sent)
 
     started = time.perf_counter()
     registered = await asyncio.gather(*(register(i) for i in range(n)))
@@ -312,7 +314,7 @@ async def _client(config: dict) -> dict:  # noqa: C901  (one loop, kept in one p
                 else:
                     errors[code] += 1
                 attempt += 1
-                await backoff(attempt, e)
+                await backoff(attempt, e, now)
                 continue
             attempt = 0
             last_ok[i] = now  # when this attempt was sent
@@ -774,12 +776,14 @@ def failover(bench: Bench, say) -> dict:
     result = {"n": n, "tasks": tasks, "serving_s": serving_at - killed,
               "all_served_s": resumed[-1] if len(resumed) == n else None, "served_again": len(resumed),
               "first_served_s": resumed[0] if resumed else None,
+              "half_served_s": resumed[len(resumed) // 2] if resumed else None,
               "reregistered": r["reregistered"], "transient": dict(r["transient"]),
               "errors": dict(r["errors"]), **checked}
     say(f"Failover: {n} trainers, {tasks:,} tasks, flags {args.failover_flags or '(defaults: election TTL 10 s, session TTL 30 s)'}, "
         f"leader SIGKILLed at 25%:")
     say(f"  standby SERVING {result['serving_s']:.2f} s after the kill; trainers served again "
-        f"{len(resumed)}/{n}, the last {result['all_served_s'] or float('nan'):.2f} s after the kill "
+        f"{len(resumed)}/{n}, half {result['half_served_s'] or float('nan'):.2f} s and the last "
+        f"{result['all_served_s'] or float('nan'):.2f} s after the kill "
         f"(goal: election TTL + {GOALS['failover_over_ttl_s']:g} s); re-registrations {r['reregistered']}; "
         f"lost {checked['lost']}, double-counted {checked['double']} (etcd history, "
         f"{checked['events']:,} done-mark events); errors {dict(r['errors'])}")

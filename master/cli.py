@@ -39,6 +39,10 @@ DEFAULT_ELECTION_TTL = "10s"  # also what bench/scale.py assumes when no flag sa
               help="Trainer session lease: longer than a failover (--election-ttl plus the rebuild), "
                    "so trainers keep their sessions when the leader dies.")
 @click.option("--election-ttl", type=DURATION, default=DEFAULT_ELECTION_TTL, show_default=True)
+@click.option("--failover-hold", type=DURATION, default="2s", show_default=True,
+              help="A master that does not serve (a standby, a leader still loading) holds a trainer's "
+                   "call this long and serves it if it leads meanwhile, so that after a failover "
+                   "the trainers are served at once, not one retry later; 0 answers at once.")
 @click.option("--task-timeout", type=DURATION, default="30m", show_default=True, help="0 turns it off.")
 @click.option("--max-task-failures", type=NON_NEGATIVE, default=3, show_default=True)
 @click.option("--max-tasks-per-trainer", type=click.IntRange(min=1), default=2, show_default=True)
@@ -88,7 +92,7 @@ DEFAULT_ELECTION_TTL = "10s"  # also what bench/scale.py assumes when no flag sa
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
 def master_command(job, namespace, etcd_endpoints, port, host, advertise, inputs, fmt, chunk_bytes,
                    chunks_per_task, epochs, shuffle_seed, start_epoch, resume_from, session_ttl, election_ttl,
-                   task_timeout, max_task_failures, max_tasks_per_trainer, max_calls_in_flight, task_streams,
+                   failover_hold, task_timeout, max_task_failures, max_tasks_per_trainer, max_calls_in_flight, task_streams,
                    metrics_port, deployer, job_spec, trainers, min_trainers, max_trainers, etcd_timeout,
                    etcd_ca_file, etcd_cert_file, etcd_key_file, etcd_user, etcd_password_file,
                    tokens_dir, scaler_token_file, tls_cert, tls_key, tls_client_ca, insecure,
@@ -135,7 +139,7 @@ def master_command(job, namespace, etcd_endpoints, port, host, advertise, inputs
             trainer_size = TrainerRange.of(trainers=trainers, minimum=min_trainers, maximum=max_trainers)
         config = MasterConfig(
             job=job, namespace=namespace, etcd_endpoints=etcd_endpoints, port=port, host=host,
-            advertise=advertise, election_ttl=election_ttl, dataset=dataset, start_epoch=start_epoch,
+            advertise=advertise, election_ttl=election_ttl, failover_hold=failover_hold, dataset=dataset, start_epoch=start_epoch,
             metrics_port=metrics_port, etcd_timeout=etcd_timeout, job_spec=job_spec,
             trainer_size=trainer_size,
             max_calls_in_flight=max_calls_in_flight, task_streams=task_streams,

@@ -96,6 +96,7 @@ class MasterConfig:
     host: str = "0.0.0.0"
     advertise: str = ""
     election_ttl: float = 10.0
+    failover_hold: float = 2.0  # how long a master not serving holds a trainer's call (0: not at all)
     policy: Policy = field(default_factory=Policy)
     dataset: DatasetSpec | None = None
     start_epoch: int = 0
@@ -119,6 +120,8 @@ class MasterConfig:
             raise SpecError(f"job {self.job!r} / namespace {self.namespace!r} must not contain '/'")
         if self.election_ttl < 2:
             raise SpecError(f"--election-ttl {self.election_ttl:g}s is too short: use at least 2s")
+        if self.failover_hold < 0:
+            raise SpecError(f"--failover-hold {self.failover_hold:g}s is negative: use 0 to answer at once")
         if self.max_calls_in_flight < 1:
             raise SpecError(f"--max-calls-in-flight {self.max_calls_in_flight} must be at least 1")
         if self.start_epoch < 0:

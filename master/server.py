@@ -1,8 +1,10 @@
 """One master process: the gRPC server, and the campaign loop that makes it leader or standby.
 
 The server answers from the start: as a standby it is NOT_SERVING and every Master
-RPC says where the leader is. When this process wins the election it builds a
-`Dispatcher` from etcd and serves; when it loses the lease (paused, partitioned,
+RPC says where the leader is. A trainer's call (one with a session) is first held up to
+`--failover-hold` in case this master serves meanwhile: through a failover the
+trainers waiting at the next leader are answered the moment it serves, not one backoff
+later. When this process wins the election it builds a `Dispatcher` from etcd and serves; when it loses the lease (paused, partitioned,
 etcd gone past the TTL) or a write's fence fails, it steps down and campaigns again.
 
 Faults of etcd (unreachable, timing out, deposed us) are expected: the campaign is
@@ -111,6 +113,33 @@ class MasterNode:
         self.serving = False  # what the health service says (also the HTTP port's /ready)
         self.stopping = asyncio.Event()
         self.fatal: Exception | None = None
+        self._change = asyncio.Event()  # set, and replaced, when what a held call waits for changes
+
+    def _changed(self) -> None:
+        """Wakes the calls held in `serving_dispatcher`."""
+        self._change.set()
+        self._change = asyncio.Event()
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self._changed()
+
+    async def serving_dispatcher(self, seconds: float) -> Dispatcher | None:
+        """The dispatcher once this master serves, waited for up to `seconds`: a trainer's call
+        held through a failover (`--failover-hold`). None sooner when a master other than the
+        one named when the call came leads now (the call goes there), or this one stops."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + seconds
+        named = self.leader_hint
+        while self.dispatcher is None:
+            if self.stopping.is_set() or self.leader_hint not in (named, self.advertise):
+                return None
+            change = self._change
+            try:
+                await asyncio.wait_for(change.wait(), deadline - loop.time())
+            except asyncio.TimeoutError:
+                return None
+        return self.dispatcher
 
     async def set_serving(self, serving: bool) -> None:
         self.serving = serving
@@ -122,7 +151,8 @@ class MasterNode:
     def _seen_leader(self, address: str) -> None:
         if address != self.leader_hint:
             logger.info("standby: the leader is %s", address)
-        self.leader_hint = address
+            self.leader_hint = address
+            self._changed()
 
     async def run(self) -> None:
         """Campaigns, leads until deposed, campaigns again; returns when stopping, or on a
@@ -187,6 +217,7 @@ class MasterNode:
             logger.info("elected leader of job %s/%s as %s", self.config.namespace, self.config.job,
                         self.advertise)
             self.leader_hint = self.advertise
+            self._changed()
             dispatcher = Dispatcher(client=self.client, config=self.config, leadership=leadership,
                                     advertise=self.advertise, mirror=mirror, keeper=keeper)
             deployment = None
@@ -194,6 +225,7 @@ class MasterNode:
                 await dispatcher.start()
                 await mirror.stop()
                 self.dispatcher = dispatcher
+                self._changed()  # the calls held for this term are served now
                 await self.set_serving(True)
                 if self.config.job_spec:
                     deployment = asyncio.create_task(self._deploy(dispatcher), name="deployment")
@@ -201,6 +233,7 @@ class MasterNode:
             finally:
                 await cancel_and_wait(deployment)  # objects stay in place for the next leader
                 self.dispatcher = None
+                self._changed()
                 await self.set_serving(False)
                 await dispatcher.stop()
                 if not session.lost.is_set():
@@ -284,6 +317,7 @@ async def serve(config: MasterConfig) -> int:
     server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=interceptors)
     pb_grpc.add_MasterServicer_to_server(
         MasterServicer(dispatcher=lambda: node.dispatcher, leader_hint=lambda: node.leader_hint,
+                       serving_dispatcher=node.serving_dispatcher, hold=config.failover_hold,
                        max_in_flight=config.max_calls_in_flight, task_streams=config.task_streams,
                        session_token=roles.session_token if roles else None), server)
     health_pb2_grpc.add_HealthServicer_to_server(node.health, server)
@@ -325,7 +359,7 @@ async def serve(config: MasterConfig) -> int:
         node.page_url = f"http://{node.advertise.rpartition(':')[0]}:{page.port}/"
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, node.stopping.set)
+        loop.add_signal_handler(sig, node.stop)
     logger.info("master of job %s/%s listening on %s (advertised as %s; event loop: %s)", config.namespace,
                 config.job, address, node.advertise, type(loop).__module__.partition(".")[0])
     _warn_if_open(config)

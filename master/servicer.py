@@ -1,7 +1,8 @@
 """The thin grpc.aio edge of the master: protobuf in, a call into one room, protobuf out.
 
 Domain errors become status codes here and nowhere else; every message names the
-bad value. A standby master answers UNAVAILABLE with the leader's address. Only the
+bad value. A standby master answers UNAVAILABLE with the leader's address (a trainer's
+call after holding it up to `--failover-hold`, in case this master leads meanwhile). Only the
 dispatcher's own `InvalidArgument` is INVALID_ARGUMENT; a cache out of step (it is
 being rebuilt) is UNAVAILABLE, so the client retries; anything else is a bug: logged
 with its traceback and answered INTERNAL. etcd out of space (NOSPACE) is
@@ -30,7 +31,7 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import grpc
 from google.protobuf import any_pb2
@@ -53,6 +54,7 @@ from paddlecloud.wire import Reason, duration, error_status, seconds
 logger = logging.getLogger(__name__)
 
 MAX_REASON = 4096  # characters of a TaskFailed reason kept (it is only logged)
+HOLD_MARGIN = 0.5  # a held call is answered this long before its deadline at the latest
 
 _ERRORS: list[tuple[type[BaseException], grpc.StatusCode]] = [
     (InvalidArgument, grpc.StatusCode.INVALID_ARGUMENT),
@@ -108,12 +110,14 @@ def _inspection(method: Callable) -> Callable:
     return _wrap(method, shed=False)
 
 
-def _wrap(method: Callable, *, shed: bool, name: str | None = None) -> Callable:
+def _wrap(method: Callable, *, shed: bool, name: str | None = None, hold: bool = True) -> Callable:
     name = name or method.__name__
     histogram = metrics.RPC_LATENCY.labels(name)
 
     @functools.wraps(method)
     async def wrapper(self: MasterServicer, request, context: grpc.aio.ServicerContext):
+        if hold and self.dispatcher() is None:  # before admission: a held call is no work
+            await self._hold(request, context)
         if shed:
             if self.in_flight >= self.max_in_flight:
                 metrics.SHED_CALLS.labels(name).inc()
@@ -168,8 +172,12 @@ def _ref(report: pb.TaskReport | pb.TaskRef) -> TaskRef:
 class MasterServicer(pb_grpc.MasterServicer):
     def __init__(self, *, dispatcher: Callable[[], Dispatcher | None],
                  leader_hint: Callable[[], str | None], max_in_flight: int = 1024,
-                 session_token: Callable[[int], str] | None = None, task_streams: bool = True) -> None:
+                 session_token: Callable[[int], str] | None = None, task_streams: bool = True,
+                 serving_dispatcher: Callable[[float], Awaitable[Dispatcher | None]] | None = None,
+                 hold: float = 0.0) -> None:
         self.dispatcher = dispatcher
+        self.serving_dispatcher = serving_dispatcher  # waits up to N seconds for `dispatcher()`
+        self.hold = hold if serving_dispatcher is not None else 0.0  # --failover-hold
         self.task_streams = task_streams  # off (--no-task-streams): GetTaskStream is UNIMPLEMENTED
         self.leader_hint = leader_hint
         self.session_token = session_token  # None: a master without tokens
@@ -177,6 +185,19 @@ class MasterServicer(pb_grpc.MasterServicer):
         self.shed_status = _shed_status(max_in_flight)
         self.in_flight = 0  # shed calls being worked on (one event loop: no lock)
         self.stream_slots = asyncio.Semaphore(STREAM_SLOTS)  # streams' GetTasks worked on at once
+
+    async def _hold(self, request, context: grpc.aio.ServicerContext) -> None:
+        """A trainer's call (it has a session) at a master that does not serve waits up to
+        `hold` seconds for it to serve: through a failover, the trainers that reached the next
+        leader are answered the moment it serves instead of one backoff later. Never past the
+        call's deadline (HOLD_MARGIN before it); a call without a session (a registration,
+        a look at the job) is answered at once."""
+        if not self.hold or not getattr(request, "session_id", 0):
+            return
+        left = context.time_remaining()
+        seconds = self.hold if left is None else min(self.hold, left - HOLD_MARGIN)
+        if seconds > 0 and self.serving_dispatcher is not None:
+            await self.serving_dispatcher(seconds)
 
     async def _keep_session(self, request) -> None:
         """A shed call's session outlives the wait it is told to take (`Trainers.keep`)."""
@@ -227,7 +248,7 @@ class MasterServicer(pb_grpc.MasterServicer):
         return reply
 
     GetTask = _rpc(_get_task, name="GetTask")
-    _get_task_of_stream = _wrap(_get_task, shed=False, name="GetTask")
+    _get_task_of_stream = _wrap(_get_task, shed=False, name="GetTask", hold=False)  # held before its slot
 
     async def GetTaskStream(self, requests, context: grpc.aio.ServicerContext):
         """GetTask for each request, in order, over one stream: gRPC's work per unary call is
@@ -248,6 +269,8 @@ class MasterServicer(pb_grpc.MasterServicer):
         metrics.TASK_STREAMS.inc()
         try:
             async for request in requests:
+                if self.dispatcher() is None:
+                    await self._hold(request, context)
                 async with self.stream_slots:
                     reply = await self._get_task_of_stream(request, context)
                 yield reply

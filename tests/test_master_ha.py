@@ -214,3 +214,71 @@ async def test_paused_leader_is_deposed_and_writes_nothing(two_masters, etcd_end
 
 async def _not_serving(address: str) -> bool:
     return await health(address) == health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+# ---- a trainer's call held through a failover (--failover-hold) ----------------------------
+
+
+async def _register(address: str, trainer_id: str) -> int:
+    async with grpc.aio.insecure_channel(address) as channel:
+        return (await stub(channel).RegisterTrainer(pb.RegisterTrainerRequest(trainer_id=trainer_id))).session_id
+
+
+async def test_a_standby_holds_a_trainer_s_call_then_names_the_leader(two_masters):
+    """Default hold (2 s): while the leader lives, a trainer's call at the standby is told where
+    the leader is after the hold, and never after the call's own deadline."""
+    leader, standby = await leader_and_standby(two_masters)
+    session = await _register(leader.address, "t")
+    async with grpc.aio.insecure_channel(standby.address) as channel:
+        loop = asyncio.get_running_loop()
+        for timeout, held_at_least in ((30, 1.9), (1.5, 0.9)):  # the hold ends 0.5 s before a deadline
+            sent = loop.time()
+            with pytest.raises(grpc.aio.AioRpcError) as error:
+                await stub(channel).KeepAlive(pb.KeepAliveRequest(session_id=session), timeout=timeout)
+            assert error.value.code() == grpc.StatusCode.UNAVAILABLE, error.value.details()
+            assert error.value.details() == f"not the leader; the leader is {leader.address}"
+            assert loop.time() - sent >= held_at_least
+
+
+@pytest.fixture
+def three_masters(tmp_path, start_master):
+    """A hold far longer than any election here: a held call must end with the failover."""
+    write_records(tmp_path / "data", files=40, records_per_file=1)
+    args = ("--input", str(tmp_path / "data"), "--election-ttl", "2s", "--session-ttl", "30s",
+            "--failover-hold", "60s")
+    return [start_master(*args, name=f"m{i}") for i in range(3)]
+
+
+async def test_calls_held_at_the_standbys_follow_the_failover(three_masters):
+    """A leader SIGKILLed while two standbys hold a trainer's calls: the one elected serves
+    its held calls (a KeepAlive and a GetTask on a stream) as soon as it serves; the other
+    names the new leader at once, not at the end of its 60 s hold."""
+    leader, _ = await leader_and_standby(three_masters)
+    standbys = [m for m in three_masters if m is not leader]
+    session = await _register(leader.address, "t")
+    loop = asyncio.get_running_loop()
+    channels = {m.address: grpc.aio.insecure_channel(m.address) for m in standbys}
+    try:
+        keep_alives = {a: asyncio.ensure_future(stub(c).KeepAlive(pb.KeepAliveRequest(session_id=session),
+                                                                  timeout=120))
+                       for a, c in channels.items()}
+        streams = {a: stub(c).GetTaskStream(timeout=120) for a, c in channels.items()}
+        for call in streams.values():
+            await call.write(pb.GetTaskRequest(session_id=session, epoch=0))
+        replies = {a: asyncio.ensure_future(call.read()) for a, call in streams.items()}
+        assert not any(f.done() for f in (*keep_alives.values(), *replies.values())), "answered while the leader lived"
+        killed = loop.time()
+        leader.kill()
+        new_leader, _ = await leader_and_standby(standbys)
+        other = next(m for m in standbys if m is not new_leader)
+        assert (await keep_alives[new_leader.address]).ttl.seconds > 0
+        assert (await replies[new_leader.address]).outcome == pb.TASK
+        for held in (keep_alives[other.address], replies[other.address]):
+            with pytest.raises(grpc.aio.AioRpcError) as error:
+                await held
+            assert error.value.code() == grpc.StatusCode.UNAVAILABLE, error.value.details()
+            assert error.value.details() == f"not the leader; the leader is {new_leader.address}"
+        assert loop.time() - killed < 30, "the other standby held its calls past the new leader's election"
+    finally:
+        for channel in channels.values():
+            await channel.close()

@@ -109,6 +109,7 @@ def test_glob_matching_nothing_exits_naming_the_glob(tmp_path, etcd_endpoint, jo
 @pytest.mark.parametrize("flag, value, fragment", [
     ("--chunk-bytes", "-5", "invalid size '-5'"),
     ("--session-ttl", "soon", "invalid duration 'soon'"),
+    ("--failover-hold", "-1s", "invalid duration '-1s'"),
     ("--max-tasks-per-trainer", "0", "0"),
     ("--format", "parquet", "unknown format 'parquet'"),
 ])

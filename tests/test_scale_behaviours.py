@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+import time
 import urllib.request
 from collections import Counter
 from collections.abc import AsyncIterator
@@ -23,6 +24,7 @@ from test_master_ha import Trainer, leader_and_standby
 from paddlecloud.api import pb_grpc
 from paddlecloud.etcd_server import free_port
 from paddlecloud.keys import JobKeys
+from paddlecloud.wire import duration
 from trainer_agent.client import MasterConnection, Session, TaskClient, retry_delay
 from trainer_agent.discovery import MasterLocator
 
@@ -184,6 +186,43 @@ async def test_a_new_session_outlives_its_ttl_while_its_first_call_queues(tmp_pa
         assert reply.outcome == pb.TASK  # the same session, never expired
         await wait_for(lambda: silent not in dispatcher.core.sessions.by_session, timeout=30,
                        message="a session that never called was kept alive")
+
+
+class HeldThenRefused(pb_grpc.MasterServicer):
+    """Answers the first `failures` KeepAlives UNAVAILABLE, each after holding it `hold`
+    seconds (as a standby does, `--failover-hold`), then serves."""
+
+    def __init__(self, failures: int, hold: float) -> None:
+        self.failures, self.hold, self.calls = failures, hold, 0
+
+    async def KeepAlive(self, request, context):
+        self.calls += 1
+        if self.calls <= self.failures:
+            await asyncio.sleep(self.hold)
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "not the leader")
+        return pb.KeepAliveResponse(ttl=duration(10))
+
+
+@pytest.mark.parametrize("hold", [0.0, 0.3], ids=["refused", "held"])
+async def test_the_client_s_backoff_counts_from_when_the_attempt_was_sent(hold, monkeypatch):
+    """A call a master held has waited already: it is sent again at once, so a trainer held
+    through a failover is never one backoff late. One refused at once still backs off."""
+    from trainer_agent import client
+    monkeypatch.setattr(client, "RETRY_CAP", 0.2)  # below the hold
+    waits: list[float] = []
+
+    class Recording(client.Retrying):
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, sleep=lambda s: (waits.append(s), time.sleep(s)), **kwargs)
+    monkeypatch.setattr(client, "Retrying", Recording)
+    servicer = HeldThenRefused(3, hold)
+    async with connected_to(servicer) as connection:
+        await asyncio.to_thread(connection.keep_alive, 7)
+    assert servicer.calls == 4 and len(waits) == 3
+    if hold:
+        assert waits == [0.0, 0.0, 0.0]
+    else:
+        assert sum(waits) > 0
 
 
 @pytest.mark.parametrize("stream", [True, False], ids=["stream", "unary"])

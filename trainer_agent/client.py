@@ -386,10 +386,14 @@ class MasterConnection:
         one attempt waits at most CALL_TIMEOUT seconds, and never past that deadline."""
         backoff = wait_random_exponential(multiplier=0.05, max=RETRY_CAP)
         give_up = time.monotonic() + self.deadline
+        attempt_sent = time.monotonic()
 
-        def wait(state: RetryCallState) -> float:  # a shedding master's RetryInfo, else backoff
+        def wait(state: RetryCallState) -> float:
+            """A shedding master's RetryInfo, else the backoff counted from when the attempt
+            was sent, as gRPC counts its own: a call a master held (`--failover-hold`) has
+            waited already, and is sent again at once."""
             error = state.outcome.exception() if state.outcome is not None else None
-            return retry_delay(error) or backoff(state)
+            return retry_delay(error) or max(0.0, backoff(state) - (time.monotonic() - attempt_sent))
 
         retrying = Retrying(
             retry=retry_if_exception(self._transient), stop=stop_after_delay(self.deadline),
@@ -398,6 +402,7 @@ class MasterConnection:
         )
         try:
             for attempt in retrying:
+                attempt_sent = time.monotonic()
                 with attempt:
                     with self._lock:
                         stub = self._stub
