@@ -739,14 +739,15 @@ def status(address: str):
         return pb_grpc.MasterStub(channel).GetStatus(pb.GetStatusRequest(), timeout=5)
 
 
-def failover(bench: Bench, say) -> dict:
-    """Two masters with default flags; the leader SIGKILLed at 25% of a one-epoch job."""
+def failover(bench: Bench, say, *, versus: bool = False) -> dict:
+    """Two masters with default flags (`versus`: plus --failover-versus); the leader SIGKILLed
+    at 25% of a one-epoch job."""
     args = bench.args
     n, tasks = args.failover_n, args.failover_tasks
-    job = f"failover-{bench.tag}"
+    job = f"failover{'-versus' if versus else ''}-{bench.tag}"
     data = sparse_file(bench.work / f"{job}.dat", tasks)
     start_revision = asyncio.run(_revision(bench.etcd.endpoint)) + 1
-    flags = args.failover_flags.split()
+    flags = args.failover_flags.split() + (args.failover_versus.split() if versus else [])
     a, _ = bench.master(job, data, 1, *flags, name="a")
     a.wait_serving()
     b, _ = bench.master(job, data, 1, *flags, name="b")
@@ -779,7 +780,7 @@ def failover(bench: Bench, say) -> dict:
               "half_served_s": resumed[len(resumed) // 2] if resumed else None,
               "reregistered": r["reregistered"], "transient": dict(r["transient"]),
               "errors": dict(r["errors"]), **checked}
-    say(f"Failover: {n} trainers, {tasks:,} tasks, flags {args.failover_flags or '(defaults: election TTL 10 s, session TTL 30 s)'}, "
+    say(f"Failover: {n} trainers, {tasks:,} tasks, flags {' '.join(flags) or '(defaults: election TTL 10 s, session TTL 30 s)'}, "
         f"leader SIGKILLed at 25%:")
     say(f"  standby SERVING {result['serving_s']:.2f} s after the kill; trainers served again "
         f"{len(resumed)}/{n}, half {result['half_served_s'] or float('nan'):.2f} s and the last "
@@ -788,6 +789,11 @@ def failover(bench: Bench, say) -> dict:
         f"lost {checked['lost']}, double-counted {checked['double']} (etcd history, "
         f"{checked['events']:,} done-mark events); errors {dict(r['errors'])}")
     return result
+
+
+def _after_serving(result: dict) -> str:
+    last = result["all_served_s"]
+    return "not all served" if last is None else f"{last - result['serving_s']:.2f} s"
 
 
 def expiry(bench: Bench, say) -> dict:
@@ -1020,6 +1026,12 @@ def run(args: argparse.Namespace) -> int:
         if not args.no_failover:
             say()
             results["failover"] = failover(bench, say)
+            if args.failover_versus:
+                say()
+                results["failover_versus"] = failover(bench, say, versus=True)
+                say(f"From the standby serving to the last trainer served: "
+                    f"{_after_serving(results['failover'])} with the flags above, "
+                    f"{_after_serving(results['failover_versus'])} with {args.failover_versus}")
         if not args.no_expiry:
             say()
             results["expiry"] = expiry(bench, say)
@@ -1063,6 +1075,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--failover-tasks", type=int, help="tasks of the failover's job [60000; --quick 3000]")
     parser.add_argument("--failover-flags", help="master flags of the failover [none: the defaults; "
                         "--quick '--election-ttl 3s --session-ttl 9s', the same 1:3 ratio, shorter]")
+    parser.add_argument("--failover-versus", metavar="FLAGS",
+                        help="run the failover again with these flags added, and compare (e.g. "
+                             "'--failover-hold 0')")
     parser.add_argument("--expiry-n", type=int, help="trainers of the expiry scenario [1024; --quick 32]")
     parser.add_argument("--expiry-victims", type=int, help="sessions that expire together [100; --quick 4]")
     parser.add_argument("--expiry-ttl", type=float,

@@ -110,3 +110,21 @@ def test_the_lease_keeper_bench_measures_both_keepers_side_by_side():
     row = out.splitlines()[-1].split()
     assert row[0] == "0" and row[-1].endswith("x"), out  # both finished: a ratio, not "-"
     assert all(float(cell.replace(",", "")) > 0 for cell in row[1:3]), out
+
+
+@pytest.mark.timeout(300)
+def test_the_scale_bench_runs_a_row_and_two_failovers_side_by_side(tmp_path):
+    """bench/scale.py --quick: one steady row, then the failover with the default flags and
+    again with --failover-versus. Correctness (nothing lost or counted twice, every trainer
+    served again) is checked; its timings are not."""
+    figures = tmp_path / "scale.json"
+    out = _run("scale.py", "--quick", "--allow-tmpfs", "--dir", str(tmp_path), "--ns", "8", "--no-expiry",
+               "--no-big", "--failover-versus", "--failover-hold 0", "--json", str(figures), timeout=280).stdout
+    data = json.loads(figures.read_text())
+    assert [row["master"]["n"] for row in data["rows"]] == [8], out
+    for key in ("failover", "failover_versus"):
+        failover = data[key]
+        assert (failover["lost"], failover["double"], failover["errors"]) == (0, 0, {}), out
+        assert failover["served_again"] == failover["n"] and failover["reregistered"] == 0, out
+    assert "flags --election-ttl 3s --session-ttl 9s --failover-hold 0, leader SIGKILLed" in out
+    assert "From the standby serving to the last trainer served: " in out
