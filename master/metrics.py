@@ -39,6 +39,10 @@ BATCH_SIZE = Histogram("paddlecloud_master_etcd_batch_writes",
 SHED_CALLS = Counter("paddlecloud_master_shed_calls",
                      "Calls answered RESOURCE_EXHAUSTED past --max-calls-in-flight", ["method"],
                      registry=REGISTRY)
+HELD_CALLS = Counter("paddlecloud_master_held_calls",
+                     "Trainer calls a master not serving held (--failover-hold), by how they ended: "
+                     "served (it serves now) or not_leader (told where the leader is)", ["outcome"],
+                     registry=REGISTRY)
 TASK_STREAMS_OPENED = Counter("paddlecloud_master_task_streams_opened",
                               "GetTaskStream streams opened (a trainer keeps one while it can)", registry=REGISTRY)
 TASK_STREAMS = Gauge("paddlecloud_master_task_streams", "GetTaskStream streams open now", registry=REGISTRY)

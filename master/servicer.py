@@ -197,7 +197,8 @@ class MasterServicer(pb_grpc.MasterServicer):
         left = context.time_remaining()
         seconds = self.hold if left is None else min(self.hold, left - HOLD_MARGIN)
         if seconds > 0 and self.serving_dispatcher is not None:
-            await self.serving_dispatcher(seconds)
+            served = await self.serving_dispatcher(seconds) is not None
+            metrics.HELD_CALLS.labels("served" if served else "not_leader").inc()
 
     async def _keep_session(self, request) -> None:
         """A shed call's session outlives the wait it is told to take (`Trainers.keep`)."""

@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 import grpc
@@ -86,6 +87,15 @@ async def wait_serving(address: str, *, timeout: float = 30.0, process: MasterPr
 
         await wait_for(serving, timeout=timeout, message=f"master at {address} not serving",
                        details=process.log if process else None)
+
+
+def metric(port: int, name: str) -> float:
+    """One sample of a master's Prometheus metrics on `port` (0 when it is not there yet)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
+        for line in reply.read().decode().splitlines():
+            if line.startswith(name + " "):
+                return float(line.rpartition(" ")[2])
+    return 0.0
 
 
 def stub(channel: grpc.aio.Channel) -> pb_grpc.MasterStub:

@@ -11,10 +11,11 @@ import pytest
 from datasets import write_records
 from etcd_history import done_marks, per_epoch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from masters import pb, stub, wait_for, wait_serving
+from masters import metric, pb, stub, wait_for, wait_serving
 from processes import children, cmdline, gone
 
 from paddlecloud import etcd
+from paddlecloud.etcd_server import free_port
 from paddlecloud.keys import JobKeys
 
 
@@ -246,7 +247,11 @@ def three_masters(tmp_path, start_master):
     write_records(tmp_path / "data", files=40, records_per_file=1)
     args = ("--input", str(tmp_path / "data"), "--election-ttl", "2s", "--session-ttl", "30s",
             "--failover-hold", "60s")
-    return [start_master(*args, name=f"m{i}") for i in range(3)]
+    masters = []
+    for i in range(3):
+        masters.append(start_master(*args, "--metrics-port", str(port := free_port()), name=f"m{i}"))
+        masters[-1].metrics_port = port
+    return masters
 
 
 async def test_calls_held_at_the_standbys_follow_the_failover(three_masters):
@@ -279,6 +284,9 @@ async def test_calls_held_at_the_standbys_follow_the_failover(three_masters):
             assert error.value.code() == grpc.StatusCode.UNAVAILABLE, error.value.details()
             assert error.value.details() == f"not the leader; the leader is {new_leader.address}"
         assert loop.time() - killed < 30, "the other standby held its calls past the new leader's election"
+        held = 'paddlecloud_master_held_calls_total{outcome="%s"}'
+        assert metric(new_leader.metrics_port, held % "served") == 2
+        assert metric(other.metrics_port, held % "not_leader") == 2
     finally:
         for channel in channels.values():
             await channel.close()

@@ -10,7 +10,6 @@ import asyncio
 import contextlib
 import threading
 import time
-import urllib.request
 from collections import Counter
 from collections.abc import AsyncIterator
 
@@ -18,7 +17,7 @@ import grpc
 import pytest
 from datasets import write_records
 from etcd_history import done_marks, per_epoch
-from masters import in_process_master, pb, stub, wait_for, wait_serving, wait_until
+from masters import in_process_master, metric, pb, stub, wait_for, wait_serving, wait_until
 from test_master_ha import Trainer, leader_and_standby
 
 from paddlecloud.api import pb_grpc
@@ -27,16 +26,6 @@ from paddlecloud.keys import JobKeys
 from paddlecloud.wire import duration
 from trainer_agent.client import MasterConnection, Session, TaskClient, retry_delay
 from trainer_agent.discovery import MasterLocator
-
-
-def metric(port: int, name: str) -> float:
-    """One sample of the master's Prometheus metrics (0 when it is not there yet)."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
-        for line in reply.read().decode().splitlines():
-            if line.startswith(name + " "):
-                return float(line.rpartition(" ")[2])
-    return 0.0
-
 
 # ---- load shedding -------------------------------------------------------------------------
 
