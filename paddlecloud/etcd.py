@@ -373,9 +373,11 @@ class LeaseKeeper:
     A stream that breaks is opened again at once (then after 0.1 s doubling to 2 s while it
     keeps breaking), and every lease asked for and not yet answered is asked again on it:
     a refresh is idempotent. etcd under a burst of writes ends the stream now and then
-    ("waiting for the applied index took too long"): when that dropped the refreshes
-    queued on it, 10,000 new trainers' sessions lapsed together. A caller of `refresh`
-    still waits no longer than its timeout.
+    ("waiting for the applied index took too long"): its leader renews a lease only once
+    it has applied every committed entry, waits at most a second for that, and ends the
+    whole LeaseKeepAlive stream with that error. When that dropped the refreshes queued on
+    it, 10,000 new trainers' sessions lapsed together. A caller of `refresh` still waits no
+    longer than its timeout.
     """
 
     def __init__(self, client: aetcd.Client, *,
