@@ -92,8 +92,8 @@ DEFAULT_ELECTION_TTL = "10s"  # also what bench/scale.py assumes when no flag sa
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
 def master_command(job, namespace, etcd_endpoints, port, host, advertise, inputs, fmt, chunk_bytes,
                    chunks_per_task, epochs, shuffle_seed, start_epoch, resume_from, session_ttl, election_ttl,
-                   failover_hold, task_timeout, max_task_failures, max_tasks_per_trainer, max_calls_in_flight, task_streams,
-                   metrics_port, deployer, job_spec, trainers, min_trainers, max_trainers, etcd_timeout,
+                   failover_hold, task_timeout, max_task_failures, max_tasks_per_trainer,
+                   max_calls_in_flight, task_streams, metrics_port, deployer, job_spec, trainers, min_trainers, max_trainers, etcd_timeout,
                    etcd_ca_file, etcd_cert_file, etcd_key_file, etcd_user, etcd_password_file,
                    tokens_dir, scaler_token_file, tls_cert, tls_key, tls_client_ca, insecure,
                    set_dataset_prefixes, log_level) -> None:
@@ -139,7 +139,8 @@ def master_command(job, namespace, etcd_endpoints, port, host, advertise, inputs
             trainer_size = TrainerRange.of(trainers=trainers, minimum=min_trainers, maximum=max_trainers)
         config = MasterConfig(
             job=job, namespace=namespace, etcd_endpoints=etcd_endpoints, port=port, host=host,
-            advertise=advertise, election_ttl=election_ttl, failover_hold=failover_hold, dataset=dataset, start_epoch=start_epoch,
+            advertise=advertise, election_ttl=election_ttl, failover_hold=failover_hold, dataset=dataset,
+            start_epoch=start_epoch,
             metrics_port=metrics_port, etcd_timeout=etcd_timeout, job_spec=job_spec,
             trainer_size=trainer_size,
             max_calls_in_flight=max_calls_in_flight, task_streams=task_streams,

@@ -4,8 +4,9 @@ The server answers from the start: as a standby it is NOT_SERVING and every Mast
 RPC says where the leader is. A trainer's call (one with a session) is first held up to
 `--failover-hold` in case this master serves meanwhile: through a failover the
 trainers waiting at the next leader are answered the moment it serves, not one backoff
-later. When this process wins the election it builds a `Dispatcher` from etcd and serves; when it loses the lease (paused, partitioned,
-etcd gone past the TTL) or a write's fence fails, it steps down and campaigns again.
+later. When this process wins the election it builds a `Dispatcher` from etcd and
+serves; when it loses the lease (paused, partitioned, etcd gone past the TTL) or a
+write's fence fails, it steps down and campaigns again.
 
 Faults of etcd (unreachable, timing out, deposed us) are expected: the campaign is
 retried with backoff and a warning. Anything else is a bug: it is logged with its

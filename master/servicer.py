@@ -2,8 +2,8 @@
 
 Domain errors become status codes here and nowhere else; every message names the
 bad value. A standby master answers UNAVAILABLE with the leader's address (a trainer's
-call after holding it up to `--failover-hold`, in case this master leads meanwhile). Only the
-dispatcher's own `InvalidArgument` is INVALID_ARGUMENT; a cache out of step (it is
+call after holding it up to `--failover-hold`, in case this master leads meanwhile). Only
+the dispatcher's own `InvalidArgument` is INVALID_ARGUMENT; a cache out of step (it is
 being rebuilt) is UNAVAILABLE, so the client retries; anything else is a bug: logged
 with its traceback and answered INTERNAL. etcd out of space (NOSPACE) is
 RESOURCE_EXHAUSTED with what the operator must do; so is a registration whose lease lapsed
