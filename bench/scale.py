@@ -138,15 +138,16 @@ async def _client(config: dict) -> dict:  # noqa: C901  (one loop, kept in one p
 
     async def backoff(attempt: int, error: BaseException | None, sent: float) -> None:
         """As trainer_agent: a shedding master's RetryInfo (jittered), else full-jitter backoff
-        counted from when the failed attempt was `sent` (a held call waited already)."""
+        less the time since the failed attempt was `sent` (a held call waited already)."""
         delay = random.uniform(0, min(RETRY_CAP, 0.05 * 2 ** min(attempt, 6))) - (time.time() - sent)
         await asyncio.sleep(retry_delay(error) or max(0.0, delay))
 
     def redirect(i: int, error: grpc.aio.AioRpcError) -> None:
         """After UNAVAILABLE: the leader a standby names, unless that one just did not answer (a
-        dead leader's key outlives it by its lease: trainer_agent's etcd locator then waits for
-        the new key); a standby naming none is the next leader (stay); a master that did not
-        answer at all (no ErrorInfo): the other one."""
+        dead leader's key outlives it by its lease: trainer_agent's etcd locator then gives it
+        a standby, so it stays there; it tries the dead leader once per hold, refused at once
+        and without a backoff, which this skips); a standby naming none is the next leader
+        (stay); a master that did not answer at all (no ErrorInfo): the other one."""
         if len(targets) < 2:
             return
         reason, metadata = error_info(error) or (None, {})

@@ -115,6 +115,7 @@ class MasterNode:
         self.stopping = asyncio.Event()
         self.fatal: Exception | None = None
         self._change = asyncio.Event()  # set, and replaced, when what a held call waits for changes
+        self._other_terms = 0  # terms of other masters seen begin: a held call then goes there
 
     def _changed(self) -> None:
         """Wakes the calls held in `serving_dispatcher`."""
@@ -127,13 +128,14 @@ class MasterNode:
 
     async def serving_dispatcher(self, seconds: float) -> Dispatcher | None:
         """The dispatcher once this master serves, waited for up to `seconds`: a trainer's call
-        held through a failover (`--failover-hold`). None sooner when a master other than the
-        one named when the call came leads now (the call goes there), or this one stops."""
+        held through a failover (`--failover-hold`). None sooner when another master's term
+        begins (the call goes there; a master restarted at the leader's address counts), or
+        this one stops."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + seconds
-        named = self.leader_hint
+        terms = self._other_terms
         while self.dispatcher is None:
-            if self.stopping.is_set() or self.leader_hint not in (named, self.advertise):
+            if self.stopping.is_set() or self._other_terms != terms:
                 return None
             change = self._change
             try:
@@ -150,10 +152,12 @@ class MasterNode:
             await self.health.set(service, status)
 
     def _seen_leader(self, address: str) -> None:
+        """The campaign saw another master's term begin (once per term)."""
         if address != self.leader_hint:
             logger.info("standby: the leader is %s", address)
-            self.leader_hint = address
-            self._changed()
+        self.leader_hint = address
+        self._other_terms += 1
+        self._changed()
 
     async def run(self) -> None:
         """Campaigns, leads until deposed, campaigns again; returns when stopping, or on a

@@ -178,24 +178,27 @@ async def test_a_new_session_outlives_its_ttl_while_its_first_call_queues(tmp_pa
 
 
 class HeldThenRefused(pb_grpc.MasterServicer):
-    """Answers the first `failures` KeepAlives UNAVAILABLE, each after holding it `hold`
-    seconds (as a standby does, `--failover-hold`), then serves."""
+    """Answers one KeepAlive UNAVAILABLE per entry of `holds`, each after holding it that many
+    seconds (as a standby does, `--failover-hold`; 0: refused at once), then serves."""
 
-    def __init__(self, failures: int, hold: float) -> None:
-        self.failures, self.hold, self.calls = failures, hold, 0
+    def __init__(self, holds: list[float]) -> None:
+        self.holds, self.calls = holds, 0
 
     async def KeepAlive(self, request, context):
         self.calls += 1
-        if self.calls <= self.failures:
-            await asyncio.sleep(self.hold)
+        if self.calls <= len(self.holds):
+            await asyncio.sleep(self.holds[self.calls - 1])
             await context.abort(grpc.StatusCode.UNAVAILABLE, "not the leader")
         return pb.KeepAliveResponse(ttl=duration(10))
 
 
-@pytest.mark.parametrize("hold", [0.0, 0.3], ids=["refused", "held"])
-async def test_the_client_s_backoff_counts_from_when_the_attempt_was_sent(hold, monkeypatch):
-    """A call a master held has waited already: it is sent again at once, so a trainer held
-    through a failover is never one backoff late. One refused at once still backs off."""
+@pytest.mark.parametrize("holds", [[0.0, 0.0, 0.0], [0.3, 0.3, 0.3], [0.3, 0.0, 0.3]],
+                         ids=["refused", "held", "held-then-refused"])
+async def test_the_client_s_backoff_counts_the_attempts_since_its_last_wait(holds, monkeypatch):
+    """A call a master held has waited already: it is sent again at once, and so is the quick
+    attempt after it (the dead leader a standby names), so a trainer cycling between a standby
+    and a dead leader through a failover is never one backoff late. Attempts refused at once,
+    one after the other, still back off."""
     from trainer_agent import client
     monkeypatch.setattr(client, "RETRY_CAP", 0.2)  # below the hold
     waits: list[float] = []
@@ -204,11 +207,11 @@ async def test_the_client_s_backoff_counts_from_when_the_attempt_was_sent(hold, 
         def __init__(self, *args, **kwargs) -> None:
             super().__init__(*args, sleep=lambda s: (waits.append(s), time.sleep(s)), **kwargs)
     monkeypatch.setattr(client, "Retrying", Recording)
-    servicer = HeldThenRefused(3, hold)
+    servicer = HeldThenRefused(holds)
     async with connected_to(servicer) as connection:
         await asyncio.to_thread(connection.keep_alive, 7)
     assert servicer.calls == 4 and len(waits) == 3
-    if hold:
+    if max(holds):
         assert waits == [0.0, 0.0, 0.0]
     else:
         assert sum(waits) > 0

@@ -15,7 +15,7 @@ import pytest
 from datasets import write_records
 from etcd_history import done_marks, per_epoch
 from google.rpc import status_pb2
-from masters import pb, stub, wait_serving, wait_until
+from masters import metric, pb, stub, wait_serving, wait_until
 from trainers import read_log, reads_per_epoch
 
 from paddlecloud.etcd_server import free_port
@@ -248,7 +248,7 @@ def test_moving_to_another_leader_keeps_calls_on_the_old_channel_alive(tmp_path,
     proc = serving(start_master("--input", str(tmp_path / "data")))
     connection = MasterConnection(MasterLocator(master_endpoint=proc.address), deadline=5)
     try:
-        in_use = connection._connect(proc.address)
+        in_use, _ = connection._connect(proc.address)
         connection._connect(f"127.0.0.1:{free_port()}")  # another thread moves on
         assert in_use.GetStatus(pb.GetStatusRequest(), timeout=5).phase == "Running"
     finally:
@@ -318,7 +318,7 @@ class StaleLocator(MasterLocator):
 
     stale: str = ""
 
-    def resolve(self, *, timeout: float = 5.0) -> str:
+    def resolve(self, *, timeout: float = 5.0, avoid: str | None = None) -> str:
         return self.stale
 
 
@@ -355,6 +355,57 @@ def test_a_standby_s_leader_hint_is_followed_from_its_error_info(tmp_path, start
         assert connection.address == leader_address[0]
     finally:
         connection.close()
+
+
+def test_the_locator_avoids_a_silent_leader_while_etcd_still_names_it(tmp_path, start_master,
+                                                                      etcd_endpoint, job_name):
+    """A master that did not answer is avoided while the leader key names it: another master
+    present in etcd (a standby) is given instead, if there is one."""
+    write_records(tmp_path / "data", files=1, records_per_file=1)
+    locator = MasterLocator(etcd_endpoints=etcd_endpoint, job=job_name)
+    first = serving(start_master("--input", str(tmp_path / "data"), name="first"))
+    assert locator.resolve() == first.address
+    assert locator.resolve(avoid=first.address) == first.address  # no other master: the leader
+    second = start_master("--input", str(tmp_path / "data"), name="second")
+    wait_until(lambda: locator.resolve(avoid=first.address) == second.address,
+               message="the standby was never given in the silent leader's place")
+    assert locator.resolve() == first.address
+    assert locator.resolve(avoid=second.address) == first.address  # not the leader: no matter
+
+
+def test_through_a_failover_a_trainer_waits_at_the_standby_not_at_the_dead_leader(
+        tmp_path, start_master, etcd_endpoint, job_name):
+    """The leader SIGKILLed: a trainer that finds masters through etcd goes to the standby
+    while the dead leader's key lapses (a short hold: it is held there again and again, and
+    told about the dead leader each time), and is served by it once it leads."""
+    write_records(tmp_path / "data", files=1, records_per_file=1)
+    args = ("--input", str(tmp_path / "data"), "--election-ttl", "5s", "--session-ttl", "30s",
+            "--failover-hold", "0.5s")
+    masters = []
+    for name in ("first", "second"):
+        masters.append(start_master(*args, "--metrics-port", str(port := free_port()), name=name))
+        masters[-1].metrics_port = port
+    locator = MasterLocator(etcd_endpoints=etcd_endpoint, job=job_name)
+
+    def both_present() -> bool:  # a leader published, and each master given in the other's place
+        try:
+            return len({locator.resolve(avoid=m.address) for m in masters}) == 2
+        except DiscoveryError:
+            return False
+    wait_until(both_present, message="the two masters were never both present")
+    leader = next(m for m in masters if m.address == locator.resolve())
+    standby = next(m for m in masters if m is not leader)
+    serving(leader)
+    connection = MasterConnection(locator, deadline=60, open_channel=without_messages)
+    try:
+        session = connection.register_trainer("t").session_id
+        leader.kill()
+        connection.keep_alive(session)  # served by the standby once it leads
+        assert connection.address == standby.address
+    finally:
+        connection.close()
+    held = 'paddlecloud_master_held_calls_total{outcome="not_leader"}'
+    assert metric(standby.metrics_port, held) >= 1  # the trainer was there before the election
 
 
 def test_a_superseded_session_is_told_by_its_error_info(tmp_path, start_master):

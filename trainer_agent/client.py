@@ -245,7 +245,9 @@ class MasterConnection:
     jittered backoff until `deadline` seconds have passed, then raises
     `MasterUnavailable`; between attempts it follows a standby's NOT_LEADER hint
     (unless the locator is a fixed endpoint, e.g. a Service), else resolves the leader
-    again. `credentials` (default: `ClientCredentials.from_env()`) open the channels
+    again (a master that did not answer at all is avoided while etcd still names it: a
+    standby holds the call instead). The backoff is spent by the time the attempts took
+    since the last wait, so a call a master held goes again at once. `credentials` (default: `ClientCredentials.from_env()`) open the channels
     (TLS with the master's CA) and authenticate the calls: the job's token, and for
     a session the session token its registration returned. Thread-safe.
     """
@@ -263,6 +265,7 @@ class MasterConnection:
         # may still be calling on a channel when another thread moves to a new leader.
         self._channels: dict[str, grpc.Channel] = {}
         self._address: str | None = None
+        self._unanswered: str | None = None  # a master that did not answer the last attempt at it
         self._stub: pb_grpc.MasterStub | None = None
         self._closed = False
         # GetTask goes over one stream of the current session at the current master; unary
@@ -386,28 +389,46 @@ class MasterConnection:
         one attempt waits at most CALL_TIMEOUT seconds, and never past that deadline."""
         backoff = wait_random_exponential(multiplier=0.05, max=RETRY_CAP)
         give_up = time.monotonic() + self.deadline
-        attempt_sent = time.monotonic()
+        credit = 0.0  # seconds the attempts took that no wait has counted yet
+        sent = time.monotonic()  # when the last attempt was sent
+        used: str | None = None  # the address of the last attempt
 
         def wait(state: RetryCallState) -> float:
-            """A shedding master's RetryInfo, else the backoff counted from when the attempt
-            was sent, as gRPC counts its own: a call a master held (`--failover-hold`) has
-            waited already, and is sent again at once."""
+            """A shedding master's RetryInfo, else the backoff less the time the attempts took
+            that no earlier wait counted (gRPC counts its backoff from an attempt's start,
+            too): a call a master held (`--failover-hold`) has waited already, and so has the
+            quick attempt after it (the leader it named, dead: refused). The credit is spent
+            as it is counted, so attempts refused at once, one after another, back off."""
+            nonlocal credit
             error = state.outcome.exception() if state.outcome is not None else None
-            return retry_delay(error) or max(0.0, backoff(state) - (time.monotonic() - attempt_sent))
+            credit += time.monotonic() - sent
+            asked = retry_delay(error)
+            if asked:
+                return asked
+            delay = backoff(state)
+            spent = min(credit, delay)
+            credit -= spent
+            return delay - spent
 
         retrying = Retrying(
             retry=retry_if_exception(self._transient), stop=stop_after_delay(self.deadline),
             wait=wait, reraise=False,
-            before_sleep=self._after_failure,
+            before_sleep=lambda state: self._after_failure(state, used),
         )
         try:
             for attempt in retrying:
-                attempt_sent = time.monotonic()
+                sent = time.monotonic()
                 with attempt:
                     with self._lock:
-                        stub = self._stub
-                    wait = min(CALL_TIMEOUT, max(LAST_ATTEMPT, give_up - time.monotonic()))
-                    return invoke(stub or self._connect(), wait)
+                        stub, used = self._stub, self._address
+                    if stub is None:
+                        stub, used = self._connect()
+                    wait_s = min(CALL_TIMEOUT, max(LAST_ATTEMPT, give_up - time.monotonic()))
+                    reply = invoke(stub, wait_s)
+                    if self._unanswered is not None:
+                        with self._lock:
+                            self._unanswered = None
+                    return reply
         except RetryError as error:
             last = error.last_attempt.exception()
             detail = last.details() if isinstance(last, grpc.RpcError) else str(last)
@@ -416,25 +437,33 @@ class MasterConnection:
                 f"{self.deadline:g}s: {detail}") from None
         raise AssertionError("unreachable")
 
-    def _connect(self, address: str | None = None) -> pb_grpc.MasterStub:
-        """Makes `address` (default: the leader the locator resolves) the current master."""
+    def _connect(self, address: str | None = None) -> tuple[pb_grpc.MasterStub, str]:
+        """Makes `address` (default: the leader the locator resolves, avoiding a master that
+        did not answer while etcd still names it) the current master."""
         with self._lock:
             if self._closed:
                 raise ConnectionClosed(f"connection to {self.locator.describe()} is closed")
-            address = address or self.locator.resolve()
+            address = address or self.locator.resolve(avoid=self._unanswered)
             if address not in self._channels:
                 self._channels[address] = self._open_channel(address)
             self._address = address
             self._stub = pb_grpc.MasterStub(self._channels[address])
-            return self._stub
+            return self._stub, address
 
-    def _after_failure(self, attempt: RetryCallState) -> None:
-        """Points the next attempt at the leader a standby named, or lets it re-resolve."""
+    def _after_failure(self, attempt: RetryCallState, address: str | None) -> None:
+        """Points the next attempt at the leader a standby named, or lets it re-resolve. A
+        master at `address` that did not answer at all (UNAVAILABLE with no reason: its
+        process is gone) is avoided while etcd's leader key still names it: the next attempt
+        goes to a standby, which holds it until the election is decided."""
         error = attempt.outcome.exception() if attempt.outcome is not None else None
         reason, metadata = _reason(error) if error is not None else (None, {})
         leader = metadata.get("leader") if reason is Reason.NOT_LEADER else None
+        silent = (reason is None and isinstance(error, grpc.RpcError)
+                  and error.code() is grpc.StatusCode.UNAVAILABLE)
         with self._lock:
             self._stub = None
+            if silent:
+                self._unanswered = address
         if leader and not self.locator.master_endpoint:
             self._connect(leader)
 

@@ -1,4 +1,5 @@
-"""Finding the master: a fixed endpoint, or the `leader` key in etcd.
+"""Finding the master: a fixed endpoint, or the `leader` key in etcd (or, while that key
+still names a master that did not answer, a standby present in etcd).
 
 `PADDLE_MASTER_ENDPOINT` wins when set (e.g. a Kubernetes Service that routes to the
 ready leader). Otherwise the leader's address is read from etcd through its JSON
@@ -22,14 +23,16 @@ import base64
 import json
 import logging
 import os
+import random
 import ssl
 import urllib.error
 import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from paddlecloud.etcd import parse_endpoints, uses_tls
-from paddlecloud.keys import JobKeys
+from paddlecloud.keys import JobKeys, prefix_range_end
 
 logger = logging.getLogger(__name__)
 
@@ -72,11 +75,32 @@ class MasterLocator:
             return self.master_endpoint
         return f"the leader of job {self.namespace}/{self.job} in etcd {self.etcd_endpoints}"
 
-    def resolve(self, *, timeout: float = 5.0) -> str:
-        """The master's HOST:PORT now. Raises DiscoveryError when no leader is published."""
+    def resolve(self, *, timeout: float = 5.0, avoid: str | None = None) -> str:
+        """The master's HOST:PORT now. Raises DiscoveryError when no leader is published.
+
+        `avoid`: an address that just did not answer. A dead leader's key outlives it until
+        its lease lapses; while the key still names `avoid`, another master present in etcd
+        (a standby: it holds a trainer's call until the election is decided) is returned
+        instead, if there is one."""
         if self.master_endpoint:
             return self.master_endpoint
-        key = JobKeys(self.namespace, self.job or "").leader
+        leader = self._read_etcd(JobKeys(self.namespace, self.job or "").leader, timeout=timeout)
+        if not leader:
+            raise DiscoveryError(f"no leader published yet for job {self.namespace}/{self.job}")
+        if leader != avoid:
+            return leader
+        presence = JobKeys(self.namespace, self.job or "").master("")
+        others = [address for address in self._read_etcd_names(presence, timeout=timeout) if address != avoid]
+        return random.choice(others) if others else leader
+
+    def _read_etcd_names(self, prefix: bytes, *, timeout: float) -> list[str]:
+        """The key names under `prefix`, less the prefix (one keys-only range)."""
+        names = self._read_etcd(prefix, timeout=timeout, prefix=True)
+        return [name[len(prefix):].decode(errors="replace") for name in names]
+
+    def _read_etcd(self, key: bytes, *, timeout: float, prefix: bool = False) -> Any:
+        """`key`'s value (None when absent), or with `prefix` the names of every key under it,
+        from the first etcd endpoint that answers."""
         errors = []
         endpoints = self.etcd_endpoints or ""
         scheme, context = "http", None
@@ -84,13 +108,14 @@ class MasterLocator:
             scheme, context = "https", self._tls_context()
         for host, port in parse_endpoints(endpoints):
             try:
-                value = _etcd_get(f"{scheme}://{host}:{port}", key, timeout=timeout, context=context)
+                kvs = _etcd_range(f"{scheme}://{host}:{port}", key, timeout=timeout, context=context,
+                                  prefix=prefix)
             except (OSError, ValueError) as error:
                 errors.append(f"{host}:{port}: {_explain(error)}")
                 continue
-            if value is None:
-                raise DiscoveryError(f"no leader published yet for job {self.namespace}/{self.job}")
-            return value
+            if prefix:
+                return [base64.b64decode(kv["key"]) for kv in kvs]
+            return base64.b64decode(kvs[0]["value"]).decode() if kvs else None
         raise DiscoveryError(f"etcd unreachable at {self.etcd_endpoints}: {'; '.join(errors)}")
 
 
@@ -121,18 +146,21 @@ def _explain(error: Exception) -> str:
     return text
 
 
-def _etcd_get(base_url: str, key: bytes, *, timeout: float,
-              context: ssl.SSLContext | None = None) -> str | None:
-    body = json.dumps({"key": base64.b64encode(key).decode()}).encode()
+def _etcd_range(base_url: str, key: bytes, *, timeout: float, context: ssl.SSLContext | None = None,
+                prefix: bool = False) -> list[dict]:
+    """The gateway's `kvs` for `key` (with `prefix`: every key under it, names only)."""
+    request_body = {"key": base64.b64encode(key).decode()}
+    if prefix:
+        request_body.update(range_end=base64.b64encode(prefix_range_end(key)).decode(), keys_only=True)
+    body = json.dumps(request_body).encode()
     for path in ("/v3/kv/range", "/v3beta/kv/range"):
         request = urllib.request.Request(base_url + path, data=body,
                                          headers={"Content-Type": "application/json"})
         try:
             with urllib.request.urlopen(request, timeout=timeout, context=context) as reply:
-                kvs = json.loads(reply.read()).get("kvs") or []
+                return json.loads(reply.read()).get("kvs") or []
         except urllib.error.HTTPError as error:
             if error.code == 404:
                 continue  # an older gateway prefix
             raise
-        return base64.b64decode(kvs[0]["value"]).decode() if kvs else None
     raise ValueError(f"etcd at {base_url} has no JSON gateway")
