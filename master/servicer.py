@@ -77,6 +77,9 @@ def _details(error: BaseException) -> tuple[Reason, dict[str, str]] | None:
         return Reason.SESSION_EXPIRED, {}
     if isinstance(error, SessionSuperseded):
         return Reason.SESSION_SUPERSEDED, {"trainer": error.trainer}
+    if isinstance(error, (StoreUnavailable, CacheOutOfStep)):
+        # said, so that a client tells it from a master that did not answer at all
+        return Reason.TRANSIENT, {}
     return None
 
 

@@ -59,6 +59,8 @@ class Reason(str, enum.Enum):
     NOT_LEADER = "NOT_LEADER"                  # metadata: leader = HOST:PORT, when known
     SESSION_EXPIRED = "SESSION_EXPIRED"        # register again
     SESSION_SUPERSEDED = "SESSION_SUPERSEDED"  # metadata: trainer = the trainer id; stop
+    TRANSIENT = "TRANSIENT"                    # the leader is up but cannot answer now (etcd,
+                                               # its cache rebuilt): retry it, not another
 
 
 def duration(seconds: float) -> Duration:

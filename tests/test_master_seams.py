@@ -107,6 +107,7 @@ async def test_an_invalid_transition_in_an_rpc_is_logged_rebuilds_the_cache_and_
         error = await rpc_error(master.GetTask(pb.GetTaskRequest(session_id=reg.session_id, epoch=0)))
     assert error.code() == grpc.StatusCode.UNAVAILABLE, error.details()
     assert "retry" in error.details()
+    assert error_info(error) == (Reason.TRANSIENT, {})  # the master answered: retry it
     logged = [r for r in caplog.records if r.exc_info and "InvalidTransition" in str(r.exc_info[0])]
     assert logged, [r.getMessage() for r in caplog.records]
     await wait_for(lambda: dispatcher.core.state is not corrupt and dispatcher.core.serving,
@@ -243,6 +244,7 @@ async def test_a_lease_refresh_etcd_did_not_answer_is_retried_not_a_rebuild(in_p
     keeper.refresh = unanswered
     error = await rpc_error(master.KeepAlive(pb.KeepAliveRequest(session_id=reg.session_id)))
     assert error.code() == grpc.StatusCode.UNAVAILABLE and "lease" in error.details(), error.details()
+    assert error_info(error) == (Reason.TRANSIENT, {})
     keeper.refresh = refresh
     await master.KeepAlive(pb.KeepAliveRequest(session_id=reg.session_id))  # after any rebuild
     assert dispatcher.core.state is state and dispatcher.core.serving, "the cache was rebuilt"

@@ -452,9 +452,10 @@ class MasterConnection:
 
     def _after_failure(self, attempt: RetryCallState, address: str | None) -> None:
         """Points the next attempt at the leader a standby named, or lets it re-resolve. A
-        master at `address` that did not answer at all (UNAVAILABLE with no reason: its
-        process is gone) is avoided while etcd's leader key still names it: the next attempt
-        goes to a standby, which holds it until the election is decided."""
+        master at `address` that did not answer at all (UNAVAILABLE with no reason: every
+        UNAVAILABLE a master answers itself says why) is avoided while etcd's leader key
+        still names it: the next attempt goes to a standby, which holds it until the
+        election is decided."""
         error = attempt.outcome.exception() if attempt.outcome is not None else None
         reason, metadata = _reason(error) if error is not None else (None, {})
         leader = metadata.get("leader") if reason is Reason.NOT_LEADER else None
