@@ -252,7 +252,8 @@ class MasterServicer(pb_grpc.MasterServicer):
         return reply
 
     GetTask = _rpc(_get_task, name="GetTask")
-    _get_task_of_stream = _wrap(_get_task, shed=False, name="GetTask", hold=False)  # held before its slot
+    # a stream's message is held before it takes a slot (GetTaskStream)
+    _get_task_of_stream = _wrap(_get_task, shed=False, name="GetTask", hold=False)
 
     async def GetTaskStream(self, requests, context: grpc.aio.ServicerContext):
         """GetTask for each request, in order, over one stream: gRPC's work per unary call is

@@ -247,9 +247,10 @@ class MasterConnection:
     (unless the locator is a fixed endpoint, e.g. a Service), else resolves the leader
     again (a master that did not answer at all is avoided while etcd still names it: a
     standby holds the call instead). The backoff is spent by the time the attempts took
-    since the last wait, so a call a master held goes again at once. `credentials` (default: `ClientCredentials.from_env()`) open the channels
-    (TLS with the master's CA) and authenticate the calls: the job's token, and for
-    a session the session token its registration returned. Thread-safe.
+    since the last wait, so a call a master held goes again at once. `credentials`
+    (default: `ClientCredentials.from_env()`) open the channels (TLS with the master's CA)
+    and authenticate the calls: the job's token, and for a session the session token its
+    registration returned. Thread-safe.
     """
 
     def __init__(self, locator: MasterLocator, *, deadline: float,

@@ -29,7 +29,6 @@ import urllib.error
 import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from paddlecloud.etcd import parse_endpoints, uses_tls
 from paddlecloud.keys import JobKeys, prefix_range_end
@@ -84,23 +83,21 @@ class MasterLocator:
         instead, if there is one."""
         if self.master_endpoint:
             return self.master_endpoint
-        leader = self._read_etcd(JobKeys(self.namespace, self.job or "").leader, timeout=timeout)
-        if not leader:
+        keys = JobKeys(self.namespace, self.job or "")
+        found = self._range(keys.leader, timeout=timeout)
+        if not found:
             raise DiscoveryError(f"no leader published yet for job {self.namespace}/{self.job}")
+        leader = base64.b64decode(found[0]["value"]).decode()
         if leader != avoid:
             return leader
-        presence = JobKeys(self.namespace, self.job or "").master("")
-        others = [address for address in self._read_etcd_names(presence, timeout=timeout) if address != avoid]
+        present = keys.master("")  # every master's presence key: `masters/<advertise>`
+        others = [name for kv in self._range(present, timeout=timeout, prefix=True)
+                  if (name := base64.b64decode(kv["key"])[len(present):].decode(errors="replace")) != avoid]
         return random.choice(others) if others else leader
 
-    def _read_etcd_names(self, prefix: bytes, *, timeout: float) -> list[str]:
-        """The key names under `prefix`, less the prefix (one keys-only range)."""
-        names = self._read_etcd(prefix, timeout=timeout, prefix=True)
-        return [name[len(prefix):].decode(errors="replace") for name in names]
-
-    def _read_etcd(self, key: bytes, *, timeout: float, prefix: bool = False) -> Any:
-        """`key`'s value (None when absent), or with `prefix` the names of every key under it,
-        from the first etcd endpoint that answers."""
+    def _range(self, key: bytes, *, timeout: float, prefix: bool = False) -> list[dict]:
+        """The gateway's `kvs` for `key` (`prefix`: every key under it, names only), from the
+        first etcd endpoint that answers."""
         errors = []
         endpoints = self.etcd_endpoints or ""
         scheme, context = "http", None
@@ -108,14 +105,10 @@ class MasterLocator:
             scheme, context = "https", self._tls_context()
         for host, port in parse_endpoints(endpoints):
             try:
-                kvs = _etcd_range(f"{scheme}://{host}:{port}", key, timeout=timeout, context=context,
-                                  prefix=prefix)
+                return _etcd_range(f"{scheme}://{host}:{port}", key, timeout=timeout, context=context,
+                                   prefix=prefix)
             except (OSError, ValueError) as error:
                 errors.append(f"{host}:{port}: {_explain(error)}")
-                continue
-            if prefix:
-                return [base64.b64decode(kv["key"]) for kv in kvs]
-            return base64.b64decode(kvs[0]["value"]).decode() if kvs else None
         raise DiscoveryError(f"etcd unreachable at {self.etcd_endpoints}: {'; '.join(errors)}")
 
 
