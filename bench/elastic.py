@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib.util
-import json
 import logging
 import os
 import statistics
@@ -51,6 +50,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 from datasets import write_records  # noqa: E402
 from trainers import read_log  # noqa: E402
 
+from examples.fit_a_line.consumed import read_entries  # noqa: E402
 from paddlecloud.local.job import LocalJob, LocalJobSpec  # noqa: E402
 
 logger = logging.getLogger(__name__)
@@ -75,11 +75,8 @@ QUICK = Sizes(example_rows_per_shard=5_000, scale_after_consumed=500)
 def _consumed(log: Path, *, first_group: bool = False) -> list[tuple[int, int]]:
     """(epoch, record id) of every record the example's steps consumed, in log order;
     `first_group`: only the first group's (up to the first start after a step)."""
-    if not log.exists():
-        return []
     out = []
-    for line in log.read_text().splitlines():
-        entry = json.loads(line)
+    for entry in read_entries(log):
         if first_group and "started" in entry and out:
             break
         out.extend((entry["epoch"], i) for i in entry.get("ids", ()))

@@ -23,24 +23,24 @@ from local_runs import LocalRun, leader_of
 from masters import wait_until
 from processes import find
 
+from examples.fit_a_line.consumed import read_entries
+
 pytest.importorskip("paddle")
 pytestmark = pytest.mark.paddle
 
 EXAMPLE = "examples.fit_a_line.train"
 
 
-def _entries(log: Path) -> list[dict]:
-    return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
 
 
 def resumes(log: Path) -> int:
-    return sum(1 for entry in _entries(log) if "resumed" in entry)
+    return sum(1 for entry in read_entries(log) if "resumed" in entry)
 
 
 def early_in_an_epoch(log: Path, after: int) -> bool:
     """The latest checkpoint, saved after the log's first ``after`` entries, lies early inside
     an epoch: many tasks before the epoch's end checkpoint, so a restart now resumes inside."""
-    saved = [entry for entry in _entries(log)[after:] if "saved" in entry]
+    saved = [entry for entry in read_entries(log)[after:] if "saved" in entry]
     return bool(saved) and saved[-1]["tasks_done"] is not None and saved[-1]["tasks_done"] <= 18
 
 
@@ -71,14 +71,14 @@ def test_resized_and_killed_the_model_consumes_every_record_once_per_epoch(
     # Each change comes early inside an epoch (not on a clock, which a loaded machine
     # outruns), so that each group restart resumes from a checkpoint inside it.
     for size, resumed in ((1, 1), (2, 3)):
-        marks = len(_entries(log))
+        marks = len(read_entries(log))
         wait_until(lambda marks=marks: early_in_an_epoch(log, marks), timeout=180,
                    message=f"no checkpoint early inside an epoch before the resize to {size}")
         done = run.scale(address, size)
         assert done.returncode == 0, done.stderr
         wait_until(lambda resumed=resumed: resumes(log) >= resumed, timeout=180,
                    message=f"the group of {size} never resumed")
-    marks = len(_entries(log))
+    marks = len(read_entries(log))
     wait_until(lambda: early_in_an_epoch(log, marks), timeout=180,
                message="the group of 2 saved no checkpoint early inside an epoch")
     victim = find(job_name, module=EXAMPLE, PADDLE_TRAINER_ID="1")
@@ -111,3 +111,12 @@ def test_the_lineage_drops_the_steps_a_restart_undid(tmp_path):
                {"step": 2, "rank": 0, "epoch": 0, "ids": [3, 4]}]
     log.write_text("".join(json.dumps(e) + "\n" for e in entries))
     assert lineage(log) == {0: Counter({1: 1, 2: 1, 3: 1, 4: 1})}
+
+
+def test_a_line_still_being_appended_is_not_read(tmp_path):
+    """Trainers append to the log while the benchmarks and the tests read it: a read may catch
+    a line halfway (it broke bench/elastic.py's smoke test once)."""
+    log = tmp_path / "log.jsonl"
+    log.write_text(json.dumps({"step": 1, "epoch": 0, "ids": [1]}) + "\n" + '{"step": 2, "epo')
+    assert read_entries(log) == [{"step": 1, "epoch": 0, "ids": [1]}]
+    assert read_entries(tmp_path / "not-yet.jsonl") == []

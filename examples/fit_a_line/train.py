@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import logging
 import os
 import sys
@@ -39,6 +38,7 @@ import numpy as np  # noqa: E402
 import paddle  # noqa: E402
 import paddle.distributed as dist  # noqa: E402
 
+from examples.fit_a_line.consumed import ConsumedLog  # noqa: E402
 from paddlecloud.checkpoints import checkpoints_dir  # noqa: E402
 from trainer_agent.paddle import (  # noqa: E402
     MasterDataset,
@@ -64,18 +64,6 @@ def record_id(line: str) -> int:
     """A record's id: 62 bits of a hash of its line (the data has no id column)."""
     digest = hashlib.blake2b(line.strip().encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big") >> 2
-
-
-class ConsumedLog:
-    """The ``--consumed-log`` file: appended lines, each one write (O_APPEND keeps them whole)."""
-
-    def __init__(self, path: str | None, rank: str) -> None:
-        self.rank = int(rank)
-        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644) if path else None
-
-    def write(self, **entry: object) -> None:
-        if self._fd is not None:
-            os.write(self._fd, (json.dumps(entry) + "\n").encode())
 
 
 def init_collective(world: int) -> None:

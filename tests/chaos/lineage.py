@@ -15,11 +15,12 @@ steps the log keeps are the ones a restart did not undo).
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 from pathlib import Path
+
+from examples.fit_a_line.consumed import read_entries
 
 logger = logging.getLogger(__name__)
 
@@ -38,8 +39,7 @@ def record_ids(data: Path) -> Counter[int]:
 def lineage(log: Path) -> dict[int, Counter[int]]:
     """Per epoch, the records in the final model's lineage (steps undone by restarts dropped)."""
     steps: dict[int, list[dict]] = defaultdict(list)
-    for line in log.read_text().splitlines():
-        entry = json.loads(line)
+    for entry in read_entries(log):
         if "resumed" in entry:
             for step in [s for s in steps if s > entry["resumed"]]:
                 del steps[step]
