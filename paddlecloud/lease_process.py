@@ -143,8 +143,10 @@ async def _child() -> None:
 
 
 def main() -> int:
-    # A Ctrl-C reaches the whole process group: the parent decides when this ends.
+    # A Ctrl-C, or a supervisor's SIGTERM to the whole process group (the local backend's at
+    # a job's end), reaches this too: the parent decides when this ends, by closing stdin.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s (lease process): %(message)s")
     from paddlecloud import aio

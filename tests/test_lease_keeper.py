@@ -135,6 +135,21 @@ async def test_a_killed_lease_process_is_started_again_and_asked_again(process_k
     assert keeper.child is not first and keeper.child.poll() is None
 
 
+async def test_a_sigterm_or_ctrl_c_to_the_process_group_leaves_the_lease_process_to_its_parent(
+        process_keeper):
+    """They reach the master's children too. The master stops on them and then closes the
+    child's stdin; a child that died of them first was restarted, with a warning, at the end
+    of every local job."""
+    keeper, _, lease = process_keeper
+    assert await keeper.refresh(lease) == TTL  # the child runs: its signal handling is set
+    child = keeper.child
+    child.send_signal(signal.SIGTERM)
+    child.send_signal(signal.SIGINT)
+    assert await keeper.refresh(lease) == TTL
+    await keeper.close()
+    assert child.returncode == 0, "the lease process died of the signal, not at its stdin's end"
+
+
 def lease_process(settings: dict) -> subprocess.Popen:
     child = subprocess.Popen([sys.executable, "-m", "paddlecloud.lease_process"], stdin=subprocess.PIPE,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
