@@ -43,9 +43,10 @@ def start_master(tmp_path, etcd_endpoint, job_name):
 
     started = []
 
-    def start(*args: str, job: str | None = None, name: str = "master", port: int | None = None):
+    def start(*args: str, job: str | None = None, name: str = "master", port: int | None = None,
+              metrics: bool = False):
         master = MasterProcess(job=job or job_name, etcd=etcd_endpoint, tmp=tmp_path, args=args,
-                               name=name, port=port).start()
+                               name=name, port=port, metrics=metrics).start()
         started.append(master)
         return master
 

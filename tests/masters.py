@@ -24,12 +24,14 @@ class MasterProcess:
     """`paddlecloud master` as a child process, with its log in `log_path`."""
 
     def __init__(self, *, job: str, etcd: str, tmp: Path, args: tuple[str, ...] = (),
-                 name: str = "master", port: int | None = None) -> None:
+                 name: str = "master", port: int | None = None, metrics: bool = False) -> None:
         self.job = job
         self.etcd = etcd
         self.port = port or free_port()
         self.address = f"127.0.0.1:{self.port}"
-        self.args = args
+        # `metrics`: serve /metrics (and the status page) on a free port of its own
+        self.metrics_port = free_port() if metrics else None
+        self.args = (*args, "--metrics-port", str(self.metrics_port)) if metrics else args
         self.log_path = tmp / f"{name}-{self.port}.log"
         self.process: subprocess.Popen | None = None
 

@@ -15,7 +15,6 @@ from masters import metric, pb, stub, wait_for, wait_serving
 from processes import children, cmdline, gone
 
 from paddlecloud import etcd
-from paddlecloud.etcd_server import free_port
 from paddlecloud.keys import JobKeys
 
 
@@ -247,11 +246,7 @@ def three_masters(tmp_path, start_master):
     write_records(tmp_path / "data", files=40, records_per_file=1)
     args = ("--input", str(tmp_path / "data"), "--election-ttl", "2s", "--session-ttl", "30s",
             "--failover-hold", "60s")
-    masters = []
-    for i in range(3):
-        masters.append(start_master(*args, "--metrics-port", str(port := free_port()), name=f"m{i}"))
-        masters[-1].metrics_port = port
-    return masters
+    return [start_master(*args, name=f"m{i}", metrics=True) for i in range(3)]
 
 
 async def test_calls_held_at_the_standbys_follow_the_failover(three_masters):

@@ -381,10 +381,7 @@ def test_through_a_failover_a_trainer_waits_at_the_standby_not_at_the_dead_leade
     write_records(tmp_path / "data", files=1, records_per_file=1)
     args = ("--input", str(tmp_path / "data"), "--election-ttl", "5s", "--session-ttl", "30s",
             "--failover-hold", "0.5s")
-    masters = []
-    for name in ("first", "second"):
-        masters.append(start_master(*args, "--metrics-port", str(port := free_port()), name=name))
-        masters[-1].metrics_port = port
+    masters = [start_master(*args, name=name, metrics=True) for name in ("first", "second")]
     locator = MasterLocator(etcd_endpoints=etcd_endpoint, job=job_name)
 
     def both_present() -> bool:  # a leader published, and each master given in the other's place
