@@ -222,7 +222,6 @@ class MasterNode:
             logger.info("elected leader of job %s/%s as %s", self.config.namespace, self.config.job,
                         self.advertise)
             self.leader_hint = self.advertise
-            self._changed()
             dispatcher = Dispatcher(client=self.client, config=self.config, leadership=leadership,
                                     advertise=self.advertise, mirror=mirror, keeper=keeper)
             deployment = None
@@ -238,7 +237,6 @@ class MasterNode:
             finally:
                 await cancel_and_wait(deployment)  # objects stay in place for the next leader
                 self.dispatcher = None
-                self._changed()
                 await self.set_serving(False)
                 await dispatcher.stop()
                 if not session.lost.is_set():
