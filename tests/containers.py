@@ -1,0 +1,174 @@
+"""A real container engine for the tests: podman (or docker), and the images they run.
+
+No image can be pulled here, so every image is built on this machine:
+
+- the **base** (`localhost/paddlecloud-test-base`): a Debian bookworm root filesystem with
+  python3 and pip, made by `mmdebstrap` from Debian's packages and imported once per machine;
+- **paddlecloud's image** (`localhost/paddlecloud:test-<digest of the source>`): the base
+  with this tree's wheel and its dependencies' wheels installed, built again only when the
+  source changes (what `deploy/Dockerfile` builds, from a base that needs no registry);
+- **users' images**: `build_image` with a Containerfile and files, shaped as a test wants
+  (built as root, files in `WORKDIR`, an `ENTRYPOINT`, no paddlecloud inside).
+
+Images are built under a file lock, so two pytest workers never build the same one twice.
+Where no engine (or no mmdebstrap) is installed the caller is skipped, except under CI
+(`CI=true`), where `.ci/run` installs them and a missing one FAILS.
+
+The engine runs as root with `--runtime runc` and cgroupfs (crun fails on this machine's hybrid
+cgroups): `.ci/run` writes `/etc/containers/containers.conf` for that.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+BASE_IMAGE = "localhost/paddlecloud-test-base:bookworm-1"
+PADDLECLOUD_IMAGE = "localhost/paddlecloud"
+SOURCE_DIRS = ("paddlecloud", "master", "trainer_agent", "pserver_agent", "autoscaler",
+               "pdj_operator", "job_server", "examples")
+LOCK = Path(tempfile.gettempdir()) / "paddlecloud-test-images.lock"
+BUILD_TIMEOUT = 900
+
+
+def engine() -> str:
+    """The container engine's executable: podman first, else docker; "" when neither."""
+    for name in ("podman", "docker"):
+        found = shutil.which(name)
+        if found:
+            return found
+    return ""
+
+
+def missing() -> str:
+    """Why no container can run here; "" when one can."""
+    if not engine():
+        return "no container engine (apt-get install podman runc)"
+    if not shutil.which("mmdebstrap") and not image_exists(BASE_IMAGE):
+        return "mmdebstrap is missing to build the base image (apt-get install mmdebstrap)"
+    return ""
+
+
+def require_engine() -> None:
+    """Skips the test without an engine; fails it under CI, which must have one."""
+    why = missing()
+    if why and os.environ.get("CI") == "true":
+        pytest.fail(f"CI=true needs a container engine for the container tests: {why}")
+    if why:
+        pytest.skip(why)
+
+
+def run_engine(*args: str, timeout: float = BUILD_TIMEOUT, check: bool = True,
+               stdin: bytes | None = None) -> subprocess.CompletedProcess[str]:
+    """One engine command; its output is in the error when it fails."""
+    result = subprocess.run([engine(), *args], capture_output=True, timeout=timeout,
+                            input=stdin.decode() if stdin is not None else None, text=True)
+    if check and result.returncode != 0:
+        raise AssertionError(f"{Path(engine()).name} {' '.join(args[:3])} ... exited "
+                             f"{result.returncode}:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
+    return result
+
+
+def image_exists(tag: str) -> bool:
+    if not engine():
+        return False
+    return run_engine("image", "exists", tag, check=False, timeout=60).returncode == 0
+
+
+@contextlib.contextmanager
+def _building() -> Iterator[None]:
+    with LOCK.open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def base_image() -> str:
+    """The Debian base (python3, pip), made with mmdebstrap once per machine."""
+    require_engine()
+    with _building():
+        if not image_exists(BASE_IMAGE):
+            with tempfile.TemporaryDirectory(prefix="paddlecloud-rootfs-") as scratch:
+                rootfs = Path(scratch) / "rootfs.tar"
+                subprocess.run(["mmdebstrap", "--quiet", "--variant=apt",
+                                "--include=python3,python3-pip", "bookworm", str(rootfs)],
+                               check=True, capture_output=True, timeout=BUILD_TIMEOUT)
+                run_engine("import", "--quiet", str(rootfs), BASE_IMAGE)
+    return BASE_IMAGE
+
+
+def build_image(tag: str, *, containerfile: str, files: Mapping[str, bytes | str] = {}) -> str:
+    """Builds `tag` from a Containerfile (its `FROM` may name `base_image()`) and a context
+    holding `files` (relative path -> content); returns the tag."""
+    require_engine()
+    with tempfile.TemporaryDirectory(prefix="paddlecloud-context-") as context:
+        for name, content in files.items():
+            path = Path(context) / name
+            path.parent.mkdir(parents=True, exist_ok=True)
+            if isinstance(content, str):
+                path.write_text(content)
+            else:
+                path.write_bytes(content)
+        (Path(context) / "Containerfile").write_text(containerfile)
+        run_engine("build", "--quiet", "--network", "none", "-t", tag, "-f",
+                   str(Path(context) / "Containerfile"), context)
+    return tag
+
+
+def source_digest() -> str:
+    """A digest of what goes into paddlecloud's image: the packages' files and pyproject."""
+    digest = hashlib.sha256((ROOT / "pyproject.toml").read_bytes())
+    for folder in SOURCE_DIRS:
+        for path in sorted((ROOT / folder).rglob("*")):
+            if path.is_file() and "__pycache__" not in path.parts:
+                digest.update(str(path.relative_to(ROOT)).encode())
+                digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+_PADDLECLOUD_CONTAINERFILE = f"""\
+FROM {BASE_IMAGE}
+COPY wheels /tmp/wheels
+RUN python3 -m pip install --quiet --no-index --no-cache-dir --break-system-packages \\
+        --find-links /tmp/wheels paddlecloud && rm -rf /tmp/wheels
+COPY examples /opt/paddlecloud/examples
+RUN groupadd --gid 10001 paddle && useradd --uid 10001 --gid 10001 --create-home paddle
+ENV PYTHONUNBUFFERED=1 PYTHONPATH=/opt/paddlecloud HOME=/home/paddle
+USER 10001:10001
+CMD ["paddlecloud", "--help"]
+"""
+
+
+def paddlecloud_image() -> str:
+    """paddlecloud's own image, built from this tree (no PaddlePaddle: the seeds' users bring
+    theirs in their own images), again only when the source changed."""
+    base_image()
+    tag = f"{PADDLECLOUD_IMAGE}:test-{source_digest()}"
+    with _building():
+        if image_exists(tag):
+            return tag
+        with tempfile.TemporaryDirectory(prefix="paddlecloud-image-") as context:
+            wheels = Path(context) / "wheels"
+            # The dependencies' wheels come from pip's cache or the package index, on this
+            # machine; the build itself has no network.
+            subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "-w", str(wheels),
+                            str(ROOT)], check=True, capture_output=True, timeout=BUILD_TIMEOUT)
+            shutil.copytree(ROOT / "examples", Path(context) / "examples",
+                            ignore=shutil.ignore_patterns("__pycache__"))
+            (Path(context) / "Containerfile").write_text(_PADDLECLOUD_CONTAINERFILE)
+            run_engine("build", "--quiet", "--network", "none", "-t", tag, "-f",
+                       str(Path(context) / "Containerfile"), context)
+    return tag
