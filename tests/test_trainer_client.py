@@ -522,6 +522,9 @@ trainer_id, how = sys.argv[1], sys.argv[2]
 if how == "own-handler-first":
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(7))
 client = TaskClient.from_env(trainer_id=trainer_id)
+if how.startswith("drain"):  # a program that drains to a checkpoint on SIGTERM
+    from trainer_agent import termination
+    termination.drain_on_stop()
 if how == "registered-by-a-thread":  # as a Paddle DataLoader reads its dataset
     import threading
     replies = []
@@ -543,7 +546,12 @@ if how == "after-a-forked-child":  # a DataLoader worker's way: SIGTERM kills it
         os._exit(0)
     print("child", os.waitpid(child, 0)[1], flush=True)
 print("holding", flush=True)
-if how == "in-c":
+if how == "drain-and-exit":  # the program sees the stop, saves (here: nothing) and exits as stopped
+    while not termination.stop_requested():
+        time.sleep(0.05)
+    client.close()
+    sys.exit(termination.STOPPED_EXIT)
+if how in ("in-c", "drain-stuck"):
     # a zeroed pthread_mutex_t is an unlocked default mutex: the second lock blocks in C
     # forever, signals or not, as a collective call waiting for a dead peer does
     mutex = ctypes.create_string_buffer(64)
@@ -557,15 +565,19 @@ while True:
 
 @pytest.mark.parametrize("how, code", [("in-c", 143), ("in-python", 143), ("after-a-forked-child", 143),
                                        ("registered-by-a-thread", 143),
-                                       ("own-handler-first", 7), ("own-handler-after", 7)])
+                                       ("own-handler-first", 7), ("own-handler-after", 7),
+                                       ("drain-and-exit", 143), ("drain-stuck", 143)])
 def test_a_trainer_stopped_with_sigterm_leaves_and_its_task_returns_at_once(tmp_path, start_master,
                                                                            how, code):
     write_records(tmp_path / "data", files=2, records_per_file=5)
     proc = serving(start_master("--input", str(tmp_path / "data"), "--session-ttl", "120s"))
     program = tmp_path / "stopped_trainer.py"
     program.write_text(STOPPED_TRAINER)
+    # a drain stuck in C (a collective waiting for a dead peer) ends at the grace: the watchdog
     trainer = subprocess.Popen([sys.executable, str(program), "t", how], stdout=subprocess.PIPE,
-                               text=True, env=dict(os.environ, PADDLE_MASTER_ENDPOINT=proc.address))
+                               stderr=subprocess.PIPE, text=True,
+                               env=dict(os.environ, PADDLE_MASTER_ENDPOINT=proc.address,
+                                        PADDLECLOUD_STOP_GRACE="1"))
     try:
         if how == "after-a-forked-child":  # killed by SIGTERM, the child left nothing of the parent's
             assert trainer.stdout.readline().split() == ["child", str(signal.SIGTERM.value)]
@@ -574,6 +586,9 @@ def test_a_trainer_stopped_with_sigterm_leaves_and_its_task_returns_at_once(tmp_
         assert len(tasks(proc, pb.PENDING)) == 1
         trainer.send_signal(signal.SIGTERM)
         assert trainer.wait(timeout=60) == code
+        errors = trainer.stderr.read()
+        assert ("draining to a checkpoint" in errors) == how.startswith("drain"), errors
+        assert ("the last checkpoint stands" in errors) == (how == "drain-stuck"), errors
     finally:
         trainer.kill()
         trainer.wait()

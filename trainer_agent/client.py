@@ -890,7 +890,9 @@ class Epoch:
         self.finished: list[int] = []  # ids of the tasks read to their end, acknowledged
         self.current_task: pb.Task | None = None  # the task whose records are being read
         # Asked after each task read to its end: True ends `records()` there, between
-        # tasks (`ended` stays False), giving back the tasks held but not yet read.
+        # tasks (`ended` stays False), giving back the tasks held but not yet read. A
+        # process draining to a checkpoint (`termination.stop_requested()`) ends there
+        # too, and also while it waits.
         self.stop = stop
         # Tasks of this epoch a checkpoint's model already consumed: acknowledged unread.
         self.consumed = consumed
@@ -900,6 +902,8 @@ class Epoch:
 
     def records(self) -> Iterator[Any]:
         client, tasks = self.client, self.client.tasks
+        if termination.stop_requested():
+            return  # draining to a checkpoint (SIGTERM): no new task
         pending: Future[pb.GetTaskResponse] | None = client.fetch(self.number)
         unread: deque[pb.Task] = deque()  # held, not yet read: the current task first
         try:
@@ -921,11 +925,13 @@ class Epoch:
                             pending = client.fetch(self.number)
                         yield from self._read(unread[0])
                         unread.popleft()
-                        if self.stop is not None and self.stop():
+                        if (self.stop is not None and self.stop()) or termination.stop_requested():
                             raise _Stopped
                     if pending is None:
                         pending = client.fetch(self.number)
                 elif outcome == pb.WAIT:
+                    if termination.stop_requested():
+                        raise _Stopped  # draining: wait for nothing more
                     if not tasks.owes_acks:  # news to deliver goes at once; otherwise back off
                         time.sleep(seconds(reply.retry_after) * random.uniform(0.5, 1.5))
                     pending = client.fetch(self.number)

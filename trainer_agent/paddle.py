@@ -53,6 +53,18 @@ therefore fails with ``SessionLapsed`` on every trainer when any trainer's sessi
 registered again during the segment, before anything is saved: the trainers exit, and
 the group restart resumes from the last checkpoint, which no step of the segment is in.
 
+Preemption (``drain_on_stop=True``). SIGTERM — a node drain, an eviction, a queue's
+suspend, a collective scale-down — makes the group stop at a boundary instead of dying
+where it is: each trainer's reading ends between tasks (``trainer_agent.termination``),
+``join_batches`` ends when every trainer is out, ``boundary()`` says ``stop`` on every
+trainer (any one was stopped), and the program saves ``train_status`` and exits with
+``termination.STOPPED_EXIT``. The next start resumes exactly there: a preemption loses no
+task. The drain must fit in the backend's grace before SIGKILL: the task being read (at
+most one per trainer; size them with ``--chunk-bytes``), one step, and the save.
+``$PADDLECLOUD_STOP_GRACE`` (set by the backends) bounds it: past it the trainer leaves as
+without a drain, and the last checkpoint stands. Needs ``num_workers=0``, like checkpoints
+inside an epoch.
+
 Not guaranteed: a task that fails on a bad record (``TaskFailed``) has had its records
 before the bad one trained and is dealt again; it breaks "once" in the same way
 without checkpoints. A session that lapses in the last segment of the job, once the
@@ -153,9 +165,15 @@ class MasterDataset(paddle.io.IterableDataset):
     def __init__(self, parse: Callable[[Any], Any] | None = None,
                  client_factory: ClientFactory | None = None, *,
                  trainer_id: str | None = None,
-                 checkpoint_every: CheckpointEvery | None = None) -> None:
+                 checkpoint_every: CheckpointEvery | None = None,
+                 drain_on_stop: bool = False) -> None:
         super().__init__()
-        termination.install()  # the DataLoader registers from a thread: install in this one
+        # the DataLoader registers from a thread: install in this one
+        if drain_on_stop:
+            termination.drain_on_stop()  # a preemption saves where the model is (see above)
+        else:
+            termination.install()
+        self.drain_on_stop = drain_on_stop
         self.parse = parse
         self.client_factory = client_factory
         self.trainer_id = trainer_id
@@ -238,6 +256,7 @@ class MasterDataset(paddle.io.IterableDataset):
             # loader workers read where this process cannot see: an epoch number says they did
             read=segment is not None if client is not None else self.epoch is not None,
             lapsed=self._lapsed(client),
+            stopping=termination.stop_requested(),
         )
         self._segment = None
         everyone = _all_gather(mine, group=group)
@@ -250,6 +269,7 @@ class MasterDataset(paddle.io.IterableDataset):
         epoch = min(m.epoch for m in read or everyone)
         over = any(m.ended for m in everyone)
         job_done = any(m.job_done for m in everyone)
+        stop = any(m.stopping for m in everyone)
         if over:
             for number in [e for e in self._consumed if e <= epoch]:
                 del self._consumed[number]
@@ -260,11 +280,12 @@ class MasterDataset(paddle.io.IterableDataset):
             if job_done:
                 self._progress[1] = 1
             return Boundary(epoch=epoch, epoch_over=True, job_done=job_done, tasks_done=(),
-                            read=bool(read))
+                            read=bool(read), stop=stop and not job_done)
         done = self._consumed.setdefault(epoch, set())
         for m in everyone:
             done.update(m.finished)
-        return Boundary(epoch=epoch, epoch_over=False, job_done=False, tasks_done=tuple(sorted(done)))
+        return Boundary(epoch=epoch, epoch_over=False, job_done=False, tasks_done=tuple(sorted(done)),
+                        stop=stop)
 
     def _lapsed(self, client: TaskClient | None) -> bool:
         """A session of this trainer (this process's, or a loader worker's) was registered
@@ -303,9 +324,11 @@ class MasterDataset(paddle.io.IterableDataset):
         # process may end right after, and multiprocessing children skip atexit).
         if info.id >= MAX_WORKERS:
             raise ValueError(f"MasterDataset supports at most {MAX_WORKERS} loader workers")
-        if self.checkpoint_every is not None:
-            raise ValueError(f"checkpoint every {self.checkpoint_every}: checkpoints inside an epoch "
-                             "need the records read in the training process (num_workers=0)")
+        if self.checkpoint_every is not None or self.drain_on_stop:
+            why = (f"checkpoint every {self.checkpoint_every}" if self.checkpoint_every is not None
+                   else "drain_on_stop")
+            raise ValueError(f"{why}: checkpoints inside an epoch need the records read in the "
+                             "training process (num_workers=0)")
         client = self._local_client(f"{base}/{info.id}")
         self._set_holding(info.id, False)  # whatever a dead predecessor left there
         try:
@@ -376,6 +399,8 @@ class Boundary:
 
     ``tasks_done`` (inside an epoch) are the epoch's tasks the model consumed, across
     every trainer and every restart; ``train_status`` is what to save with the model.
+    ``stop``: a trainer of the group was stopped (SIGTERM, with ``drain_on_stop``): save,
+    then exit with ``termination.STOPPED_EXIT`` on every trainer.
     """
 
     epoch: int
@@ -383,6 +408,7 @@ class Boundary:
     job_done: bool
     tasks_done: tuple[int, ...]
     read: bool = True  # False: no trainer read anything (the job was done before): save nothing
+    stop: bool = False
 
     @property
     def train_status(self) -> TrainStatus:
@@ -402,6 +428,7 @@ class _Local:
     finished: list[int]
     read: bool
     lapsed: bool = False
+    stopping: bool = False
 
 
 def _all_gather(mine: _Local, *, group: Any = None) -> list[_Local]:
@@ -409,9 +436,10 @@ def _all_gather(mine: _Local, *, group: Any = None) -> list[_Local]:
         return [mine]
     everyone: list[Any] = []
     dist.all_gather_object(everyone, (mine.epoch, mine.ended, mine.next_epoch, mine.job_done,
-                                      mine.finished, mine.read, mine.lapsed), group=group)
-    return [_Local(int(e), bool(d), int(n), bool(j), [int(t) for t in f], bool(r), bool(x))
-            for e, d, n, j, f, r, x in everyone]
+                                      mine.finished, mine.read, mine.lapsed, mine.stopping),
+                           group=group)
+    return [_Local(int(e), bool(d), int(n), bool(j), [int(t) for t in f], bool(r), bool(x), bool(s))
+            for e, d, n, j, f, r, x, s in everyone]
 
 
 def _leave_on_idle(client: TaskClient, holding: Any, worker: int) -> None:

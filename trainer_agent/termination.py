@@ -23,6 +23,16 @@ returns every held task at once), or run the program's `finally` blocks — a pr
 that wants those installs its own SIGTERM handler (before or after: either way this
 one stands aside or is replaced). Forked children (DataLoader workers) start with
 SIGTERM's default action and no wakeup fd, and install their own on their first session.
+
+**Draining to a checkpoint (preemption).** A program that can save exactly where its model
+is (a `MasterDataset(drain_on_stop=True)`, see `trainer_agent.paddle`) calls
+`drain_on_stop()`. SIGTERM then does not leave at once: it sets `stop_requested()` (the
+reading ends between tasks, `trainer_agent.client.Epoch`; the group agrees on the tasks
+the model consumed; the program saves them and exits with `STOPPED_EXIT`), and starts a
+watchdog. If the process
+is still there after `stop_grace()` seconds (`$PADDLECLOUD_STOP_GRACE`, which backends set
+below the time they wait before SIGKILL), the watchdog leaves and exits as above: the last
+checkpoint stands, and the log says so.
 """
 
 from __future__ import annotations
@@ -40,6 +50,9 @@ from typing import Any, Protocol
 logger = logging.getLogger(__name__)
 
 LEAVE_TIMEOUT = 2.0  # seconds all the sessions of a stopped process have to leave
+STOPPED_EXIT = 128 + signal.SIGTERM  # the exit code of a trainer stopped by SIGTERM
+STOP_GRACE_ENV = "PADDLECLOUD_STOP_GRACE"
+DEFAULT_STOP_GRACE = 20.0  # seconds a drain may take when the backend does not say
 
 
 class Leaving(Protocol):
@@ -49,6 +62,9 @@ class Leaving(Protocol):
 _sessions: weakref.WeakSet[Any] = weakref.WeakSet()
 _installed_in = 0         # the pid that installed the handlers (0: none)
 _stopping = threading.Lock()
+_draining = False         # SIGTERM drains instead of leaving at once (drain_on_stop)
+_stop_requested = threading.Event()
+_first_stop = threading.Lock()  # held from the first SIGTERM of a drain on
 
 
 def track(session: Leaving) -> None:
@@ -59,6 +75,30 @@ def track(session: Leaving) -> None:
 
 def untrack(session: Leaving) -> None:
     _sessions.discard(session)
+
+
+def stop_grace() -> float:
+    """Seconds a drain may take before the watchdog leaves anyway (`$PADDLECLOUD_STOP_GRACE`)."""
+    raw = os.environ.get(STOP_GRACE_ENV, "")
+    try:
+        return max(0.0, float(raw)) if raw else DEFAULT_STOP_GRACE
+    except ValueError:
+        logger.warning("%s=%r is not a number of seconds: using %gs", STOP_GRACE_ENV, raw[:20],
+                       DEFAULT_STOP_GRACE)
+        return DEFAULT_STOP_GRACE
+
+
+def drain_on_stop(enabled: bool = True) -> None:
+    """On SIGTERM, set `stop_requested()` and start the watchdog instead of leaving at once
+    (False: leave at once again). See the module docstring."""
+    global _draining
+    _draining = enabled
+    install()
+
+
+def stop_requested() -> bool:
+    """Whether this process was asked to stop (SIGTERM) and is draining."""
+    return _stop_requested.is_set()
 
 
 def install() -> None:
@@ -87,7 +127,7 @@ def install() -> None:
 
 
 def _on_sigterm(signum: int, frame: Any) -> None:
-    _leave_and_exit()
+    _stop()
 
 
 def _watch(reader: socket.socket, writer: socket.socket) -> None:
@@ -102,7 +142,32 @@ def _watch(reader: socket.socket, writer: socket.socket) -> None:
         if not data:
             return
         if signal.SIGTERM in data and signal.getsignal(signal.SIGTERM) is _on_sigterm:
-            _leave_and_exit()
+            _stop()
+
+
+def _stop() -> None:
+    """SIGTERM: drain when a drainer is registered, else leave now.
+
+    Both the Python handler and the watching thread call this for one signal: the first to
+    come drains, the other (and any later SIGTERM) finds the drain under way: the watchdog
+    bounds it."""
+    if not _draining:
+        _leave_and_exit()
+        return
+    if not _first_stop.acquire(blocking=False):
+        return  # the other half of the same signal, or a later one: the watchdog is set
+    _stop_requested.set()
+    grace = stop_grace()
+    logger.warning("stopped by SIGTERM: draining to a checkpoint (within %gs)", grace)
+    threading.Thread(target=_watchdog, args=(grace,), name="sigterm-drain-watchdog",
+                     daemon=True).start()
+
+
+def _watchdog(grace: float) -> None:
+    time.sleep(grace)
+    logger.warning("the drain did not end within %gs (%s): leaving now; the last checkpoint "
+                   "stands", grace, STOP_GRACE_ENV)
+    _leave_and_exit()
 
 
 def _leave_and_exit() -> None:
@@ -123,12 +188,15 @@ def _leave_and_exit() -> None:
             stream.flush()
         except Exception:
             pass
-    os._exit(128 + signal.SIGTERM)
+    os._exit(STOPPED_EXIT)
 
 
 def _reset_in_child() -> None:
     """A forked child has no watching thread: SIGTERM's default action, no wakeup fd."""
-    global _installed_in, _stopping
+    global _installed_in, _stopping, _draining, _first_stop
+    _draining = False
+    _first_stop = threading.Lock()
+    _stop_requested.clear()
     if _installed_in:
         _installed_in = 0
         _stopping = threading.Lock()

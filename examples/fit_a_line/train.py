@@ -9,6 +9,8 @@ file). Every trainer takes its data from the master through ``MasterDataset``; w
 API (``init_parallel_env`` + ``paddle.DataParallel``; gloo on CPU). It prints
 ``epoch N loss X`` once per epoch (the mean squared error over every example of the
 epoch, as trained), checkpoints at each epoch end into ``$PADDLECLOUD_OUTPUT/checkpoints``
+and when stopped with SIGTERM (the trainers drain to a checkpoint of exactly what the
+model consumed, then exit with 143)
 (one trainer, the one the master grants), and also inside epochs with
 ``$PADDLECLOUD_CHECKPOINT_EVERY`` (``paddlecloud local train --checkpoint-every``: the
 trainers drain their tasks, agree on the tasks the model consumed and save them with
@@ -40,6 +42,7 @@ import paddle.distributed as dist  # noqa: E402
 
 from examples.fit_a_line.consumed import ConsumedLog  # noqa: E402
 from paddlecloud.checkpoints import checkpoints_dir  # noqa: E402
+from trainer_agent import termination  # noqa: E402
 from trainer_agent.paddle import (  # noqa: E402
     MasterDataset,
     all_reduce_sum,
@@ -126,7 +129,9 @@ def main(argv: list[str] | None = None) -> int:
     # DataParallel broadcasts rank 0's parameters, then averages gradients in backward().
     net = paddle.DataParallel(model) if world > 1 else model
 
-    dataset = MasterDataset(parse=parse_line)
+    # SIGTERM (a preemption, a suspend, a scale-down) drains the group to a checkpoint of
+    # exactly what the model consumed, then the trainers exit (see below).
+    dataset = MasterDataset(parse=parse_line, drain_on_stop=args.num_workers == 0)
     dataset.resume(status)
     loader = paddle.io.DataLoader(dataset, batch_size=args.batch_size,
                                   num_workers=args.num_workers)
@@ -176,6 +181,11 @@ def main(argv: list[str] | None = None) -> int:
                                        extra={"step": step_count})
                 log.write(saved=step_count, rank=log.rank, epoch=boundary.epoch,
                           tasks_done=None if boundary.epoch_over else len(boundary.tasks_done))
+            if boundary.stop:
+                print(f"trainer {rank}: stopped at step {step_count} "
+                      f"({'the end' if boundary.epoch_over else 'inside'} of epoch {boundary.epoch}); "
+                      "the next start resumes there", flush=True)
+                return termination.STOPPED_EXIT
             if boundary.job_done:
                 break
         if dataset.request_save_model():

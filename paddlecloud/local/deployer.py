@@ -43,8 +43,13 @@ from paddlecloud.phase import Phase
 logger = logging.getLogger(__name__)
 
 RESTART_MODES = ("group", "trainer")
+# A group that lost a member cannot drain (its collectives wait for the dead one): its
+# survivors get a short grace. A planned stop (a resize, a scale-down, the job stopped)
+# lets trainers that drain to a checkpoint on SIGTERM (trainer_agent.termination) do so
+# within DRAIN_GRACE, which they are told ($PADDLECLOUD_STOP_GRACE), before the SIGKILL.
 GROUP_STOP_GRACE = 5.0
-CLEANUP_GRACE = 10.0
+DRAIN_GRACE = 20.0
+STOP_GRACE = DRAIN_GRACE + 5.0
 
 
 class JobFailed(RuntimeError):
@@ -116,7 +121,7 @@ class LocalDeployer(Deployer):
                 self.trainers.append(child)
         else:
             leaving, self.trainers = self.trainers[trainers:], self.trainers[:trainers]
-            await asyncio.gather(*(t.stop(grace=GROUP_STOP_GRACE) for t in leaving))
+            await asyncio.gather(*(t.stop(grace=STOP_GRACE) for t in leaving))
 
     async def reconcile(self) -> None:
         if self._gave_up:
@@ -174,8 +179,9 @@ class LocalDeployer(Deployer):
         self._event(f"job {phase}: {reason}" if reason else f"job {phase}")
 
     async def cleanup(self, *, succeeded: bool) -> None:
-        await asyncio.gather(*(c.stop(grace=CLEANUP_GRACE) for c in [*self.trainers, *self.pservers]),
-                             return_exceptions=True)
+        # trainers first: a draining trainer's save may still need its pserver
+        await asyncio.gather(*(c.stop(grace=STOP_GRACE) for c in self.trainers), return_exceptions=True)
+        await asyncio.gather(*(c.stop(grace=STOP_GRACE) for c in self.pservers), return_exceptions=True)
 
     # ---- restarts ---------------------------------------------------------------------
     async def restart_trainers(self) -> None:
@@ -185,7 +191,8 @@ class LocalDeployer(Deployer):
     async def _restart_group(self, *, counted: bool) -> None:
         """The group restart; `counted` (a death, not a resize) counts against the limit."""
         restarts = max((t.restarts for t in self.trainers), default=0)
-        await asyncio.gather(*(t.stop(grace=GROUP_STOP_GRACE) for t in self.trainers))
+        grace = GROUP_STOP_GRACE if counted else STOP_GRACE  # a death's survivors cannot drain
+        await asyncio.gather(*(t.stop(grace=grace) for t in self.trainers))
         epoch, done = checkpoints.resume_point(checkpoints.checkpoints_dir(str(self.output)))
         await self._restart_epoch(epoch, done)
         await self._start_trainers()
@@ -222,6 +229,7 @@ class LocalDeployer(Deployer):
         env = self._user_env()
         env["PADDLE_TRAINER_ID"] = str(index)
         env["PADDLE_TRAINERS_NUM"] = str(self.num_trainers)
+        env.setdefault("PADDLECLOUD_STOP_GRACE", f"{DRAIN_GRACE:g}")
         if self.num_pservers == 0:  # collective training: the group's endpoints
             endpoints = [f"127.0.0.1:{p}" for p in ports]
             env.update(PADDLE_TRAINER_ENDPOINTS=",".join(endpoints),
