@@ -8,6 +8,7 @@
     save_model.py        the save-model grant
     deploy_adapter.py    what the deployer reads of the job and writes of its phase
     scaling.py           the trainer range and desired size (ScaleTrainers)
+    accounting.py        goodput: the job's trainer-seconds, productive or lost by cause
 
 Each RPC becomes one call into a room; the servicer translates protobufs at the
 edge, so nothing here sees one. Every room reads and writes etcd only through
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import aetcd
 
+from master.accounting import Accounting
 from master.config import DatasetSpec, MasterConfig, SpecError
 from master.core import Core, FailedPrecondition, InvalidArgument
 from master.dataset_adoption import DatasetAdoption
@@ -56,6 +58,7 @@ class Dispatcher:
         self.save_model = SaveModel(self.core, self.trainers)
         self.deployment = DeployAdapter(self.core)
         self.scaling = Scaling(self.core)
+        self.accounting = Accounting(self.core, scaling=self.scaling, save_model=self.save_model)
         self.core.on_change = self.epochs.maybe_end
         self.core.on_load = self.trainers.watch_from
         self.deposed = self.core.deposed
@@ -77,6 +80,7 @@ class Dispatcher:
         await self.store.start()
         await self.core.load()
         await self.scaling.load(self.config.trainer_size)
+        await self.accounting.load()
         given = self.config.dataset
         if self.core.spec is None and given is not None:
             try:
@@ -90,6 +94,7 @@ class Dispatcher:
                 "Delete the job's state (`paddlecloud job delete`, or --fresh locally) to change it"
             )
         self.core.spawn(self.tasks.deadline_loop(), "deadlines")
+        self.core.spawn(self.accounting.run(), "goodput")
         self.core.open()
         self.epochs.maybe_end()
 

@@ -49,6 +49,7 @@ class Status:
     min_trainers: int = 0      # the trainer range and desired size; 0 without a range
     max_trainers: int = 0
     desired_trainers: int = 0
+    trainer_seconds: dict[str, float] | None = None  # goodput: by cause (master.goodput)
 
 
 @dataclass(frozen=True)
@@ -90,6 +91,7 @@ async def status(d: Dispatcher) -> Status:
         counts=counts, num_tasks=state.num_tasks if state else 0,
         trainers_alive=len(core.sessions.by_session), pservers=pservers,
         has_dataset=state is not None, requeued=core.requeued, **_trainer_size(d),
+        trainer_seconds=d.accounting.meter.figures(),
     )
 
 
@@ -107,7 +109,8 @@ def metrics_snapshot(d: Dispatcher) -> dict:
     counts = state.counts if state is not None else None
     tasks = {s.name.lower(): counts[s] for s in TaskStatus} if counts is not None else {}
     return {"tasks": tasks, "epoch": state.epoch if state else 0,
-            "sessions": len(d.core.sessions.by_session), **_trainer_size(d)}
+            "sessions": len(d.core.sessions.by_session), **_trainer_size(d),
+            "trainer_seconds": d.accounting.meter.figures()}
 
 
 def _page_size(page_size: int) -> int:

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 REGISTRY = CollectorRegistry()
@@ -81,6 +81,13 @@ class StateCollector(Collector):
                                     value=numbers.get(f"{bound}_trainers", 0))
         yield GaugeMetricFamily("paddlecloud_master_is_leader", "1 on the leading master",
                                 value=1 if numbers else 0)
+        # goodput: kept in etcd across masters, so a counter read at scrape time
+        seconds = CounterMetricFamily("paddlecloud_master_trainer_seconds",
+                                      "The job's trainer-seconds, productive or lost, by cause "
+                                      "(docs/design.md section 12)", labels=["cause"])
+        for cause, value in (numbers.get("trainer_seconds") or {}).items():
+            seconds.add_metric([cause], value)
+        yield seconds
 
 
 def collect_state(read: Callable[[], dict | None]) -> None:

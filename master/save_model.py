@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 
 from master.core import Core, InvalidArgument
 from master.trainers import Trainers
@@ -28,12 +29,19 @@ class SaveModel:
         self.core = core
         self.trainers = trainers
         trainers.on_gone.append(self._holder_gone)
+        self.granted_until = 0.0  # when this master's last grant lapses (monotonic)
+
+    @property
+    def saving(self) -> bool:
+        """A grant this master gave is live: a checkpoint is being saved (master.goodput)."""
+        return time.monotonic() < self.granted_until
 
     @property
     def max_block(self) -> float:
         return self.core.policy.task_timeout or MAX_BLOCK
 
     def _holder_gone(self, trainer: str) -> None:
+        self.granted_until = 0.0
         self.core.spawn(self.core.store.release_save_model(trainer), "release-save-model")
 
     async def request(self, session: int, block: float) -> bool:
@@ -49,6 +57,8 @@ class SaveModel:
                 return holder == info.trainer
             lease = await store.grant_lease(block)
             granted = await store.grant_save_model(info.trainer, lease)
+            if granted:
+                self.granted_until = time.monotonic() + block
             if not granted:
                 with contextlib.suppress(Exception):
                     await store.revoke_lease(lease)

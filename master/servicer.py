@@ -319,6 +319,8 @@ class MasterServicer(pb_grpc.MasterServicer):
             pserver_endpoints=s.pservers, has_dataset=s.has_dataset, requeued=s.requeued,
             min_trainers=s.min_trainers, max_trainers=s.max_trainers,
             desired_trainers=s.desired_trainers,
+            trainer_seconds=[pb.TrainerSeconds(cause=c, seconds=v)
+                             for c, v in (s.trainer_seconds or {}).items()],
         )
 
     @_inspection

@@ -616,6 +616,15 @@ class EtcdStore:
     async def set_phase(self, phase: Phase) -> None:
         await self.commit([], [put(self.keys.phase, phase.value)], frozenset([self.keys.phase]))
 
+    async def set_goodput(self, figures: str) -> None:
+        await self.commit([], [put(self.keys.goodput, figures)], frozenset([self.keys.goodput]))
+
+    async def goodput(self) -> bytes | None:
+        """The goodput figures the job's last leader wrote (master.goodput), None before any."""
+        with _etcd_answers("the goodput figures"):
+            found = await self.client.get(self.keys.goodput)
+        return found.value if found is not None else None
+
     # -- the trainer range (DESIGN.md section 11) --
 
     async def init_trainer_size(self, span: TrainerRange, desired: int) -> bool:

@@ -362,6 +362,21 @@ def viewer_token_command(name: str, namespace: str) -> str:
             "-o jsonpath='{.data.viewer}' | base64 -d")
 
 
+def summarize_trainer_seconds(figures: dict[str, float]) -> str:
+    """One line of a job's goodput (GetStatus' trainer_seconds; docs/design.md section 12):
+    the productive share, then the lost trainer-seconds by cause, most first; "" before any."""
+    total = sum(figures.values())
+    if total < 1:
+        return ""
+    productive = figures.get("productive", 0.0)
+    lost = sorted(((v, c) for c, v in figures.items() if c != "productive" and v >= 0.5), reverse=True)
+    line = (f"goodput: {100 * productive / total:.0f}% productive ({productive:,.0f} of "
+            f"{total:,.0f} trainer-seconds)")
+    if lost:
+        line += "; lost: " + ", ".join(f"{cause} {value:,.0f}s" for value, cause in lost)
+    return line
+
+
 def status_page_instructions(name: str, namespace: str, *, local_port: int,
                              token: str | None) -> str:
     """How to reach a Kubernetes job's status page: its master Service's page port, forwarded,
@@ -476,6 +491,9 @@ def status_command(name: str, namespace: str, master_address: str | None, timeou
     if reply.desired_trainers:
         console.print(f"trainers: desired {reply.desired_trainers}, range "
                       f"{reply.min_trainers}..{reply.max_trainers}, alive {reply.trainers_alive}")
+    goodput = summarize_trainer_seconds({e.cause: e.seconds for e in reply.trainer_seconds})
+    if goodput:
+        console.print(goodput)
     if reply.pserver_endpoints:
         console.print(f"pservers: {', '.join(reply.pserver_endpoints)}")
     if not reply.has_dataset:

@@ -49,6 +49,11 @@ class JobKeys:
     def leader(self) -> bytes:
         return self._key("leader")
 
+    @property
+    def goodput(self) -> bytes:
+        """The job's trainer-seconds by cause (master.goodput), as its last leader wrote them."""
+        return self._key("goodput")
+
     def master(self, advertise: str) -> bytes:
         """A master's presence, leader or standby: on its own election session's lease, value
         JSON `{"advertise", "page", "started"}`; present = alive. Not job state (written unfenced)."""

@@ -47,8 +47,12 @@ be exact), and the broken trainer is a mode of the stub (PADDLECLOUD_STUB_BROKEN
 the example trains on every task it takes.
 
 Both modes audit etcd's history of done marks: every task counted done exactly once
-per epoch (0 lost, 0 double-counted), no epoch skipped, the job ended Succeeded. One
-line per run says it all.
+per epoch (0 lost, 0 double-counted), no epoch skipped, the job ended Succeeded. And the
+job's goodput (master.goodput, as its last master wrote it to etcd): productive + lost
+trainer-seconds against the harness's own count of the desired trainers x wall time from
+the first leader to the job's end, within 10% + 6 s per trainer slot (a sample is 1 s, the
+figures reach etcd every 2 s, and the harness samples the desired size every half second).
+One line per run says it all.
 
 Reproduce a run: `python -m tests.chaos.harness --seed 7` (add `--faults 12 --epochs 5`
 for a longer schedule; `--mode collective --seed 7 --faults 6 --epochs 5` for a
@@ -65,6 +69,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import random
 import shutil
@@ -129,6 +134,8 @@ class ChaosResult:
     epochs_completed: int = 0
     lineage: list[EpochLineage] = field(default_factory=list)  # collective: per epoch
     restarts: int = 0             # collective: group restarts
+    goodput: float = 0.0          # the job's productive + lost trainer-seconds (its masters' count)
+    slot_seconds: float = 0.0     # the desired trainers x wall time, as the harness counted them
     seconds: float = 0.0
     problems: list[str] = field(default_factory=list)
 
@@ -152,6 +159,7 @@ class ChaosResult:
                 f"records={self.records} {model} tasks_lost={self.tasks_lost} "
                 f"double_counted={self.double_counted} failed_tasks={self.failed_tasks} "
                 f"epochs={self.epochs_completed} exit={self.exit_code} {self.seconds:.0f}s "
+                f"trainer_seconds={self.goodput:.0f}/{self.slot_seconds:.0f} "
                 f"{'OK' if self.ok else 'FAIL: ' + '; '.join(self.problems)}")
 
 
@@ -200,6 +208,7 @@ class Chaos:
         self.run_timeout = settings.run_timeout
         self.injected: list[str] = []
         self.log_lines: list[str] = []
+        self.slot_seconds = 0.0
 
     @property
     def trainer_range(self) -> tuple[int, int]:
@@ -234,19 +243,23 @@ class Chaos:
         started = time.monotonic()
         runner = asyncio.create_task(job.run())
         injector = asyncio.create_task(self._inject(job, progress_log))
+        slots = asyncio.create_task(self._count_slot_seconds(job))
         try:
             code = await asyncio.wait_for(runner, self.run_timeout)
         finally:
             injector.cancel()
-            await asyncio.gather(injector, return_exceptions=True)
+            slots.cancel()
+            await asyncio.gather(injector, slots, return_exceptions=True)
         result = ChaosResult(self.seed, self.injected, code, mode=self.mode,
                              seconds=time.monotonic() - started, restarts=job.deployer.restarts)
         try:
             keys = JobKeys("local", job_name)
             done = await mark_history(self.etcd.endpoint, keys, "done")
             failures = await mark_history(self.etcd.endpoint, keys, "failures")
+            result.goodput = await _goodput_total(self.etcd.endpoint, keys)
         finally:
             await asyncio.to_thread(self.etcd.stop)
+        self._audit_goodput(result)
         self._audit_marks(result, job, done, failures)
         if self.mode == "collective":
             self._audit_lineage(result, progress_log, expected)
@@ -340,6 +353,28 @@ class Chaos:
             await asyncio.to_thread(self.etcd.kill, signal.SIGKILL)
             await asyncio.to_thread(self.etcd.start)
 
+    async def _count_slot_seconds(self, job: LocalJob) -> None:
+        """The desired trainers x wall time from the first leader on, sampled every half second
+        (what the job's goodput figures must add up to)."""
+        last = None
+        while True:
+            await asyncio.sleep(0.5)
+            now = time.monotonic()
+            if job.progress.phase in ("Succeeded", "Failed"):
+                return
+            if last is not None:
+                self.slot_seconds += (now - last) * job.progress.desired_trainers
+            if job.progress.leader:
+                last = now
+
+    def _audit_goodput(self, result: ChaosResult) -> None:
+        result.slot_seconds = self.slot_seconds
+        tolerance = 0.1 * self.slot_seconds + 6.0 * self.trainer_range[1]
+        if abs(result.goodput - self.slot_seconds) > tolerance:
+            result.problems.append(f"goodput: {result.goodput:.0f} trainer-seconds accounted, "
+                                   f"{self.slot_seconds:.0f} slot-seconds counted (tolerance "
+                                   f"{tolerance:.0f})")
+
     @staticmethod
     async def _pause(child, seconds: float) -> None:
         child.signal(signal.SIGSTOP)
@@ -406,6 +441,18 @@ class Chaos:
                                        f"{e.never_seen} never seen, {e.unknown} unknown ids")
         if extra := sorted(set(consumed) - set(range(self.epochs))):
             result.problems.append(f"the lineage has epochs {extra} past the job's {self.epochs}")
+
+
+async def _goodput_total(endpoint: str, keys: JobKeys) -> float:
+    """productive + lost trainer-seconds, as the job's last master wrote them to etcd."""
+    from paddlecloud import etcd
+
+    client = await etcd.connect(endpoint)
+    try:
+        found = await client.get(keys.goodput)
+    finally:
+        await client.close()
+    return sum(json.loads(found.value)["totals"].values()) if found is not None else 0.0
 
 
 def _size(path: Path) -> int:

@@ -158,7 +158,9 @@ class FakeMaster(pb_grpc.MasterServicer):
             current_epoch=1, num_epochs=3, num_tasks=40, trainers_alive=2,
             counts=pb.TaskCounts(todo=20, pending=2, done=18, failed=0),
             pserver_endpoints=["ctr-ps-0.ctr-ps.ml.svc:36000"], has_dataset=True,
-            min_trainers=1, max_trainers=4, desired_trainers=3)
+            min_trainers=1, max_trainers=4, desired_trainers=3,
+            trainer_seconds=[pb.TrainerSeconds(cause="productive", seconds=300),
+                             pb.TrainerSeconds(cause="restart", seconds=100)])
 
 
 @pytest.fixture
@@ -202,6 +204,7 @@ async def test_status_shows_phase_pods_and_progress(k8s, kubeconfig, fake_master
     assert pserver_row == ["pserver", "0", "1", "0", "0"]
     assert "leader 10.0.0.7:8080" in out
     assert "trainers: desired 3, range 1..4, alive 2" in out
+    assert "goodput: 75% productive (300 of 400 trainer-seconds); lost: restart 100s" in out
     assert "epoch 2/3: tasks 18/40 done (todo 20, pending 2, failed 0)" in out
     assert "━" in out and "45%" in out  # the progress bar
 
