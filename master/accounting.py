@@ -34,6 +34,7 @@ class Accounting:
         self.scaling = scaling
         self.save_model = save_model
         self.meter = GoodputMeter(now=time.monotonic())
+        self._failed = False
 
     async def load(self) -> None:
         """Goes on from the figures the job's last leader wrote (the gap counts as failover)."""
@@ -59,7 +60,14 @@ class Accounting:
             done_count=counts[TaskStatus.DONE], num_tasks=state.num_tasks)
 
     def sample(self) -> None:
-        self.meter.sample(self.observe(), now=time.monotonic())
+        """One look at the cache; a fault here is logged (once a term) and never stops the
+        master: goodput is an account of the job, not a part of it."""
+        try:
+            self.meter.sample(self.observe(), now=time.monotonic())
+        except Exception:
+            if not self._failed:
+                logger.exception("goodput: a sample failed; the figures miss its seconds")
+            self._failed = True
 
     async def run(self) -> None:
         """Samples every SAMPLE_EVERY seconds and writes the figures at once, then every
