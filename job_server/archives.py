@@ -191,7 +191,7 @@ def _text(field: bytes) -> str:
     return field.split(b"\x00", 1)[0].decode("utf-8", "surrogateescape")
 
 
-def _pax_records(payload: bytes, *, near: str) -> dict[str, str]:
+def _pax_records(payload: bytes, *, where: str) -> dict[str, str]:
     """`LENGTH KEY=VALUE\\n` records of a PAX header (POSIX.1-2001)."""
     records: dict[str, str] = {}
     at = 0
@@ -203,7 +203,7 @@ def _pax_records(payload: bytes, *, near: str) -> dict[str, str]:
             length = 0
         record = payload[space + 1:at + length]
         if length <= 0 or not record.endswith(b"\n") or b"=" not in record:
-            raise ArchiveError(f"a PAX header near {near} is malformed")
+            raise ArchiveError(f"a malformed PAX header {where}")
         key, value = record[:-1].split(b"=", 1)
         records[key.decode("utf-8", "surrogateescape")] = value.decode("utf-8", "surrogateescape")
         at += length
@@ -248,7 +248,12 @@ class _TarReader:
     """Headers and data of a decompressed tar stream, each counted before it is held."""
 
     def __init__(self, stream: IO[bytes], budget: Budget) -> None:
-        self.stream, self.budget, self.last = stream, budget, "the archive's start"
+        self.stream, self.budget, self.last = stream, budget, ""
+
+    @property
+    def where(self) -> str:
+        """Where in the archive the reader is, for an error message."""
+        return f"after entry {shown(self.last)}" if self.last else "at the archive's start"
 
     def block(self) -> bytes | None:
         """The next header block; None at the end of the archive."""
@@ -256,12 +261,12 @@ class _TarReader:
         if not block:
             return None  # no end-of-archive blocks: tar itself accepts that
         if len(block) < BLOCK:
-            raise ArchiveError(f"the archive is truncated after {shown(self.last)}")
+            raise ArchiveError(f"the archive is truncated {self.where}")
         self.budget.spend(BLOCK, name=self.last)
         if block.count(0) == BLOCK:
             return None
         if not _checksum_ok(block):
-            raise ArchiveError(f"a damaged tar header (bad checksum) after {shown(self.last)}")
+            raise ArchiveError(f"a damaged tar header (bad checksum) {self.where}")
         return block
 
     def skip(self, count: int, *, name: str) -> None:
@@ -275,9 +280,8 @@ class _TarReader:
     def extension(self, block: bytes, *, cap: int, what: str) -> bytes:
         """The payload of a long-name or PAX header, refused unread when over `cap`."""
         size = _number(block[124:136])
-        near = shown(self.last)
         if size < 0 or size > cap:
-            raise ArchiveError(f"a {what} header of {size} bytes after {near}: at most {cap} "
+            raise ArchiveError(f"a {what} header of {size} bytes {self.where}: at most {cap} "
                                "are allowed (a header bomb?)")
         payload = self.budget.read(self.last, self.stream, size)
         self.skip(-(-size // BLOCK) * BLOCK - size, name=self.last)
@@ -295,16 +299,16 @@ class _TarReader:
                 extensions += 1
                 if extensions > MAX_EXTENSIONS:
                     raise ArchiveError(f"more than {MAX_EXTENSIONS} extended headers in a row "
-                                       f"after {shown(self.last)}")
+                                       f"{self.where}")
                 if kind in (b"L", b"K"):
                     text = _text(self.extension(block, cap=MAX_PATH_BYTES + 1, what="GNU long-name"))
                     long_name, long_link = (text, long_link) if kind == b"L" else (long_name, text)
                 else:
                     records = _pax_records(self.extension(block, cap=MAX_PAX_BYTES, what="PAX"),
-                                           near=shown(self.last))
+                                           where=self.where)
                     for key in records:
                         if key.startswith(_PAX_REFUSED):
-                            raise ArchiveError(f"a PAX header after {shown(self.last)} sets "
+                            raise ArchiveError(f"a PAX header {self.where} sets "
                                                f"{shown(key)}: sparse files and sizes over 8 GiB "
                                                "are not taken")
                     (global_pax if kind == b"g" else pax).update(records)
@@ -317,7 +321,7 @@ class _TarReader:
             long_name = long_link = None
             pax, extensions = {}, 0
         if extensions:
-            raise ArchiveError(f"the archive ends in an extended header after {shown(self.last)}")
+            raise ArchiveError(f"the archive ends in an extended header {self.where}")
 
 
 def tar_entries(stream: IO[bytes], budget: Budget) -> Iterator[tuple[str, bytes | None]]:
@@ -336,6 +340,8 @@ def tar_entries(stream: IO[bytes], budget: Budget) -> Iterator[tuple[str, bytes 
         if not member.regular:
             raise ArchiveError(f"entry {shown(member.name)} has tar type {member.kind!r} (sparse, "
                                "volume or vendor-specific): a package holds plain files only")
+        if not path:
+            raise ArchiveError(f"entry {shown(member.name)} is a file without a name")
         content = budget.read(member.name, stream, member.size)
         reader.skip(member.data_blocks - member.size, name=member.name)
         yield path, content
@@ -360,7 +366,8 @@ def _central_directory(data: bytes | bytearray) -> tuple[int, int]:
         record = locator - _END64.size
         if record < 0 or data[record:record + 4] != b"PK\x06\x06":
             raise ArchiveError("a damaged zip64 end of central directory record")
-        return record - _END64.unpack_from(data, record)[7], _END64.unpack_from(data, record)[7]
+        size = _END64.unpack_from(data, record)[8]
+        return record - size, size
     return end - size, size
 
 

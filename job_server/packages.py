@@ -8,7 +8,8 @@ extended headers count), and more than `max_unpacked_bytes` in all (headers coun
 and it is counted while decompressing, so a bomb stops at the limit whatever its
 headers claim; job_server.archives reads it). A refusal over a limit is a 413,
 any other a 422 (`PackageError.status`). One top folder holding everything is
-stripped; `requirements.txt` must be at the package's root. Nothing is written
+stripped; `requirements.txt` must be at the package's root; no top-level name may
+shadow one of paddlecloud's modules (paddlecloud.package_names). Nothing is written
 before every check passed.
 
 `PackageStore` keeps a package under `packages/DIGEST/` of any fsspec URL (a PVC
@@ -43,6 +44,8 @@ import fsspec
 
 from job_server import archives
 from job_server.config import Limits
+from paddlecloud.jobspec import JobSpecError
+from paddlecloud.package_names import check_package_names
 
 logger = logging.getLogger(__name__)
 
@@ -118,6 +121,10 @@ def unpack(data: bytes | bytearray, *, filename: str, limits: Limits) -> dict[st
     if REQUIREMENTS not in files:
         raise PackageError(f"{archives.shown(filename)} has no {REQUIREMENTS} at its root "
                            "(an empty one will do)")
+    try:
+        check_package_names(files)
+    except JobSpecError as error:
+        raise PackageError(str(error)) from None
     return files
 
 

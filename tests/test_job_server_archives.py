@@ -168,6 +168,23 @@ def test_tars_of_every_format_read_back_exactly(fmt, compression):
                   filename="p.tar", limits=Limits()) == files
 
 
+def test_a_zip64_directory_is_found_and_counted(monkeypatch):
+    def zip64_of(names: list[str]) -> bytes:
+        out = io.BytesIO()
+        with monkeypatch.context() as patch:
+            patch.setattr(zipfile, "ZIP_FILECOUNT_LIMIT", 1)  # zipfile then writes zip64 records
+            with zipfile.ZipFile(out, "w") as archive:
+                for name in names:
+                    archive.writestr(name, name.encode())
+        assert b"PK\x06\x06" in out.getvalue()
+        return out.getvalue()
+
+    names = ["requirements.txt", "fit/a.py", "fit/b.py"]
+    assert unpack(zip64_of(names), filename="p.zip", limits=SMALL) == {n: n.encode() for n in names}
+    with pytest.raises(PackageError, match="more than 40 entries"):
+        unpack(zip64_of([f"f{i}" for i in range(60)]), filename="p.zip", limits=SMALL)
+
+
 def test_a_package_is_stored_all_or_nothing(tmp_path, monkeypatch):
     store = PackageStore(str(tmp_path / "store"))
     files = {"requirements.txt": b"", **{f"m{i}.py": b"%d" % i for i in range(5)}}
@@ -252,7 +269,8 @@ def test_fuzzed_archives_are_taken_or_refused_never_a_500_and_the_limits_hold(da
     else:
         assert 0 < len(files) <= SMALL.max_files
         assert sum(len(c) for c in files.values()) <= SMALL.max_unpacked_bytes
-        assert all(len(part.encode()) <= 255 for path in files for part in path.split("/"))
+        parts = [part for path in files for part in path.split("/")]
+        assert all(0 < len(part.encode()) <= 255 and part not in (".", "..") for part in parts)
     with TestClient(APP) as client:  # the route too: a parser error would surface as a raise
         response = client.post("/v1/package", headers=TOKEN, files={"file": ("fuzz", body)})
     assert response.status_code in (201, 413, 422), response.text

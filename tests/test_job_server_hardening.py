@@ -1,0 +1,135 @@
+"""The Job Server's smaller defences (issue 34): packages that would shadow paddlecloud's modules,
+etcd endpoints a submitter chooses, quotas on by default, the cookie's Secure flag behind TLS,
+and `/docs` served from the package with no external host."""
+
+from __future__ import annotations
+
+import io
+import re
+import zipfile
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from fastapi.testclient import TestClient
+
+from job_server.app import create_app
+from job_server.config import ConfigError, ServerConfig, load_config
+from paddlecloud.jobs_cli import job
+from paddlecloud.package_names import RESERVED_MODULES
+
+REPO = Path(__file__).resolve().parents[1]
+TOKEN = {"Authorization": "Bearer token-a"}
+JOB = {"job_name": "fit", "module": "fit.train"}
+
+
+def client_of(**config) -> TestClient:
+    app = create_app(ServerConfig(store="memory://hardening", tokens={"token-a": ("team-a",)},
+                                  **config), api_client=None)  # every refusal comes before the API
+    return TestClient(app)
+
+
+def zipped(files: dict[str, bytes]) -> bytes:
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w") as archive:
+        for name, data in files.items():
+            archive.writestr(name, data)
+    return out.getvalue()
+
+
+# ---- a package never shadows paddlecloud ---------------------------------------------------
+def test_the_reserved_names_are_exactly_paddlecloud_s_top_level_packages():
+    found = re.search(r"include = \[([^\]]*)\]", (REPO / "pyproject.toml").read_text()).group(1)
+    assert {name.strip(' "*') for name in found.split(",")} == RESERVED_MODULES
+
+
+@pytest.mark.parametrize("entry", ["master/__init__.py", "paddlecloud.py", "pkg/trainer_agent/x.py",
+                                   "job_server.cpython-311-x86_64-linux-gnu.so"])
+def test_an_upload_that_would_shadow_paddlecloud_is_refused_naming_the_entry(entry):
+    shadowed = entry.removeprefix("pkg/")  # one top folder is stripped: what is left counts
+    with client_of() as client:
+        files = {"requirements.txt": b"", "fit/train.py": b"", entry: b"x"}
+        if entry.startswith("pkg/"):
+            files = {f"pkg/{k}": v for k, v in files.items() if not k.startswith("pkg/")} | {entry: b"x"}
+        response = client.post("/v1/package", headers=TOKEN, files={"file": ("p.zip", zipped(files))})
+    assert response.status_code == 422, response.text
+    assert f"package entry {shadowed!r} would shadow paddlecloud's module" in response.json()["detail"]
+
+
+def test_job_submit_refuses_a_package_path_that_would_shadow_paddlecloud(tmp_path):
+    (tmp_path / "fit").mkdir()
+    (tmp_path / "fit" / "train.py").write_text("print(1)\n")
+    (tmp_path / "master").mkdir()
+    (tmp_path / "master" / "__init__.py").write_text("print('not the master')\n")
+    result = CliRunner().invoke(job, ["submit", "fit", "--module", "fit.train", "--package-path",
+                                      str(tmp_path), "--dry-run"])
+    assert result.exit_code != 0
+    assert "package entry 'master/__init__.py' would shadow paddlecloud's module 'master'" in result.output
+    (tmp_path / "master" / "__init__.py").unlink()
+    (tmp_path / "master").rmdir()
+    assert CliRunner().invoke(job, ["submit", "fit", "--module", "fit.train", "--package-path",
+                                    str(tmp_path), "--dry-run"]).exit_code == 0
+
+
+# ---- etcd endpoints and quotas ------------------------------------------------------------
+def test_a_job_naming_etcd_endpoints_the_server_does_not_allow_is_refused():
+    with client_of() as client:
+        response = client.post("/v1/trainer/job", headers=TOKEN,
+                               json={**JOB, "etcd_endpoints": "http://10.9.9.9:2379"})
+    assert response.status_code == 403, response.text
+    assert "etcd_endpoints 'http://10.9.9.9:2379' is not one this server allows" in response.text
+
+
+@pytest.mark.parametrize(("asked", "says"), [
+    ({"trainers": 1_000_000}, "1000000 trainers asked, the limit max_trainers_per_job is 256"),
+    ({"use_gpu": True, "gpu_num": 100_000}, "100000 GPUs asked (1 trainers x 100000), the limit "
+                                            "max_gpus_per_job is 64"),
+], ids=["trainers", "gpus"])
+def test_the_default_config_has_quotas_on_trainers_and_gpus(tmp_path, asked, says):
+    with client_of(quotas=load_config(None).quotas) as client:
+        response = client.post("/v1/trainer/job", headers=TOKEN, json={**JOB, **asked})
+    assert response.status_code == 403 and says in response.json()["detail"], response.text
+
+
+def test_the_new_settings_load_and_bad_ones_are_refused_naming_the_key(tmp_path):
+    path = tmp_path / "server.yaml"
+    path.write_text("master_image: reg.example/pc:2\netcd_endpoints: [https://a:2379, "
+                    "'https://b:2379,https://c:2379']\nbehind_tls_proxy: true\n")
+    config = load_config(str(path))
+    assert config.master_image == "reg.example/pc:2" and config.behind_tls_proxy
+    assert config.etcd_endpoints == ("https://a:2379", "https://b:2379,https://c:2379")
+    for text, says in (("master_image: 'a b'", "master_image"), ("etcd_endpoints: []", "etcd_endpoints"),
+                       ("behind_tls_proxy: yes please", "behind_tls_proxy")):
+        path.write_text(text + "\n")
+        with pytest.raises(ConfigError, match=says):
+            load_config(str(path))
+
+
+# ---- the cookie behind TLS --------------------------------------------------------------------
+@pytest.mark.parametrize(("base_url", "proxy", "secure"), [
+    ("http://server", False, False), ("https://server", False, True), ("http://server", True, True),
+], ids=["plain-http", "served-with-tls", "behind-a-tls-proxy"])
+def test_the_session_cookie_is_secure_whenever_the_browser_speaks_tls(base_url, proxy, secure):
+    with client_of(behind_tls_proxy=proxy) as client:
+        client.base_url = base_url
+        reply = client.get("/?token=token-a", follow_redirects=False)
+    assert reply.status_code == 303
+    assert ("Secure" in reply.headers["set-cookie"]) is secure, reply.headers["set-cookie"]
+
+
+# ---- /docs without the internet -----------------------------------------------------------
+def test_docs_reference_no_external_host_and_its_assets_are_served():
+    with client_of() as client:
+        page = client.get("/docs")
+        assert page.status_code == 200
+        assert not re.search(r"(?:https?:)?//[A-Za-z0-9.-]+", page.text), page.text
+        assets = re.findall(r"""(?:src|href)=["']?([^"' >]+)""", page.text)
+        assert sorted(assets) == ["/docs/assets/favicon-32x32.png", "/docs/assets/swagger-ui-bundle.js",
+                                  "/docs/assets/swagger-ui.css"]
+        shipped = REPO / "job_server" / "static" / "swagger-ui"
+        for url in assets:
+            served = client.get(url)
+            assert served.status_code == 200 and served.content == (shipped / url.rsplit("/", 1)[1]).read_bytes()
+        assert "'/openapi.json'" in page.text and '"validatorUrl": null' in page.text
+        assert client.get("/docs/assets/README.md").status_code == 404
+        assert client.get("/redoc").status_code == 404  # ReDoc loads from a CDN: not served
