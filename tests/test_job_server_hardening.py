@@ -4,14 +4,13 @@ and `/docs` served from the package with no external host."""
 
 from __future__ import annotations
 
-import io
 import re
-import zipfile
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 from fastapi.testclient import TestClient
+from test_job_server_packages import zip_of
 
 from job_server.app import create_app
 from job_server.config import ConfigError, ServerConfig, load_config
@@ -29,14 +28,6 @@ def client_of(**config) -> TestClient:
     return TestClient(app)
 
 
-def zipped(files: dict[str, bytes]) -> bytes:
-    out = io.BytesIO()
-    with zipfile.ZipFile(out, "w") as archive:
-        for name, data in files.items():
-            archive.writestr(name, data)
-    return out.getvalue()
-
-
 # ---- a package never shadows paddlecloud ---------------------------------------------------
 def test_the_reserved_names_are_exactly_paddlecloud_s_top_level_packages():
     found = re.search(r"include = \[([^\]]*)\]", (REPO / "pyproject.toml").read_text()).group(1)
@@ -51,7 +42,7 @@ def test_an_upload_that_would_shadow_paddlecloud_is_refused_naming_the_entry(ent
         files = {"requirements.txt": b"", "fit/train.py": b"", entry: b"x"}
         if entry.startswith("pkg/"):
             files = {f"pkg/{k}": v for k, v in files.items() if not k.startswith("pkg/")} | {entry: b"x"}
-        response = client.post("/v1/package", headers=TOKEN, files={"file": ("p.zip", zipped(files))})
+        response = client.post("/v1/package", headers=TOKEN, files={"file": ("p.zip", zip_of(files))})
     assert response.status_code == 422, response.text
     assert f"package entry {shadowed!r} would shadow paddlecloud's module" in response.json()["detail"]
 
