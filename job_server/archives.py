@@ -210,9 +210,12 @@ def _pax_records(payload: bytes, *, where: str) -> dict[str, str]:
     return records
 
 
-# PAX keys that change how the data is read: a reader that ignored them would read another
-# archive than the one that was meant (GNU sparse files; sizes over 8 GiB, far over any limit)
-_PAX_REFUSED = ("size", "GNU.sparse.")
+def _pax_refused(key: str) -> bool:
+    """PAX keys that change how the data is read: a reader ignoring them would read another
+    archive than the one meant (GNU sparse files; sizes over 8 GiB, far over any limit)."""
+    return key == "size" or key.startswith("GNU.sparse.")
+
+
 _REGULAR = (b"0", b"\x00", b"7")
 _LINKS = (b"1", b"2")
 _SPECIAL = (b"3", b"4", b"6")
@@ -307,7 +310,7 @@ class _TarReader:
                     records = _pax_records(self.extension(block, cap=MAX_PAX_BYTES, what="PAX"),
                                            where=self.where)
                     for key in records:
-                        if key.startswith(_PAX_REFUSED):
+                        if _pax_refused(key):
                             raise ArchiveError(f"a PAX header {self.where} sets "
                                                f"{shown(key)}: sparse files and sizes over 8 GiB "
                                                "are not taken")
