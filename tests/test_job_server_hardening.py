@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 
 import pytest
+import yaml
 from click.testing import CliRunner
 from fastapi.testclient import TestClient
 from test_job_server_packages import zip_of
@@ -20,6 +21,12 @@ from paddlecloud.package_names import RESERVED_MODULES
 REPO = Path(__file__).resolve().parents[1]
 TOKEN = {"Authorization": "Bearer token-a"}
 JOB = {"job_name": "fit", "module": "fit.train"}
+
+
+def tokens_file(tmp_path: Path) -> Path:
+    path = tmp_path / "tokens.yaml"
+    path.write_text("token-a: [team-a]\n")
+    return path
 
 
 def client_of(**config) -> TestClient:
@@ -60,6 +67,17 @@ def test_job_submit_refuses_a_package_path_that_would_shadow_paddlecloud(tmp_pat
     (tmp_path / "master").rmdir()
     assert CliRunner().invoke(job, ["submit", "fit", "--module", "fit.train", "--package-path",
                                     str(tmp_path), "--dry-run"]).exit_code == 0
+
+
+def test_the_shipped_server_pins_its_own_image_as_the_masters(tmp_path):
+    documents = list(yaml.safe_load_all((REPO / "deploy" / "job-server.yaml").read_text()))
+    config_map = next(d for d in documents if d["kind"] == "ConfigMap"
+                      and "config.yaml" in d.get("data", {}))
+    deployment = next(d for d in documents if d["kind"] == "Deployment")
+    (tmp_path / "config.yaml").write_text(config_map["data"]["config.yaml"])
+    config = load_config(str(tmp_path / "config.yaml"), tokens_file=str(tokens_file(tmp_path)))
+    server_image = deployment["spec"]["template"]["spec"]["containers"][0]["image"]
+    assert config.master_image == server_image
 
 
 # ---- etcd endpoints and quotas ------------------------------------------------------------
