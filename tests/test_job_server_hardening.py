@@ -4,17 +4,25 @@ and `/docs` served from the package with no external host."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
+import uvicorn
 import yaml
+from browser import chromium_page, require_browser
 from click.testing import CliRunner
 from fastapi.testclient import TestClient
+from masters import wait_for
 from test_job_server_packages import zip_of
 
 from job_server.app import create_app
 from job_server.config import ConfigError, ServerConfig, load_config
+from paddlecloud.aio import cancel_and_wait
+from paddlecloud.etcd_server import free_port
 from paddlecloud.jobs_cli import job
 from paddlecloud.package_names import RESERVED_MODULES
 
@@ -142,3 +150,39 @@ def test_docs_reference_no_external_host_and_its_assets_are_served():
         assert "'/openapi.json'" in page.text and '"validatorUrl": null' in page.text
         assert client.get("/docs/assets/README.md").status_code == 404
         assert client.get("/redoc").status_code == 404  # ReDoc loads from a CDN: not served
+
+
+async def test_a_browser_without_the_internet_draws_docs_from_the_server_alone():
+    require_browser()
+    port = free_port()
+    app = client_of().app
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
+                                           lifespan="off"))
+    serving = asyncio.create_task(server.serve(), name="job-server-under-test")
+    try:
+        await wait_for(lambda: server.started, timeout=30, message="the Job Server never started")
+        hosts, drawn = await asyncio.to_thread(browse_docs, f"http://127.0.0.1:{port}")
+    finally:
+        server.should_exit = True
+        await wait_for(serving.done, timeout=30, message="the Job Server never stopped")
+        await cancel_and_wait(serving)
+    assert hosts == {f"127.0.0.1:{port}"}
+    assert "/v1/package" in drawn and "/v1/trainer/job" in drawn
+
+
+def browse_docs(base: str) -> tuple[set[str], str]:
+    """Opens /docs with every other host cut off: the hosts asked, and what Swagger UI drew."""
+    hosts: set[str] = set()
+    with chromium_page(width=1200, height=800) as page:
+        def only_the_server(route: Any) -> None:
+            host = urlsplit(route.request.url).netloc
+            hosts.add(host)
+            if route.request.url.startswith(base):
+                route.continue_()
+            else:
+                route.abort()  # as in a cluster without internet access
+
+        page.route("**/*", only_the_server)
+        page.goto(base + "/docs")
+        page.locator(".opblock-summary-path").first.wait_for(timeout=30_000)
+        return hosts, page.locator("#swagger-ui").inner_text()
