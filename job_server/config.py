@@ -36,8 +36,8 @@ class Limits:
     """What one upload may be: the archive, and what it unpacks to (a zip bomb stops here)."""
 
     max_upload_bytes: int = 64 * 1024 * 1024
-    max_unpacked_bytes: int = 256 * 1024 * 1024
-    max_files: int = 10_000
+    max_unpacked_bytes: int = 256 * 1024 * 1024  # headers and padding count too
+    max_files: int = 10_000  # entries: folders count too
 
 
 @dataclass(frozen=True)

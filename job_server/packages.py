@@ -3,8 +3,8 @@
 `unpack` takes a zip or tar (.tar, .tar.gz, .tar.bz2, .tar.xz) upload and returns its
 files in memory, refusing — with an error naming the entry — absolute paths, `..`,
 names over 255 bytes a component, links, device files and fifos, a path that is both
-a file and a folder (`a` and `a/b`), more than `max_files` entries (folders and
-extended headers count), and more than `max_unpacked_bytes` in all (headers count,
+a file and a folder (`a` and `a/b`), more than `max_files` entries (folders
+count), and more than `max_unpacked_bytes` in all (headers count,
 and it is counted while decompressing, so a bomb stops at the limit whatever its
 headers claim; job_server.archives reads it). A refusal over a limit is a 413,
 any other a 422 (`PackageError.status`). One top folder holding everything is
