@@ -1,9 +1,9 @@
 """The FastAPI application: routers, configuration, store and cluster in `app.state`.
 
 `/` and the jobs' proxied status pages are HTML for a browser (job_server.routers.pages),
-left out of the OpenAPI document. `/openapi.json` is served by the app itself; `/docs` is FastAPI's Swagger UI, whose
-scripts come from a CDN (jsDelivr): air-gapped clusters use `/openapi.json` with a
-local viewer instead (docs/job-server.md).
+left out of the OpenAPI document. `/openapi.json` is served by the app itself; `/docs` is
+Swagger UI from files shipped in the package (job_server.routers.docs), so it works
+without internet access.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from job_server.cluster import Cluster
 from job_server.config import MULTIPART_SLACK, ServerConfig
 from job_server.master_pages import MasterPages, PageAddress, service_page_address
 from job_server.packages import PackageStore
-from job_server.routers import jobs, packages, pages, version
+from job_server.routers import docs, jobs, packages, pages, version
 
 logger = logging.getLogger(__name__)
 
@@ -56,14 +56,15 @@ def create_app(config: ServerConfig, *, api_client: Any,
                page_address: PageAddress = service_page_address) -> FastAPI:
     """The server, talking to the cluster through `api_client` (a kubernetes ApiClient) and
     to the masters' status pages at `page_address(namespace, name)` (host:port)."""
-    app = FastAPI(title="paddlecloud Job Server", version="1",
+    app = FastAPI(title="paddlecloud Job Server", version="1", docs_url=None, redoc_url=None,
                   description="Upload trainer packages and run paddlecloud jobs (DESIGN.md §11).")
     app.state.config = config
     app.state.store = PackageStore(config.store)
-    app.state.cluster = Cluster(api_client, build=config.build, paddlejobs=config.paddlejobs)
+    app.state.cluster = Cluster(api_client, build=config.build, paddlejobs=config.paddlejobs,
+                                master_image=config.master_image)
     app.state.master_pages = MasterPages(read_viewer_token=app.state.cluster.viewer_token,
                                          address=page_address)
-    for router in (packages.router, jobs.router, version.router, pages.router):
+    for router in (packages.router, jobs.router, version.router, pages.router, docs.router):
         app.include_router(router)
     app.add_middleware(BodyLimit, limit=config.limits.max_upload_bytes + MULTIPART_SLACK)
     return app

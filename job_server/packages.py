@@ -1,15 +1,22 @@
 """Trainer packages: unpacked safely, stored by content hash through fsspec.
 
-`unpack` takes a zip or tar.gz upload and returns its files in memory, refusing —
-with an error naming the entry — absolute paths, `..`, links, device files and
-fifos, more than `max_files` files, and more than `max_unpacked_bytes` in all
-(counted while decompressing, so a zip bomb stops at the limit, whatever its
-headers claim). One top folder holding everything is stripped; `requirements.txt`
-must be at the package's root. Nothing is written before every check passed.
+`unpack` takes a zip or tar (.tar, .tar.gz, .tar.bz2, .tar.xz) upload and returns its
+files in memory, refusing — with an error naming the entry — absolute paths, `..`,
+names over 255 bytes a component, links, device files and fifos, a path that is both
+a file and a folder (`a` and `a/b`), more than `max_files` entries (folders
+count), and more than `max_unpacked_bytes` in all (headers count,
+and it is counted while decompressing, so a bomb stops at the limit whatever its
+headers claim; job_server.archives reads it). A refusal over a limit is a 413,
+any other a 422 (`PackageError.status`). One top folder holding everything is
+stripped; `requirements.txt` must be at the package's root; no top-level name may
+shadow one of paddlecloud's modules (paddlecloud.package_names). Nothing is written
+before every check passed.
 
 `PackageStore` keeps a package under `packages/DIGEST/` of any fsspec URL (a PVC
 path, `s3://...`, `memory://` in tests); DIGEST hashes the files' paths and bytes,
 so the same package uploaded twice — re-zipped, other timestamps — is stored once.
+A package is written under `.incoming/` and moved into place whole (a rename on a
+local store), so a write that breaks leaves no part of a package behind.
 Beside them it keeps the image builds' contexts (`contexts/TAG.tar.gz`) and a record
 of each image built (`images/TAG.json`, TAG hashing package and base image), which
 outlives the build Job, so a pair is built once.
@@ -25,129 +32,99 @@ import hashlib
 import io
 import json
 import logging
+import os
 import posixpath
-import stat
-import tarfile
+import uuid
 import zipfile
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import IO, Any
+from typing import Any
 
 import fsspec
 
+from job_server import archives
 from job_server.config import Limits
+from paddlecloud.jobspec import JobSpecError
+from paddlecloud.package_names import check_package_names
 
 logger = logging.getLogger(__name__)
 
 REQUIREMENTS = "requirements.txt"
-CHUNK = 64 * 1024
+CHUNK = archives.CHUNK
 MANIFEST = "manifest.json"
+TEMPORARY = ".incoming"  # packages being written, renamed into packages/ once whole
 
 
 class PackageError(ValueError):
-    """An upload that is refused; the message names the entry and the rule."""
+    """An upload that is refused; the message names the entry and the rule. `status`: 413
+    for what a bigger limit would admit, 422 for what no limit would."""
+
+    def __init__(self, message: str, *, status: int = 422) -> None:
+        super().__init__(message)
+        self.status = status
 
 
-def _clean_path(name: str) -> str:
-    """The entry's path, relative and inside the package; raises `PackageError` otherwise."""
-    shown = name[:80]
-    if "\\" in name or "\x00" in name:
-        raise PackageError(f"entry {shown!r}: backslashes and NUL are not allowed in paths")
-    if name.startswith("/") or (len(name) > 1 and name[1] == ":"):
-        raise PackageError(f"entry {shown!r} is an absolute path")
-    parts = [p for p in name.split("/") if p not in ("", ".")]
-    if ".." in parts:
-        raise PackageError(f"entry {shown!r} climbs out of the package ('..')")
-    return "/".join(parts)
-
-
-class _Budget:
-    """Counts files and unpacked bytes against the limits."""
-
-    def __init__(self, limits: Limits) -> None:
-        self.limits, self.files, self.bytes = limits, 0, 0
-
-    def file(self, name: str) -> None:
-        self.files += 1
-        if self.files > self.limits.max_files:
-            raise PackageError(f"more than {self.limits.max_files} files (max_files); at {name[:80]!r}")
-
-    def read(self, name: str, stream: IO[bytes]) -> bytes:
-        out = io.BytesIO()
-        while chunk := stream.read(CHUNK):
-            self.bytes += len(chunk)
-            if self.bytes > self.limits.max_unpacked_bytes:
-                raise PackageError(
-                    f"the package unpacks to more than {self.limits.max_unpacked_bytes} bytes "
-                    f"(max_unpacked_bytes), at {name[:80]!r}: a zip bomb, or raise the limit")
-            out.write(chunk)
-        return out.getvalue()
-
-
-def _zip_entries(data: bytes, budget: _Budget) -> Iterator[tuple[str, bytes]]:
-    with zipfile.ZipFile(io.BytesIO(data)) as archive:
-        for info in archive.infolist():
-            path = _clean_path(info.filename)
-            mode = info.external_attr >> 16
-            if stat.S_ISLNK(mode):
-                raise PackageError(f"entry {info.filename[:80]!r} is a symbolic link: links are "
-                                   "not allowed (they may point out of the package)")
-            if info.is_dir() or not path:
-                continue
-            if stat.S_IFMT(mode) and not stat.S_ISREG(mode):  # no type bits: a plain file
-                raise PackageError(f"entry {info.filename[:80]!r} is not a regular file")
-            budget.file(path)
-            with archive.open(info) as stream:
-                yield path, budget.read(path, stream)
-
-
-def _tar_entries(data: bytes, budget: _Budget) -> Iterator[tuple[str, bytes]]:
-    with tarfile.open(fileobj=io.BytesIO(data), mode="r:*") as archive:
-        for member in archive:
-            path = _clean_path(member.name)
-            if member.issym() or member.islnk():
-                raise PackageError(f"entry {member.name[:80]!r} is a link to "
-                                   f"{member.linkname[:80]!r}: links are not allowed")
-            if member.isdir() or not path:
-                continue
-            if not member.isfile():
-                raise PackageError(f"entry {member.name[:80]!r} is a device, fifo or other "
-                                   "special file")
-            budget.file(path)
-            stream = archive.extractfile(member)
-            if stream is None:
-                raise PackageError(f"entry {member.name[:80]!r} has no data")
-            yield path, budget.read(path, stream)
-
-
-def unpack(data: bytes, *, filename: str, limits: Limits) -> dict[str, bytes]:
-    """The files of a zip or tar.gz package (see the module doc for what is refused)."""
-    budget = _Budget(limits)
+def _entries(data: bytes | bytearray, *, filename: str,
+             budget: archives.Budget) -> Iterator[tuple[str, bytes | None]]:
     if zipfile.is_zipfile(io.BytesIO(data)):
-        entries = _zip_entries(data, budget)
-    else:
-        try:
-            tarfile.open(fileobj=io.BytesIO(data), mode="r:*").close()
-        except (tarfile.TarError, EOFError, OSError):
-            raise PackageError(f"{filename[:80]!r} is neither a zip nor a tar.gz archive") from None
-        entries = _tar_entries(data, budget)
+        return archives.zip_entries(data, budget)
+    stream = archives.tar_stream(data)
+    if stream is None:
+        raise PackageError(f"{archives.shown(filename)} is neither a zip nor a tar "
+                           "(.tar, .tar.gz, .tar.bz2, .tar.xz) archive")
+    return archives.tar_entries(stream, budget)
+
+
+def _collect(entries: Iterator[tuple[str, bytes | None]]) -> dict[str, bytes]:
+    """The files of `entries`; a path given twice, or both as a file and as a folder of
+    other entries (`a` and `a/b`), is refused naming it: it could not be stored."""
     files: dict[str, bytes] = {}
-    try:
-        for path, content in entries:
+    folders: set[str] = set()
+    for path, content in entries:
+        parents = ["/".join(path.split("/")[:i]) for i in range(1, path.count("/") + 1)]
+        clash = next((p for p in parents if p in files), None)
+        if clash is not None:
+            raise PackageError(f"entry {archives.shown(path)} is inside {archives.shown(clash)}, "
+                               "which the package also holds as a file")
+        folders.update(parents)
+        if content is None:
             if path in files:
-                raise PackageError(f"entry {path[:80]!r} appears twice")
-            files[path] = content
-    except (zipfile.BadZipFile, tarfile.TarError, EOFError, OSError, RuntimeError) as error:
-        raise PackageError(f"{filename[:80]!r} is a broken archive: {error}") from None
+                raise PackageError(f"entry {archives.shown(path)} is both a file and a folder")
+            folders.add(path)
+            continue
+        if path in files:
+            raise PackageError(f"entry {archives.shown(path)} appears twice")
+        if path in folders:
+            raise PackageError(f"entry {archives.shown(path)} is both a file and a folder")
+        files[path] = content
+    return files
+
+
+def unpack(data: bytes | bytearray, *, filename: str, limits: Limits) -> dict[str, bytes]:
+    """The files of a zip or tar package (see the module doc for what is refused)."""
+    budget = archives.Budget(limits)
+    try:
+        files = _collect(_entries(data, filename=filename, budget=budget))
+    except archives.ArchiveError as error:
+        raise PackageError(str(error), status=413 if error.over_limit else 422) from None
+    except PackageError:
+        raise
+    except Exception as error:  # noqa: BLE001 - any parser failure on untrusted bytes is a 422
+        raise PackageError(f"{archives.shown(filename)} is a broken archive "
+                           f"({type(error).__name__}: {str(error)[:200]})") from None
     if not files:
-        raise PackageError(f"{filename[:80]!r} holds no files")
+        raise PackageError(f"{archives.shown(filename)} holds no files")
     tops = {p.split("/", 1)[0] for p in files}
     if len(tops) == 1 and all("/" in p for p in files):  # one folder zipped: its contents
         top = tops.pop() + "/"
         files = {p[len(top):]: c for p, c in files.items()}
     if REQUIREMENTS not in files:
-        raise PackageError(f"{filename[:80]!r} has no {REQUIREMENTS} at its root "
+        raise PackageError(f"{archives.shown(filename)} has no {REQUIREMENTS} at its root "
                            "(an empty one will do)")
+    try:
+        check_package_names(files)
+    except JobSpecError as error:
+        raise PackageError(str(error)) from None
     return files
 
 
@@ -186,15 +163,44 @@ class PackageStore:
         size = sum(len(c) for c in files.values())
         if self.exists(key):
             return StoredPackage(key, tuple(sorted(files)), size, reused=True)
-        base = self._dir(key)
-        for path, content in files.items():
-            target = posixpath.join(base, "files", path)
-            self.fs.makedirs(posixpath.dirname(target), exist_ok=True)
-            self.fs.pipe_file(target, content)
-        # the manifest last: a package is there once its manifest is
-        self.fs.pipe_file(posixpath.join(base, MANIFEST),
-                          json.dumps({"files": sorted(files), "size": size}).encode())
+        incoming = posixpath.join(self.root, TEMPORARY, f"{key}-{uuid.uuid4().hex}")
+        try:
+            for path, content in files.items():
+                target = posixpath.join(incoming, "files", path)
+                self.fs.makedirs(posixpath.dirname(target), exist_ok=True)
+                self.fs.pipe_file(target, content)
+            # the manifest last: a package is there once its manifest is
+            self.fs.pipe_file(posixpath.join(incoming, MANIFEST),
+                              json.dumps({"files": sorted(files), "size": size}).encode())
+            self._publish(incoming, key)
+        finally:
+            if self.fs.exists(incoming):
+                self.fs.rm(incoming, recursive=True)
         return StoredPackage(key, tuple(sorted(files)), size, reused=False)
+
+    def _publish(self, incoming: str, key: str) -> None:
+        """Moves a whole package into place: one rename on a local store (all or nothing);
+        on object stores, where a move copies, the manifest still lands after the files."""
+        final = self._dir(key)
+        if self.exists(key):  # stored meanwhile by another upload of the same files
+            return
+        if self.fs.exists(final):  # left by a write that broke before its manifest
+            self.fs.rm(final, recursive=True)
+        self.fs.makedirs(posixpath.dirname(final), exist_ok=True)
+        if self._local:
+            try:
+                os.rename(incoming, final)
+            except OSError:
+                if not self.exists(key):  # not a twin upload that won the race
+                    raise
+            return
+        for path in sorted(self.fs.find(incoming), key=lambda p: p.endswith(MANIFEST)):
+            self.fs.mv(path, posixpath.join(final, posixpath.relpath(path, incoming)))
+
+    @property
+    def _local(self) -> bool:
+        protocol = self.fs.protocol if isinstance(self.fs.protocol, str) else self.fs.protocol[0]
+        return protocol in ("file", "local")
 
     def get(self, key: str) -> dict[str, bytes]:
         """The files of a stored package; KeyError when there is none."""
@@ -210,9 +216,9 @@ class PackageStore:
         if not self.fs.exists(path):
             self.fs.makedirs(posixpath.dirname(path), exist_ok=True)
             self.fs.pipe_file(path, archive)
-        protocol = self.fs.protocol if isinstance(self.fs.protocol, str) else self.fs.protocol[0]
-        if protocol in ("file", "local"):
+        if self._local:
             return posixpath.relpath(path, self.root)  # on the claim mounted at the store's root
+        protocol = self.fs.protocol if isinstance(self.fs.protocol, str) else self.fs.protocol[0]
         return f"{protocol}://{path}"
 
     def _image_record(self, tag: str) -> str:

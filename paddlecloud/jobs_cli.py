@@ -144,6 +144,7 @@ def build_spec(*, name: str | None, paddlejob: str | None, package: Mapping[str,
     data_volume = DataVolume.parse(options["data_volume"]) if options["data_volume"] else None
     common: dict[str, Any] = {
         "image": options["image"],
+        "master_image": options["master_image"],
         "module": options["module"],
         "package_path": str(Path(options["package_path"]).resolve()) if options["package_path"] else None,
         "package_files": tuple(sorted(package)) if package else None,
@@ -231,7 +232,9 @@ def _with_checkpoint_every(options: dict[str, Any]) -> dict[str, Any]:
 @click.option("--min-trainers", type=int, help="Elastic: the fewest trainers `job scale` may set  [default: --trainers]")
 @click.option("--max-trainers", type=int, help="Elastic: the most trainers  [default: --trainers]")
 @click.option("--pservers", type=int, help="Number of pservers (0: collective)  [default: 0]")
-@click.option("--image", help=f"The paddlecloud image  [default: {DEFAULT_IMAGE}]")
+@click.option("--image", help=f"The image of the trainers and pservers  [default: {DEFAULT_IMAGE}]")
+@click.option("--master-image", help="The master's image: paddlecloud's (deploy/Dockerfile), "
+              f"whatever --image is  [default: {DEFAULT_IMAGE}]")
 @click.option("--trainer-cpu", help="CPU per trainer, e.g. 4 or 500m  [default: 1]")
 @click.option("--trainer-memory", help="Memory per trainer, e.g. 8Gi  [default: 2Gi]")
 @click.option("--trainer-gpu", type=int, help="GPUs per trainer  [default: 0]")

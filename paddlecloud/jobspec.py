@@ -119,6 +119,10 @@ class JobSpec:
     name: str
     namespace: str = "default"
     image: str = DEFAULT_IMAGE
+    # The master's image: paddlecloud's, never a submitter's (it holds the job's etcd and
+    # scaler credentials; issue 34). `job submit --master-image`, the Job Server's and the
+    # operator's configuration set it; `image` runs only in the roles' pods.
+    master_image: str = DEFAULT_IMAGE
     module: str = ""  # `python -m MODULE` is what every trainer (and pserver) runs
     package_path: str = ""  # the local directory shipped in the package ConfigMap
     package_files: tuple[str, ...] = ()  # its files, relative to package_path
@@ -215,9 +219,10 @@ class JobSpec:
                 f"invalid namespace {self.namespace!r}: use at most 63 lower-case letters, digits "
                 "and '-' (a DNS-1123 label)"
             )
-        if not self.image or any(c.isspace() for c in self.image):
-            raise JobSpecError(f"invalid image {self.image!r}: give an image reference such as "
-                               f"{DEFAULT_IMAGE!r}")
+        for what, image in (("image", self.image), ("master image", self.master_image)):
+            if not image or any(c.isspace() for c in image):
+                raise JobSpecError(f"invalid {what} {image!r}: give an image reference such as "
+                                   f"{DEFAULT_IMAGE!r}")
         _check_count("trainers", self.trainers, minimum=1)
         _check_count("pservers", self.pservers, minimum=0)
         for bound in ("min_trainers", "max_trainers"):

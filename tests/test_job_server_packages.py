@@ -59,17 +59,21 @@ def upload(client: TestClient, data: bytes, name: str = "pkg.zip"):
 GOOD = {"requirements.txt": b"numpy\n", "fit/__init__.py": b"", "fit/train.py": b"print(1)\n"}
 
 
-@pytest.mark.parametrize(("entries", "symlinks", "says"), [
-    ({**GOOD, "../evil.py": b"x"}, None, "climbs out of the package"),
-    ({**GOOD, "/etc/cron.d/evil": b"x"}, None, "absolute path"),
-    (GOOD, {"link": "/etc/passwd"}, "symbolic link"),
-    ({"requirements.txt": b"", "bomb.bin": b"\0" * 5_000_000}, None, "max_unpacked_bytes"),
-    ({"train.py": b"print(1)\n"}, None, "no requirements.txt"),
-], ids=["dotdot", "absolute", "symlink-out", "zip-bomb", "no-requirements"])
+@pytest.mark.parametrize(("entries", "symlinks", "code", "says"), [
+    ({**GOOD, "../evil.py": b"x"}, None, 422, "climbs out of the package"),
+    ({**GOOD, "/etc/cron.d/evil": b"x"}, None, 422, "absolute path"),
+    (GOOD, {"link": "/etc/passwd"}, 422, "symbolic link"),
+    ({"requirements.txt": b"", "bomb.bin": b"\0" * 5_000_000}, None, 413, "max_unpacked_bytes"),
+    ({"train.py": b"print(1)\n"}, None, 422, "no requirements.txt"),
+    ({**GOOD, "a": b"x", "a/b": b"y"}, None, 422, "'a/b' is inside 'a'"),
+    ({**GOOD, "a/b": b"y", "a": b"x"}, None, 422, "'a' is both a file and a folder"),
+    ({**GOOD, "d/" + "n" * 256: b"x"}, None, 422, "longer than 255 bytes"),
+], ids=["dotdot", "absolute", "symlink-out", "zip-bomb", "no-requirements", "file-then-folder",
+        "folder-then-file", "long-component"])
 def test_hostile_zips_are_refused_naming_the_problem_and_nothing_is_written(
-        client, store_url, entries, symlinks, says):
+        client, store_url, entries, symlinks, code, says):
     response = upload(client, zip_of(entries, symlinks=symlinks))
-    assert response.status_code == 422, response.text
+    assert response.status_code == code, response.text
     assert says in response.json()["detail"]
     assert stored_files(store_url) == []
 
@@ -97,7 +101,7 @@ def test_an_oversized_body_is_refused_with_the_limit(client, store_url):
 
 def test_too_many_files_are_refused(client, store_url):
     response = upload(client, zip_of({"requirements.txt": b"", **{f"f{i}.py": b"" for i in range(60)}}))
-    assert response.status_code == 422 and "max_files" in response.json()["detail"]
+    assert response.status_code == 413 and "max_files" in response.json()["detail"]
     assert stored_files(store_url) == []
 
 

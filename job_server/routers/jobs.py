@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, HTTPException, Path, Query, Request, status
 from fastapi.responses import PlainTextResponse
+from pydantic import BaseModel
 
 from job_server.auth import Caller
 from job_server.config import Quotas
@@ -23,6 +25,7 @@ from paddlecloud.jobrequest import TrainerJob
 from paddlecloud.jobspec import MAX_NAME_LENGTH, JobSpecError
 from paddlecloud.k8s import image_build
 from paddlecloud.k8s.jobs import JobCreateError
+from paddlecloud.untrusted import quote
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +53,20 @@ def check_quotas(job: TrainerJob, quotas: Quotas) -> None:
                             f"{quotas.max_gpus_per_job}")
 
 
+def allowed_etcd_endpoints(body: BaseModel, allowed: tuple[str, ...]) -> str:
+    """The job's etcd: the server's first when the request names none, the one it names when
+    the server allows it; 403 otherwise (a master holding the namespace's etcd credentials
+    must not dial an address a submitter chose: issue 34)."""
+    if "etcd_endpoints" not in body.model_fields_set:
+        return allowed[0]
+    given = str(getattr(body, "etcd_endpoints", ""))
+    if given in allowed:
+        return given
+    raise HTTPException(status.HTTP_403_FORBIDDEN,
+                        f"etcd_endpoints {quote(given)} is not one this server allows (its "
+                        f"configuration's etcd_endpoints: {', '.join(allowed)}): leave it out")
+
+
 def _api_error(error: JobCreateError) -> HTTPException:
     if error.status == 409:
         return HTTPException(status.HTTP_409_CONFLICT, str(error))
@@ -75,7 +92,8 @@ def runtime_image(state: Any, job: TrainerJob, files: Mapping[str, bytes]) -> st
 
 
 @router.post("/trainer/job", response_model=SubmittedJob, status_code=status.HTTP_201_CREATED,
-             responses={403: {"description": "A quota, or a namespace the token may not use"},
+             responses={403: {"description": "A quota, etcd endpoints the server does not allow, "
+                                             "or a namespace the token may not use"},
                         409: {"description": "A job of that name exists"},
                         422: {"description": "A bad value, an unknown package, a failed build"}})
 def submit_job(request: Request, caller: Caller, body: TrainerJobRequest) -> SubmittedJob:
@@ -85,6 +103,8 @@ def submit_job(request: Request, caller: Caller, body: TrainerJobRequest) -> Sub
     job = body.to_job()
     namespace = caller.namespace(job.namespace or None)
     check_quotas(job, state.config.quotas)
+    job = dataclasses.replace(job, etcd_endpoints=allowed_etcd_endpoints(
+        body, state.config.etcd_endpoints))
     files = image = None
     if job.trainer_package:
         try:

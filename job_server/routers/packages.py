@@ -28,7 +28,7 @@ def body_within_limit(request: Request) -> None:
 
 @router.post("/package", response_model=PackageInfo, status_code=status.HTTP_201_CREATED,
              dependencies=[Depends(body_within_limit)],
-             responses={413: {"description": "Over max_upload_bytes"},
+             responses={413: {"description": "Over max_upload_bytes, max_unpacked_bytes or max_files"},
                         422: {"description": "Refused: the message names the entry and the rule"}})
 def upload_package(request: Request, caller: Caller,
                    file: Annotated[UploadFile, File(description="zip or tar.gz")]) -> PackageInfo:
@@ -42,9 +42,9 @@ def upload_package(request: Request, caller: Caller,
             raise HTTPException(status.HTTP_413_CONTENT_TOO_LARGE,
                                 f"the upload is over the limit (max_upload_bytes) of {limit} bytes")
     try:
-        files = unpack(bytes(data), filename=file.filename or "upload", limits=config.limits)
+        files = unpack(data, filename=file.filename or "upload", limits=config.limits)
     except PackageError as error:
-        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, str(error)) from None
+        raise HTTPException(error.status, str(error)) from None
     stored = request.app.state.store.put(files)
     logger.info("package %s: %d files, %s", stored.digest[:12], len(stored.files),
                 "reused" if stored.reused else "stored")

@@ -5,7 +5,7 @@ The namespace is in the path, not in `?namespace=` as in the JSON API: the maste
 fetches `api/job` and `static/page.js` by relative URL, which keeps the path and drops the
 query. A browser sends no bearer header on a navigation, so these routes also read the
 token from a cookie: `?token=` given once sets it (HttpOnly, SameSite=Strict, Secure over
-https) and answers a redirect to the same URL without the token (job_server.auth). A job
+https or with `behind_tls_proxy`) and answers a redirect to the same URL without the token (job_server.auth). A job
 outside the token's namespaces answers 404, as a job that does not exist does: names do
 not leak. The master's answers come through with the job's viewer token, which the
 browser never sees (job_server.master_pages).
@@ -66,7 +66,8 @@ async def _caller(request: Request) -> Principal | Response:
         target = request.url.path + (f"?{urlencode(rest)}" if rest else "")
         answer = RedirectResponse(target, status_code=status.HTTP_303_SEE_OTHER, headers=NO_STORE)
         answer.set_cookie(TOKEN_COOKIE, given, httponly=True, samesite="strict", path="/",
-                          secure=request.url.scheme == "https")
+                          secure=request.url.scheme == "https"
+                          or request.app.state.config.behind_tls_proxy)
         return answer
     credentials: HTTPAuthorizationCredentials | None = await bearer(request)
     return page_principal(request, credentials)

@@ -26,6 +26,7 @@ from typing import Any
 
 from paddlecloud.jobspec import PADDLEJOB_API_VERSION, PADDLEJOB_KIND, JobSpec, JobSpecError
 from paddlecloud.k8s import manifests
+from paddlecloud.package_names import check_package_names
 from paddlecloud.phase import Phase
 
 logger = logging.getLogger(__name__)
@@ -77,6 +78,7 @@ def read_package(path: Path) -> dict[str, bytes]:
             files[rel.as_posix()] = file.read_bytes()
     if not files:
         raise JobSpecError(f"package path {str(path)!r} holds no files")
+    check_package_names(files)
     return files
 
 

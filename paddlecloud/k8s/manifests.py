@@ -937,7 +937,7 @@ def master_deployment(spec: JobSpec) -> Manifest:
             "claimName": spec.data_volume.claim, "readOnly": True}})
     container = {
         "name": "master",
-        "image": spec.image,
+        "image": spec.master_image,
         "command": master_command(spec),
         "env": [
             _value("PADDLE_JOB_NAME", spec.name),

@@ -288,3 +288,23 @@ async def test_a_jobs_progress_comes_from_its_master_over_tls_with_its_viewer_to
 
         await wait_for(answered, timeout=60, message="no progress from the job's master", details=master.log)
         assert progress == {"epoch": 0, "epochs": 2, "tasks_done": 0, "tasks": 4, "trainers_alive": 0}
+
+
+async def test_a_job_gets_the_servers_etcd_endpoints_or_one_it_allows(k8s, api_client, tmp_path):
+    from paddlecloud.jobspec import JobSpec
+
+    allowed = ("https://etcd-a:2379", "https://etcd-b:2379,https://etcd-c:2379")
+    async with server(api_client, tmp_path, etcd_endpoints=allowed) as client:
+        plain = await client.post("/v1/trainer/job", headers=A, json=JOB)
+        named = await client.post("/v1/trainer/job", headers=A, json={
+            **JOB, "job_name": "other", "etcd_endpoints": allowed[1]})
+        foreign = await client.post("/v1/trainer/job", headers=A, json={
+            **JOB, "job_name": "third", "etcd_endpoints": "https://paddlecloud-etcd:2379"})
+    assert (plain.status_code, named.status_code, foreign.status_code) == (201, 201, 403), foreign.text
+
+    def etcd_of(name: str) -> str:
+        text = k8s.stored("configmaps", "team-a", f"{name}-spec")["data"][manifests.SPEC_KEY]
+        return JobSpec.from_yaml(text).etcd_endpoints
+
+    assert (etcd_of("fit"), etcd_of("other")) == allowed
+    assert k8s.stored("configmaps", "team-a", "third-spec") is None
