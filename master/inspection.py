@@ -49,6 +49,7 @@ class Status:
     min_trainers: int = 0      # the trainer range and desired size; 0 without a range
     max_trainers: int = 0
     desired_trainers: int = 0
+    tasks_assigned: bool = False  # a trainer ever took a task (JobState.tasks_assigned)
 
 
 @dataclass(frozen=True)
@@ -90,6 +91,7 @@ async def status(d: Dispatcher) -> Status:
         counts=counts, num_tasks=state.num_tasks if state else 0,
         trainers_alive=len(core.sessions.by_session), pservers=pservers,
         has_dataset=state is not None, requeued=core.requeued, **_trainer_size(d),
+        tasks_assigned=state is not None and state.tasks_assigned,
     )
 
 

@@ -232,7 +232,7 @@ class TaskCounts(_message.Message):
     def __init__(self, todo: _Optional[int] = ..., pending: _Optional[int] = ..., done: _Optional[int] = ..., failed: _Optional[int] = ...) -> None: ...
 
 class GetStatusResponse(_message.Message):
-    __slots__ = ("job", "namespace", "phase", "leader", "current_epoch", "num_epochs", "counts", "num_tasks", "trainers_alive", "pserver_endpoints", "has_dataset", "requeued", "min_trainers", "max_trainers", "desired_trainers")
+    __slots__ = ("job", "namespace", "phase", "leader", "current_epoch", "num_epochs", "counts", "num_tasks", "trainers_alive", "pserver_endpoints", "has_dataset", "requeued", "min_trainers", "max_trainers", "desired_trainers", "tasks_assigned")
     JOB_FIELD_NUMBER: _ClassVar[int]
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     PHASE_FIELD_NUMBER: _ClassVar[int]
@@ -248,6 +248,7 @@ class GetStatusResponse(_message.Message):
     MIN_TRAINERS_FIELD_NUMBER: _ClassVar[int]
     MAX_TRAINERS_FIELD_NUMBER: _ClassVar[int]
     DESIRED_TRAINERS_FIELD_NUMBER: _ClassVar[int]
+    TASKS_ASSIGNED_FIELD_NUMBER: _ClassVar[int]
     job: str
     namespace: str
     phase: str
@@ -263,7 +264,8 @@ class GetStatusResponse(_message.Message):
     min_trainers: int
     max_trainers: int
     desired_trainers: int
-    def __init__(self, job: _Optional[str] = ..., namespace: _Optional[str] = ..., phase: _Optional[str] = ..., leader: _Optional[str] = ..., current_epoch: _Optional[int] = ..., num_epochs: _Optional[int] = ..., counts: _Optional[_Union[TaskCounts, _Mapping]] = ..., num_tasks: _Optional[int] = ..., trainers_alive: _Optional[int] = ..., pserver_endpoints: _Optional[_Iterable[str]] = ..., has_dataset: _Optional[bool] = ..., requeued: _Optional[int] = ..., min_trainers: _Optional[int] = ..., max_trainers: _Optional[int] = ..., desired_trainers: _Optional[int] = ...) -> None: ...
+    tasks_assigned: bool
+    def __init__(self, job: _Optional[str] = ..., namespace: _Optional[str] = ..., phase: _Optional[str] = ..., leader: _Optional[str] = ..., current_epoch: _Optional[int] = ..., num_epochs: _Optional[int] = ..., counts: _Optional[_Union[TaskCounts, _Mapping]] = ..., num_tasks: _Optional[int] = ..., trainers_alive: _Optional[int] = ..., pserver_endpoints: _Optional[_Iterable[str]] = ..., has_dataset: _Optional[bool] = ..., requeued: _Optional[int] = ..., min_trainers: _Optional[int] = ..., max_trainers: _Optional[int] = ..., desired_trainers: _Optional[int] = ..., tasks_assigned: _Optional[bool] = ...) -> None: ...
 
 class TaskInfo(_message.Message):
     __slots__ = ("id", "state", "epoch", "holder", "session_id", "attempt", "failures", "chunks")
