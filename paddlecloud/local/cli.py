@@ -25,7 +25,7 @@ from typing import Any
 
 import click
 
-from paddlecloud.clitypes import DURATION, KEY_VALUE, SIZE
+from paddlecloud.clitypes import DURATION, ENV_OPTION_NAMES, ENV_PAIR, SIZE
 from paddlecloud.datasets import FORMATS, SpecError, list_files
 from paddlecloud.etcd import MIN_LEASE_TTL
 
@@ -208,8 +208,9 @@ def local() -> None:
                    "the range defaults to the sizes').")
 @click.option("--pservers", type=click.IntRange(min=0), default=0, help="Parameter servers (0: collective training).")
 @click.option("--pserver-module", help="The pservers' module [default: MODULE, which switches on TRAINING_ROLE as PaddlePaddle's PS scripts do].")
-@click.option("-e", "--env", "env", type=KEY_VALUE, multiple=True, metavar="KEY=VALUE",
-              help="Environment for trainers and pservers (repeatable).")
+@click.option(*ENV_OPTION_NAMES, type=ENV_PAIR, multiple=True, metavar="KEY=VALUE",
+              help="Environment for trainers and pservers (repeatable; -e=K=V and --e=K=V, "
+                   "the paddle client's spellings, too).")
 @click.option("--epochs", type=click.IntRange(min=1), default=1)
 @click.option("--checkpoint-every", metavar="TASKS|DURATION",
               help="Checkpoint inside epochs too, every TASKS tasks of the job (20) or DURATION (30s): "
