@@ -237,7 +237,7 @@ def _job_name_of(words: tuple[str, ...]) -> str | None:
               help="Directory of your code, shipped in a ConfigMap (< 1 MiB) and put on PYTHONPATH.")
 @click.option("--module", help="Trainers (and pservers) run `python -m MODULE`.")
 @click.option("--input", "inputs", multiple=True,
-              help="Input path or glob inside the pods, or a URL (repeatable).")
+              help="Input path or glob inside the pods, or a URL (repeatable; PADDLECLOUD_INPUT).")
 @click.option("--output", help="Where trainers write models (PADDLECLOUD_OUTPUT).")
 @click.option("--trainers", type=int, help="Number of trainers at start  [default: 1; --max-trainers if given]")
 @click.option("--min-trainers", type=int, help="Elastic: the fewest trainers `job scale` may set  [default: --trainers]")
