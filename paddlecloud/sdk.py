@@ -8,9 +8,10 @@ value); `submit(server=URL, token=...)` zips the package directory, uploads it
 creates the job straight on Kubernetes with the user's kubeconfig, as `job submit`
 does — returning a `JobHandle`
 with `status()`, `logs()`, `delete()` and `wait()` (a rich progress bar in a terminal or a
-Jupyter notebook, plain lines elsewhere, e.g. logs and pipes). `dist_train` submits when
-`PADDLE_NOTEBOOK=YES` and otherwise runs the job here, through `paddlecloud local train`'s
-`LocalJob`. A submit through a server waits for the server's image build:
+Jupyter notebook, plain lines elsewhere, e.g. logs and pipes). `dist_train`, in seed
+001's signature, submits when `PADDLE_NOTEBOOK=YES` and otherwise trains here: a trainer
+object in this process (Paddle v2's `train` shape, or a `paddle.Model`), a module through
+`paddlecloud local train`'s `LocalJob`. A submit through a server waits for the server's image build:
 `SUBMIT_TIMEOUT_S` is above the longest build the server may wait for.
 
 Only the standard library is imported here; `rich` and the local runner load
