@@ -120,8 +120,10 @@ async def supervise_on_kubernetes(dispatcher: Dispatcher, deployer: KubernetesDe
 
     async def master_state() -> MasterState:
         await _show_epoch(dispatcher, deployer, shown)
+        state = dispatcher.core.state
         return MasterState(has_dataset=dispatcher.spec is not None,
-                           done=dispatcher.dataset_done(), failed=dispatcher.dataset_failed())
+                           done=dispatcher.dataset_done(), failed=dispatcher.dataset_failed(),
+                           tasks_assigned=state is not None and state.tasks_assigned)
 
     async def set_phase(phase: Phase, reason: str) -> None:
         await dispatcher.record_phase(phase.value)  # fenced: etcd holds the truth

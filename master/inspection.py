@@ -50,6 +50,7 @@ class Status:
     max_trainers: int = 0
     desired_trainers: int = 0
     trainer_seconds: dict[str, float] | None = None  # goodput: by cause (master.goodput)
+    tasks_assigned: bool = False  # a trainer ever took a task (JobState.tasks_assigned)
 
 
 @dataclass(frozen=True)
@@ -92,6 +93,7 @@ async def status(d: Dispatcher) -> Status:
         trainers_alive=len(core.sessions.by_session), pservers=pservers,
         has_dataset=state is not None, requeued=core.requeued, **_trainer_size(d),
         trainer_seconds=d.accounting.meter.figures(),
+        tasks_assigned=state is not None and state.tasks_assigned,
     )
 
 

@@ -318,7 +318,7 @@ class MasterServicer(pb_grpc.MasterServicer):
             num_tasks=s.num_tasks, trainers_alive=s.trainers_alive,
             pserver_endpoints=s.pservers, has_dataset=s.has_dataset, requeued=s.requeued,
             min_trainers=s.min_trainers, max_trainers=s.max_trainers,
-            desired_trainers=s.desired_trainers,
+            desired_trainers=s.desired_trainers, tasks_assigned=s.tasks_assigned,
             trainer_seconds=[pb.TrainerSeconds(cause=c, seconds=v)
                              for c, v in (s.trainer_seconds or {}).items()],
         )

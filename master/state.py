@@ -167,7 +167,7 @@ class JobState:
 
     __slots__ = ("_num_tasks", "_num_epochs", "_seed", "_max_failures", "_epoch", "_failed_job",
                  "_status", "_failures", "_todo", "_reserved", "_pending", "_held", "_counts",
-                 "_writing", "_ending")
+                 "_writing", "_ending", "_tasks_assigned")
 
     def __init__(self, *, num_tasks: int, num_epochs: int, seed: int, max_failures: int) -> None:
         self._num_tasks = num_tasks
@@ -185,11 +185,13 @@ class JobState:
         self._counts = [0] * 5                           # by TaskStatus
         self._writing: set[int] = set()                  # pending tasks with a write in flight
         self._ending = False                             # the epoch's end is being written
+        self._tasks_assigned = False                     # a trainer ever took a task (see property)
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, JobState):
             return NotImplemented
-        return all(getattr(self, name) == getattr(other, name) for name in self.__slots__)
+        return all(getattr(self, name) == getattr(other, name) for name in self.__slots__
+                   if name != "_tasks_assigned")  # a history, not the tasks' state
 
     __hash__ = None  # type: ignore[assignment]  (mutable)
 
@@ -212,6 +214,8 @@ class JobState:
         state = cls(num_tasks=num_tasks, num_epochs=num_epochs, seed=seed, max_failures=max_failures)
         state._begin_epoch(epoch)
         state._failed_job = failed_job
+        # what etcd shows of trainers having taken tasks (see `tasks_assigned`)
+        state._tasks_assigned = bool(epoch > 0 or failed_job or done or failures or assignments)
         if state._epoch >= num_epochs:
             return state  # a failed job keeps its epoch's marks: rebuild them below
         status = state._status  # all TODO here: one pass, then one count (a late epoch: ~1M marks)
@@ -245,6 +249,13 @@ class JobState:
     max_failures = _read_only("_max_failures", "Failures a task may have in an epoch before it ends failed.")
     epoch = _read_only("_epoch", "The current epoch.")
     failed_job = _read_only("_failed_job", "Every task of an epoch failed: the job failed.")
+
+    @property
+    def tasks_assigned(self) -> bool:
+        """A trainer took a task of this job: since this state was made, or, for a state
+        restored from etcd, as its marks show (a later epoch, done or failed tasks, live
+        assignments). False: no trainer used the master, the job brings its own data."""
+        return self._tasks_assigned
 
     @property
     def status(self) -> memoryview:
@@ -447,6 +458,7 @@ class JobState:
         del self._reserved[e.task]
         self._set(e.task, TaskStatus.PENDING)
         self._pending[e.task] = e.assignment
+        self._tasks_assigned = True
 
     def _finish(self, e: TaskFinished) -> None:
         assignment = self._take_pending(e.task, e.attempt, e)

@@ -49,6 +49,19 @@ class CheckpointError(Exception):
     """A checkpoint cannot be written or read; the message names the directory."""
 
 
+# The extra that installs what fsspec needs for a protocol (pyproject.toml's extras).
+EXTRAS = {"hdfs": "hdfs"}
+
+
+def missing_filesystem(url: str, error: ImportError) -> str:
+    """Why `url`'s filesystem cannot load, naming the extra that installs it where one does."""
+    protocol = url.split("://", 1)[0] if "://" in url else ""
+    extra = EXTRAS.get(protocol)
+    if extra is None:
+        return str(error)
+    return f"{protocol}:// needs pyarrow: pip install 'paddlecloud[{extra}]' ({error})"
+
+
 def checkpoints_dir(output: str) -> str:
     """The checkpoint directory of a job's output (a local path or an fsspec URL)."""
     return f"{output.rstrip('/')}/{CHECKPOINTS_DIR}"
@@ -64,7 +77,10 @@ class CheckpointDir:
 
     @classmethod
     def of(cls, path: str) -> CheckpointDir:
-        fs, root = fsspec.core.url_to_fs(path)
+        try:
+            fs, root = fsspec.core.url_to_fs(path)
+        except ImportError as error:
+            raise ImportError(f"{path!r}: {missing_filesystem(path, error)}") from error
         return cls(fs, root.rstrip("/"), path.rstrip("/"))
 
     @property

@@ -31,6 +31,23 @@ class ParsedType(click.ParamType):
 DURATION = ParsedType("duration", parse_duration)
 SIZE = ParsedType("size", parse_size)
 KEY_VALUE = ParsedType("key=value", parse_key_value)
+# `-e`'s names: `--e` and the `=` after `-e` are the `paddle` client's spellings (seed 002:
+# `--e=NUM_PASS=4`, `-e=NUM_PASS=5`), beside click's `-e NUM_PASS=4` and `--env`.
+ENV_OPTION_NAMES = ("-e", "--e", "--env", "env")
+
+
+def env_pair(text: str) -> str:
+    """One `-e` value as KEY=VALUE: `-e=K=V` reaches click as `=K=V` (no key starts with
+    `=`), so that one `=` goes; raises ValueError naming the value as given otherwise."""
+    pair = text[1:] if text.startswith("=") else text
+    key, sep, _ = pair.partition("=")
+    if not sep or not key:
+        raise ValueError(f"{text!r} is not KEY=VALUE, e.g. -e NUM_PASS=4 (or -e=NUM_PASS=4)")
+    return pair
+
+
+ENV_PAIR = ParsedType("key=value", lambda text: parse_key_value(env_pair(text)))
+ENV_STRING = ParsedType("key=value", env_pair)  # KEY=VALUE kept as one string
 NON_NEGATIVE = click.IntRange(min=0)
 
 

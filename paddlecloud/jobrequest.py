@@ -5,8 +5,9 @@ both this one value (the server's request model is generated from its fields), a
 `to_spec` is the one mapping onto the `JobSpec` that `paddlecloud job submit`
 builds from its flags, so the three never drift: `memory` and `cpu_num` size every
 trainer and pserver, `use_gpu` gives each trainer `gpu_num` GPUs, `trainers` may be
-a range (`min_trainers`..`max_trainers`), and `JobSpec.validate` checks it all with
-errors naming the bad value.
+a range (`min_trainers`..`max_trainers`), `volume` is a claim mounted at `/VOLUME`
+(seed 001's `volume="quickstart"` with `input="/quickstart/input"`), and
+`JobSpec.validate` checks it all with errors naming the bad value.
 
 What this does NOT guarantee: that the package, the input or the image exist —
 the server and the cluster find that out.
@@ -19,7 +20,13 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from paddlecloud.jobspec import DEFAULT_ETCD_ENDPOINTS, DEFAULT_IMAGE, JobSpec, JobSpecError
+from paddlecloud.jobspec import (
+    DEFAULT_ETCD_ENDPOINTS,
+    DEFAULT_IMAGE,
+    DataVolume,
+    JobSpec,
+    JobSpecError,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +63,9 @@ class TrainerJob:
         "Kubernetes namespace (default: the token's first, else default)."))
     etcd_endpoints: str = field(default=DEFAULT_ETCD_ENDPOINTS, metadata=_doc(
         "The etcd the job's master keeps its state in."))
+    volume: str = field(default="", metadata=_doc(
+        "A PersistentVolumeClaim mounted at /VOLUME in the master (read-only) and every trainer, "
+        "where input and output point (e.g. volume quickstart, input /quickstart/input)."))
 
     @property
     def gpus_per_trainer(self) -> int:
@@ -82,6 +92,7 @@ class TrainerJob:
             pserver_cpu=str(self.cpu_num), pserver_memory=self.memory,
             env=tuple(sorted((str(k), str(v)) for k, v in dict(self.env).items())),
             etcd_endpoints=self.etcd_endpoints, epochs=self.epochs,
+            data_volume=DataVolume(claim=self.volume, mount_path=f"/{self.volume}") if self.volume else None,
         )
         return spec.validate()
 
@@ -98,7 +109,7 @@ class TrainerJob:
             memory=spec.trainer_memory, use_gpu=spec.trainer_gpu > 0,
             cpu_num=int(cpu) if cpu.isdigit() else 0, gpu_num=spec.trainer_gpu or 1,
             env=dict(spec.env), epochs=spec.epochs, namespace=spec.namespace,
-            etcd_endpoints=spec.etcd_endpoints,
+            etcd_endpoints=spec.etcd_endpoints, volume=_volume_of(spec.data_volume),
         )
         if job.cpu_num < 1:
             raise JobSpecError(f"trainer CPU {cpu!r}: the Job Server takes whole CPUs (cpu_num)")
@@ -109,6 +120,14 @@ class TrainerJob:
             raise JobSpecError(f"the Job Server's parameters cannot carry {', '.join(lost)}: "
                                "submit without --server, or drop those settings")
         return job
+
+
+def _volume_of(data_volume: DataVolume | None) -> str:
+    """`volume` of a claim mounted at /CLAIM; "" otherwise (`from_spec` then names data_volume
+    as what the Job Server's parameters cannot carry)."""
+    if data_volume is None or data_volume.mount_path != f"/{data_volume.claim}":
+        return ""
+    return data_volume.claim
 
 
 def field_docs() -> dict[str, str]:

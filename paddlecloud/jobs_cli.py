@@ -28,6 +28,7 @@ from typing import Any
 
 import click
 
+from paddlecloud.clitypes import ENV_OPTION_NAMES, ENV_STRING
 from paddlecloud.jobspec import (
     CLEAN_POD_POLICIES,
     DATA_FORMATS,
@@ -218,15 +219,26 @@ def _with_checkpoint_every(options: dict[str, Any]) -> dict[str, Any]:
     return {**options, "env": (*options["env"], f"{key}={value}")}
 
 
+def _job_name_of(words: tuple[str, ...]) -> str | None:
+    """NAME of `job submit [train] NAME`: seed 002's `paddle job submit train NAME` names the
+    kind of job first; a job may still be called `train` (`job submit train --module ...`)."""
+    if len(words) == 2 and words[0] == "train":
+        return words[1]
+    if len(words) > 1:
+        raise click.UsageError(f"job submit takes one NAME (or 'train NAME', as the paddle client "
+                               f"writes it), got {' '.join(words)[:80]!r}")
+    return words[0] if words else None
+
+
 @job.command("submit")
-@click.argument("name", required=False)
+@click.argument("words", nargs=-1, metavar="[train] NAME")
 @click.option("-f", "--file", "paddlejob", type=click.Path(exists=True, dir_okay=False),
               help="A paddle-operator PaddleJob YAML (batch.paddlepaddle.org/v1).")
 @click.option("--package-path", type=click.Path(exists=True, file_okay=False),
               help="Directory of your code, shipped in a ConfigMap (< 1 MiB) and put on PYTHONPATH.")
 @click.option("--module", help="Trainers (and pservers) run `python -m MODULE`.")
 @click.option("--input", "inputs", multiple=True,
-              help="Input path or glob inside the pods, or a URL (repeatable).")
+              help="Input path or glob inside the pods, or a URL (repeatable; PADDLECLOUD_INPUT).")
 @click.option("--output", help="Where trainers write models (PADDLECLOUD_OUTPUT).")
 @click.option("--trainers", type=int, help="Number of trainers at start  [default: 1; --max-trainers if given]")
 @click.option("--min-trainers", type=int, help="Elastic: the fewest trainers `job scale` may set  [default: --trainers]")
@@ -240,8 +252,9 @@ def _with_checkpoint_every(options: dict[str, Any]) -> dict[str, Any]:
 @click.option("--trainer-gpu", type=int, help="GPUs per trainer  [default: 0]")
 @click.option("--pserver-cpu", help="CPU per pserver  [default: 1]")
 @click.option("--pserver-memory", help="Memory per pserver  [default: 2Gi]")
-@click.option("-e", "--env", multiple=True, metavar="KEY=VALUE",
-              help="Environment variable of every trainer and pserver (repeatable).")
+@click.option(*ENV_OPTION_NAMES, type=ENV_STRING, multiple=True, metavar="KEY=VALUE",
+              help="Environment variable of every trainer and pserver (repeatable; -e=K=V and "
+                   "--e=K=V, the paddle client's spellings, too).")
 @click.option("--secret-env", multiple=True, metavar="KEY=SECRET/KEY",
               help="Environment variable from a Secret's key (repeatable); only the reference "
                    "is stored, never the value.")
@@ -271,9 +284,13 @@ def _with_checkpoint_every(options: dict[str, Any]) -> dict[str, Any]:
 @click.option("--server", metavar="URL", help="Submit through this Job Server (no kubeconfig needed).")
 @click.option("--token", envvar="PADDLE_JOB_TOKEN", help="The Job Server token [env: PADDLE_JOB_TOKEN]")
 @_kubeconfig_option
-def submit_command(name: str | None, paddlejob: str | None, dry_run: bool, server: str | None,
+def submit_command(words: tuple[str, ...], paddlejob: str | None, dry_run: bool, server: str | None,
                    token: str | None, kubeconfig: str | None, **options: Any) -> None:
-    """Submit job NAME: its master deploys the pservers and trainers."""
+    """Submit job NAME: its master deploys the pservers and trainers.
+
+    `job submit train NAME` (the paddle client's form) is the same as `job submit NAME`.
+    """
+    name = _job_name_of(words)
     options = _with_checkpoint_every(options)
     try:
         package = read_package(Path(options["package_path"])) if options["package_path"] else None

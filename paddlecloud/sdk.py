@@ -8,9 +8,10 @@ value); `submit(server=URL, token=...)` zips the package directory, uploads it
 creates the job straight on Kubernetes with the user's kubeconfig, as `job submit`
 does — returning a `JobHandle`
 with `status()`, `logs()`, `delete()` and `wait()` (a rich progress bar in a terminal or a
-Jupyter notebook, plain lines elsewhere, e.g. logs and pipes). `dist_train` submits when
-`PADDLE_NOTEBOOK=YES` and otherwise runs the job here, through `paddlecloud local train`'s
-`LocalJob`. A submit through a server waits for the server's image build:
+Jupyter notebook, plain lines elsewhere, e.g. logs and pipes). `dist_train`, in seed
+001's signature, submits when `PADDLE_NOTEBOOK=YES` and otherwise trains here: a trainer
+object in this process (Paddle v2's `train` shape, or a `paddle.Model`), a module through
+`paddlecloud local train`'s `LocalJob`. A submit through a server waits for the server's image build:
 `SUBMIT_TIMEOUT_S` is above the longest build the server may wait for.
 
 Only the standard library is imported here; `rich` and the local runner load
@@ -23,6 +24,7 @@ miss a phase that lasted less.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import io
 import json
 import logging
@@ -36,7 +38,7 @@ from types import ModuleType
 from typing import Any
 
 from paddlecloud.jobrequest import TrainerJob
-from paddlecloud.jobspec import JobSpec
+from paddlecloud.jobspec import JobSpec, JobSpecError
 from paddlecloud.phase import TERMINAL
 
 logger = logging.getLogger(__name__)
@@ -57,12 +59,46 @@ class JobServerError(RuntimeError):
         self.status = status
 
 
+# Stands in for a module not known yet while the rest of a PaddleJob is validated: the entry
+# point may come later, from `dist_train`'s trainer; `_with_entry_point` refuses a job without.
+_ENTRY_POINT_LATER = "entry_point_later"
+# The scripts a package directory's entry point is looked for as (seed 002 runs
+# /train/package/train.py; seed 001's example package holds trainer.py).
+ENTRY_SCRIPTS = ("train.py", "trainer.py")
+
+
 @dataclasses.dataclass(frozen=True)
 class PaddleJob(TrainerJob):
-    """A job in PaddlePaddle cloud's parameters, validated when made (see `TrainerJob`)."""
+    """A job in PaddlePaddle cloud's parameters, validated when made (see `TrainerJob`).
+
+    As seed 001 writes it: `input` and `output` a path or URL string (or a list: one
+    output), `volume` a claim mounted at `/VOLUME`, and `trainer_package` the entry
+    point: a package directory (its `train.py` or `trainer.py`, unless `module` names
+    the module) or the script itself. Without either, `dist_train` takes the module from
+    its trainer, and `submit` refuses the job naming what is missing.
+    """
+
+    module: str = dataclasses.field(default="", metadata={
+        "doc": "Trainers run `python -m MODULE` (default: from trainer_package)."})
 
     def __post_init__(self) -> None:
-        self.to_spec()  # raises JobSpecError naming the first bad value
+        object.__setattr__(self, "input", _paths("input", self.input))
+        object.__setattr__(self, "output", _one_path("output", self.output))
+        module, package = _entry_point(self.module, self.trainer_package)
+        object.__setattr__(self, "module", module)
+        object.__setattr__(self, "trainer_package", package)
+        # every other value, checked now, naming the first bad one (JobSpecError)
+        TrainerJob.to_spec(dataclasses.replace(self._as_request(), module=module or _ENTRY_POINT_LATER))
+
+    def _as_request(self) -> TrainerJob:
+        return TrainerJob(**{f.name: getattr(self, f.name) for f in dataclasses.fields(TrainerJob)})
+
+    def _with_entry_point(self) -> PaddleJob:
+        if not self.module:
+            raise JobSpecError(
+                f"PaddleJob {self.job_name!r} has no entry point: give trainer_package (a package "
+                f"directory holding {' or '.join(ENTRY_SCRIPTS)}, or the script) or module=")
+        return self
 
     def package_files(self) -> dict[str, bytes]:
         """The package directory's files (hidden files and caches skipped, as `job submit`)."""
@@ -86,6 +122,7 @@ class PaddleJob(TrainerJob):
         """Submits through the Job Server at `server` (with `token`, waiting at most `timeout`
         seconds for its answer, image build included), or, without `server`, straight to
         Kubernetes with the user's kubeconfig, as `paddlecloud job submit` does."""
+        self._with_entry_point()
         if server:
             if not token:
                 raise ValueError("submit(server=...) needs token=")
@@ -300,6 +337,45 @@ class _Client:
                           content_type=f"multipart/form-data; boundary={boundary}")
 
 
+def _paths(name: str, value: Any) -> tuple[str, ...]:
+    """A path or URL string, or a list of them, as a tuple; a clear error naming anything else."""
+    if isinstance(value, str | os.PathLike):
+        return (os.fspath(value),)
+    try:
+        paths = tuple(value)
+    except TypeError:
+        raise JobSpecError(f"invalid {name} {value!r}: give a path or URL, or a list of them") from None
+    bad = [p for p in paths if not isinstance(p, str | os.PathLike)]
+    if bad:
+        raise JobSpecError(f"invalid {name} {bad[0]!r}: give a path or URL, or a list of them")
+    return tuple(os.fspath(p) for p in paths)
+
+
+def _one_path(name: str, value: Any) -> str:
+    paths = _paths(name, value) if value else ("",)
+    if len(paths) != 1:
+        raise JobSpecError(f"invalid {name} {list(paths)[:3]!r}: a job writes to one {name} "
+                           "directory")
+    return paths[0]
+
+
+def _entry_point(module: str, package: str) -> tuple[str, str]:
+    """(module, package directory) of `trainer_package`, seed 001's "entry point": a script
+    is its directory and its name; a directory with no `module` runs its train.py or
+    trainer.py (neither: no module yet)."""
+    if not package:
+        return module, package
+    path = Path(package)
+    if path.suffix == ".py":
+        if not path.is_file():
+            raise JobSpecError(f"invalid trainer_package {package!r}: no such script")
+        return module or path.stem, str(path.parent)
+    if not module and path.is_dir():
+        found = next((name for name in ENTRY_SCRIPTS if (path / name).is_file()), "")
+        return found.removesuffix(".py"), package
+    return module, package
+
+
 def _module_of(train: str | ModuleType | Callable[..., Any]) -> str:
     """The module trainers run: a name, a module, or the (importable) module of a function."""
     if isinstance(train, str):
@@ -311,20 +387,101 @@ def _module_of(train: str | ModuleType | Callable[..., Any]) -> str:
     return name
 
 
-def dist_train(train: str | ModuleType | Callable[..., Any], *, paddle_job: PaddleJob,
-               server: str | None = None, token: str | None = None) -> JobHandle | int:
-    """With PADDLE_NOTEBOOK=YES: submit (server/token default to PADDLE_JOB_SERVER and
-    PADDLE_JOB_TOKEN) and return the job's handle; otherwise train here, as `paddlecloud
-    local train` does, and return its exit code."""
-    job = dataclasses.replace(paddle_job, module=_module_of(train))
+def _names_a_program(trainer: Any) -> bool:
+    """`trainer` names the program to run (a module name, a module, a function), rather than
+    being a trainer object to call here."""
+    return isinstance(trainer, str | ModuleType) or inspect.isfunction(trainer)
+
+
+@dataclasses.dataclass(frozen=True)
+class EndIteration:
+    """`event_handler`'s event after each batch (Paddle v2's `paddle.event.EndIteration`)."""
+
+    pass_id: int
+    batch_id: int
+    metrics: dict[str, Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class EndPass:
+    """`event_handler`'s event after each pass (Paddle v2's `paddle.event.EndPass`)."""
+
+    pass_id: int
+    metrics: dict[str, Any]
+
+
+def dist_train(trainer: Any = None, reader: Any = None, num_passes: int = 1,
+               event_handler: Callable[[Any], None] | None = None, feeding: Any = None,
+               paddle_job: PaddleJob | None = None, *, server: str | None = None,
+               token: str | None = None) -> Any:
+    """Seed 001's `paddle.dist_train`: with PADDLE_NOTEBOOK=YES, submit `paddle_job` (server
+    and token default to PADDLE_JOB_SERVER and PADDLE_JOB_TOKEN) and return its handle;
+    otherwise train here.
+
+    `trainer` is what trains. A module name, a module or a function names the program the
+    job's trainers run (`python -m` its module; here through `paddlecloud local train`,
+    returning its exit code). An object trains here, in this process, as the seed's pseudo
+    code does: one with `train` (Paddle v2's `paddle.trainer.SGD` shape) is called as
+    `trainer.train(reader, num_passes, event_handler, feeding)`; today's `paddle.Model` is
+    called as `trainer.fit(reader, epochs=num_passes)`, `event_handler` getting `EndIteration`
+    and `EndPass` events (a `feeding` has no place there: `paddle.Model` takes its inputs
+    when made). Submitted, the job runs its entry point (`trainer_package` or `module`) in
+    the pods, which read their own data or the master's: `reader` and `feeding` belong to
+    that program then.
+    """
     if os.environ.get(NOTEBOOK_ENV, "").upper() == "YES":
+        if paddle_job is None:
+            raise ValueError("PADDLE_NOTEBOOK=YES submits paddle_job: give paddle_job=PaddleJob(...)")
+        job = paddle_job
+        if _names_a_program(trainer):
+            job = dataclasses.replace(paddle_job, module=_module_of(trainer))
         server = server or os.environ.get("PADDLE_JOB_SERVER")
         token = token or os.environ.get("PADDLE_JOB_TOKEN")
         if not server or not token:
             raise ValueError("PADDLE_NOTEBOOK=YES submits to a Job Server: give server= and "
                              "token= (or PADDLE_JOB_SERVER and PADDLE_JOB_TOKEN)")
         return job.submit(server=server, token=token)
-    return _train_locally(job)
+    if trainer is None or _names_a_program(trainer):
+        if paddle_job is None:
+            raise ValueError("dist_train needs a trainer object to call here, or paddle_job= "
+                             "to run its program locally")
+        job = paddle_job if trainer is None else dataclasses.replace(
+            paddle_job, module=_module_of(trainer))
+        return _train_locally(job._with_entry_point())
+    return _train_here(trainer, reader, num_passes, event_handler, feeding)
+
+
+def _train_here(trainer: Any, reader: Any, num_passes: int,
+                event_handler: Callable[[Any], None] | None, feeding: Any) -> Any:
+    if callable(getattr(trainer, "train", None)):
+        return trainer.train(reader, num_passes, event_handler, feeding)
+    if callable(getattr(trainer, "fit", None)):
+        if feeding is not None:
+            raise ValueError("feeding maps a reader's columns onto Paddle v2's data layers; a "
+                             "paddle.Model takes its inputs when made (inputs=): drop feeding")
+        callbacks = [_event_callback(event_handler)] if event_handler is not None else None
+        return trainer.fit(reader, epochs=num_passes, callbacks=callbacks, verbose=0)
+    raise TypeError(f"cannot train with {type(trainer).__name__}: give an object with train() "
+                    "(Paddle v2's SGD) or fit() (paddle.Model), or a module to run")
+
+
+def _event_callback(event_handler: Callable[[Any], None]) -> Any:
+    """A `paddle.callbacks.Callback` that hands `event_handler` Paddle v2's events."""
+    from paddle.callbacks import Callback
+
+    class Events(Callback):
+        pass_id = 0
+
+        def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
+            self.pass_id = epoch
+
+        def on_train_batch_end(self, step: int, logs: dict | None = None) -> None:
+            event_handler(EndIteration(self.pass_id, step, dict(logs or {})))
+
+        def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+            event_handler(EndPass(epoch, dict(logs or {})))
+
+    return Events()
 
 
 def _train_locally(job: PaddleJob) -> int:

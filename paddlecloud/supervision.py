@@ -15,7 +15,9 @@ master's data says (`MasterState`) and what the backend reports of the trainers
 | done          | some still active                 | Succeeded once `done_grace` passed |
 | not done      | gave up                           | Failed                             |
 | not done      | all exited 0, no dataset          | Succeeded (deploy-and-monitor)     |
-| not done      | all exited 0, with a dataset      | Failed once `exited_grace` passed: |
+| not done      | all exited 0, no task ever taken  | Succeeded once `exited_grace`      |
+|               |                                   | passed: the job read its own data  |
+| not done      | all exited 0, tasks were taken    | Failed once `exited_grace` passed: |
 |               |                                   | the job did not consume its data   |
 | not done      | otherwise                         | Running                            |
 
@@ -55,6 +57,9 @@ class MasterState:
     has_dataset: bool
     done: bool = False
     failed: bool = False
+    # a trainer ever took a task; False: the trainers read their own data (as under
+    # paddle-operator) and their exits alone end the job (docs/design.md section 12)
+    tasks_assigned: bool = True
 
     @property
     def over(self) -> bool:
@@ -98,6 +103,9 @@ def decide_phase(master: MasterState, trainers: RoleStatus, *, graces: Graces = 
     if trainers.finished:
         if not master.has_dataset:
             return Verdict(Phase.SUCCEEDED, "every trainer finished (no dataset to wait for)")
+        if not master.tasks_assigned:  # held: the master's view may lag a first task taken
+            return Verdict(Phase.SUCCEEDED, "every trainer exited 0 and none took a task from the "
+                           "master: the job read its own data", hold=graces.exited)
         return Verdict(Phase.FAILED, "every trainer exited 0 but the data is not done: the job did "
                        "not consume its data", hold=graces.exited)
     return Verdict(Phase.RUNNING)

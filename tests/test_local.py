@@ -198,12 +198,24 @@ def test_a_changed_dataset_needs_fresh_and_the_master_error_is_shown(tmp_path, j
     assert job_processes(job_name) == []
 
 
+# A trainer that takes a task from the master, reads one record of it and quits with 0.
+QUITS = """
+from trainer_agent import TaskClient
+
+with TaskClient.from_env() as client:
+    for epoch in client.epochs():
+        next(iter(epoch.records()), None)
+        break
+print('leaving after one record')
+"""
+
+
 def _package_with_a_master_py(tmp_path: Path) -> Path:
     """A user's package whose `master.py` breaks whoever imports it, beside a trainer that quits."""
     package = tmp_path / "pkg"
     package.mkdir()
     (package / "master.py").write_text("raise SystemExit('the user master.py was imported')\n")
-    (package / "quits.py").write_text("print('leaving without reading anything')\n")
+    (package / "quits.py").write_text(QUITS)
     return package
 
 
@@ -218,14 +230,17 @@ def test_a_master_py_in_the_package_path_does_not_shadow_the_service(tmp_path, l
     assert sorted(reads) == [0] and set(reads[0]) == all_records(2, 10)
 
 
-def test_trainers_that_exit_0_without_the_data_done_fail_the_job(tmp_path, local_run, job_name):
+def test_trainers_that_took_tasks_and_exit_0_without_the_data_done_fail_the_job(
+        tmp_path, local_run, job_name):
+    """The "data is not done" rule holds for trainers that used the master (a job that brings
+    its own data, whose trainers never took a task, ends by their exits: test_local_own_data)."""
     write_records(tmp_path / "data", files=2, records_per_file=10)
     package = _package_with_a_master_py(tmp_path)
     run = local_run("--module", "quits", "--package-path", str(package), "--input",
                     str(tmp_path / "data"), "--trainers", "2")
     assert run.wait() == 1, run.text()
     text = run.text()
-    assert "leaving without reading anything" in text  # the package path reached the user's code
+    assert "leaving after one record" in text  # the package path reached the user's code
     assert "every trainer exited 0 but the data is not done" in text
     assert f"job {job_name} failed" in text
     assert job_processes(job_name) == []

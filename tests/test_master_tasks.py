@@ -397,3 +397,23 @@ async def test_resume_from_a_checkpoint_starts_at_its_next_epoch(tmp_path, start
     session = await register(master, "late")
     reply = await master.GetTask(pb.GetTaskRequest(session_id=session, epoch=0))
     assert reply.outcome == pb.EPOCH_DONE and reply.current_epoch == 2
+
+
+async def test_status_says_whether_a_trainer_ever_took_a_task(tmp_path, start_master, channel_to):
+    """`tasks_assigned` (docs/design.md section 12): False while no trainer took a task (a job
+    that brings its own data ends by its trainers' exits), True from the first task on, and
+    still True once that task went back and after a restart rebuilt the state from etcd."""
+    write_records(tmp_path / "data", files=2, records_per_file=3)
+    proc = start_master("--input", str(tmp_path / "data" / "*.csv"))
+    await wait_serving(proc.address, process=proc)
+    master = await channel_to(proc.address)
+    session = await register(master, "t")
+    assert not (await master.GetStatus(pb.GetStatusRequest())).tasks_assigned
+    task = (await master.GetTask(pb.GetTaskRequest(session_id=session, epoch=0))).task
+    assert (await master.GetStatus(pb.GetStatusRequest())).tasks_assigned
+    assert (await master.TaskFinished(report(session, task))).result == pb.ACCEPTED
+    proc.stop()
+    second = start_master("--input", str(tmp_path / "data" / "*.csv"), port=proc.port)
+    await wait_serving(second.address, process=second)
+    again = await channel_to(second.address)
+    assert (await again.GetStatus(pb.GetStatusRequest())).tasks_assigned  # its done mark shows it

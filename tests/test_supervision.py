@@ -78,3 +78,17 @@ def test_role_status_gave_up_only_when_nothing_is_left_to_try():
 def test_graces_refuse_negative_seconds():
     with pytest.raises(ValueError, match="done=-1s"):
         Graces(done=-1)
+
+
+OWN_DATA = MasterState(has_dataset=True, tasks_assigned=False)  # no trainer took a task
+
+
+def test_trainers_exiting_0_that_never_took_a_task_succeed_after_the_exited_grace():
+    # docs/design.md section 12: a job that brings its own data ends by its trainers' exits
+    check(OWN_DATA, FINISHED, Phase.SUCCEEDED, GRACES.exited, "none took a task")
+
+
+@pytest.mark.parametrize("trainers, phase", [(GAVE_UP, Phase.FAILED), (RUNNING, Phase.RUNNING),
+                                             (ONE_EXITED, Phase.RUNNING)])
+def test_a_job_with_its_own_data_still_fails_or_runs_by_its_trainers(trainers, phase):
+    assert decide_phase(OWN_DATA, trainers, graces=GRACES).phase == phase

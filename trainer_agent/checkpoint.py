@@ -9,6 +9,12 @@ version; ``latest_train_status`` reads only its ``meta.json`` so launchers can p
 ``--start-epoch = TrainStatus.next()`` cheaply. Reading versions is shared with the
 local backend and the master (``paddlecloud.checkpoints``); writing is here.
 
+EDL's calls work as its users write them (seed 000): ``save_checkpoint(exe,
+train_status=..., path=..., fs=...)`` and ``load_checkpoint(exe, path, fs=...,
+trainer_id=...)``, where ``exe`` is what is saved and loaded into (a mapping, or a
+Paddle layer or optimizer through ``state_dict``) and ``fs`` any fsspec filesystem;
+``hdfs://`` needs the ``hdfs`` extra (pyarrow).
+
 Paddle users convert tensors with ``.numpy()`` before saving (the Paddle integration
 does that); anything picklable works, but unpickling runs code, so only load
 checkpoints you wrote.
@@ -33,10 +39,12 @@ import pickle
 import re
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
 from itertools import islice
 from typing import Any
+
+import fsspec
 
 from paddlecloud.checkpoints import (  # CheckpointEvery: in the core (the local CLI checks it)
     CHECKPOINT_EVERY_ENV,  # noqa: F401  (this library's API)
@@ -99,17 +107,24 @@ class TrainStatus:
         return self.epoch if self.in_epoch else self.epoch + 1
 
 
-def save_checkpoint(
-    path: str, state: Mapping[str, Any], train_status: TrainStatus, *, keep: int = 3
-) -> str:
+def save_checkpoint(*args: Any, path: str | None = None, state: Any = None,
+                    train_status: TrainStatus | None = None, fs: Any = None, keep: int = 3) -> str:
     """Writes a new version under ``path``, keeps the newest ``keep``; returns the version's path.
+
+    Two forms: ``save_checkpoint(path, state, train_status)``, and EDL's
+    ``save_checkpoint(what, train_status=..., path=..., fs=...)`` where ``what`` (in
+    place of EDL's executor) is the state: a mapping, or an object with ``state_dict()``
+    (a Paddle layer or optimizer; tensors are saved as numpy arrays). ``fs`` is any
+    fsspec filesystem ``path`` lives on (default: the one its URL names).
 
     Raises CheckpointError naming the directory when writing fails (the previous
     versions are untouched), TypeError/ValueError for bad arguments, and whatever
     pickle raises for an unpicklable state.
     """
+    path, state, train_status = _save_args(args, path=path, state=state, train_status=train_status)
+    state = _state_of(state)
     _check_save_args(state, train_status, keep)
-    d = CheckpointDir.of(path)
+    d = _checkpoint_dir(path, fs)
     name = f"checkpoint-{train_status.epoch:08d}"
     tmp = f".tmp-{int(time.time() * 1000)}-{uuid.uuid4().hex}"
     try:
@@ -132,13 +147,24 @@ def save_checkpoint(
     return d.show(name)
 
 
-def load_checkpoint(path: str) -> tuple[dict[str, Any], TrainStatus] | None:
-    """The state and TrainStatus of the newest complete version, or None if there is none.
+def load_checkpoint(*args: Any, path: str | None = None, fs: Any = None,
+                    trainer_id: int | None = None) -> Any:
+    """The newest complete version under ``path``, or None if there is none.
+
+    ``load_checkpoint(path)`` returns its ``(state, TrainStatus)``. EDL's form
+    ``load_checkpoint(what, path, fs=..., trainer_id=...)`` loads the state into
+    ``what`` (a mutable mapping is updated, an object with ``set_state_dict`` is given
+    it) and returns the TrainStatus alone; ``trainer_id`` names the loading trainer in
+    the log. ``fs`` is any fsspec filesystem ``path`` lives on.
 
     Raises CheckpointError naming the file when the newest complete version does not
     unpickle (e.g. a class it refers to is gone): it does not silently fall back.
     """
-    d = CheckpointDir.of(path)
+    target, path = _load_args(args, path=path)
+    if trainer_id is not None and (isinstance(trainer_id, bool) or not isinstance(trainer_id, int)
+                                   or trainer_id < 0):
+        raise ValueError(f"invalid trainer_id {trainer_id!r}: need an int >= 0")
+    d = _checkpoint_dir(path, fs)
     found = next(complete_versions(d), None)
     if found is None:
         return None
@@ -154,7 +180,81 @@ def load_checkpoint(path: str) -> tuple[dict[str, Any], TrainStatus] | None:
         raise CheckpointError(
             f"{d.show(entry.name, STATE_FILE)} holds a {type(state).__name__}, not a dict"
         )
-    return state, _status_of(meta)
+    status = _status_of(meta)
+    if target is _NO_TARGET:
+        return state, status
+    _load_into(target, state)
+    logger.info("%sloaded checkpoint %s (epoch %d)",
+                "" if trainer_id is None else f"trainer {trainer_id} ", d.show(entry.name), status.epoch)
+    return status
+
+
+_NO_TARGET = object()
+
+
+def _save_args(args: tuple[Any, ...], *, path: str | None, state: Any,
+               train_status: TrainStatus | None) -> tuple[str, Any, TrainStatus]:
+    """(path, state, train_status) of either form (see `save_checkpoint`)."""
+    if args and isinstance(args[0], str | os.PathLike):  # save_checkpoint(path, state, status)
+        names = ("path", "state", "train_status")
+    else:  # EDL: save_checkpoint(what, path, train_status) and its keywords
+        names = ("state", "path", "train_status")
+    given = {"path": path, "state": state, "train_status": train_status}
+    if len(args) > len(names):
+        raise TypeError(f"save_checkpoint takes at most 3 positional arguments ({len(args)} given)")
+    for name, value in zip(names, args, strict=False):
+        if given[name] is not None:
+            raise TypeError(f"save_checkpoint got two values for {name!r}")
+        given[name] = value
+    if given["path"] is None:
+        raise TypeError("save_checkpoint needs path= (the checkpoint directory)")
+    if given["train_status"] is None:
+        raise TypeError("save_checkpoint needs train_status= (a TrainStatus)")
+    return os.fspath(given["path"]), given["state"], given["train_status"]
+
+
+def _load_args(args: tuple[Any, ...], *, path: str | None) -> tuple[Any, str]:
+    """(target, path) of either form (see `load_checkpoint`); `_NO_TARGET` for the plain one."""
+    if len(args) > 2:
+        raise TypeError(f"load_checkpoint takes at most 2 positional arguments ({len(args)} given)")
+    if len(args) == 1 and isinstance(args[0], str | os.PathLike) and path is None:
+        return _NO_TARGET, os.fspath(args[0])
+    target, rest = (args[0], args[1:]) if args else (_NO_TARGET, ())
+    if rest and path is not None:
+        raise TypeError("load_checkpoint got two values for 'path'")
+    path = rest[0] if rest else path
+    if path is None:
+        raise TypeError("load_checkpoint needs path= (the checkpoint directory)")
+    return target, os.fspath(path)
+
+
+def _state_of(what: Any) -> Any:
+    """The mapping to save: `what` itself, or its ``state_dict()`` with tensors as numpy."""
+    if isinstance(what, Mapping) or not callable(getattr(what, "state_dict", None)):
+        return what  # _check_save_args names a value that is neither
+    return {key: value.numpy() if callable(getattr(value, "numpy", None)) else value
+            for key, value in what.state_dict().items()}
+
+
+def _load_into(target: Any, state: dict[str, Any]) -> None:
+    if isinstance(target, MutableMapping):
+        target.clear()
+        target.update(state)
+    elif callable(getattr(target, "set_state_dict", None)):
+        target.set_state_dict(state)
+    else:
+        raise TypeError(f"cannot load a checkpoint into a {type(target).__name__}: pass a mutable "
+                        "mapping or an object with set_state_dict() (a Paddle layer or optimizer)")
+
+
+def _checkpoint_dir(path: str, fs: Any) -> CheckpointDir:
+    """The directory `path`, on `fs` when one is given (any fsspec filesystem)."""
+    if fs is None:
+        return CheckpointDir.of(path)
+    if not isinstance(fs, fsspec.AbstractFileSystem):
+        raise TypeError(f"fs must be an fsspec filesystem (e.g. fsspec.filesystem('hdfs', "
+                        f"host=...)), not a {type(fs).__name__}")
+    return CheckpointDir(fs, fs._strip_protocol(path).rstrip("/"), path.rstrip("/"))
 
 
 def latest_train_status(path: str) -> TrainStatus | None:
@@ -173,7 +273,8 @@ def _status_of(meta: Mapping[str, Any]) -> TrainStatus:
 
 def _check_save_args(state: Any, train_status: Any, keep: Any) -> None:
     if not isinstance(state, Mapping):
-        raise TypeError(f"checkpoint state must be a Mapping, not {type(state).__name__}")
+        raise TypeError(f"checkpoint state must be a Mapping or have state_dict(), "
+                        f"not {type(state).__name__}")
     if not isinstance(train_status, TrainStatus):
         raise TypeError(f"train_status must be a TrainStatus, not {train_status!r}")
     if train_status.epoch is None:

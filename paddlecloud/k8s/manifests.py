@@ -390,8 +390,12 @@ def _common_env(spec: JobSpec, role: str) -> list[dict[str, Any]]:
             _value("PADDLE_GLOO_RENDEZVOUS", 3),  # 3: the HTTP store
             _value("PADDLE_GLOO_HTTP_ENDPOINT", gloo_http_endpoint(spec)),
         ]
+    if spec.inputs:  # where a program that reads its own data finds it (docs/design.md §8)
+        env.append(_value("PADDLECLOUD_INPUT", ",".join(spec.inputs)))
     if spec.output:
         env.append(_value("PADDLECLOUD_OUTPUT", spec.output))
+    if spec.package_files or spec.package_path:  # a ConfigMap's, or baked in by the Job Server
+        env.append(_value("PADDLECLOUD_PACKAGE", PACKAGE_MOUNT))
     user = dict(spec.env)
     if spec.package_files:
         path = PACKAGE_MOUNT + (":" + user.pop("PYTHONPATH") if "PYTHONPATH" in user else "")
@@ -852,11 +856,31 @@ def package_key(path: str) -> str:
     return key
 
 
+REQUIREMENTS_FILE = "requirements.txt"
+
+
+def _check_no_requirements(spec: JobSpec, contents: Mapping[str, bytes]) -> None:
+    text = contents.get(REQUIREMENTS_FILE, b"").decode("utf-8", errors="replace")
+    listed = [line.strip() for line in text.splitlines()
+              if line.strip() and not line.strip().startswith("#")]
+    if listed:
+        shown = ", ".join(listed[:3]) + (f" (and {len(listed) - 3} more)" if len(listed) > 3 else "")
+        raise JobSpecError(
+            f"package {spec.package_path or '(package)'}: {REQUIREMENTS_FILE} lists {shown}, and a "
+            "package shipped without an image build is not installed: build an image with them "
+            "(a Job Server with a build configuration, or your own image with --image / "
+            "base_image) or empty requirements.txt")
+
+
 def package_configmap(spec: JobSpec, contents: Mapping[str, bytes]) -> Manifest:
     """The user's package directory, file by file; text as `data`, the rest as `binaryData`.
 
-    Raises `PackageTooLarge` when it would not fit in one ConfigMap (1 MiB).
+    Raises `PackageTooLarge` when it would not fit in one ConfigMap (1 MiB), and
+    `JobSpecError` when its requirements.txt lists packages: nothing installs them for a
+    package shipped this way (only an image build does), so the job is refused before
+    anything is created rather than run without them.
     """
+    _check_no_requirements(spec, contents)
     data: dict[str, str] = {}
     binary: dict[str, str] = {}
     keys: dict[str, str] = {}

@@ -25,7 +25,7 @@ from typing import Any
 
 import click
 
-from paddlecloud.clitypes import DURATION, KEY_VALUE, SIZE
+from paddlecloud.clitypes import DURATION, ENV_OPTION_NAMES, ENV_PAIR, SIZE
 from paddlecloud.datasets import FORMATS, SpecError, list_files
 from paddlecloud.etcd import MIN_LEASE_TTL
 
@@ -194,8 +194,8 @@ def local() -> None:
 @local.command("train", cls=_TrainCommand, context_settings={"show_default": True})
 @click.option("--module", help="The trainer's Python module, run as `python -m MODULE`.")
 @click.option("--package-path", type=click.Path(exists=True, file_okay=False, path_type=Path),
-              help="Directory added to the trainers' PYTHONPATH (where MODULE lives).")
-@click.option("--input", "inputs", multiple=True, help="Input path, glob or fsspec URL (repeatable).")
+              help="Directory added to the trainers' PYTHONPATH (where MODULE lives; $PADDLECLOUD_PACKAGE).")
+@click.option("--input", "inputs", multiple=True, help="Input path, glob or fsspec URL (repeatable; the programs get them in $PADDLECLOUD_INPUT).")
 @click.option("--output", type=click.Path(file_okay=False, path_type=Path), default="output",
               help="Where logs, checkpoints and the model go; a checkpoint there is resumed from.")
 @click.option("--trainers", type=click.IntRange(min=1), default=None, help="Trainer processes [default: 1; 2 for --example].")
@@ -208,8 +208,9 @@ def local() -> None:
                    "the range defaults to the sizes').")
 @click.option("--pservers", type=click.IntRange(min=0), default=0, help="Parameter servers (0: collective training).")
 @click.option("--pserver-module", help="The pservers' module [default: MODULE, which switches on TRAINING_ROLE as PaddlePaddle's PS scripts do].")
-@click.option("-e", "--env", "env", type=KEY_VALUE, multiple=True, metavar="KEY=VALUE",
-              help="Environment for trainers and pservers (repeatable).")
+@click.option(*ENV_OPTION_NAMES, type=ENV_PAIR, multiple=True, metavar="KEY=VALUE",
+              help="Environment for trainers and pservers (repeatable; -e=K=V and --e=K=V, "
+                   "the paddle client's spellings, too).")
 @click.option("--epochs", type=click.IntRange(min=1), default=1)
 @click.option("--checkpoint-every", metavar="TASKS|DURATION",
               help="Checkpoint inside epochs too, every TASKS tasks of the job (20) or DURATION (30s): "

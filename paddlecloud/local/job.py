@@ -196,7 +196,10 @@ class LocalJob:
             PADDLE_TRAINERS_NUM=str(self.spec.trainers), PADDLE_PSERVERS_NUM=str(self.spec.pservers),
             PADDLECLOUD_OUTPUT=str(self.spec.output), PYTHONUNBUFFERED="1",
             PADDLE_JOB_TOKEN_FILE=str(self.secrets_dir / "tokens" / Role.TRAINER.value),
+            PADDLECLOUD_INPUT=",".join(self.spec.inputs),
         )
+        if self.spec.package_path is not None:
+            env["PADDLECLOUD_PACKAGE"] = str(self.spec.package_path)
         if self.spec.tls:
             env["PADDLE_MASTER_CA_FILE"] = str(self.secrets_dir / "ca.crt")
         if master:  # nor the current directory first on its path (Python >= 3.11)
@@ -288,7 +291,8 @@ class LocalJob:
     async def _master_state(self) -> MasterState:
         phase = self._status.phase if self._status is not None else ""
         return MasterState(has_dataset=True, done=phase == Phase.SUCCEEDED.value,
-                           failed=phase == Phase.FAILED.value)
+                           failed=phase == Phase.FAILED.value,
+                           tasks_assigned=self._status is None or self._status.tasks_assigned)
 
     async def _desired_trainers(self) -> int | None:
         """The size the master holds in etcd (ScaleTrainers changes it), None before it answered."""

@@ -436,3 +436,27 @@ def test_the_master_is_given_the_jobs_format_and_chunk_size():
     command = next(d for d in defaults if d["kind"] == "Deployment")["spec"]["template"]["spec"][
         "containers"][0]["command"]
     assert "--chunk-bytes" not in command  # 0: the master's own default
+
+
+def test_input_output_and_package_reach_every_role_through_the_environment():
+    """docs/design.md section 8: a program that reads its own data finds where it is."""
+    spec = JobSpec(name="own", module="demo.train", inputs=("/data/a.csv", "s3://b/*.csv"),
+                   output="/out", pservers=1, package_path="/src", package_files=("demo/train.py",))
+    for role_env in (manifests.trainer_env(spec), manifests._common_env(spec, "pserver")):
+        env = {e["name"]: e.get("value") for e in role_env}
+        assert env["PADDLECLOUD_INPUT"] == "/data/a.csv,s3://b/*.csv"
+        assert env["PADDLECLOUD_OUTPUT"] == "/out"
+        assert env["PADDLECLOUD_PACKAGE"] == manifests.PACKAGE_MOUNT
+    with pytest.raises(JobSpecError, match="PADDLECLOUD_INPUT is set by paddlecloud itself"):
+        JobSpec(name="own", module="m", env=(("PADDLECLOUD_INPUT", "/x"),)).validate()
+
+
+def test_a_packages_requirements_without_an_image_build_are_refused_naming_them():
+    """Seed 001's requirements.txt: nothing installs it for a package shipped in a ConfigMap."""
+    spec = JobSpec(name="quickstart", module="m", package_path="/src/quick_start",
+                   package_files=("requirements.txt", "trainer.py"))
+    files = {"requirements.txt": b"pillow\nprotobuf==3.1.0\n", "trainer.py": b""}
+    with pytest.raises(JobSpecError, match=r"lists pillow, protobuf==3\.1\.0.*--image"):
+        manifests.submit_objects(spec, files)
+    files["requirements.txt"] = b"# nothing to install\n\n"
+    assert manifests.package_configmap(spec, files)["kind"] == "ConfigMap"

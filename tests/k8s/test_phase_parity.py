@@ -57,6 +57,9 @@ SCENARIOS = {
     "trainers exit 0, data done": Scenario("exit 0", MasterState(True, done=True), Phase.SUCCEEDED),
     # The case the backends used to disagree on (Kubernetes: Succeeded; local: Failed).
     "trainers exit 0, data not done": Scenario("exit 0", MasterState(True), Phase.FAILED),
+    # docs/design.md section 12: no trainer took a task, the job brought its own data
+    "trainers exit 0, own data": Scenario("exit 0", MasterState(True, tasks_assigned=False),
+                                          Phase.SUCCEEDED),
     "trainers exit 0, no dataset": Scenario("exit 0", MasterState(False), Phase.SUCCEEDED),
     "trainers fail for good": Scenario("exit 1", MasterState(True), Phase.FAILED),
     "trainers fail for good, data done": Scenario("exit 1", MasterState(True, done=True), Phase.FAILED),

@@ -232,7 +232,7 @@ class TaskCounts(_message.Message):
     def __init__(self, todo: _Optional[int] = ..., pending: _Optional[int] = ..., done: _Optional[int] = ..., failed: _Optional[int] = ...) -> None: ...
 
 class GetStatusResponse(_message.Message):
-    __slots__ = ("job", "namespace", "phase", "leader", "current_epoch", "num_epochs", "counts", "num_tasks", "trainers_alive", "pserver_endpoints", "has_dataset", "requeued", "min_trainers", "max_trainers", "desired_trainers", "trainer_seconds")
+    __slots__ = ("job", "namespace", "phase", "leader", "current_epoch", "num_epochs", "counts", "num_tasks", "trainers_alive", "pserver_endpoints", "has_dataset", "requeued", "min_trainers", "max_trainers", "desired_trainers", "trainer_seconds", "tasks_assigned")
     JOB_FIELD_NUMBER: _ClassVar[int]
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     PHASE_FIELD_NUMBER: _ClassVar[int]
@@ -249,6 +249,7 @@ class GetStatusResponse(_message.Message):
     MAX_TRAINERS_FIELD_NUMBER: _ClassVar[int]
     DESIRED_TRAINERS_FIELD_NUMBER: _ClassVar[int]
     TRAINER_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    TASKS_ASSIGNED_FIELD_NUMBER: _ClassVar[int]
     job: str
     namespace: str
     phase: str
@@ -265,7 +266,8 @@ class GetStatusResponse(_message.Message):
     max_trainers: int
     desired_trainers: int
     trainer_seconds: _containers.RepeatedCompositeFieldContainer[TrainerSeconds]
-    def __init__(self, job: _Optional[str] = ..., namespace: _Optional[str] = ..., phase: _Optional[str] = ..., leader: _Optional[str] = ..., current_epoch: _Optional[int] = ..., num_epochs: _Optional[int] = ..., counts: _Optional[_Union[TaskCounts, _Mapping]] = ..., num_tasks: _Optional[int] = ..., trainers_alive: _Optional[int] = ..., pserver_endpoints: _Optional[_Iterable[str]] = ..., has_dataset: _Optional[bool] = ..., requeued: _Optional[int] = ..., min_trainers: _Optional[int] = ..., max_trainers: _Optional[int] = ..., desired_trainers: _Optional[int] = ..., trainer_seconds: _Optional[_Iterable[_Union[TrainerSeconds, _Mapping]]] = ...) -> None: ...
+    tasks_assigned: bool
+    def __init__(self, job: _Optional[str] = ..., namespace: _Optional[str] = ..., phase: _Optional[str] = ..., leader: _Optional[str] = ..., current_epoch: _Optional[int] = ..., num_epochs: _Optional[int] = ..., counts: _Optional[_Union[TaskCounts, _Mapping]] = ..., num_tasks: _Optional[int] = ..., trainers_alive: _Optional[int] = ..., pserver_endpoints: _Optional[_Iterable[str]] = ..., has_dataset: _Optional[bool] = ..., requeued: _Optional[int] = ..., min_trainers: _Optional[int] = ..., max_trainers: _Optional[int] = ..., desired_trainers: _Optional[int] = ..., trainer_seconds: _Optional[_Iterable[_Union[TrainerSeconds, _Mapping]]] = ..., tasks_assigned: _Optional[bool] = ...) -> None: ...
 
 class TrainerSeconds(_message.Message):
     __slots__ = ("cause", "seconds")

@@ -1,0 +1,54 @@
+"""Seed 002's `paddle job submit train <job-name>` command line, as written there (but for
+its `--image:` typo and the placeholders), and its `-e=` / `--e=` spellings."""
+
+from __future__ import annotations
+
+import yaml
+from click.testing import CliRunner
+
+from paddlecloud.jobs_cli import job as job_cli
+
+
+def _trainer_env(output: str) -> dict[str, str]:
+    for doc in yaml.safe_load_all(output):
+        if doc and doc.get("kind") == "Job" and doc["metadata"]["name"].endswith("-trainer"):
+            container = doc["spec"]["template"]["spec"]["containers"][0]
+            return {e["name"]: e.get("value") for e in container["env"]}
+    raise AssertionError("no trainer Job rendered")
+
+
+def test_job_submit_train_name_takes_the_seeds_command_line(tmp_path):
+    package = tmp_path / "train" / "quick_start"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "train.py").write_text("print('quick start')\n")
+    result = CliRunner().invoke(job_cli, [
+        "submit", "train", "quickstart",
+        f"--package-path={package}",
+        "--module=quick_start.train",
+        "--input=/quickstart/input",
+        "--output=/quickstart/output",
+        "--trainers=4",
+        "--pservers=2",
+        "--image=registry.example/paddle_dist_example",
+        "-e=NUM_PASS=5",
+        "--e=LOG=1",
+        "--dry-run"])
+    assert result.exit_code == 0, result.output
+    assert "name: quickstart-master" in result.output
+    env = _trainer_env(result.output)
+    assert (env["NUM_PASS"], env["LOG"]) == ("5", "1")
+    assert env["PADDLECLOUD_INPUT"] == "/quickstart/input"
+
+
+def test_a_job_named_train_is_still_a_name():
+    result = CliRunner().invoke(job_cli, ["submit", "train", "--module=m", "--dry-run"])
+    assert result.exit_code == 0, result.output
+    assert "name: train-master" in result.output
+
+
+def test_bad_forms_are_one_usage_error_naming_them():
+    extra = CliRunner().invoke(job_cli, ["submit", "train", "a", "b", "--module=m", "--dry-run"])
+    assert extra.exit_code == 2 and "got 'train a b'" in extra.output
+    bad_env = CliRunner().invoke(job_cli, ["submit", "q", "--module=m", "-e=NUM_PASS", "--dry-run"])
+    assert bad_env.exit_code == 2 and "'=NUM_PASS' is not KEY=VALUE" in bad_env.output
