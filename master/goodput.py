@@ -35,8 +35,9 @@ kept in etcd (`goodput` under the job's prefix, when a master's term begins, eve
 `PERSIST_EVERY` seconds and when it ends), so a new leader goes on from them.
 
 What this does NOT see: what a trainer does between two calls (a slow step looks like
-productive reading), nor the time before the first master led (a job whose master could
-not start).
+productive reading), the time before the first master led (a job whose master could not
+start), nor trainers that never call the master: a job whose trainers read their own data
+shows its slots as `startup` throughout.
 """
 
 from __future__ import annotations
