@@ -55,7 +55,7 @@ def test_a_trainer_ignoring_sigterm_is_killed_when_its_group_stops(tmp_path, loc
 
     scaled = run.scale(address, 1)  # collective: the group stops and starts again at 1
     assert scaled.returncode == 0, scaled.stderr
-    # the point is that they do not hang forever: the grace is 5 s, the deadline generous
+    # the point is that they do not hang forever: a resize gives the drain's grace (25 s), no more
     wait_until(lambda: all(gone(pid) for pid in first), timeout=60,
                message="a trainer ignoring SIGTERM outlived its group's stop", details=run.text)
     for pid, marker in first.items():

@@ -44,10 +44,11 @@ logger = logging.getLogger(__name__)
 
 RESTART_MODES = ("group", "trainer")
 # A group that lost a member cannot drain (its collectives wait for the dead one): its
-# survivors get a short grace. A planned stop (a resize, a scale-down, the job stopped)
-# lets trainers that drain to a checkpoint on SIGTERM (trainer_agent.termination) do so
-# within DRAIN_GRACE, which they are told ($PADDLECLOUD_STOP_GRACE), before the SIGKILL.
-GROUP_STOP_GRACE = 5.0
+# survivors get just the time to leave the master (trainer_agent.termination.LEAVE_TIMEOUT)
+# before the SIGKILL. A planned stop (a resize, a scale-down, the job stopped) lets trainers
+# that drain to a checkpoint on SIGTERM do so within DRAIN_GRACE, which they are told
+# ($PADDLECLOUD_STOP_GRACE), before the SIGKILL.
+GROUP_STOP_GRACE = 2.5
 DRAIN_GRACE = 20.0
 STOP_GRACE = DRAIN_GRACE + 5.0
 
