@@ -1,0 +1,319 @@
+"""Recovery from a lost trainer: paddlecloud against PaddlePaddle's own elastic launcher.
+
+The same small collective job — fit-a-line (13 features, 20,000 records), 2 trainers on
+CPU over gloo, batches of 64, 20 ms per step, 3 epochs — run two ways on this machine:
+
+* **paddlecloud**: `paddlecloud local train --example fit-a-line --checkpoint-every 6`
+  (the master deals 64 KiB tasks; the group checkpoints every 6 tasks of the job).
+* **paddle.distributed.launch**: two launchers in elastic mode, `--master etcd://...
+  --nnodes 2:3 --elastic_level 1 --max_restart 3`, running bench/launch_fit_a_line.py (each
+  rank reads its own shard; rank 0 checkpoints at each epoch's end; every rank resumes
+  from it), as a Paddle user writes it.
+
+Once the job is 20 steps into epoch 1, trainer 1's process is SIGKILLed. Measured, for
+each: the seconds from the kill until the job trains again (its first step after the
+kill), whether it finished, the records of each epoch read twice and never (in the final
+model's lineage: the steps a restart undid dropped, tests/chaos/lineage.py), and the final
+loss. For paddlecloud also the parts of the recovery, from its console and the
+example's step log: detection (the supervisor sees the death), group stop (the survivor
+stopped and `RestartEpoch` done), start (processes, Paddle's import, the gloo rendezvous,
+the checkpoint loaded), first step.
+
+    python bench/recovery.py            # one run of each
+    python bench/recovery.py --runs 3
+
+Needs the paddle extra, and for the launcher the `etcd3` package (the `bench` extra has
+it) with `PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION=python`, which this sets for it: its
+generated code predates protobuf 4's C++ descriptors. What this does NOT measure:
+Kubernetes (pod scheduling and image pulls dominate there), or a loss without a
+checkpoint of the launcher's own (the script here saves at each epoch's end).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+
+from chaos.lineage import audit_lineage, lineage, record_ids  # noqa: E402
+from processes import find, job_processes  # noqa: E402
+
+from examples.fit_a_line.consumed import read_entries  # noqa: E402
+from paddlecloud.etcd_server import EtcdServer  # noqa: E402
+
+EPOCHS = 3
+STEP_DELAY = "0.02"
+KILL_AFTER_STEPS = 20       # steps of epoch 1 before the kill
+RECOVERY_DEADLINE = 120.0   # seconds a job gets to train again after the kill
+EXAMPLE = "examples.fit_a_line.train"
+
+
+@dataclass
+class Run:
+    """One job's run: its timeline after the kill (seconds from the kill) and its audit."""
+
+    name: str
+    recovered_after: float | None = None    # first step after the kill
+    finished: bool = False
+    exit_codes: list[int] = field(default_factory=list)
+    parts: dict[str, float] = field(default_factory=dict)
+    twice: list[int] = field(default_factory=list)   # per epoch
+    never: list[int] = field(default_factory=list)
+    final_loss: float | None = None
+    note: str = ""
+
+
+class Console:
+    """A child's output, each line stamped with time.monotonic() as it arrives."""
+
+    def __init__(self, process: subprocess.Popen, path: Path) -> None:
+        self.lines: list[tuple[float, str]] = []
+        self._out = open(path, "w")
+        self._thread = threading.Thread(target=self._pump, args=(process,), daemon=True)
+        self._thread.start()
+
+    def _pump(self, process: subprocess.Popen) -> None:
+        for line in process.stdout:
+            self.lines.append((time.monotonic(), line.rstrip("\n")))
+            self._out.write(line)
+        self._out.close()
+
+    def first(self, pattern: str, after: float) -> float | None:
+        for at, line in list(self.lines):
+            if at >= after and re.search(pattern, line):
+                return at
+        return None
+
+    def join(self) -> None:
+        self._thread.join(timeout=30)
+
+
+class StepLog:
+    """The example's consumed log, each entry stamped when it was first seen (polled)."""
+
+    def __init__(self, path: Path, *, group_restarts: bool = True) -> None:
+        self.path = path
+        self.seen: list[tuple[float, dict]] = []
+        # False: a job that goes on without a restart (no `resumed` entry will come)
+        self.group_restarts = group_restarts
+
+    def poll(self) -> None:
+        entries = read_entries(self.path)
+        now = time.monotonic()
+        self.seen += [(now, e) for e in entries[len(self.seen):]]
+
+    def steps_in(self, epoch: int) -> int:
+        return sum(1 for _, e in self.seen if e.get("epoch") == epoch and "ids" in e)
+
+    def first_step_after(self, moment: float) -> float | None:
+        """When the first step logged after `moment` by a group started after it (behind a
+        `resumed` entry, when any comes: the survivors' steps in flight at the kill are not
+        training again) was seen."""
+        later = [(at, e) for at, e in self.seen if at > moment]
+        resumed = next((i for i, (_, e) in enumerate(later) if "resumed" in e), None)
+        if resumed is not None:
+            later = later[resumed:]
+        elif self.group_restarts:
+            return None  # only the survivors' last steps so far
+        return next((at for at, e in later if "ids" in e), None)
+
+
+def wait(predicate, *, timeout: float, poll: float = 0.02) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(poll)
+    return False
+
+
+def audit(run: Run, log: Path, data: Path) -> None:
+    for epoch in audit_lineage(lineage(log), record_ids(data), epochs=EPOCHS):
+        run.twice.append(epoch.seen_twice)
+        run.never.append(epoch.never_seen)
+
+
+def last_loss(text: str) -> float | None:
+    losses = re.findall(r"epoch (\d+) loss ([0-9.]+)", text)
+    return float(losses[-1][1]) if losses else None
+
+
+def paddlecloud_run(work: Path) -> Run:
+    run = Run("paddlecloud")
+    job = f"recovery-{os.getpid()}-{int(time.time())}"
+    out, log = work / "pc", work / "pc-consumed.jsonl"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "paddlecloud", "local", "train", "--job", job, "--example", "fit-a-line",
+         "--output", str(out), "--epochs", str(EPOCHS), "--trainers", "2", "--chunk-bytes", "64KiB",
+         "--checkpoint-every", "6", "-e", f"FIT_A_LINE_CONSUMED_LOG={log}", "--", "--step-delay", STEP_DELAY],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
+        env=dict(os.environ, PYTHONUNBUFFERED="1", COLUMNS="200"))
+    console, steps = Console(process, work / "pc-console.txt"), StepLog(log)
+    try:
+        if not wait(lambda: (steps.poll(), steps.steps_in(1) >= KILL_AFTER_STEPS)[1], timeout=300):
+            run.note = "never reached epoch 1"
+            return run
+        victim = find(job, module=EXAMPLE, PADDLE_TRAINER_ID="1")
+        killed = time.monotonic()
+        os.kill(victim[0], signal.SIGKILL)
+        wait(lambda: (steps.poll(), steps.first_step_after(killed) is not None)[1],
+             timeout=RECOVERY_DEADLINE)
+        first = steps.first_step_after(killed)
+        run.recovered_after = None if first is None else first - killed
+        process.wait(timeout=600)
+        steps.poll()
+        console.join()
+        run.exit_codes = [process.returncode]
+        run.finished = process.returncode == 0
+        died = console.first(r"\[local\] trainer \d+ died", killed)
+        restarted = console.first(r"the master restarted epoch", killed)
+        resumed = console.first(r"resumed from the checkpoint", killed)
+        marks = [killed, died, restarted, resumed, first]
+        for name, begin, end in zip(("detection", "group stop", "start and load", "first step"),
+                                    marks, marks[1:], strict=False):
+            if begin is not None and end is not None:
+                run.parts[name] = end - begin
+        audit(run, log, out / "data")
+        run.final_loss = last_loss("\n".join(line for _, line in console.lines if "[trainer 0]" in line))
+    finally:
+        if process.poll() is None:
+            process.kill()
+        for pid, _, _ in job_processes(job):
+            os.kill(pid, signal.SIGKILL)
+    return run
+
+
+def launcher_run(work: Path, data: Path) -> Run:
+    run = Run("paddle.distributed.launch")
+    out = work / "pl"
+    out.mkdir()
+    etcd = EtcdServer(str(work / "pl-etcd"))
+    etcd.start()
+    job = f"recovery-{os.getpid()}"
+    env = dict(os.environ, PYTHONUNBUFFERED="1", PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION="python")
+    launchers = []
+    try:
+        for i in range(2):
+            launchers.append(subprocess.Popen(
+                [sys.executable, "-m", "paddle.distributed.launch", "--master",
+                 etcd.endpoint.replace("http://", "etcd://"), "--job_id", job, "--nnodes", "2:3",
+                 "--nproc_per_node", "1", "--elastic_timeout", "5", "--elastic_level", "1",
+                 "--max_restart", "3", "--log_dir", str(work / f"pl-logs-{i}"),
+                 str(ROOT / "bench" / "launch_fit_a_line.py"), str(data), str(out),
+                 "--epochs", str(EPOCHS), "--step-delay", STEP_DELAY],
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=env))
+        consoles = [Console(p, work / f"pl-console-{i}.txt") for i, p in enumerate(launchers)]
+        steps = StepLog(out / "consumed.jsonl")
+        if not wait(lambda: (steps.poll(), steps.steps_in(1) >= KILL_AFTER_STEPS)[1], timeout=300):
+            run.note = "never reached epoch 1"
+            return run
+        victim = _launched_trainer(launchers[1].pid)
+        killed = time.monotonic()
+        os.kill(victim, signal.SIGKILL)
+        wait(lambda: (steps.poll(), steps.first_step_after(killed) is not None
+                      or all(p.poll() is not None for p in launchers))[1], timeout=RECOVERY_DEADLINE)
+        first = steps.first_step_after(killed)
+        run.recovered_after = None if first is None else first - killed
+        for process in launchers:
+            try:
+                process.wait(timeout=300 if first is not None else 60)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        for console in consoles:
+            console.join()
+        steps.poll()
+        run.exit_codes = [p.returncode for p in launchers]
+        text = "\n".join(line for c in consoles for _, line in c.lines)
+        run.finished = all(code == 0 for code in run.exit_codes) and f"epoch {EPOCHS - 1} loss" in (
+            _worker_logs(work))
+        run.note = _why(text)
+        audit(run, out / "consumed.jsonl", data)
+        run.final_loss = last_loss(_worker_logs(work))
+    finally:
+        for process in launchers:
+            if process.poll() is None:
+                process.kill()
+        etcd.stop()
+    return run
+
+
+def _launched_trainer(launcher: int) -> int:
+    """The training script a launcher runs (its child that runs launch_fit_a_line.py)."""
+    children = Path(f"/proc/{launcher}/task/{launcher}/children").read_text().split()
+    for pid in children:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        if any(a.endswith(b"launch_fit_a_line.py") for a in argv):
+            return int(pid)
+    raise RuntimeError(f"launcher {launcher} runs no trainer now")
+
+
+def _worker_logs(work: Path) -> str:
+    return "\n".join(p.read_text(errors="replace") for p in sorted(work.glob("pl-logs-*/workerlog.*")))
+
+
+def _why(text: str) -> str:
+    """The launchers' own words for how the run ended."""
+    found = [m for m in ("peer not ready", "Container failed", "Pod completed", "Pod failed")
+             if m in text]
+    return ", ".join(found)
+
+
+def report(runs: list[Run]) -> None:
+    print(f"{'job':28} {'trains again after':>18} {'finished':>8} {'read twice':>12} "
+          f"{'never read':>12} {'final loss':>10}  exit, notes")
+    for r in runs:
+        again = f"{r.recovered_after:.1f} s" if r.recovered_after is not None else "never"
+        loss = f"{r.final_loss:.4f}" if r.final_loss is not None else "-"
+        print(f"{r.name:28} {again:>18} {str(r.finished):>8} {str(r.twice):>12} {str(r.never):>12} "
+              f"{loss:>10}  {r.exit_codes} {r.note}")
+    for r in runs:
+        if r.parts:
+            print(f"{r.name} recovery parts: " + ", ".join(f"{k} {v:.2f} s" for k, v in r.parts.items()))
+    ours = [r.recovered_after for r in runs if r.name == "paddlecloud" and r.recovered_after]
+    if len(ours) > 1:
+        print(f"paddlecloud: median {statistics.median(ours):.1f} s over {len(ours)} runs")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=1)
+    parser.add_argument("--only", choices=("paddlecloud", "launcher"), default=None,
+                        help="run one side only")
+    args = parser.parse_args(argv)
+    import paddle
+
+    print(f"machine: {os.cpu_count()} cores; PaddlePaddle {paddle.__version__}; python "
+          f"{sys.version.split()[0]}; the kill after {KILL_AFTER_STEPS} steps of epoch 1", flush=True)
+    runs: list[Run] = []
+    for _ in range(args.runs):
+        with tempfile.TemporaryDirectory(prefix="paddlecloud-recovery-") as scratch:
+            work = Path(scratch)
+            if args.only != "launcher":
+                runs.append(paddlecloud_run(work))
+            if args.only != "paddlecloud":
+                data = work / "data"
+                subprocess.run([sys.executable, "-m", "examples.fit_a_line.data", str(data)],
+                               check=True, capture_output=True, cwd=ROOT)
+                runs.append(launcher_run(work, data))
+    report(runs)
+    json.dump([r.__dict__ for r in runs], sys.stderr) if os.environ.get("RECOVERY_JSON") else None
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
