@@ -28,6 +28,7 @@ from typing import Any
 
 import click
 
+from paddlecloud.epoch_text import epoch_of
 from paddlecloud.jobspec import (
     CLEAN_POD_POLICIES,
     DATA_FORMATS,
@@ -481,10 +482,9 @@ def status_command(name: str, namespace: str, master_address: str | None, timeou
     if not reply.has_dataset:
         console.print("no dataset: the job runs in deploy-and-monitor mode")
         return
-    epoch = min(reply.current_epoch + 1, reply.num_epochs) if reply.num_epochs else reply.current_epoch
     counts_ = reply.counts
     done, total = counts_.done, max(reply.num_tasks, 1)
-    console.print(f"epoch {epoch}/{reply.num_epochs}: tasks {done}/{reply.num_tasks} done "
+    console.print(f"{epoch_of(reply.current_epoch, reply.num_epochs)}: tasks {done}/{reply.num_tasks} done "
                   f"(todo {counts_.todo}, pending {counts_.pending}, failed {counts_.failed})")
     bar = Table.grid(padding=(0, 1))
     bar.add_row(ProgressBar(total=total, completed=done, width=60), f"{100 * done // total}%")

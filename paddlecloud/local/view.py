@@ -15,6 +15,7 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
+from paddlecloud.epoch_text import epoch_of
 from paddlecloud.local.job import Progress
 
 STYLES = {"master": "magenta", "pserver": "yellow", "trainer": "cyan", "local": "bold green"}
@@ -54,8 +55,7 @@ class ConsoleView:
 
     @staticmethod
     def plain(p: Progress) -> str:
-        epoch = min(p.epoch + 1, p.num_epochs) if p.num_epochs else p.epoch + 1
-        return (f"[progress] {p.phase}, epoch {epoch}/{p.num_epochs or '?'}, tasks {p.done}/{p.num_tasks},"
+        return (f"[progress] {p.phase}, {epoch_of(p.epoch, p.num_epochs)}, tasks {p.done}/{p.num_tasks},"
                 f" trainers alive {p.trainers_alive}{ConsoleView.size(p)}, re-queued {p.requeued},"
                 f" restarts {p.restarts}")
 
@@ -69,8 +69,7 @@ class ConsoleView:
     @staticmethod
     def render(p: Progress) -> Group:
         table = Table.grid(padding=(0, 2))
-        epoch = min(p.epoch + 1, p.num_epochs) if p.num_epochs else p.epoch + 1
-        table.add_row(Text(p.phase, style="bold"), f"epoch {epoch}/{p.num_epochs or '?'}",
+        table.add_row(Text(p.phase, style="bold"), epoch_of(p.epoch, p.num_epochs),
                       f"tasks {p.done}/{p.num_tasks}", f"trainers alive {p.trainers_alive}{ConsoleView.size(p)}",
                       f"re-queued {p.requeued}", f"restarts {p.restarts}")
         bar = ProgressBar(total=max(p.num_tasks, 1), completed=p.done, width=60)
