@@ -79,8 +79,8 @@ def local_run(tmp_path, job_name):
 
     runs = []
 
-    def start(*args: str):
-        runs.append(LocalRun(tmp_path, job_name, *args))
+    def start(*args: str, env: dict[str, str] | None = None):
+        runs.append(LocalRun(tmp_path, job_name, *args, env=env))
         return runs[-1]
 
     yield start

@@ -1,7 +1,7 @@
 """Child processes of a local job: started in their own process group, logs pumped line by line.
 
 Each child's output goes to `<output>/logs/<role>-<index>.log` and, prefixed with its
-role and index, to the console. Stopping a child signals its whole process group, so a
+role and index, to the console (less Paddle's banner: `paddlecloud.local.noise`). Stopping a child signals its whole process group, so a
 launcher and the user's command under it go together and nothing is left behind.
 """
 
@@ -14,6 +14,8 @@ import os
 import signal
 from collections.abc import Callable
 from pathlib import Path
+
+from paddlecloud.local.noise import PaddleBanner
 
 logger = logging.getLogger(__name__)
 
@@ -57,10 +59,13 @@ class Child:
     async def _pump_lines(self, process: asyncio.subprocess.Process) -> None:
         assert process.stdout is not None
         log = await asyncio.to_thread(open, self.log_path, "ab", buffering=0)
+        banner = PaddleBanner()
         try:
             while line := await process.stdout.readline():
                 log.write(line)  # unbuffered: a line at a time, as it comes
-                self.on_line(self.name, line.decode(errors="replace").rstrip("\n"))
+                text = line.decode(errors="replace").rstrip("\n")
+                if banner.keep(text):
+                    self.on_line(self.name, text)
         finally:
             log.close()
 

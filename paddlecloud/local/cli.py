@@ -299,6 +299,7 @@ def train(module, package_path, inputs, output, trainers, min_trainers, max_trai
         except JobFailed as error:
             view.line("local", f"job failed: {error}")
             code = 1
+        view.finish()
         verdict = {0: "succeeded", 1: "failed"}.get(code, "interrupted")
         view.line("local", f"job {spec.job} {verdict}; logs in {output / 'logs'}")
     sys.exit(code)

@@ -36,7 +36,7 @@ from paddlecloud import checkpoints, etcd
 from paddlecloud.aio import cancel_and_wait
 from paddlecloud.api import pb, pb_grpc
 from paddlecloud.auth import ClientCredentials, JobTokens, Role
-from paddlecloud.etcd_server import EtcdServer, free_ports
+from paddlecloud.etcd_server import EtcdServer, free_ports, server_version, version_warning
 from paddlecloud.exits import signal_exit_code
 from paddlecloud.keys import JobKeys, prefix_range_end
 from paddlecloud.local.children import Child
@@ -170,14 +170,23 @@ class LocalJob:
         self.stopping.set()
 
     async def _start_etcd(self) -> None:
+        """Starts the job's private etcd unless given endpoints; either way its first lines
+        name the etcd and its version, and warn about a release known to lose data."""
         if self.spec.etcd_endpoints:
-            return
-        self._etcd_dir = tempfile.mkdtemp(prefix=f"paddlecloud-{self.spec.job}-etcd-")
-        self.etcd_server = EtcdServer(self._etcd_dir, log_path=str(self.log_dir / "etcd.log"))
-        self.log_dir.mkdir(parents=True, exist_ok=True)
-        await asyncio.to_thread(self.etcd_server.start)
-        self.etcd_endpoint = self.etcd_server.endpoint
-        self._event(f"etcd started at {self.etcd_endpoint} (data in {self._etcd_dir})")
+            first = self.spec.etcd_endpoints.split(",")[0].strip()
+            version = await asyncio.to_thread(server_version, first)
+            self._event(f"using etcd {version or '(version unknown)'} at {self.spec.etcd_endpoints}")
+        else:
+            self._etcd_dir = tempfile.mkdtemp(prefix=f"paddlecloud-{self.spec.job}-etcd-")
+            self.etcd_server = EtcdServer(self._etcd_dir, log_path=str(self.log_dir / "etcd.log"))
+            self.log_dir.mkdir(parents=True, exist_ok=True)
+            await asyncio.to_thread(self.etcd_server.start)
+            self.etcd_endpoint = self.etcd_server.endpoint
+            version = await asyncio.to_thread(self.etcd_server.version)
+            self._event(f"etcd {version or '(version unknown)'} ({self.etcd_server.binary}) started at "
+                        f"{self.etcd_endpoint} (data in {self._etcd_dir})")
+        if warning := version_warning(version):
+            self._event(f"WARNING: {warning}")
 
     async def _clear_job_state(self) -> None:
         client = await etcd.connect(self.etcd_endpoint)

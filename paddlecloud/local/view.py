@@ -27,6 +27,7 @@ class ConsoleView:
         self.live: Live | None = None
         self._last_plain = ""
         self._last_plain_at = 0.0
+        self._latest_plain = ""  # the last progress line, printed or held back by the two seconds
 
     def __enter__(self) -> ConsoleView:
         if self.console.is_terminal:
@@ -47,11 +48,20 @@ class ConsoleView:
         if self.live is not None:
             self.live.update(self.render(p), refresh=True)
             return
-        plain = self.plain(p)
+        self._latest_plain = plain = self.plain(p)
         now = time.monotonic()
         if plain != self._last_plain and now - self._last_plain_at >= 2:
-            self.console.print(Text(plain, style="bold"), highlight=False, soft_wrap=True)
-            self._last_plain, self._last_plain_at = plain, now
+            self._print_plain(plain, now)
+
+    def finish(self) -> None:
+        """Prints the last progress line if the two seconds held it back: without a terminal
+        the output ends with how the job ended, not with the line before."""
+        if self.live is None and self._latest_plain != self._last_plain:
+            self._print_plain(self._latest_plain, time.monotonic())
+
+    def _print_plain(self, plain: str, now: float) -> None:
+        self.console.print(Text(plain, style="bold"), highlight=False, soft_wrap=True)
+        self._last_plain, self._last_plain_at = plain, now
 
     @staticmethod
     def plain(p: Progress) -> str:

@@ -1,0 +1,39 @@
+"""The local job's console: Paddle's banner left out (its log keeps it), and without a
+terminal the last progress line is how the job ended."""
+
+from __future__ import annotations
+
+import io
+
+from rich.console import Console
+
+from paddlecloud.local.job import Progress
+from paddlecloud.local.noise import PaddleBanner
+from paddlecloud.local.view import ConsoleView
+
+BANNER = ["======================= Modified FLAGS detected =======================",
+          "FLAGS(name='FLAGS_enable_pir_in_executor', current_value=True, default_value=False)",
+          "FLAGS(name='FLAGS_other', current_value=1, default_value=0)",
+          "======================================================================="]
+
+
+def test_paddle_s_banner_is_left_out_and_every_other_line_kept():
+    banner = PaddleBanner()
+    lines = ["before", *BANNER, "after", "=====", "FLAGS(name='x') said by the user", *BANNER[:2], "next"]
+    assert [line for line in lines if banner.keep(line)] == [
+        "before", "after", "=====", "FLAGS(name='x') said by the user", "next"]
+
+
+def test_without_a_terminal_the_last_progress_line_is_printed_at_the_end():
+    out = io.StringIO()
+    view = ConsoleView(Console(file=out, force_terminal=False, width=200))
+    with view:
+        view.progress(Progress(phase="Running", epoch=1, num_epochs=2, num_tasks=4))
+        view.progress(Progress(phase="Succeeded", epoch=2, num_epochs=2, done=4, num_tasks=4))
+        assert "Succeeded" not in out.getvalue()  # held back: less than two seconds after the last
+        view.finish()
+        view.finish()
+    lines = out.getvalue().splitlines()
+    assert lines == ["[progress] Running, epoch 1 of 0..1, tasks 0/4, trainers alive 0, re-queued 0, restarts 0",
+                     "[progress] Succeeded, epoch 1 of 0..1, tasks 4/4, trainers alive 0, re-queued 0, "
+                     "restarts 0"]
