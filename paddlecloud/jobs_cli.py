@@ -28,6 +28,7 @@ from typing import Any
 
 import click
 
+from paddlecloud.clitypes import NON_NEGATIVE, POSITIVE
 from paddlecloud.epoch_text import epoch_of
 from paddlecloud.jobspec import (
     CLEAN_POD_POLICIES,
@@ -228,14 +229,14 @@ def _with_checkpoint_every(options: dict[str, Any]) -> dict[str, Any]:
 @click.option("--input", "inputs", multiple=True,
               help="Input path or glob inside the pods, or a URL (repeatable).")
 @click.option("--output", help="Where trainers write models (PADDLECLOUD_OUTPUT).")
-@click.option("--trainers", type=int, help="Number of trainers at start  [default: 1; --max-trainers if given]")
-@click.option("--min-trainers", type=int, help="Elastic: the fewest trainers `job scale` may set  [default: --trainers]")
-@click.option("--max-trainers", type=int, help="Elastic: the most trainers  [default: --trainers]")
-@click.option("--pservers", type=int, help="Number of pservers (0: collective)  [default: 0]")
+@click.option("--trainers", type=POSITIVE, help="Number of trainers at start  [default: 1; --max-trainers if given]")
+@click.option("--min-trainers", type=POSITIVE, help="Elastic: the fewest trainers `job scale` may set  [default: --trainers]")
+@click.option("--max-trainers", type=POSITIVE, help="Elastic: the most trainers  [default: --trainers]")
+@click.option("--pservers", type=NON_NEGATIVE, help="Number of pservers (0: collective)  [default: 0]")
 @click.option("--image", help=f"The paddlecloud image  [default: {DEFAULT_IMAGE}]")
 @click.option("--trainer-cpu", help="CPU per trainer, e.g. 4 or 500m  [default: 1]")
 @click.option("--trainer-memory", help="Memory per trainer, e.g. 8Gi  [default: 2Gi]")
-@click.option("--trainer-gpu", type=int, help="GPUs per trainer  [default: 0]")
+@click.option("--trainer-gpu", type=NON_NEGATIVE, help="GPUs per trainer  [default: 0]")
 @click.option("--pserver-cpu", help="CPU per pserver  [default: 1]")
 @click.option("--pserver-memory", help="Memory per pserver  [default: 2Gi]")
 @click.option("-e", "--env", multiple=True, metavar="KEY=VALUE",
@@ -248,13 +249,13 @@ def _with_checkpoint_every(options: dict[str, Any]) -> dict[str, Any]:
                    "hostPath, root or a service account (refused otherwise).")
 @_namespace_option(default=None)
 @click.option("--etcd-endpoints", help=f"etcd URLs, comma-separated  [default: {DEFAULT_ETCD_ENDPOINTS}]")
-@click.option("--epochs", type=int, help="Passes over the input  [default: 1]")
-@click.option("--restart-limit", type=int,
+@click.option("--epochs", type=POSITIVE, help="Passes over the input (epochs 0..N-1)  [default: 1]")
+@click.option("--restart-limit", type=NON_NEGATIVE,
               help="Restarts of the trainer group after a lost trainer before the job fails  [default: 3]")
 @click.option("--checkpoint-every", metavar="TASKS|DURATION",
               help="Checkpoint inside epochs too, every TASKS tasks of the job (20) or DURATION "
                    "(30s): a group restart then resumes mid-epoch (the trainers read it from "
-                   "$PADDLECLOUD_CHECKPOINT_EVERY, passed as -e values are).")
+                   "PADDLECLOUD_CHECKPOINT_EVERY, passed as -e values are).")
 @click.option("--data-volume", metavar="CLAIM:PATH",
               help="A PVC mounted at PATH in the master (read-only) and every trainer.")
 @click.option("--clean-pod-policy", type=click.Choice(CLEAN_POD_POLICIES),
@@ -267,7 +268,7 @@ def _with_checkpoint_every(options: dict[str, Any]) -> dict[str, Any]:
               help="Run every role's image entrypoint unchanged (paddlecloud runs beside it).")
 @click.option("--dry-run", is_flag=True, help="Print the manifests as a YAML stream; touch nothing.")
 @click.option("--server", metavar="URL", help="Submit through this Job Server (no kubeconfig needed).")
-@click.option("--token", envvar="PADDLE_JOB_TOKEN", help="The Job Server token [env: PADDLE_JOB_TOKEN]")
+@click.option("--token", envvar="PADDLE_JOB_TOKEN", show_envvar=True, help="The Job Server token.")
 @_kubeconfig_option
 def submit_command(name: str | None, paddlejob: str | None, dry_run: bool, server: str | None,
                    token: str | None, kubeconfig: str | None, **options: Any) -> None:
@@ -555,7 +556,8 @@ def _pick_pod(api: Any, *, name: str, namespace: str, role: str, index: int) -> 
 
 @job.command("logs")
 @click.argument("name")
-@click.option("--role", type=click.Choice(ROLES), default=manifests.TRAINER, show_default=True)
+@click.option("--role", type=click.Choice(ROLES), default=manifests.TRAINER, show_default=True,
+              help="Whose log: a trainer's, a pserver's or a master's.")
 @click.option("--index", type=int, default=0, show_default=True,
               help="Trainer id, pserver index, or master number (0: the leader).")
 @click.option("-f", "--follow", is_flag=True, help="Keep streaming new lines.")
