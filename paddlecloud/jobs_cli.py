@@ -494,31 +494,41 @@ def status_command(name: str, namespace: str, master_address: str | None, timeou
 
 @job.command("scale")
 @click.argument("name")
-@click.option("--trainers", type=click.IntRange(min=1), required=True,
+@click.option("--trainers", type=POSITIVE, required=True,
               help="The trainer group's new size, within the job's range.")
 @_namespace_option()
+@click.option("--output", "local_output", type=click.Path(file_okay=False, path_type=Path),
+              help="A local job: the --output of its `paddlecloud local train`, which holds its "
+                   "leader's address and its operator token.")
 @click.option("--master", "master_address", metavar="HOST:PORT",
-              help="The master's gRPC address (default: its Service, NAME-master.NS.svc:8080; "
-                   "a local job's leader is shown by `paddlecloud local train`).")
+              help="The master's gRPC address (default: its Service, NAME-master.NS.svc:8080).")
 @click.option("--timeout", type=float, default=10.0, show_default=True,
               help="Seconds to wait for the master.")
 @_kubeconfig_option
-def scale_command(name: str, trainers: int, namespace: str, master_address: str | None,
-                  timeout: float, kubeconfig: str | None) -> None:
+def scale_command(name: str, trainers: int, namespace: str, local_output: Path | None,
+                  master_address: str | None, timeout: float, kubeconfig: str | None) -> None:
     """Set the trainers of job NAME to --trainers; its deployer converges to it.
 
     PS jobs add or remove trainers while the others go on; collective jobs restart
-    the trainer group at the new size. Works for local jobs too (pass --master).
-    Scaling is the operator's: PADDLE_JOB_TOKEN_FILE names the job's operator token (a
-    local job's is OUTPUT/.paddlecloud/tokens/operator; on Kubernetes the `operator` key of
-    the job's NAME-tokens Secret), PADDLE_MASTER_CA_FILE the master's CA when it uses TLS
-    (without it, the CA published on the job's Deployment; with --master, a job without a
-    Deployment or Kubernetes configuration is taken for a local one: plaintext, or
-    PADDLE_MASTER_CA_FILE when it uses TLS).
+    the trainer group at the new size. A local job: pass its --output
+    (`paddlecloud job scale fit-a-line --output output/fit-a-line --trainers 3`).
+    Scaling is the operator's: PADDLE_JOB_TOKEN_FILE names the job's operator token (on
+    Kubernetes the `operator` key of the job's NAME-tokens Secret), PADDLE_MASTER_CA_FILE
+    the master's CA when it uses TLS (without it, the CA published on the job's Deployment;
+    with --master, a job without a Deployment or Kubernetes configuration is taken for a
+    local one: plaintext, or PADDLE_MASTER_CA_FILE when it uses TLS).
     """
     import grpc
 
     from paddlecloud.auth import ENV_CA_FILE
+
+    if local_output is not None:
+        if master_address:
+            raise click.UsageError("give --output (a local job) or --master, not both")
+        reply = _scale_local(name, trainers, local_output, timeout=timeout)
+        click.echo(f"job {name}: desired trainers {reply.desired_trainers} "
+                   f"(range {reply.min_trainers}..{reply.max_trainers})")
+        return
 
     address = master_address or manifests.master_address(name, namespace)
     ca = None
@@ -540,6 +550,33 @@ def scale_command(name: str, trainers: int, namespace: str, master_address: str 
         raise _fail(f"cannot scale job {name} at {address}: {error.details()}") from None
     click.echo(f"job {name}: desired trainers {reply.desired_trainers} "
                f"(range {reply.min_trainers}..{reply.max_trainers})")
+
+
+def _scale_local(name: str, trainers: int, output: Path, *, timeout: float) -> Any:
+    """ScaleTrainers on the local job whose output directory is `output`, as its operator: the
+    last leader its supervisor saw first, then its other masters (a failover meanwhile)."""
+    import grpc
+
+    from paddlecloud.auth import ClientCredentials
+    from paddlecloud.local.handle import LocalJobHandle, NoLocalJob, master_ca, operator_token
+
+    try:
+        handle = LocalJobHandle.read(output)
+        credentials = ClientCredentials(token=operator_token(output), ca=master_ca(output))
+    except (NoLocalJob, OSError) as error:
+        raise _fail(str(error)) from None
+    if handle.job != name:
+        raise _fail(f"{str(output)[:200]} is local job {handle.job}'s output, not {name}'s")
+    error: grpc.RpcError | None = None
+    for address in handle.addresses():
+        try:
+            return scale_trainers(address, trainers, timeout=timeout, credentials=credentials)
+        except grpc.RpcError as failed:
+            error = failed
+            if failed.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                break  # the leader answered: a refused size, a bad token
+    details = error.details() if error is not None else "no master known yet; try again"
+    raise _fail(f"cannot scale local job {name}: {details}")
 
 
 # ---- logs -------------------------------------------------------------------------------------

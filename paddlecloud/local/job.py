@@ -41,6 +41,7 @@ from paddlecloud.exits import signal_exit_code
 from paddlecloud.keys import JobKeys, prefix_range_end
 from paddlecloud.local.children import Child
 from paddlecloud.local.deployer import JobFailed, LocalDeployer, launcher_command
+from paddlecloud.local.handle import SECRETS_DIR, LocalJobHandle
 from paddlecloud.master_flags import master_flags
 from paddlecloud.phase import Phase
 from paddlecloud.supervision import Graces, MasterState, supervise
@@ -114,7 +115,7 @@ class LocalJob:
         self.on_progress = on_progress
         self.keys = JobKeys(NAMESPACE, spec.job)
         self.log_dir = spec.output / "logs"
-        self.secrets_dir = spec.output / ".paddlecloud"  # this run's tokens (and certificates)
+        self.secrets_dir = spec.output / SECRETS_DIR  # this run's tokens (and certificates), its handle
         self.credentials = ClientCredentials()
         self.progress = Progress(num_epochs=spec.epochs)
         self.etcd_server: EtcdServer | None = None
@@ -240,6 +241,12 @@ class LocalJob:
             self.progress.page = self.progress.page or self.page_urls[-1]
             self._event(f"status page of {child.name}: {self.page_urls[-1]}"
                         + (" (the leader's shows the job)" if s.masters > 1 else ""))
+        self._write_handle()
+
+    def _write_handle(self) -> None:
+        """OUTPUT/.paddlecloud/job.json: how `paddlecloud job scale --output` finds the leader."""
+        LocalJobHandle(self.spec.job, tuple(master_address(m) for m in self.masters),
+                       self.progress.leader).write(self.spec.output)
 
     def _user_command(self, module: str | None = None, args: tuple[str, ...] | None = None) -> list[str]:
         """`python -m MODULE ARGS`, with the user's package path first on its PYTHONPATH.
@@ -316,7 +323,10 @@ class LocalJob:
             p = self.progress
             p.phase, p.epoch, p.num_epochs = status.phase, status.current_epoch, status.num_epochs or p.num_epochs
             p.done, p.num_tasks = status.counts.done, status.num_tasks
-            p.trainers_alive, p.requeued, p.leader = status.trainers_alive, status.requeued, status.leader
+            if status.leader != p.leader:
+                p.leader = status.leader
+                self._write_handle()
+            p.trainers_alive, p.requeued = status.trainers_alive, status.requeued
             p.min_trainers, p.max_trainers = status.min_trainers, status.max_trainers
             p.desired_trainers = status.desired_trainers
             break
@@ -424,6 +434,7 @@ class LocalJob:
         self._page_token = tokens.viewer
 
     async def _stop_all(self) -> None:
+        LocalJobHandle.remove(self.spec.output)
         await self.deployer.cleanup(succeeded=False)
         await asyncio.gather(*(c.stop(grace=10) for c in self.masters), return_exceptions=True)
         for channel in self._channels.values():
