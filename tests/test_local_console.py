@@ -8,7 +8,7 @@ import io
 from rich.console import Console
 
 from paddlecloud.local.job import Progress
-from paddlecloud.local.noise import PaddleBanner
+from paddlecloud.local.noise import PaddleNoise
 from paddlecloud.local.view import ConsoleView
 
 BANNER = ["======================= Modified FLAGS detected =======================",
@@ -18,9 +18,9 @@ BANNER = ["======================= Modified FLAGS detected =====================
 
 
 def test_paddle_s_banner_is_left_out_and_every_other_line_kept():
-    banner = PaddleBanner()
+    noise = PaddleNoise()
     lines = ["before", *BANNER, "after", "=====", "FLAGS(name='x') said by the user", *BANNER[:2], "next"]
-    assert [line for line in lines if banner.keep(line)] == [
+    assert [line for line in lines if noise.keep(line)] == [
         "before", "after", "=====", "FLAGS(name='x') said by the user", "next"]
 
 
@@ -37,3 +37,21 @@ def test_without_a_terminal_the_last_progress_line_is_printed_at_the_end():
     assert lines == ["[progress] Running, epoch 1 of 0..1, tasks 0/4, trainers alive 0, re-queued 0, restarts 0",
                      "[progress] Succeeded, epoch 1 of 0..1, tasks 4/4, trainers alive 0, re-queued 0, "
                      "restarts 0"]
+
+
+def test_a_member_that_aborted_beside_a_killed_one_is_named_as_its_consequence(tmp_path):
+    from types import SimpleNamespace
+
+    from paddlecloud.local.children import Child
+    from paddlecloud.local.deployer import group_loss
+
+    def exited(index: int, code: int) -> Child:
+        child = Child(role="trainer", index=index, command=["true"], env={}, log_dir=tmp_path,
+                      on_line=lambda who, text: None)
+        child.process = SimpleNamespace(returncode=code)  # the launcher's exit code: 128 + signal
+        return child
+
+    assert group_loss([exited(0, 137), exited(1, 134)]) == (
+        "trainer 0 died, and trainer 1 aborted without its gloo peer")
+    assert group_loss([exited(1, 137)]) == "trainer 1 died"
+    assert group_loss([exited(0, 134), exited(1, 134)]) == "trainer 0, trainer 1 died"  # no other cause

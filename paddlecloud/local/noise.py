@@ -15,7 +15,7 @@ BANNER_START = "Modified FLAGS detected"
 GLOO_ABORT = "terminate called after throwing an instance of 'gloo::"
 
 
-class PaddleBanner:
+class PaddleNoise:
     """Follows one child's lines: `keep(line)` is False for the lines of Paddle's banner and
     of a gloo abort's C++ report."""
 
