@@ -42,12 +42,12 @@ class Count(click.IntRange):
 
 NON_NEGATIVE = Count(min=0)
 POSITIVE = Count(min=1)
-LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+LOG_LEVELS = ("debug", "info", "warning", "error")  # any case; click lists them in lower case
 
 
 def log_level_option(fn: Callable[..., Any]) -> Callable[..., Any]:
     """`--log-level`, the same on every service command (PADDLECLOUD_LOG_LEVEL sets it too)."""
-    return click.option("--log-level", type=click.Choice(LOG_LEVELS, case_sensitive=False), default="INFO",
+    return click.option("--log-level", type=click.Choice(LOG_LEVELS, case_sensitive=False), default="info",
                         show_default=True, envvar="PADDLECLOUD_LOG_LEVEL", show_envvar=True,
                         help="Least severe log lines written (any case).")(fn)
 

@@ -49,10 +49,14 @@ def test_every_option_says_what_it_does_and_shows_its_environment_one_way(path):
 
 
 @pytest.mark.parametrize("path", sorted(COMMANDS), ids=" ".join)
-def test_a_default_is_one_of_the_choices_as_listed(path):
+def test_a_default_is_shown_as_one_of_the_choices_listed(path):
+    output = " ".join(CliRunner().invoke(main, [*path, "--help"], terminal_width=200).output.split())
     for p in options(COMMANDS[path]):
-        if isinstance(p.type, click.Choice) and isinstance(p.default, str):
-            assert p.default in p.type.choices, (p.opts[0], p.default, p.type.choices)
+        if isinstance(p.type, click.Choice) and isinstance(p.default, str) and p.show_default is not False:
+            listed = re.search(rf"{re.escape(p.opts[-1])} \[([^\]]+)\]", output)
+            default = re.search(rf"{re.escape(p.opts[-1])} \[[^\]]+\] .*?default: ([^;\]]+)[;\]]", output)
+            if listed and default:
+                assert default.group(1) in listed.group(1).split("|"), (p.opts[-1], default.group(1), listed.group(1))
 
 
 @pytest.mark.parametrize("path", sorted(COMMANDS), ids=" ".join)
