@@ -28,7 +28,7 @@ from pathlib import Path
 import click
 
 from paddlecloud.auth import CredentialError, read_token
-from paddlecloud.clitypes import DURATION
+from paddlecloud.clitypes import DURATION, log_level_option
 
 logger = logging.getLogger(__name__)
 
@@ -47,19 +47,18 @@ DEFAULT_LEASE = "paddlecloud-autoscaler"
               show_default=True, help="The share of CPU, memory and GPUs the plan may commit.")
 @click.option("--master-address", default="{name}-master.{namespace}.svc:8080", show_default=True,
               help="Where a job's master answers GetStatus and ScaleTrainers ({name}, {namespace}).")
-@click.option("--scaler-token-file", envvar="PADDLECLOUD_SCALER_TOKEN_FILE", default=None,
+@click.option("--scaler-token-file", envvar="PADDLECLOUD_SCALER_TOKEN_FILE", show_envvar=True, default=None,
               type=click.Path(dir_okay=False),
               help="The scaler token the masters accept for GetStatus and ScaleTrainers (the Secret "
-                   "paddlecloud-scaler)  [env: PADDLECLOUD_SCALER_TOKEN_FILE]")
+                   "paddlecloud-scaler).")
 @click.option("--lease-name", default=DEFAULT_LEASE, show_default=True, help="The Lease of the election.")
-@click.option("--lease-namespace", envvar="POD_NAMESPACE", default="default", show_default=True,
-              help="The Lease's namespace  [env: POD_NAMESPACE]")
+@click.option("--lease-namespace", envvar="POD_NAMESPACE", show_envvar=True, default="default",
+              show_default=True, help="The Lease's namespace.")
 @click.option("--lease-duration", type=click.IntRange(min=1), default=15, show_default=True,
               help="Seconds a leader that stopped renewing keeps the Lease.")
-@click.option("--identity", envvar="POD_NAME", default=None,
-              help="This replica's name in the Lease  [env: POD_NAME; default: host name + random]")
-@click.option("--log-level", default="INFO", show_default=True,
-              type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
+@click.option("--identity", envvar="POD_NAME", show_envvar=True, default=None,
+              help="This replica's name in the Lease [default: host name + random].")
+@log_level_option
 def autoscaler_command(*, kubeconfig: str | None, dry_run: bool, once: bool, interval: float,
                        max_load_desired: float, master_address: str, scaler_token_file: str | None,
                        lease_name: str, lease_namespace: str, lease_duration: int,

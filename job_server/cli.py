@@ -14,8 +14,9 @@ logger = logging.getLogger(__name__)
               help="YAML: store, limits, quotas, build, tokens_file (docs/job-server.md).")
 @click.option("--tokens-file", type=click.Path(exists=True, dir_okay=False),
               help="YAML mapping TOKEN: [namespace, ...] (a mounted Secret).")
-@click.option("--host", default="127.0.0.1", show_default=True)
-@click.option("--port", type=int, default=8000, show_default=True)
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True,
+              help="The HTTP port of the API and the pages.")
 @click.option("--kubeconfig", type=click.Path(dir_okay=False),
               help="Kubeconfig file (default: in-cluster, then ~/.kube/config).")
 def server_command(config_path: str | None, tokens_file: str | None, host: str, port: int,

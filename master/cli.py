@@ -3,33 +3,36 @@
 from __future__ import annotations
 
 import logging
-import os
 import sys
 
 import click
 
-from paddlecloud.clitypes import DURATION, NON_NEGATIVE, SIZE
+from paddlecloud.clitypes import DURATION, NON_NEGATIVE, POSITIVE, SIZE, log_level_option
 
 DEFAULT_ELECTION_TTL = "10s"  # also what bench/scale.py assumes when no flag says
 
 
 @click.command("master")
-@click.option("--job", required=True, envvar="PADDLE_JOB_NAME", help="Job name ($PADDLE_JOB_NAME).")
-@click.option("--namespace", default="local", show_default=True, envvar="PADDLE_NAMESPACE",
-              help="Kubernetes namespace, or 'local' ($PADDLE_NAMESPACE).")
-@click.option("--etcd-endpoints", required=True, envvar="PADDLE_ETCD_ENDPOINTS",
-              help="Comma-separated etcd URLs ($PADDLE_ETCD_ENDPOINTS).")
-@click.option("--port", default=8080, show_default=True, type=click.IntRange(0, 65535))
+@click.option("--job", required=True, envvar="PADDLE_JOB_NAME", show_envvar=True, help="Job name.")
+@click.option("--namespace", default="local", show_default=True, envvar="PADDLE_NAMESPACE", show_envvar=True,
+              help="Kubernetes namespace, or 'local'.")
+@click.option("--etcd-endpoints", required=True, envvar="PADDLE_ETCD_ENDPOINTS", show_envvar=True,
+              help="Comma-separated etcd URLs.")
+@click.option("--port", default=8080, show_default=True, type=click.IntRange(0, 65535),
+              help="The gRPC port trainers and clients call (0: any free port).")
 @click.option("--host", default="0.0.0.0", show_default=True, help="Address to listen on.")
-@click.option("--advertise", default="", help="HOST:PORT published as leader [default: $POD_IP:PORT, else 127.0.0.1:PORT].")
+@click.option("--advertise", default="", help="HOST:PORT published as leader [default: POD_IP:PORT with POD_IP from the environment, "
+                   "else 127.0.0.1:PORT].")
 @click.option("--input", "inputs", multiple=True,
               help="Input path, glob or fsspec URL (repeatable). Without it the master waits for SetDataset.")
 @click.option("--format", "fmt", default="lines", show_default=True,
               help="Data format: lines (csv, tsv, jsonl, text) or file.")
 @click.option("--chunk-bytes", type=SIZE, default="64MiB", show_default=True, help="Chunk size.")
-@click.option("--chunks-per-task", type=NON_NEGATIVE, default=1, show_default=True)
-@click.option("--epochs", type=NON_NEGATIVE, default=1, show_default=True)
-@click.option("--shuffle-seed", type=int, default=0, show_default=True)
+@click.option("--chunks-per-task", type=NON_NEGATIVE, default=1, show_default=True,
+              help="Chunks grouped into one task (what a trainer is handed at once).")
+@click.option("--epochs", type=NON_NEGATIVE, default=1, show_default=True, help="Passes over the input.")
+@click.option("--shuffle-seed", type=int, default=0, show_default=True,
+              help="Seed of each epoch's task order (the same seed deals the same order).")
 @click.option("--start-epoch", type=NON_NEGATIVE, default=0, show_default=True,
               help="Epoch to start at when etcd holds no state for the job (etcd wins when it does).")
 @click.option("--resume-from", metavar="PATH",
@@ -38,14 +41,17 @@ DEFAULT_ELECTION_TTL = "10s"  # also what bench/scale.py assumes when no flag sa
 @click.option("--session-ttl", type=DURATION, default="30s", show_default=True,
               help="Trainer session lease: longer than a failover (--election-ttl plus the rebuild), "
                    "so trainers keep their sessions when the leader dies.")
-@click.option("--election-ttl", type=DURATION, default=DEFAULT_ELECTION_TTL, show_default=True)
+@click.option("--election-ttl", type=DURATION, default=DEFAULT_ELECTION_TTL, show_default=True,
+              help="The leader's etcd lease: a dead leader's standby takes over within this.")
 @click.option("--failover-hold", type=DURATION, default="2s", show_default=True,
               help="A master that does not serve (a standby, a leader still loading) holds a trainer's "
                    "call this long and serves it if it leads meanwhile, so that after a failover "
                    "the trainers are served at once, not one retry later; 0 answers at once.")
 @click.option("--task-timeout", type=DURATION, default="30m", show_default=True, help="0 turns it off.")
-@click.option("--max-task-failures", type=NON_NEGATIVE, default=3, show_default=True)
-@click.option("--max-tasks-per-trainer", type=click.IntRange(min=1), default=2, show_default=True)
+@click.option("--max-task-failures", type=NON_NEGATIVE, default=3, show_default=True,
+              help="Failures of a task in an epoch past which it is failed for the rest of the epoch.")
+@click.option("--max-tasks-per-trainer", type=POSITIVE, default=2, show_default=True,
+              help="Tasks a trainer may hold at once (the one it reads and those it prefetched).")
 @click.option("--max-calls-in-flight", type=click.IntRange(min=1), default=1024, show_default=True,
               help="Trainer calls the master works on at once; past it a call is answered "
                    "RESOURCE_EXHAUSTED at once and the trainer retries with jittered backoff. "
@@ -68,12 +74,14 @@ DEFAULT_ELECTION_TTL = "10s"  # also what bench/scale.py assumes when no flag sa
               help="The most trainers the job may be scaled to [default: --trainers].")
 @click.option("--etcd-timeout", type=DURATION, default="10s", show_default=True,
               help="Give up at start when etcd does not answer within this.")
-@click.option("--etcd-ca-file", envvar="PADDLE_ETCD_CA_FILE", help="CA of https:// etcd endpoints.")
-@click.option("--etcd-cert-file", envvar="PADDLE_ETCD_CERT_FILE", help="Client certificate for etcd.")
-@click.option("--etcd-key-file", envvar="PADDLE_ETCD_KEY_FILE", help="Its private key.")
-@click.option("--etcd-user", envvar="PADDLE_ETCD_USER", help="etcd user (auth enabled).")
-@click.option("--etcd-password-file", envvar="PADDLE_ETCD_PASSWORD_FILE",
-              help="File holding the etcd user's password (or $PADDLE_ETCD_PASSWORD).")
+@click.option("--etcd-ca-file", envvar="PADDLE_ETCD_CA_FILE", show_envvar=True,
+              help="CA of https:// etcd endpoints.")
+@click.option("--etcd-cert-file", envvar="PADDLE_ETCD_CERT_FILE", show_envvar=True,
+              help="Client certificate for etcd.")
+@click.option("--etcd-key-file", envvar="PADDLE_ETCD_KEY_FILE", show_envvar=True, help="Its private key.")
+@click.option("--etcd-user", envvar="PADDLE_ETCD_USER", show_envvar=True, help="etcd user (auth enabled).")
+@click.option("--etcd-password-file", envvar="PADDLE_ETCD_PASSWORD_FILE", show_envvar=True,
+              help="File holding the etcd user's password (else the environment's PADDLE_ETCD_PASSWORD).")
 @click.option("--tokens-dir", type=click.Path(file_okay=False),
               help="The job's tokens (files trainer, operator, viewer): every RPC must carry one.")
 @click.option("--scaler-token-file", type=click.Path(dir_okay=False),
@@ -88,8 +96,7 @@ DEFAULT_ELECTION_TTL = "10s"  # also what bench/scale.py assumes when no flag sa
 @click.option("--allow-set-dataset", "set_dataset_prefixes", multiple=True, metavar="PREFIX",
               help="Accept SetDataset for paths under PREFIX (a scheme like s3://bucket/ or a directory); "
                    "repeatable. Without it SetDataset is off.")
-@click.option("--log-level", default=os.environ.get("PADDLECLOUD_LOG_LEVEL", "INFO"), show_default=True,
-              type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
+@log_level_option
 def master_command(job, namespace, etcd_endpoints, port, host, advertise, inputs, fmt, chunk_bytes,
                    chunks_per_task, epochs, shuffle_seed, start_epoch, resume_from, session_ttl, election_ttl,
                    failover_hold, task_timeout, max_task_failures, max_tasks_per_trainer,
@@ -166,8 +173,10 @@ def master_command(job, namespace, etcd_endpoints, port, host, advertise, inputs
 def credentials_command(directory: str, hosts: tuple[str, ...]) -> None:
     """Write a job's fresh tokens into DIRECTORY/tokens (trainer, operator, viewer; mode 0600).
 
-    Give the master `--tokens-dir DIRECTORY/tokens`; give a client PADDLE_JOB_TOKEN_FILE=
-    DIRECTORY/tokens/<role> (and PADDLE_MASTER_CA_FILE=DIRECTORY/ca.crt with --tls-host)."""
+    \b
+    The master:  paddlecloud master --tokens-dir DIRECTORY/tokens ...
+    A client:    PADDLE_JOB_TOKEN_FILE=DIRECTORY/tokens/ROLE
+    With --tls-host, a client also: PADDLE_MASTER_CA_FILE=DIRECTORY/ca.crt"""
     from pathlib import Path
 
     from paddlecloud.auth import JobTokens

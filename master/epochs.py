@@ -11,6 +11,10 @@ restart that raced the job's last task: the group was stopped before it saved wh
 trained since its checkpoint, so the data must be read again from there), and only while
 no deployer has recorded the job's end; otherwise FAILED_PRECONDITION.
 
+Each epoch this master ended keeps its final counts (`ended`: tasks done and failed) for
+the status page: etcd deletes an epoch's marks at its end, so epochs another master
+ended are not known here (the page says so rather than draw them complete).
+
 What this does NOT do: restart an epoch while any call is in flight (RestartEpoch
 closes the gate first), or restart a job whose data failed, or whose end is recorded.
 """
@@ -19,18 +23,28 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 from master import metrics
 from master.core import Core, FailedPrecondition, InvalidArgument
-from master.state import EpochAdvanced, EpochRestarted, JobFailed, JobState
+from master.state import EpochAdvanced, EpochRestarted, JobFailed, JobState, TaskStatus
 from master.store import MAX_RESTART_DONE, MAX_RESTART_LIST
 
 logger = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class EndedEpoch:
+    """An epoch's tasks when it ended: each done or failed for good (none left to do)."""
+
+    done: int
+    failed: int
+
+
 class Epochs:
     def __init__(self, core: Core) -> None:
         self.core = core
+        self.ended: dict[int, EndedEpoch] = {}  # epoch -> its counts, for the epochs this master ended
 
     def maybe_end(self) -> None:
         state = self.core.state
@@ -55,6 +69,7 @@ class Epochs:
             async with core.admitted():
                 if core.state is not state or self._end_of(state) != event or not state.epoch_ending:
                     return  # rebuilt or restarted meanwhile: the cache decides afresh
+                counts = state.counts  # final: the epoch is complete and its end is in flight
                 revision = await core.write(state, event)
         except BaseException:
             if core.state is state and state.epoch_ending:
@@ -68,6 +83,7 @@ class Epochs:
             logger.error("every task of epoch %d failed: the job failed", event.epoch)
         else:
             metrics.EPOCHS.inc()
+            self.ended[event.epoch - 1] = EndedEpoch(counts[TaskStatus.DONE], counts[TaskStatus.FAILED])
             logger.info("epoch %d complete", event.epoch - 1)
 
     async def restart(self, epoch: int, *, done: Iterable[int] = (), reopen: bool = False) -> int:
@@ -103,6 +119,8 @@ class Epochs:
                 raise FailedPrecondition("the job has no dataset yet: nothing to restart")
             self._check_restartable(core.state, reopen=reopen)
             revision = await core.commit(EpochRestarted(epoch, done))  # sessions stay; assignments go
+            for later in [e for e in self.ended if e >= epoch]:
+                del self.ended[later]  # they will be read again
             if revision is not None and len(done) > MAX_RESTART_DONE:
                 # more marks than one transaction holds: the restart's marker lists them
                 # (load reads it) until they are written here, one fenced write after another

@@ -9,7 +9,8 @@ Session ids and attempts (what a forged report would need) are shown to the oper
 only (`reveal_sessions`); page tokens are checked (INVALID_ARGUMENT for one this
 master did not give).
 
-What this does NOT do: change anything, or show an epoch other than the current one.
+What this does NOT do: change anything, or show an epoch other than the current one
+(but for the status page's bars of past epochs, which `master.epochs` keeps).
 """
 
 from __future__ import annotations
@@ -180,17 +181,25 @@ def list_trainers(d: Dispatcher, *, page_size: int, page_token: str,
 # ---- views of the status page (`master.web`) ---------------------------------------------
 
 
+RECENT_EPOCHS = 3  # past epochs the page draws one by one; older ones share one summary bar
+
+
 @dataclass(frozen=True)
 class EpochBar:
-    """One epoch's tasks. Past epochs keep no counts (their marks are deleted at their end):
-    they show as complete, every task done."""
+    """One epoch's tasks, or (`epochs` > 1) the sum over a run of epochs from `epoch` on.
+
+    A past epoch shows how it ended (tasks done and failed) when this master ended it;
+    etcd deletes an epoch's marks at its end, so one another master ended is counted in
+    `unknown` and drawn as neither done nor failed. The future is one bar of todo."""
 
     epoch: int
-    stage: str  # "complete", "current" or "future"
+    stage: str  # "past", "current" or "future"
     done: int
     pending: int
     todo: int
     failed: int
+    epochs: int = 1
+    unknown: int = 0  # past epochs of the bar whose counts this master does not know
 
 
 @dataclass(frozen=True)
@@ -200,24 +209,37 @@ class TaskFailures:
     failures: int
 
 
-def epoch_bars(d: Dispatcher) -> list[EpochBar]:
-    """A bar per epoch of the job, in order; none before the job has a dataset."""
+def epoch_bars(d: Dispatcher, *, recent: int = RECENT_EPOCHS) -> list[EpochBar]:
+    """The epochs of the job in order: a summary of the older past, the `recent` last past
+    epochs one by one, the current one and a summary of the future; none before the job
+    has a dataset. A few bars at any epoch count: the page keeps its plots on screen."""
     state = d.core.state
     if state is None:
         return []
-    c = state.counts
-    n = state.num_tasks
+    current = min(state.epoch, state.num_epochs)
+    first_recent = max(0, current - recent)
     bars = []
-    for epoch in range(state.num_epochs):
-        if epoch < state.epoch:
-            bars.append(EpochBar(epoch, "complete", n, 0, 0, 0))
-        elif epoch == state.epoch:
-            bars.append(EpochBar(epoch, "current", c[TaskStatus.DONE],
-                                 c[TaskStatus.PENDING] + c[TaskStatus.RESERVED], c[TaskStatus.TODO],
-                                 c[TaskStatus.FAILED]))
-        else:
-            bars.append(EpochBar(epoch, "future", 0, 0, n, 0))
+    if first_recent:
+        bars.append(_past_bar(d, range(0, first_recent)))
+    bars.extend(_past_bar(d, range(epoch, epoch + 1)) for epoch in range(first_recent, current))
+    if state.epoch < state.num_epochs:
+        c = state.counts
+        bars.append(EpochBar(state.epoch, "current", c[TaskStatus.DONE],
+                             c[TaskStatus.PENDING] + c[TaskStatus.RESERVED], c[TaskStatus.TODO],
+                             c[TaskStatus.FAILED]))
+        future = state.num_epochs - state.epoch - 1
+        if future:
+            bars.append(EpochBar(state.epoch + 1, "future", 0, 0, state.num_tasks * future, 0,
+                                 epochs=future))
     return bars
+
+
+def _past_bar(d: Dispatcher, epochs: range) -> EpochBar:
+    """The ended `epochs` summed: done and failed of those this master ended, the rest unknown."""
+    ended = d.epochs.ended
+    known = [ended[e] for e in epochs if e in ended]
+    return EpochBar(epochs.start, "past", sum(e.done for e in known), 0, 0, sum(e.failed for e in known),
+                    epochs=len(epochs), unknown=len(epochs) - len(known))
 
 
 def all_trainers(d: Dispatcher) -> list[TrainerView]:

@@ -42,7 +42,7 @@ from grpc_reflection.v1alpha import reflection
 
 from master import inspection, metrics
 from master.authorization import Authorization
-from master.config import MasterConfig, SpecError, TlsFiles
+from master.config import LOOPBACK_HOSTS, MasterConfig, SpecError, TlsFiles
 from master.dispatcher import Dispatcher, lease_process
 from master.mirror import DoneMarkMirror
 from master.presence import (
@@ -287,12 +287,14 @@ def _server_credentials(tls: TlsFiles) -> grpc.ServerCredentials:
 
 
 def _warn_if_open(config: MasterConfig) -> None:
-    """Says at start what a master without TLS or tokens exposes."""
+    """Says at start what a master without TLS or tokens exposes. Plaintext with tokens on a
+    loopback address (a local job's masters) is not warned about: its calls never leave the
+    machine, and anyone who could read them there could read the token files too."""
     if config.open_access:
         logger.warning("INSECURE: no --tokens-dir: every caller who reaches %s:%d may do anything "
                        "(register, finish tasks, restart epochs)%s", config.host, config.port,
                        "" if config.insecure else "; fine on loopback only")
-    if config.tls is None:
+    if config.tls is None and (config.open_access or config.host not in LOOPBACK_HOSTS):
         logger.warning("INSECURE: no --tls-cert: calls%s travel in plaintext",
                        "" if config.open_access else " and their tokens")
 

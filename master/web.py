@@ -114,12 +114,17 @@ def authorize(request: web.Request, *, tokens: Mapping[str, str]) -> str:
 
 
 class EpochModel(BaseModel):
-    epoch: int
-    stage: Literal["complete", "current", "future"]
+    """One bar of the page: an epoch, or a run of `epochs` epochs from `epoch` on (summed)."""
+
+    epoch: int = Field(description="the first epoch of the bar; epochs count from 0")
+    stage: Literal["past", "current", "future"]
     done: int
     pending: int
     todo: int
     failed: int
+    epochs: int = Field(1, description="epochs the bar sums")
+    unknown: int = Field(0, description="past epochs of the bar another master ended: "
+                                        "their counts are not known to this one")
 
 
 class TrainerModel(BaseModel):

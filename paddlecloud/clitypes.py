@@ -48,7 +48,25 @@ def env_pair(text: str) -> str:
 
 ENV_PAIR = ParsedType("key=value", lambda text: parse_key_value(env_pair(text)))
 ENV_STRING = ParsedType("key=value", env_pair)  # KEY=VALUE kept as one string
-NON_NEGATIVE = click.IntRange(min=0)
+
+
+class Count(click.IntRange):
+    """A whole number with bounds: "'abc' is not a valid integer." (click's own says "integer
+    range", which names no mistake), shown as INTEGER with its range in --help."""
+
+    name = "integer"
+
+
+NON_NEGATIVE = Count(min=0)
+POSITIVE = Count(min=1)
+LOG_LEVELS = ("debug", "info", "warning", "error")  # any case; click lists them in lower case
+
+
+def log_level_option(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """`--log-level`, the same on every service command (PADDLECLOUD_LOG_LEVEL sets it too)."""
+    return click.option("--log-level", type=click.Choice(LOG_LEVELS, case_sensitive=False), default="info",
+                        show_default=True, envvar="PADDLECLOUD_LOG_LEVEL", show_envvar=True,
+                        help="Least severe log lines written (any case).")(fn)
 
 
 def checkpoint_every_env(text: str) -> tuple[str, str]:

@@ -10,6 +10,7 @@ and must show a certificate signed by the given CA (peers stay plaintext: one me
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -26,6 +27,33 @@ from pathlib import Path
 
 class EtcdServerError(RuntimeError):
     pass
+
+
+# etcd releases that can come back inconsistent after being killed (etcd-io/etcd#13766)
+KNOWN_BAD = ((3, 5, 0), (3, 5, 1), (3, 5, 2))
+
+
+def version_warning(version: str) -> str:
+    """What is wrong with etcd `version` for a job, "" when nothing is known to be."""
+    try:
+        release = tuple(int(part) for part in version.split("-")[0].split(".")[:3])
+    except ValueError:
+        return ""
+    if release not in KNOWN_BAD:
+        return ""
+    return (f"etcd {version} can come back inconsistent after being killed (etcd-io/etcd#13766): "
+            "for a job whose etcd may crash, install etcd 3.4.x (apt-get install etcd-server) "
+            "or >= 3.5.6 and put it first on PATH, or pass --etcd-endpoints of one")
+
+
+def server_version(endpoint: str, *, context: ssl.SSLContext | None = None, timeout: float = 2.0) -> str:
+    """The etcd server's version from its /version ("3.4.23"); "" when it does not say."""
+    try:
+        with urllib.request.urlopen(f"{endpoint.rstrip('/')}/version", timeout=timeout,
+                                    context=context) as reply:
+            return str(json.loads(reply.read()).get("etcdserver", ""))
+    except (OSError, ValueError):
+        return ""
 
 
 def find_etcd_binary() -> str:
@@ -86,6 +114,15 @@ class EtcdServer:
         self.extra_args = extra_args
         self.tls = tls
         self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def binary(self) -> str:
+        """The etcd executable this server runs (or would run)."""
+        return self.command()[0] if self.process is None else str(self.process.args[0])
+
+    def version(self) -> str:
+        """The running server's version ("3.4.23"); "" when it does not say."""
+        return server_version(self.endpoint, context=self.tls.context() if self.tls else None)
 
     @property
     def endpoint(self) -> str:

@@ -28,7 +28,8 @@ from typing import Any
 
 import click
 
-from paddlecloud.clitypes import ENV_OPTION_NAMES, ENV_STRING
+from paddlecloud.clitypes import ENV_OPTION_NAMES, ENV_STRING, NON_NEGATIVE, POSITIVE
+from paddlecloud.epoch_text import epoch_of
 from paddlecloud.jobspec import (
     CLEAN_POD_POLICIES,
     DATA_FORMATS,
@@ -240,16 +241,16 @@ def _job_name_of(words: tuple[str, ...]) -> str | None:
 @click.option("--input", "inputs", multiple=True,
               help="Input path or glob inside the pods, or a URL (repeatable; PADDLECLOUD_INPUT).")
 @click.option("--output", help="Where trainers write models (PADDLECLOUD_OUTPUT).")
-@click.option("--trainers", type=int, help="Number of trainers at start  [default: 1; --max-trainers if given]")
-@click.option("--min-trainers", type=int, help="Elastic: the fewest trainers `job scale` may set  [default: --trainers]")
-@click.option("--max-trainers", type=int, help="Elastic: the most trainers  [default: --trainers]")
-@click.option("--pservers", type=int, help="Number of pservers (0: collective)  [default: 0]")
+@click.option("--trainers", type=POSITIVE, help="Number of trainers at start  [default: 1; --max-trainers if given]")
+@click.option("--min-trainers", type=POSITIVE, help="Elastic: the fewest trainers `job scale` may set  [default: --trainers]")
+@click.option("--max-trainers", type=POSITIVE, help="Elastic: the most trainers  [default: --trainers]")
+@click.option("--pservers", type=NON_NEGATIVE, help="Number of pservers (0: collective)  [default: 0]")
 @click.option("--image", help=f"The image of the trainers and pservers  [default: {DEFAULT_IMAGE}]")
 @click.option("--master-image", help="The master's image: paddlecloud's (deploy/Dockerfile), "
               f"whatever --image is  [default: {DEFAULT_IMAGE}]")
 @click.option("--trainer-cpu", help="CPU per trainer, e.g. 4 or 500m  [default: 1]")
 @click.option("--trainer-memory", help="Memory per trainer, e.g. 8Gi  [default: 2Gi]")
-@click.option("--trainer-gpu", type=int, help="GPUs per trainer  [default: 0]")
+@click.option("--trainer-gpu", type=NON_NEGATIVE, help="GPUs per trainer  [default: 0]")
 @click.option("--pserver-cpu", help="CPU per pserver  [default: 1]")
 @click.option("--pserver-memory", help="Memory per pserver  [default: 2Gi]")
 @click.option(*ENV_OPTION_NAMES, type=ENV_STRING, multiple=True, metavar="KEY=VALUE",
@@ -263,13 +264,13 @@ def _job_name_of(words: tuple[str, ...]) -> str | None:
                    "hostPath, root or a service account (refused otherwise).")
 @_namespace_option(default=None)
 @click.option("--etcd-endpoints", help=f"etcd URLs, comma-separated  [default: {DEFAULT_ETCD_ENDPOINTS}]")
-@click.option("--epochs", type=int, help="Passes over the input  [default: 1]")
-@click.option("--restart-limit", type=int,
+@click.option("--epochs", type=POSITIVE, help="Passes over the input (epochs 0..N-1)  [default: 1]")
+@click.option("--restart-limit", type=NON_NEGATIVE,
               help="Restarts of the trainer group after a lost trainer before the job fails  [default: 3]")
 @click.option("--checkpoint-every", metavar="TASKS|DURATION",
               help="Checkpoint inside epochs too, every TASKS tasks of the job (20) or DURATION "
                    "(30s): a group restart then resumes mid-epoch (the trainers read it from "
-                   "$PADDLECLOUD_CHECKPOINT_EVERY, passed as -e values are).")
+                   "PADDLECLOUD_CHECKPOINT_EVERY, passed as -e values are).")
 @click.option("--data-volume", metavar="CLAIM:PATH",
               help="A PVC mounted at PATH in the master (read-only) and every trainer.")
 @click.option("--clean-pod-policy", type=click.Choice(CLEAN_POD_POLICIES),
@@ -282,7 +283,7 @@ def _job_name_of(words: tuple[str, ...]) -> str | None:
               help="Run every role's image entrypoint unchanged (paddlecloud runs beside it).")
 @click.option("--dry-run", is_flag=True, help="Print the manifests as a YAML stream; touch nothing.")
 @click.option("--server", metavar="URL", help="Submit through this Job Server (no kubeconfig needed).")
-@click.option("--token", envvar="PADDLE_JOB_TOKEN", help="The Job Server token [env: PADDLE_JOB_TOKEN]")
+@click.option("--token", envvar="PADDLE_JOB_TOKEN", show_envvar=True, help="The Job Server token.")
 @_kubeconfig_option
 def submit_command(words: tuple[str, ...], paddlejob: str | None, dry_run: bool, server: str | None,
                    token: str | None, kubeconfig: str | None, **options: Any) -> None:
@@ -519,10 +520,9 @@ def status_command(name: str, namespace: str, master_address: str | None, timeou
     if not reply.has_dataset:
         console.print("no dataset: the job runs in deploy-and-monitor mode")
         return
-    epoch = min(reply.current_epoch + 1, reply.num_epochs) if reply.num_epochs else reply.current_epoch
     counts_ = reply.counts
     done, total = counts_.done, max(reply.num_tasks, 1)
-    console.print(f"epoch {epoch}/{reply.num_epochs}: tasks {done}/{reply.num_tasks} done "
+    console.print(f"{epoch_of(reply.current_epoch, reply.num_epochs)}: tasks {done}/{reply.num_tasks} done "
                   f"(todo {counts_.todo}, pending {counts_.pending}, failed {counts_.failed})")
     bar = Table.grid(padding=(0, 1))
     bar.add_row(ProgressBar(total=total, completed=done, width=60), f"{100 * done // total}%")
@@ -531,31 +531,41 @@ def status_command(name: str, namespace: str, master_address: str | None, timeou
 
 @job.command("scale")
 @click.argument("name")
-@click.option("--trainers", type=click.IntRange(min=1), required=True,
+@click.option("--trainers", type=POSITIVE, required=True,
               help="The trainer group's new size, within the job's range.")
 @_namespace_option()
+@click.option("--output", "local_output", type=click.Path(file_okay=False, path_type=Path),
+              help="A local job: the --output of its `paddlecloud local train`, which holds its "
+                   "leader's address and its operator token.")
 @click.option("--master", "master_address", metavar="HOST:PORT",
-              help="The master's gRPC address (default: its Service, NAME-master.NS.svc:8080; "
-                   "a local job's leader is shown by `paddlecloud local train`).")
+              help="The master's gRPC address (default: its Service, NAME-master.NS.svc:8080).")
 @click.option("--timeout", type=float, default=10.0, show_default=True,
               help="Seconds to wait for the master.")
 @_kubeconfig_option
-def scale_command(name: str, trainers: int, namespace: str, master_address: str | None,
-                  timeout: float, kubeconfig: str | None) -> None:
+def scale_command(name: str, trainers: int, namespace: str, local_output: Path | None,
+                  master_address: str | None, timeout: float, kubeconfig: str | None) -> None:
     """Set the trainers of job NAME to --trainers; its deployer converges to it.
 
     PS jobs add or remove trainers while the others go on; collective jobs restart
-    the trainer group at the new size. Works for local jobs too (pass --master).
-    Scaling is the operator's: PADDLE_JOB_TOKEN_FILE names the job's operator token (a
-    local job's is OUTPUT/.paddlecloud/tokens/operator; on Kubernetes the `operator` key of
-    the job's NAME-tokens Secret), PADDLE_MASTER_CA_FILE the master's CA when it uses TLS
-    (without it, the CA published on the job's Deployment; with --master, a job without a
-    Deployment or Kubernetes configuration is taken for a local one: plaintext, or
-    PADDLE_MASTER_CA_FILE when it uses TLS).
+    the trainer group at the new size. A local job: pass its --output
+    (`paddlecloud job scale fit-a-line --output output/fit-a-line --trainers 3`).
+    Scaling is the operator's: PADDLE_JOB_TOKEN_FILE names the job's operator token (on
+    Kubernetes the `operator` key of the job's NAME-tokens Secret), PADDLE_MASTER_CA_FILE
+    the master's CA when it uses TLS (without it, the CA published on the job's Deployment;
+    with --master, a job without a Deployment or Kubernetes configuration is taken for a
+    local one: plaintext, or PADDLE_MASTER_CA_FILE when it uses TLS).
     """
     import grpc
 
     from paddlecloud.auth import ENV_CA_FILE
+
+    if local_output is not None:
+        if master_address:
+            raise click.UsageError("give --output (a local job) or --master, not both")
+        reply = _scale_local(name, trainers, local_output, timeout=timeout)
+        click.echo(f"job {name}: desired trainers {reply.desired_trainers} "
+                   f"(range {reply.min_trainers}..{reply.max_trainers})")
+        return
 
     address = master_address or manifests.master_address(name, namespace)
     ca = None
@@ -579,6 +589,33 @@ def scale_command(name: str, trainers: int, namespace: str, master_address: str 
                f"(range {reply.min_trainers}..{reply.max_trainers})")
 
 
+def _scale_local(name: str, trainers: int, output: Path, *, timeout: float) -> Any:
+    """ScaleTrainers on the local job whose output directory is `output`, as its operator: the
+    last leader its supervisor saw first, then its other masters (a failover meanwhile)."""
+    import grpc
+
+    from paddlecloud.auth import ClientCredentials
+    from paddlecloud.local.handle import LocalJobHandle, NoLocalJob, master_ca, operator_token
+
+    try:
+        handle = LocalJobHandle.read(output)
+        credentials = ClientCredentials(token=operator_token(output), ca=master_ca(output))
+    except (NoLocalJob, OSError) as error:
+        raise _fail(str(error)) from None
+    if handle.job != name:
+        raise _fail(f"{str(output)[:200]} is local job {handle.job}'s output, not {name}'s")
+    error: grpc.RpcError | None = None
+    for address in handle.addresses():
+        try:
+            return scale_trainers(address, trainers, timeout=timeout, credentials=credentials)
+        except grpc.RpcError as failed:
+            error = failed
+            if failed.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                break  # the leader answered: a refused size, a bad token
+    details = error.details() if error is not None else "no master known yet; try again"
+    raise _fail(f"cannot scale local job {name}: {details}")
+
+
 # ---- logs -------------------------------------------------------------------------------------
 def _pick_pod(api: Any, *, name: str, namespace: str, role: str, index: int) -> Any:
     try:
@@ -593,7 +630,8 @@ def _pick_pod(api: Any, *, name: str, namespace: str, role: str, index: int) -> 
 
 @job.command("logs")
 @click.argument("name")
-@click.option("--role", type=click.Choice(ROLES), default=manifests.TRAINER, show_default=True)
+@click.option("--role", type=click.Choice(ROLES), default=manifests.TRAINER, show_default=True,
+              help="Whose log: a trainer's, a pserver's or a master's.")
 @click.option("--index", type=int, default=0, show_default=True,
               help="Trainer id, pserver index, or master number (0: the leader).")
 @click.option("-f", "--follow", is_flag=True, help="Keep streaming new lines.")

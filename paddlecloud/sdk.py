@@ -37,6 +37,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from paddlecloud.epoch_text import epoch_of
 from paddlecloud.jobrequest import TrainerJob
 from paddlecloud.jobspec import JobSpec, JobSpecError
 from paddlecloud.phase import TERMINAL
@@ -282,7 +283,7 @@ def _progress_view(console: Any) -> Callable[[dict[str, Any] | None], None]:
             return
         p = status.get("progress") or {}
         line = (f"{status['name']}: {status['phase']}" + (
-            f", epoch {p['epoch'] + 1}/{p['epochs']}, tasks {p['tasks_done']}/{p['tasks']}" if p else ""))
+            f", {epoch_of(p['epoch'], p['epochs'])}, tasks {p['tasks_done']}/{p['tasks']}" if p else ""))
         if last != [line]:
             print(line, file=console.file, flush=True)
             last[:] = [line]

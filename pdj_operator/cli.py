@@ -18,7 +18,7 @@ import sys
 
 import click
 
-from paddlecloud.clitypes import DURATION
+from paddlecloud.clitypes import DURATION, log_level_option
 from paddlecloud.jobspec import DEFAULT_ETCD_ENDPOINTS, DEFAULT_IMAGE
 
 logger = logging.getLogger(__name__)
@@ -42,14 +42,13 @@ DEFAULT_PEERING = "paddlecloud-operator"
 @click.option("--peering", default=DEFAULT_PEERING, show_default=True,
               help="Kopf peering object: of several operators, the highest priority acts.")
 @click.option("--priority", type=int, default=None,
-              help="Peering priority  [default: random, so replicas never tie]")
+              help="Peering priority [default: random, so replicas never tie].")
 @click.option("--standalone", is_flag=True, help="No peering: this operator acts alone.")
 @click.option("--keep-etcd", is_flag=True,
               help="On `kubectl delete pdj`, keep the job's etcd keys (default: clear them).")
 @click.option("--liveness", metavar="URL", default=None,
               help="Kopf's liveness endpoint, e.g. http://0.0.0.0:8080/healthz")
-@click.option("--log-level", default="INFO", show_default=True,
-              type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
+@log_level_option
 def operator_command(namespaces: tuple[str, ...], all_namespaces: bool, etcd_endpoints: str,
                      image: str, kubeconfig: str | None, interval: float,
                      peering: str, priority: int | None, standalone: bool, keep_etcd: bool,

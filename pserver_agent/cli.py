@@ -21,13 +21,15 @@ from typing import NoReturn
 
 import click
 
-from paddlecloud.clitypes import DURATION, NON_NEGATIVE
+from paddlecloud.clitypes import DURATION, NON_NEGATIVE, log_level_option
 
 
 @click.command("pserver", context_settings={"allow_interspersed_args": False})
-@click.option("--etcd-endpoints", default=None, help="Comma-separated etcd URLs [$PADDLE_ETCD_ENDPOINTS].")
-@click.option("--job", default=None, help="Job name [$PADDLE_JOB_NAME].")
-@click.option("--namespace", default=None, help="Kubernetes namespace, or 'local' [$PADDLE_NAMESPACE].")
+@click.option("--etcd-endpoints", default=None, envvar="PADDLE_ETCD_ENDPOINTS", show_envvar=True,
+              help="Comma-separated etcd URLs.")
+@click.option("--job", default=None, envvar="PADDLE_JOB_NAME", show_envvar=True, help="Job name.")
+@click.option("--namespace", default=None, envvar="PADDLE_NAMESPACE", show_envvar=True,
+              help="Kubernetes namespace, or 'local'.")
 @click.option("--restart-limit", type=NON_NEGATIVE, default=5, show_default=True,
               help="Restarts of a crashed pserver before the agent gives up.")
 @click.option("--restart-backoff", type=DURATION, default="1s", show_default=True,
@@ -38,8 +40,7 @@ from paddlecloud.clitypes import DURATION, NON_NEGATIVE
               help="TTL of the agent's etcd lease: how fast a dead agent's slot frees.")
 @click.option("--etcd-timeout", type=DURATION, default="10s", show_default=True,
               help="Give up at start when etcd does not answer within this.")
-@click.option("--log-level", default=os.environ.get("PADDLECLOUD_LOG_LEVEL", "INFO"), show_default=True,
-              type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
+@log_level_option
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def pserver_command(etcd_endpoints, job, namespace, restart_limit, restart_backoff, grace, lease_ttl,
                     etcd_timeout, log_level, command) -> None:

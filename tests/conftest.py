@@ -79,8 +79,8 @@ def local_run(tmp_path, job_name):
 
     runs = []
 
-    def start(*args: str):
-        runs.append(LocalRun(tmp_path, job_name, *args))
+    def start(*args: str, env: dict[str, str] | None = None):
+        runs.append(LocalRun(tmp_path, job_name, *args, env=env))
         return runs[-1]
 
     yield start
@@ -89,9 +89,12 @@ def local_run(tmp_path, job_name):
 
 
 @pytest.fixture
-async def leader(tmp_path, etcd_endpoint, job_name):
+async def leader(request, tmp_path, etcd_endpoint, job_name):
     """A real leading Dispatcher of a 4-task job on a real etcd, in this process, present as a
-    master is (as `me:1`)."""
+    master is (as `me:1`). Parametrized indirectly, `{"epochs": N, "start_epoch": S,
+    "max_task_failures": F}` change the job's length, where it starts and how often a task
+    may fail."""
+    options = getattr(request, "param", {})
     from datasets import write_records
 
     from master.config import DatasetSpec, MasterConfig, Policy
@@ -102,8 +105,11 @@ async def leader(tmp_path, etcd_endpoint, job_name):
 
     write_records(tmp_path / "data", files=1, records_per_file=4)
     config = MasterConfig(job=job_name, namespace="local", etcd_endpoints=etcd_endpoint,
-                          policy=Policy(session_ttl=10, task_timeout=0),
-                          dataset=DatasetSpec(paths=(str(tmp_path / "data"),), chunk_bytes=1))
+                          policy=Policy(session_ttl=10, task_timeout=0,
+                                        max_task_failures=options.get("max_task_failures", 3)),
+                          dataset=DatasetSpec(paths=(str(tmp_path / "data"),), chunk_bytes=1,
+                                              num_epochs=options.get("epochs", 0)),
+                          start_epoch=options.get("start_epoch", 0))
     client = await etcd.connect(etcd_endpoint)
     keys = JobKeys("local", job_name)
     session = await etcd.Session(client, ttl=10).open()

@@ -14,7 +14,7 @@ from processes import job_processes
 class LocalRun:
     """The CLI as a child process, its console output in a file."""
 
-    def __init__(self, tmp: Path, job: str, *args: str) -> None:
+    def __init__(self, tmp: Path, job: str, *args: str, env: dict[str, str] | None = None) -> None:
         self.job = job
         self.output = tmp / "out"
         self.console = tmp / "console.txt"
@@ -23,7 +23,7 @@ class LocalRun:
                    "--output", str(self.output), "-e", f"PADDLECLOUD_RECORD_LOG={self.records}", *args]
         with open(self.console, "wb") as out:
             self.process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT,
-                                            env=dict(os.environ, PYTHONUNBUFFERED="1", COLUMNS="200"))
+                                            env=dict(env or os.environ, PYTHONUNBUFFERED="1", COLUMNS="200"))
 
     def wait(self, timeout: float = 180) -> int:
         try:

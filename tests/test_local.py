@@ -47,7 +47,7 @@ def test_ctrl_c_stops_every_child_and_removes_the_private_etcd(tmp_path, local_r
                     "--chunk-bytes", "500", "--", "--delay", "0.05")
     wait_until(lambda: len(read_log(run.records)) >= 5, timeout=90, message="no record read")
     etcd_dir = next(line.split("data in ")[1].rstrip(")") for line in run.text().splitlines()
-                    if "etcd started at" in line)
+                    if line.startswith("[local] etcd ") and " started at " in line)
     assert Path(etcd_dir).is_dir()
     run.process.send_signal(signal.SIGINT)
     assert run.wait(timeout=60) == 128 + signal.SIGINT

@@ -50,6 +50,12 @@ def test_example_job_trains_and_leaves_a_model_and_no_process(example_run, job_n
     assert (run.output / "model" / "model.pdparams").exists()
     assert sorted(p.name for p in (run.output / "checkpoints").iterdir() if p.name.startswith("checkpoint-"))
     assert job_processes(job_name) == []
+    # a quiet console: Paddle's banner only in the trainers' logs, no INSECURE for a loopback job
+    assert "Modified FLAGS detected" in (run.output / "logs" / "trainer-0.log").read_text()
+    assert "FLAGS" not in text and "INSECURE" not in text and "=====" not in text
+    # the output ends with how the job ended, terminal or not
+    last = [line for line in text.splitlines() if line.startswith("[progress]")][-1]
+    assert re.match(r"\[progress\] Succeeded, epoch 2 of 0\.\.2, tasks (\d+)/\1,", last), last
 
 
 @pytest.mark.timeout(300)

@@ -66,7 +66,7 @@ async def test_the_json_follows_a_job_to_its_end_and_matches_its_schema(tmp_path
         return job if job["phase"] == "Succeeded" else None
 
     job = await wait_for(ended, timeout=120, message="the job did not succeed", details=master.log)
-    assert [e["stage"] for e in job["epochs"]] == ["complete", "complete"]
+    assert [(e["stage"], e["done"], e["failed"]) for e in job["epochs"]] == [("past", job["num_tasks"], 0)] * 2
     assert job["finished_total"] == 2 * job["num_tasks"]
 
     async def sampled() -> dict | None:

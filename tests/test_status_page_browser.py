@@ -76,10 +76,10 @@ def test_the_page_follows_a_local_job_to_its_end(tmp_path, run_job, job_name):
         page.wait_for_function("() => Number(document.getElementById('restarts').textContent) >= 1",
                                timeout=PAGE_WAIT_MS)
         assert page.locator("#trainers tr[data-trainer='1'] td").last.inner_text() == "1"
-        # The epoch advances on the page.
-        page.wait_for_function("() => document.getElementById('epoch').textContent === '2'",
+        # The epoch advances on the page (epochs count from 0).
+        page.wait_for_function("() => document.getElementById('epoch').textContent === '1'",
                                timeout=PAGE_WAIT_MS)
-        assert page.locator("#epochs .epoch[data-stage='complete']").count() >= 1
+        assert page.locator("#epochs .epoch[data-stage='past']").count() >= 1
         assert page.locator("#plot-requeues polyline[data-series='expiry']").count() == 1
         assert page.locator("#plot-restarts polyline[data-series='resizes']").count() == 1
         assert page.locator("#masters tr[data-role='leader']").count() == 1  # the job's one master

@@ -37,6 +37,7 @@ from job_server.auth import TOKEN_COOKIE, Principal, bearer, namespaces_of, page
 from job_server.master_pages import MasterUnreachable, allowed
 from job_server.routers.jobs import JOB_NAME, NAMESPACE
 from paddlecloud import pagestyle
+from paddlecloud.epoch_text import epoch_of
 from paddlecloud.jobspec import MAX_NAME_LENGTH
 from paddlecloud.k8s.jobs import JobCreateError
 
@@ -79,12 +80,12 @@ async def _caller(request: Request) -> Principal | Response:
 def _progress_cells(progress: dict[str, Any] | None) -> str:
     if progress is None or not progress["tasks"]:
         return '<td class="muted">-</td><td class="muted">-</td><td class="muted">-</td>'
-    shown_epoch = min(progress["epoch"] + 1, progress["epochs"]) if progress["epochs"] else progress["epoch"] + 1
     done = 100 * progress["tasks_done"] / progress["tasks"]
     bar = (f'<div class="bar" title="{progress["tasks_done"]} of {progress["tasks"]} tasks done '
            f'this epoch"><span class="done" style="width:{done:.1f}%"></span>'
            f'<span class="todo" style="width:{100 - done:.1f}%"></span></div>')
-    return (f'<td data-field="epoch">{shown_epoch} / {progress["epochs"] or "?"}</td>'
+    epoch = epoch_of(progress["epoch"], progress["epochs"]).removeprefix("epoch ")
+    return (f'<td data-field="epoch">{epoch}</td>'
             f'<td data-field="tasks"><span data-field="tasks-done">{progress["tasks_done"]}</span>'
             f' / {progress["tasks"]} {bar}</td>'
             f'<td data-field="alive">{progress["trainers_alive"]}</td>')

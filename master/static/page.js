@@ -42,14 +42,30 @@ function ago(seconds) {
   return (seconds / 3600).toFixed(1) + " h";
 }
 
+// A few bars at any epoch count (the master sums the older past and the future): the
+// plots and the trainers stay on the first screen.
+function epochLabel(e) {
+  return e.epochs > 1 ? `epochs ${e.epoch}..${e.epoch + e.epochs - 1}` : "epoch " + e.epoch;
+}
+
+function epochNumbers(e) {
+  if (e.stage === "future") return e.epochs > 1 ? `to come: ${e.epochs} epochs` : "to come";
+  const counts = `${e.done} done, ${e.failed} failed`;
+  if (e.stage === "current") return `${e.done} done, ${e.pending} pending, ${e.todo} todo, ${e.failed} failed`;
+  if (e.unknown === e.epochs) return "ended (its counts are not known to this master)";
+  if (e.unknown) return `${counts}; ${e.unknown} ended under another master, not counted`;
+  return counts;
+}
+
 function renderEpochs(epochs) {
   const box = document.getElementById("epochs");
   const rows = epochs.map((e) => {
     const total = e.done + e.pending + e.todo + e.failed || 1;
     const row = el("div", null, "epoch");
     row.dataset.epoch = e.epoch;
+    row.dataset.epochs = e.epochs;
     row.dataset.stage = e.stage;
-    row.append(el("span", "epoch " + e.epoch, "label"));
+    row.append(el("span", epochLabel(e), "label"));
     const bar = el("div", null, "bar");
     for (const part of ["done", "pending", "todo", "failed"]) {
       const span = el("span", null, part);
@@ -58,8 +74,7 @@ function renderEpochs(epochs) {
       bar.append(span);
     }
     row.append(bar);
-    row.append(el("span", e.stage === "complete" ? "complete"
-      : `${e.done} done, ${e.pending} pending, ${e.todo} todo, ${e.failed} failed`, "numbers"));
+    row.append(el("span", epochNumbers(e), "numbers"));
     return row;
   });
   box.replaceChildren(...rows);
@@ -125,9 +140,10 @@ function renderJob(job) {
   const failure = document.getElementById("failure");
   failure.hidden = job.phase !== "Failed";
   failure.textContent = job.phase === "Failed" ? "Failed: " + (job.failure_reason || "no reason known to this master") : "";
-  const shownEpoch = job.num_epochs ? Math.min(job.epoch + 1, job.num_epochs) : job.epoch + 1;
-  setText("epoch", shownEpoch);
-  setText("num-epochs", job.num_epochs || "?");
+  // Epochs count from 0 here as everywhere (logs, trainers, checkpoints); past the last
+  // epoch (the job's end) the last one is shown.
+  setText("epoch", job.num_epochs ? Math.min(job.epoch, job.num_epochs - 1) : job.epoch);
+  setText("num-epochs", job.num_epochs ? "0.." + (job.num_epochs - 1) : "?");
   setText("done", job.counts.done ?? 0);
   setText("num-tasks", job.num_tasks);
   setText("finished", job.finished_total);

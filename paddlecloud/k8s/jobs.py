@@ -189,15 +189,16 @@ def fetch_master_status(address: str, *, timeout: float, token: str | None = Non
 
 
 def scale_trainers(address: str, trainers: int, *, timeout: float, token: str | None = None,
-                   ca: bytes | None = None) -> Any:
+                   ca: bytes | None = None, credentials: Any = None) -> Any:
     """Asks the job's master at `address` to set its trainers to `trainers` (its
     `ScaleTrainers` RPC, the operator's; the master's deployer converges): the answer (min,
-    max, desired). Credentials as `fetch_master_status`. Raises grpc.RpcError.
+    max, desired). Credentials as `fetch_master_status`, unless given whole (`credentials`: a
+    local job's, from its output directory). Raises grpc.RpcError.
     The one scale call of `paddlecloud job scale` and of the autoscaler."""
     from paddlecloud.api import pb, pb_grpc
     from paddlecloud.auth import master_credentials
 
-    credentials = master_credentials(token, ca=ca)
+    credentials = credentials or master_credentials(token, ca=ca)
     with credentials.channel(address) as channel:
         return pb_grpc.MasterStub(channel).ScaleTrainers(
             pb.ScaleTrainersRequest(trainers=trainers), timeout=timeout,

@@ -1,8 +1,9 @@
 """Child processes of a local job: started in their own process group, logs pumped line by line.
 
 Each child's output goes to `<output>/logs/<role>-<index>.log` and, prefixed with its
-role and index, to the console. Stopping a child signals its whole process group, so a
-launcher and the user's command under it go together and nothing is left behind.
+role and index, to the console (less Paddle's noise: `paddlecloud.local.noise`). Stopping
+a child signals its whole process group, so a launcher and the user's command under it go
+together and nothing is left behind.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import os
 import signal
 from collections.abc import Callable
 from pathlib import Path
+
+from paddlecloud.local.noise import PaddleNoise
 
 logger = logging.getLogger(__name__)
 
@@ -57,10 +60,13 @@ class Child:
     async def _pump_lines(self, process: asyncio.subprocess.Process) -> None:
         assert process.stdout is not None
         log = await asyncio.to_thread(open, self.log_path, "ab", buffering=0)
+        noise = PaddleNoise()
         try:
             while line := await process.stdout.readline():
                 log.write(line)  # unbuffered: a line at a time, as it comes
-                self.on_line(self.name, line.decode(errors="replace").rstrip("\n"))
+                text = line.decode(errors="replace").rstrip("\n")
+                if noise.keep(text):
+                    self.on_line(self.name, text)
         finally:
             log.close()
 

@@ -25,7 +25,7 @@ from typing import Any
 
 import click
 
-from paddlecloud.clitypes import DURATION, ENV_OPTION_NAMES, ENV_PAIR, SIZE
+from paddlecloud.clitypes import DURATION, ENV_OPTION_NAMES, ENV_PAIR, NON_NEGATIVE, POSITIVE, SIZE
 from paddlecloud.datasets import FORMATS, SpecError, list_files
 from paddlecloud.etcd import MIN_LEASE_TTL
 
@@ -198,29 +198,29 @@ def local() -> None:
 @click.option("--input", "inputs", multiple=True, help="Input path, glob or fsspec URL (repeatable; the programs get them in $PADDLECLOUD_INPUT).")
 @click.option("--output", type=click.Path(file_okay=False, path_type=Path), default="output",
               help="Where logs, checkpoints and the model go; a checkpoint there is resumed from.")
-@click.option("--trainers", type=click.IntRange(min=1), default=None, help="Trainer processes [default: 1; 2 for --example].")
-@click.option("--min-trainers", type=click.IntRange(min=1), default=None,
+@click.option("--trainers", type=POSITIVE, default=None, help="Trainer processes [default: 1; 2 for --example].")
+@click.option("--min-trainers", type=POSITIVE, default=None,
               help="Elastic jobs: the fewest trainers `paddlecloud job scale` may set [default: --trainers].")
-@click.option("--max-trainers", type=click.IntRange(min=1), default=None,
+@click.option("--max-trainers", type=POSITIVE, default=None,
               help="Elastic jobs: the most trainers [default: --trainers]; --trainers defaults to it.")
 @click.option("--resize-schedule", metavar="SIZE@TIME,...",
               help="Scale the trainers on a timer, e.g. 2@0s,4@20s,1@40s (times since the job started; "
                    "the range defaults to the sizes').")
-@click.option("--pservers", type=click.IntRange(min=0), default=0, help="Parameter servers (0: collective training).")
+@click.option("--pservers", type=NON_NEGATIVE, default=0, help="Parameter servers (0: collective training).")
 @click.option("--pserver-module", help="The pservers' module [default: MODULE, which switches on TRAINING_ROLE as PaddlePaddle's PS scripts do].")
 @click.option(*ENV_OPTION_NAMES, type=ENV_PAIR, multiple=True, metavar="KEY=VALUE",
               help="Environment for trainers and pservers (repeatable; -e=K=V and --e=K=V, "
                    "the paddle client's spellings, too).")
-@click.option("--epochs", type=click.IntRange(min=1), default=1)
+@click.option("--epochs", type=POSITIVE, default=1, help="Passes over the input (epochs 0..N-1).")
 @click.option("--checkpoint-every", metavar="TASKS|DURATION",
               help="Checkpoint inside epochs too, every TASKS tasks of the job (20) or DURATION (30s): "
                    "a group restart then resumes mid-epoch (trainers read it from "
-                   "$PADDLECLOUD_CHECKPOINT_EVERY; see trainer_agent.paddle).")
-@click.option("--masters", type=click.IntRange(min=1), default=1, help="Master processes; 2 runs a standby.")
+                   "PADDLECLOUD_CHECKPOINT_EVERY; see trainer_agent.paddle).")
+@click.option("--masters", type=POSITIVE, default=1, help="Master processes; 2 runs a standby.")
 @click.option("--fresh", is_flag=True,
               help="Discard the job's earlier state: its keys in etcd and the checkpoints in --output.")
 @click.option("--etcd-endpoints", help="Use this etcd instead of starting a private one.")
-@click.option("--restart-limit", type=click.IntRange(min=0), default=3, help="Restarts of a trainer (or of the group).")
+@click.option("--restart-limit", type=NON_NEGATIVE, default=3, help="Restarts of a trainer (or of the group).")
 @click.option("--restart", "restart_mode", type=click.Choice(["group", "trainer"]), default=None,
               help="What a dead trainer restarts: the whole group (collective) or itself [default: group without pservers, else trainer].")
 @click.option("--job", "job_name", help="Job name [default: from the module].")
@@ -300,6 +300,7 @@ def train(module, package_path, inputs, output, trainers, min_trainers, max_trai
         except JobFailed as error:
             view.line("local", f"job failed: {error}")
             code = 1
+        view.finish()
         verdict = {0: "succeeded", 1: "failed"}.get(code, "interrupted")
         view.line("local", f"job {spec.job} {verdict}; logs in {output / 'logs'}")
     sys.exit(code)

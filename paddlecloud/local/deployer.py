@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -37,6 +38,7 @@ from pathlib import Path
 from paddlecloud import checkpoints
 from paddlecloud.deployer import Deployer, RoleStatus
 from paddlecloud.etcd_server import free_ports
+from paddlecloud.exits import signal_exit_code
 from paddlecloud.local.children import Child
 from paddlecloud.phase import Phase
 
@@ -155,7 +157,7 @@ class LocalDeployer(Deployer):
                                     f"(--restart-limit {self.restart_limit})")
                 return
             # also once the data is done: the master reopens the job at the checkpoint
-            self._event(f"{', '.join(t.name for t in dead)} died: restarting the trainer group")
+            self._event(f"{group_loss(dead)}: restarting the trainer group")
             await self.restart_trainers()
 
     async def finishing(self) -> None:
@@ -241,3 +243,16 @@ class LocalDeployer(Deployer):
 def launcher_command(role: str, user_command: list[str]) -> list[str]:
     """`paddlecloud pserver|trainer -- USER COMMAND`, with this Python."""
     return [sys.executable, "-m", "paddlecloud", role, "--", *user_command]
+
+
+def group_loss(dead: list[Child]) -> str:
+    """Which members of a collective group died: a member that aborted (SIGABRT: gloo's
+    IoException once a peer vanished) beside one that died otherwise is its consequence,
+    named as such, not a second cause."""
+    aborted = signal_exit_code(signal.SIGABRT)
+    causes = [t for t in dead if t.returncode != aborted] or dead
+    followers = [t for t in dead if t not in causes]
+    text = f"{', '.join(t.name for t in causes)} died"
+    if followers:
+        text += f", and {', '.join(t.name for t in followers)} aborted without its gloo peer"
+    return text

@@ -36,11 +36,12 @@ from paddlecloud import checkpoints, etcd
 from paddlecloud.aio import cancel_and_wait
 from paddlecloud.api import pb, pb_grpc
 from paddlecloud.auth import ClientCredentials, JobTokens, Role
-from paddlecloud.etcd_server import EtcdServer, free_ports
+from paddlecloud.etcd_server import EtcdServer, free_ports, server_version, version_warning
 from paddlecloud.exits import signal_exit_code
 from paddlecloud.keys import JobKeys, prefix_range_end
 from paddlecloud.local.children import Child
 from paddlecloud.local.deployer import JobFailed, LocalDeployer, launcher_command
+from paddlecloud.local.handle import SECRETS_DIR, LocalJobHandle
 from paddlecloud.master_flags import master_flags
 from paddlecloud.phase import Phase
 from paddlecloud.supervision import Graces, MasterState, supervise
@@ -114,7 +115,7 @@ class LocalJob:
         self.on_progress = on_progress
         self.keys = JobKeys(NAMESPACE, spec.job)
         self.log_dir = spec.output / "logs"
-        self.secrets_dir = spec.output / ".paddlecloud"  # this run's tokens (and certificates)
+        self.secrets_dir = spec.output / SECRETS_DIR  # this run's tokens (and certificates), its handle
         self.credentials = ClientCredentials()
         self.progress = Progress(num_epochs=spec.epochs)
         self.etcd_server: EtcdServer | None = None
@@ -170,14 +171,23 @@ class LocalJob:
         self.stopping.set()
 
     async def _start_etcd(self) -> None:
+        """Starts the job's private etcd unless given endpoints; either way its first lines
+        name the etcd and its version, and warn about a release known to lose data."""
         if self.spec.etcd_endpoints:
-            return
-        self._etcd_dir = tempfile.mkdtemp(prefix=f"paddlecloud-{self.spec.job}-etcd-")
-        self.etcd_server = EtcdServer(self._etcd_dir, log_path=str(self.log_dir / "etcd.log"))
-        self.log_dir.mkdir(parents=True, exist_ok=True)
-        await asyncio.to_thread(self.etcd_server.start)
-        self.etcd_endpoint = self.etcd_server.endpoint
-        self._event(f"etcd started at {self.etcd_endpoint} (data in {self._etcd_dir})")
+            first = self.spec.etcd_endpoints.split(",")[0].strip()
+            version = await asyncio.to_thread(server_version, first)
+            self._event(f"using etcd {version or '(version unknown)'} at {self.spec.etcd_endpoints}")
+        else:
+            self._etcd_dir = tempfile.mkdtemp(prefix=f"paddlecloud-{self.spec.job}-etcd-")
+            self.etcd_server = EtcdServer(self._etcd_dir, log_path=str(self.log_dir / "etcd.log"))
+            self.log_dir.mkdir(parents=True, exist_ok=True)
+            await asyncio.to_thread(self.etcd_server.start)
+            self.etcd_endpoint = self.etcd_server.endpoint
+            version = await asyncio.to_thread(self.etcd_server.version)
+            self._event(f"etcd {version or '(version unknown)'} ({self.etcd_server.binary}) started at "
+                        f"{self.etcd_endpoint} (data in {self._etcd_dir})")
+        if warning := version_warning(version):
+            self._event(f"WARNING: {warning}")
 
     async def _clear_job_state(self) -> None:
         client = await etcd.connect(self.etcd_endpoint)
@@ -234,6 +244,12 @@ class LocalJob:
             self.progress.page = self.progress.page or self.page_urls[-1]
             self._event(f"status page of {child.name}: {self.page_urls[-1]}"
                         + (" (the leader's shows the job)" if s.masters > 1 else ""))
+        self._write_handle()
+
+    def _write_handle(self) -> None:
+        """OUTPUT/.paddlecloud/job.json: how `paddlecloud job scale --output` finds the leader."""
+        LocalJobHandle(self.spec.job, tuple(master_address(m) for m in self.masters),
+                       self.progress.leader).write(self.spec.output)
 
     def _user_command(self, module: str | None = None, args: tuple[str, ...] | None = None) -> list[str]:
         """`python -m MODULE ARGS`, with the user's package path first on its PYTHONPATH.
@@ -311,7 +327,10 @@ class LocalJob:
             p = self.progress
             p.phase, p.epoch, p.num_epochs = status.phase, status.current_epoch, status.num_epochs or p.num_epochs
             p.done, p.num_tasks = status.counts.done, status.num_tasks
-            p.trainers_alive, p.requeued, p.leader = status.trainers_alive, status.requeued, status.leader
+            if status.leader != p.leader:
+                p.leader = status.leader
+                self._write_handle()
+            p.trainers_alive, p.requeued = status.trainers_alive, status.requeued
             p.min_trainers, p.max_trainers = status.min_trainers, status.max_trainers
             p.desired_trainers = status.desired_trainers
             break
@@ -419,6 +438,7 @@ class LocalJob:
         self._page_token = tokens.viewer
 
     async def _stop_all(self) -> None:
+        LocalJobHandle.remove(self.spec.output)
         await self.deployer.cleanup(succeeded=False)
         await asyncio.gather(*(c.stop(grace=10) for c in self.masters), return_exceptions=True)
         for channel in self._channels.values():

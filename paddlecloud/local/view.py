@@ -15,6 +15,7 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
+from paddlecloud.epoch_text import epoch_of
 from paddlecloud.local.job import Progress
 
 STYLES = {"master": "magenta", "pserver": "yellow", "trainer": "cyan", "local": "bold green"}
@@ -26,6 +27,7 @@ class ConsoleView:
         self.live: Live | None = None
         self._last_plain = ""
         self._last_plain_at = 0.0
+        self._latest_plain = ""  # the last progress line, printed or held back by the two seconds
 
     def __enter__(self) -> ConsoleView:
         if self.console.is_terminal:
@@ -46,16 +48,24 @@ class ConsoleView:
         if self.live is not None:
             self.live.update(self.render(p), refresh=True)
             return
-        plain = self.plain(p)
+        self._latest_plain = plain = self.plain(p)
         now = time.monotonic()
         if plain != self._last_plain and now - self._last_plain_at >= 2:
-            self.console.print(Text(plain, style="bold"), highlight=False, soft_wrap=True)
-            self._last_plain, self._last_plain_at = plain, now
+            self._print_plain(plain, now)
+
+    def finish(self) -> None:
+        """Prints the last progress line if the two seconds held it back: without a terminal
+        the output ends with how the job ended, not with the line before."""
+        if self.live is None and self._latest_plain != self._last_plain:
+            self._print_plain(self._latest_plain, time.monotonic())
+
+    def _print_plain(self, plain: str, now: float) -> None:
+        self.console.print(Text(plain, style="bold"), highlight=False, soft_wrap=True)
+        self._last_plain, self._last_plain_at = plain, now
 
     @staticmethod
     def plain(p: Progress) -> str:
-        epoch = min(p.epoch + 1, p.num_epochs) if p.num_epochs else p.epoch + 1
-        return (f"[progress] {p.phase}, epoch {epoch}/{p.num_epochs or '?'}, tasks {p.done}/{p.num_tasks},"
+        return (f"[progress] {p.phase}, {epoch_of(p.epoch, p.num_epochs)}, tasks {p.done}/{p.num_tasks},"
                 f" trainers alive {p.trainers_alive}{ConsoleView.size(p)}, re-queued {p.requeued},"
                 f" restarts {p.restarts}")
 
@@ -69,8 +79,7 @@ class ConsoleView:
     @staticmethod
     def render(p: Progress) -> Group:
         table = Table.grid(padding=(0, 2))
-        epoch = min(p.epoch + 1, p.num_epochs) if p.num_epochs else p.epoch + 1
-        table.add_row(Text(p.phase, style="bold"), f"epoch {epoch}/{p.num_epochs or '?'}",
+        table.add_row(Text(p.phase, style="bold"), epoch_of(p.epoch, p.num_epochs),
                       f"tasks {p.done}/{p.num_tasks}", f"trainers alive {p.trainers_alive}{ConsoleView.size(p)}",
                       f"re-queued {p.requeued}", f"restarts {p.restarts}")
         bar = ProgressBar(total=max(p.num_tasks, 1), completed=p.done, width=60)

@@ -6,7 +6,7 @@ must be in tests/k8s/checkov-skips.txt, which gives each skip its reason, and ev
 skip there must still be needed (a stale skip fails too).
 
 checkov pins packages this project's venv has newer (packaging, python-dateutil), so it
-lives in its own venv: `.venv-checkov` (made by .ci/run) or the one $PADDLECLOUD_CHECKOV
+lives in its own venv: `.venv-checkov` (made by `make test`) or the one $PADDLECLOUD_CHECKOV
 names. Without either the test skips, except in CI (CI=true), where it fails.
 """
 
@@ -29,8 +29,9 @@ def _checkov() -> str:
     found = os.environ.get("PADDLECLOUD_CHECKOV") or str(REPO / ".venv-checkov" / "bin" / "checkov")
     if not Path(found).exists():
         if os.environ.get("CI") == "true":
-            pytest.fail(f"checkov not found at {found}: .ci/run installs it in .venv-checkov")
-        pytest.skip(f"checkov not found at {found} (pip install checkov in a venv of its own)")
+            pytest.fail(f"checkov not found at {found}: `make test` installs it in .venv-checkov")
+        pytest.skip(f"checkov not found at {found}: `make .venv-checkov/bin/checkov` (what `make test` "
+                    "does) installs it, or PADDLECLOUD_CHECKOV=/path/to/checkov names one")
     return found
 
 

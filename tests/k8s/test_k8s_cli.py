@@ -205,7 +205,7 @@ async def test_status_shows_phase_pods_and_progress(k8s, kubeconfig, fake_master
     assert "leader 10.0.0.7:8080" in out
     assert "trainers: desired 3, range 1..4, alive 2" in out
     assert "goodput: 75% productive (300 of 400 trainer-seconds); lost: restart 100s" in out
-    assert "epoch 2/3: tasks 18/40 done (todo 20, pending 2, failed 0)" in out
+    assert "epoch 1 of 0..2: tasks 18/40 done (todo 20, pending 2, failed 0)" in out
     assert "━" in out and "45%" in out  # the progress bar
 
 

@@ -103,7 +103,7 @@ def test_wait_draws_a_bar_in_a_terminal_or_a_notebook_and_plain_lines_elsewhere(
 @pytest.mark.parametrize(("console", "shown"), [
     ({"force_terminal": True}, ["Running", "50%"]),
     ({"force_terminal": False, "force_jupyter": False},
-     ["fit: Running, epoch 1/2, tasks 2/4\n"]),
+     ["fit: Running, epoch 0 of 0..1, tasks 2/4\n"]),
 ])
 def test_the_progress_view_writes_to_its_console(console, shown):
     out = _console(**console)
