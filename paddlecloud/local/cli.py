@@ -194,8 +194,8 @@ def local() -> None:
 @local.command("train", cls=_TrainCommand, context_settings={"show_default": True})
 @click.option("--module", help="The trainer's Python module, run as `python -m MODULE`.")
 @click.option("--package-path", type=click.Path(exists=True, file_okay=False, path_type=Path),
-              help="Directory added to the trainers' PYTHONPATH (where MODULE lives; $PADDLECLOUD_PACKAGE).")
-@click.option("--input", "inputs", multiple=True, help="Input path, glob or fsspec URL (repeatable; the programs get them in $PADDLECLOUD_INPUT).")
+              help="Directory added to the trainers' PYTHONPATH (where MODULE lives; the programs find it in PADDLECLOUD_PACKAGE).")
+@click.option("--input", "inputs", multiple=True, help="Input path, glob or fsspec URL (repeatable; the programs get them in PADDLECLOUD_INPUT).")
 @click.option("--output", type=click.Path(file_okay=False, path_type=Path), default="output",
               help="Where logs, checkpoints and the model go; a checkpoint there is resumed from.")
 @click.option("--trainers", type=POSITIVE, default=None, help="Trainer processes [default: 1; 2 for --example].")
