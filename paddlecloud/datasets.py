@@ -45,9 +45,15 @@ def _filesystem(path: str) -> tuple[fsspec.AbstractFileSystem, str]:
     except ImportError as error:
         hint = known_implementations.get(protocol or "", {}).get("err") or str(error)
         raise SpecError(f"cannot read {path!r}: the {protocol}:// driver is missing ({hint})") from None
-    except ValueError as error:
-        raise SpecError(f"cannot read {path!r}: {error}") from None
+    except (ValueError, OSError) as error:  # OSError: a driver that cannot start (hdfs:// without Hadoop)
+        raise SpecError(f"cannot read {path!r}: {_first_line(error)}") from None
     return fs, stripped
+
+
+def _first_line(error: BaseException, limit: int = 300) -> str:
+    """An error's first line, at most `limit` characters (a driver's can be pages long)."""
+    text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def _unstrip(fs: fsspec.AbstractFileSystem, original: str, name: str) -> str:

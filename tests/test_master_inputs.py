@@ -73,7 +73,8 @@ async def test_restart_epoch_outside_the_job_is_invalid(master):
 
 
 async def test_set_dataset_errors_name_the_bad_value(tmp_path, start_master):
-    proc = start_master("--allow-set-dataset", str(tmp_path), "--allow-set-dataset", "hdfs://")
+    proc = start_master("--allow-set-dataset", str(tmp_path), "--allow-set-dataset", "hdfs://",
+                        "--allow-set-dataset", "gs://")
     await wait_serving(proc.address, process=proc)
     async with grpc.aio.insecure_channel(proc.address) as channel:
         master = stub(channel)
@@ -86,8 +87,11 @@ async def test_set_dataset_errors_name_the_bad_value(tmp_path, start_master):
                            grpc.StatusCode.INVALID_ARGUMENT, "chunk_bytes -5")
         await expect_error(master.SetDataset(spec(paths=[str(tmp_path)], format="parquet")),
                            grpc.StatusCode.INVALID_ARGUMENT, "'parquet'")
+        await expect_error(master.SetDataset(spec(paths=["gs://bucket/data/*.csv"])),
+                           grpc.StatusCode.INVALID_ARGUMENT, "gs://", "gcsfs")  # a driver not installed
+        # pyarrow's HDFS driver installed (the hdfs extra), but no Hadoop here: still named
         await expect_error(master.SetDataset(spec(paths=["hdfs://namenode/data/*.csv"])),
-                           grpc.StatusCode.INVALID_ARGUMENT, "hdfs://", "pyarrow")
+                           grpc.StatusCode.INVALID_ARGUMENT, "hdfs://namenode")
         await expect_error(master.SetDataset(spec(paths=[])),
                            grpc.StatusCode.INVALID_ARGUMENT, "paths")
         empty = tmp_path / "empty.csv"
