@@ -107,7 +107,7 @@ RUN_AS_USER = 10001  # high, so no host user shares it
 # Names and paths.
 TOKENS_MOUNT = "/var/run/paddlecloud/tokens"  # the job's tokens Secret (paddlecloud.auth)
 # The cluster autoscaler's token (paddlecloud.auth.ScalerToken): one Secret per namespace, put
-# there by the admin (deploy/autoscaler.yaml), mounted by every master as optional, so a
+# there by the admin (deploy/components/autoscaler/autoscaler.yaml), mounted by every master as optional, so a
 # namespace without it still runs jobs (their masters then refuse the autoscaler).
 SCALER_SECRET = "paddlecloud-scaler"
 SCALER_KEY = "token"
@@ -1014,7 +1014,7 @@ def master_service(spec: JobSpec, owner: Mapping[str, Any] | None) -> Manifest:
 
 
 MASTER_CLIENT_LABEL = "paddlecloud.org/master-client"  # "true": may call any job's master (gRPC)
-# The autoscaler's pods (deploy/autoscaler.yaml), which call every job's master from their own
+# The autoscaler's pods (deploy/components/autoscaler/autoscaler.yaml), which call every job's master from their own
 # namespace: GetStatus and ScaleTrainers, with the scaler token.
 AUTOSCALER_NAMESPACE = "paddlecloud-system"
 AUTOSCALER_LABELS = {APP_LABEL: APP_NAME, "app.kubernetes.io/component": "autoscaler"}
