@@ -46,7 +46,15 @@ from paddlecloud.jobspec import (
     JobSpecError,
 )
 from paddlecloud.k8s import manifests
-from paddlecloud.k8s.client import RetryPolicy, api_status, call, load_api_client
+from paddlecloud.k8s.client import (
+    OPERATOR_MANAGER,
+    RetryPolicy,
+    api_status,
+    applied,
+    apply_body,
+    call,
+    load_api_client,
+)
 from paddlecloud.k8s.deployer import PODGROUPS, VOLCANO_GROUP, VOLCANO_VERSION, KubernetesDeployer
 from paddlecloud.paddlejob import PODGROUP_KIND, PODGROUP_SPEC_FIELDS, translate
 from paddlecloud.phase import TERMINAL, Phase
@@ -145,7 +153,8 @@ class JobObjects:
         """
         ns, name = body["metadata"]["namespace"], body["metadata"]["name"]
         try:
-            return self._dict(await call(self.retry, fn, ns, body)), True
+            return self._dict(await call(self.retry, fn, ns, body,
+                                         field_manager=OPERATOR_MANAGER)), True
         except Exception as error:
             if api_status(error) != 409:
                 raise
@@ -155,9 +164,11 @@ class JobObjects:
         same_job = (meta.get("labels") or {}).get(manifests.JOB_LABEL) == \
             body["metadata"]["labels"][manifests.JOB_LABEL]
         if owner_uid not in owners and patch is not None and same_job:
-            ours = {"metadata": {"ownerReferences": body["metadata"]["ownerReferences"]}}
+            ours = apply_body({"metadata": {"ownerReferences": body["metadata"]["ownerReferences"]}},
+                              api_version=body["apiVersion"], kind=body["kind"], name=name,
+                              namespace=ns)
             return self._dict(await call(self.retry, patch, name, ns, ours,
-                                         _content_type="application/merge-patch+json")), False
+                                         **applied(OPERATOR_MANAGER))), False
         if owner_uid not in owners:
             raise kopf.PermanentError(
                 f"{body['kind']} {name} already exists in namespace {ns} and is not this "
@@ -242,9 +253,11 @@ class JobObjects:
                 "operator makes a new one") from None
         await call(self.retry, self.custom.patch_namespaced_custom_object, crd.GROUP, crd.VERSION,
                    spec.namespace, crd.PLURAL, spec.name,
-                   {"metadata": {"annotations": {
+                   apply_body({"metadata": {"annotations": {
                        manifests.MASTER_CA_ANNOTATION: certificate.ca.decode("ascii")}}},
-                   _content_type="application/merge-patch+json")
+                       api_version=PADDLEJOB_API_VERSION, kind=crd.KIND, name=spec.name,
+                       namespace=spec.namespace),
+                   **applied(OPERATOR_MANAGER))
         return certificate.ca
 
     async def companion_podgroup(self, body: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -268,9 +281,11 @@ class JobObjects:
         meta = body["metadata"]
         await call(self.retry, self.custom.patch_namespaced_custom_object, VOLCANO_GROUP,
                    VOLCANO_VERSION, meta["namespace"], PODGROUPS, meta["name"],
-                   {"metadata": {"labels": {manifests.JOB_LABEL: meta["name"]},
-                                 "ownerReferences": [pdj_owner(body)]}},
-                   _content_type="application/merge-patch+json")
+                   apply_body({"metadata": {"labels": {manifests.JOB_LABEL: meta["name"]},
+                                            "ownerReferences": [pdj_owner(body)]}},
+                              api_version=manifests.VOLCANO_API_VERSION, kind=PODGROUP_KIND,
+                              name=meta["name"], namespace=meta["namespace"]),
+                   **applied(OPERATOR_MANAGER))
 
     # ---- holding a job: spec.suspend and Kueue ---------------------------------------------
     async def hold_reason(self, spec: JobSpec, body: Mapping[str, Any]) -> tuple[str, Any]:
@@ -289,31 +304,38 @@ class JobObjects:
         if existing is not None:
             return existing
         wl, _ = await self._create(
-            lambda ns, obj: self.custom.create_namespaced_custom_object(*args[:2], ns, args[3], obj),
+            lambda ns, obj, **kw: self.custom.create_namespaced_custom_object(*args[:2], ns,
+                                                                              args[3], obj, **kw),
             kueue.workload(spec, pdj_owner(body)),
             read=lambda n, ns: self.custom.get_namespaced_custom_object(*args[:2], ns, args[3], n),
             owner_uid=body["metadata"]["uid"])
         return wl
 
     async def release_workload(self, wl: Mapping[str, Any]) -> None:
-        """Gives the evicted Workload's quota back once the job stopped: Kueue queues it again."""
+        """Gives the evicted Workload's quota back once the job stopped: Kueue queues it again.
+        A merge patch (naming our field manager), not an apply: it removes the admission,
+        a field Kueue owns, which an apply cannot remove."""
         meta = wl["metadata"]
         await call(self.retry, self.custom.patch_namespaced_custom_object_status,
                    kueue.KUEUE_GROUP, kueue.KUEUE_VERSION, meta["namespace"], kueue.WORKLOADS,
                    meta["name"], kueue.released_status(wl, now=_now()),
-                   _content_type="application/merge-patch+json")
+                   _content_type="application/merge-patch+json", field_manager=OPERATOR_MANAGER)
 
     async def set_master_replicas(self, spec: JobSpec, *, running: bool) -> None:
         """Stops the master (it steps down: nothing restarts the group it leaves), or starts
         its replicas again; a stopped master is marked to restart the epoch at the checkpoint
         when it starts again (`manifests.RESUME_ANNOTATION`, read by its deployer)."""
         replicas = manifests.master_deployment(spec)["spec"]["replicas"] if running else 0
-        patch: dict[str, Any] = {"spec": {"replicas": replicas}}
-        if not running:
-            patch["metadata"] = {"annotations": {manifests.RESUME_ANNOTATION: "true"}}
-        await call(self.retry, self.apps.patch_namespaced_deployment,
-                   manifests.master_name(spec.name), spec.namespace, patch,
-                   _content_type="application/merge-patch+json")
+        name = manifests.master_name(spec.name)
+        # forced: the operator owns the master's replicas (it created the Deployment) and the
+        # resume mark (the master takes it over when it is done: RESUME_DONE)
+        body = apply_body({"spec": {"replicas": replicas},
+                           "metadata": {"annotations": {
+                               manifests.RESUME_ANNOTATION: manifests.RESUME_PENDING}}},
+                          api_version="apps/v1", kind="Deployment", name=name,
+                          namespace=spec.namespace)
+        await call(self.retry, self.apps.patch_namespaced_deployment, name, spec.namespace, body,
+                   **applied(OPERATOR_MANAGER, force=True))
 
     async def stop_job(self, spec: JobSpec) -> list[str]:
         """A suspend: the master first (so it cannot take the trainers' exit for a loss to
@@ -557,7 +579,8 @@ def make_registry(config: OperatorConfig, *,
         over = new["phase"] in {p.value for p in TERMINAL}
         # held, restarting a group, or resuming (the master restarts the epoch at the checkpoint
         # before its group): the master's deployer creates the workloads, not us
-        if not hold and not restarting and not _annotation(deployment, manifests.RESUME_ANNOTATION):
+        resuming = _annotation(deployment, manifests.RESUME_ANNOTATION) == manifests.RESUME_PENDING
+        if not hold and not restarting and not resuming:
             await _recreate_missing(spec, body=body, phase=new["phase"], workloads=workloads,
                                     jobs=jobs())
         now = _now()

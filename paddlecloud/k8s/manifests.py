@@ -72,11 +72,12 @@ PHASE_REASON_ANNOTATION = "paddlecloud.org/phase-reason"
 # without a token for, or a route to, the master
 EPOCH_ANNOTATION = "paddlecloud.org/epoch"
 TASKS_ANNOTATION = "paddlecloud.org/tasks"  # "done/total" tasks of the current epoch, likewise
-# set by the deployer while it restarts a collective trainer group (why), removed after
+# set by the deployer while it restarts a collective trainer group (why), "" after
 RESTARTING_ANNOTATION = "paddlecloud.org/restarting"
 # set by the operator on a master it creates again after a suspend: its deployer restarts the
 # epoch at the checkpoint before it creates the trainers (docs/kubernetes.md, Kueue)
 RESUME_ANNOTATION = "paddlecloud.org/resume-from-checkpoint"
+RESUME_PENDING, RESUME_DONE = "pending", "done"  # set by the operator, then by the master
 COMPLETION_INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
 POD_INDEX_LABEL = "apps.kubernetes.io/pod-index"  # set by the StatefulSet controller (k8s >= 1.28)
 POD_NAME_LABEL = "statefulset.kubernetes.io/pod-name"  # set by the StatefulSet controller

@@ -128,7 +128,7 @@ async def test_conditions_move_through_a_jobs_life_with_reasons_and_generation(
                            what="Restarting")
         assert condition(k8s, "life", "Restarting")["message"] == "a trainer was lost"
         assert condition(k8s, "life", "Running")["reason"] == "Restarting"
-        annotate_master(k8s, "life", {manifests.RESTARTING_ANNOTATION: None})
+        annotate_master(k8s, "life", {manifests.RESTARTING_ANNOTATION: ""})
         await k8s.wait_for(lambda: holds(k8s, "life", "Running"), what="Running again")
 
         play_master(k8s, "life", phase="Succeeded")
@@ -174,14 +174,21 @@ async def test_a_suspend_stops_the_master_then_the_group_and_a_resume_restarts_a
                            what="phase Suspended")
         master = k8s.stored("deployments", NS, "pause-master")
         assert master["spec"]["replicas"] == 0
-        assert master["metadata"]["annotations"][manifests.RESUME_ANNOTATION] == "true"
+        assert master["metadata"]["annotations"][manifests.RESUME_ANNOTATION] == "pending"
         assert k8s.stored("jobs", NS, "pause-trainer") is None
         # the master stopped before the group, the group as a whole with its grace
-        calls = [(r.method.value.upper(), r.resource.plural, r.data) for r in list(k8s.kmock)[since:]
-                 if r.resource and r.resource.plural in ("deployments", "jobs")
-                 and r.method.value.upper() in ("PATCH", "DELETE")]
+        requests = [r for r in list(k8s.kmock)[since:]
+                    if r.resource and r.resource.plural in ("deployments", "jobs")
+                    and r.method.value.upper() in ("PATCH", "DELETE")]
+        calls = [(r.method.value.upper(), r.resource.plural, r.data) for r in requests]
         assert [c[:2] for c in calls][:2] == [("PATCH", "deployments"), ("DELETE", "jobs")]
         assert calls[1][2]["propagationPolicy"] == "Foreground"
+        # a server-side apply of what the operator owns: the master's replicas, the resume mark
+        stop = requests[0]
+        assert stop.headers["Content-Type"] == "application/apply-patch+yaml"
+        assert (stop.params["fieldManager"], stop.params["force"].lower()) == (
+            "paddlecloud-operator", "true")
+        assert stop.data["spec"] == {"replicas": 0}
         assert condition(k8s, "pause", "Failed")["status"] == "False"
         assert condition(k8s, "pause", "Running")["reason"] == "SuspendedBySpec"
         assert condition(k8s, "pause", "Suspended")["observedGeneration"] == 2
@@ -206,7 +213,7 @@ async def test_a_suspend_stops_the_master_then_the_group_and_a_resume_restarts_a
     await deployer.create_trainers()
     assert restarts == [True] and k8s.stored("jobs", NS, "pause-trainer") is not None
     master = k8s.stored("deployments", NS, "pause-master")
-    assert manifests.RESUME_ANNOTATION not in master["metadata"]["annotations"]  # done
+    assert master["metadata"]["annotations"][manifests.RESUME_ANNOTATION] == "done"
     await deployer.create_trainers()  # adopted: nothing restarted
     assert restarts == [True]
     assert_operator_rights(k8s)
@@ -215,7 +222,7 @@ async def test_a_suspend_stops_the_master_then_the_group_and_a_resume_restarts_a
 async def test_a_master_that_takes_over_a_running_group_restarts_nothing(k8s_crds, api_client):
     spec = translate(paddlejob(name="over", ps=None, withGloo=0)).validate()
     deployment = manifests.master_deployment(spec)
-    deployment["metadata"].setdefault("annotations", {})[manifests.RESUME_ANNOTATION] = "true"
+    deployment["metadata"].setdefault("annotations", {})[manifests.RESUME_ANNOTATION] = "pending"
     from kubernetes import client
 
     await asyncio.to_thread(client.AppsV1Api(api_client).create_namespaced_deployment, NS,
@@ -249,7 +256,7 @@ async def test_a_group_restart_is_shown_on_the_master_while_it_lasts(k8s_crds, a
     await deployer.scale(2)
     assert seen == ["resize from 3 to 2 trainers"]
     annotations = k8s.stored("deployments", NS, "grp-master")["metadata"]["annotations"]
-    assert manifests.RESTARTING_ANNOTATION not in annotations
+    assert annotations[manifests.RESTARTING_ANNOTATION] == ""
 
 
 async def test_a_suspend_of_a_job_that_ended_is_refused_with_its_reason(
