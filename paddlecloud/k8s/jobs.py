@@ -26,6 +26,7 @@ from typing import Any
 
 from paddlecloud.jobspec import PADDLEJOB_API_VERSION, PADDLEJOB_KIND, JobSpec, JobSpecError
 from paddlecloud.k8s import manifests
+from paddlecloud.paddlejob import KUEUE_QUEUE_LABEL
 from paddlecloud.phase import Phase
 
 logger = logging.getLogger(__name__)
@@ -86,10 +87,17 @@ def to_dict(api: Any, obj: Any) -> dict[str, Any]:
 
 def create_job(api: Any, *, spec: JobSpec, objects: list[dict[str, Any]],
                rights: str | None = None) -> None:
-    """Creates the ConfigMaps, then the Deployment, then its Service; a name in use is refused."""
+    """Creates the ConfigMaps, then the Deployment, then its Service; a name in use is refused.
+    A job for a Kueue queue is refused: only the operator runs one (as a PaddleJob)."""
     from kubernetes import client
 
     from paddlecloud.tls import issue_master_certificate
+
+    if spec.local_queue:
+        raise JobCreateError(
+            f"job {spec.name} names the Kueue queue {spec.local_queue!r}: a queued job is a "
+            "PaddleJob `paddlecloud operator` runs once Kueue admits it, not created directly "
+            "(docs/kubernetes.md, Kueue)")
 
     core, apps = client.CoreV1Api(api), client.AppsV1Api(api)
     ns = spec.namespace
@@ -427,10 +435,13 @@ def paddlejob_document(spec: JobSpec) -> dict[str, Any]:
         body["input"] = list(spec.inputs)
     if spec.output:
         body["output"] = spec.output
+    labels = {manifests.APP_LABEL: manifests.APP_NAME, manifests.JOB_LABEL: spec.name}
+    if spec.local_queue:
+        labels[KUEUE_QUEUE_LABEL] = spec.local_queue
+    if spec.suspend:
+        body["suspend"] = True
     return {"apiVersion": PADDLEJOB_API_VERSION, "kind": PADDLEJOB_KIND,
-            "metadata": {"name": spec.name, "namespace": spec.namespace,
-                         "labels": {manifests.APP_LABEL: manifests.APP_NAME,
-                                    manifests.JOB_LABEL: spec.name}},
+            "metadata": {"name": spec.name, "namespace": spec.namespace, "labels": labels},
             "spec": body}
 
 
@@ -442,13 +453,21 @@ def _custom(api: Any) -> Any:
 
 def create_paddlejob(api: Any, *, spec: JobSpec, rights: str | None = None) -> None:
     """Creates the job's PaddleJob; the operator creates its master. A name in use is refused."""
-    doc = paddlejob_document(spec)
+    create_paddlejob_document(api, paddlejob_document(spec), rights=rights)
+
+
+def create_paddlejob_document(api: Any, doc: dict[str, Any], *, rights: str | None = None) -> None:
+    """Creates a PaddleJob as written (`job submit --queue -f`); a name in use is refused."""
+    from paddlecloud.k8s.client import CLI_MANAGER
+
+    ns, name = doc["metadata"]["namespace"], doc["metadata"]["name"]
     made = call(_custom(api).create_namespaced_custom_object, PADDLEJOB_GROUP, PADDLEJOB_VERSION,
-                spec.namespace, PADDLEJOB_PLURAL, doc, verb="create", resource=PADDLEJOB_PLURAL,
-                namespace=spec.namespace, name=spec.name, tolerate=(409,), rights=rights)
+                ns, PADDLEJOB_PLURAL, doc, field_manager=CLI_MANAGER, verb="create",
+                resource=PADDLEJOB_PLURAL, namespace=ns, name=name, tolerate=(409,),
+                rights=rights)
     if made is None:
-        raise JobCreateError(f"job {spec.name} already exists in namespace {spec.namespace} "
-                             f"(paddlejobs {spec.name} exists)", status=409)
+        raise JobCreateError(f"job {name} already exists in namespace {ns} "
+                             f"(paddlejobs {name} exists)", status=409)
 
 
 def _paddlejobs(api: Any, namespace: str, *, rights: str | None) -> list[dict[str, Any]]:

@@ -373,3 +373,72 @@ def test_a_queue_name_that_is_not_a_label_value_is_refused_by_name(queue):
 def test_suspend_must_be_a_boolean():
     with pytest.raises(JobSpecError, match="invalid spec.suspend 'yes'"):
         translate(paddlejob(name="bad", suspend="yes"))
+
+
+# ---- job submit --queue ------------------------------------------------------------------------
+
+def submit(*args: str) -> Any:
+    from click.testing import CliRunner
+
+    from paddlecloud.jobs_cli import job as job_group
+
+    return CliRunner().invoke(job_group, ["submit", *args], catch_exceptions=False)
+
+
+@pytest.fixture
+def job_file(tmp_path: Any) -> str:
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(paddlejob(name="queued-cli")))
+    return str(path)
+
+
+async def test_submit_with_a_queue_creates_the_labelled_paddlejob_for_the_operator(
+        k8s_crds, kubeconfig, job_file):
+    k8s = k8s_crds
+    result = await asyncio.to_thread(submit, "-f", job_file, "--queue", "team-a", "--epochs", "3",
+                                     "--input", "/data/train-*.csv", "-n", NS,
+                                     "--kubeconfig", kubeconfig)
+    assert result.exit_code == 0, result.output
+    stored = k8s.stored("paddlejobs", NS, "queued-cli")
+    assert stored["metadata"]["labels"][KUEUE_QUEUE_LABEL] == "team-a"
+    assert (stored["spec"]["epochs"], stored["spec"]["input"]) == (3, ["/data/train-*.csv"])
+    assert k8s.stored("deployments", NS, "queued-cli-master") is None  # the operator's to make
+    create = next(r for r in k8s.kmock if r.resource and r.resource.plural == "paddlejobs")
+    assert create.params["fieldManager"] == "paddlecloud-cli"
+
+
+def test_submit_with_a_queue_dry_run_prints_the_labelled_paddlejob(job_file):
+    result = submit("-f", job_file, "--queue", "team-a", "--dry-run")
+    assert result.exit_code == 0, result.output
+    doc = yaml.safe_load(result.output)
+    assert doc["kind"] == "PaddleJob" and doc["metadata"]["labels"][KUEUE_QUEUE_LABEL] == "team-a"
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--queue", "team-a", "q1"], "--queue needs -f job.yaml"),
+    (["--queue", "team-a", "--server", "http://x", "-f", "FILE"], "cannot be combined with --server"),
+    (["--queue", "team-a", "--module", "m.train", "-f", "FILE"],
+     "--module cannot be combined with --queue"),
+    (["--queue", "Team_A", "-f", "FILE"], "invalid Kueue queue name 'Team_A'"),
+])
+def test_submit_with_a_queue_refuses_contradictions_by_name(job_file, args, words):
+    result = submit(*[job_file if a == "FILE" else a for a in args])
+    assert result.exit_code != 0 and words in result.output, result.output
+
+
+def test_a_queue_on_the_command_line_and_another_in_the_file_contradict(tmp_path):
+    doc = paddlejob(name="twice")
+    doc["metadata"]["labels"] = {KUEUE_QUEUE_LABEL: "team-b"}
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    result = submit("-f", str(path), "--queue", "team-a", "--dry-run")
+    assert result.exit_code != 0
+    assert "--queue 'team-a' contradicts the file's label" in result.output
+
+
+def test_a_queued_job_is_never_created_directly():
+    from paddlecloud.k8s.jobs import JobCreateError, create_job
+
+    spec = translate(job("direct", labels={KUEUE_QUEUE_LABEL: "team-a"})).validate()
+    with pytest.raises(JobCreateError, match="names the Kueue queue 'team-a'"):
+        create_job(None, spec=spec, objects=[])
