@@ -42,18 +42,23 @@ def master_phase(deployment: Mapping[str, Any] | None) -> str | None:
     return phase if phase in {p.value for p in Phase} else None
 
 
+def _pair(deployment: Mapping[str, Any] | None, key: str, *, what: str) -> tuple[int, int] | None:
+    """The annotation `key` as two numbers "A/B"; None before the master wrote it, or when it
+    is not two numbers (it is logged, naming `what` they should be)."""
+    text = _annotations(deployment).get(key)
+    if text is None:
+        return None
+    first, _, second = str(text).partition("/")
+    if not (first.isdigit() and second.isdigit()):
+        logger.warning("ignoring annotation %s=%r: not %s", key, str(text)[:40], what)
+        return None
+    return int(first), int(second)
+
+
 def master_epochs(deployment: Mapping[str, Any] | None) -> tuple[int, int] | None:
     """(current epoch, epochs) as the leading master annotated them; None before it did (no
     dataset yet), or when the annotation is not two numbers (it is logged)."""
-    text = _annotations(deployment).get(manifests.EPOCH_ANNOTATION)
-    if text is None:
-        return None
-    current, _, total = str(text).partition("/")
-    if not (current.isdigit() and total.isdigit()):
-        logger.warning("ignoring annotation %s=%r: not CURRENT/TOTAL epochs",
-                       manifests.EPOCH_ANNOTATION, str(text)[:40])
-        return None
-    return int(current), int(total)
+    return _pair(deployment, manifests.EPOCH_ANNOTATION, what="CURRENT/TOTAL epochs")
 
 
 def role_counts(role: str, workload: Mapping[str, Any] | None, *, desired: int) -> dict[str, Any]:
@@ -81,17 +86,8 @@ def epoch_progress(phase: str, epochs: tuple[int, int] | None) -> str | None:
 
 
 def master_tasks(deployment: Mapping[str, Any] | None) -> tuple[int, int] | None:
-    """(tasks done, tasks) of the current epoch as the leading master annotated them; None
-    before it did, or when the annotation is not two numbers (it is logged)."""
-    text = _annotations(deployment).get(manifests.TASKS_ANNOTATION)
-    if text is None:
-        return None
-    done, _, total = str(text).partition("/")
-    if not (done.isdigit() and total.isdigit()):
-        logger.warning("ignoring annotation %s=%r: not DONE/TOTAL tasks",
-                       manifests.TASKS_ANNOTATION, str(text)[:40])
-        return None
-    return int(done), int(total)
+    """(tasks done, tasks) of the current epoch as the leading master annotated them."""
+    return _pair(deployment, manifests.TASKS_ANNOTATION, what="DONE/TOTAL tasks")
 
 
 def percent_done(phase: str, epochs: tuple[int, int] | None,

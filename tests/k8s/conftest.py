@@ -256,6 +256,22 @@ async def k8s_crds(k8s: Cluster) -> Cluster:
     return k8s
 
 
+@pytest.fixture
+def config(kubeconfig: str) -> Any:
+    """The operator's configuration for the tests that run it: a fast status timer."""
+    from pdj_operator.handlers import OperatorConfig
+
+    return OperatorConfig(kubeconfig=kubeconfig, interval=0.2, clear_etcd=False)
+
+
+@pytest.fixture
+def api(api_client: Any) -> Any:
+    """kubectl's part in the operator tests: PaddleJobs created and read as custom objects."""
+    from kubernetes import client
+
+    return client.CustomObjectsApi(api_client)
+
+
 # ---- the autoscaler: nodes, and Leases that behave like an API server's ---------------------------
 # 8. Leases: kmock sets no resourceVersion and does not check one; the elector's merge
 #    patches name the version they read (a real API server answers 409 Conflict when it

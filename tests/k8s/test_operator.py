@@ -65,18 +65,6 @@ async def running_operator(config: OperatorConfig, *args: str) -> AsyncIterator[
         await asyncio.to_thread(runner.__exit__, None, None, None)
 
 
-@pytest.fixture
-def config(kubeconfig: str) -> OperatorConfig:
-    return OperatorConfig(kubeconfig=kubeconfig, interval=0.2, clear_etcd=False)
-
-
-@pytest.fixture
-def api(api_client: Any) -> Any:
-    from kubernetes import client
-
-    return client.CustomObjectsApi(api_client)
-
-
 async def apply(api: Any, doc: dict[str, Any]) -> None:
     await asyncio.to_thread(api.create_namespaced_custom_object, GROUP, VERSION, NS, PLURAL, doc)
 

@@ -31,21 +31,8 @@ from paddlecloud.k8s import manifests
 from paddlecloud.k8s.deployer import KubernetesDeployer
 from paddlecloud.paddlejob import KUEUE_QUEUE_LABEL, translate
 from pdj_operator import kueue
-from pdj_operator.handlers import OperatorConfig
 
 MASTERS = 2  # the master Deployment's replicas when it runs (one leads, one stands by)
-
-
-@pytest.fixture
-def config(kubeconfig: str) -> OperatorConfig:
-    return OperatorConfig(kubeconfig=kubeconfig, interval=0.2, clear_etcd=False)
-
-
-@pytest.fixture
-def api(api_client: Any) -> Any:
-    from kubernetes import client
-
-    return client.CustomObjectsApi(api_client)
 
 
 def status_of(k8s: Any, name: str) -> dict[str, Any]:
