@@ -56,6 +56,10 @@ class TrainerJob:
         "Kubernetes namespace (default: the token's first, else default)."))
     etcd_endpoints: str = field(default=DEFAULT_ETCD_ENDPOINTS, metadata=_doc(
         "The etcd the job's master keeps its state in."))
+    queue: str = field(default="", metadata=_doc(
+        "Kueue's LocalQueue: the job goes in as a PaddleJob labelled kueue.x-k8s.io/queue-name, "
+        "which `paddlecloud operator` runs once Kueue admits it (a Job Server needs "
+        "`paddlejobs: true`)."))
 
     @property
     def gpus_per_trainer(self) -> int:
@@ -80,7 +84,7 @@ class TrainerJob:
             trainer_memory=self.memory, trainer_gpu=self.gpus_per_trainer,
             pserver_cpu=str(self.cpu_num), pserver_memory=self.memory,
             env=tuple(sorted((str(k), str(v)) for k, v in dict(self.env).items())),
-            etcd_endpoints=self.etcd_endpoints, epochs=self.epochs,
+            etcd_endpoints=self.etcd_endpoints, epochs=self.epochs, local_queue=self.queue,
         )
         return spec.validate()
 
@@ -97,7 +101,7 @@ class TrainerJob:
             memory=spec.trainer_memory, use_gpu=spec.trainer_gpu > 0,
             cpu_num=int(cpu) if cpu.isdigit() else 0, gpu_num=spec.trainer_gpu or 1,
             env=dict(spec.env), epochs=spec.epochs, namespace=spec.namespace,
-            etcd_endpoints=spec.etcd_endpoints,
+            etcd_endpoints=spec.etcd_endpoints, queue=spec.local_queue,
         )
         if job.cpu_num < 1:
             raise JobSpecError(f"trainer CPU {cpu!r}: the Job Server takes whole CPUs (cpu_num)")

@@ -94,7 +94,7 @@ def create_job(api: Any, *, spec: JobSpec, objects: list[dict[str, Any]],
     from paddlecloud.tls import issue_master_certificate
 
     if spec.local_queue:
-        raise JobCreateError(
+        raise JobSpecError(
             f"job {spec.name} names the Kueue queue {spec.local_queue!r}: a queued job is a "
             "PaddleJob `paddlecloud operator` runs once Kueue admits it, not created directly "
             "(docs/kubernetes.md, Kueue)")

@@ -424,8 +424,21 @@ def test_a_queue_on_the_command_line_and_another_in_the_file_contradict(tmp_path
 
 
 def test_a_queued_job_is_never_created_directly():
-    from paddlecloud.k8s.jobs import JobCreateError, create_job
+    from paddlecloud.k8s.jobs import create_job
 
     spec = translate(job("direct", labels={KUEUE_QUEUE_LABEL: "team-a"})).validate()
-    with pytest.raises(JobCreateError, match="names the Kueue queue 'team-a'"):
+    with pytest.raises(JobSpecError, match="names the Kueue queue 'team-a'"):
         create_job(None, spec=spec, objects=[])
+
+
+async def test_the_python_api_queues_a_job_as_a_labelled_paddlejob(k8s_crds, kubeconfig):
+    from paddlecloud.sdk import PaddleJob
+
+    job_ = PaddleJob(job_name="sdk-queued", module="fit.train", trainers=2, namespace=NS,
+                     queue="team-a")
+    await asyncio.to_thread(job_.submit, kubeconfig=kubeconfig)
+    stored = k8s_crds.stored("paddlejobs", NS, "sdk-queued")
+    assert stored["metadata"]["labels"][KUEUE_QUEUE_LABEL] == "team-a"
+    assert k8s_crds.stored("deployments", NS, "sdk-queued-master") is None
+    with pytest.raises(JobSpecError, match="invalid Kueue queue name 'Team_A'"):
+        PaddleJob(job_name="bad", module="fit.train", queue="Team_A")
