@@ -91,6 +91,7 @@ def create_job(api: Any, *, spec: JobSpec, objects: list[dict[str, Any]],
     A job for a Kueue queue is refused: only the operator runs one (as a PaddleJob)."""
     from kubernetes import client
 
+    from paddlecloud.k8s.client import CLI_MANAGER, applied, apply_body
     from paddlecloud.tls import issue_master_certificate
 
     if spec.local_queue:
@@ -111,7 +112,7 @@ def create_job(api: Any, *, spec: JobSpec, objects: list[dict[str, Any]],
         """The created object; None when it existed and `adopt` says that is fine."""
         name = body["metadata"]["name"]
         made = call(fn, ns, body, verb="create", resource=resource, namespace=ns, name=name,
-                    tolerate=(409,), rights=rights)
+                    tolerate=(409,), rights=rights, field_manager=CLI_MANAGER)
         if made is None and not adopt:
             raise JobCreateError(
                 f"job {spec.name} already exists in namespace {ns} ({resource} {name} exists)",
@@ -155,9 +156,11 @@ def create_job(api: Any, *, spec: JobSpec, objects: list[dict[str, Any]],
     for policy in manifests.network_policies(spec, owner):
         create(networking.create_namespaced_network_policy, policy, "networkpolicies", adopt=True)
     for cm in created:  # owned too, so deleting the Deployment alone removes the whole job
-        call(core.patch_namespaced_config_map, cm, ns, {"metadata": {"ownerReferences": [owner]}},
-             verb="patch", resource="configmaps", namespace=ns, name=cm, rights=rights,
-             _content_type="application/merge-patch+json")
+        call(core.patch_namespaced_config_map, cm, ns,
+             apply_body({"metadata": {"ownerReferences": [owner]}}, api_version="v1",
+                        kind="ConfigMap", name=cm, namespace=ns),
+             verb="apply", resource="configmaps", namespace=ns, name=cm, rights=rights,
+             **applied(CLI_MANAGER))
 
 
 def pod_counts(pods: Iterable[Any], job_name: str) -> dict[str, dict[str, int]]:
