@@ -651,10 +651,13 @@ def _annotation(deployment: Mapping[str, Any] | None, key: str) -> str:
 
 
 def _seconds_since(timestamp: str | None) -> float:
-    if not timestamp:
+    """Seconds since a status timestamp the operator wrote; 0 when there is none (or it is not
+    one of ours: no ETA then)."""
+    try:
+        then = datetime.datetime.strptime(timestamp or "", "%Y-%m-%dT%H:%M:%SZ").replace(
+            tzinfo=datetime.timezone.utc)
+    except ValueError:
         return 0.0
-    then = datetime.datetime.strptime(timestamp, "%Y-%m-%dT%H:%M:%SZ").replace(
-        tzinfo=datetime.timezone.utc)
     return (datetime.datetime.now(tz=datetime.timezone.utc) - then).total_seconds()
 
 
