@@ -176,16 +176,21 @@ class JobObjects:
                 "rename the PaddleJob")
         return existing, False
 
-    async def ensure_master(self, spec: JobSpec, body: Mapping[str, Any]) -> bool:
+    async def ensure_master(self, spec: JobSpec, body: Mapping[str, Any], *, again: bool = False,
+                            held: bool = False) -> bool:
         """The objects `paddlecloud job submit` creates, owned by the PaddleJob; whether this
-        call created the master Deployment (the caller records an Event for it then)."""
+        call created the master Deployment (the caller records an Event for it then).
+
+        `again`: the master Deployment of a job that ran was deleted (the garbage collector
+        takes its trainers with it): the new one is marked to restart the epoch at the
+        checkpoint before its group, as after a suspend; `held`: it is created stopped."""
         owner = pdj_owner(body)
         ca = await self._ensure_tokens(spec, owner, body)
         deployment: dict[str, Any] = {}
         created = False
         for obj in manifests.submit_objects(spec):
             if obj["kind"] == "Deployment":
-                obj = manifests.publish_master_ca(obj, ca)
+                obj = _marked(manifests.publish_master_ca(obj, ca), again=again, held=held)
             if obj["kind"] == "ConfigMap":
                 obj["metadata"]["ownerReferences"] = [owner]
                 await self._create(self.core.create_namespaced_config_map, obj,
@@ -568,7 +573,7 @@ def make_registry(config: OperatorConfig, *,
             deployment = await jobs().deployment(spec)
         if deployment is None:
             if old_phase not in {p.value for p in TERMINAL} and \
-                    await jobs().ensure_master(spec, body):
+                    await jobs().ensure_master(spec, body, again=True, held=bool(hold)):
                 await jobs().event(body, kind="Warning", reason="MasterRecreated", message=(
                     f"master Deployment {manifests.master_name(spec.name)} was deleted while the "
                     "job ran: created again (it resumes from etcd)"))
@@ -625,6 +630,17 @@ def make_registry(config: OperatorConfig, *,
 
 
 SUSPENDED = "Suspended"  # the PaddleJob's phase while it is held (the master's phases apart)
+
+
+def _marked(deployment: dict[str, Any], *, again: bool, held: bool) -> dict[str, Any]:
+    """The master Deployment to create: marked to resume at the checkpoint when it is created
+    `again`, with no replicas while the job is `held`."""
+    if again or held:
+        deployment["metadata"].setdefault("annotations", {})[manifests.RESUME_ANNOTATION] = \
+            manifests.RESUME_PENDING
+    if held:
+        deployment["spec"]["replicas"] = 0
+    return deployment
 
 
 async def _suspend_changed(body: Mapping[str, Any], *, suspend: bool, jobs: JobObjects) -> None:

@@ -206,6 +206,34 @@ async def test_a_suspend_stops_the_master_then_the_group_and_a_resume_restarts_a
     assert_operator_rights(k8s)
 
 
+async def test_a_master_deleted_by_hand_comes_back_marked_to_resume_and_stopped_if_held(
+        k8s_crds, api, api_client, config):
+    """Deleting the master Deployment takes its trainers with it (the garbage collector): the
+    master created again restarts the epoch at the checkpoint before its new group, as after
+    a suspend; while the job is suspended it comes back stopped."""
+    from kubernetes import client
+
+    k8s = k8s_crds
+    apps = client.AppsV1Api(api_client)
+    async with running_operator(config):
+        await apply(api, job("again", ps=None, withGloo=0))
+        await wait_for_job(k8s, "again")
+        play_master(k8s, "again", phase="Running")
+        await k8s.wait_for(lambda: holds(k8s, "again", "Running"), what="Running")
+        await asyncio.to_thread(apps.delete_namespaced_deployment, "again-master", NS)
+        await k8s.wait_for(lambda: events(k8s, "MasterRecreated"), what="MasterRecreated")
+        master = k8s.stored("deployments", NS, "again-master")
+        assert master["metadata"]["annotations"][manifests.RESUME_ANNOTATION] == "pending"
+        assert master["spec"]["replicas"] == MASTERS
+
+        edit_spec(k8s, "again", suspend=True)
+        await k8s.wait_for(lambda: holds(k8s, "again", "Suspended"), what="Suspended")
+        await asyncio.to_thread(apps.delete_namespaced_deployment, "again-master", NS)
+        await k8s.wait_for(lambda: len(events(k8s, "MasterRecreated")) == 2, what="again")
+        await k8s.wait_for(lambda: k8s.stored("deployments", NS, "again-master"), what="master")
+        assert k8s.stored("deployments", NS, "again-master")["spec"]["replicas"] == 0
+
+
 async def test_a_master_that_takes_over_a_running_group_restarts_nothing(k8s_crds, api_client):
     spec = translate(paddlejob(name="over", ps=None, withGloo=0)).validate()
     deployment = manifests.master_deployment(spec)
