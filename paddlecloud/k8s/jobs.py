@@ -269,13 +269,23 @@ def job_status(api: Any, *, namespace: str, name: str, rights: str | None = None
     pods = call(core.list_namespaced_pod, namespace, label_selector=manifests.label_selector(name),
                 verb="list", resource="pods", namespace=namespace, rights=rights)
     annotations = deployment.metadata.annotations or {}
-    return {"name": name, "namespace": namespace,
-            "phase": annotations.get(manifests.PHASE_ANNOTATION, Phase.PENDING.value),
-            "reason": annotations.get(manifests.PHASE_REASON_ANNOTATION, ""),
+    phase, reason = shown_phase(annotations, replicas=deployment.spec.replicas)
+    return {"name": name, "namespace": namespace, "phase": phase, "reason": reason,
             "pods": pod_counts(pods.items or [], name),
             "progress": master_progress(namespace, name, ca=master_ca(annotations),
                                         token=viewer_token(api, namespace=namespace, name=name,
                                                            rights=rights))}
+
+
+def shown_phase(annotations: Mapping[str, str], *, replicas: int | None) -> tuple[str, str]:
+    """The job's phase and its reason from its master Deployment: the master's own, or
+    Suspended while the operator holds the job (its master stopped, to resume at the
+    checkpoint: docs/kubernetes.md, "spec.suspend")."""
+    phase = annotations.get(manifests.PHASE_ANNOTATION, Phase.PENDING.value)
+    held = replicas == 0 and annotations.get(manifests.RESUME_ANNOTATION) == manifests.RESUME_PENDING
+    if held and phase not in {p.value for p in Phase if p.terminal}:
+        return "Suspended", "suspended (spec.suspend or Kueue): it resumes at its checkpoint"
+    return phase, annotations.get(manifests.PHASE_REASON_ANNOTATION, "")
 
 
 def viewer_token(api: Any, *, namespace: str, name: str, rights: str | None = None) -> str | None:

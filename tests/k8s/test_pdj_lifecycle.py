@@ -470,3 +470,17 @@ async def test_the_python_api_queues_a_job_as_a_labelled_paddlejob(k8s_crds, kub
     assert k8s_crds.stored("deployments", NS, "sdk-queued-master") is None
     with pytest.raises(JobSpecError, match="invalid Kueue queue name 'Team_A'"):
         PaddleJob(job_name="bad", module="fit.train", queue="Team_A")
+
+
+@pytest.mark.parametrize("annotations, replicas, shown", [
+    ({manifests.PHASE_ANNOTATION: "Running",
+      manifests.RESUME_ANNOTATION: "pending"}, 0, "Suspended"),
+    ({manifests.PHASE_ANNOTATION: "Running", manifests.RESUME_ANNOTATION: "pending"}, 2, "Running"),
+    ({manifests.PHASE_ANNOTATION: "Running", manifests.RESUME_ANNOTATION: "done"}, 0, "Running"),
+    ({manifests.PHASE_ANNOTATION: "Succeeded",
+      manifests.RESUME_ANNOTATION: "pending"}, 0, "Succeeded"),
+])
+def test_job_status_shows_a_held_job_suspended(annotations, replicas, shown):
+    from paddlecloud.k8s.jobs import shown_phase
+
+    assert shown_phase(annotations, replicas=replicas)[0] == shown
