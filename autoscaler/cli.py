@@ -1,4 +1,4 @@
-"""`paddlecloud autoscaler`: the cluster autoscaler's controller (deploy/autoscaler.yaml).
+"""`paddlecloud autoscaler`: the cluster autoscaler's controller (deploy/components/autoscaler/autoscaler.yaml).
 
 Replicas elect one leader with a Lease in `--lease-namespace` (the pod's own namespace in the
 cluster: $POD_NAMESPACE); only the leader plans and scales. `--dry-run` prints the plan each round
@@ -7,7 +7,7 @@ and changes nothing (it takes no Lease either: it never displaces the replica th
 
 A master with tokens answers the autoscaler only when it carries the scaler token
 (`paddlecloud.auth`: GetStatus and ScaleTrainers, nothing else): `--scaler-token-file` names
-the file holding it (deploy/autoscaler.yaml mounts the Secret `paddlecloud-scaler` there; every
+the file holding it (deploy/components/autoscaler/autoscaler.yaml mounts the Secret `paddlecloud-scaler` there; every
 job's master mounts the Secret of the same name in its own namespace), read once at start and
 sent as `authorization: Bearer` metadata on both calls. Without it no token is sent (masters
 without tokens, `--dry-run` against a local cluster). What this does NOT guarantee: that the

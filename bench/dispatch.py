@@ -259,8 +259,8 @@ async def _client(config: dict) -> dict:
         "reply_bytes": statistics.mean(sizes) if sizes else 0,
         "cpu": cpu, "other_cpu": max(0.0, machine - ours),
         "steal": (last["steal"] - first["steal"]) / window,
-        "etcd_txns": delta("paddlecloud_master_etcd_batch_writes_count"),
-        "etcd_writes": delta("paddlecloud_master_etcd_batch_writes_sum"),
+        "etcd_txns": delta("paddlecloud_master_etcd_request_transactions_count"),
+        "etcd_writes": delta("paddlecloud_master_etcd_request_transactions_sum"),
         "finishes": delta("paddlecloud_master_finishes_total"),
         "refreshes": delta("paddlecloud_master_lease_refreshes_total"),
     }

@@ -596,7 +596,7 @@ def measure(bench: Bench, *, targets: list[str], n: int, prefix: str, keepalive:
         return last["m"].get(name, 0.0) - first["m"].get(name, 0.0)
 
     rpcs = sum(last["m"].get(k, 0.0) - first["m"].get(k, 0.0) for k in last["m"]
-               if k.startswith("paddlecloud_master_rpc_seconds_count"))
+               if k.startswith("paddlecloud_master_rpc_duration_seconds_count"))
     shed = sum(last["m"].get(k, 0.0) - first["m"].get(k, 0.0) for k in last["m"]
                if k.startswith("paddlecloud_master_shed_calls_total"))
     served = sorted(r["per_trainer"])
@@ -610,7 +610,7 @@ def measure(bench: Bench, *, targets: list[str], n: int, prefix: str, keepalive:
         "reregistered": r["reregistered"], "keepalive_per_trainer_s": r["keepalives"] / window / n,
         "rpc_per_trainer_s": rpcs / window / n if metrics else float("nan"),
         "keepalive_rpc_per_trainer_s":
-            delta('paddlecloud_master_rpc_seconds_count{method="KeepAlive"}') / window / n,
+            delta('paddlecloud_master_rpc_duration_seconds_count{method="KeepAlive"}') / window / n,
         "etcd_per_trainer_s": (last["etcd"] - first["etcd"]) / window / n,
         "lease_refresh_per_trainer_s": delta("paddlecloud_master_lease_refreshes_total") / window / n,
         "shed_per_s": shed / window,

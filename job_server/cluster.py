@@ -29,7 +29,7 @@ from paddlecloud.k8s import image_build, jobs, manifests
 
 logger = logging.getLogger(__name__)
 
-SERVER_RIGHTS = ("The job server's rights come from its Role (deploy/job-server.yaml); "
+SERVER_RIGHTS = ("The job server's rights come from its Role (deploy/components/job-server/job-server.yaml); "
                  "grant it in this namespace")
 
 

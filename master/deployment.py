@@ -28,6 +28,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from master.state import TaskStatus
 from master.store import NotLeader, StoreUnavailable
 from paddlecloud import checkpoints
 from paddlecloud.etcd import EtcdUnavailable
@@ -116,7 +117,7 @@ async def supervise_on_kubernetes(dispatcher: Dispatcher, deployer: KubernetesDe
                                   poll_interval: float = 2.0, graces: Graces = DEFAULT_GRACES) -> Verdict:
     """`supervise` with the master's data, its etcd and its fenced phase write."""
 
-    shown: list[tuple[int, int]] = []
+    shown: list[tuple[int, int, int, int]] = []
 
     async def master_state() -> MasterState:
         await _show_epoch(dispatcher, deployer, shown)
@@ -142,20 +143,22 @@ async def supervise_on_kubernetes(dispatcher: Dispatcher, deployer: KubernetesDe
 
 
 async def _show_epoch(dispatcher: Dispatcher, deployer: KubernetesDeployer,
-                      shown: list[tuple[int, int]]) -> None:
-    """Annotates the master Deployment with the epoch when it moved since last shown. A
+                      shown: list[tuple[int, int, int, int]]) -> None:
+    """Annotates the master Deployment with the epoch and its tasks done when they moved. A
     courtesy for readers of the Deployment (the operator's `kubectl get pdj`): an API error
     is logged and the next poll tries again; it never fails the deployment."""
     state, spec = dispatcher.core.state, dispatcher.spec
     if state is None or spec is None:
         return
-    now = (state.epoch, spec.num_epochs)
+    counts = state.counts
+    now = (state.epoch, spec.num_epochs, counts[TaskStatus.DONE], sum(counts))
     if shown == [now]:
         return
     try:
         await deployer.show_epoch(*now)
     except Exception as error:
-        logger.info("could not annotate the master Deployment with epoch %d/%d: %s", *now, error)
+        logger.info("could not annotate the master Deployment with epoch %d/%d: %s", *now[:2],
+                    error)
         return
     shown[:] = [now]
 

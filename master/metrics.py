@@ -1,6 +1,9 @@
 """Prometheus metrics of the master, and the recent reasons of failed tasks.
 
-Counters and histograms are updated where things happen; the gauges of task
+Names follow Prometheus's conventions (`_total` counters, base units such as
+`_seconds`, no units in labels); docs/metrics.md documents each one, and
+`catalog()` is what a test checks that table against. Counters and histograms are
+updated where things happen; the gauges of task
 counts, epoch and sessions are read from the live state at scrape time, so the
 hot path pays nothing for them. They are served as `/metrics` on the master's
 HTTP port (`master.web`), whose status page also samples the counters.
@@ -18,6 +21,7 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.registry import Collector
 
 REGISTRY = CollectorRegistry()
@@ -30,10 +34,10 @@ REQUEUES = Counter("paddlecloud_master_requeues", "Tasks put back to todo or fai
                    ["cause"], registry=REGISTRY)
 EPOCHS = Counter("paddlecloud_master_epochs_completed", "Epochs completed", registry=REGISTRY)
 RPC_LATENCY = Histogram(
-    "paddlecloud_master_rpc_seconds", "Time to answer an RPC", ["method"], registry=REGISTRY,
+    "paddlecloud_master_rpc_duration_seconds", "Time to answer an RPC", ["method"], registry=REGISTRY,
     buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
 )
-BATCH_SIZE = Histogram("paddlecloud_master_etcd_batch_writes",
+BATCH_SIZE = Histogram("paddlecloud_master_etcd_request_transactions",
                        "Transactions per etcd request (group commit)", registry=REGISTRY,
                        buckets=(1, 2, 4, 8, 16, 32, 64, 128))
 SHED_CALLS = Counter("paddlecloud_master_shed_calls",
@@ -88,6 +92,28 @@ class StateCollector(Collector):
         for cause, value in (numbers.get("trainer_seconds") or {}).items():
             seconds.add_metric([cause], value)
         yield seconds
+
+
+@dataclass(frozen=True)
+class MetricInfo:
+    """One exported metric as docs/metrics.md documents it."""
+
+    name: str            # as exposed: a counter's with its `_total`
+    type: str            # counter, gauge, histogram
+    labels: tuple[str, ...]
+    help: str
+
+
+def catalog() -> list[MetricInfo]:
+    """Every metric the master exports, the live gauges included (docs/metrics.md's table)."""
+    out = [MetricInfo(name=m._name + ("_total" if m._type == "counter" else ""), type=m._type,
+                      labels=tuple(m._labelnames), help=m._documentation)
+           for m in globals().values() if isinstance(m, MetricWrapperBase)]
+    for family in StateCollector(lambda: {"tasks": {"todo": 0}}).collect():
+        labels = tuple(sorted({k for sample in family.samples for k in sample.labels}))
+        out.append(MetricInfo(name=family.name, type=family.type, labels=labels,
+                              help=family.documentation))
+    return out
 
 
 def collect_state(read: Callable[[], dict | None]) -> None:

@@ -66,6 +66,10 @@ class TrainerJob:
     volume: str = field(default="", metadata=_doc(
         "A PersistentVolumeClaim mounted at /VOLUME in the master (read-only) and every trainer, "
         "where input and output point (e.g. volume quickstart, input /quickstart/input)."))
+    queue: str = field(default="", metadata=_doc(
+        "Kueue's LocalQueue: the job goes in as a PaddleJob labelled kueue.x-k8s.io/queue-name, "
+        "which `paddlecloud operator` runs once Kueue admits it (a Job Server needs "
+        "`paddlejobs: true`)."))
 
     @property
     def gpus_per_trainer(self) -> int:
@@ -91,7 +95,7 @@ class TrainerJob:
             trainer_memory=self.memory, trainer_gpu=self.gpus_per_trainer,
             pserver_cpu=str(self.cpu_num), pserver_memory=self.memory,
             env=tuple(sorted((str(k), str(v)) for k, v in dict(self.env).items())),
-            etcd_endpoints=self.etcd_endpoints, epochs=self.epochs,
+            etcd_endpoints=self.etcd_endpoints, epochs=self.epochs, local_queue=self.queue,
             data_volume=DataVolume(claim=self.volume, mount_path=f"/{self.volume}") if self.volume else None,
         )
         return spec.validate()
@@ -110,6 +114,7 @@ class TrainerJob:
             cpu_num=int(cpu) if cpu.isdigit() else 0, gpu_num=spec.trainer_gpu or 1,
             env=dict(spec.env), epochs=spec.epochs, namespace=spec.namespace,
             etcd_endpoints=spec.etcd_endpoints, volume=_volume_of(spec.data_volume),
+            queue=spec.local_queue,
         )
         if job.cpu_num < 1:
             raise JobSpecError(f"trainer CPU {cpu!r}: the Job Server takes whole CPUs (cpu_num)")

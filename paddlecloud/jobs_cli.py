@@ -281,6 +281,10 @@ def _job_name_of(words: tuple[str, ...]) -> str | None:
               help="Size of a data chunk, e.g. 64MiB or 1GiB  [default: 64MiB]")
 @click.option("--no-agent", is_flag=True, default=False,
               help="Run every role's image entrypoint unchanged (paddlecloud runs beside it).")
+@click.option("--queue", metavar="NAME",
+              help="Queue the job in Kueue's LocalQueue NAME: with -f, the PaddleJob is created "
+                   "labelled kueue.x-k8s.io/queue-name for `paddlecloud operator` to run once "
+                   "Kueue admits it (docs/kubernetes.md, Kueue).")
 @click.option("--dry-run", is_flag=True, help="Print the manifests as a YAML stream; touch nothing.")
 @click.option("--server", metavar="URL", help="Submit through this Job Server (no kubeconfig needed).")
 @click.option("--token", envvar="PADDLE_JOB_TOKEN", show_envvar=True, help="The Job Server token.")
@@ -292,6 +296,10 @@ def submit_command(words: tuple[str, ...], paddlejob: str | None, dry_run: bool,
     `job submit train NAME` (the paddle client's form) is the same as `job submit NAME`.
     """
     name = _job_name_of(words)
+    if options["queue"] is not None:
+        _submit_queued(name, paddlejob, dry_run=dry_run, server=server, kubeconfig=kubeconfig,
+                       options=options)
+        return
     options = _with_checkpoint_every(options)
     try:
         package = read_package(Path(options["package_path"])) if options["package_path"] else None
@@ -314,6 +322,39 @@ def submit_command(words: tuple[str, ...], paddlejob: str | None, dry_run: bool,
         raise _fail(str(error)) from None
     click.echo(f"job {spec.name} submitted to namespace {spec.namespace}: "
                f"paddlecloud job status {spec.name} -n {spec.namespace}")
+
+
+def _submit_queued(name: str | None, paddlejob: str | None, *, dry_run: bool, server: str | None,
+                   kubeconfig: str | None, options: dict[str, Any]) -> None:
+    """`--queue`: the PaddleJob, labelled for Kueue, for the operator to run once admitted."""
+    from paddlecloud.k8s.queued import queued_paddlejob
+
+    queue = options.pop("queue")
+    if server:
+        raise _fail("--queue cannot be combined with --server: the Job Server creates jobs "
+                    "straight away; a queued job is a PaddleJob the operator runs once Kueue "
+                    "admits it")
+    if paddlejob is None:
+        raise _fail("--queue needs -f job.yaml: a queued job is a PaddleJob (its pod templates "
+                    "say what --module, --image and the resources would) that the operator runs "
+                    "once Kueue admits it")
+    try:
+        doc = queued_paddlejob(_load_paddlejob(paddlejob), queue=queue, name=name,
+                               options=options)
+    except JobSpecError as error:
+        raise _fail(str(error)) from None
+    if dry_run:
+        click.echo(manifests.dump_yaml(doc), nl=False)
+        return
+    from paddlecloud.k8s.jobs import create_paddlejob_document
+
+    try:
+        create_paddlejob_document(_api(kubeconfig), doc, rights=USER_RIGHTS)
+    except JobCreateError as error:
+        raise _fail(str(error)) from None
+    meta = doc["metadata"]
+    click.echo(f"PaddleJob {meta['name']} queued in {queue} (namespace {meta['namespace']}): "
+               f"kubectl get pdj {meta['name']} -n {meta['namespace']}")
 
 
 def _submit_to_server(spec: JobSpec, *, server: str, token: str | None,

@@ -164,6 +164,10 @@ class JobSpec:
     secret_env: tuple[tuple[str, str, str], ...] = ()
     # templates may ask for privileged, host namespaces, hostPath, root, a service account
     allow_privileged: bool = False
+    # Kueue's LocalQueue (the PaddleJob's kueue.x-k8s.io/queue-name label, `job submit --queue`):
+    # the job runs once Kueue admits it (docs/kubernetes.md, "Kueue"); "" = not queued
+    local_queue: str = ""
+    suspend: bool = False  # batch Job semantics: while true, no pserver or trainer runs
 
     # ---- derived ----------------------------------------------------------------
     @property
@@ -359,6 +363,11 @@ class JobSpec:
             )
         if self.pservers and self.ps_template is None and self.worker_template is not None:
             raise JobSpecError("a PaddleJob with pservers needs spec.ps.template")
+        if self.local_queue and (len(self.local_queue) > 63
+                                 or not _DNS_1123_LABEL.fullmatch(self.local_queue)):
+            raise JobSpecError(
+                f"invalid Kueue queue name {self.local_queue[:64]!r}: a LocalQueue's name, at most "
+                "63 lower-case letters, digits and '-' (also a valid label value), e.g. 'team-a'")
         return self
 
     # ---- YAML (the ConfigMap content the master reads with --job-spec) ----------

@@ -56,7 +56,8 @@ PODGROUP_KIND = "PodGroup"
 OPERATOR_FIELDS = ("cleanPodPolicy", "schedulingPolicy", "intranet", "withGloo", "sampleSetRef",
                    "ps", "worker", "heter", "elastic")
 OWN_FIELDS = ("input", "output", "epochs", "format", "chunkBytes", "dataVolume", "noAgent",
-              "restartLimit")
+              "restartLimit", "suspend")
+KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"  # Kueue's LocalQueue of the job
 SPEC_FIELDS = OPERATOR_FIELDS + OWN_FIELDS
 ROLE_FIELDS = ("replicas", "requests", "limits", "template")
 SCHEDULING_FIELDS = ("minAvailable", "queue", "priorityClass", "minResources")
@@ -212,6 +213,8 @@ def translate(doc: Mapping[str, Any], *, podgroup: Mapping[str, Any] | None = No
         "no_agent": bool(spec.get("noAgent", False)),
         **_scheduling(spec.get("schedulingPolicy"), podgroup, namespace=meta.get("namespace")),
         **_own_fields(spec),
+        "local_queue": str(_mapping(meta.get("labels") or {}, where="metadata.labels").get(
+            KUEUE_QUEUE_LABEL) or ""),
     }
     values.update({k: v for k, v in overrides.items() if v is not None})
     return JobSpec(**values)
@@ -380,6 +383,10 @@ def _own_fields(spec: Mapping[str, Any]) -> dict[str, Any]:
         values["output"] = _string(spec["output"], where="spec.output")
     if spec.get("epochs") is not None:
         values["epochs"] = _integer(spec["epochs"], where="spec.epochs", minimum=1)
+    if spec.get("suspend") is not None:
+        if not isinstance(spec["suspend"], bool):
+            raise JobSpecError(f"invalid spec.suspend {spec['suspend']!r:.40}: true or false")
+        values["suspend"] = spec["suspend"]
     if spec.get("restartLimit") is not None:
         values["restart_limit"] = _integer(spec["restartLimit"], where="spec.restartLimit", minimum=0)
     if spec.get("format") is not None:

@@ -143,7 +143,7 @@ class PaddleJob(TrainerJob):
     def _submit_to_kubernetes(self, kubeconfig: str | None) -> JobHandle:
         from paddlecloud.k8s import manifests
         from paddlecloud.k8s.client import load_api_client
-        from paddlecloud.k8s.jobs import create_job
+        from paddlecloud.k8s.jobs import create_job, create_paddlejob
 
         files = self.package_files() if self.trainer_package else None
         spec = self.to_spec(package_path=str(Path(self.trainer_package).absolute()) if files else "",
@@ -151,7 +151,10 @@ class PaddleJob(TrainerJob):
         objects = manifests.submit_objects(spec, files)
         manifests.master_objects(spec, None)  # renders the pods now: template errors surface here
         api = load_api_client(kubeconfig)
-        create_job(api, spec=spec, objects=objects)
+        if spec.local_queue:  # Kueue admits it: a PaddleJob the operator runs
+            create_paddlejob(api, spec=spec)
+        else:
+            create_job(api, spec=spec, objects=objects)
         return JobHandle(_KubernetesBackend(api), name=spec.name, namespace=spec.namespace)
 
 

@@ -154,6 +154,10 @@ def spec_schema() -> dict[str, Any]:
             "noAgent": {"type": "boolean",
                         "description": "Every role runs its image's entrypoint; paddlecloud "
                                        "runs beside it."},
+            "suspend": {"type": "boolean",
+                        "description": "Batch Job semantics: while true no pserver or trainer "
+                                       "runs; a running job drains, saves and stops (no failure "
+                                       "counted) and resumes at its checkpoint when false."},
             "restartLimit": {"type": "integer", "minimum": 0,
                              "description": "Restarts of the trainer group after a lost trainer "
                                             "before the job fails (default 3)."},
@@ -173,6 +177,9 @@ def status_schema() -> dict[str, Any]:
             "worker": _role_status(),
             "heter": _role_status(),
             "epoch": {**string, "description": "epochs done/total, from the master"},
+            "percentDone": {"type": "integer", "minimum": 0, "maximum": 100,
+                            "description": "the whole job's tasks done, in percent"},
+            "eta": {**string, "description": "time left at the job's own rate so far"},
             "trainerRange": {**string, "description": "min..max trainers"},
             "elastic": string,
             "master": {**string, "description": "the master's address"},
@@ -184,18 +191,27 @@ def status_schema() -> dict[str, Any]:
                 "type": "array",
                 "x-kubernetes-list-type": "map",
                 "x-kubernetes-list-map-keys": ["type"],
-                "items": {
-                    "type": "object",
-                    "required": ["type", "status"],
-                    "properties": {
-                        "type": string,
-                        "status": {"type": "string", "enum": ["True", "False", "Unknown"]},
-                        "reason": string,
-                        "message": string,
-                        "lastTransitionTime": time,
-                    },
-                },
+                "items": _condition_schema(),
             },
+        },
+    }
+
+
+def _condition_schema() -> dict[str, Any]:
+    """metav1.Condition, with the API server's own bounds (`kubectl wait --for=condition=`)."""
+    return {
+        "type": "object",
+        "required": ["type", "status", "reason", "message", "lastTransitionTime"],
+        "properties": {
+            "type": {"type": "string", "maxLength": 316,
+                     "pattern": r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+                                r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])$"},
+            "status": {"type": "string", "enum": ["True", "False", "Unknown"]},
+            "reason": {"type": "string", "minLength": 1, "maxLength": 1024,
+                       "pattern": r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$"},
+            "message": {"type": "string", "maxLength": 32768},
+            "lastTransitionTime": {"type": "string", "format": "date-time"},
+            "observedGeneration": {"type": "integer", "format": "int64", "minimum": 0},
         },
     }
 
@@ -212,6 +228,10 @@ def printer_columns() -> list[dict[str, Any]]:
          "jsonPath": ".status.heter.summary", "priority": 1},
         {"name": "Epoch", "type": "string", "description": "epochs done/total",
          "jsonPath": ".status.epoch"},
+        {"name": "Done%", "type": "integer", "description": "the whole job's tasks done",
+         "jsonPath": ".status.percentDone"},
+        {"name": "ETA", "type": "string", "description": "time left at the job's own rate",
+         "jsonPath": ".status.eta"},
         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
     ]
 

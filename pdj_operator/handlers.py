@@ -28,6 +28,7 @@ Event says so: delete and apply again).
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import logging
 import uuid
@@ -45,12 +46,28 @@ from paddlecloud.jobspec import (
     JobSpecError,
 )
 from paddlecloud.k8s import manifests
-from paddlecloud.k8s.client import RetryPolicy, api_status, call, load_api_client
+from paddlecloud.k8s.client import (
+    OPERATOR_MANAGER,
+    RetryPolicy,
+    api_status,
+    applied,
+    apply_body,
+    call,
+    load_api_client,
+)
 from paddlecloud.k8s.deployer import PODGROUPS, VOLCANO_GROUP, VOLCANO_VERSION, KubernetesDeployer
 from paddlecloud.paddlejob import PODGROUP_KIND, PODGROUP_SPEC_FIELDS, translate
 from paddlecloud.phase import TERMINAL, Phase
-from pdj_operator import crd
-from pdj_operator.status import conditions, job_status
+from pdj_operator import crd, kueue
+from pdj_operator.status import (
+    SUSPEND_MESSAGES,
+    Observed,
+    conditions,
+    eta,
+    invalid_spec_conditions,
+    job_status,
+    master_phase,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -136,7 +153,8 @@ class JobObjects:
         """
         ns, name = body["metadata"]["namespace"], body["metadata"]["name"]
         try:
-            return self._dict(await call(self.retry, fn, ns, body)), True
+            return self._dict(await call(self.retry, fn, ns, body,
+                                         field_manager=OPERATOR_MANAGER)), True
         except Exception as error:
             if api_status(error) != 409:
                 raise
@@ -146,9 +164,11 @@ class JobObjects:
         same_job = (meta.get("labels") or {}).get(manifests.JOB_LABEL) == \
             body["metadata"]["labels"][manifests.JOB_LABEL]
         if owner_uid not in owners and patch is not None and same_job:
-            ours = {"metadata": {"ownerReferences": body["metadata"]["ownerReferences"]}}
+            ours = apply_body({"metadata": {"ownerReferences": body["metadata"]["ownerReferences"]}},
+                              api_version=body["apiVersion"], kind=body["kind"], name=name,
+                              namespace=ns)
             return self._dict(await call(self.retry, patch, name, ns, ours,
-                                         _content_type="application/merge-patch+json")), False
+                                         **applied(OPERATOR_MANAGER))), False
         if owner_uid not in owners:
             raise kopf.PermanentError(
                 f"{body['kind']} {name} already exists in namespace {ns} and is not this "
@@ -156,16 +176,21 @@ class JobObjects:
                 "rename the PaddleJob")
         return existing, False
 
-    async def ensure_master(self, spec: JobSpec, body: Mapping[str, Any]) -> bool:
+    async def ensure_master(self, spec: JobSpec, body: Mapping[str, Any], *, again: bool = False,
+                            held: bool = False) -> bool:
         """The objects `paddlecloud job submit` creates, owned by the PaddleJob; whether this
-        call created the master Deployment (the caller records an Event for it then)."""
+        call created the master Deployment (the caller records an Event for it then).
+
+        `again`: the master Deployment of a job that ran was deleted (the garbage collector
+        takes its trainers with it): the new one is marked to restart the epoch at the
+        checkpoint before its group, as after a suspend; `held`: it is created stopped."""
         owner = pdj_owner(body)
         ca = await self._ensure_tokens(spec, owner, body)
         deployment: dict[str, Any] = {}
         created = False
         for obj in manifests.submit_objects(spec):
             if obj["kind"] == "Deployment":
-                obj = manifests.publish_master_ca(obj, ca)
+                obj = _marked(manifests.publish_master_ca(obj, ca), again=again, held=held)
             if obj["kind"] == "ConfigMap":
                 obj["metadata"]["ownerReferences"] = [owner]
                 await self._create(self.core.create_namespaced_config_map, obj,
@@ -233,9 +258,11 @@ class JobObjects:
                 "operator makes a new one") from None
         await call(self.retry, self.custom.patch_namespaced_custom_object, crd.GROUP, crd.VERSION,
                    spec.namespace, crd.PLURAL, spec.name,
-                   {"metadata": {"annotations": {
+                   apply_body({"metadata": {"annotations": {
                        manifests.MASTER_CA_ANNOTATION: certificate.ca.decode("ascii")}}},
-                   _content_type="application/merge-patch+json")
+                       api_version=PADDLEJOB_API_VERSION, kind=crd.KIND, name=spec.name,
+                       namespace=spec.namespace),
+                   **applied(OPERATOR_MANAGER))
         return certificate.ca
 
     async def companion_podgroup(self, body: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -259,9 +286,98 @@ class JobObjects:
         meta = body["metadata"]
         await call(self.retry, self.custom.patch_namespaced_custom_object, VOLCANO_GROUP,
                    VOLCANO_VERSION, meta["namespace"], PODGROUPS, meta["name"],
-                   {"metadata": {"labels": {manifests.JOB_LABEL: meta["name"]},
-                                 "ownerReferences": [pdj_owner(body)]}},
-                   _content_type="application/merge-patch+json")
+                   apply_body({"metadata": {"labels": {manifests.JOB_LABEL: meta["name"]},
+                                            "ownerReferences": [pdj_owner(body)]}},
+                              api_version=manifests.VOLCANO_API_VERSION, kind=PODGROUP_KIND,
+                              name=meta["name"], namespace=meta["namespace"]),
+                   **applied(OPERATOR_MANAGER))
+
+    # ---- holding a job: spec.suspend and Kueue ---------------------------------------------
+    async def hold_reason(self, spec: JobSpec, body: Mapping[str, Any]) -> tuple[str, Any]:
+        """Why the job may not run now ("" when it may), and its Kueue Workload (None when not
+        queued): spec.suspend first, then Kueue's admission."""
+        wl = await self.ensure_workload(spec, body) if spec.local_queue else None
+        if spec.suspend:
+            return "SuspendedBySpec", wl
+        return (kueue.hold_reason(wl) if wl is not None else ""), wl
+
+    async def ensure_workload(self, spec: JobSpec, body: Mapping[str, Any]) -> dict[str, Any]:
+        """The queued job's Kueue Workload, created the first time."""
+        args = (kueue.KUEUE_GROUP, kueue.KUEUE_VERSION, spec.namespace, kueue.WORKLOADS)
+        name = kueue.workload_name(spec.name)
+        existing = await self.read(self.custom.get_namespaced_custom_object, *args, name)
+        if existing is not None:
+            return existing
+        wl, _ = await self._create(
+            lambda ns, obj, **kw: self.custom.create_namespaced_custom_object(*args[:2], ns,
+                                                                              args[3], obj, **kw),
+            kueue.workload(spec, pdj_owner(body)),
+            read=lambda n, ns: self.custom.get_namespaced_custom_object(*args[:2], ns, args[3], n),
+            owner_uid=body["metadata"]["uid"])
+        return wl
+
+    async def release_workload(self, wl: Mapping[str, Any]) -> None:
+        """Gives the evicted Workload's quota back once the job stopped: Kueue queues it again.
+        A merge patch (naming our field manager), not an apply: it removes the admission,
+        a field Kueue owns, which an apply cannot remove."""
+        meta = wl["metadata"]
+        await call(self.retry, self.custom.patch_namespaced_custom_object_status,
+                   kueue.KUEUE_GROUP, kueue.KUEUE_VERSION, meta["namespace"], kueue.WORKLOADS,
+                   meta["name"], kueue.released_status(wl, now=_now()),
+                   _content_type="application/merge-patch+json", field_manager=OPERATOR_MANAGER)
+
+    async def set_master_replicas(self, spec: JobSpec, *, running: bool) -> None:
+        """Stops the master (it steps down: nothing restarts the group it leaves), or starts
+        its replicas again; a stopped master is marked to restart the epoch at the checkpoint
+        when it starts again (`manifests.RESUME_ANNOTATION`, read by its deployer)."""
+        replicas = manifests.master_deployment(spec)["spec"]["replicas"] if running else 0
+        name = manifests.master_name(spec.name)
+        # forced: the operator owns the master's replicas (it created the Deployment) and the
+        # resume mark (the master takes it over when it is done: RESUME_DONE)
+        body = apply_body({"spec": {"replicas": replicas},
+                           "metadata": {"annotations": {
+                               manifests.RESUME_ANNOTATION: manifests.RESUME_PENDING}}},
+                          api_version="apps/v1", kind="Deployment", name=name,
+                          namespace=spec.namespace)
+        await call(self.retry, self.apps.patch_namespaced_deployment, name, spec.namespace, body,
+                   **applied(OPERATOR_MANAGER, force=True))
+
+    async def stop_job(self, spec: JobSpec) -> list[str]:
+        """A suspend: the master first (so it cannot take the trainers' exit for a loss to
+        restart from), then the trainers as a group (foreground: each pod gets its SIGTERM and
+        termination grace to drain and save) and the pservers; the Services, the ConfigMap
+        and the master Deployment stay for the resume. Returns what went."""
+        from kubernetes import client
+
+        await self.set_master_replicas(spec, running=False)
+        await self._wait_for_no_master_pods(spec)
+        options = client.V1DeleteOptions(propagation_policy="Foreground")
+        stopped = []
+        for role in spec.roles:
+            name = manifests.role_name(spec.name, role)
+            delete = (self.batch.delete_namespaced_job if role == manifests.TRAINER
+                      else self.apps.delete_namespaced_stateful_set)
+            try:
+                await call(self.retry, delete, name, spec.namespace, body=options)
+                stopped.append(name)
+            except Exception as error:
+                if api_status(error) != 404:
+                    raise
+        return stopped
+
+    async def _wait_for_no_master_pods(self, spec: JobSpec, *, timeout: float = 120.0) -> None:
+        """Until the master's pods are gone (their grace is the master's step-down)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        selector = manifests.label_selector(spec.name, manifests.MASTER)
+        while True:
+            listed = self._dict(await call(self.retry, self.core.list_namespaced_pod,
+                                           spec.namespace, label_selector=selector))
+            if not listed.get("items"):
+                return
+            if loop.time() > deadline:
+                raise kopf.TemporaryError(f"the master of {spec.name} is still stopping", delay=5)
+            await asyncio.sleep(0.5)
 
     async def deployment(self, spec: JobSpec) -> dict[str, Any] | None:
         return await self.read(self.apps.read_namespaced_deployment,
@@ -410,25 +526,26 @@ def make_registry(config: OperatorConfig, *,
                 await jobs().adopt_podgroup(body)
         except JobSpecError as error:
             patch.status.update({"phase": Phase.FAILED.value, "message": str(error),
-                                 "conditions": [{"type": "Created", "status": "False",
-                                                 "reason": "InvalidSpec", "message": str(error),
-                                                 "lastTransitionTime": _now()}]})
+                                 "conditions": invalid_spec_conditions(
+                                     str(error), generation=_generation(body), now=_now())})
             await jobs().event(body, kind="Warning", reason="InvalidSpec", message=str(error))
             raise kopf.PermanentError(str(error)) from None
-        if await jobs().ensure_master(spec, body):
-            await jobs().event(body, kind="Normal", reason="Created",
-                               message=f"master Deployment {manifests.master_name(spec.name)} created")
-        patch.status.update({
-            **job_status(spec, deployment=None, workloads={}),
-            "phase": (body.get("status") or {}).get("phase") or Phase.PENDING.value,
-            "observedGeneration": body.metadata.get("generation") or 0,
-        })
+        hold, wl = await jobs().hold_reason(spec, body)
+        if hold:  # held before it ever ran: the master is created once it may run (`observe`)
+            _show_held(patch, spec, body, hold)
+            return
+        await _start(spec.replace(trainers=kueue.admitted_trainers(wl, spec)), body, patch, jobs())
 
     @kopf.on.update(*resource, field="spec", registry=registry)
-    async def changed(body: kopf.Body, **_: Any) -> None:
-        await jobs().event(body, kind="Warning", reason="SpecChanged", message=(
-            "a PaddleJob's spec is read when the job starts: the running job keeps its spec; "
-            "delete the PaddleJob and apply it again to run the new one"))
+    async def changed(body: kopf.Body, old: Any, new: Any, **_: Any) -> None:
+        before, after = dict(old or {}), dict(new or {})
+        if before.pop("suspend", False) != after.pop("suspend", False):
+            await _suspend_changed(body, suspend=bool((new or {}).get("suspend")), jobs=jobs())
+        if before != after:
+            await jobs().event(body, kind="Warning", reason="SpecChanged", message=(
+                "a PaddleJob's spec is read when the job starts (spec.suspend apart): the "
+                "running job keeps its spec; delete the PaddleJob and apply it again to run the "
+                "new one"))
 
     @kopf.timer(*resource, interval=config.interval, registry=registry)
     async def observe(body: kopf.Body, status: kopf.Status, patch: kopf.Patch, **_: Any) -> None:
@@ -437,26 +554,55 @@ def make_registry(config: OperatorConfig, *,
         except JobSpecError:
             return  # `apply` reported it
         old_phase = status.get("phase")
+        if old_phase in {p.value for p in TERMINAL} and not status.get("master"):
+            return  # an invalid spec (`apply` reported it)
+        hold, wl = await jobs().hold_reason(spec, body)
         if not status.get("master"):
-            return  # `apply` has not created the master yet
+            if old_phase != SUSPENDED:
+                return  # `apply` has not created the master yet
+            if hold:  # held since its creation
+                _show_held(patch, spec, body, hold)
+            else:
+                await _start(spec.replace(trainers=kueue.admitted_trainers(wl, spec)), body,
+                             patch, jobs())
+            return
         deployment = await jobs().deployment(spec)
+        if deployment is not None and master_phase(deployment) not in {p.value for p in TERMINAL}:
+            await _hold_or_resume(spec, body=body, hold=hold, wl=wl, deployment=deployment,
+                                  jobs=jobs())
+            deployment = await jobs().deployment(spec)
         if deployment is None:
             if old_phase not in {p.value for p in TERMINAL} and \
-                    await jobs().ensure_master(spec, body):
+                    await jobs().ensure_master(spec, body, again=True, held=bool(hold)):
                 await jobs().event(body, kind="Warning", reason="MasterRecreated", message=(
                     f"master Deployment {manifests.master_name(spec.name)} was deleted while the "
                     "job ran: created again (it resumes from etcd)"))
             return
         workloads = await jobs().workloads(spec)
         new = job_status(spec, deployment=deployment, workloads=workloads)
-        await _recreate_missing(spec, body=body, phase=new["phase"], workloads=workloads,
-                                jobs=jobs())
+        restarting = _annotation(deployment, manifests.RESTARTING_ANNOTATION)
+        over = new["phase"] in {p.value for p in TERMINAL}
+        # held, restarting a group, or resuming (the master restarts the epoch at the checkpoint
+        # before its group): the master's deployer creates the workloads, not us
+        resuming = _annotation(deployment, manifests.RESUME_ANNOTATION) == manifests.RESUME_PENDING
+        if not hold and not restarting and not resuming:
+            await _recreate_missing(spec, body=body, phase=new["phase"], workloads=workloads,
+                                    jobs=jobs())
         now = _now()
-        new["conditions"] = conditions(new["phase"], now=now, previous=status.get("conditions"))
+        new["conditions"] = conditions(
+            Observed(phase=new["phase"], generation=_generation(body), suspended=hold,
+                     restarting=restarting, message=_annotation(deployment,
+                                                                manifests.PHASE_REASON_ANNOTATION)),
+            now=now, previous=status.get("conditions"))
+        if hold and not over:
+            new["phase"] = SUSPENDED
+        new["observedGeneration"] = _generation(body)
         if new["phase"] == Phase.RUNNING and not status.get("startTime"):
             new["startTime"] = now
-        if new["phase"] in {p.value for p in TERMINAL} and not status.get("completionTime"):
+        if over and not status.get("completionTime"):
             new["completionTime"] = now
+        new["eta"] = None if over else eta(new.get("percentDone"),
+                                           running_for=_seconds_since(status.get("startTime")))
         patch.status.update(new)
         if new["phase"] != old_phase:
             await jobs().event(body, kind="Warning" if new["phase"] == Phase.FAILED else "Normal",
@@ -481,6 +627,101 @@ def make_registry(config: OperatorConfig, *,
                                spec.name, spec.namespace)
 
     return registry
+
+
+SUSPENDED = "Suspended"  # the PaddleJob's phase while it is held (the master's phases apart)
+
+
+def _marked(deployment: dict[str, Any], *, again: bool, held: bool) -> dict[str, Any]:
+    """The master Deployment to create: marked to resume at the checkpoint when it is created
+    `again`, with no replicas while the job is `held`."""
+    if again or held:
+        deployment["metadata"].setdefault("annotations", {})[manifests.RESUME_ANNOTATION] = \
+            manifests.RESUME_PENDING
+    if held:
+        deployment["spec"]["replicas"] = 0
+    return deployment
+
+
+async def _suspend_changed(body: Mapping[str, Any], *, suspend: bool, jobs: JobObjects) -> None:
+    """spec.suspend flipped: acted on by `observe`; refused (an Event says why) once the job
+    ended, as suspending a finished batch Job does nothing."""
+    phase = (body.get("status") or {}).get("phase")
+    if phase in {p.value for p in TERMINAL}:
+        await jobs.event(body, kind="Warning", reason="SuspendRefused", message=(
+            f"spec.suspend={str(suspend).lower()} on a job that already ended ({phase}): "
+            "nothing to suspend or resume; delete the PaddleJob and apply it again to rerun it"))
+        return
+    await jobs.event(body, kind="Normal", reason="SuspendRequested" if suspend else "ResumeRequested",
+                     message=f"spec.suspend={str(suspend).lower()}: acted on within the status "
+                             "interval")
+
+
+def _generation(body: Mapping[str, Any]) -> int:
+    return int((body.get("metadata") or {}).get("generation") or 0)
+
+
+def _annotation(deployment: Mapping[str, Any] | None, key: str) -> str:
+    return str((((deployment or {}).get("metadata") or {}).get("annotations") or {}).get(key)
+               or "")
+
+
+def _seconds_since(timestamp: str | None) -> float:
+    """Seconds since a status timestamp the operator wrote; 0 when there is none (or it is not
+    one of ours: no ETA then)."""
+    try:
+        then = datetime.datetime.strptime(timestamp or "", "%Y-%m-%dT%H:%M:%SZ").replace(
+            tzinfo=datetime.timezone.utc)
+    except ValueError:
+        return 0.0
+    return (datetime.datetime.now(tz=datetime.timezone.utc) - then).total_seconds()
+
+
+def _show_held(patch: kopf.Patch, spec: JobSpec, body: Mapping[str, Any], hold: str) -> None:
+    """The status of a job held before it ever ran: Suspended, no master yet."""
+    status = body.get("status") or {}
+    patch.status.update({
+        **job_status(spec, deployment=None, workloads={}),
+        "master": None, "phase": SUSPENDED, "observedGeneration": _generation(body),
+        "conditions": conditions(Observed(phase=Phase.PENDING.value,
+                                          generation=_generation(body), suspended=hold,
+                                          created="Held"),
+                                 now=_now(), previous=status.get("conditions")),
+    })
+
+
+async def _start(spec: JobSpec, body: Mapping[str, Any], patch: kopf.Patch,
+                 jobs: JobObjects) -> None:
+    """Creates the job's master (which deploys the rest) and shows it Pending."""
+    if await jobs.ensure_master(spec, body):
+        await jobs.event(body, kind="Normal", reason="Created",
+                         message=f"master Deployment {manifests.master_name(spec.name)} created")
+    status = body.get("status") or {}
+    phase = status.get("phase") if status.get("phase") != SUSPENDED else None
+    patch.status.update({  # the conditions are the timer's (`observe`): it reads them fresh
+        **job_status(spec, deployment=None, workloads={}),
+        "phase": phase or Phase.PENDING.value,
+        "observedGeneration": _generation(body),
+    })
+
+
+async def _hold_or_resume(spec: JobSpec, *, body: Mapping[str, Any], hold: str, wl: Any,
+                          deployment: Mapping[str, Any], jobs: JobObjects) -> None:
+    """A running job that must be held is stopped (no failure counted: its master is stopped
+    first); a held one that may run again gets its master back, which restarts the epoch at
+    the checkpoint (`KubernetesDeployer`) and deploys the rest."""
+    replicas = int((deployment.get("spec") or {}).get("replicas") or 0)
+    if hold and replicas > 0:
+        stopped = await jobs.stop_job(spec)
+        await jobs.event(body, kind="Normal", reason="Suspended", message=(
+            f"{SUSPEND_MESSAGES.get(hold, hold)}: master stopped, then "
+            f"{', '.join(stopped) or 'no workload'}; it resumes at its checkpoint"))
+        if hold == "EvictedByKueue" and wl is not None:
+            await jobs.release_workload(wl)
+    elif not hold and replicas == 0:
+        await jobs.set_master_replicas(spec, running=True)
+        await jobs.event(body, kind="Normal", reason="Resumed",
+                         message="master started again: it resumes the job at its checkpoint")
 
 
 async def _recreate_missing(spec: JobSpec, *, body: Mapping[str, Any], phase: str,

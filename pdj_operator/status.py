@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from paddlecloud.jobspec import JobSpec
@@ -41,18 +42,23 @@ def master_phase(deployment: Mapping[str, Any] | None) -> str | None:
     return phase if phase in {p.value for p in Phase} else None
 
 
+def _pair(deployment: Mapping[str, Any] | None, key: str, *, what: str) -> tuple[int, int] | None:
+    """The annotation `key` as two numbers "A/B"; None before the master wrote it, or when it
+    is not two numbers (it is logged, naming `what` they should be)."""
+    text = _annotations(deployment).get(key)
+    if text is None:
+        return None
+    first, _, second = str(text).partition("/")
+    if not (first.isdigit() and second.isdigit()):
+        logger.warning("ignoring annotation %s=%r: not %s", key, str(text)[:40], what)
+        return None
+    return int(first), int(second)
+
+
 def master_epochs(deployment: Mapping[str, Any] | None) -> tuple[int, int] | None:
     """(current epoch, epochs) as the leading master annotated them; None before it did (no
     dataset yet), or when the annotation is not two numbers (it is logged)."""
-    text = _annotations(deployment).get(manifests.EPOCH_ANNOTATION)
-    if text is None:
-        return None
-    current, _, total = str(text).partition("/")
-    if not (current.isdigit() and total.isdigit()):
-        logger.warning("ignoring annotation %s=%r: not CURRENT/TOTAL epochs",
-                       manifests.EPOCH_ANNOTATION, str(text)[:40])
-        return None
-    return int(current), int(total)
+    return _pair(deployment, manifests.EPOCH_ANNOTATION, what="CURRENT/TOTAL epochs")
 
 
 def role_counts(role: str, workload: Mapping[str, Any] | None, *, desired: int) -> dict[str, Any]:
@@ -79,6 +85,36 @@ def epoch_progress(phase: str, epochs: tuple[int, int] | None) -> str | None:
     return f"{min(done, total)}/{total}"
 
 
+def master_tasks(deployment: Mapping[str, Any] | None) -> tuple[int, int] | None:
+    """(tasks done, tasks) of the current epoch as the leading master annotated them."""
+    return _pair(deployment, manifests.TASKS_ANNOTATION, what="DONE/TOTAL tasks")
+
+
+def percent_done(phase: str, epochs: tuple[int, int] | None,
+                 tasks: tuple[int, int] | None) -> int | None:
+    """The whole job's progress in percent: epochs done, plus the current epoch's share of
+    tasks done; None before the master has a dataset."""
+    if phase == Phase.SUCCEEDED:
+        return 100
+    if epochs is None or epochs[1] <= 0:
+        return None
+    current, total = epochs
+    share = tasks[0] / tasks[1] if tasks and tasks[1] > 0 else 0.0
+    return max(0, min(100, int(100 * (min(current, total) + share) / total)))
+
+
+def eta(percent: int | None, *, running_for: float) -> str | None:
+    """How long the job has left at its own average rate so far (`running_for` seconds since
+    it started running), as "1h2m3s"; None with no progress to extrapolate from."""
+    if percent is None or percent <= 0 or running_for <= 0:
+        return None
+    left = int(running_for * (100 - percent) / percent)
+    hours, rest = divmod(left, 3600)
+    minutes, seconds = divmod(rest, 60)
+    return (f"{hours}h" if hours else "") + (f"{minutes}m" if hours or minutes else "") + \
+        f"{seconds}s"
+
+
 def job_status(spec: JobSpec, *, deployment: Mapping[str, Any] | None,
                workloads: Mapping[str, Mapping[str, Any] | None]) -> dict[str, Any]:
     """The PaddleJob's status fields (conditions apart: see `conditions`)."""
@@ -96,30 +132,96 @@ def job_status(spec: JobSpec, *, deployment: Mapping[str, Any] | None,
         desired = spec.replicas_of(role)
         if desired:
             out[ROLE_STATUS_KEY[role]] = role_counts(role, workloads.get(role), desired=desired)
-    epoch = epoch_progress(phase, master_epochs(deployment))
+    epochs = master_epochs(deployment)
+    epoch = epoch_progress(phase, epochs)
     if epoch is not None:
         out["epoch"] = epoch
+    percent = percent_done(phase, epochs, master_tasks(deployment))
+    if percent is not None:
+        out["percentDone"] = percent
     return out
 
 
-def conditions(phase: str, *, now: str, previous: list[Mapping[str, Any]] | None = None,
-               message: str = "") -> list[dict[str, Any]]:
-    """Created/Running/Succeeded/Failed conditions; a condition's transition time moves only
-    when its status changes."""
-    wanted = {
-        "Created": "True",
-        "Running": "True" if phase == Phase.RUNNING else "False",
-        "Succeeded": "True" if phase == Phase.SUCCEEDED else "False",
-        "Failed": "True" if phase == Phase.FAILED else "False",
+# The conditions every PaddleJob carries (docs/design.md §12), in this order.
+CONDITION_TYPES = ("Created", "Running", "Restarting", "Suspended", "Succeeded", "Failed")
+
+
+@dataclass(frozen=True)
+class Observed:
+    """What the operator saw of a job in one look: what its conditions are made from."""
+
+    phase: str
+    generation: int = 0
+    suspended: str = ""
+    """Why no pods run though the job is not over: SuspendedBySpec, WaitingForAdmission,
+    EvictedByKueue; "" when it may run."""
+    restarting: str = ""
+    """The master's reason for the group restart under way (its Deployment's annotation)."""
+    message: str = ""
+    """What went wrong, for a Failed job."""
+    created: str = "MasterCreated"
+    """MasterCreated, or Held: a job held before it ever ran has no master yet."""
+
+
+def _wanted(seen: Observed) -> dict[str, tuple[bool, str, str]]:
+    """Condition type -> (holds, machine-readable reason, message)."""
+    over = seen.phase in (Phase.SUCCEEDED, Phase.FAILED)
+    running = seen.phase == Phase.RUNNING and not seen.suspended and not seen.restarting
+    if over:
+        why_not_running = f"Job{seen.phase}"
+    elif seen.suspended:
+        why_not_running = seen.suspended
+    elif seen.restarting:
+        why_not_running = "Restarting"
+    else:
+        why_not_running = seen.phase  # Pending, Starting
+    return {
+        "Created": (True, seen.created, CREATED_MESSAGES.get(seen.created, "")),
+        "Running": (running, "TrainersRunning" if running else why_not_running,
+                    "the trainers train" if running else f"phase {seen.phase}"),
+        "Restarting": (bool(seen.restarting) and not over,
+                       "GroupRestart" if seen.restarting and not over else "NotRestarting",
+                       seen.restarting),
+        "Suspended": (bool(seen.suspended) and not over,
+                      seen.suspended if seen.suspended and not over else "NotSuspended",
+                      SUSPEND_MESSAGES.get(seen.suspended, "") if not over else ""),
+        "Succeeded": (seen.phase == Phase.SUCCEEDED,
+                      "AllEpochsDone" if seen.phase == Phase.SUCCEEDED else "NotSucceeded", ""),
+        "Failed": (seen.phase == Phase.FAILED,
+                   "JobFailed" if seen.phase == Phase.FAILED else "NotFailed", seen.message),
     }
+
+
+CREATED_MESSAGES = {
+    "MasterCreated": "the job's master Deployment exists",
+    "Held": "the job is held before it starts: its master is created once it may run",
+}
+SUSPEND_MESSAGES = {
+    "SuspendedBySpec": "spec.suspend is true: no pserver or trainer runs until it is false",
+    "WaitingForAdmission": "the job waits for Kueue to admit its Workload",
+    "EvictedByKueue": "Kueue evicted the job (preempted): it runs again when re-admitted",
+}
+
+
+def conditions(seen: Observed, *, now: str,
+               previous: list[Mapping[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """The PaddleJob's `status.conditions`, each a `metav1.Condition` (type, status, reason,
+    message, lastTransitionTime, observedGeneration); a condition's transition time moves
+    only when its status flips, as `kubectl wait --for=condition=...` expects."""
     old = {c.get("type"): c for c in previous or []}
     out = []
-    for kind, status in wanted.items():
+    for kind, (holds, reason, message) in _wanted(seen).items():
+        status = "True" if holds else "False"
         before = old.get(kind) or {}
         since = before.get("lastTransitionTime") if before.get("status") == status else None
-        condition = {"type": kind, "status": status, "reason": phase,
-                     "lastTransitionTime": since or now}
-        if message and status == "True" and kind == "Failed":
-            condition["message"] = message
-        out.append(condition)
+        out.append({"type": kind, "status": status, "reason": reason, "message": message,
+                    "lastTransitionTime": since or now, "observedGeneration": seen.generation})
+    return out
+
+
+def invalid_spec_conditions(message: str, *, generation: int, now: str) -> list[dict[str, Any]]:
+    """The conditions of a PaddleJob whose spec cannot run: not Created, and Failed."""
+    out = conditions(Observed(phase=Phase.FAILED.value, generation=generation, message=message),
+                     now=now)
+    out[0].update(status="False", reason="InvalidSpec", message=message)
     return out

@@ -80,5 +80,5 @@ async def test_metrics_endpoint_serves_task_counts_and_rpc_latency(busy_master):
     assert "paddlecloud_master_finishes_total 1.0" in text
     assert 'paddlecloud_master_tasks{state="todo"} 2.0' in text
     assert "paddlecloud_master_sessions_alive 1.0" in text
-    assert 'paddlecloud_master_rpc_seconds_count{method="GetTask"} 1.0' in text
+    assert 'paddlecloud_master_rpc_duration_seconds_count{method="GetTask"} 1.0' in text
     assert "paddlecloud_master_is_leader 1.0" in text

@@ -245,7 +245,7 @@ def test_a_trainer_that_calls_often_sends_no_keepalive_and_an_idle_one_does(tmp_
     proc = start_master("--input", str(tmp_path / "data"), "--session-ttl", "3s",
                         "--metrics-port", str(metrics_port))
     asyncio.run(wait_serving(proc.address, process=proc))
-    keepalives = 'paddlecloud_master_rpc_seconds_count{method="KeepAlive"}'
+    keepalives = 'paddlecloud_master_rpc_duration_seconds_count{method="KeepAlive"}'
     connection = MasterConnection(MasterLocator(master_endpoint=proc.address), deadline=30)
     session = Session(connection, trainer_id="busy")
     try:
@@ -366,7 +366,7 @@ def test_a_trainer_asking_max_tasks_reads_every_task_once_with_fewer_calls(
                 reads[(epoch.number, record)] += 1
         assert client.stats["accepted"] == 60 and client.stats["stale"] == 0
     assert len(reads) == 120 and set(reads.values()) == {1}  # 2 epochs x 60 records, each read once
-    calls = metric(metrics_port, 'paddlecloud_master_rpc_seconds_count{method="GetTask"}')
+    calls = metric(metrics_port, 'paddlecloud_master_rpc_duration_seconds_count{method="GetTask"}')
     assert 0 < calls <= 30, calls  # one call per task would be 60 and more
     counted = per_epoch(asyncio.run(done_marks(etcd_endpoint, JobKeys("local", job_name))))
     assert {e: sorted(c) for e, c in counted.items()} == {e: list(range(30)) for e in range(2)}

@@ -159,7 +159,7 @@ async def test_a_master_with_task_streams_off_is_called_unary(tmp_path, start_ma
     finally:
         connection.close()
     assert [r.outcome for r in replies] == [pb.TASK, pb.TASK]
-    assert metric(metrics_port, 'paddlecloud_master_rpc_seconds_count{method="GetTask"}') == 2
+    assert metric(metrics_port, 'paddlecloud_master_rpc_duration_seconds_count{method="GetTask"}') == 2
     assert metric(metrics_port, "paddlecloud_master_task_streams_opened_total") == 0
 
 

@@ -30,6 +30,13 @@ T = TypeVar("T")
 
 RETRYABLE_STATUS = frozenset({429, 500, 502, 503, 504})
 
+# Server-side apply (docs/kubernetes.md, "Server-side apply"): every change paddlecloud makes
+# to an object is an apply naming its component's field manager; creates name it too.
+APPLY_PATCH = "application/apply-patch+yaml"
+MASTER_MANAGER = "paddlecloud-master"
+OPERATOR_MANAGER = "paddlecloud-operator"
+CLI_MANAGER = "paddlecloud-cli"
+
 
 class KubernetesApiError(RuntimeError):
     """The API server refused or failed a call; the message says which and why.
@@ -86,6 +93,24 @@ class RetryPolicy:
             )
 
 
+def applied(manager: str, *, force: bool = False) -> dict[str, Any]:
+    """The keyword arguments that make a client `patch_*` call a server-side apply by
+    `manager`. `force` takes the fields over from another manager: only for fields the
+    component owns (docs/kubernetes.md lists them); without it a field another manager set
+    to another value is a 409 naming that manager (`explain`: a `KubernetesConflictError`)."""
+    return {"_content_type": APPLY_PATCH, "field_manager": manager, "force": force}
+
+
+def apply_body(obj: dict[str, Any], *, api_version: str, kind: str, name: str,
+               namespace: str | None = None) -> dict[str, Any]:
+    """An apply's body: the object's identity and the fields the manager sets, all of them
+    (an apply leaves out nothing its manager means to keep: what it set before and omits now
+    is removed)."""
+    meta = {"name": name, **({"namespace": namespace} if namespace else {}),
+            **(obj.pop("metadata", None) or {})}
+    return {"apiVersion": api_version, "kind": kind, "metadata": meta, **obj}
+
+
 def api_status(error: BaseException) -> int | None:
     """The HTTP status of a client error, None when it is not an API answer."""
     from kubernetes.client.exceptions import ApiException
@@ -137,6 +162,11 @@ def explain(error: BaseException, *, verb: str, resource: str, namespace: str,
         )
     if status == 0:
         return KubernetesApiError(f"cannot {what}: the API server is unreachable ({error})")
+    if status == 409 and verb == "apply":
+        return KubernetesConflictError(
+            f"cannot {what}: another field manager owns a field paddlecloud would change, and "
+            "paddlecloud forces only the fields it owns (docs/kubernetes.md, 'Server-side "
+            f"apply'): {api_message(error)}", status=409)
     return KubernetesApiError(
         f"cannot {what}: the API answered {status}: {api_message(error)}", status=status
     )

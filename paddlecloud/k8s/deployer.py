@@ -49,10 +49,13 @@ from paddlecloud.deployer import Deployer, RoleStatus
 from paddlecloud.jobspec import JobSpec
 from paddlecloud.k8s import manifests
 from paddlecloud.k8s.client import (
+    MASTER_MANAGER,
     KubernetesApiError,
     KubernetesConflictError,
     RetryPolicy,
     api_status,
+    applied,
+    apply_body,
     call,
     explained,
     load_api_client,
@@ -142,6 +145,9 @@ class KubernetesDeployer(Deployer):
         self._batch = client.BatchV1Api(self._api)
         self._custom = client.CustomObjectsApi(self._api)
         self._owner: dict[str, Any] | None = None
+        self._resume = False             # the operator started this master after a suspend
+        self._shown: dict[str, str] = {}  # the annotations this master applied to its Deployment
+        self._started_size = self.size   # the size the running group was started at
 
     @property
     def namespace(self) -> str:
@@ -179,7 +185,8 @@ class KubernetesDeployer(Deployer):
         name = body["metadata"]["name"]
         create_args = create_args or (self.namespace,)
         try:
-            created = await call(self.retry, create, *create_args, body)
+            created = await call(self.retry, create, *create_args, body,
+                                 field_manager=MASTER_MANAGER)
             logger.info("created %s %s/%s", resource, self.namespace, name)
             return self._to_dict(created)
         except Exception as error:
@@ -189,7 +196,8 @@ class KubernetesDeployer(Deployer):
                                     resource=resource, target=name)
         if existing is None:  # deleted between our create and our read: try once more
             return self._to_dict(await self._call(create, *create_args, body, verb="create",
-                                                  resource=resource, target=name))
+                                                  resource=resource, target=name,
+                                                  field_manager=MASTER_MANAGER))
         owner_job = ((existing.get("metadata") or {}).get("labels") or {}).get(manifests.JOB_LABEL)
         if owner_job != self.spec.name:
             raise KubernetesConflictError(
@@ -233,6 +241,8 @@ class KubernetesDeployer(Deployer):
             if not uid:
                 raise KubernetesApiError(f"the master Deployment {name} has no uid")
             self._owner = manifests.owner_reference(self.spec.name, uid)
+            annotations = (deployment.get("metadata") or {}).get("annotations") or {}
+            self._resume = annotations.get(manifests.RESUME_ANNOTATION) == manifests.RESUME_PENDING
         return self._owner
 
     # ---- Deployer -------------------------------------------------------------------------
@@ -252,10 +262,13 @@ class KubernetesDeployer(Deployer):
         )
         min_member = body["spec"]["minMember"]  # capped by the user's minMember, if any
         if (existing.get("spec") or {}).get("minMember") != min_member:
+            # not forced: a PodGroup applied with the PaddleJob is the user's, who may own it
             await self._call(self._custom.patch_namespaced_custom_object, *group_args, name,
-                             {"spec": {"minMember": min_member}},
-                             _content_type="application/merge-patch+json",
-                             verb="patch", resource=PODGROUPS, target=name)
+                             apply_body({"spec": {"minMember": min_member}},
+                                        api_version=manifests.VOLCANO_API_VERSION,
+                                        kind="PodGroup", name=name, namespace=self.namespace),
+                             **applied(MASTER_MANAGER),
+                             verb="apply", resource=PODGROUPS, target=name)
             logger.info("PodGroup %s/%s: minMember=%d", self.namespace, name, min_member)
 
     def _trainer_gang(self) -> int:
@@ -290,6 +303,7 @@ class KubernetesDeployer(Deployer):
         """PodGroup (minMember = pservers + trainers), trainer Service if needed, the Job."""
         owner = await self.owner()
         sized = self.spec.replace(trainers=self.size)
+        await self._resume_at_checkpoint()
         if self.spec.uses_volcano:
             await self._ensure_podgroup(self._trainer_gang())
         if manifests.needs_trainer_service(sized):
@@ -298,8 +312,30 @@ class KubernetesDeployer(Deployer):
         job = await self._ensure(manifests.trainer_job(sized, owner), resource="jobs",
                                  create=self._batch.create_namespaced_job,
                                  read=self._batch.read_namespaced_job)
+        if self._resume:  # the group runs again: the resume is done
+            await self._annotate_master({manifests.RESUME_ANNOTATION: manifests.RESUME_DONE})
+            self._resume = False
         # an adopted Job (a master that took over) keeps the size it was scaled to
         self.size = int((job.get("spec") or {}).get("parallelism") or self.size)
+        self._started_size = self.size
+
+    async def _resume_at_checkpoint(self) -> None:
+        """A collective group that starts again after a suspend (its master was stopped, the
+        group too, and the operator marked the master it started again) resumes where the
+        checkpoint is: the epoch is restarted there first, as in a group restart, so no task
+        the model never consumed stays counted done. A master that takes over a group that
+        still runs (its trainer Job exists) restarts nothing. The mark is removed once the
+        group runs again; a master lost in between restarts the epoch there again (the same
+        position: nothing changes)."""
+        if not (self.spec.collective and self._resume and self._restart_epoch is not None):
+            return
+        name = manifests.trainer_name(self.spec.name)
+        if await self._read(self._batch.read_namespaced_job, name, self.namespace,
+                            resource="jobs", target=name) is not None:
+            return
+        logger.info("the trainer group of %s starts again after a suspend: restarting the epoch "
+                    "at the checkpoint", self.spec.name)
+        await self._restart_epoch()
 
     async def scale(self, trainers: int) -> None:
         """PS: the Job's parallelism and completions; collective: a group restart at `trainers`."""
@@ -315,10 +351,13 @@ class KubernetesDeployer(Deployer):
         name = manifests.trainer_name(self.spec.name)
         if self.spec.uses_volcano:
             await self._ensure_podgroup(self._trainer_gang())
+        # forced: the master owns the trainers' number (docs/kubernetes.md, "Server-side apply")
         await self._call(self._batch.patch_namespaced_job, name, self.namespace,
-                         {"spec": {"parallelism": trainers, "completions": trainers}},
-                         _content_type="application/merge-patch+json",
-                         verb="patch", resource="jobs", target=name)
+                         apply_body({"spec": {"parallelism": trainers, "completions": trainers}},
+                                    api_version="batch/v1", kind="Job", name=name,
+                                    namespace=self.namespace),
+                         **applied(MASTER_MANAGER, force=True),
+                         verb="apply", resource="jobs", target=name)
 
     async def restart_trainers(self) -> None:
         """The group restart of a collective job that lost a member (counts against the limit)."""
@@ -326,6 +365,26 @@ class KubernetesDeployer(Deployer):
         await self._restart_group()
 
     async def _restart_group(self) -> None:
+        """Stops the group, restarts the epoch at the checkpoint, starts the group again; the
+        master Deployment says so meanwhile (the operator's Restarting condition)."""
+        await self._mark_restarting(self._restart_reason())
+        await self._stop_and_restart_group()
+        await self._mark_restarting("")
+
+    async def _mark_restarting(self, reason: str) -> None:
+        """A courtesy to the Deployment's readers: an API error is logged, never fails a restart."""
+        try:
+            await self._annotate_master({manifests.RESTARTING_ANNOTATION: reason or ""})
+        except KubernetesApiError as error:
+            logger.info("could not annotate the master Deployment (restarting: %s): %s",
+                        reason, error)
+
+    def _restart_reason(self) -> str:
+        if self.size != self._started_size:
+            return f"resize from {self._started_size} to {self.size} trainers"
+        return f"a trainer was lost (group restart {self.restarts} of at most {self.restart_limit})"
+
+    async def _stop_and_restart_group(self) -> None:
         name = manifests.trainer_name(self.spec.name)
         await self._delete(self._batch.delete_namespaced_job, name, self.namespace,
                            resource="jobs", target=name, propagation="Foreground")
@@ -422,19 +481,29 @@ class KubernetesDeployer(Deployer):
                                VOLCANO_VERSION, ns, PODGROUPS, group, resource=PODGROUPS,
                                target=group)
 
-    async def show_epoch(self, epoch: int, num_epochs: int) -> None:
-        """Records the data's epoch as "current/total", an annotation of the master Deployment."""
-        await self._annotate_master({manifests.EPOCH_ANNOTATION: f"{epoch}/{num_epochs}"})
+    async def show_epoch(self, epoch: int, num_epochs: int, tasks_done: int | None = None,
+                         tasks: int | None = None) -> None:
+        """Records the data's epoch as "current/total", and the epoch's tasks as "done/total"
+        when given, annotations of the master Deployment (the operator's progress and ETA)."""
+        shown = {manifests.EPOCH_ANNOTATION: f"{epoch}/{num_epochs}"}
+        if tasks is not None:
+            shown[manifests.TASKS_ANNOTATION] = f"{tasks_done or 0}/{tasks}"
+        await self._annotate_master(shown)
 
     async def show_phase(self, phase: Phase, *, reason: str = "") -> None:
         """Records the phase and its reason as annotations of the master Deployment."""
         await self._annotate_master({manifests.PHASE_ANNOTATION: phase.value,
-                                     manifests.PHASE_REASON_ANNOTATION: reason or None})
+                                     manifests.PHASE_REASON_ANNOTATION: reason})
 
-    async def _annotate_master(self, annotations: dict[str, str | None]) -> None:
-        """Merges `annotations` into the master Deployment's (a None value removes one)."""
+    async def _annotate_master(self, annotations: dict[str, str]) -> None:
+        """Applies `annotations` to the master Deployment's, with every annotation this master
+        showed before (an apply states all its manager keeps; "" is "none"), forced: the
+        master owns them (the Deployment's creator wrote the first phase)."""
+        self._shown.update(annotations)
         name = manifests.master_name(self.spec.name)
         await self._call(self._apps.patch_namespaced_deployment, name, self.namespace,
-                         {"metadata": {"annotations": annotations}},
-                         _content_type="application/merge-patch+json",
-                         verb="patch", resource="deployments", target=name)
+                         apply_body({"metadata": {"annotations": dict(self._shown)}},
+                                    api_version="apps/v1", kind="Deployment", name=name,
+                                    namespace=self.namespace),
+                         **applied(MASTER_MANAGER, force=True),
+                         verb="apply", resource="deployments", target=name)

@@ -27,6 +27,7 @@ from typing import Any
 from paddlecloud.jobspec import PADDLEJOB_API_VERSION, PADDLEJOB_KIND, JobSpec, JobSpecError
 from paddlecloud.k8s import manifests
 from paddlecloud.package_names import check_package_names
+from paddlecloud.paddlejob import KUEUE_QUEUE_LABEL
 from paddlecloud.phase import Phase
 
 logger = logging.getLogger(__name__)
@@ -88,10 +89,18 @@ def to_dict(api: Any, obj: Any) -> dict[str, Any]:
 
 def create_job(api: Any, *, spec: JobSpec, objects: list[dict[str, Any]],
                rights: str | None = None) -> None:
-    """Creates the ConfigMaps, then the Deployment, then its Service; a name in use is refused."""
+    """Creates the ConfigMaps, then the Deployment, then its Service; a name in use is refused.
+    A job for a Kueue queue is refused: only the operator runs one (as a PaddleJob)."""
     from kubernetes import client
 
+    from paddlecloud.k8s.client import CLI_MANAGER, applied, apply_body
     from paddlecloud.tls import issue_master_certificate
+
+    if spec.local_queue:
+        raise JobSpecError(
+            f"job {spec.name} names the Kueue queue {spec.local_queue!r}: a queued job is a "
+            "PaddleJob `paddlecloud operator` runs once Kueue admits it, not created directly "
+            "(docs/kubernetes.md, Kueue)")
 
     core, apps = client.CoreV1Api(api), client.AppsV1Api(api)
     ns = spec.namespace
@@ -105,7 +114,7 @@ def create_job(api: Any, *, spec: JobSpec, objects: list[dict[str, Any]],
         """The created object; None when it existed and `adopt` says that is fine."""
         name = body["metadata"]["name"]
         made = call(fn, ns, body, verb="create", resource=resource, namespace=ns, name=name,
-                    tolerate=(409,), rights=rights)
+                    tolerate=(409,), rights=rights, field_manager=CLI_MANAGER)
         if made is None and not adopt:
             raise JobCreateError(
                 f"job {spec.name} already exists in namespace {ns} ({resource} {name} exists)",
@@ -149,9 +158,11 @@ def create_job(api: Any, *, spec: JobSpec, objects: list[dict[str, Any]],
     for policy in manifests.network_policies(spec, owner):
         create(networking.create_namespaced_network_policy, policy, "networkpolicies", adopt=True)
     for cm in created:  # owned too, so deleting the Deployment alone removes the whole job
-        call(core.patch_namespaced_config_map, cm, ns, {"metadata": {"ownerReferences": [owner]}},
-             verb="patch", resource="configmaps", namespace=ns, name=cm, rights=rights,
-             _content_type="application/merge-patch+json")
+        call(core.patch_namespaced_config_map, cm, ns,
+             apply_body({"metadata": {"ownerReferences": [owner]}}, api_version="v1",
+                        kind="ConfigMap", name=cm, namespace=ns),
+             verb="apply", resource="configmaps", namespace=ns, name=cm, rights=rights,
+             **applied(CLI_MANAGER))
 
 
 def pod_counts(pods: Iterable[Any], job_name: str) -> dict[str, dict[str, int]]:
@@ -261,13 +272,23 @@ def job_status(api: Any, *, namespace: str, name: str, rights: str | None = None
     pods = call(core.list_namespaced_pod, namespace, label_selector=manifests.label_selector(name),
                 verb="list", resource="pods", namespace=namespace, rights=rights)
     annotations = deployment.metadata.annotations or {}
-    return {"name": name, "namespace": namespace,
-            "phase": annotations.get(manifests.PHASE_ANNOTATION, Phase.PENDING.value),
-            "reason": annotations.get(manifests.PHASE_REASON_ANNOTATION, ""),
+    phase, reason = shown_phase(annotations, replicas=deployment.spec.replicas)
+    return {"name": name, "namespace": namespace, "phase": phase, "reason": reason,
             "pods": pod_counts(pods.items or [], name),
             "progress": master_progress(namespace, name, ca=master_ca(annotations),
                                         token=viewer_token(api, namespace=namespace, name=name,
                                                            rights=rights))}
+
+
+def shown_phase(annotations: Mapping[str, str], *, replicas: int | None) -> tuple[str, str]:
+    """The job's phase and its reason from its master Deployment: the master's own, or
+    Suspended while the operator holds the job (its master stopped, to resume at the
+    checkpoint: docs/kubernetes.md, "spec.suspend")."""
+    phase = annotations.get(manifests.PHASE_ANNOTATION, Phase.PENDING.value)
+    held = replicas == 0 and annotations.get(manifests.RESUME_ANNOTATION) == manifests.RESUME_PENDING
+    if held and phase not in {p.value for p in Phase if p.terminal}:
+        return "Suspended", "suspended (spec.suspend or Kueue): it resumes at its checkpoint"
+    return phase, annotations.get(manifests.PHASE_REASON_ANNOTATION, "")
 
 
 def viewer_token(api: Any, *, namespace: str, name: str, rights: str | None = None) -> str | None:
@@ -430,10 +451,13 @@ def paddlejob_document(spec: JobSpec) -> dict[str, Any]:
         body["input"] = list(spec.inputs)
     if spec.output:
         body["output"] = spec.output
+    labels = {manifests.APP_LABEL: manifests.APP_NAME, manifests.JOB_LABEL: spec.name}
+    if spec.local_queue:
+        labels[KUEUE_QUEUE_LABEL] = spec.local_queue
+    if spec.suspend:
+        body["suspend"] = True
     return {"apiVersion": PADDLEJOB_API_VERSION, "kind": PADDLEJOB_KIND,
-            "metadata": {"name": spec.name, "namespace": spec.namespace,
-                         "labels": {manifests.APP_LABEL: manifests.APP_NAME,
-                                    manifests.JOB_LABEL: spec.name}},
+            "metadata": {"name": spec.name, "namespace": spec.namespace, "labels": labels},
             "spec": body}
 
 
@@ -445,13 +469,21 @@ def _custom(api: Any) -> Any:
 
 def create_paddlejob(api: Any, *, spec: JobSpec, rights: str | None = None) -> None:
     """Creates the job's PaddleJob; the operator creates its master. A name in use is refused."""
-    doc = paddlejob_document(spec)
+    create_paddlejob_document(api, paddlejob_document(spec), rights=rights)
+
+
+def create_paddlejob_document(api: Any, doc: dict[str, Any], *, rights: str | None = None) -> None:
+    """Creates a PaddleJob as written (`job submit --queue -f`); a name in use is refused."""
+    from paddlecloud.k8s.client import CLI_MANAGER
+
+    ns, name = doc["metadata"]["namespace"], doc["metadata"]["name"]
     made = call(_custom(api).create_namespaced_custom_object, PADDLEJOB_GROUP, PADDLEJOB_VERSION,
-                spec.namespace, PADDLEJOB_PLURAL, doc, verb="create", resource=PADDLEJOB_PLURAL,
-                namespace=spec.namespace, name=spec.name, tolerate=(409,), rights=rights)
+                ns, PADDLEJOB_PLURAL, doc, field_manager=CLI_MANAGER, verb="create",
+                resource=PADDLEJOB_PLURAL, namespace=ns, name=name, tolerate=(409,),
+                rights=rights)
     if made is None:
-        raise JobCreateError(f"job {spec.name} already exists in namespace {spec.namespace} "
-                             f"(paddlejobs {spec.name} exists)", status=409)
+        raise JobCreateError(f"job {name} already exists in namespace {ns} "
+                             f"(paddlejobs {name} exists)", status=409)
 
 
 def _paddlejobs(api: Any, namespace: str, *, rights: str | None) -> list[dict[str, Any]]:

@@ -71,6 +71,13 @@ PHASE_REASON_ANNOTATION = "paddlecloud.org/phase-reason"
 # moves: whoever may read the Deployment (`kubectl get pdj`'s operator) sees the progress
 # without a token for, or a route to, the master
 EPOCH_ANNOTATION = "paddlecloud.org/epoch"
+TASKS_ANNOTATION = "paddlecloud.org/tasks"  # "done/total" tasks of the current epoch, likewise
+# set by the deployer while it restarts a collective trainer group (why), "" after
+RESTARTING_ANNOTATION = "paddlecloud.org/restarting"
+# set by the operator on a master it creates again after a suspend: its deployer restarts the
+# epoch at the checkpoint before it creates the trainers (docs/kubernetes.md, Kueue)
+RESUME_ANNOTATION = "paddlecloud.org/resume-from-checkpoint"
+RESUME_PENDING, RESUME_DONE = "pending", "done"  # set by the operator, then by the master
 COMPLETION_INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
 POD_INDEX_LABEL = "apps.kubernetes.io/pod-index"  # set by the StatefulSet controller (k8s >= 1.28)
 POD_NAME_LABEL = "statefulset.kubernetes.io/pod-name"  # set by the StatefulSet controller
@@ -101,7 +108,7 @@ RUN_AS_USER = 10001  # high, so no host user shares it
 # Names and paths.
 TOKENS_MOUNT = "/var/run/paddlecloud/tokens"  # the job's tokens Secret (paddlecloud.auth)
 # The cluster autoscaler's token (paddlecloud.auth.ScalerToken): one Secret per namespace, put
-# there by the admin (deploy/autoscaler.yaml), mounted by every master as optional, so a
+# there by the admin (deploy/components/autoscaler/autoscaler.yaml), mounted by every master as optional, so a
 # namespace without it still runs jobs (their masters then refuse the autoscaler).
 SCALER_SECRET = "paddlecloud-scaler"
 SCALER_KEY = "token"
@@ -1032,7 +1039,7 @@ def master_service(spec: JobSpec, owner: Mapping[str, Any] | None) -> Manifest:
 
 
 MASTER_CLIENT_LABEL = "paddlecloud.org/master-client"  # "true": may call any job's master (gRPC)
-# The autoscaler's pods (deploy/autoscaler.yaml), which call every job's master from their own
+# The autoscaler's pods (deploy/components/autoscaler/autoscaler.yaml), which call every job's master from their own
 # namespace: GetStatus and ScaleTrainers, with the scaler token.
 AUTOSCALER_NAMESPACE = "paddlecloud-system"
 AUTOSCALER_LABELS = {APP_LABEL: APP_NAME, "app.kubernetes.io/component": "autoscaler"}

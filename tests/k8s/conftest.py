@@ -217,19 +217,26 @@ def kubeconfig(k8s: Cluster, tmp_path: Any) -> str:
 PADDLEJOBS = kmocklib.resource("batch.paddlepaddle.org", "v1", "paddlejobs")
 KOPFPEERINGS = kmocklib.resource("kopf.dev", "v1", "kopfpeerings")
 NAMESPACES = kmocklib.resource("", "v1", "namespaces")
-RESOURCES.update({"paddlejobs": PADDLEJOBS, "kopfpeerings": KOPFPEERINGS,
+WORKLOADS = kmocklib.resource("kueue.x-k8s.io", "v1beta1", "workloads")  # Kueue's
+RESOURCES.update({"paddlejobs": PADDLEJOBS, "kopfpeerings": KOPFPEERINGS, "workloads": WORKLOADS,
                   "events": kmocklib.resource("", "v1", "events")})
 
 
 @pytest.fixture
 async def k8s_crds(k8s: Cluster) -> Cluster:
-    """`k8s` with the PaddleJob CRD (and Kopf's KopfPeering) installed."""
+    """`k8s` with the PaddleJob CRD (and Kopf's KopfPeering, Kueue's Workload) installed."""
     verbs = {"get", "list", "watch", "create", "update", "patch", "delete"}
     k8s.kmock.resources[PADDLEJOBS] = kmocklib.ResourceInfo(
         kind="PaddleJob", singular="paddlejob", namespaced=True, verbs=verbs,
         shortnames={"pdj"}, subresources={"status"})
     k8s.kmock.resources[KOPFPEERINGS] = kmocklib.ResourceInfo(
         kind="KopfPeering", singular="kopfpeering", namespaced=True, verbs=verbs)
+    # the operator lists a job's master pods (to stop the master before its trainers)
+    k8s.kmock.resources[RESOURCES["pods"]] = kmocklib.ResourceInfo(
+        kind="Pod", singular="pod", namespaced=True, verbs=verbs)
+    k8s.kmock.resources[WORKLOADS] = kmocklib.ResourceInfo(
+        kind="Workload", singular="workload", namespaced=True, verbs=verbs,
+        subresources={"status"})
     # 7. resourceVersion: Kopf's JSON patches test it; kmock sets none (nor bumps one)
     def versioned(request: Any) -> Any:
         meta = (request.data or {}).get("metadata") or {}
@@ -247,6 +254,22 @@ async def k8s_crds(k8s: Cluster) -> Cluster:
         k8s.kmock.objects[NAMESPACES, None, name] = {
             "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
     return k8s
+
+
+@pytest.fixture
+def config(kubeconfig: str) -> Any:
+    """The operator's configuration for the tests that run it: a fast status timer."""
+    from pdj_operator.handlers import OperatorConfig
+
+    return OperatorConfig(kubeconfig=kubeconfig, interval=0.2, clear_etcd=False)
+
+
+@pytest.fixture
+def api(api_client: Any) -> Any:
+    """kubectl's part in the operator tests: PaddleJobs created and read as custom objects."""
+    from kubernetes import client
+
+    return client.CustomObjectsApi(api_client)
 
 
 # ---- the autoscaler: nodes, and Leases that behave like an API server's ---------------------------

@@ -20,7 +20,9 @@ from paddlecloud.k8s import image_build
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
 EXAMPLES = sorted((DEPLOY / "examples").glob("*.yaml"))
-DEPLOY_FILES = sorted(p for p in DEPLOY.glob("*.yaml"))
+# every manifest in deploy/ (kustomize's own files apart), the optional components' included
+DEPLOY_FILES = sorted(p for p in DEPLOY.rglob("*.yaml")
+                      if p.name != "kustomization.yaml" and "examples" not in p.relative_to(DEPLOY).parts)
 
 # one of each kind of pod paddlecloud renders: collective, PS with everything, GPU,
 # agentless (the init container and the pserver sidecar), gloo, heter, Service and Host intranet
@@ -64,7 +66,8 @@ def rendered() -> dict[str, list[dict[str, Any]]]:
     for path in EXAMPLES:
         out[f"dry-run {path.name}"] = [d for d in yaml.safe_load_all(dry_run(example_submit_args(path))) if d]
     for path in DEPLOY_FILES:
-        out[f"deploy/{path.name}"] = [d for d in yaml.safe_load_all(path.read_text()) if d]
+        out[f"deploy/{path.relative_to(DEPLOY)}"] = [d for d in yaml.safe_load_all(path.read_text())
+                                                     if d]
     out["image_build.build_job"] = [kaniko_job()]
     return out
 

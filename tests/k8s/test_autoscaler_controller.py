@@ -349,7 +349,7 @@ async def test_the_scaler_token_file_it_is_given_goes_with_every_call_to_the_mas
     monkeypatch.delenv("PADDLE_JOB_TOKEN_FILE", raising=False)
     sim.add_node("n1")
     master = await sim.add_job("a", lo=1, hi=4, size=1)
-    token_file = tmp_path / "scaler" / "token"  # as deploy/autoscaler.yaml mounts the Secret
+    token_file = tmp_path / "scaler" / "token"  # as deploy/components/autoscaler/autoscaler.yaml mounts the Secret
     token_file.parent.mkdir()
     token_file.write_text("the-scaler-token\n")
     args = ["autoscaler", "--once", "--kubeconfig", kubeconfig, "--master-address", master.address,
@@ -450,8 +450,8 @@ def check_valid_event(event: dict[str, Any]) -> None:
 
 
 def granted() -> tuple[set[tuple[str, str, str]], set[tuple[str, str, str]]]:
-    """(API group, resource, verb) the ClusterRole and the Role of deploy/autoscaler.yaml grant."""
-    docs = [d for d in yaml.safe_load_all((REPO / "deploy/autoscaler.yaml").read_text()) if d]
+    """(API group, resource, verb) the ClusterRole and the Role of deploy/components/autoscaler/autoscaler.yaml grant."""
+    docs = [d for d in yaml.safe_load_all((REPO / "deploy/components/autoscaler/autoscaler.yaml").read_text()) if d]
 
     def rules(kind: str) -> set[tuple[str, str, str]]:
         role = next(d for d in docs if d["kind"] == kind)
@@ -462,7 +462,7 @@ def granted() -> tuple[set[tuple[str, str, str]], set[tuple[str, str, str]]]:
 
 
 def assert_autoscaler_rights(k8s: Any) -> None:
-    """Every request a controller made is granted by deploy/autoscaler.yaml: cluster-wide by
+    """Every request a controller made is granted by deploy/components/autoscaler/autoscaler.yaml: cluster-wide by
     its ClusterRole, the Lease (in its own namespace) by its Role."""
     cluster_wide, lease = granted()
     used = set()
@@ -483,7 +483,7 @@ def assert_autoscaler_rights(k8s: Any) -> None:
 def test_the_autoscaler_manifest_is_strictly_valid_hardened_and_least_privilege():
     import kubernetes_validate
 
-    docs = [d for d in yaml.safe_load_all((REPO / "deploy/autoscaler.yaml").read_text()) if d]
+    docs = [d for d in yaml.safe_load_all((REPO / "deploy/components/autoscaler/autoscaler.yaml").read_text()) if d]
     for doc in docs:
         for version in ("1.28", kubernetes_validate.latest_version()):
             kubernetes_validate.validate(doc, version, strict=True)

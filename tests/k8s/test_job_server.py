@@ -214,7 +214,7 @@ def test_the_job_server_manifest_is_strictly_valid_and_namespace_scoped():
 
     import yaml
 
-    path = Path(__file__).resolve().parents[2] / "deploy" / "job-server.yaml"
+    path = Path(__file__).resolve().parents[2] / "deploy" / "components" / "job-server" / "job-server.yaml"
     docs = [d for d in yaml.safe_load_all(path.read_text()) if d]
     for doc in docs:
         for version in ("1.28", kubernetes_validate.latest_version()):

@@ -1,7 +1,8 @@
 """An independent scanner over everything paddlecloud renders: checkov's Kubernetes checks.
 
 Runs checkov (PyPI) over `job submit --dry-run` of representative flag sets and the
-PaddleJob examples, every file in deploy/, and the Kaniko build Job. Every failed check
+PaddleJob examples, every file in deploy/, every kustomize overlay as `kubectl apply -k`
+sends it (tests/k8s/test_kustomize.py), and the Kaniko build Job. Every failed check
 must be in tests/k8s/checkov-skips.txt, which gives each skip its reason, and every
 skip there must still be needed (a stale skip fails too).
 
@@ -21,6 +22,7 @@ from pathlib import Path
 import pytest
 import yaml
 from rendered_objects import REPO, rendered
+from test_kustomize import rendered_overlays
 
 SKIPS = Path(__file__).with_name("checkov-skips.txt")
 
@@ -47,7 +49,7 @@ def read_skips() -> list[tuple[str, str, str]]:
 
 def test_checkov_finds_nothing_but_the_written_skips(tmp_path):
     checkov = _checkov()
-    for i, (source, docs) in enumerate(rendered().items()):
+    for i, (source, docs) in enumerate({**rendered(), **rendered_overlays()}.items()):
         docs = [d for d in docs if d.get("kind") != "CustomResourceDefinition"]
         (tmp_path / f"{i:02d}.yaml").write_text(f"# {source}\n" + yaml.safe_dump_all(docs, sort_keys=False))
     result = subprocess.run([checkov, "-d", str(tmp_path), "--framework", "kubernetes", "--quiet",

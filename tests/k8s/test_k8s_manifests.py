@@ -173,7 +173,7 @@ def test_the_masters_role_names_only_its_own_jobs_objects(spec):
         assert manifests.podgroup_name(spec) in named
 
 
-@pytest.mark.parametrize("path", ["rbac.yaml", "operator.yaml", "job-server.yaml"])
+@pytest.mark.parametrize("path", ["rbac.yaml", "operator.yaml", "components/job-server/job-server.yaml"])
 def test_who_creates_a_masters_role_holds_every_right_in_it(path):
     """The API server refuses a Role (or its binding) granting what its creator lacks."""
     role = next(d for d in yaml.safe_load_all((DEPLOY / path).read_text()) if d and d["kind"] == "Role")

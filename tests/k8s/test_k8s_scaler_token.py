@@ -23,8 +23,13 @@ from paddlecloud.k8s import manifests
 REPO = Path(__file__).resolve().parents[2]
 
 
+def _path(name: str) -> Path:
+    """A file of deploy/ by its name (the optional parts are under deploy/components/)."""
+    return next((REPO / "deploy").rglob(name))
+
+
 def _docs(name: str) -> list[dict[str, Any]]:
-    return [d for d in yaml.safe_load_all((REPO / "deploy" / name).read_text()) if d]
+    return [d for d in yaml.safe_load_all(_path(name).read_text()) if d]
 
 
 def _deployment(name: str) -> dict[str, Any]:
@@ -100,7 +105,7 @@ def test_the_autoscaler_mounts_the_same_secret_of_its_namespace_and_passes_the_f
     assert f"--scaler-token-file={mount['mountPath']}/token" in container["args"]
     assert pod["securityContext"]["fsGroup"] == pod["securityContext"]["runAsUser"]
     assert not any("TOKEN" in e["name"] for e in container["env"])  # a file, not an env value
-    header = (REPO / "deploy" / "autoscaler.yaml").read_text().split("\n---", 1)[0]
+    header = _path("autoscaler.yaml").read_text().split("\n---", 1)[0]
     assert "kubectl -n $ns create secret generic paddlecloud-scaler --from-file=token=" in header
 
 
@@ -170,5 +175,5 @@ def test_a_job_server_of_a_marked_namespace_reaches_the_masters_of_other_namespa
         assert not can(master, port, {"app": "someone-else"}, marked), port  # not a master client
     for role in (manifests.TRAINER, manifests.PSERVER):  # the master only
         assert not can(manifests.labels(spec, role), manifests.MASTER_PORT, labels, marked), role
-    header = (REPO / "deploy" / "job-server.yaml").read_text().split("\n---", 1)[0]
+    header = _path("job-server.yaml").read_text().split("\n---", 1)[0]
     assert f"kubectl label namespace {home} {manifests.MASTER_CLIENTS_NAMESPACE_LABEL}=true" in header

@@ -65,18 +65,6 @@ async def running_operator(config: OperatorConfig, *args: str) -> AsyncIterator[
         await asyncio.to_thread(runner.__exit__, None, None, None)
 
 
-@pytest.fixture
-def config(kubeconfig: str) -> OperatorConfig:
-    return OperatorConfig(kubeconfig=kubeconfig, interval=0.2, clear_etcd=False)
-
-
-@pytest.fixture
-def api(api_client: Any) -> Any:
-    from kubernetes import client
-
-    return client.CustomObjectsApi(api_client)
-
-
 async def apply(api: Any, doc: dict[str, Any]) -> None:
     await asyncio.to_thread(api.create_namespaced_custom_object, GROUP, VERSION, NS, PLURAL, doc)
 
@@ -263,7 +251,8 @@ async def test_the_masters_phase_and_counts_reach_the_status_and_a_deleted_workl
         status = k8s.stored("paddlejobs", NS, "ctr")["status"]
         assert status["ps"]["summary"] == "2/2" and status["worker"]["summary"] == "2/3"
         assert {c["type"]: c["status"] for c in status["conditions"]} == {
-            "Created": "True", "Running": "True", "Succeeded": "False", "Failed": "False"}
+            "Created": "True", "Running": "True", "Restarting": "False", "Suspended": "False",
+            "Succeeded": "False", "Failed": "False"}
         assert status["startTime"]
         await k8s.wait_for(lambda: events(k8s, "Running"), what="Running event")
 
@@ -499,14 +488,17 @@ async def test_epoch_progress_comes_from_the_masters_deployment_annotation(k8s_c
 
 
 def test_conditions_move_their_transition_time_only_when_they_change():
-    from pdj_operator.status import conditions
+    from pdj_operator.status import Observed, conditions
 
-    first = conditions("Running", now="t1")
+    first = conditions(Observed("Running", generation=1), now="t1")
     assert {c["type"]: c["status"] for c in first} == {
-        "Created": "True", "Running": "True", "Succeeded": "False", "Failed": "False"}
-    same = conditions("Running", now="t2", previous=first)
-    assert [c["lastTransitionTime"] for c in same] == ["t1"] * 4
-    done = {c["type"]: c for c in conditions("Succeeded", now="t3", previous=same)}
+        "Created": "True", "Running": "True", "Restarting": "False", "Suspended": "False",
+        "Succeeded": "False", "Failed": "False"}
+    same = conditions(Observed("Running", generation=2), now="t2", previous=first)
+    assert [c["lastTransitionTime"] for c in same] == ["t1"] * 6
+    assert {c["observedGeneration"] for c in same} == {2}
+    done = {c["type"]: c for c in conditions(Observed("Succeeded", generation=2), now="t3",
+                                             previous=same)}
     assert (done["Running"]["status"], done["Running"]["lastTransitionTime"]) == ("False", "t3")
     assert (done["Succeeded"]["status"], done["Succeeded"]["lastTransitionTime"]) == ("True", "t3")
     assert (done["Failed"]["lastTransitionTime"], done["Created"]["lastTransitionTime"]) == ("t1", "t1")

@@ -90,7 +90,8 @@ def test_the_crd_is_strictly_valid_and_generated_from_its_module():
     columns = {c["name"]: c["jsonPath"] for c in version["additionalPrinterColumns"]}
     assert columns == {"Status": ".status.phase", "Mode": ".status.mode", "PS": ".status.ps.summary",
                        "Workers": ".status.worker.summary", "Heter": ".status.heter.summary",
-                       "Epoch": ".status.epoch", "Age": ".metadata.creationTimestamp"}
+                       "Epoch": ".status.epoch", "Done%": ".status.percentDone",
+                       "ETA": ".status.eta", "Age": ".metadata.creationTimestamp"}
 
 
 def test_the_crd_and_the_translation_know_the_same_spec_fields():
