@@ -109,9 +109,10 @@ def catalog() -> list[MetricInfo]:
     out = [MetricInfo(name=m._name + ("_total" if m._type == "counter" else ""), type=m._type,
                       labels=tuple(m._labelnames), help=m._documentation)
            for m in globals().values() if isinstance(m, MetricWrapperBase)]
-    for family in StateCollector(lambda: {"tasks": {"todo": 0}}).collect():
+    for family in StateCollector(lambda: {"tasks": {"todo": 0}, "trainer_seconds": {"productive": 0.0}}).collect():
         labels = tuple(sorted({k for sample in family.samples for k in sample.labels}))
-        out.append(MetricInfo(name=family.name, type=family.type, labels=labels,
+        name = family.name + ("_total" if family.type == "counter" else "")
+        out.append(MetricInfo(name=name, type=family.type, labels=labels,
                               help=family.documentation))
     return out
 
