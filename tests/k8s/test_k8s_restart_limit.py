@@ -11,7 +11,7 @@ import pytest
 from test_k8s_deployer import FAST_RETRY, NS, create_master, make_spec, short
 from test_k8s_elastic import EpochRestarts, add_group, delete_pod
 
-from paddlecloud.jobs_cli import build_spec
+from paddlecloud.jobs_cli import build_spec, submit_command
 from paddlecloud.jobspec import JobSpec, JobSpecError
 from paddlecloud.k8s import manifests
 from paddlecloud.k8s.deployer import KubernetesDeployer
@@ -51,11 +51,8 @@ def test_the_default_is_three_and_a_negative_limit_is_refused_naming_it():
 
 
 def test_submit_s_flag_and_a_paddlejob_s_field_set_it():
-    options = {k: None for k in ("image", "module", "package_path", "output", "etcd_endpoints", "epochs",
-                                 "data_volume", "clean_pod_policy", "namespace", "data_format",
-                                 "chunk_bytes", "no_agent", "trainers", "min_trainers", "max_trainers",
-                                 "pservers", "trainer_cpu", "trainer_memory", "trainer_gpu",
-                                 "pserver_cpu", "pserver_memory")}
+    # every option of `job submit` as click passes it when not given
+    options = {p.name: (() if p.multiple else None) for p in submit_command.params}
     options.update(inputs=(), env=(), secret_env=(), allow_privileged=False, module="ctr.train",
                    restart_limit=7)
     assert build_spec(name="job", paddlejob=None, package=None, options=options).restart_limit == 7
