@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field, replace
 
+from master.dataset_allowlist import AllowList, NotAllowed
 from paddlecloud.datasets import (  # the one error of a bad spec or setting
     FORMATS,
     LINE_FORMATS,
@@ -131,6 +132,10 @@ class MasterConfig:
                             "without tokens lets every caller scale already")
         if any(not p for p in self.set_dataset_prefixes):
             raise SpecError("--allow-set-dataset '' would allow every path: name a scheme or directory")
+        try:
+            AllowList(self.set_dataset_prefixes)
+        except NotAllowed as error:
+            raise SpecError(f"--allow-set-dataset: {error}") from None
 
     @property
     def open_access(self) -> bool:

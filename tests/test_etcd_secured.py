@@ -19,7 +19,13 @@ from masters import MasterProcess, pb, stub, wait_serving
 from test_pserver_agent import ask
 from waiting import wait_for
 
-from paddlecloud.etcd import PLAINTEXT_PASSWORD_ENV, EtcdAuthError, EtcdCredentials, EtcdUnavailable, connect
+from paddlecloud.etcd import (
+    PLAINTEXT_PASSWORD_ENV,
+    EtcdAuthError,
+    EtcdCredentials,
+    EtcdUnavailable,
+    connect,
+)
 from paddlecloud.etcd_server import EtcdServer, EtcdTls
 from paddlecloud.jobs_cli import clear_etcd_prefix
 from paddlecloud.keys import JobKeys, prefix_range_end

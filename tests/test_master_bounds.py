@@ -141,15 +141,55 @@ async def test_set_dataset_is_off_and_then_limited_to_its_prefixes(tmp_path, sta
         await wait_serving(on.address, process=on)
         async with grpc.aio.insecure_channel(on.address) as channel:
             m = stub(channel)
-            for path in (url, "/etc/*.conf", f"{tmp_path / 'data'}/../../*", "file:///etc/passwd"):
+            for path, why in ((url, "is not under an allowed prefix"), ("/etc/*.conf", "is not under an allowed prefix"),
+                              (f"{tmp_path / 'data'}/../../*", "holds '..'"),
+                              ("file:///etc/passwd", "is not under an allowed prefix")):
                 await refused(m.SetDataset(pb.SetDatasetRequest(dataset=pb.DatasetSpec(paths=[path]))),
-                              grpc.StatusCode.INVALID_ARGUMENT, "is not under an allowed prefix")
+                              grpc.StatusCode.INVALID_ARGUMENT, why)
             keys = JobKeys("local", f"{job_name}-on")  # the election's and the master's presence only
             assert set(await job_keys(etcd_endpoint, f"{job_name}-on")) == {keys.leader, keys.master(on.address)}
             reply = await m.SetDataset(pb.SetDatasetRequest(
                 dataset=pb.DatasetSpec(paths=[f"{tmp_path / 'data'}/*.csv"])))
             assert reply.num_tasks == 1
         assert _Recorder.seen == []  # the master never fetched the URL
+    finally:
+        server.shutdown()
+
+
+async def test_set_dataset_allow_list_bypasses_are_invalid_argument(tmp_path, start_master, job_name):
+    """The probe's bypasses of `--allow-set-dataset` against a real master: each one is
+    INVALID_ARGUMENT naming the path, the allowed host sees no request, and nothing is frozen."""
+    _Recorder.seen = []
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Recorder)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    host = f"http://127.0.0.1:{server.server_address[1]}"
+    allowed, secret = tmp_path / "allowed", tmp_path / "secret"
+    write_records(allowed, files=1, records_per_file=1)
+    write_records(secret, files=1, records_per_file=1)
+    (tmp_path / "allowedX").mkdir()
+    (allowed / "elsewhere").symlink_to(secret)
+    (allowed / "passwd").symlink_to(next(secret.iterdir()))
+    try:
+        proc = start_master("--allow-set-dataset", f"{host}/data/", "--allow-set-dataset", str(allowed),
+                            "--allow-set-dataset", "http://localhost")
+        await wait_serving(proc.address, process=proc)
+        async with grpc.aio.insecure_channel(proc.address) as channel:
+            m = stub(channel)
+            for path, why in ((f"{host}/data/%2e%2e/%2e%2e/etc/passwd", "holds '..'"),
+                              (f"http://localhost@127.0.0.1:{server.server_address[1]}/data/x.csv",
+                               "user information"),
+                              (f"{host}/data/x.csv::memory://", "chained fsspec URL"),
+                              (f"{tmp_path}/allowedX/*", "not under an allowed prefix"),
+                              (f"{allowed}/elsewhere/", "not under an allowed prefix"),
+                              (f"{allowed}/*", "which is not under an allowed prefix")):
+                message = await refused(m.SetDataset(pb.SetDatasetRequest(dataset=pb.DatasetSpec(paths=[path]))),
+                                        grpc.StatusCode.INVALID_ARGUMENT, why)
+                assert path[:20] in message, message
+            status = await m.GetStatus(pb.GetStatusRequest())
+            assert not status.has_dataset
+            reply = await m.SetDataset(pb.SetDatasetRequest(dataset=pb.DatasetSpec(paths=[f"{allowed}/part*"])))
+            assert reply.num_tasks == 1
+        assert _Recorder.seen == []  # the master fetched no URL
     finally:
         server.shutdown()
 
