@@ -8,7 +8,7 @@ A call's `authorization: Bearer <token>` metadata becomes a `Principal` through
 | RegisterTrainer | the trainer token, the operator token |
 | KeepAlive, LeaveTrainer, GetTask, GetTaskStream, TaskFinished, TaskFailed, ReturnTask, RequestSaveModel | the session token of the request's `session_id` only (of a stream's every request) |
 | GetStatus, ListTasks, ListTrainers | any token of the job (session ids and attempts shown to the operator only) |
-| RestartEpoch, SetDataset, ScaleTrainers, and any Master RPC not named here | the operator token |
+| RestartEpoch, SetDataset, ScaleTrainers, EvictTrainer, and any Master RPC not named here | the operator token |
 | GetStatus, ScaleTrainers | also the scaler token (the cluster autoscaler's; nothing else) |
 | health, reflection | anyone (no token) |
 

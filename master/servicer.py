@@ -43,7 +43,7 @@ from master.authorization import caller
 from master.config import DatasetSpec
 from master.core import CacheOutOfStep, FailedPrecondition, InvalidArgument, TooSlow
 from master.dispatcher import Dispatcher
-from master.sessions import SessionExpired, SessionSuperseded
+from master.sessions import SessionExpired, SessionSuperseded, UnknownTrainer
 from master.state import Outcome, TaskStatus
 from master.store import NotLeader, StoreFull, StoreUnavailable
 from master.tasks import GetTaskResult, TaskRef
@@ -59,6 +59,7 @@ HOLD_MARGIN = 0.5  # a held call is answered this long before its deadline at th
 _ERRORS: list[tuple[type[BaseException], grpc.StatusCode]] = [
     (InvalidArgument, grpc.StatusCode.INVALID_ARGUMENT),
     (SessionExpired, grpc.StatusCode.NOT_FOUND),
+    (UnknownTrainer, grpc.StatusCode.NOT_FOUND),
     (SessionSuperseded, grpc.StatusCode.FAILED_PRECONDITION),
     (FailedPrecondition, grpc.StatusCode.FAILED_PRECONDITION),
     (NotLeader, grpc.StatusCode.UNAVAILABLE),
@@ -227,6 +228,7 @@ class MasterServicer(pb_grpc.MasterServicer):
         return pb.LeaveTrainerResponse()
 
     async def _get_task(self, d: Dispatcher, request):
+        d.tasks.check_finished_count(len(request.finished))  # before a TaskRef is made of them
         r: GetTaskResult = await d.tasks.get_task(request.session_id, request.epoch,
                                             [TaskRef(f.task_id, f.epoch, f.attempt) for f in request.finished],
                                             max(1, request.max_tasks))
@@ -355,3 +357,8 @@ class MasterServicer(pb_grpc.MasterServicer):
         span, desired = await d.scaling.scale(request.trainers)
         return pb.ScaleTrainersResponse(min_trainers=span.minimum, max_trainers=span.maximum,
                                         desired_trainers=desired)
+
+    @_inspection  # an operator's action on a saturated master must get through
+    async def EvictTrainer(self, d: Dispatcher, request):
+        session, returned = await d.trainers.evict(request.trainer_id)
+        return pb.EvictTrainerResponse(session_id=session, tasks_returned=returned)
