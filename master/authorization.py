@@ -27,7 +27,8 @@ through as the operator, as before this interceptor existed, and says so at star
 serves without the interceptor: `caller()` is the operator by default, and gRPC's
 interceptor path costs ~20 us a call (docs/benchmarks.md).
 
-What this does NOT do: rate limiting. Of streaming methods it serves those that stream
+What this does NOT do: rate limiting (registrations are bounded per token by the
+servicer, `master.rate_limit`). Of streaming methods it serves those that stream
 both ways (GetTaskStream); any other kind would be refused as unimplemented.
 """
 

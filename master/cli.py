@@ -50,6 +50,11 @@ DEFAULT_ELECTION_TTL = "10s"  # also what bench/scale.py assumes when no flag sa
               help="Trainer calls the master works on at once; past it a call is answered "
                    "RESOURCE_EXHAUSTED at once and the trainer retries with jittered backoff. "
                    "GetTasks on streams are never shed: they wait their turn.")
+@click.option("--register-rate", type=click.FloatRange(min=0, min_open=True), default=100.0, show_default=True,
+              help="RegisterTrainer calls per second per token, once a burst is spent; past it a call "
+                   "is answered RESOURCE_EXHAUSTED with a retry delay (the trainer waits and retries).")
+@click.option("--register-burst", type=click.IntRange(min=1), default=20_000, show_default=True,
+              help="RegisterTrainer calls per token at once: every trainer of the largest job registers in one burst.")
 @click.option("--task-streams/--no-task-streams", default=True, show_default=True,
               help="Serve GetTaskStream. Off, it answers UNIMPLEMENTED and trainers send each GetTask "
                    "as a call of its own: about 0.6 of the dispatch at 64 trainers, but thousands starting "
@@ -93,7 +98,7 @@ DEFAULT_ELECTION_TTL = "10s"  # also what bench/scale.py assumes when no flag sa
 def master_command(job, namespace, etcd_endpoints, port, host, advertise, inputs, fmt, chunk_bytes,
                    chunks_per_task, epochs, shuffle_seed, start_epoch, resume_from, session_ttl, election_ttl,
                    failover_hold, task_timeout, max_task_failures, max_tasks_per_trainer,
-                   max_calls_in_flight, task_streams, metrics_port, deployer, job_spec, trainers, min_trainers, max_trainers, etcd_timeout,
+                   max_calls_in_flight, register_rate, register_burst, task_streams, metrics_port, deployer, job_spec, trainers, min_trainers, max_trainers, etcd_timeout,
                    etcd_ca_file, etcd_cert_file, etcd_key_file, etcd_user, etcd_password_file,
                    tokens_dir, scaler_token_file, tls_cert, tls_key, tls_client_ca, insecure,
                    set_dataset_prefixes, log_level) -> None:
@@ -144,6 +149,7 @@ def master_command(job, namespace, etcd_endpoints, port, host, advertise, inputs
             metrics_port=metrics_port, etcd_timeout=etcd_timeout, job_spec=job_spec,
             trainer_size=trainer_size,
             max_calls_in_flight=max_calls_in_flight, task_streams=task_streams,
+            register_rate=register_rate, register_burst=register_burst,
             set_dataset_prefixes=tuple(set_dataset_prefixes), tokens_dir=tokens_dir, insecure=insecure,
             scaler_token_file=scaler_token_file,
             tls=TlsFiles(tls_cert, tls_key, tls_client_ca) if tls_cert else None,

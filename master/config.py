@@ -107,6 +107,8 @@ class MasterConfig:
     trainer_size: tuple[TrainerRange, int] | None = None  # the range and desired size at start
     max_calls_in_flight: int = 1024  # trainer calls worked on at once; more are shed (RESOURCE_EXHAUSTED)
     task_streams: bool = True  # serve GetTaskStream; off: UNIMPLEMENTED, trainers call GetTask unary
+    register_rate: float = 100.0  # RegisterTrainer calls per second per token (master.rate_limit)
+    register_burst: int = 20_000  # ... at once: a whole job's start
     set_dataset_prefixes: tuple[str, ...] = ()  # SetDataset accepts paths under these; empty: off
     tls: TlsFiles | None = None       # None: plaintext
     tokens_dir: str | None = None     # the job's role tokens (paddlecloud.auth.JobTokens); None: open
@@ -125,6 +127,9 @@ class MasterConfig:
             raise SpecError(f"--failover-hold {self.failover_hold:g}s is negative: use 0 to answer at once")
         if self.max_calls_in_flight < 1:
             raise SpecError(f"--max-calls-in-flight {self.max_calls_in_flight} must be at least 1")
+        if self.register_rate <= 0 or self.register_burst < 1:
+            raise SpecError(f"--register-rate {self.register_rate:g} and --register-burst "
+                            f"{self.register_burst} must be positive")
         if self.start_epoch < 0:
             raise SpecError(f"--start-epoch {self.start_epoch} is negative")
         if self.scaler_token_file and not self.tokens_dir:
