@@ -61,8 +61,10 @@ DEFAULT_ELECTION_TTL = "10s"  # also what bench/scale.py assumes when no flag sa
                    "at once are all served sooner (docs/benchmarks.md).")
 @click.option("--metrics-port", type=click.IntRange(1, 65535), default=None,
               help="Serve the status page, its JSON and Prometheus metrics on this port (on --host).")
-@click.option("--deployer", type=click.Choice(["none", "kubernetes"]), default="none", show_default=True,
-              help="kubernetes: the leader creates the job's pservers and trainers (needs --job-spec).")
+@click.option("--deployer", type=click.Choice(["none", "kubernetes", "local"]), default="none", show_default=True,
+              help="kubernetes: the leader creates the job's pservers and trainers (needs --job-spec); "
+                   "local: `paddlecloud local train` runs them. With none, the job's end is final "
+                   "(RestartEpoch reopen=true is refused).")
 @click.option("--job-spec", type=click.Path(exists=True, dir_okay=False),
               help="The job spec YAML that `paddlecloud job submit` mounts (for --deployer kubernetes).")
 @click.option("--trainers", type=click.IntRange(min=1), default=None,
@@ -146,7 +148,7 @@ def master_command(job, namespace, etcd_endpoints, port, host, advertise, inputs
             job=job, namespace=namespace, etcd_endpoints=etcd_endpoints, port=port, host=host,
             advertise=advertise, election_ttl=election_ttl, failover_hold=failover_hold, dataset=dataset,
             start_epoch=start_epoch,
-            metrics_port=metrics_port, etcd_timeout=etcd_timeout, job_spec=job_spec,
+            metrics_port=metrics_port, etcd_timeout=etcd_timeout, job_spec=job_spec, deployer=deployer,
             trainer_size=trainer_size,
             max_calls_in_flight=max_calls_in_flight, task_streams=task_streams,
             register_rate=register_rate, register_burst=register_burst,

@@ -104,6 +104,7 @@ class MasterConfig:
     metrics_port: int | None = None
     etcd_timeout: float = 10.0
     job_spec: str | None = None   # with it, the leader deploys the job on Kubernetes
+    deployer: str = "none"        # who owns the job's end: kubernetes, local (`local train`), none
     trainer_size: tuple[TrainerRange, int] | None = None  # the range and desired size at start
     max_calls_in_flight: int = 1024  # trainer calls worked on at once; more are shed (RESOURCE_EXHAUSTED)
     task_streams: bool = True  # serve GetTaskStream; off: UNIMPLEMENTED, trainers call GetTask unary
@@ -127,6 +128,8 @@ class MasterConfig:
             raise SpecError(f"--failover-hold {self.failover_hold:g}s is negative: use 0 to answer at once")
         if self.max_calls_in_flight < 1:
             raise SpecError(f"--max-calls-in-flight {self.max_calls_in_flight} must be at least 1")
+        if self.deployer not in DEPLOYERS:
+            raise SpecError(f"--deployer {self.deployer!r}: use one of {', '.join(DEPLOYERS)}")
         if self.register_rate <= 0 or self.register_burst < 1:
             raise SpecError(f"--register-rate {self.register_rate:g} and --register-burst "
                             f"{self.register_burst} must be positive")
@@ -154,6 +157,7 @@ class MasterConfig:
                             "do anything; give the job's tokens, or pass --insecure to run open anyway")
 
 
+DEPLOYERS = ("none", "kubernetes", "local")  # who owns a job's end (`master.epochs`)
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 
 
