@@ -221,6 +221,18 @@ def test_the_scaler_token_is_denied_every_master_rpc_but_getstatus_and_scaletrai
     assert "operator" in denial("ScaleTrainers", Principal(Role.VIEWER))
 
 
+def test_a_session_token_has_one_spelling():
+    """Leading zeros (or other digits than ASCII's) name the same session but are not its token."""
+    from paddlecloud.auth import TokenRoles
+
+    roles = TokenRoles(JobTokens.generate(), job="j")
+    token = roles.session_token(42)
+    assert roles.principal_of(token) == Principal(Role.TRAINER, session=42)
+    prefix, mac = token.rsplit(".", 1)
+    for spelling in ("042", "0042", "\u0664\u0662"):  # the last: Arabic-Indic 4 and 2
+        assert roles.principal_of(f"s.{spelling}.{mac}") is None, spelling
+
+
 def test_a_scaler_token_is_not_one_of_a_jobs_tokens(tmp_path):
     tokens = JobTokens.generate()
     assert set(tokens.as_mapping()) == {"trainer", "operator", "viewer"} == {r.value for r in JOB_ROLES}
