@@ -199,11 +199,14 @@ async def test_etcd_out_of_space_is_resource_exhausted(tmp_path, start_master, j
     with EtcdServer(extra_args=("--quota-backend-bytes", str(quota))) as small:
         from masters import MasterProcess
 
-        write_records(tmp_path / "data", files=1, records_per_file=1)
+        write_records(tmp_path / "data", files=2, records_per_file=1)  # the epoch goes on past one finish
         proc = MasterProcess(job=job_name, etcd=small.endpoint, tmp=tmp_path,
                              args=("--input", str(tmp_path / "data"))).start()
         try:
             await wait_serving(proc.address, process=proc)
+            async with grpc.aio.insecure_channel(proc.address) as channel:  # a trainer at work before
+                early = (await stub(channel).RegisterTrainer(pb.RegisterTrainerRequest(trainer_id="early"))).session_id
+                task = (await stub(channel).GetTask(pb.GetTaskRequest(session_id=early, epoch=0))).task
             client = await connect(small.endpoint)
             try:  # someone else fills etcd (a trainer no longer can)
                 for i in range(64):
@@ -219,6 +222,21 @@ async def test_etcd_out_of_space_is_resource_exhausted(tmp_path, start_master, j
             async with grpc.aio.insecure_channel(proc.address) as channel:
                 await refused(stub(channel).RegisterTrainer(pb.RegisterTrainerRequest(trainer_id="t")),
                               grpc.StatusCode.RESOURCE_EXHAUSTED, "etcd is out of space", "alarm disarm")
-                assert (await stub(channel).GetStatus(pb.GetStatusRequest())).num_tasks == 1
+                assert (await stub(channel).GetStatus(pb.GetStatusRequest())).num_tasks == 2
+                # etcd's quota does not count writes inside nested transactions, and the master's
+                # are all nested (docs/design.md, "etcd out of space"): its finish may still be
+                # written during the alarm (etcd 3.4.23 does). Whatever it answers, etcd agrees.
+                try:
+                    result = (await stub(channel).TaskFinished(pb.TaskReport(
+                        session_id=early, task_id=task.id, epoch=0, attempt=task.attempt))).result
+                except grpc.aio.AioRpcError as error:
+                    assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, error.details()
+                    result = None
+            client = await connect(small.endpoint)
+            try:
+                written = await client.get(JobKeys("local", job_name).done(0, task.id)) is not None
+            finally:
+                await client.close()
+            assert (result == pb.ACCEPTED) == written, (result, written)
         finally:
             proc.stop()
