@@ -491,16 +491,21 @@ def status_command(name: str, namespace: str, master_address: str | None, timeou
     console.print(bar)
 
 
+def _master_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """--master and --timeout of a command that calls a job's master as its operator."""
+    command = click.option("--timeout", type=float, default=10.0, show_default=True,
+                           help="Seconds to wait for the master.")(command)
+    return click.option("--master", "master_address", metavar="HOST:PORT",
+                        help="The master's gRPC address (default: its Service, NAME-master.NS.svc:8080; "
+                             "a local job's leader is shown by `paddlecloud local train`).")(command)
+
+
 @job.command("scale")
 @click.argument("name")
 @click.option("--trainers", type=click.IntRange(min=1), required=True,
               help="The trainer group's new size, within the job's range.")
 @_namespace_option()
-@click.option("--master", "master_address", metavar="HOST:PORT",
-              help="The master's gRPC address (default: its Service, NAME-master.NS.svc:8080; "
-                   "a local job's leader is shown by `paddlecloud local train`).")
-@click.option("--timeout", type=float, default=10.0, show_default=True,
-              help="Seconds to wait for the master.")
+@_master_options
 @_kubeconfig_option
 def scale_command(name: str, trainers: int, namespace: str, master_address: str | None,
                   timeout: float, kubeconfig: str | None) -> None:
@@ -551,11 +556,7 @@ def _operator_target(name: str, namespace: str, master_address: str | None,
 @click.argument("name")
 @click.argument("trainer_id")
 @_namespace_option()
-@click.option("--master", "master_address", metavar="HOST:PORT",
-              help="The master's gRPC address (default: its Service, NAME-master.NS.svc:8080; "
-                   "a local job's leader is shown by `paddlecloud local train`).")
-@click.option("--timeout", type=float, default=10.0, show_default=True,
-              help="Seconds to wait for the master.")
+@_master_options
 @_kubeconfig_option
 def evict_command(name: str, trainer_id: str, namespace: str, master_address: str | None,
                   timeout: float, kubeconfig: str | None) -> None:
