@@ -129,7 +129,7 @@ def refuse_plaintext_password(endpoints: str, credentials: EtcdCredentials,
     if not credentials.user or uses_tls(endpoints) or env.get(PLAINTEXT_PASSWORD_ENV) == "1":
         return
     raise EtcdAuthError(
-        f"refusing to send etcd user {credentials.user[:64]!r}'s password in plaintext to "
+        f"refusing to send the password of etcd user {credentials.user[:64]!r} in plaintext to "
         f"{endpoints[:200]}: use https:// endpoints (PADDLE_ETCD_CA_FILE), or set "
         f"{PLAINTEXT_PASSWORD_ENV}=1 where that link is trusted (a loopback etcd)")
 
