@@ -353,7 +353,9 @@ class StatusPage:
         if self._listener is not None:
             self._listener.close()
         if self._runner is not None:
-            await self._runner.cleanup()
+            await self._runner.cleanup()  # closes the connections the listener accepted
+        if self._listener is not None:
+            await self._listener.wait_closed()
 
     async def _sample_forever(self) -> None:
         """Samples the counters every second until cancelled; a failed sample is logged, not fatal."""
