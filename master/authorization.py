@@ -8,7 +8,7 @@ A call's `authorization: Bearer <token>` metadata becomes a `Principal` through
 | RegisterTrainer | the trainer token, the operator token |
 | KeepAlive, LeaveTrainer, GetTask, GetTaskStream, TaskFinished, TaskFailed, ReturnTask, RequestSaveModel | the session token of the request's `session_id` only (of a stream's every request) |
 | GetStatus, ListTasks, ListTrainers | any token of the job (session ids and attempts shown to the operator only) |
-| RestartEpoch, SetDataset, ScaleTrainers, and any Master RPC not named here | the operator token |
+| RestartEpoch, SetDataset, ScaleTrainers, EvictTrainer, and any Master RPC not named here | the operator token |
 | GetStatus, ScaleTrainers | also the scaler token (the cluster autoscaler's; nothing else) |
 | health, reflection | anyone (no token) |
 
@@ -27,7 +27,8 @@ through as the operator, as before this interceptor existed, and says so at star
 serves without the interceptor: `caller()` is the operator by default, and gRPC's
 interceptor path costs ~20 us a call (docs/benchmarks.md).
 
-What this does NOT do: rate limiting. Of streaming methods it serves those that stream
+What this does NOT do: rate limiting (registrations are bounded per token by the
+servicer, `master.rate_limit`). Of streaming methods it serves those that stream
 both ways (GetTaskStream); any other kind would be refused as unimplemented.
 """
 

@@ -56,14 +56,21 @@ DEFAULT_ELECTION_TTL = "10s"  # also what bench/scale.py assumes when no flag sa
               help="Trainer calls the master works on at once; past it a call is answered "
                    "RESOURCE_EXHAUSTED at once and the trainer retries with jittered backoff. "
                    "GetTasks on streams are never shed: they wait their turn.")
+@click.option("--register-rate", type=click.FloatRange(min=0, min_open=True), default=100.0, show_default=True,
+              help="RegisterTrainer calls per second per token, once a burst is spent; past it a call "
+                   "is answered RESOURCE_EXHAUSTED with a retry delay (the trainer waits and retries).")
+@click.option("--register-burst", type=click.IntRange(min=1), default=20_000, show_default=True,
+              help="RegisterTrainer calls per token at once: every trainer of the largest job registers in one burst.")
 @click.option("--task-streams/--no-task-streams", default=True, show_default=True,
               help="Serve GetTaskStream. Off, it answers UNIMPLEMENTED and trainers send each GetTask "
                    "as a call of its own: about 0.6 of the dispatch at 64 trainers, but thousands starting "
                    "at once are all served sooner (docs/benchmarks.md).")
 @click.option("--metrics-port", type=click.IntRange(1, 65535), default=None,
               help="Serve the status page, its JSON and Prometheus metrics on this port (on --host).")
-@click.option("--deployer", type=click.Choice(["none", "kubernetes"]), default="none", show_default=True,
-              help="kubernetes: the leader creates the job's pservers and trainers (needs --job-spec).")
+@click.option("--deployer", type=click.Choice(["none", "kubernetes", "local"]), default="none", show_default=True,
+              help="kubernetes: the leader creates the job's pservers and trainers (needs --job-spec); "
+                   "local: `paddlecloud local train` runs them. With none, the job's end is final "
+                   "(RestartEpoch reopen=true is refused).")
 @click.option("--job-spec", type=click.Path(exists=True, dir_okay=False),
               help="The job spec YAML that `paddlecloud job submit` mounts (for --deployer kubernetes).")
 @click.option("--trainers", type=click.IntRange(min=1), default=None,
@@ -100,7 +107,7 @@ DEFAULT_ELECTION_TTL = "10s"  # also what bench/scale.py assumes when no flag sa
 def master_command(job, namespace, etcd_endpoints, port, host, advertise, inputs, fmt, chunk_bytes,
                    chunks_per_task, epochs, shuffle_seed, start_epoch, resume_from, session_ttl, election_ttl,
                    failover_hold, task_timeout, max_task_failures, max_tasks_per_trainer,
-                   max_calls_in_flight, task_streams, metrics_port, deployer, job_spec, trainers, min_trainers, max_trainers, etcd_timeout,
+                   max_calls_in_flight, register_rate, register_burst, task_streams, metrics_port, deployer, job_spec, trainers, min_trainers, max_trainers, etcd_timeout,
                    etcd_ca_file, etcd_cert_file, etcd_key_file, etcd_user, etcd_password_file,
                    tokens_dir, scaler_token_file, tls_cert, tls_key, tls_client_ca, insecure,
                    set_dataset_prefixes, log_level) -> None:
@@ -148,9 +155,10 @@ def master_command(job, namespace, etcd_endpoints, port, host, advertise, inputs
             job=job, namespace=namespace, etcd_endpoints=etcd_endpoints, port=port, host=host,
             advertise=advertise, election_ttl=election_ttl, failover_hold=failover_hold, dataset=dataset,
             start_epoch=start_epoch,
-            metrics_port=metrics_port, etcd_timeout=etcd_timeout, job_spec=job_spec,
+            metrics_port=metrics_port, etcd_timeout=etcd_timeout, job_spec=job_spec, deployer=deployer,
             trainer_size=trainer_size,
             max_calls_in_flight=max_calls_in_flight, task_streams=task_streams,
+            register_rate=register_rate, register_burst=register_burst,
             set_dataset_prefixes=tuple(set_dataset_prefixes), tokens_dir=tokens_dir, insecure=insecure,
             scaler_token_file=scaler_token_file,
             tls=TlsFiles(tls_cert, tls_key, tls_client_ca) if tls_cert else None,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field, replace
 
+from master.dataset_allowlist import AllowList, NotAllowed
 from paddlecloud.datasets import (  # the one error of a bad spec or setting
     FORMATS,
     LINE_FORMATS,
@@ -103,9 +104,12 @@ class MasterConfig:
     metrics_port: int | None = None
     etcd_timeout: float = 10.0
     job_spec: str | None = None   # with it, the leader deploys the job on Kubernetes
+    deployer: str = "none"        # who owns the job's end: kubernetes, local (`local train`), none
     trainer_size: tuple[TrainerRange, int] | None = None  # the range and desired size at start
     max_calls_in_flight: int = 1024  # trainer calls worked on at once; more are shed (RESOURCE_EXHAUSTED)
     task_streams: bool = True  # serve GetTaskStream; off: UNIMPLEMENTED, trainers call GetTask unary
+    register_rate: float = 100.0  # RegisterTrainer calls per second per token (master.rate_limit)
+    register_burst: int = 20_000  # ... at once: a whole job's start
     set_dataset_prefixes: tuple[str, ...] = ()  # SetDataset accepts paths under these; empty: off
     tls: TlsFiles | None = None       # None: plaintext
     tokens_dir: str | None = None     # the job's role tokens (paddlecloud.auth.JobTokens); None: open
@@ -124,6 +128,11 @@ class MasterConfig:
             raise SpecError(f"--failover-hold {self.failover_hold:g}s is negative: use 0 to answer at once")
         if self.max_calls_in_flight < 1:
             raise SpecError(f"--max-calls-in-flight {self.max_calls_in_flight} must be at least 1")
+        if self.deployer not in DEPLOYERS:
+            raise SpecError(f"--deployer {self.deployer!r}: use one of {', '.join(DEPLOYERS)}")
+        if self.register_rate <= 0 or self.register_burst < 1:
+            raise SpecError(f"--register-rate {self.register_rate:g} and --register-burst "
+                            f"{self.register_burst} must be positive")
         if self.start_epoch < 0:
             raise SpecError(f"--start-epoch {self.start_epoch} is negative")
         if self.scaler_token_file and not self.tokens_dir:
@@ -131,6 +140,10 @@ class MasterConfig:
                             "without tokens lets every caller scale already")
         if any(not p for p in self.set_dataset_prefixes):
             raise SpecError("--allow-set-dataset '' would allow every path: name a scheme or directory")
+        try:
+            AllowList(self.set_dataset_prefixes)
+        except NotAllowed as error:
+            raise SpecError(f"--allow-set-dataset: {error}") from None
 
     @property
     def open_access(self) -> bool:
@@ -144,6 +157,7 @@ class MasterConfig:
                             "do anything; give the job's tokens, or pass --insecure to run open anyway")
 
 
+DEPLOYERS = ("none", "kubernetes", "local")  # who owns a job's end (`master.epochs`)
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 
 

@@ -7,10 +7,11 @@ defaults are filled) is OK; a different one is FAILED_PRECONDITION.
 
 `SetDataset` makes the master list files (and, for a URL, talk to a server) on a
 caller's behalf, so it is off unless the master was started with
-`--allow-set-dataset PREFIX` (repeatable): then every path must start with one of
-those prefixes (a scheme like `s3://bucket/`, or a directory like `/data/`) and hold
-no `..`. Anything else is FAILED_PRECONDITION (off) or INVALID_ARGUMENT naming the path,
-before any listing.
+`--allow-set-dataset PREFIX` (repeatable): then every path must lie under one of
+those prefixes (a scheme like `s3://bucket/`, or a directory like `/data/`), compared on
+parsed URLs and resolved paths (`master.dataset_allowlist`), before any listing, and every
+file the listing found is checked again before anything is frozen. Anything else is
+FAILED_PRECONDITION (off) or INVALID_ARGUMENT naming the path.
 
 What this does NOT do: read the data (only the files' names and sizes).
 """
@@ -19,11 +20,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 
 from master.config import DatasetSpec, SpecError
 from master.core import Core, FailedPrecondition, InvalidArgument, partition_of
+from master.dataset_allowlist import AllowList, NotAllowed
 from master.state import JobState
-from paddlecloud.datasets import list_files
+from paddlecloud.datasets import FileEntry, list_files
 from paddlecloud.untrusted import quote
 
 logger = logging.getLogger(__name__)
@@ -36,29 +39,42 @@ class DatasetAdoption:
     def __init__(self, core: Core) -> None:
         self.core = core
         self._lock = asyncio.Lock()
+        self.allow_list = AllowList(core.config.set_dataset_prefixes)
 
     async def set_dataset(self, spec: DatasetSpec) -> int:
         async with self.core.admitted():
-            if self.core.spec is None:
-                self.check_allowed(spec.paths)
-            return await self.adopt(spec)
+            if self.core.spec is not None:
+                return await self.adopt(spec)
+            await asyncio.to_thread(self.check_allowed, spec.paths)  # resolving symlinks blocks
+            return await self.adopt(spec, vet=self._check_listed)
 
     def check_allowed(self, paths: tuple[str, ...]) -> None:
         """Refuses a SetDataset whose paths the master was not started to accept."""
-        prefixes = self.core.config.set_dataset_prefixes
-        if not prefixes:
+        if not self.allow_list.prefixes:
             raise FailedPrecondition("SetDataset is off: this master takes its dataset from --input; "
                                      "start it with --allow-set-dataset PREFIX to accept one")
         if len(paths) > MAX_PATHS:
             raise InvalidArgument(f"{len(paths)} dataset paths: at most {MAX_PATHS}")
         for path in paths:
-            if len(path) > MAX_PATH_CHARS or ".." in path.split("/") or not path.startswith(prefixes):
-                raise InvalidArgument(
-                    f"dataset path {quote(path)} is not under an allowed prefix ({', '.join(prefixes)}) "
-                    "or holds '..'")
+            if len(path) > MAX_PATH_CHARS:
+                raise InvalidArgument(f"dataset path {quote(path)} is longer than {MAX_PATH_CHARS} characters")
+            try:
+                self.allow_list.check(path)
+            except NotAllowed as error:
+                raise InvalidArgument(str(error)) from None
 
-    async def adopt(self, spec: DatasetSpec) -> int:
-        """Adopts `spec` (frozen in etcd by the first master to do so); the number of tasks."""
+    def _check_listed(self, paths: tuple[str, ...], files: list[FileEntry]) -> None:
+        """Every file listed lies under a prefix too (a symlink, an index linking elsewhere)."""
+        try:
+            self.allow_list.check_listed(", ".join(paths), (f.path for f in files))
+        except NotAllowed as error:
+            raise InvalidArgument(str(error)) from None
+
+    async def adopt(self, spec: DatasetSpec, *,
+                    vet: Callable[[tuple[str, ...], list[FileEntry]], None] | None = None) -> int:
+        """Adopts `spec` (frozen in etcd by the first master to do so); the number of tasks.
+
+        `vet` sees the files listed before anything is frozen, and may refuse them."""
         core = self.core
         try:
             filled = spec.filled()
@@ -73,6 +89,8 @@ class DatasetAdoption:
                 return core.partition.num_tasks
             try:
                 files = await asyncio.to_thread(list_files, filled.paths)
+                if vet is not None:
+                    await asyncio.to_thread(vet, filled.paths, files)
             except SpecError as error:
                 raise InvalidArgument(str(error)) from None
             partition = partition_of(filled, files)

@@ -8,8 +8,10 @@ state, so it is committed once.
 
 A job whose data is all consumed is restarted only when asked to `reopen` it (a group
 restart that raced the job's last task: the group was stopped before it saved what it
-trained since its checkpoint, so the data must be read again from there), and only while
-no deployer has recorded the job's end; otherwise FAILED_PRECONDITION.
+trained since its checkpoint, so the data must be read again from there), only where a
+deployer owns the job's end (`--deployer kubernetes` or `local`: a standalone master's
+end is final, or any operator could revive a Succeeded job), and only while that deployer
+has not recorded the job's end; otherwise FAILED_PRECONDITION.
 
 Each epoch this master ended keeps its final counts (`ended`: tasks done and failed) for
 the status page: etcd deletes an epoch's marks at its end, so epochs another master
@@ -141,6 +143,10 @@ class Epochs:
             raise FailedPrecondition(f"the job has finished ({state.phase.value}: its data is all "
                                      "consumed): a finished job is not restarted; submit it again, "
                                      "or reopen it (reopen=true) from a group restart that raced its end")
+        if self.core.config.deployer == "none":
+            raise FailedPrecondition("the job has finished and this master has no deployer (--deployer none): "
+                                     "its end is final, only a deployer's group restart reopens a job; "
+                                     "submit it again")
         if recorded is not None and recorded.terminal:
             raise FailedPrecondition(f"the job's end is recorded ({recorded.value}): it is not "
                                      "reopened; submit it again")

@@ -40,6 +40,9 @@ RPC_LATENCY = Histogram(
 BATCH_SIZE = Histogram("paddlecloud_master_etcd_request_transactions",
                        "Transactions per etcd request (group commit)", registry=REGISTRY,
                        buckets=(1, 2, 4, 8, 16, 32, 64, 128))
+RATE_LIMITED = Counter("paddlecloud_master_rate_limited_calls",
+                       "Calls answered RESOURCE_EXHAUSTED past their token's rate (--register-rate)",
+                       ["method"], registry=REGISTRY)
 SHED_CALLS = Counter("paddlecloud_master_shed_calls",
                      "Calls answered RESOURCE_EXHAUSTED past --max-calls-in-flight", ["method"],
                      registry=REGISTRY)

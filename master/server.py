@@ -53,6 +53,7 @@ from master.presence import (
     read_masters,
     sole_listener_at,
 )
+from master.rate_limit import RegistrationLimit
 from master.servicer import MasterServicer
 from master.store import NotLeader, StoreUnavailable
 from master.web import StatusPage
@@ -324,7 +325,9 @@ async def serve(config: MasterConfig) -> int:
         MasterServicer(dispatcher=lambda: node.dispatcher, leader_hint=lambda: node.leader_hint,
                        serving_dispatcher=node.serving_dispatcher, hold=config.failover_hold,
                        max_in_flight=config.max_calls_in_flight, task_streams=config.task_streams,
-                       session_token=roles.session_token if roles else None), server)
+                       session_token=roles.session_token if roles else None,
+                       registrations=RegistrationLimit(rate=config.register_rate, burst=config.register_burst)),
+        server)
     health_pb2_grpc.add_HealthServicer_to_server(node.health, server)
     reflection.enable_server_reflection(
         [SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,

@@ -22,7 +22,10 @@ of letting gRPC's queue grow until it cancels calls. Inspection RPCs (GetStatus,
 ListTasks, ListTrainers) are never shed, nor are the GetTasks of a stream: those wait
 their turn for STREAM_SLOTS slots of their own (`GetTaskStream`). What it does NOT do:
 order the retries; a trainer unlucky several times in a row waits up to its backoff's
-cap (`RETRY_CAP`, 1 s).
+cap (`RETRY_CAP`, 1 s). Registrations are also bounded per token (`master.rate_limit`):
+past the bucket, RESOURCE_EXHAUSTED with ErrorInfo RATE_LIMITED and a RetryInfo, before any
+etcd work. A GetTask carries at most 8 x --max-tasks-per-trainer `finished` refs
+(`Tasks.check_finished_count`, before a ref is looked at).
 """
 
 from __future__ import annotations
@@ -34,16 +37,14 @@ import time
 from collections.abc import Awaitable, Callable
 
 import grpc
-from google.protobuf import any_pb2
-from google.rpc import error_details_pb2, status_pb2
-from grpc_status import rpc_status
 
 from master import inspection, metrics
 from master.authorization import caller
 from master.config import DatasetSpec
 from master.core import CacheOutOfStep, FailedPrecondition, InvalidArgument, TooSlow
 from master.dispatcher import Dispatcher
-from master.sessions import SessionExpired, SessionSuperseded
+from master.rate_limit import RateLimited, RegistrationLimit
+from master.sessions import SessionExpired, SessionSuperseded, UnknownTrainer
 from master.state import Outcome, TaskStatus
 from master.store import NotLeader, StoreFull, StoreUnavailable
 from master.tasks import GetTaskResult, TaskRef
@@ -59,6 +60,7 @@ HOLD_MARGIN = 0.5  # a held call is answered this long before its deadline at th
 _ERRORS: list[tuple[type[BaseException], grpc.StatusCode]] = [
     (InvalidArgument, grpc.StatusCode.INVALID_ARGUMENT),
     (SessionExpired, grpc.StatusCode.NOT_FOUND),
+    (UnknownTrainer, grpc.StatusCode.NOT_FOUND),
     (SessionSuperseded, grpc.StatusCode.FAILED_PRECONDITION),
     (FailedPrecondition, grpc.StatusCode.FAILED_PRECONDITION),
     (NotLeader, grpc.StatusCode.UNAVAILABLE),
@@ -66,6 +68,7 @@ _ERRORS: list[tuple[type[BaseException], grpc.StatusCode]] = [
     (StoreUnavailable, grpc.StatusCode.UNAVAILABLE),
     (CacheOutOfStep, grpc.StatusCode.UNAVAILABLE),
     (TooSlow, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (RateLimited, grpc.StatusCode.RESOURCE_EXHAUSTED),
 ]
 
 
@@ -93,14 +96,9 @@ SHED_RETRY = 1.0  # seconds a shed call is told to wait (the client jitters it x
 
 
 def _shed_status(limit: int) -> grpc.Status:
-    retry = error_details_pb2.RetryInfo()
-    retry.retry_delay.FromNanoseconds(int(SHED_RETRY * 1e9))
-    detail = any_pb2.Any()
-    detail.Pack(retry)
-    return rpc_status.to_status(status_pb2.Status(
-        code=grpc.StatusCode.RESOURCE_EXHAUSTED.value[0], details=[detail],
-        message=f"master saturated: {limit} calls in flight (--max-calls-in-flight {limit}); "
-                f"retry in about {SHED_RETRY:g}s"))
+    return error_status(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                        f"master saturated: {limit} calls in flight (--max-calls-in-flight {limit}); "
+                        f"retry in about {SHED_RETRY:g}s", None, retry_after=SHED_RETRY)
 
 
 def _rpc(method: Callable, *, name: str | None = None) -> Callable:
@@ -135,6 +133,10 @@ def _wrap(method: Callable, *, shed: bool, name: str | None = None, hold: bool =
             return await method(self, dispatcher, request)
         except tuple(e for e, _ in _ERRORS) as error:
             code = next(c for e, c in _ERRORS if isinstance(error, e))
+            if isinstance(error, RateLimited):
+                metrics.RATE_LIMITED.labels(name).inc()
+                await context.abort_with_status(error_status(code, str(error), Reason.RATE_LIMITED,
+                                                             retry_after=error.retry_after))
             details = _details(error)
             if details is None:
                 await context.abort(code, str(error))
@@ -177,7 +179,7 @@ class MasterServicer(pb_grpc.MasterServicer):
                  leader_hint: Callable[[], str | None], max_in_flight: int = 1024,
                  session_token: Callable[[int], str] | None = None, task_streams: bool = True,
                  serving_dispatcher: Callable[[float], Awaitable[Dispatcher | None]] | None = None,
-                 hold: float = 0.0) -> None:
+                 hold: float = 0.0, registrations: RegistrationLimit | None = None) -> None:
         self.dispatcher = dispatcher
         self.serving_dispatcher = serving_dispatcher  # waits up to N seconds for `dispatcher()`
         self.hold = hold if serving_dispatcher is not None else 0.0  # --failover-hold
@@ -188,6 +190,7 @@ class MasterServicer(pb_grpc.MasterServicer):
         self.shed_status = _shed_status(max_in_flight)
         self.in_flight = 0  # shed calls being worked on (one event loop: no lock)
         self.stream_slots = asyncio.Semaphore(STREAM_SLOTS)  # streams' GetTasks worked on at once
+        self.registrations = registrations  # None: registrations unbounded
 
     async def _hold(self, request, context: grpc.aio.ServicerContext) -> None:
         """A trainer's call (it has a session) at a master that does not serve waits up to
@@ -212,6 +215,8 @@ class MasterServicer(pb_grpc.MasterServicer):
 
     @_rpc
     async def RegisterTrainer(self, d: Dispatcher, request):
+        if self.registrations is not None:  # before any etcd work (master.rate_limit)
+            self.registrations.admit(caller().role.value)
         r = await d.trainers.register(request.trainer_id)
         token = self.session_token(r.session) if self.session_token is not None else ""
         return pb.RegisterTrainerResponse(session_id=r.session, ttl=duration(r.ttl), session_token=token,
@@ -227,6 +232,7 @@ class MasterServicer(pb_grpc.MasterServicer):
         return pb.LeaveTrainerResponse()
 
     async def _get_task(self, d: Dispatcher, request):
+        d.tasks.check_finished_count(len(request.finished))  # before a TaskRef is made of them
         r: GetTaskResult = await d.tasks.get_task(request.session_id, request.epoch,
                                             [TaskRef(f.task_id, f.epoch, f.attempt) for f in request.finished],
                                             max(1, request.max_tasks))
@@ -357,3 +363,8 @@ class MasterServicer(pb_grpc.MasterServicer):
         span, desired = await d.scaling.scale(request.trainers)
         return pb.ScaleTrainersResponse(min_trainers=span.minimum, max_trainers=span.maximum,
                                         desired_trainers=desired)
+
+    @_inspection  # an operator's action on a saturated master must get through
+    async def EvictTrainer(self, d: Dispatcher, request):
+        session, returned = await d.trainers.evict(request.trainer_id)
+        return pb.EvictTrainerResponse(session_id=session, tasks_returned=returned)

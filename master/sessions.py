@@ -10,12 +10,16 @@ an explicit KeepAlive always refreshes and waits for etcd's answer.
 
 A superseded session (its trainer id registered again) is remembered on the new
 session's lease, so the answer "superseded" survives a master failover and lapses
-with the newer session.
+with the newer session. An evicted session (the operator's `EvictTrainer`) is told
+"evicted", which a trainer takes as a supersede (it stops); that is remembered by this
+master only (EVICTED_REMEMBERED of them): after a failover its trainer hears "expired"
+and may register again.
 """
 
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
@@ -39,6 +43,21 @@ class SessionSuperseded(Exception):
         self.trainer = trainer
 
 
+class SessionEvicted(SessionSuperseded):
+    """The operator evicted the session (`EvictTrainer`): this process must stop, as when superseded."""
+
+    def __init__(self, session: int, trainer: str) -> None:
+        super().__init__(session, trainer)
+        self.args = (f"session {session} of trainer {trainer} was evicted by the operator: stop",)
+
+
+class UnknownTrainer(Exception):
+    """An operator named a trainer id that has no session."""
+
+
+EVICTED_REMEMBERED = 4096  # evicted sessions told so (the rest hear "expired")
+
+
 @dataclass
 class SessionInfo:
     session: int
@@ -55,6 +74,7 @@ class SessionRegistry:
         self.by_session: dict[int, SessionInfo] = {}
         self.by_trainer: dict[str, int] = {}
         self.superseded: dict[int, str] = {}
+        self.evicted: OrderedDict[int, str] = OrderedDict()  # session -> trainer, the newest last
 
     def restore(self, trainers: dict[str, int], superseded: dict[int, str]) -> None:
         self.by_session = {sid: SessionInfo(sid, tid, last_refresh=0.0) for tid, sid in trainers.items()}
@@ -73,6 +93,12 @@ class SessionRegistry:
         """`session` is being replaced by a newer one of `trainer`: from now on it is told
         so (not "expired") — also while the newer one's registration is still being written."""
         self.superseded[session] = trainer
+
+    def mark_evicted(self, session: int, trainer: str) -> None:
+        """`session` is being ended by the operator: from now on it is told so."""
+        self.evicted[session] = trainer
+        if len(self.evicted) > EVICTED_REMEMBERED:
+            self.evicted.popitem(last=False)
 
     def remove(self, session: int) -> SessionInfo | None:
         info = self.by_session.pop(session, None)
@@ -95,6 +121,8 @@ class SessionRegistry:
             return info
         if session in self.superseded:
             raise SessionSuperseded(session, self.superseded[session])
+        if session in self.evicted:
+            raise SessionEvicted(session, self.evicted[session])
         raise SessionExpired(session)
 
     async def touch(self, session: int, *, force: bool = False) -> SessionInfo:

@@ -109,7 +109,7 @@ class TaskFailed:
 class TaskReleased:
     task: int
     attempt: int
-    cause: str  # "expiry" | "leave" | "superseded" | "return"
+    cause: str  # "expiry" | "leave" | "superseded" | "evicted" | "return"
 
 
 @dataclass(frozen=True)

@@ -40,6 +40,10 @@ WAIT_RETRY = 0.5          # seconds a trainer is told to wait when nothing is fr
 EPOCH_END_RETRY = 0.05    # ... when the epoch is complete and its end is being written
 DISPATCH_RETRY = 0.05     # ... when etcd refused a dispatch the cache thought valid
 NO_DATASET_RETRY = 1.0
+# A GetTask's `finished` refs, per task a session may hold: a session holds at most
+# --max-tasks-per-trainer tasks, so an honest call carries no more than that (a few more
+# after a retry of lost acks); 400,000 refs cost the master a second per call.
+FINISHED_PER_TASK_HELD = 8
 
 
 # The per-call values below are slotted, not frozen: a frozen dataclass sets each field through
@@ -78,12 +82,23 @@ class Tasks:
         self.core = core
         self.trainers = trainers
 
+    def check_finished_count(self, count: int) -> None:
+        """Refuses a GetTask carrying more `finished` refs than a session could owe, before any
+        work on them."""
+        held = self.core.policy.max_tasks_per_trainer
+        cap = FINISHED_PER_TASK_HELD * held
+        if count > cap:
+            raise InvalidArgument(f"{count} finished task refs in one GetTask: at most {cap} "
+                                  f"({FINISHED_PER_TASK_HELD} x --max-tasks-per-trainer {held}; "
+                                  f"a session holds at most {held} tasks)")
+
     async def get_task(self, session: int, epoch: int, finished: list[TaskRef],
                        max_tasks: int = 1) -> GetTaskResult:
         """The next task (up to `max_tasks` new ones for a prefetching trainer, never past the
         per-trainer cap), after the finishes it carries."""
         if epoch < 0:
             raise InvalidArgument(f"epoch {epoch} is negative: epochs count from 0")
+        self.check_finished_count(len(finished))
         core = self.core
         async with core.admitted():
             info = await self.trainers.touch(session)

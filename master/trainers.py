@@ -41,7 +41,7 @@ from dataclasses import dataclass
 
 from master import metrics
 from master.core import Core, InvalidArgument, TooSlow
-from master.sessions import SessionExpired, SessionInfo, SessionSuperseded
+from master.sessions import SessionExpired, SessionInfo, SessionSuperseded, UnknownTrainer
 from master.state import InvalidTransition, TaskReleased
 from master.store import NotLeader, Snapshot
 from paddlecloud.aio import KeyedLocks, cancel_and_wait
@@ -60,6 +60,13 @@ def is_trainer_id(text: str) -> bool:
     """A short name: letters, digits, '.', '_', '-', '/' (a loader worker's `7/0`), starting and
     ending alphanumeric, <= 253 bytes."""
     return len(text) <= MAX_TRAINER_ID and text.isascii() and _TRAINER_ID.fullmatch(text) is not None
+
+
+def _check_trainer_id(trainer: str) -> None:
+    if not is_trainer_id(trainer):
+        raise InvalidArgument(
+            f"trainer id {quote(trainer)} is not a short name: use 1-{MAX_TRAINER_ID} letters, digits, "
+            "'.', '_', '-' or '/', starting and ending with a letter or digit")
 
 
 @dataclass(frozen=True)
@@ -84,10 +91,7 @@ class Trainers:
         self._warned_at = -math.inf
 
     async def register(self, trainer: str) -> Registration:
-        if not is_trainer_id(trainer):
-            raise InvalidArgument(
-                f"trainer id {quote(trainer)} is not a short name: use 1-{MAX_TRAINER_ID} letters, digits, "
-                "'.', '_', '-' or '/', starting and ending with a letter or digit")
+        _check_trainer_id(trainer)
         core, store = self.core, self.core.store
         async with core.admitted(), self._registering.hold(trainer):
             lease = await store.grant_lease(core.policy.session_ttl)
@@ -117,6 +121,23 @@ class Trainers:
                 current_epoch=state.epoch if state else 0,
                 num_epochs=core.spec.num_epochs if core.spec else 0,
             )
+
+    async def evict(self, trainer: str) -> tuple[int, int]:
+        """The operator ends `trainer`'s session as a supersede would: its tasks return to todo
+        at once (no failure counted) and its next call hears "evicted" (its process stops).
+        Returns (the session, the tasks it held). UnknownTrainer when it has no session."""
+        _check_trainer_id(trainer)
+        async with self.core.admitted(), self._registering.hold(trainer):
+            session = self.registry.by_trainer.get(trainer)
+            if session is None:
+                raise UnknownTrainer(f"trainer {quote(trainer)} has no session: nothing to evict")
+            state = self.core.state
+            held = len(state.held_by(session)) if state is not None else 0
+            self.registry.mark_evicted(session, trainer)
+            await self._end(session, cause="evicted")
+            logger.warning("trainer %s evicted by the operator: session %d ended, %d task(s) back to todo",
+                           trainer, session, held)
+            return session, held
 
     async def keep_alive(self, session: int) -> float:
         async with self.core.admitted():

@@ -20,6 +20,14 @@ takes every caller for an operator. A viewer sees no session ids.
 `/` is this master's own job; the Job Server's `/` lists every job and serves this
 page under a prefix (job_server.routers.pages), so every URL the page uses is relative.
 
+The port faces whoever reaches it, so it bounds what a client can hold: a connection
+that has not sent a whole request within IDLE_TIMEOUT seconds (a slowloris' half-sent
+headers, an idle keep-alive) is closed, at most MAX_CONNECTIONS are open at once (one
+more is closed as it opens), and a malformed request (a bad URL or header) is one log line,
+not a traceback. Every answer carries `SECURITY_HEADERS`: a Content-Security-Policy that
+lets the page load only its own script, style and data (it has no inline script or style),
+no framing, and no content sniffing.
+
 What this does NOT do: keep the time series across a restart or failover of the
 master (they start with its term of leadership), or count a trainer restarted
 twice within one sampling second as more than one restart.
@@ -31,12 +39,15 @@ import asyncio
 import hmac
 import importlib.resources
 import logging
+import sys
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Literal
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.web_protocol import RequestHandler
 from pydantic import BaseModel, Field
 
 from master import inspection, metrics
@@ -44,6 +55,7 @@ from master.presence import MasterPresence
 from paddlecloud import pagestyle
 from paddlecloud.aio import cancel_and_wait
 from paddlecloud.phase import Phase
+from paddlecloud.untrusted import loggable
 
 if TYPE_CHECKING:
     from master.dispatcher import Dispatcher
@@ -56,6 +68,16 @@ FAILED_TASKS_SHOWN = 100   # failed tasks listed on the page at most
 TRAINERS_SHOWN = 100       # trainers listed on the page at most (`inspection.trainers_to_show`)
 CAUSES = ("expiry", "leave", "superseded", "failure", "deadline", "return")
 MASTERS_READ_TIMEOUT = 2.0  # seconds the page waits for etcd's list of masters
+IDLE_TIMEOUT = 15.0  # seconds a connection may take to send a whole request (and idle between two)
+MAX_CONNECTIONS = 256  # open at once; the page polls over one or two per browser
+SECURITY_HEADERS = {
+    "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; "
+                               "connect-src 'self'; img-src 'self'; base-uri 'none'; "
+                               "form-action 'none'; frame-ancestors 'none'",
+    "X-Frame-Options": "DENY",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",  # `?token=` must not leave in a Referer
+}
 
 # The leader key's value and the masters present (`master.presence.read_masters`, bound).
 MastersReader = Callable[[], Awaitable[tuple[str | None, list[MasterPresence]]]]
@@ -278,8 +300,10 @@ class StatusPage:
     def __init__(self, *, job: str, namespace: str, advertise: str,
                  dispatcher: Callable[[], Dispatcher | None], leader_hint: Callable[[], str | None],
                  masters: MastersReader | None = None, tokens: Mapping[str, str] | None = None,
-                 serving: Callable[[], bool] | None = None, trainers_shown: int = TRAINERS_SHOWN) -> None:
+                 serving: Callable[[], bool] | None = None, trainers_shown: int = TRAINERS_SHOWN,
+                 idle_timeout: float = IDLE_TIMEOUT) -> None:
         self.job, self.namespace, self.advertise = job, namespace, advertise
+        self.idle_timeout = idle_timeout
         self.trainers_shown = trainers_shown
         self.serving = serving
         self.dispatcher = dispatcher
@@ -292,6 +316,7 @@ class StatusPage:
             raise ValueError(f"token roles {sorted(bad)}: must be one of {', '.join(ROLES)}")
         self.recorder = Recorder()
         self._runner: web.AppRunner | None = None
+        self._listener: asyncio.Server | None = None
         self._sampler: asyncio.Task[None] | None = None
         self.port = 0
 
@@ -302,6 +327,7 @@ class StatusPage:
             return await handler(request)
 
         app = web.Application(middlewares=[guard])
+        app.on_response_prepare.append(_secure_headers)  # errors and static files too
         static = importlib.resources.files("master") / "static"
         app.router.add_get("/", self._index)
         app.router.add_get("/api/job", self._job)
@@ -315,17 +341,26 @@ class StatusPage:
 
     async def start(self, *, host: str, port: int) -> None:
         """Listens on `host:port` (0: a free port, then in `self.port`) and starts sampling."""
-        self._runner = web.AppRunner(self.app(), access_log=None)
+        handler_args = dict(access_log=None, keepalive_timeout=self.idle_timeout,
+                            logger=_OneLineBadRequests(logger, {}))
+        self._runner = web.AppRunner(self.app(), **handler_args)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, host, port)
-        await site.start()
-        self.port = self._runner.addresses[0][1]
+        server, loop = self._runner.server, asyncio.get_running_loop()
+        assert server is not None
+        self._listener = await loop.create_server(
+            lambda: _LimitedHandler(server, loop=loop, limit=MAX_CONNECTIONS, **handler_args),
+            host, port, reuse_address=True)
+        self.port = self._listener.sockets[0].getsockname()[1]
         self._sampler = asyncio.create_task(self._sample_forever(), name="status-page-sampler")
 
     async def stop(self) -> None:
         await cancel_and_wait(self._sampler)
+        if self._listener is not None:
+            self._listener.close()
         if self._runner is not None:
-            await self._runner.cleanup()
+            await self._runner.cleanup()  # closes the connections the listener accepted
+        if self._listener is not None:
+            await self._listener.wait_closed()
 
     async def _sample_forever(self) -> None:
         """Samples the counters every second until cancelled; a failed sample is logged, not fatal."""
@@ -420,6 +455,48 @@ class StatusPage:
             epochs=[EpochModel(**vars(bar)) for bar in inspection.epoch_bars(d)],
             trainers=trainers, trainers_omitted=omitted, trainer_restarts=sum(rec.restarts.values()),
             failed_tasks=failed, **common)
+
+
+async def _secure_headers(request: web.Request, response: web.StreamResponse) -> None:
+    response.headers.update(SECURITY_HEADERS)
+
+
+class _LimitedHandler(RequestHandler):
+    """aiohttp's handler of one connection, which closes the connection as it opens when its
+    server has `limit` open already. Decided in `connection_made`, where the count is exact:
+    the protocols of one batch of accepted connections are all made before any is counted."""
+
+    __slots__ = ("_server", "_limit", "_refused")
+
+    def __init__(self, server: web.Server, *, limit: int, **kwargs) -> None:
+        super().__init__(server, **kwargs)
+        self._server, self._limit, self._refused = server, limit, False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        if len(self._server.connections) >= self._limit:
+            self._refused = True
+            transport.close()
+            return
+        super().connection_made(transport)
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        if not self._refused:  # a refused one was never the server's
+            super().connection_lost(exc)
+
+
+class _OneLineBadRequests(logging.LoggerAdapter):
+    """aiohttp logs each malformed request (a bad URL or header: an HttpProcessingError) with
+    a traceback, so any client could flood the log; one escaped line instead. Any other
+    error keeps its traceback."""
+
+    def exception(self, msg, *args, exc_info=True, **kwargs) -> None:  # noqa: ANN001 (logging's)
+        error = exc_info if isinstance(exc_info, BaseException) else sys.exc_info()[1]
+        if isinstance(error, HttpProcessingError):
+            first = (error.message or type(error).__name__).strip().splitlines()[0]
+            remote = args[0] if args else "?"
+            self.logger.warning("bad HTTP request from %s (%d): %s", remote, error.code, loggable(first))
+            return
+        self.logger.exception(msg, *args, exc_info=exc_info, **kwargs)
 
 
 def _json(model: BaseModel) -> web.Response:

@@ -235,9 +235,11 @@ class TokenRoles:
 
     def _session_principal(self, token: str) -> Principal | None:
         session_text, _, mac = token[len(SESSION_PREFIX):].partition(".")
-        if not session_text.isdigit() or len(session_text) > 20:
+        if not (session_text.isascii() and session_text.isdigit()) or len(session_text) > 20:
             return None
         session = int(session_text)
+        if session_text != str(session):  # one spelling per session: no leading zeros
+            return None
         if not hmac.compare_digest(mac.encode(), self._mac(session).encode()):
             return None
         return Principal(Role.TRAINER, session=session)

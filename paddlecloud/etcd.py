@@ -14,6 +14,13 @@ plaintext, so `_Client` opens the TLS channel), and a user and password log in
 `PADDLE_ETCD_PASSWORD`. `connect()` proves the credentials with one read under
 `/paddlecloud/`: wrong ones raise `EtcdAuthError` at once (no retry helps).
 
+A password travels only over TLS: a user and password with `http://` endpoints are refused
+before anything is dialled (`refuse_plaintext_password`, in `connect()`, so every process that
+would send them — the master, its lease process, the pserver agent, `job delete`, the
+operator — stops with one error naming the endpoint), unless
+`PADDLE_ETCD_ALLOW_PLAINTEXT_PASSWORD=1` says the link is trusted (a loopback etcd in a test).
+Anyone on the path of a plaintext link (or an endpoint a submitter chose) would read it.
+
 etcd's simple auth tokens expire after `--auth-token-ttl` (300 s) without use, and
 aetcd logs in only once: a call answered "invalid auth token" logs in again and is
 retried once with the new token (`_Reauthenticating`), so an idle client (a standby
@@ -109,6 +116,22 @@ class EtcdCredentials:
         return grpc.ssl_channel_credentials(root_certificates=read(self.ca_file),
                                             private_key=read(self.key_file),
                                             certificate_chain=read(self.cert_file))
+
+
+PLAINTEXT_PASSWORD_ENV = "PADDLE_ETCD_ALLOW_PLAINTEXT_PASSWORD"  # "1": send a password over http://
+
+
+def refuse_plaintext_password(endpoints: str, credentials: EtcdCredentials,
+                              env: Mapping[str, str] | None = None) -> None:
+    """Raises EtcdAuthError when `credentials` hold a password and `endpoints` are plaintext
+    (`http://`), unless PADDLE_ETCD_ALLOW_PLAINTEXT_PASSWORD=1 in `env` (the process's)."""
+    env = os.environ if env is None else env
+    if not credentials.user or uses_tls(endpoints) or env.get(PLAINTEXT_PASSWORD_ENV) == "1":
+        return
+    raise EtcdAuthError(
+        f"refusing to send the password of etcd user {credentials.user[:64]!r} in plaintext to "
+        f"{endpoints[:200]}: use https:// endpoints (PADDLE_ETCD_CA_FILE), or set "
+        f"{PLAINTEXT_PASSWORD_ENV}=1 where that link is trusted (a loopback etcd)")
 
 
 INVALID_TOKEN = "invalid auth token"  # etcd's answer to an expired (or revoked) auth token
@@ -261,12 +284,14 @@ async def connect(endpoints: str, *, timeout: float = 10.0,
     """Returns a client of the first endpoint that answers within `timeout` seconds in all.
 
     `credentials` default to the environment's (`EtcdCredentials.from_env()`). Raises
-    EtcdAuthError at once when etcd refuses them, EtcdUnavailable when none answers."""
+    EtcdAuthError at once when etcd refuses them or they hold a password for `http://`
+    endpoints (nothing dialled), EtcdUnavailable when none answers."""
     errors = []
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     candidates = parse_endpoints(endpoints)
     creds = credentials if credentials is not None else EtcdCredentials.from_env()
+    refuse_plaintext_password(endpoints, creds)
     tls = creds.channel_credentials() if uses_tls(endpoints) else None
     while True:
         for host, port in candidates:

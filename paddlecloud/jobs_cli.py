@@ -570,6 +570,15 @@ def status_command(name: str, namespace: str, master_address: str | None, timeou
     console.print(bar)
 
 
+def _master_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """--master and --timeout of a command that calls a job's master as its operator."""
+    command = click.option("--timeout", type=float, default=10.0, show_default=True,
+                           help="Seconds to wait for the master.")(command)
+    return click.option("--master", "master_address", metavar="HOST:PORT",
+                        help="The master's gRPC address (default: its Service, NAME-master.NS.svc:8080; "
+                             "a local job's leader is shown by `paddlecloud local train`).")(command)
+
+
 @job.command("scale")
 @click.argument("name")
 @click.option("--trainers", type=POSITIVE, required=True,
@@ -578,10 +587,7 @@ def status_command(name: str, namespace: str, master_address: str | None, timeou
 @click.option("--output", "local_output", type=click.Path(file_okay=False, path_type=Path),
               help="A local job: the --output of its `paddlecloud local train`, which holds its "
                    "leader's address and its operator token.")
-@click.option("--master", "master_address", metavar="HOST:PORT",
-              help="The master's gRPC address (default: its Service, NAME-master.NS.svc:8080).")
-@click.option("--timeout", type=float, default=10.0, show_default=True,
-              help="Seconds to wait for the master.")
+@_master_options
 @_kubeconfig_option
 def scale_command(name: str, trainers: int, namespace: str, local_output: Path | None,
                   master_address: str | None, timeout: float, kubeconfig: str | None) -> None:
@@ -598,8 +604,6 @@ def scale_command(name: str, trainers: int, namespace: str, local_output: Path |
     """
     import grpc
 
-    from paddlecloud.auth import ENV_CA_FILE
-
     if local_output is not None:
         if master_address:
             raise click.UsageError("give --output (a local job) or --master, not both")
@@ -608,20 +612,7 @@ def scale_command(name: str, trainers: int, namespace: str, local_output: Path |
                    f"(range {reply.min_trainers}..{reply.max_trainers})")
         return
 
-    address = master_address or manifests.master_address(name, namespace)
-    ca = None
-    if not os.environ.get(ENV_CA_FILE):
-        try:
-            _, apps = _clients(_api(kubeconfig))
-            deployment = _get(apps.read_namespaced_deployment, manifests.master_name(name), namespace,
-                              resource="deployments")
-        except click.ClickException:
-            if master_address is None:
-                raise
-            deployment = None  # no Kubernetes here: a local job
-        if deployment is None and master_address is None:
-            raise _fail(f"job {name} not found in namespace {namespace}")
-        ca = master_ca(deployment.metadata.annotations) if deployment is not None else None
+    address, ca = _operator_target(name, namespace, master_address, kubeconfig)
     try:
         reply = scale_trainers(address, trainers, timeout=timeout, ca=ca)
     except grpc.RpcError as error:
@@ -655,6 +646,59 @@ def _scale_local(name: str, trainers: int, output: Path, *, timeout: float) -> A
                 break  # the leader answered: a refused size, a bad token
     details = error.details() if error is not None else "no master known yet; try again"
     raise _fail(f"cannot scale local job {name}: {details}")
+
+
+def _operator_target(name: str, namespace: str, master_address: str | None,
+                     kubeconfig: str | None) -> tuple[str, bytes | None]:
+    """(the master's address, its CA) for an operator's call to job NAME (`job scale`, `job evict`)."""
+    from paddlecloud.auth import ENV_CA_FILE
+
+    address = master_address or manifests.master_address(name, namespace)
+    if os.environ.get(ENV_CA_FILE):
+        return address, None
+    try:
+        _, apps = _clients(_api(kubeconfig))
+        deployment = _get(apps.read_namespaced_deployment, manifests.master_name(name), namespace,
+                          resource="deployments")
+    except click.ClickException:
+        if master_address is None:
+            raise
+        deployment = None  # no Kubernetes here: a local job
+    if deployment is None and master_address is None:
+        raise _fail(f"job {name} not found in namespace {namespace}")
+    return address, master_ca(deployment.metadata.annotations) if deployment is not None else None
+
+
+@job.command("evict")
+@click.argument("name")
+@click.argument("trainer_id")
+@_namespace_option()
+@_master_options
+@_kubeconfig_option
+def evict_command(name: str, trainer_id: str, namespace: str, master_address: str | None,
+                  timeout: float, kubeconfig: str | None) -> None:
+    """End the session of trainer TRAINER_ID of job NAME (e.g. a rogue one).
+
+    Its tasks return to the others at once, no failure counted, and its process is told
+    to stop at its next call, as when superseded; a new process of that id may register
+    again. The operator's call, with the credentials of `job scale`.
+    """
+    import grpc
+
+    from paddlecloud.api import pb, pb_grpc
+    from paddlecloud.auth import master_credentials
+
+    address, ca = _operator_target(name, namespace, master_address, kubeconfig)
+    credentials = master_credentials(None, ca=ca)
+    try:
+        with credentials.channel(address) as channel:
+            reply = pb_grpc.MasterStub(channel).EvictTrainer(
+                pb.EvictTrainerRequest(trainer_id=trainer_id), timeout=timeout,
+                metadata=credentials.metadata())
+    except grpc.RpcError as error:
+        raise _fail(f"cannot evict trainer {trainer_id} of job {name} at {address}: {error.details()}") from None
+    click.echo(f"job {name}: trainer {trainer_id} evicted (session {reply.session_id}, "
+               f"{reply.tasks_returned} task(s) back to todo)")
 
 
 # ---- logs -------------------------------------------------------------------------------------

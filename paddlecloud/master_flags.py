@@ -21,7 +21,7 @@ def master_flags(*, job: str, namespace: str, etcd_endpoints: str, port: int, ad
                  session_ttl: str | None = None, election_ttl: str | None = None,
                  metrics_port: int | None = None, trainers: tuple[int, int, int] | None = None,
                  tokens_dir: str | None = None, scaler_token_file: str | None = None,
-                 tls_cert: str | None = None, tls_key: str | None = None,
+                 tls_cert: str | None = None, tls_key: str | None = None, deployer: str | None = None,
                  extra: Sequence[str] = ()) -> list[str]:
     """The flags after `paddlecloud master`; None (or empty) leaves a flag to its default.
 
@@ -36,7 +36,7 @@ def master_flags(*, job: str, namespace: str, etcd_endpoints: str, port: int, ad
     optional = (("--metrics-port", metrics_port), ("--session-ttl", session_ttl),
                 ("--election-ttl", election_ttl), ("--start-epoch", start_epoch),
                 ("--tokens-dir", tokens_dir), ("--scaler-token-file", scaler_token_file),
-                ("--tls-cert", tls_cert), ("--tls-key", tls_key))
+                ("--tls-cert", tls_cert), ("--tls-key", tls_key), ("--deployer", deployer))
     flags += [arg for flag, value in optional if value is not None for arg in (flag, str(value))]
     if trainers is not None:
         desired, low, high = trainers

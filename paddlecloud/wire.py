@@ -61,6 +61,8 @@ class Reason(str, enum.Enum):
     SESSION_SUPERSEDED = "SESSION_SUPERSEDED"  # metadata: trainer = the trainer id; stop
     TRANSIENT = "TRANSIENT"                    # the leader is up but cannot answer now (etcd,
                                                # its cache rebuilt): retry it, not another
+    RATE_LIMITED = "RATE_LIMITED"              # too many calls with this token: wait the
+                                               # RetryInfo's delay, then retry
 
 
 def duration(seconds: float) -> Duration:
@@ -74,15 +76,27 @@ def seconds(value: Duration) -> float:
     return value.seconds + value.nanos / 1e9
 
 
-def error_status(code: grpc.StatusCode, message: str, reason: Reason,
-                 metadata: dict[str, str] | None = None) -> grpc.Status:
-    """A status with `message` for people and an ErrorInfo for programs
-    (send it with `context.abort_with_status`)."""
-    info = error_details_pb2.ErrorInfo(reason=reason.value, domain=DOMAIN, metadata=metadata or {})
+def retry_info(seconds: float) -> any_pb2.Any:
+    """A `google.rpc.RetryInfo` detail: retry after `seconds` (clients jitter it)."""
+    info = error_details_pb2.RetryInfo()
+    info.retry_delay.FromNanoseconds(int(seconds * 1e9))
     detail = any_pb2.Any()
     detail.Pack(info)
-    return rpc_status.to_status(status_pb2.Status(code=code.value[0], message=message,
-                                                  details=[detail]))
+    return detail
+
+
+def error_status(code: grpc.StatusCode, message: str, reason: Reason | None,
+                 metadata: dict[str, str] | None = None, *, retry_after: float | None = None) -> grpc.Status:
+    """A status with `message` for people, and for programs an ErrorInfo (of `reason`) and a
+    RetryInfo (of `retry_after`) where given (send it with `context.abort_with_status`)."""
+    details = []
+    if reason is not None:
+        detail = any_pb2.Any()
+        detail.Pack(error_details_pb2.ErrorInfo(reason=reason.value, domain=DOMAIN, metadata=metadata or {}))
+        details.append(detail)
+    if retry_after is not None:
+        details.append(retry_info(retry_after))
+    return rpc_status.to_status(status_pb2.Status(code=code.value[0], message=message, details=details))
 
 
 def error_info(error: grpc.RpcError) -> tuple[Reason, dict[str, str]] | None:

@@ -19,7 +19,13 @@ from masters import MasterProcess, pb, stub, wait_serving
 from test_pserver_agent import ask
 from waiting import wait_for
 
-from paddlecloud.etcd import EtcdCredentials, connect
+from paddlecloud.etcd import (
+    PLAINTEXT_PASSWORD_ENV,
+    EtcdAuthError,
+    EtcdCredentials,
+    EtcdUnavailable,
+    connect,
+)
 from paddlecloud.etcd_server import EtcdServer, EtcdTls
 from paddlecloud.jobs_cli import clear_etcd_prefix
 from paddlecloud.keys import JobKeys, prefix_range_end
@@ -205,7 +211,7 @@ def test_an_etcd_asking_for_credentials_tells_trainers_to_use_the_master_endpoin
         locator.resolve(timeout=5)
 
 
-async def test_a_client_keeps_working_past_the_auth_token_ttl():
+async def test_a_client_keeps_working_past_the_auth_token_ttl(monkeypatch):
     """etcd's simple tokens expire after --auth-token-ttl without use, and aetcd logs in only at
     connect: our client logs in again on "invalid auth token" and retries once, so a client (a
     standby master) idle past the TTL still reads and writes.
@@ -214,6 +220,7 @@ async def test_a_client_keeps_working_past_the_auth_token_ttl():
     renews it, so no condition can be polled to see it expire; etcd's log then shows that the
     first token was refused, i.e. that the renewal really ran."""
     ttl = 2
+    monkeypatch.setenv(PLAINTEXT_PASSWORD_ENV, "1")  # auth without TLS: a loopback etcd
     with EtcdServer(extra_args=("--auth-token-ttl", str(ttl))) as etcd:
         await _enable_auth(etcd.endpoint, EtcdCredentials())
         client = await connect(etcd.endpoint, credentials=EtcdCredentials(user="root", password=PASSWORD))
@@ -239,6 +246,7 @@ async def test_a_master_keeps_serving_past_the_auth_token_ttl(tmp_path, job_name
     with EtcdServer(extra_args=("--auth-token-ttl", "2")) as etcd:
         await _enable_auth(etcd.endpoint, EtcdCredentials())
         monkeypatch.setenv("PADDLE_ETCD_USER", "root")
+        monkeypatch.setenv(PLAINTEXT_PASSWORD_ENV, "1")  # auth without TLS: a loopback etcd
         monkeypatch.setenv("PADDLE_ETCD_PASSWORD_FILE", str(tmp_path / "password"))
         write_records(tmp_path / "data", files=4, records_per_file=3)
         proc = MasterProcess(job=job_name, etcd=etcd.endpoint, tmp=tmp_path,
@@ -261,3 +269,91 @@ async def test_a_master_keeps_serving_past_the_auth_token_ttl(tmp_path, job_name
             assert proc.process.poll() is None, proc.log()
         finally:
             proc.stop()
+
+
+class _PlaintextListener:
+    """A fake etcd on loopback: accepts TCP connections, opens HTTP/2 as a server does (an
+    empty SETTINGS frame, then the ack of the client's: gRPC sends no call before both) and
+    keeps every byte they send, answering no call. A password sent in plaintext would be
+    among those bytes."""
+
+    SETTINGS = b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"  # length 0, type SETTINGS, no flags, stream 0
+    SETTINGS_ACK = b"\x00\x00\x00\x04\x01\x00\x00\x00\x00"
+
+    def __init__(self) -> None:
+        import socket
+        import threading
+
+        self._socket = socket.create_server(("127.0.0.1", 0))
+        self.endpoint = f"http://127.0.0.1:{self._socket.getsockname()[1]}"
+        self.received = bytearray()
+        self.connections = 0
+        self._lock = threading.Lock()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        import threading
+
+        while True:
+            try:
+                connection, _ = self._socket.accept()
+            except OSError:
+                return
+            with self._lock:
+                self.connections += 1
+            threading.Thread(target=self._keep, args=(connection,), daemon=True).start()
+
+    def _keep(self, connection) -> None:
+        with connection:
+            connection.sendall(self.SETTINGS + self.SETTINGS_ACK)
+            while data := connection.recv(65536):
+                with self._lock:
+                    self.received += data
+
+    def close(self) -> None:
+        self._socket.close()
+
+
+@pytest.fixture
+def plaintext_etcd():
+    listener = _PlaintextListener()
+    yield listener
+    listener.close()
+
+
+def _password_env(tmp_path: Path, endpoint: str) -> dict[str, str]:
+    (tmp_path / "password").write_text(PASSWORD + "\n")
+    return {"PADDLE_ETCD_ENDPOINTS": endpoint, "PADDLE_ETCD_USER": "root",
+            "PADDLE_ETCD_PASSWORD_FILE": str(tmp_path / "password")}
+
+
+def test_master_and_pserver_agent_refuse_to_send_a_password_to_http_etcd(plaintext_etcd, tmp_path, job_name):
+    env = _clean_env(_password_env(tmp_path, plaintext_etcd.endpoint))
+    commands = {
+        "master": [sys.executable, "-m", "paddlecloud", "master", "--job", job_name, "--etcd-endpoints",
+                   plaintext_etcd.endpoint, "--host", "127.0.0.1", "--port", "0"],
+        "pserver agent": [sys.executable, "-m", "paddlecloud", "pserver", "--", sys.executable, "-c", "pass"],
+    }
+    for name, command in commands.items():
+        result = subprocess.run(command, env=dict(env, PADDLE_JOB_NAME=job_name, PADDLE_PSERVERS_NUM="1"),
+                                capture_output=True, text=True, timeout=60, cwd=REPO)
+        assert result.returncode == 1, (name, result.stderr)
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and "refusing to send the password of etcd user 'root'" in lines[0], (name, lines)
+        assert plaintext_etcd.endpoint in result.stderr, (name, result.stderr)
+        assert "PADDLE_ETCD_ALLOW_PLAINTEXT_PASSWORD=1" in result.stderr, (name, result.stderr)
+    assert plaintext_etcd.connections == 0 and PASSWORD.encode() not in plaintext_etcd.received
+
+
+async def test_job_delete_refuses_to_send_a_password_to_http_etcd(plaintext_etcd, tmp_path, monkeypatch):
+    for key, value in _password_env(tmp_path, plaintext_etcd.endpoint).items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv(PLAINTEXT_PASSWORD_ENV, raising=False)
+    with pytest.raises(EtcdAuthError, match="in plaintext to http://127.0.0.1:"):
+        await clear_etcd_prefix(plaintext_etcd.endpoint, namespace="local", job_name="j", timeout=5)
+    assert plaintext_etcd.connections == 0
+    # the control: with the explicit opt-in the password does go out, readable by the listener
+    monkeypatch.setenv(PLAINTEXT_PASSWORD_ENV, "1")
+    with pytest.raises(EtcdUnavailable):
+        await connect(plaintext_etcd.endpoint, timeout=3)
+    assert PASSWORD.encode() in plaintext_etcd.received

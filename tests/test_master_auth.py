@@ -155,6 +155,7 @@ async def test_authorization_matrix(secured, etcd_endpoint, job_name):
             dataset=pb.DatasetSpec(paths=["/etc/*.conf"])), metadata=m),
         "RestartEpoch": lambda: s.stub.RestartEpoch(pb.RestartEpochRequest(epoch=0), metadata=m),
         "ScaleTrainers": lambda: s.stub.ScaleTrainers(pb.ScaleTrainersRequest(trainers=3), metadata=m),
+        "EvictTrainer": lambda: s.stub.EvictTrainer(pb.EvictTrainerRequest(trainer_id="attacker"), metadata=m),
     }
     # who -> the token it presents; "own" is the victim's session token for session RPCs,
     # the job's trainer token for the others; "scaler" the cluster autoscaler's token
@@ -172,7 +173,9 @@ async def test_authorization_matrix(secured, etcd_endpoint, job_name):
         ("RestartEpoch", "own"): DENIED,
         ("ScaleTrainers", "other session"): DENIED,
         ("ScaleTrainers", "own"): DENIED,
-        **{(rpc, "viewer"): DENIED for rpc in ("SetDataset", "RestartEpoch", "ScaleTrainers")},
+        **{(rpc, "viewer"): DENIED for rpc in ("SetDataset", "RestartEpoch", "ScaleTrainers", "EvictTrainer")},
+        ("EvictTrainer", "other session"): DENIED,
+        ("EvictTrainer", "own"): DENIED,
         # the scaler: GetStatus and ScaleTrainers only (below), no listing, no session, no restart
         **{(rpc, "scaler"): DENIED for rpc in [*session_rpcs, *other_rpcs]
            if rpc not in ("GetStatus", "ScaleTrainers")},
@@ -202,6 +205,11 @@ async def test_authorization_matrix(secured, etcd_endpoint, job_name):
     m = auth_metadata(s.scaler)
     for rpc in ("GetStatus", "ScaleTrainers"):
         assert await code_of(other_rpcs[rpc]()) == OK, rpc
+    m = auth_metadata(s.tokens.operator)
+    assert await code_of(other_rpcs["EvictTrainer"]()) == OK  # the attacker's session ends
+    attacker, _ = s.sessions["attacker"]
+    assert await code_of(s.stub.KeepAlive(pb.KeepAliveRequest(session_id=attacker),
+                                          metadata=auth_metadata(attacker_token))) == grpc.StatusCode.FAILED_PRECONDITION
 
 
 def test_the_scaler_token_is_denied_every_master_rpc_but_getstatus_and_scaletrainers():
@@ -211,6 +219,18 @@ def test_the_scaler_token_is_denied_every_master_rpc_but_getstatus_and_scaletrai
     assert allowed == {"GetStatus", "ScaleTrainers"}
     assert "is not for the scaler token" in denial("ListTrainers", Principal(Role.SCALER))
     assert "operator" in denial("ScaleTrainers", Principal(Role.VIEWER))
+
+
+def test_a_session_token_has_one_spelling():
+    """Leading zeros (or other digits than ASCII's) name the same session but are not its token."""
+    from paddlecloud.auth import TokenRoles
+
+    roles = TokenRoles(JobTokens.generate(), job="j")
+    token = roles.session_token(42)
+    assert roles.principal_of(token) == Principal(Role.TRAINER, session=42)
+    prefix, mac = token.rsplit(".", 1)
+    for spelling in ("042", "0042", "\u0664\u0662"):  # the last: Arabic-Indic 4 and 2
+        assert roles.principal_of(f"s.{spelling}.{mac}") is None, spelling
 
 
 def test_a_scaler_token_is_not_one_of_a_jobs_tokens(tmp_path):

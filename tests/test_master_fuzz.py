@@ -84,6 +84,7 @@ def calls_of(s: pb_grpc.MasterStub, m, *, session: int, task: int, epoch: int, a
             session_id=session, block=block), metadata=m),
         # within the master's range, outside it, and any int32
         "ScaleTrainers": lambda: s.ScaleTrainers(pb.ScaleTrainersRequest(trainers=epoch), metadata=m),
+        "EvictTrainer": lambda: s.EvictTrainer(pb.EvictTrainerRequest(trainer_id=text), metadata=m),
     }
 
 

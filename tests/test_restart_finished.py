@@ -40,10 +40,14 @@ def data(tmp_path):
     return str(tmp_path / "data")
 
 
-async def finished_job(data: str, start_master):
+# The group restarts of these tests are `paddlecloud local train`'s: its masters run so.
+DEPLOYED = ("--deployer", "local")
+
+
+async def finished_job(data: str, start_master, *flags: str):
     """A master whose job's data is all consumed (one trainer read it to its end), and the
     task ids that trainer was dealt."""
-    proc = start_master("--input", data)
+    proc = start_master("--input", data, *(flags or DEPLOYED))
     await wait_serving(proc.address, process=proc)
     async with grpc.aio.insecure_channel(proc.address) as channel:
         m = stub(channel)
@@ -78,6 +82,16 @@ async def test_a_finished_job_is_refused_and_reopened_from_the_checkpoint_on_req
         await wait_phase(m, "Succeeded")
 
 
+async def test_a_standalone_master_s_finished_job_is_never_reopened(data, start_master):
+    """No deployer owns the job's end (--deployer none): Succeeded is final, whoever asks."""
+    proc, _ = await finished_job(data, start_master, "--deployer", "none")
+    async with grpc.aio.insecure_channel(proc.address) as channel:
+        m = stub(channel)
+        await refused(m.RestartEpoch(pb.RestartEpochRequest(epoch=0, reopen=True)),
+                      grpc.StatusCode.FAILED_PRECONDITION, "no deployer (--deployer none)", "its end is final")
+        assert await phase_of(m) == "Succeeded"
+
+
 async def test_a_job_whose_end_is_recorded_is_not_reopened(data, start_master, etcd_endpoint, job_name):
     proc, _ = await finished_job(data, start_master)
     proc.stop()
@@ -85,7 +99,7 @@ async def test_a_job_whose_end_is_recorded_is_not_reopened(data, start_master, e
     keys = JobKeys("local", job_name)
     try:
         await client.put(keys.phase, b"Succeeded")  # as a deployer records its verdict
-        later = start_master("--input", data, name="later")  # a failover after the verdict
+        later = start_master("--input", data, *DEPLOYED, name="later")  # a failover after the verdict
         await wait_serving(later.address, process=later)
         async with grpc.aio.insecure_channel(later.address) as channel:
             await refused(stub(channel).RestartEpoch(pb.RestartEpochRequest(epoch=0, reopen=True)),
@@ -108,7 +122,7 @@ async def test_an_older_masters_succeeded_at_the_data_s_end_is_not_taken_for_a_v
         await client.transaction(compare=[], success=[client.transactions.put(keys.epoch, epoch),
                                                       client.transactions.put(keys.phase, b"Succeeded")],
                                  failure=[])
-        later = start_master("--input", data, name="later")
+        later = start_master("--input", data, *DEPLOYED, name="later")
         await wait_serving(later.address, process=later)
         async with grpc.aio.insecure_channel(later.address) as channel:
             m = stub(channel)

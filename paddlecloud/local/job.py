@@ -234,7 +234,8 @@ class LocalJob:
                 trainers=(s.trainers, s.min_trainers or s.trainers, s.max_trainers or s.trainers),
                 tokens_dir=str(self.secrets_dir / "tokens"),
                 tls_cert=str(self.secrets_dir / "master.crt") if s.tls else None,
-                tls_key=str(self.secrets_dir / "master.key") if s.tls else None)]
+                tls_key=str(self.secrets_dir / "master.key") if s.tls else None,
+                deployer="local")]  # this supervisor restarts the group: it may reopen the job
             child = self._child("master", index, command, self._env(master=True))
             await child.start()
             self.masters.append(child)

@@ -374,3 +374,17 @@ class ScaleTrainersResponse(_message.Message):
     max_trainers: int
     desired_trainers: int
     def __init__(self, min_trainers: _Optional[int] = ..., max_trainers: _Optional[int] = ..., desired_trainers: _Optional[int] = ...) -> None: ...
+
+class EvictTrainerRequest(_message.Message):
+    __slots__ = ("trainer_id",)
+    TRAINER_ID_FIELD_NUMBER: _ClassVar[int]
+    trainer_id: str
+    def __init__(self, trainer_id: _Optional[str] = ...) -> None: ...
+
+class EvictTrainerResponse(_message.Message):
+    __slots__ = ("session_id", "tasks_returned")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    TASKS_RETURNED_FIELD_NUMBER: _ClassVar[int]
+    session_id: int
+    tasks_returned: int
+    def __init__(self, session_id: _Optional[int] = ..., tasks_returned: _Optional[int] = ...) -> None: ...

@@ -109,6 +109,11 @@ class MasterStub:
                 request_serializer=paddlecloud_dot_master_dot_v1_dot_master__pb2.ScaleTrainersRequest.SerializeToString,
                 response_deserializer=paddlecloud_dot_master_dot_v1_dot_master__pb2.ScaleTrainersResponse.FromString,
                 _registered_method=True)
+        self.EvictTrainer = channel.unary_unary(
+                '/paddlecloud.master.v1.Master/EvictTrainer',
+                request_serializer=paddlecloud_dot_master_dot_v1_dot_master__pb2.EvictTrainerRequest.SerializeToString,
+                response_deserializer=paddlecloud_dot_master_dot_v1_dot_master__pb2.EvictTrainerResponse.FromString,
+                _registered_method=True)
 
 
 class MasterServicer:
@@ -221,6 +226,16 @@ class MasterServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def EvictTrainer(self, request, context):
+        """Operator: ends the trainer's session now, as a supersede does: its tasks
+        return to todo at once, no failure counted, and the session's next call
+        answers FAILED_PRECONDITION (its process stops). NOT_FOUND when the trainer
+        has no session.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MasterServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -298,6 +313,11 @@ def add_MasterServicer_to_server(servicer, server):
                     servicer.ScaleTrainers,
                     request_deserializer=paddlecloud_dot_master_dot_v1_dot_master__pb2.ScaleTrainersRequest.FromString,
                     response_serializer=paddlecloud_dot_master_dot_v1_dot_master__pb2.ScaleTrainersResponse.SerializeToString,
+            ),
+            'EvictTrainer': grpc.unary_unary_rpc_method_handler(
+                    servicer.EvictTrainer,
+                    request_deserializer=paddlecloud_dot_master_dot_v1_dot_master__pb2.EvictTrainerRequest.FromString,
+                    response_serializer=paddlecloud_dot_master_dot_v1_dot_master__pb2.EvictTrainerResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -705,6 +725,33 @@ class Master:
             '/paddlecloud.master.v1.Master/ScaleTrainers',
             paddlecloud_dot_master_dot_v1_dot_master__pb2.ScaleTrainersRequest.SerializeToString,
             paddlecloud_dot_master_dot_v1_dot_master__pb2.ScaleTrainersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def EvictTrainer(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/paddlecloud.master.v1.Master/EvictTrainer',
+            paddlecloud_dot_master_dot_v1_dot_master__pb2.EvictTrainerRequest.SerializeToString,
+            paddlecloud_dot_master_dot_v1_dot_master__pb2.EvictTrainerResponse.FromString,
             options,
             channel_credentials,
             insecure,
