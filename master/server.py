@@ -309,7 +309,8 @@ async def serve(config: MasterConfig) -> int:
         return 2
     try:
         client = await etcd.connect(config.etcd_endpoints, timeout=config.etcd_timeout,
-                                    credentials=config.etcd_credentials)
+                                    credentials=config.etcd_credentials,
+                                    probe=JobKeys(config.namespace, config.job).prefix)
     except (etcd.EtcdUnavailable, ValueError) as error:
         logger.error("%s", error)
         return 1

@@ -583,16 +583,11 @@ def logs_command(name: str, role: str, index: int, follow: bool, namespace: str,
 
 # ---- delete -------------------------------------------------------------------------------------
 async def clear_etcd_prefix(endpoints: str, *, namespace: str, job_name: str, timeout: float) -> int:
-    """Deletes every key of the job under /paddlecloud/NS/NAME/; returns how many went."""
-    from paddlecloud.etcd import connect
-    from paddlecloud.keys import JobKeys
+    """Deletes every key of the job under /paddlecloud/NS/NAME/, and its etcd user where
+    this process logs in as one; returns how many keys went."""
+    from paddlecloud.etcd_users import forget_job
 
-    client = await connect(endpoints, timeout=timeout)
-    try:
-        result = await client.delete_prefix(JobKeys(namespace, job_name).prefix)
-        return int(getattr(result, "deleted", 0))
-    finally:
-        await client.close()
+    return await forget_job(endpoints, namespace=namespace, job=job_name, timeout=timeout)
 
 
 @job.command("delete")

@@ -48,10 +48,10 @@ STOP_WAIT = 5.0  # seconds a child has to exit once its stdin closed, before it 
 
 class LeaseKeeperProcess(LeaseKeeper):
     def __init__(self, endpoints: str, *, credentials: EtcdCredentials | None = None,
-                 timeout: float = RPC_TIMEOUT) -> None:
+                 timeout: float = RPC_TIMEOUT, probe: bytes = b"/paddlecloud/") -> None:
         super().__init__(None)
         self.child: subprocess.Popen | None = None  # the one running now
-        self._settings = {"endpoints": endpoints, "timeout": timeout,
+        self._settings = {"endpoints": endpoints, "timeout": timeout, "probe": probe.decode(),
                           "credentials": dataclasses.asdict(credentials or EtcdCredentials.from_env())}
 
     async def _stream(self, queue: asyncio.Queue[int]) -> None:
@@ -120,7 +120,8 @@ async def _child() -> None:
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(stdin), sys.stdin.buffer)
     settings = json.loads(await stdin.readline())
     client = await connect(settings["endpoints"], timeout=settings["timeout"],
-                           credentials=EtcdCredentials(**settings["credentials"]))
+                           credentials=EtcdCredentials(**settings["credentials"]),
+                           probe=settings["probe"].encode())
     transport, _ = await loop.connect_write_pipe(asyncio.Protocol, sys.stdout.buffer)
     answers = bytearray()
 

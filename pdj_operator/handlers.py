@@ -80,6 +80,10 @@ def _now() -> str:
     return datetime.datetime.now(tz=datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+# On a PaddleJob: the etcd user made for it (its password is in the Secret NAME-etcd only)
+ETCD_USER_ANNOTATION = "paddlecloud.org/etcd-user"
+
+
 def _recorded_ca(body: Mapping[str, Any]) -> bytes | None:
     """The job's CA certificate as recorded on the PaddleJob `body`, None before it is."""
     known = ((body.get("metadata") or {}).get("annotations") or {}).get(
@@ -161,6 +165,7 @@ class JobObjects:
         call created the master Deployment (the caller records an Event for it then)."""
         owner = pdj_owner(body)
         ca = await self._ensure_tokens(spec, owner, body)
+        await self._ensure_etcd_user(spec, owner, body)
         deployment: dict[str, Any] = {}
         created = False
         for obj in manifests.submit_objects(spec):
@@ -237,6 +242,33 @@ class JobObjects:
                        manifests.MASTER_CA_ANNOTATION: certificate.ca.decode("ascii")}}},
                    _content_type="application/merge-patch+json")
         return certificate.ca
+
+    async def _ensure_etcd_user(self, spec: JobSpec, owner: Mapping[str, Any],
+                                body: Mapping[str, Any]) -> None:
+        """The job's own etcd user (`paddlecloud.etcd_users`) and its Secret, owned by the
+        PaddleJob; made once, then recorded on the PaddleJob (ETCD_USER_ANNOTATION). A try
+        cut short before that record makes a new password and replaces the Secret."""
+        from paddlecloud.etcd_users import provision_job_user
+
+        if ((body.get("metadata") or {}).get("annotations") or {}).get(ETCD_USER_ANNOTATION):
+            return
+        user = await provision_job_user(spec.etcd_endpoints, namespace=spec.namespace,
+                                        job=spec.name, timeout=self.config.etcd_timeout)
+        if user is None:  # this operator logs in to etcd as nobody: etcd runs without auth
+            return
+        secret = manifests.etcd_user_secret(spec, user=user.name, password=user.password,
+                                            owner=owner)
+        try:
+            await call(self.retry, self.core.create_namespaced_secret, spec.namespace, secret)
+        except Exception as error:
+            if api_status(error) != 409:
+                raise
+            await call(self.retry, self.core.replace_namespaced_secret,
+                       secret["metadata"]["name"], spec.namespace, secret)
+        await call(self.retry, self.custom.patch_namespaced_custom_object, crd.GROUP, crd.VERSION,
+                   spec.namespace, crd.PLURAL, spec.name,
+                   {"metadata": {"annotations": {ETCD_USER_ANNOTATION: user.name}}},
+                   _content_type="application/merge-patch+json")
 
     async def companion_podgroup(self, body: Mapping[str, Any]) -> dict[str, Any] | None:
         """The Volcano PodGroup `kubectl apply` created from the PaddleJob's own file: named
@@ -338,16 +370,12 @@ class JobObjects:
             logger.warning("could not record event %s on %s: %s", reason, meta["name"], error)
 
     async def clear_etcd(self, spec: JobSpec) -> int:
-        """Deletes the job's keys under /paddlecloud/NS/NAME/, as `paddlecloud job delete` does."""
-        from paddlecloud.etcd import connect
-        from paddlecloud.keys import JobKeys
+        """Deletes the job's keys under /paddlecloud/NS/NAME/ and its etcd user, as
+        `paddlecloud job delete` does."""
+        from paddlecloud.etcd_users import forget_job
 
-        client = await connect(spec.etcd_endpoints, timeout=self.config.etcd_timeout)
-        try:
-            result = await client.delete_prefix(JobKeys(spec.namespace, spec.name).prefix)
-            return int(getattr(result, "deleted", 0) or 0)
-        finally:
-            await client.close()
+        return await forget_job(spec.etcd_endpoints, namespace=spec.namespace, job=spec.name,
+                                timeout=self.config.etcd_timeout)
 
 
 def spec_of(body: Mapping[str, Any], config: OperatorConfig, *,

@@ -94,6 +94,7 @@ def create_job(api: Any, *, spec: JobSpec, objects: list[dict[str, Any]],
     core, apps = client.CoreV1Api(api), client.AppsV1Api(api)
     ns = spec.namespace
     created: list[str] = []
+    etcd_user = provision_etcd_user(spec)  # first: a refusal leaves nothing behind
     # The master's TLS certificate, by a CA made for this job alone and forgotten at once: the
     # CA certificate goes on the Deployment (public), the master's key into the Secret only.
     certificate = issue_master_certificate(manifests.master_certificate_hosts(spec.name, ns), job=spec.name)
@@ -143,6 +144,10 @@ def create_job(api: Any, *, spec: JobSpec, objects: list[dict[str, Any]],
     create(core.create_namespaced_secret,
            manifests.tokens_secret(spec, JobTokens.generate().as_mapping(), owner,
                                    certificate=certificate), "secrets", adopt=True)
+    if etcd_user is not None:  # its password is new: a Secret left by another try is refused
+        create(core.create_namespaced_secret,
+               manifests.etcd_user_secret(spec, user=etcd_user.name, password=etcd_user.password,
+                                          owner=owner), "secrets")
     networking = client.NetworkingV1Api(api)
     for policy in manifests.network_policies(spec, owner):
         create(networking.create_namespaced_network_policy, policy, "networkpolicies", adopt=True)
@@ -150,6 +155,24 @@ def create_job(api: Any, *, spec: JobSpec, objects: list[dict[str, Any]],
         call(core.patch_namespaced_config_map, cm, ns, {"metadata": {"ownerReferences": [owner]}},
              verb="patch", resource="configmaps", namespace=ns, name=cm, rights=rights,
              _content_type="application/merge-patch+json")
+
+
+ETCD_TIMEOUT_S = 5.0
+
+
+def provision_etcd_user(spec: JobSpec) -> Any:
+    """The job's own etcd user (`paddlecloud.etcd_users`), made with this process's etcd
+    credentials; None where it has no etcd user (etcd without auth)."""
+    import asyncio
+
+    from paddlecloud.etcd_users import provision_job_user
+
+    try:
+        return asyncio.run(provision_job_user(spec.etcd_endpoints, namespace=spec.namespace,
+                                              job=spec.name, timeout=ETCD_TIMEOUT_S))
+    except Exception as error:
+        raise JobCreateError(f"could not make the etcd user of job {spec.name} at "
+                             f"{spec.etcd_endpoints}: {error}") from None
 
 
 def pod_counts(pods: Iterable[Any], job_name: str) -> dict[str, dict[str, int]]:
@@ -332,20 +355,14 @@ def delete_job(api: Any, *, namespace: str, name: str, rights: str | None = None
 
 
 def _clear_etcd(spec_yaml: str, *, namespace: str, name: str) -> None:
+    """The job's keys, and its etcd user, gone (`paddlecloud.etcd_users.forget_job`)."""
     import asyncio
 
-    from paddlecloud.etcd import connect
-    from paddlecloud.keys import JobKeys
-
-    async def clear(endpoints: str) -> None:
-        etcd = await connect(endpoints, timeout=3.0)
-        try:
-            await etcd.delete_prefix(JobKeys(namespace, name).prefix)
-        finally:
-            await etcd.close()
+    from paddlecloud.etcd_users import forget_job
 
     try:
-        asyncio.run(clear(JobSpec.from_yaml(spec_yaml).etcd_endpoints))
+        asyncio.run(forget_job(JobSpec.from_yaml(spec_yaml).etcd_endpoints, namespace=namespace,
+                               job=name, timeout=3.0))
     except Exception as error:  # the objects are gone; the keys may stay
         logger.warning("could not clear the etcd keys of %s/%s: %s", namespace, name, error)
 

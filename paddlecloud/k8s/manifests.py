@@ -196,14 +196,44 @@ def publish_master_ca(deployment: Manifest, ca: bytes) -> Manifest:
     return out
 
 
-ETCD_AUTH_SECRET = "paddlecloud-etcd"  # optional: keys `user`, `password` of etcd's auth
+# The job's own etcd user (paddlecloud.etcd_users), made by whoever creates the job, in the
+# job's Secret NAME-etcd (keys `user`, `password`): read and write on the job's prefix only.
+# Optional wherever it is used: a job created without etcd auth has none.
+ETCD_USER_MOUNT = "/var/run/paddlecloud/etcd-user"
 
 
-def _etcd_auth_env() -> list[dict[str, Any]]:
-    """etcd's user and password from the namespace's Secret, when it has one (masters and
-    pservers only: trainers need no etcd credentials)."""
-    return [{"name": name, "valueFrom": {"secretKeyRef": {"name": ETCD_AUTH_SECRET, "key": key, "optional": True}}}
-            for name, key in (("PADDLE_ETCD_USER", "user"), ("PADDLE_ETCD_PASSWORD", "password"))]
+def etcd_user_secret_name(job: str) -> str:
+    return f"{job}-etcd"
+
+
+def etcd_user_secret(spec: JobSpec, *, user: str, password: str,
+                     owner: Mapping[str, Any] | None) -> Manifest:
+    """The job's etcd user and password, for its master and its pserver agents alone."""
+    data = {"user": user.encode(), "password": password.encode()}
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": _metadata(spec, name=etcd_user_secret_name(spec.name), role=MASTER, owner=owner),
+        "type": "Opaque",
+        "data": {key: base64.b64encode(value).decode() for key, value in data.items()},
+    }
+
+
+def _etcd_user_env(spec: JobSpec) -> list[dict[str, Any]]:
+    """The job's etcd user by name, its password as a mounted file, never an env value
+    (masters and pserver agents only: trainers need no etcd credentials)."""
+    user = {"secretKeyRef": {"name": etcd_user_secret_name(spec.name), "key": "user", "optional": True}}
+    return [{"name": "PADDLE_ETCD_USER", "valueFrom": user},
+            _value("PADDLE_ETCD_PASSWORD_FILE", f"{ETCD_USER_MOUNT}/password")]
+
+
+def _etcd_user_volume(spec: JobSpec) -> dict[str, Any]:
+    return {"name": "etcd-user", "secret": {"secretName": etcd_user_secret_name(spec.name),
+                                            "optional": True, "defaultMode": 0o440}}
+
+
+def _etcd_user_mount() -> dict[str, Any]:
+    return {"name": "etcd-user", "mountPath": ETCD_USER_MOUNT, "readOnly": True}
 
 
 ETCD_TLS_SECRET = "paddlecloud-etcd-client-tls"  # keys ca.crt, tls.crt, tls.key (docs/kubernetes.md)
@@ -230,6 +260,29 @@ def _etcd_tls_volume() -> dict[str, Any]:
 
 def _etcd_tls_mount() -> dict[str, Any]:
     return {"name": "etcd-tls", "mountPath": ETCD_TLS_MOUNT, "readOnly": True}
+
+
+def etcd_credentials_of(spec: JobSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]],
+                                                list[dict[str, Any]]]:
+    """(env, volumeMounts, volumes) that give a paddlecloud container (a master, a pserver
+    agent) the job's etcd credentials: its own user, and with https:// the client
+    certificate."""
+    env = [*_etcd_user_env(spec), *_etcd_tls_env(spec)]
+    mounts, volumes = [_etcd_user_mount()], [_etcd_user_volume(spec)]
+    if etcd_uses_tls(spec):
+        mounts.append(_etcd_tls_mount())
+        volumes.append(_etcd_tls_volume())
+    return env, mounts, volumes
+
+
+def _give_etcd_credentials(spec: JobSpec, pod: dict[str, Any], containers: list[dict[str, Any]]) -> None:
+    """The job's etcd credentials in `containers` (those that run paddlecloud's pserver agent)
+    and their volumes in `pod`; no other container of the pod gets them."""
+    env, mounts, volumes = etcd_credentials_of(spec)
+    for container in containers:
+        container["env"] = [*container.get("env", []), *copy.deepcopy(env)]
+        container.setdefault("volumeMounts", []).extend(copy.deepcopy(mounts))
+    pod.setdefault("volumes", []).extend(volumes)
 
 
 def spec_configmap_name(job: str) -> str:
@@ -440,8 +493,6 @@ def pserver_env(spec: JobSpec) -> list[dict[str, Any]]:
         _field("PADDLE_PSERVER_ID", f"metadata.labels['{POD_INDEX_LABEL}']"),
         _value("POD_IP", _own_host(spec, PSERVER)),
         *_common_env(spec, PSERVER),
-        *_etcd_auth_env(),
-        *_etcd_tls_env(spec),
     ]
 
 
@@ -629,11 +680,9 @@ def _pod_template(spec: JobSpec, role: str, *, template: Mapping[str, Any] | Non
         mounts.append({"name": "package", "mountPath": PACKAGE_MOUNT, "readOnly": True})
     volumes.append(_token_volume(spec, only_trainer=True))
     mounts.append({"name": "job-tokens", "mountPath": TOKENS_MOUNT, "readOnly": True})
-    if role == PSERVER and etcd_uses_tls(spec):  # the agent (or its sidecar) registers in etcd
-        volumes.append(_etcd_tls_volume())
-        for runs in [container, *(c for c in pod.get("initContainers") or []
-                                  if c.get("name") == "paddlecloud-agent")]:
-            runs.setdefault("volumeMounts", []).append(_etcd_tls_mount())
+    if role == PSERVER:  # the agent registers in etcd: in the container, or as its sidecar
+        _give_etcd_credentials(spec, pod, [container] if agent else [
+            c for c in pod["initContainers"] if c.get("name") == "paddlecloud-agent"])
     if spec.data_volume is not None and role == TRAINER:
         volumes.append({"name": "data", "persistentVolumeClaim": {"claimName": spec.data_volume.claim}})
         mounts.append({"name": "data", "mountPath": spec.data_volume.mount_path})
@@ -928,9 +977,9 @@ def master_deployment(spec: JobSpec) -> Manifest:
                                             "defaultMode": 0o400,
                                             "items": [{"key": SCALER_KEY, "path": SCALER_KEY}]}},
     ]
-    if etcd_uses_tls(spec):
-        mounts.append(_etcd_tls_mount())
-        volumes.append(_etcd_tls_volume())
+    etcd_env, etcd_mounts, etcd_volumes = etcd_credentials_of(spec)
+    mounts += etcd_mounts
+    volumes += etcd_volumes
     if spec.data_volume is not None:
         mounts.append({"name": "data", "mountPath": spec.data_volume.mount_path, "readOnly": True})
         volumes.append({"name": "data", "persistentVolumeClaim": {
@@ -945,8 +994,7 @@ def master_deployment(spec: JobSpec) -> Manifest:
             _value("PADDLE_ETCD_ENDPOINTS", spec.etcd_endpoints),
             _field("POD_NAME", "metadata.name"),
             _field("POD_IP", "status.podIP"),
-            *_etcd_auth_env(),
-            *_etcd_tls_env(spec),
+            *etcd_env,
         ],
         "ports": [
             {"name": "grpc", "containerPort": MASTER_PORT},

@@ -84,8 +84,10 @@ async def test_submit_creates_the_master_its_service_and_the_spec(k8s, kubeconfi
     env = {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
     assert env["PADDLE_JOB_NAME"] == "ctr" and env["PADDLE_NAMESPACE"] == "ml"
     assert env["POD_IP"] == {"fieldRef": {"fieldPath": "status.podIP"}}
-    assert env["PADDLE_ETCD_PASSWORD"] == {"secretKeyRef": {"name": "paddlecloud-etcd", "key": "password",
-                                                            "optional": True}}
+    # the job's own etcd user (optional: made only where etcd runs with auth), its password a file
+    assert env["PADDLE_ETCD_USER"] == {"secretKeyRef": {"name": "ctr-etcd", "key": "user", "optional": True}}
+    assert env["PADDLE_ETCD_PASSWORD_FILE"] == "/var/run/paddlecloud/etcd-user/password"
+    assert "PADDLE_ETCD_PASSWORD" not in env
     # the leader only is ready: /ready on the HTTP port (the kubelet's own gRPC probe speaks no TLS)
     assert container["readinessProbe"] == {"httpGet": {"path": "/ready", "port": "metrics"},
                                            "periodSeconds": 2, "timeoutSeconds": 2, "failureThreshold": 1}
