@@ -84,6 +84,10 @@ def _now() -> str:
 ETCD_USER_ANNOTATION = "paddlecloud.org/etcd-user"
 
 
+def _recorded_etcd_user(body: Mapping[str, Any]) -> str | None:
+    return ((body.get("metadata") or {}).get("annotations") or {}).get(ETCD_USER_ANNOTATION)
+
+
 def _recorded_ca(body: Mapping[str, Any]) -> bytes | None:
     """The job's CA certificate as recorded on the PaddleJob `body`, None before it is."""
     known = ((body.get("metadata") or {}).get("annotations") or {}).get(
@@ -246,11 +250,12 @@ class JobObjects:
     async def _ensure_etcd_user(self, spec: JobSpec, owner: Mapping[str, Any],
                                 body: Mapping[str, Any]) -> None:
         """The job's own etcd user (`paddlecloud.etcd_users`) and its Secret, owned by the
-        PaddleJob; made once, then recorded on the PaddleJob (ETCD_USER_ANNOTATION). A try
-        cut short before that record makes a new password and replaces the Secret."""
+        PaddleJob; made once, then recorded on the PaddleJob (ETCD_USER_ANNOTATION). The
+        operator may not replace a Secret: one left by a try cut short before that record
+        holds a stale password, and the error says to delete it."""
         from paddlecloud.etcd_users import provision_job_user
 
-        if ((body.get("metadata") or {}).get("annotations") or {}).get(ETCD_USER_ANNOTATION):
+        if _recorded_etcd_user(body):
             return
         user = await provision_job_user(spec.etcd_endpoints, namespace=spec.namespace,
                                         job=spec.name, timeout=self.config.etcd_timeout)
@@ -263,8 +268,14 @@ class JobObjects:
         except Exception as error:
             if api_status(error) != 409:
                 raise
-            await call(self.retry, self.core.replace_namespaced_secret,
-                       secret["metadata"]["name"], spec.namespace, secret)
+            stored = await self.read(self.custom.get_namespaced_custom_object, crd.GROUP,
+                                     crd.VERSION, spec.namespace, crd.PLURAL, spec.name)
+            if _recorded_etcd_user(stored or {}):
+                return
+            raise kopf.PermanentError(
+                f"Secret {secret['metadata']['name']} exists but PaddleJob {spec.name} records no "
+                f"etcd user for it ({ETCD_USER_ANNOTATION}): delete that Secret and the operator "
+                "makes a new one") from None
         await call(self.retry, self.custom.patch_namespaced_custom_object, crd.GROUP, crd.VERSION,
                    spec.namespace, crd.PLURAL, spec.name,
                    {"metadata": {"annotations": {ETCD_USER_ANNOTATION: user.name}}},
