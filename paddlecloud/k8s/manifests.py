@@ -43,7 +43,7 @@ import base64
 import copy
 import logging
 import zlib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import yaml
@@ -1066,17 +1066,67 @@ NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"  # set by the API server on
 MASTER_CLIENTS_NAMESPACE_LABEL = "paddlecloud.org/master-clients"
 
 
-def network_policies(spec: JobSpec, owner: Mapping[str, Any] | None) -> list[Manifest]:
-    """Ingress of the job's pods (egress is left open: DNS, storage, registries vary).
+DNS_PORT = 53
+# The API server, as the master's deployer reaches it: the `kubernetes` Service's port, and the
+# port behind it (a CNI may check either side of the Service's address translation). Its
+# address is no pod's, so no selector can name it: these ports to any address.
+API_SERVER_PORTS = (443, 6443)
+# Ports of the remote storage of a job's inputs and output (fsspec protocols), where the URL
+# names none: what each service listens on by default; any other protocol: HTTPS.
+STORAGE_PORTS = {"http": (80,), "hdfs": (8020, 9866), "webhdfs": (9870, 9864)}
+LOCAL_PROTOCOLS = ("", "file", "local", "memory")
 
-    `NAME-internal`: the job's pods reach each other on any port (pservers, collective and
-    gloo rendezvous, NCCL's own ports, the master's gRPC); nothing else reaches trainers,
-    pservers or heters. `NAME-master`: besides, the master's gRPC port from pods labelled
-    `paddlecloud.org/master-client: "true"` of the job's namespace or of a namespace labelled
-    `paddlecloud.org/master-clients: "true"` (the job server, serving several namespaces), and
-    from the autoscaler's pods in `paddlecloud-system`; its status/metrics port from the job's
-    namespace and from those master clients (the job server proxies the page). Needs a CNI
-    that enforces NetworkPolicy.
+
+def storage_ports(spec: JobSpec) -> list[int]:
+    """The TCP ports of the remote storage the job's inputs and output name ([] for local
+    paths and volumes): what its master, trainers and pservers may reach anywhere."""
+    from urllib.parse import urlsplit
+
+    ports: list[int] = []
+    for path in (*spec.inputs, *((spec.output,) if spec.output else ())):
+        protocol = path.split("://", 1)[0].lower() if "://" in path else ""
+        if protocol in LOCAL_PROTOCOLS:
+            continue
+        try:
+            given = urlsplit(path).port
+        except ValueError:
+            given = None
+        ports += [given] if given else STORAGE_PORTS.get(protocol, (443,))
+    return sorted(set(ports))
+
+
+def etcd_ports(spec: JobSpec) -> list[int]:
+    """The ports of the job's etcd endpoints (any host: etcd may run outside the cluster)."""
+    from paddlecloud.etcd import parse_endpoints
+
+    return sorted({port for _, port in parse_endpoints(spec.etcd_endpoints)})
+
+
+def _tcp(ports: Iterable[int]) -> list[dict[str, Any]]:
+    return [{"protocol": "TCP", "port": port} for port in ports]
+
+
+def network_policies(spec: JobSpec, owner: Mapping[str, Any] | None) -> list[Manifest]:
+    """Ingress and egress of the job's pods (docs/kubernetes.md, "network policies").
+
+    Ingress. `NAME-internal`: the job's pods reach each other on any port (pservers,
+    collective and gloo rendezvous, NCCL's own ports, the master's gRPC); nothing else
+    reaches trainers, pservers or heters. `NAME-master`: besides, the master's gRPC port
+    from pods labelled `paddlecloud.org/master-client: "true"` of the job's namespace or of
+    a namespace labelled `paddlecloud.org/master-clients: "true"` (the job server, serving
+    several namespaces), and from the autoscaler's pods in `paddlecloud-system`; its
+    status/metrics port from the job's namespace and from those master clients (the job
+    server proxies the page).
+
+    Egress (policies add up: a pod may reach what any policy selecting it allows).
+    `NAME-egress`, every pod of the job: the job's pods (the master, the pservers, the
+    other trainers and heters), DNS, and the ports of remote storage its inputs and output
+    name (`storage_ports`). `NAME-master-egress`: the etcd endpoints' ports and the API
+    server's (`API_SERVER_PORTS`): it deploys. `NAME-pserver-egress`: the etcd endpoints'
+    ports (the pserver agent registers there). Anything else a job's code needs (a model
+    hub, another store) is the namespace admin's own NetworkPolicy, which adds to these.
+    Needs a CNI that enforces NetworkPolicy; pods on the node's network (intranet Host)
+    escape them.
     """
     def policy(name: str, pod_selector: dict[str, str], ingress: list[dict[str, Any]]) -> Manifest:
         return {
@@ -1087,7 +1137,20 @@ def network_policies(spec: JobSpec, owner: Mapping[str, Any] | None) -> list[Man
                      "ingress": ingress},
         }
 
+    def egress(name: str, pod_selector: dict[str, str], rules: list[dict[str, Any]]) -> Manifest:
+        return {
+            "apiVersion": "networking.k8s.io/v1",
+            "kind": "NetworkPolicy",
+            "metadata": _metadata(spec, name=name, role=MASTER, owner=owner),
+            "spec": {"podSelector": {"matchLabels": pod_selector}, "policyTypes": ["Egress"],
+                     "egress": rules},
+        }
+
     job_pods = {JOB_LABEL: spec.name}
+    dns = {"ports": [{"protocol": protocol, "port": DNS_PORT} for protocol in ("UDP", "TCP")]}
+    to_job = {"to": [{"podSelector": {"matchLabels": job_pods}}]}
+    storage = [{"ports": _tcp(ports)}] if (ports := storage_ports(spec)) else []
+    to_etcd = {"ports": _tcp(etcd_ports(spec))}
     clients = {"podSelector": {"matchLabels": {MASTER_CLIENT_LABEL: "true"}}}
     marked_clients = {"namespaceSelector": {"matchLabels": {MASTER_CLIENTS_NAMESPACE_LABEL: "true"}}, **clients}
     autoscaler = {"namespaceSelector": {"matchLabels": {NAMESPACE_NAME_LABEL: AUTOSCALER_NAMESPACE}},
@@ -1099,6 +1162,11 @@ def network_policies(spec: JobSpec, owner: Mapping[str, Any] | None) -> list[Man
              "ports": [{"protocol": "TCP", "port": MASTER_PORT}]},
             {"from": [{"podSelector": {}}, marked_clients], "ports": [{"protocol": "TCP", "port": METRICS_PORT}]},
         ]),
+        egress(f"{spec.name}-egress", job_pods, [to_job, dns, *storage]),
+        egress(f"{master_name(spec.name)}-egress", selector(spec, MASTER),
+               [to_etcd, {"ports": _tcp(API_SERVER_PORTS)}]),
+        *([egress(f"{pserver_name(spec.name)}-egress", selector(spec, PSERVER), [to_etcd])]
+          if spec.pservers else []),
     ]
 
 

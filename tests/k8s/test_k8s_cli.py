@@ -51,7 +51,9 @@ async def test_submit_creates_the_master_its_service_and_the_spec(k8s, kubeconfi
                             ("deployments", "ctr-master"), ("services", "ctr-master"),
                             ("serviceaccounts", "ctr-master"), ("roles", "ctr-master"),
                             ("rolebindings", "ctr-master"), ("secrets", "ctr-tokens"), ("networkpolicies", "ctr-internal"),
-                            ("networkpolicies", "ctr-master")]
+                            ("networkpolicies", "ctr-master"),
+                            ("networkpolicies", "ctr-egress"), ("networkpolicies", "ctr-master-egress"),
+                            ("networkpolicies", "ctr-ps-egress")]
     deployment = k8s.stored("deployments", "ml", "ctr-master")
     uid = deployment["metadata"]["uid"]
     owner = manifests.owner_reference("ctr", uid)
@@ -281,8 +283,8 @@ async def test_dry_run_is_stable_valid_yaml_and_touches_nothing(k8s, kubeconfig)
     assert first.exit_code == 0, first.output
     assert first.output == second.output
     docs = list(yaml.safe_load_all(first.output))
-    assert [d["kind"] for d in docs] == ["ConfigMap", "Deployment", "Service", "NetworkPolicy",
-                                         "NetworkPolicy", "ServiceAccount", "Role", "RoleBinding",
+    assert [d["kind"] for d in docs] == ["ConfigMap", "Deployment", "Service",
+                                         *["NetworkPolicy"] * 5, "ServiceAccount", "Role", "RoleBinding",
                                          "Service",
                                          "StatefulSet", "Job"]
     assert list(k8s.kmock) == []  # not one request

@@ -42,7 +42,8 @@ def reachable(policies: list[dict[str, Any]], *, target: dict[str, str], port: i
     """Whether a pod labelled `source` in `source_namespace` (its other labels:
     `namespace_labels`) may connect to `port` of a pod labelled `target` (in the policies'
     namespace) under these NetworkPolicies."""
-    selecting = [p for p in policies if _matches(p["spec"]["podSelector"], target)]
+    selecting = [p for p in policies if "Ingress" in p["spec"]["policyTypes"]
+                 and _matches(p["spec"]["podSelector"], target)]
     assert selecting, f"no policy selects {target}: everything could reach it"
     namespace_labels = {**(namespace_labels or {}), manifests.NAMESPACE_NAME_LABEL: source_namespace}
     for policy in selecting:
