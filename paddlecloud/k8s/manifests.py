@@ -100,10 +100,11 @@ RUN_AS_USER = 10001  # high, so no host user shares it
 
 # Names and paths.
 TOKENS_MOUNT = "/var/run/paddlecloud/tokens"  # the job's tokens Secret (paddlecloud.auth)
-# The cluster autoscaler's token (paddlecloud.auth.ScalerToken): one Secret per namespace, put
+# The cluster autoscaler's token of the namespace (paddlecloud.auth.ScalerToken): one Secret per namespace, put
 # there by the admin (deploy/autoscaler.yaml), mounted by every master as optional, so a
 # namespace without it still runs jobs (their masters then refuse the autoscaler).
 SCALER_SECRET = "paddlecloud-scaler"
+SCALER_KEY_SECRET = "paddlecloud-scaler-key"  # the autoscaler's own: the key the tokens come from
 SCALER_KEY = "token"
 SCALER_MOUNT = "/var/run/paddlecloud/scaler"
 SPEC_MOUNT = "/etc/paddlecloud"
