@@ -270,7 +270,11 @@ def _with_checkpoint_every(options: dict[str, Any]) -> dict[str, Any]:
 @_kubeconfig_option
 def submit_command(name: str | None, paddlejob: str | None, dry_run: bool, server: str | None,
                    token: str | None, kubeconfig: str | None, **options: Any) -> None:
-    """Submit job NAME: its master deploys the pservers and trainers."""
+    """Submit job NAME: its master deploys the pservers and trainers.
+
+    With etcd's root credentials in the environment (PADDLE_ETCD_USER,
+    PADDLE_ETCD_PASSWORD_FILE) the job also gets an etcd user of its own, allowed only
+    the job's keys (docs/kubernetes.md, "etcd")."""
     options = _with_checkpoint_every(options)
     try:
         package = read_package(Path(options["package_path"])) if options["package_path"] else None
@@ -597,7 +601,8 @@ async def clear_etcd_prefix(endpoints: str, *, namespace: str, job_name: str, ti
 @_kubeconfig_option
 def delete_command(name: str, namespace: str, etcd_endpoints: str | None,
                    kubeconfig: str | None) -> None:
-    """Delete job NAME: its master (and so everything it owns), its ConfigMaps, its etcd keys."""
+    """Delete job NAME: its master (and so everything it owns), its ConfigMaps, its etcd keys
+    (and its etcd user, with etcd's root credentials in the environment)."""
     from kubernetes import client
 
     api = _api(kubeconfig)

@@ -8,7 +8,9 @@ StatefulSet and headless Service, the trainers' Indexed Job, a Volcano PodGroup)
 master's rights, named object by object), and `rbac()` the Role of those who submit.
 The job's Secret (`tokens_secret`) carries its tokens and the master's TLS certificate
 and key, issued at submit; the CA certificate is public, on the master Deployment
-(`publish_master_ca`) and mounted in every pod of the job.
+(`publish_master_ca`) and mounted in every pod of the job. The job's etcd user
+(`etcd_user_secret`, `paddlecloud.etcd_users`) reaches only paddlecloud's own containers,
+the master and the pserver agent (`etcd_credentials_of`), its password as a file.
 
 Endpoints. Every pserver's endpoint is a stable DNS name for the life of the job (a
 restarted pserver keeps its name, not its IP): with intranet `PodIP` (and `Host`)
