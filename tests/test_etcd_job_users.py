@@ -14,6 +14,7 @@ import pytest
 from datasets import write_records
 from masters import MasterProcess, pb, stub, wait_serving
 from test_etcd_secured import _keys, _start_agent, secured  # noqa: F401 (a fixture)
+from test_pserver_agent import ask
 from waiting import wait_for
 
 from paddlecloud.etcd import EtcdAuthError, EtcdCredentials, connect
@@ -110,6 +111,17 @@ async def test_a_master_and_a_pserver_agent_run_as_the_jobs_own_user(secured, tm
             assert agent.poll() is None, (tmp_path / "agent.log").read_text()
             return bool(await _keys(env, keys.kind_prefix("pservers")))
         await wait_for(registered, timeout=60, details=lambda: (tmp_path / "agent.log").read_text())
+        endpoint = next(iter((await _keys(env, keys.kind_prefix("pservers"))).values())).decode()
+
+        async def pserver_env() -> dict | None:  # what the program the agent started was given
+            try:
+                return await asyncio.to_thread(ask, endpoint)
+            except OSError:
+                return None
+        seen = (await wait_for(pserver_env, timeout=60))["env"]
+        assert not {"PADDLE_ETCD_USER", "PADDLE_ETCD_PASSWORD_FILE", "PADDLE_ETCD_PASSWORD",
+                    "PADDLE_ETCD_KEY_FILE"} & set(seen)
+        assert user.password not in str(seen)
     finally:
         proc.stop()
         agent.terminate()
