@@ -13,7 +13,8 @@ state, so the single writer stays single.
 down as 8-byte integers, (lease, TTL) answers come back as two, each side writing
 whatever one turn of its loop gathered in one write. The child (`python -m
 paddlecloud.lease_process`) reads its connection settings from the first line of its
-stdin (so a password never shows on a command line), then refreshes every id it reads
+stdin (so a password never shows on a command line; `probe`, the key its login is proved
+on: the job's prefix, where a job's own etcd user may read), then refreshes every id it reads
 over its own `LeaseKeeper` (which reopens etcd's stream when etcd ends it). It exits when
 its stdin closes: its parent stopped, or died.
 
@@ -121,7 +122,7 @@ async def _child() -> None:
     settings = json.loads(await stdin.readline())
     client = await connect(settings["endpoints"], timeout=settings["timeout"],
                            credentials=EtcdCredentials(**settings["credentials"]),
-                           probe=settings["probe"].encode())
+                           probe=settings.get("probe", "/paddlecloud/").encode())
     transport, _ = await loop.connect_write_pipe(asyncio.Protocol, sys.stdout.buffer)
     answers = bytearray()
 
