@@ -31,7 +31,7 @@ from __future__ import annotations
 import datetime
 import logging
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -225,26 +225,10 @@ class JobObjects:
         certificate = issue_master_certificate(hosts, job=spec.name)
         secret = manifests.tokens_secret(spec, JobTokens.generate().as_mapping(), owner,
                                          certificate=certificate)
-        try:
-            await call(self.retry, self.core.create_namespaced_secret, spec.namespace, secret)
-        except Exception as error:
-            if api_status(error) != 409:
-                raise
-            # a handler run on a body older than our own annotation patch (Kopf may hand one
-            # over again): the PaddleJob as stored now says whether the Secret is ours
-            stored = await self.read(self.custom.get_namespaced_custom_object, crd.GROUP,
-                                     crd.VERSION, spec.namespace, crd.PLURAL, spec.name)
-            if known := _recorded_ca(stored or {}):
-                return known
-            raise kopf.PermanentError(
-                f"Secret {secret['metadata']['name']} exists but PaddleJob {spec.name} records no "
-                f"CA for it ({manifests.MASTER_CA_ANNOTATION}): delete that Secret and the "
-                "operator makes a new one") from None
-        await call(self.retry, self.custom.patch_namespaced_custom_object, crd.GROUP, crd.VERSION,
-                   spec.namespace, crd.PLURAL, spec.name,
-                   {"metadata": {"annotations": {
-                       manifests.MASTER_CA_ANNOTATION: certificate.ca.decode("ascii")}}},
-                   _content_type="application/merge-patch+json")
+        if known := await self._create_once(spec, secret, recorded=_recorded_ca, what="CA",
+                                            annotation=manifests.MASTER_CA_ANNOTATION):
+            return known
+        await self._record(spec, manifests.MASTER_CA_ANNOTATION, certificate.ca.decode("ascii"))
         return certificate.ca
 
     async def _ensure_etcd_user(self, spec: JobSpec, owner: Mapping[str, Any],
@@ -263,22 +247,36 @@ class JobObjects:
             return
         secret = manifests.etcd_user_secret(spec, user=user.name, password=user.password,
                                             owner=owner)
+        if not await self._create_once(spec, secret, recorded=_recorded_etcd_user,
+                                       what="etcd user", annotation=ETCD_USER_ANNOTATION):
+            await self._record(spec, ETCD_USER_ANNOTATION, user.name)
+
+    async def _create_once(self, spec: JobSpec, secret: dict[str, Any], *,
+                           recorded: Callable[[Mapping[str, Any]], Any], what: str,
+                           annotation: str) -> Any:
+        """Creates one of the job's Secrets the operator makes once and never reads: None once
+        created; on 409, what the PaddleJob as stored now records for it (`recorded`: a
+        handler run on a body older than our own annotation patch, which Kopf may hand over
+        again); else the Secret is not ours to trust, and the error says to delete it."""
         try:
             await call(self.retry, self.core.create_namespaced_secret, spec.namespace, secret)
+            return None
         except Exception as error:
             if api_status(error) != 409:
                 raise
-            stored = await self.read(self.custom.get_namespaced_custom_object, crd.GROUP,
-                                     crd.VERSION, spec.namespace, crd.PLURAL, spec.name)
-            if _recorded_etcd_user(stored or {}):
-                return
-            raise kopf.PermanentError(
-                f"Secret {secret['metadata']['name']} exists but PaddleJob {spec.name} records no "
-                f"etcd user for it ({ETCD_USER_ANNOTATION}): delete that Secret and the operator "
-                "makes a new one") from None
+        stored = await self.read(self.custom.get_namespaced_custom_object, crd.GROUP,
+                                 crd.VERSION, spec.namespace, crd.PLURAL, spec.name)
+        if known := recorded(stored or {}):
+            return known
+        raise kopf.PermanentError(
+            f"Secret {secret['metadata']['name']} exists but PaddleJob {spec.name} records no "
+            f"{what} for it ({annotation}): delete that Secret and the operator makes a new one")
+
+    async def _record(self, spec: JobSpec, annotation: str, value: str) -> None:
+        """Records `annotation: value` on the PaddleJob (public: no secret goes there)."""
         await call(self.retry, self.custom.patch_namespaced_custom_object, crd.GROUP, crd.VERSION,
                    spec.namespace, crd.PLURAL, spec.name,
-                   {"metadata": {"annotations": {ETCD_USER_ANNOTATION: user.name}}},
+                   {"metadata": {"annotations": {annotation: value}}},
                    _content_type="application/merge-patch+json")
 
     async def companion_podgroup(self, body: Mapping[str, Any]) -> dict[str, Any] | None:

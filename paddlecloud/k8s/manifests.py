@@ -163,10 +163,15 @@ def tokens_secret(spec: JobSpec, tokens: Mapping[str, str], owner: Mapping[str, 
     data = {role: token.encode() for role, token in tokens.items()}
     data.update({TLS_CERT_KEY: certificate.cert, TLS_KEY_KEY: certificate.key,
                  CA_KEY: certificate.ca})
+    return _secret(spec, tokens_secret_name(spec.name), data, owner)
+
+
+def _secret(spec: JobSpec, name: str, data: Mapping[str, bytes],
+            owner: Mapping[str, Any] | None) -> Manifest:
     return {
         "apiVersion": "v1",
         "kind": "Secret",
-        "metadata": _metadata(spec, name=tokens_secret_name(spec.name), role=MASTER, owner=owner),
+        "metadata": _metadata(spec, name=name, role=MASTER, owner=owner),
         "type": "Opaque",
         "data": {key: base64.b64encode(value).decode() for key, value in data.items()},
     }
@@ -212,14 +217,8 @@ def etcd_user_secret_name(job: str) -> str:
 def etcd_user_secret(spec: JobSpec, *, user: str, password: str,
                      owner: Mapping[str, Any] | None) -> Manifest:
     """The job's etcd user and password, for its master and its pserver agents alone."""
-    data = {"user": user.encode(), "password": password.encode()}
-    return {
-        "apiVersion": "v1",
-        "kind": "Secret",
-        "metadata": _metadata(spec, name=etcd_user_secret_name(spec.name), role=MASTER, owner=owner),
-        "type": "Opaque",
-        "data": {key: base64.b64encode(value).decode() for key, value in data.items()},
-    }
+    return _secret(spec, etcd_user_secret_name(spec.name),
+                   {"user": user.encode(), "password": password.encode()}, owner)
 
 
 def _etcd_user_env(spec: JobSpec) -> list[dict[str, Any]]:
@@ -1131,23 +1130,18 @@ def network_policies(spec: JobSpec, owner: Mapping[str, Any] | None) -> list[Man
     Needs a CNI that enforces NetworkPolicy; pods on the node's network (intranet Host)
     escape them.
     """
-    def policy(name: str, pod_selector: dict[str, str], ingress: list[dict[str, Any]]) -> Manifest:
+    def policy(name: str, pod_selector: dict[str, str], rules: list[dict[str, Any]], *,
+               direction: str = "Ingress") -> Manifest:
         return {
             "apiVersion": "networking.k8s.io/v1",
             "kind": "NetworkPolicy",
             "metadata": _metadata(spec, name=name, role=MASTER, owner=owner),
-            "spec": {"podSelector": {"matchLabels": pod_selector}, "policyTypes": ["Ingress"],
-                     "ingress": ingress},
+            "spec": {"podSelector": {"matchLabels": pod_selector}, "policyTypes": [direction],
+                     direction.lower(): rules},
         }
 
     def egress(name: str, pod_selector: dict[str, str], rules: list[dict[str, Any]]) -> Manifest:
-        return {
-            "apiVersion": "networking.k8s.io/v1",
-            "kind": "NetworkPolicy",
-            "metadata": _metadata(spec, name=name, role=MASTER, owner=owner),
-            "spec": {"podSelector": {"matchLabels": pod_selector}, "policyTypes": ["Egress"],
-                     "egress": rules},
-        }
+        return policy(name, pod_selector, rules, direction="Egress")
 
     job_pods = {JOB_LABEL: spec.name}
     dns = {"ports": [{"protocol": protocol, "port": DNS_PORT} for protocol in ("UDP", "TCP")]}
