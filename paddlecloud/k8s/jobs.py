@@ -5,8 +5,10 @@ PaddleJob instead (`create_paddlejob`); with `paddlejobs=True`, reads and delete
 see both kinds.
 
 `create_job` is the one path from rendered objects (`manifests.submit_objects`) to the
-API server: the ConfigMaps, then the master Deployment, then its Service, its
-ServiceAccount, Role and RoleBinding, its tokens Secret and NetworkPolicies, and the
+API server: the ConfigMaps, then the master Deployment, then (the name now the job's)
+its own etcd user (`paddlecloud.etcd_users`, where this process holds etcd's root
+credentials), its Service, its ServiceAccount, Role and RoleBinding, its tokens and etcd
+user Secrets and NetworkPolicies, and the
 ConfigMaps owned by the Deployment so deleting it removes the whole job. A name in
 use is refused and nothing of a half-created job is left behind. `pod_counts` and
 `fetch_master_status` are what `job status` and the job server's `GET /v1/jobs/NAME`
@@ -94,7 +96,7 @@ def create_job(api: Any, *, spec: JobSpec, objects: list[dict[str, Any]],
     core, apps = client.CoreV1Api(api), client.AppsV1Api(api)
     ns = spec.namespace
     created: list[str] = []
-    etcd_user = provision_etcd_user(spec)  # first: a refusal leaves nothing behind
+    made: dict[str, Any] = {}
     # The master's TLS certificate, by a CA made for this job alone and forgotten at once: the
     # CA certificate goes on the Deployment (public), the master's key into the Secret only.
     certificate = issue_master_certificate(manifests.master_certificate_hosts(spec.name, ns), job=spec.name)
@@ -118,8 +120,16 @@ def create_job(api: Any, *, spec: JobSpec, objects: list[dict[str, Any]],
         deployment = manifests.publish_master_ca(
             next(o for o in objects if o["kind"] == "Deployment"), certificate.ca)
         made = to_dict(api, create(apps.create_namespaced_deployment, deployment, "deployments"))
+        # Only now, the name ours: an etcd user of that name is no running job's (a leftover
+        # of one deleted without etcd's root credentials), so a new password harms nobody.
+        etcd_user = provision_etcd_user(spec)
     except JobCreateError:
-        for cm in created:  # leave nothing behind of a job that was not created
+        # leave nothing behind of a job that was not created (its master cannot log in)
+        if made:
+            name = deployment["metadata"]["name"]
+            call(apps.delete_namespaced_deployment, name, ns, verb="delete", resource="deployments",
+                 namespace=ns, name=name, tolerate=(404,), rights=rights)
+        for cm in created:
             call(core.delete_namespaced_config_map, cm, ns, verb="delete", resource="configmaps",
                  namespace=ns, name=cm, tolerate=(404,), rights=rights)
         raise

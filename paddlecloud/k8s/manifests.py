@@ -102,9 +102,9 @@ RUN_AS_USER = 10001  # high, so no host user shares it
 
 # Names and paths.
 TOKENS_MOUNT = "/var/run/paddlecloud/tokens"  # the job's tokens Secret (paddlecloud.auth)
-# The cluster autoscaler's token of the namespace (paddlecloud.auth.ScalerToken): one Secret per namespace, put
-# there by the admin (deploy/autoscaler.yaml), mounted by every master as optional, so a
-# namespace without it still runs jobs (their masters then refuse the autoscaler).
+# The cluster autoscaler's token of the namespace (paddlecloud.auth.ScalerToken): one Secret
+# per namespace, put there by the admin (deploy/autoscaler.yaml), mounted by every master as
+# optional, so a namespace without it still runs jobs (their masters then refuse the autoscaler).
 SCALER_SECRET = "paddlecloud-scaler"
 SCALER_KEY_SECRET = "paddlecloud-scaler-key"  # the autoscaler's own: the key the tokens come from
 SCALER_KEY = "token"
@@ -1124,7 +1124,7 @@ def network_policies(spec: JobSpec, owner: Mapping[str, Any] | None) -> list[Man
     `NAME-egress`, every pod of the job: the job's pods (the master, the pservers, the
     other trainers and heters), DNS, and the ports of remote storage its inputs and output
     name (`storage_ports`). `NAME-master-egress`: the etcd endpoints' ports and the API
-    server's (`API_SERVER_PORTS`): it deploys. `NAME-pserver-egress`: the etcd endpoints'
+    server's (`API_SERVER_PORTS`): it deploys. `NAME-ps-egress`: the etcd endpoints'
     ports (the pserver agent registers there). Anything else a job's code needs (a model
     hub, another store) is the namespace admin's own NetworkPolicy, which adds to these.
     Needs a CNI that enforces NetworkPolicy; pods on the node's network (intranet Host)

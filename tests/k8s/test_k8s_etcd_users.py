@@ -70,7 +70,28 @@ async def test_submit_refuses_when_etcd_refuses_and_leaves_nothing(k8s, kubeconf
     assert result.exit_code != 0
     assert "could not make the etcd user of job ctr" in result.output
     assert "not the root password" not in result.output
-    assert k8s.posted() == []
+    for resource, name in k8s.posted():  # made before etcd was asked (the name claimed), undone
+        assert k8s.stored(resource, "ml", name) is None, (resource, name)
+    assert ("secrets", "ctr-etcd") not in k8s.posted()
+
+
+async def test_submitting_a_name_in_use_leaves_the_running_jobs_etcd_user_alone(
+        k8s, kubeconfig, secured, monkeypatch):  # noqa: F811
+    etcd, env = secured
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    args = ("submit", "twice", "--module", "m", "--namespace", "ml", "--etcd-endpoints", etcd.endpoint,
+            "--kubeconfig", kubeconfig)
+    assert (await run(*args)).exit_code == 0
+    user, password = _stored_user(k8s, "twice")
+    again = await run(*args)
+    assert again.exit_code != 0 and "job twice already exists in namespace ml" in again.output
+    job_user = EtcdCredentials(ca_file=env["PADDLE_ETCD_CA_FILE"], cert_file=env["PADDLE_ETCD_CERT_FILE"],
+                               key_file=env["PADDLE_ETCD_KEY_FILE"], user=user, password=password)
+    client = await connect(etcd.endpoint, credentials=job_user, probe=JobKeys("ml", "twice").prefix)
+    await client.close()  # the first job's password still logs in
+    assert k8s.stored("deployments", "ml", "twice-master") is not None
+    assert (await run("delete", "twice", "-n", "ml", "--kubeconfig", kubeconfig)).exit_code == 0
 
 
 async def test_submit_without_etcd_credentials_makes_no_user(k8s, kubeconfig, monkeypatch):
