@@ -236,7 +236,9 @@ class JobObjects:
         """The job's own etcd user (`paddlecloud.etcd_users`) and its Secret, owned by the
         PaddleJob; made once, then recorded on the PaddleJob (ETCD_USER_ANNOTATION). The
         operator may not replace a Secret: one left by a try cut short before that record
-        holds a stale password, and the error says to delete it."""
+        holds a stale password, and the error says to delete it. Called after
+        `_ensure_tokens`, which refuses a name whose tokens are not this PaddleJob's (a job
+        of `job submit`), so a running job's etcd user never gets a new password here."""
         from paddlecloud.etcd_users import provision_job_user
 
         if _recorded_etcd_user(body):
