@@ -29,7 +29,7 @@ from typing import Any
 import grpc
 from aetcd import rpc
 
-from paddlecloud.etcd import EtcdAuthError, EtcdCredentials, connect
+from paddlecloud.etcd import EtcdAuthError, EtcdCredentials, connect, uses_tls
 from paddlecloud.keys import JobKeys, prefix_range_end
 
 logger = logging.getLogger(__name__)
@@ -96,6 +96,16 @@ async def _tolerating(fragment: str, call: Any) -> bool:
     return True
 
 
+def _only_over_tls(endpoints: str, creds: EtcdCredentials) -> None:
+    """The creator's etcd credentials are root's: they go to `https://` endpoints only (a
+    job's endpoints may come from its submitter: plain text would hand root to whoever
+    listens there)."""
+    if not uses_tls(endpoints):
+        raise EtcdAuthError(f"etcd user {creds.user}'s credentials go only over TLS, and "
+                            f"{endpoints[:100]!r} is not https://: use the cluster's https:// "
+                            "etcd endpoints")
+
+
 async def provision_job_user(endpoints: str, *, namespace: str, job: str, timeout: float,
                              credentials: EtcdCredentials | None = None) -> JobEtcdUser | None:
     """The job's new etcd user, made with the creator's `credentials` (default: its
@@ -103,6 +113,7 @@ async def provision_job_user(endpoints: str, *, namespace: str, job: str, timeou
     creds = credentials if credentials is not None else EtcdCredentials.from_env()
     if not creds.user:
         return None
+    _only_over_tls(endpoints, creds)
     client = await connect(endpoints, timeout=timeout, credentials=creds)
     try:
         return await create_job_user(client, namespace=namespace, job=job)
@@ -115,6 +126,8 @@ async def forget_job(endpoints: str, *, namespace: str, job: str, timeout: float
     """Clears the job's keys and, where the caller logs in as an etcd user, removes the
     job's user and role; returns how many keys went."""
     creds = credentials if credentials is not None else EtcdCredentials.from_env()
+    if creds.user:
+        _only_over_tls(endpoints, creds)
     client = await connect(endpoints, timeout=timeout, credentials=creds)
     try:
         result = await client.delete_prefix(JobKeys(namespace, job).prefix)

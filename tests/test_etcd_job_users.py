@@ -6,6 +6,8 @@ and forgetting the job removes it.
 from __future__ import annotations
 
 import asyncio
+import select
+import socket
 from pathlib import Path
 
 import aetcd
@@ -129,3 +131,20 @@ async def test_a_master_and_a_pserver_agent_run_as_the_jobs_own_user(secured, tm
     assert keys.done(0, task.id) in await _keys(env, keys.prefix)
     await forget_job(etcd.endpoint, namespace=NAMESPACE, job=job_name, timeout=10,
                      credentials=_admin(env))
+
+
+async def test_roots_credentials_never_go_to_a_plain_http_endpoint():
+    """A job's endpoints may come from its submitter: root's password is sent over TLS only."""
+    with socket.socket() as listener:  # whoever listens there would read the password
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        endpoint = f"http://127.0.0.1:{listener.getsockname()[1]}"
+        root = EtcdCredentials(user="root", password="s3cret")
+        for call in (lambda: provision_job_user(endpoint, namespace=NAMESPACE, job="j", timeout=2,
+                                                credentials=root),
+                     lambda: forget_job(endpoint, namespace=NAMESPACE, job="j", timeout=2,
+                                        credentials=root)):
+            with pytest.raises(EtcdAuthError, match="go only over TLS") as refused:
+                await call()
+            assert "s3cret" not in str(refused.value)
+        assert select.select([listener], [], [], 0)[0] == []  # nobody ever connected
