@@ -13,6 +13,8 @@ user and the role.
 
 A creator that holds no etcd user (its etcd runs without auth) makes none: the job's
 pods then connect as nobody, and etcd isolates nothing (docs/kubernetes.md, "etcd").
+The creator's credentials are root's: they are sent to `https://` endpoints only (a
+job's endpoints may be its submitter's choice).
 
 What this does NOT guarantee: that a job's certificate-only connection is confined
 (with `--client-cert-auth` etcd treats a request without a token as the certificate's
