@@ -148,3 +148,13 @@ async def test_roots_credentials_never_go_to_a_plain_http_endpoint():
                 await call()
             assert "s3cret" not in str(refused.value)
         assert select.select([listener], [], [], 0)[0] == []  # nobody ever connected
+
+
+def test_a_job_without_an_etcd_user_starts_though_its_password_file_is_absent(tmp_path):
+    """The job's Secret is optional (etcd without auth): its pods then have the password file's
+    path but no file and no user, which is no credential at all; a user without the file is
+    one clear error naming it."""
+    absent = str(tmp_path / "etcd-user" / "password")
+    assert EtcdCredentials.from_env({"PADDLE_ETCD_PASSWORD_FILE": absent}) == EtcdCredentials()
+    with pytest.raises(ValueError, match=f"cannot read the etcd password file {absent}"):
+        EtcdCredentials.from_env({"PADDLE_ETCD_PASSWORD_FILE": absent, "PADDLE_ETCD_USER": "u"})
