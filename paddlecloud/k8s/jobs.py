@@ -24,11 +24,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Collection, Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from paddlecloud.jobspec import PADDLEJOB_API_VERSION, PADDLEJOB_KIND, JobSpec, JobSpecError
 from paddlecloud.k8s import manifests
 from paddlecloud.phase import Phase
+
+if TYPE_CHECKING:
+    from paddlecloud.etcd_users import JobEtcdUser
 
 logger = logging.getLogger(__name__)
 
@@ -170,7 +173,7 @@ def create_job(api: Any, *, spec: JobSpec, objects: list[dict[str, Any]],
 ETCD_TIMEOUT_S = 5.0
 
 
-def provision_etcd_user(spec: JobSpec) -> Any:
+def provision_etcd_user(spec: JobSpec) -> JobEtcdUser | None:
     """The job's own etcd user (`paddlecloud.etcd_users`), made with this process's etcd
     credentials; None where it has no etcd user (etcd without auth)."""
     import asyncio
