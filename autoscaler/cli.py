@@ -5,19 +5,22 @@ cluster: $POD_NAMESPACE); only the leader plans and scales. `--dry-run` prints t
 and changes nothing (it takes no Lease either: it never displaces the replica that acts);
 `--once` runs one round and exits (with --dry-run: "what would it do now?").
 
-A master with tokens answers the autoscaler only when it carries the scaler token
-(`paddlecloud.auth`: GetStatus and ScaleTrainers, nothing else): `--scaler-token-file` names
-the file holding it (deploy/components/autoscaler/autoscaler.yaml mounts the Secret `paddlecloud-scaler` there; every
-job's master mounts the Secret of the same name in its own namespace), read once at start and
-sent as `authorization: Bearer` metadata on both calls. Without it no token is sent (masters
+A master with tokens answers the autoscaler only when it carries the scaler token of the
+master's namespace (`paddlecloud.auth`: GetStatus and ScaleTrainers, nothing else), which the
+autoscaler derives from its key: `--scaler-key-file` names the file holding it
+(deploy/components/autoscaler/autoscaler.yaml mounts the Secret `paddlecloud-scaler-key` there), read once at start;
+each call carries the token of its job's namespace as `authorization: Bearer` metadata.
+`--print-token NS` prints the token of namespace NS, for its Secret `paddlecloud-scaler`
+(which every job's master there mounts), and exits. Without a key no token is sent (masters
 without tokens, `--dry-run` against a local cluster). What this does NOT guarantee: that the
 masters' Services resolve where it runs (they do in the cluster; from outside pass
-`--master-address` with a port-forward); that a rotated token is seen before a restart.
+`--master-address` with a port-forward); that a rotated key is seen before a restart.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import signal
 import socket
 import sys
@@ -27,12 +30,13 @@ from pathlib import Path
 
 import click
 
-from paddlecloud.auth import CredentialError, read_token
+from paddlecloud.auth import CredentialError, read_token, scaler_token
 from paddlecloud.clitypes import DURATION, log_level_option
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_LEASE = "paddlecloud-autoscaler"
+NAMESPACE_NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")  # a DNS label
 
 
 @click.command("autoscaler")
@@ -47,10 +51,13 @@ DEFAULT_LEASE = "paddlecloud-autoscaler"
               show_default=True, help="The share of CPU, memory and GPUs the plan may commit.")
 @click.option("--master-address", default="{name}-master.{namespace}.svc:8080", show_default=True,
               help="Where a job's master answers GetStatus and ScaleTrainers ({name}, {namespace}).")
-@click.option("--scaler-token-file", envvar="PADDLECLOUD_SCALER_TOKEN_FILE", show_envvar=True, default=None,
+@click.option("--scaler-key-file", envvar="PADDLECLOUD_SCALER_KEY_FILE", show_envvar=True, default=None,
               type=click.Path(dir_okay=False),
-              help="The scaler token the masters accept for GetStatus and ScaleTrainers (the Secret "
-                   "paddlecloud-scaler).")
+              help="The key each namespace's scaler token is derived from (the Secret "
+                   "paddlecloud-scaler-key).")
+@click.option("--print-token", "print_token_of", metavar="NAMESPACE", default=None,
+              help="Print the scaler token of NAMESPACE (for its Secret paddlecloud-scaler, key "
+                   "token) from --scaler-key-file, and exit.")
 @click.option("--lease-name", default=DEFAULT_LEASE, show_default=True, help="The Lease of the election.")
 @click.option("--lease-namespace", envvar="POD_NAMESPACE", show_envvar=True, default="default",
               show_default=True, help="The Lease's namespace.")
@@ -60,10 +67,23 @@ DEFAULT_LEASE = "paddlecloud-autoscaler"
               help="This replica's name in the Lease [default: host name + random].")
 @log_level_option
 def autoscaler_command(*, kubeconfig: str | None, dry_run: bool, once: bool, interval: float,
-                       max_load_desired: float, master_address: str, scaler_token_file: str | None,
+                       max_load_desired: float, master_address: str, scaler_key_file: str | None,
+                       print_token_of: str | None,
                        lease_name: str, lease_namespace: str, lease_duration: int,
                        identity: str | None, log_level: str) -> None:
     """Move each elastic job's trainers within its min..max so the cluster stays busy."""
+    try:
+        key = read_token(Path(scaler_key_file)) if scaler_key_file else None
+    except CredentialError as error:
+        raise click.BadParameter(str(error), param_hint="--scaler-key-file") from None
+    if print_token_of is not None:
+        if key is None:
+            raise click.UsageError("--print-token needs --scaler-key-file")
+        if not NAMESPACE_NAME.fullmatch(print_token_of):
+            raise click.BadParameter(f"{print_token_of[:64]!r} is not a namespace name",
+                                     param_hint="--print-token")
+        click.echo(scaler_token(key, print_token_of))
+        return
     try:
         from autoscaler.controller import COMPONENT, Controller, Settings
         from autoscaler.lease import LeaseElector
@@ -74,12 +94,8 @@ def autoscaler_command(*, kubeconfig: str | None, dry_run: bool, once: bool, int
         ) from None
     logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
-        token = read_token(Path(scaler_token_file)) if scaler_token_file else None
-    except CredentialError as error:
-        raise click.BadParameter(str(error), param_hint="--scaler-token-file") from None
-    if token is None:
-        logger.warning("no --scaler-token-file: a master with tokens refuses our GetStatus and "
+    if key is None:
+        logger.warning("no --scaler-key-file: a master with tokens refuses our GetStatus and "
                        "ScaleTrainers (its jobs are not planned)")
     try:
         api = load_api_client(kubeconfig)
@@ -87,7 +103,7 @@ def autoscaler_command(*, kubeconfig: str | None, dry_run: bool, once: bool, int
         raise click.ClickException(str(error)) from None
     api.user_agent = COMPONENT  # its requests, told apart in the API server's audit log
     settings = Settings(dry_run=dry_run, interval_s=interval, max_load_desired=max_load_desired,
-                        token=token)
+                        scaler_key=key)
     controller = Controller(api, settings=settings,
                             master_address=lambda name, ns: master_address.format(name=name, namespace=ns))
     if once:

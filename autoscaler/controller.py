@@ -7,9 +7,10 @@ cluster-wide), asks each job's master for its range (GetStatus at the master's S
 builds the planner's `Cluster` (`autoscaler.snapshot`), calls `plan`, and applies each change
 through the job's own scale path: the master's `ScaleTrainers` RPC (`scale_trainers`, the call
 `paddlecloud job scale` makes), shrinks before growths so room frees before it is taken,
-each retried. Both calls carry the scaler token (`Settings.token`, from the autoscaler's Secret),
-which a master with tokens accepts for GetStatus and ScaleTrainers and nothing else
-(`paddlecloud.auth`; the master mounts the same token from its namespace). Every change is logged with its reasons and recorded as a Kubernetes Event on
+each retried. Both calls carry the scaler token of the job's namespace (`Settings.token_for`,
+derived from the autoscaler's key), which a master with tokens accepts for GetStatus and
+ScaleTrainers and nothing else (`paddlecloud.auth`; the master mounts its namespace's token
+from the Secret `paddlecloud-scaler`). Every change is logged with its reasons and recorded as a Kubernetes Event on
 the job's master Deployment. With `dry_run` the plan is printed (logged) and nothing changes:
 no RPC that writes, no Event.
 
@@ -31,13 +32,14 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 from autoscaler.lease import LeaseElector
 from autoscaler.planner import DEFAULT_MAX_LOAD_DESIRED, Change, Cluster, Plan, plan
 from autoscaler.snapshot import JobRange, build_cluster, job_key
+from paddlecloud.auth import scaler_token
 from paddlecloud.k8s import manifests
 from paddlecloud.k8s.jobs import fetch_master_status, master_ca, scale_trainers
 
@@ -59,7 +61,8 @@ class Settings:
     rpc_timeout_s: float = 5.0
     attempts: int = 3
     retry_wait_s: float = 0.5
-    token: str | None = None  # the scaler token, sent on GetStatus and ScaleTrainers (paddlecloud.auth)
+    # the autoscaler's key: each namespace's scaler token is derived from it (paddlecloud.auth)
+    scaler_key: str | None = field(default=None, repr=False)
     watch_window_s: int = 30  # one watch request's life; a stopped controller's watches end within it
 
     def __post_init__(self) -> None:
@@ -70,6 +73,10 @@ class Settings:
         if self.attempts < 1:
             raise ValueError(f"The attempts ({self.attempts!r}) must be >= 1.")
 
+    def token_for(self, namespace: str) -> str | None:
+        """The scaler token the masters of `namespace` accept; None without a key."""
+        return scaler_token(self.scaler_key, namespace) if self.scaler_key else None
+
 
 def _now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -79,18 +86,18 @@ REFUSALS = ("INVALID_ARGUMENT", "FAILED_PRECONDITION", "PERMISSION_DENIED", "UNA
 
 
 def scale_job(address: str, trainers: int, *, job: str, settings: Settings,
-              ca: bytes | None = None) -> bool:
+              token: str | None = None, ca: bytes | None = None) -> bool:
     """Sets a job's trainers through its master at `address` (`ScaleTrainers`, the call of
     `paddlecloud job scale`), retried with backoff while the master cannot be reached; False
     when it refused (out of range, a finishing job: the next round replans) or never answered.
-    `ca`: the job's CA, published on its master Deployment (TLS)."""
+    `token`: the caller's (the scaler token of the job's namespace); `ca`: the job's CA,
+    published on its master Deployment (TLS)."""
     import grpc
 
     wait = settings.retry_wait_s
     for attempt in range(1, settings.attempts + 1):
         try:
-            scale_trainers(address, trainers, timeout=settings.rpc_timeout_s, token=settings.token,
-                           ca=ca)
+            scale_trainers(address, trainers, timeout=settings.rpc_timeout_s, token=token, ca=ca)
             return True
         except grpc.RpcError as error:
             logger.warning("job %s: scale to %d failed (attempt %d/%d): %s %s", job, trainers,
@@ -142,7 +149,7 @@ class Controller:
         key = job_key(namespace, name)
         try:
             reply = fetch_master_status(address, timeout=self.settings.rpc_timeout_s,
-                                        token=self.settings.token, ca=ca)
+                                        token=self.settings.token_for(namespace), ca=ca)
         except grpc.RpcError as error:
             if error.code().name in ("UNAUTHENTICATED", "PERMISSION_DENIED"):
                 if key not in self._refused:  # a warning once, until the master accepts us again
@@ -205,7 +212,7 @@ class Controller:
         """Sets the job's trainers through its master (see `scale_job`)."""
         namespace, _, name = change.job.partition("/")
         return scale_job(self.master_address(name, namespace), change.after, job=change.job,
-                         settings=self.settings, ca=ca)
+                         settings=self.settings, token=self.settings.token_for(namespace), ca=ca)
 
     def record_event(self, deployment: Mapping[str, Any], change: Change) -> None:
         """A core/v1 Event on the job's master Deployment (best effort: logged when refused)."""

@@ -92,8 +92,9 @@ DEFAULT_ELECTION_TTL = "10s"  # also what bench/scale.py assumes when no flag sa
 @click.option("--tokens-dir", type=click.Path(file_okay=False),
               help="The job's tokens (files trainer, operator, viewer): every RPC must carry one.")
 @click.option("--scaler-token-file", type=click.Path(dir_okay=False),
-              help="The cluster autoscaler's token: accepted for GetStatus and ScaleTrainers only; "
-                   "re-read when the file changes; absent or empty: no autoscaler (needs --tokens-dir).")
+              help="The cluster autoscaler's token of this --namespace (one naming another is refused): "
+                   "accepted for GetStatus and ScaleTrainers only; re-read when the file changes; "
+                   "absent or empty: no autoscaler (needs --tokens-dir).")
 @click.option("--tls-cert", type=click.Path(exists=True, dir_okay=False), help="Serve TLS with this certificate (PEM).")
 @click.option("--tls-key", type=click.Path(exists=True, dir_okay=False), help="... and its private key.")
 @click.option("--tls-client-ca", type=click.Path(exists=True, dir_okay=False),

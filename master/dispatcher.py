@@ -109,5 +109,6 @@ class Dispatcher:
 def lease_process(config: MasterConfig) -> LeaseKeeperProcess:
     """The keeper of the trainers' leases, in a process of its own, logged in as the master is."""
     return LeaseKeeperProcess(config.etcd_endpoints, credentials=config.etcd_credentials,
-                              timeout=config.etcd_timeout)
+                              timeout=config.etcd_timeout,
+                              probe=JobKeys(config.namespace, config.job).prefix)
 

@@ -304,7 +304,8 @@ async def serve(config: MasterConfig) -> int:
     """Runs a master until SIGTERM/SIGINT; returns the process exit code."""
     try:
         job_tokens = JobTokens.load(Path(config.tokens_dir)) if config.tokens_dir else None
-        scaler = ScalerToken(Path(config.scaler_token_file)) if config.scaler_token_file else None
+        scaler = (ScalerToken(Path(config.scaler_token_file), namespace=config.namespace)
+                  if config.scaler_token_file else None)
         roles = TokenRoles(job_tokens, job=config.job, scaler=scaler) if job_tokens else None
         credentials = _server_credentials(config.tls) if config.tls else None
     except (CredentialError, OSError) as error:
@@ -312,7 +313,8 @@ async def serve(config: MasterConfig) -> int:
         return 2
     try:
         client = await etcd.connect(config.etcd_endpoints, timeout=config.etcd_timeout,
-                                    credentials=config.etcd_credentials)
+                                    credentials=config.etcd_credentials,
+                                    probe=JobKeys(config.namespace, config.job).prefix)
     except (etcd.EtcdUnavailable, ValueError) as error:
         logger.error("%s", error)
         return 1

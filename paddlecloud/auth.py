@@ -11,12 +11,16 @@ directory, mode 0600), one per role:
 * **viewer** — `GetStatus`, the listings without session ids, the status page.
 
 A fourth role, **scaler**, is not one of a job's tokens (`JOB_ROLES` are; `JobTokens`
-never makes or loads a scaler token): it is the cluster autoscaler's one token, the same
-for every job it manages. A master reads it from `--scaler-token-file` (on Kubernetes the
-optional Secret `paddlecloud-scaler` of the job's namespace, which the admin puts there
-once) through `ScalerToken`, and accepts it for `GetStatus` and `ScaleTrainers` only: it
-can resize a job within its range and read its status, never register, finish, restart,
-or see a session id.
+never makes or loads a scaler token): it is the cluster autoscaler's, one per namespace.
+The autoscaler holds one secret key and derives the token of each namespace from it
+(`scaler_token`: `scaler.<namespace>.<HMAC(key, namespace)>`); the admin puts that token
+in the namespace's optional Secret `paddlecloud-scaler` (`paddlecloud autoscaler
+--print-token NS`). A master reads it from `--scaler-token-file` through `ScalerToken`,
+which accepts only a token that names the master's own namespace, and takes it for
+`GetStatus` and `ScaleTrainers` only: it can resize a job within its range and read its
+status, never register, finish, restart, or see a session id. A namespace's token is no
+use against another namespace's masters: whoever can read one namespace's Secrets (its
+tenants) holds nothing that moves another tenant's jobs.
 
 **Sessions are bound to a credential.** Every trainer pod mounts the same Secret, so
 the trainer token says "a pod of this job", not "trainer 3". A per-session
@@ -41,9 +45,8 @@ those refuse a plaintext channel, and a local job on loopback uses tokens withou
 What this does NOT guarantee: anything against a holder of the trainer token
 registering a trainer id it does not own (that supersedes the owner's session: the
 Secret is shared by the job's own pods, which are trusted with their ids), nor
-against a holder of the scaler token resizing, within its range, every job whose
-namespace holds that token (one token for the cluster, by design: only the autoscaler's
-Secrets hold it), nor secrecy of tokens sent over a plaintext channel off loopback (use TLS).
+against a holder of a namespace's scaler token resizing, within its range, every job of
+that namespace, nor secrecy of tokens sent over a plaintext channel off loopback (use TLS).
 """
 
 from __future__ import annotations
@@ -149,18 +152,38 @@ class JobTokens:
         return cls(**{role.value: read_token(directory / role.value) for role in JOB_ROLES})
 
 
-class ScalerToken:
-    """The autoscaler's token as a master accepts it: the file at `path`, read again whenever
-    it changes (inode, mtime or size: a Secret created or rotated after the master started
-    reaches the mounted file through the kubelet, and takes effect without a restart).
+SCALER_PREFIX = "scaler."
 
-    An absent, empty or unreadable file: no scaler token is accepted. The master says so in
-    its log once at start and once at each change, never per call. What this does NOT
-    guarantee: that a call racing a rotation sees the new token (the next one does).
+
+def scaler_token(key: str, namespace: str) -> str:
+    """The scaler token the masters of `namespace` accept, derived from the autoscaler's key."""
+    mac = hmac.new(key.encode(), f"paddlecloud-scaler|{namespace}".encode(), hashlib.sha256).hexdigest()
+    return f"{SCALER_PREFIX}{namespace}.{mac}"
+
+
+def scaler_token_namespace(token: str) -> str | None:
+    """The namespace a scaler token names; None for a token that names none."""
+    if not token.startswith(SCALER_PREFIX):
+        return None
+    namespace, dot, mac = token[len(SCALER_PREFIX):].rpartition(".")
+    return namespace if dot and namespace and mac else None
+
+
+class ScalerToken:
+    """The autoscaler's token as a master of `namespace` accepts it: the file at `path`, read
+    again whenever it changes (inode, mtime or size: a Secret created or rotated after the
+    master started reaches the mounted file through the kubelet, and takes effect without a
+    restart), and only when it names `namespace` (`scaler_token`).
+
+    An absent, empty or unreadable file, or a token of another namespace (one copied from
+    another namespace's Secret): no scaler token is accepted. The master says so in its log
+    once at start and once at each change, never per call. What this does NOT guarantee:
+    that a call racing a rotation sees the new token (the next one does).
     """
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, namespace: str) -> None:
         self.path = path
+        self.namespace = namespace
         self._seen: tuple[int, ...] | None = None  # the file's identity and times when last read
         self._token: str | None = None
         self._said = ""
@@ -184,6 +207,12 @@ class ScalerToken:
                 why = "empty"
             except OSError as error:
                 self._token, why = None, error.strerror
+            if self._token and scaler_token_namespace(self._token) != self.namespace:
+                named = scaler_token_namespace(self._token)
+                self._token = None
+                why = (f"its token is for namespace {named}, not {self.namespace}" if named else
+                       f"its token names no namespace: make it with `paddlecloud autoscaler "
+                       f"--print-token {self.namespace}`")
             if self._token:
                 self._say(f"scaler token read from {self.path}: the autoscaler may call GetStatus "
                           "and ScaleTrainers")

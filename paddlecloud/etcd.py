@@ -98,7 +98,9 @@ class EtcdCredentials:
         values = {k: given.get(k) or env.get(v) or None for k, v in names.items()}
         password = env.get("PADDLE_ETCD_PASSWORD")
         password_file = password_file or env.get("PADDLE_ETCD_PASSWORD_FILE")
-        if password_file:
+        # read only for a user: a job whose Secret holds none (etcd without auth) mounts an
+        # empty directory where the password file would be
+        if password_file and values["user"]:
             try:
                 password = Path(password_file).read_text().rstrip("\n")
             except OSError as error:
@@ -280,12 +282,15 @@ RECEIVE_ANY_SIZE = {"grpc.max_receive_message_length": -1}
 
 
 async def connect(endpoints: str, *, timeout: float = 10.0,
-                  credentials: EtcdCredentials | None = None) -> aetcd.Client:
+                  credentials: EtcdCredentials | None = None,
+                  probe: bytes = b"/paddlecloud/") -> aetcd.Client:
     """Returns a client of the first endpoint that answers within `timeout` seconds in all.
 
-    `credentials` default to the environment's (`EtcdCredentials.from_env()`). Raises
-    EtcdAuthError at once when etcd refuses them or they hold a password for `http://`
-    endpoints (nothing dialled), EtcdUnavailable when none answers."""
+    `credentials` default to the environment's (`EtcdCredentials.from_env()`); `probe` is
+    the key read to prove them (a job's own etcd user may read only its job's prefix,
+    `paddlecloud.etcd_users`). Raises EtcdAuthError at once when etcd refuses them or they
+    hold a password for `http://` endpoints (nothing dialled), EtcdUnavailable when none
+    answers."""
     errors = []
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
@@ -302,8 +307,8 @@ async def connect(endpoints: str, *, timeout: float = 10.0,
                 remaining = max(0.2, min(2.0, deadline - loop.time()))
                 await asyncio.wait_for(client.status(), remaining)
                 # status() needs no auth: one read proves the credentials and the rights
-                # on the /paddlecloud/ prefix (the user needs readwrite there)
-                await asyncio.wait_for(client.get(b"/paddlecloud/"), max(remaining, 2.0))
+                # on `probe` (the user needs readwrite on its prefix)
+                await asyncio.wait_for(client.get(probe), max(remaining, 2.0))
                 return client
             except (aetcd.ClientError, grpc.RpcError, asyncio.TimeoutError, OSError) as error:
                 await client.close()
@@ -311,7 +316,7 @@ async def connect(endpoints: str, *, timeout: float = 10.0,
                     raise EtcdAuthError(
                         f"etcd at {host}:{port} refused our credentials: {error} (check "
                         "PADDLE_ETCD_USER / PADDLE_ETCD_PASSWORD_FILE, the client certificate, and "
-                        "that the user may read and write the prefix /paddlecloud/)"
+                        f"that the user may read and write {probe.decode(errors='replace')})"
                     ) from None
                 errors.append(f"{host}:{port}: {type(error).__name__} {error}".strip())
         if loop.time() >= deadline:

@@ -294,6 +294,9 @@ def submit_command(words: tuple[str, ...], paddlejob: str | None, dry_run: bool,
     """Submit job NAME: its master deploys the pservers and trainers.
 
     `job submit train NAME` (the paddle client's form) is the same as `job submit NAME`.
+    With etcd's root credentials in the environment (PADDLE_ETCD_USER,
+    PADDLE_ETCD_PASSWORD_FILE) the job also gets an etcd user of its own, allowed only
+    the job's keys (docs/kubernetes.md, "etcd").
     """
     name = _job_name_of(words)
     if options["queue"] is not None:
@@ -744,16 +747,11 @@ def logs_command(name: str, role: str, index: int, follow: bool, namespace: str,
 
 # ---- delete -------------------------------------------------------------------------------------
 async def clear_etcd_prefix(endpoints: str, *, namespace: str, job_name: str, timeout: float) -> int:
-    """Deletes every key of the job under /paddlecloud/NS/NAME/; returns how many went."""
-    from paddlecloud.etcd import connect
-    from paddlecloud.keys import JobKeys
+    """Deletes every key of the job under /paddlecloud/NS/NAME/, and its etcd user where
+    this process logs in as one; returns how many keys went."""
+    from paddlecloud.etcd_users import forget_job
 
-    client = await connect(endpoints, timeout=timeout)
-    try:
-        result = await client.delete_prefix(JobKeys(namespace, job_name).prefix)
-        return int(getattr(result, "deleted", 0))
-    finally:
-        await client.close()
+    return await forget_job(endpoints, namespace=namespace, job=job_name, timeout=timeout)
 
 
 @job.command("delete")
@@ -763,7 +761,8 @@ async def clear_etcd_prefix(endpoints: str, *, namespace: str, job_name: str, ti
 @_kubeconfig_option
 def delete_command(name: str, namespace: str, etcd_endpoints: str | None,
                    kubeconfig: str | None) -> None:
-    """Delete job NAME: its master (and so everything it owns), its ConfigMaps, its etcd keys."""
+    """Delete job NAME: its master (and so everything it owns), its ConfigMaps, its etcd keys
+    (and its etcd user, with etcd's root credentials in the environment)."""
     from kubernetes import client
 
     api = _api(kubeconfig)

@@ -13,7 +13,8 @@ state, so the single writer stays single.
 down as 8-byte integers, (lease, TTL) answers come back as two, each side writing
 whatever one turn of its loop gathered in one write. The child (`python -m
 paddlecloud.lease_process`) reads its connection settings from the first line of its
-stdin (so a password never shows on a command line), then refreshes every id it reads
+stdin (so a password never shows on a command line; `probe`, the key its login is proved
+on: the job's prefix, where a job's own etcd user may read), then refreshes every id it reads
 over its own `LeaseKeeper` (which reopens etcd's stream when etcd ends it). It exits when
 its stdin closes: its parent stopped, or died.
 
@@ -48,10 +49,10 @@ STOP_WAIT = 5.0  # seconds a child has to exit once its stdin closed, before it 
 
 class LeaseKeeperProcess(LeaseKeeper):
     def __init__(self, endpoints: str, *, credentials: EtcdCredentials | None = None,
-                 timeout: float = RPC_TIMEOUT) -> None:
+                 timeout: float = RPC_TIMEOUT, probe: bytes = b"/paddlecloud/") -> None:
         super().__init__(None)
         self.child: subprocess.Popen | None = None  # the one running now
-        self._settings = {"endpoints": endpoints, "timeout": timeout,
+        self._settings = {"endpoints": endpoints, "timeout": timeout, "probe": probe.decode(),
                           "credentials": dataclasses.asdict(credentials or EtcdCredentials.from_env())}
 
     async def _stream(self, queue: asyncio.Queue[int]) -> None:
@@ -120,7 +121,8 @@ async def _child() -> None:
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(stdin), sys.stdin.buffer)
     settings = json.loads(await stdin.readline())
     client = await connect(settings["endpoints"], timeout=settings["timeout"],
-                           credentials=EtcdCredentials(**settings["credentials"]))
+                           credentials=EtcdCredentials(**settings["credentials"]),
+                           probe=settings.get("probe", "/paddlecloud/").encode())
     transport, _ = await loop.connect_write_pipe(asyncio.Protocol, sys.stdout.buffer)
     answers = bytearray()
 

@@ -32,7 +32,7 @@ import asyncio
 import datetime
 import logging
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -95,6 +95,14 @@ class OperatorConfig:
 
 def _now() -> str:
     return datetime.datetime.now(tz=datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+# On a PaddleJob: the etcd user made for it (its password is in the Secret NAME-etcd only)
+ETCD_USER_ANNOTATION = "paddlecloud.org/etcd-user"
+
+
+def _recorded_etcd_user(body: Mapping[str, Any]) -> str | None:
+    return ((body.get("metadata") or {}).get("annotations") or {}).get(ETCD_USER_ANNOTATION)
 
 
 def _recorded_ca(body: Mapping[str, Any]) -> bytes | None:
@@ -186,6 +194,7 @@ class JobObjects:
         checkpoint before its group, as after a suspend; `held`: it is created stopped."""
         owner = pdj_owner(body)
         ca = await self._ensure_tokens(spec, owner, body)
+        await self._ensure_etcd_user(spec, owner, body)
         deployment: dict[str, Any] = {}
         created = False
         for obj in manifests.submit_objects(spec):
@@ -241,29 +250,63 @@ class JobObjects:
         certificate = issue_master_certificate(hosts, job=spec.name)
         secret = manifests.tokens_secret(spec, JobTokens.generate().as_mapping(), owner,
                                          certificate=certificate)
+        if known := await self._create_once(spec, secret, recorded=_recorded_ca, what="CA",
+                                            annotation=manifests.MASTER_CA_ANNOTATION):
+            return known
+        await self._record(spec, manifests.MASTER_CA_ANNOTATION, certificate.ca.decode("ascii"))
+        return certificate.ca
+
+    async def _ensure_etcd_user(self, spec: JobSpec, owner: Mapping[str, Any],
+                                body: Mapping[str, Any]) -> None:
+        """The job's own etcd user (`paddlecloud.etcd_users`) and its Secret, owned by the
+        PaddleJob; made once, then recorded on the PaddleJob (ETCD_USER_ANNOTATION). The
+        operator may not replace a Secret: one left by a try cut short before that record
+        holds a stale password, and the error says to delete it. Called after
+        `_ensure_tokens`, which refuses a name whose tokens are not this PaddleJob's (a job
+        of `job submit`), so a running job's etcd user never gets a new password here."""
+        from paddlecloud.etcd_users import provision_job_user
+
+        if _recorded_etcd_user(body):
+            return
+        user = await provision_job_user(spec.etcd_endpoints, namespace=spec.namespace,
+                                        job=spec.name, timeout=self.config.etcd_timeout)
+        if user is None:  # this operator logs in to etcd as nobody: etcd runs without auth
+            return
+        secret = manifests.etcd_user_secret(spec, user=user.name, password=user.password,
+                                            owner=owner)
+        if not await self._create_once(spec, secret, recorded=_recorded_etcd_user,
+                                       what="etcd user", annotation=ETCD_USER_ANNOTATION):
+            await self._record(spec, ETCD_USER_ANNOTATION, user.name)
+
+    async def _create_once(self, spec: JobSpec, secret: dict[str, Any], *,
+                           recorded: Callable[[Mapping[str, Any]], Any], what: str,
+                           annotation: str) -> Any:
+        """Creates one of the job's Secrets the operator makes once and never reads: None once
+        created; on 409, what the PaddleJob as stored now records for it (`recorded`: a
+        handler run on a body older than our own annotation patch, which Kopf may hand over
+        again); else the Secret is not ours to trust, and the error says to delete it."""
         try:
             await call(self.retry, self.core.create_namespaced_secret, spec.namespace, secret)
+            return None
         except Exception as error:
             if api_status(error) != 409:
                 raise
-            # a handler run on a body older than our own annotation patch (Kopf may hand one
-            # over again): the PaddleJob as stored now says whether the Secret is ours
-            stored = await self.read(self.custom.get_namespaced_custom_object, crd.GROUP,
-                                     crd.VERSION, spec.namespace, crd.PLURAL, spec.name)
-            if known := _recorded_ca(stored or {}):
-                return known
-            raise kopf.PermanentError(
-                f"Secret {secret['metadata']['name']} exists but PaddleJob {spec.name} records no "
-                f"CA for it ({manifests.MASTER_CA_ANNOTATION}): delete that Secret and the "
-                "operator makes a new one") from None
+        stored = await self.read(self.custom.get_namespaced_custom_object, crd.GROUP,
+                                 crd.VERSION, spec.namespace, crd.PLURAL, spec.name)
+        if known := recorded(stored or {}):
+            return known
+        raise kopf.PermanentError(
+            f"Secret {secret['metadata']['name']} exists but PaddleJob {spec.name} records no "
+            f"{what} for it ({annotation}): delete that Secret and the operator makes a new one")
+
+    async def _record(self, spec: JobSpec, annotation: str, value: str) -> None:
+        """Records `annotation: value` on the PaddleJob (public: no secret goes there)."""
         await call(self.retry, self.custom.patch_namespaced_custom_object, crd.GROUP, crd.VERSION,
                    spec.namespace, crd.PLURAL, spec.name,
-                   apply_body({"metadata": {"annotations": {
-                       manifests.MASTER_CA_ANNOTATION: certificate.ca.decode("ascii")}}},
-                       api_version=PADDLEJOB_API_VERSION, kind=crd.KIND, name=spec.name,
-                       namespace=spec.namespace),
+                   apply_body({"metadata": {"annotations": {annotation: value}}},
+                              api_version=PADDLEJOB_API_VERSION, kind=crd.KIND, name=spec.name,
+                              namespace=spec.namespace),
                    **applied(OPERATOR_MANAGER))
-        return certificate.ca
 
     async def companion_podgroup(self, body: Mapping[str, Any]) -> dict[str, Any] | None:
         """The Volcano PodGroup `kubectl apply` created from the PaddleJob's own file: named
@@ -454,16 +497,12 @@ class JobObjects:
             logger.warning("could not record event %s on %s: %s", reason, meta["name"], error)
 
     async def clear_etcd(self, spec: JobSpec) -> int:
-        """Deletes the job's keys under /paddlecloud/NS/NAME/, as `paddlecloud job delete` does."""
-        from paddlecloud.etcd import connect
-        from paddlecloud.keys import JobKeys
+        """Deletes the job's keys under /paddlecloud/NS/NAME/ and its etcd user, as
+        `paddlecloud job delete` does."""
+        from paddlecloud.etcd_users import forget_job
 
-        client = await connect(spec.etcd_endpoints, timeout=self.config.etcd_timeout)
-        try:
-            result = await client.delete_prefix(JobKeys(spec.namespace, spec.name).prefix)
-            return int(getattr(result, "deleted", 0) or 0)
-        finally:
-            await client.close()
+        return await forget_job(spec.etcd_endpoints, namespace=spec.namespace, job=spec.name,
+                                timeout=self.config.etcd_timeout)
 
 
 def spec_of(body: Mapping[str, Any], config: OperatorConfig, *,

@@ -73,7 +73,8 @@ def pserver_env(config: AgentConfig, *, claim: Claim, endpoints: list[str],
 
 async def run_agent(config: AgentConfig) -> int:
     """Runs one agent to its end and returns its exit code; the slot is released on return."""
-    client = await connect(config.etcd_endpoints, timeout=config.etcd_timeout)
+    client = await connect(config.etcd_endpoints, timeout=config.etcd_timeout,
+                           probe=JobKeys(config.namespace, config.job).prefix)
     try:
         session = await Session(client, ttl=config.lease_ttl).open()
         try:

@@ -16,7 +16,6 @@ done; the local run then waits up to 60 s for it ("left to the clean-up"), so th
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import threading
 from pathlib import Path
 
@@ -109,8 +108,8 @@ class Autoscaler:
             self.cluster.follow({job: desired for job, (_, _, desired) in ranges.items()})
             result = plan(self.cluster.snapshot(ranges), max_load_desired=SETTINGS.max_load_desired)
             for change in sorted(result.changes, key=lambda c: c.after - c.before):
-                settings = dataclasses.replace(SETTINGS, token=self.tokens.get(change.job))
-                if scale_job(self.masters[change.job], change.after, job=change.job, settings=settings):
+                if scale_job(self.masters[change.job], change.after, job=change.job, settings=SETTINGS,
+                             token=self.tokens.get(change.job)):
                     self.applied.append((change.job, change.before, change.after, change.reasons))
                     ranges[change.job] = (*ranges[change.job][:2], change.after)
             self.cluster.follow({job: desired for job, (_, _, desired) in ranges.items()})

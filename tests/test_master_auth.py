@@ -25,7 +25,15 @@ from waiting import wait_for
 from master.authorization import denial
 from master.cli import credentials_command
 from paddlecloud.api import pb_grpc
-from paddlecloud.auth import JOB_ROLES, JobTokens, Principal, Role, auth_metadata
+from paddlecloud.auth import (
+    JOB_ROLES,
+    JobTokens,
+    Principal,
+    Role,
+    auth_metadata,
+    scaler_token,
+    scaler_token_namespace,
+)
 from paddlecloud.etcd import connect, read_range
 from paddlecloud.keys import JobKeys, prefix_range_end
 from paddlecloud.wire import duration
@@ -73,7 +81,8 @@ async def secured(tmp_path, start_master):
     tokens = JobTokens.generate()
     tokens.write(tmp_path / "tokens")
     other = JobTokens.generate()  # another job's tokens
-    scaler = secrets.token_urlsafe(32)  # the cluster autoscaler's, as the Secret paddlecloud-scaler holds it
+    # the cluster autoscaler's for this namespace, as the Secret paddlecloud-scaler holds it
+    scaler = scaler_token(secrets.token_urlsafe(32), "local")
     (tmp_path / "scaler").write_text(scaler + "\n")
     proc = start_master("--input", str(tmp_path / "data"), "--epochs", "2",
                         "--tokens-dir", str(tmp_path / "tokens"), "--scaler-token-file", str(tmp_path / "scaler"),
@@ -273,7 +282,7 @@ async def test_a_scaler_token_file_is_read_when_it_appears_and_when_it_changes(t
     proc = start_master("--tokens-dir", str(tmp_path / "tokens"), "--scaler-token-file", str(path),
                         "--trainers", "2", "--min-trainers", "1", "--max-trainers", "4")
     await wait_serving(proc.address, process=proc)
-    first, second = secrets.token_urlsafe(32), secrets.token_urlsafe(32)
+    first, second = (scaler_token(secrets.token_urlsafe(32), "local") for _ in range(2))
 
     def scale(token: str, trainers: int):
         return s.ScaleTrainers(pb.ScaleTrainersRequest(trainers=trainers), metadata=auth_metadata(token))
@@ -296,6 +305,44 @@ async def test_a_scaler_token_file_is_read_when_it_appears_and_when_it_changes(t
         assert await code_of(scale(second, 1)) == UNAUTH
         await wait_for(lambda: f"no scaler token in {path} (empty)" in proc.log(), message="the empty file said")
     assert proc.log().count(f"no scaler token in {path} (absent)") == 1
+
+
+async def test_a_scaler_token_of_another_namespace_is_refused(tmp_path, start_master):
+    """One namespace's scaler token (readable by its tenants) moves no job of another: a master
+    of team-b refuses team-a's token, even when its own Secret holds it by mistake."""
+    JobTokens.generate().write(tmp_path / "tokens")
+    key = secrets.token_urlsafe(32)
+    token_a, token_b = scaler_token(key, "team-a"), scaler_token(key, "team-b")
+    path = tmp_path / "scaler"
+    path.write_text(token_a)  # copied from team-a's Secret
+    proc = start_master("--namespace", "team-b", "--tokens-dir", str(tmp_path / "tokens"),
+                        "--scaler-token-file", str(path), "--trainers", "2", "--min-trainers", "1",
+                        "--max-trainers", "4")
+    await wait_serving(proc.address, process=proc)
+
+    def scale(token: str, trainers: int):
+        return s.ScaleTrainers(pb.ScaleTrainersRequest(trainers=trainers), metadata=auth_metadata(token))
+
+    async with grpc.aio.insecure_channel(proc.address) as channel:
+        s = stub(channel)
+        for token in (token_a, token_b):
+            assert await code_of(scale(token, 3)) == UNAUTH
+            assert await code_of(s.GetStatus(pb.GetStatusRequest(), metadata=auth_metadata(token))) == UNAUTH
+        assert proc.log().count("its token is for namespace team-a, not team-b") == 1
+        path.write_text(token_b)  # the admin puts team-b's own token in
+        assert (await scale(token_b, 3)).desired_trainers == 3
+        assert await code_of(scale(token_a, 2)) == UNAUTH
+        path.write_text(secrets.token_urlsafe(32))  # a token of the old kind names no namespace
+        assert await code_of(scale(token_b, 2)) == UNAUTH
+        await wait_for(lambda: "its token names no namespace" in proc.log(), message="the bare token said")
+
+
+def test_a_scaler_token_names_its_namespace_and_depends_on_the_key():
+    assert scaler_token_namespace(scaler_token("k", "team-a")) == "team-a"
+    assert scaler_token("k", "team-a") != scaler_token("other-key", "team-a")
+    assert scaler_token("k", "team-a") != scaler_token("k", "team-b")
+    for bare in ("", "abc", "scaler.", "scaler.team-a", "scaler..mac"):
+        assert scaler_token_namespace(bare) is None, bare
 
 
 def test_a_scaler_token_file_without_tokens_is_a_usage_error():

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from masters import MasterProcess, pb, wait_until
 
 from paddlecloud.api import pb_grpc
-from paddlecloud.auth import JobTokens, auth_metadata
+from paddlecloud.auth import JobTokens, auth_metadata, scaler_token
 
 INT32 = st.integers(-(2**31), 2**31 - 1)
 INT64 = st.integers(-(2**63), 2**63 - 1)
@@ -28,7 +28,7 @@ SMALL = st.integers(-2, 12)
 TEXT = st.one_of(st.text(max_size=40), st.sampled_from(["t0", "t1", "-1", "0", "1", "a" * 300, "\n\x00\x1b"]))
 BAD = {grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN}
 RPCS = tuple(method.name for method in pb.DESCRIPTOR.services_by_name["Master"].methods)
-SCALER = "the-autoscalers-token"  # what --scaler-token-file holds
+SCALER = scaler_token("the-autoscalers-key", "local")  # what --scaler-token-file holds
 TOKEN_KINDS = 8  # the choices of Fuzzed.metadata
 
 

@@ -5,8 +5,10 @@ PaddleJob instead (`create_paddlejob`); with `paddlejobs=True`, reads and delete
 see both kinds.
 
 `create_job` is the one path from rendered objects (`manifests.submit_objects`) to the
-API server: the ConfigMaps, then the master Deployment, then its Service, its
-ServiceAccount, Role and RoleBinding, its tokens Secret and NetworkPolicies, and the
+API server: the ConfigMaps, then the master Deployment, then (the name now the job's)
+its own etcd user (`paddlecloud.etcd_users`, where this process holds etcd's root
+credentials), its Service, its ServiceAccount, Role and RoleBinding, its tokens and etcd
+user Secrets and NetworkPolicies, and the
 ConfigMaps owned by the Deployment so deleting it removes the whole job. A name in
 use is refused and nothing of a half-created job is left behind. `pod_counts` and
 `fetch_master_status` are what `job status` and the job server's `GET /v1/jobs/NAME`
@@ -22,13 +24,16 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Collection, Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from paddlecloud.jobspec import PADDLEJOB_API_VERSION, PADDLEJOB_KIND, JobSpec, JobSpecError
 from paddlecloud.k8s import manifests
 from paddlecloud.package_names import check_package_names
 from paddlecloud.paddlejob import KUEUE_QUEUE_LABEL
 from paddlecloud.phase import Phase
+
+if TYPE_CHECKING:
+    from paddlecloud.etcd_users import JobEtcdUser
 
 logger = logging.getLogger(__name__)
 
@@ -105,6 +110,7 @@ def create_job(api: Any, *, spec: JobSpec, objects: list[dict[str, Any]],
     core, apps = client.CoreV1Api(api), client.AppsV1Api(api)
     ns = spec.namespace
     created: list[str] = []
+    made: dict[str, Any] = {}
     # The master's TLS certificate, by a CA made for this job alone and forgotten at once: the
     # CA certificate goes on the Deployment (public), the master's key into the Secret only.
     certificate = issue_master_certificate(manifests.master_certificate_hosts(spec.name, ns), job=spec.name)
@@ -128,8 +134,16 @@ def create_job(api: Any, *, spec: JobSpec, objects: list[dict[str, Any]],
         deployment = manifests.publish_master_ca(
             next(o for o in objects if o["kind"] == "Deployment"), certificate.ca)
         made = to_dict(api, create(apps.create_namespaced_deployment, deployment, "deployments"))
+        # Only now, the name ours: an etcd user of that name is no running job's (a leftover
+        # of one deleted without etcd's root credentials), so a new password harms nobody.
+        etcd_user = provision_etcd_user(spec)
     except JobCreateError:
-        for cm in created:  # leave nothing behind of a job that was not created
+        # leave nothing behind of a job that was not created (its master cannot log in)
+        if made:
+            name = deployment["metadata"]["name"]
+            call(apps.delete_namespaced_deployment, name, ns, verb="delete", resource="deployments",
+                 namespace=ns, name=name, tolerate=(404,), rights=rights)
+        for cm in created:
             call(core.delete_namespaced_config_map, cm, ns, verb="delete", resource="configmaps",
                  namespace=ns, name=cm, tolerate=(404,), rights=rights)
         raise
@@ -154,6 +168,10 @@ def create_job(api: Any, *, spec: JobSpec, objects: list[dict[str, Any]],
     create(core.create_namespaced_secret,
            manifests.tokens_secret(spec, JobTokens.generate().as_mapping(), owner,
                                    certificate=certificate), "secrets", adopt=True)
+    if etcd_user is not None:  # its password is new: a Secret left by another try is refused
+        create(core.create_namespaced_secret,
+               manifests.etcd_user_secret(spec, user=etcd_user.name, password=etcd_user.password,
+                                          owner=owner), "secrets")
     networking = client.NetworkingV1Api(api)
     for policy in manifests.network_policies(spec, owner):
         create(networking.create_namespaced_network_policy, policy, "networkpolicies", adopt=True)
@@ -163,6 +181,24 @@ def create_job(api: Any, *, spec: JobSpec, objects: list[dict[str, Any]],
                         kind="ConfigMap", name=cm, namespace=ns),
              verb="apply", resource="configmaps", namespace=ns, name=cm, rights=rights,
              **applied(CLI_MANAGER))
+
+
+ETCD_TIMEOUT_S = 5.0
+
+
+def provision_etcd_user(spec: JobSpec) -> JobEtcdUser | None:
+    """The job's own etcd user (`paddlecloud.etcd_users`), made with this process's etcd
+    credentials; None where it has no etcd user (etcd without auth)."""
+    import asyncio
+
+    from paddlecloud.etcd_users import provision_job_user
+
+    try:
+        return asyncio.run(provision_job_user(spec.etcd_endpoints, namespace=spec.namespace,
+                                              job=spec.name, timeout=ETCD_TIMEOUT_S))
+    except Exception as error:
+        raise JobCreateError(f"could not make the etcd user of job {spec.name} at "
+                             f"{spec.etcd_endpoints}: {error}") from None
 
 
 def pod_counts(pods: Iterable[Any], job_name: str) -> dict[str, dict[str, int]]:
@@ -356,20 +392,14 @@ def delete_job(api: Any, *, namespace: str, name: str, rights: str | None = None
 
 
 def _clear_etcd(spec_yaml: str, *, namespace: str, name: str) -> None:
+    """The job's keys, and its etcd user, gone (`paddlecloud.etcd_users.forget_job`)."""
     import asyncio
 
-    from paddlecloud.etcd import connect
-    from paddlecloud.keys import JobKeys
-
-    async def clear(endpoints: str) -> None:
-        etcd = await connect(endpoints, timeout=3.0)
-        try:
-            await etcd.delete_prefix(JobKeys(namespace, name).prefix)
-        finally:
-            await etcd.close()
+    from paddlecloud.etcd_users import forget_job
 
     try:
-        asyncio.run(clear(JobSpec.from_yaml(spec_yaml).etcd_endpoints))
+        asyncio.run(forget_job(JobSpec.from_yaml(spec_yaml).etcd_endpoints, namespace=namespace,
+                               job=name, timeout=3.0))
     except Exception as error:  # the objects are gone; the keys may stay
         logger.warning("could not clear the etcd keys of %s/%s: %s", namespace, name, error)
 

@@ -8,7 +8,9 @@ StatefulSet and headless Service, the trainers' Indexed Job, a Volcano PodGroup)
 master's rights, named object by object), and `rbac()` the Role of those who submit.
 The job's Secret (`tokens_secret`) carries its tokens and the master's TLS certificate
 and key, issued at submit; the CA certificate is public, on the master Deployment
-(`publish_master_ca`) and mounted in every pod of the job.
+(`publish_master_ca`) and mounted in every pod of the job. The job's etcd user
+(`etcd_user_secret`, `paddlecloud.etcd_users`) reaches only paddlecloud's own containers,
+the master and the pserver agent (`etcd_credentials_of`), its password as a file.
 
 Endpoints. Every pserver's endpoint is a stable DNS name for the life of the job (a
 restarted pserver keeps its name, not its IP): with intranet `PodIP` (and `Host`)
@@ -43,7 +45,7 @@ import base64
 import copy
 import logging
 import zlib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import yaml
@@ -107,10 +109,11 @@ RUN_AS_USER = 10001  # high, so no host user shares it
 
 # Names and paths.
 TOKENS_MOUNT = "/var/run/paddlecloud/tokens"  # the job's tokens Secret (paddlecloud.auth)
-# The cluster autoscaler's token (paddlecloud.auth.ScalerToken): one Secret per namespace, put
-# there by the admin (deploy/components/autoscaler/autoscaler.yaml), mounted by every master as optional, so a
-# namespace without it still runs jobs (their masters then refuse the autoscaler).
+# The cluster autoscaler's token of the namespace (paddlecloud.auth.ScalerToken): one Secret
+# per namespace, put there by the admin (deploy/components/autoscaler/autoscaler.yaml), mounted by every master as
+# optional, so a namespace without it still runs jobs (their masters then refuse the autoscaler).
 SCALER_SECRET = "paddlecloud-scaler"
+SCALER_KEY_SECRET = "paddlecloud-scaler-key"  # the autoscaler's own: the key the tokens come from
 SCALER_KEY = "token"
 SCALER_MOUNT = "/var/run/paddlecloud/scaler"
 SPEC_MOUNT = "/etc/paddlecloud"
@@ -167,10 +170,15 @@ def tokens_secret(spec: JobSpec, tokens: Mapping[str, str], owner: Mapping[str, 
     data = {role: token.encode() for role, token in tokens.items()}
     data.update({TLS_CERT_KEY: certificate.cert, TLS_KEY_KEY: certificate.key,
                  CA_KEY: certificate.ca})
+    return _secret(spec, tokens_secret_name(spec.name), data, owner)
+
+
+def _secret(spec: JobSpec, name: str, data: Mapping[str, bytes],
+            owner: Mapping[str, Any] | None) -> Manifest:
     return {
         "apiVersion": "v1",
         "kind": "Secret",
-        "metadata": _metadata(spec, name=tokens_secret_name(spec.name), role=MASTER, owner=owner),
+        "metadata": _metadata(spec, name=name, role=MASTER, owner=owner),
         "type": "Opaque",
         "data": {key: base64.b64encode(value).decode() for key, value in data.items()},
     }
@@ -203,14 +211,38 @@ def publish_master_ca(deployment: Manifest, ca: bytes) -> Manifest:
     return out
 
 
-ETCD_AUTH_SECRET = "paddlecloud-etcd"  # optional: keys `user`, `password` of etcd's auth
+# The job's own etcd user (paddlecloud.etcd_users), made by whoever creates the job, in the
+# job's Secret NAME-etcd (keys `user`, `password`): read and write on the job's prefix only.
+# Optional wherever it is used: a job created without etcd auth has none.
+ETCD_USER_MOUNT = "/var/run/paddlecloud/etcd-user"
 
 
-def _etcd_auth_env() -> list[dict[str, Any]]:
-    """etcd's user and password from the namespace's Secret, when it has one (masters and
-    pservers only: trainers need no etcd credentials)."""
-    return [{"name": name, "valueFrom": {"secretKeyRef": {"name": ETCD_AUTH_SECRET, "key": key, "optional": True}}}
-            for name, key in (("PADDLE_ETCD_USER", "user"), ("PADDLE_ETCD_PASSWORD", "password"))]
+def etcd_user_secret_name(job: str) -> str:
+    return f"{job}-etcd"
+
+
+def etcd_user_secret(spec: JobSpec, *, user: str, password: str,
+                     owner: Mapping[str, Any] | None) -> Manifest:
+    """The job's etcd user and password, for its master and its pserver agents alone."""
+    return _secret(spec, etcd_user_secret_name(spec.name),
+                   {"user": user.encode(), "password": password.encode()}, owner)
+
+
+def _etcd_user_env(spec: JobSpec) -> list[dict[str, Any]]:
+    """The job's etcd user by name, its password as a mounted file, never an env value
+    (masters and pserver agents only: trainers need no etcd credentials)."""
+    user = {"secretKeyRef": {"name": etcd_user_secret_name(spec.name), "key": "user", "optional": True}}
+    return [{"name": "PADDLE_ETCD_USER", "valueFrom": user},
+            _value("PADDLE_ETCD_PASSWORD_FILE", f"{ETCD_USER_MOUNT}/password")]
+
+
+def _etcd_user_volume(spec: JobSpec) -> dict[str, Any]:
+    return {"name": "etcd-user", "secret": {"secretName": etcd_user_secret_name(spec.name),
+                                            "optional": True, "defaultMode": 0o440}}
+
+
+def _etcd_user_mount() -> dict[str, Any]:
+    return {"name": "etcd-user", "mountPath": ETCD_USER_MOUNT, "readOnly": True}
 
 
 ETCD_TLS_SECRET = "paddlecloud-etcd-client-tls"  # keys ca.crt, tls.crt, tls.key (docs/kubernetes.md)
@@ -237,6 +269,29 @@ def _etcd_tls_volume() -> dict[str, Any]:
 
 def _etcd_tls_mount() -> dict[str, Any]:
     return {"name": "etcd-tls", "mountPath": ETCD_TLS_MOUNT, "readOnly": True}
+
+
+def etcd_credentials_of(spec: JobSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]],
+                                                list[dict[str, Any]]]:
+    """(env, volumeMounts, volumes) that give a paddlecloud container (a master, a pserver
+    agent) the job's etcd credentials: its own user, and with https:// the client
+    certificate."""
+    env = [*_etcd_user_env(spec), *_etcd_tls_env(spec)]
+    mounts, volumes = [_etcd_user_mount()], [_etcd_user_volume(spec)]
+    if etcd_uses_tls(spec):
+        mounts.append(_etcd_tls_mount())
+        volumes.append(_etcd_tls_volume())
+    return env, mounts, volumes
+
+
+def _give_etcd_credentials(spec: JobSpec, pod: dict[str, Any], containers: list[dict[str, Any]]) -> None:
+    """The job's etcd credentials in `containers` (those that run paddlecloud's pserver agent)
+    and their volumes in `pod`; no other container of the pod gets them."""
+    env, mounts, volumes = etcd_credentials_of(spec)
+    for container in containers:
+        container["env"] = [*container.get("env", []), *copy.deepcopy(env)]
+        container.setdefault("volumeMounts", []).extend(copy.deepcopy(mounts))
+    pod.setdefault("volumes", []).extend(volumes)
 
 
 def spec_configmap_name(job: str) -> str:
@@ -451,8 +506,6 @@ def pserver_env(spec: JobSpec) -> list[dict[str, Any]]:
         _field("PADDLE_PSERVER_ID", f"metadata.labels['{POD_INDEX_LABEL}']"),
         _value("POD_IP", _own_host(spec, PSERVER)),
         *_common_env(spec, PSERVER),
-        *_etcd_auth_env(),
-        *_etcd_tls_env(spec),
     ]
 
 
@@ -640,11 +693,9 @@ def _pod_template(spec: JobSpec, role: str, *, template: Mapping[str, Any] | Non
         mounts.append({"name": "package", "mountPath": PACKAGE_MOUNT, "readOnly": True})
     volumes.append(_token_volume(spec, only_trainer=True))
     mounts.append({"name": "job-tokens", "mountPath": TOKENS_MOUNT, "readOnly": True})
-    if role == PSERVER and etcd_uses_tls(spec):  # the agent (or its sidecar) registers in etcd
-        volumes.append(_etcd_tls_volume())
-        for runs in [container, *(c for c in pod.get("initContainers") or []
-                                  if c.get("name") == "paddlecloud-agent")]:
-            runs.setdefault("volumeMounts", []).append(_etcd_tls_mount())
+    if role == PSERVER:  # the agent registers in etcd: in the container, or as its sidecar
+        _give_etcd_credentials(spec, pod, [container] if agent else [
+            c for c in pod["initContainers"] if c.get("name") == "paddlecloud-agent"])
     if spec.data_volume is not None and role == TRAINER:
         volumes.append({"name": "data", "persistentVolumeClaim": {"claimName": spec.data_volume.claim}})
         mounts.append({"name": "data", "mountPath": spec.data_volume.mount_path})
@@ -959,9 +1010,9 @@ def master_deployment(spec: JobSpec) -> Manifest:
                                             "defaultMode": 0o400,
                                             "items": [{"key": SCALER_KEY, "path": SCALER_KEY}]}},
     ]
-    if etcd_uses_tls(spec):
-        mounts.append(_etcd_tls_mount())
-        volumes.append(_etcd_tls_volume())
+    etcd_env, etcd_mounts, etcd_volumes = etcd_credentials_of(spec)
+    mounts += etcd_mounts
+    volumes += etcd_volumes
     if spec.data_volume is not None:
         mounts.append({"name": "data", "mountPath": spec.data_volume.mount_path, "readOnly": True})
         volumes.append({"name": "data", "persistentVolumeClaim": {
@@ -976,8 +1027,7 @@ def master_deployment(spec: JobSpec) -> Manifest:
             _value("PADDLE_ETCD_ENDPOINTS", spec.etcd_endpoints),
             _field("POD_NAME", "metadata.name"),
             _field("POD_IP", "status.podIP"),
-            *_etcd_auth_env(),
-            *_etcd_tls_env(spec),
+            *etcd_env,
         ],
         "ports": [
             {"name": "grpc", "containerPort": MASTER_PORT},
@@ -1049,28 +1099,86 @@ NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"  # set by the API server on
 MASTER_CLIENTS_NAMESPACE_LABEL = "paddlecloud.org/master-clients"
 
 
-def network_policies(spec: JobSpec, owner: Mapping[str, Any] | None) -> list[Manifest]:
-    """Ingress of the job's pods (egress is left open: DNS, storage, registries vary).
+DNS_PORT = 53
+# The API server, as the master's deployer reaches it: the `kubernetes` Service's port, and the
+# port behind it (a CNI may check either side of the Service's address translation). Its
+# address is no pod's, so no selector can name it: these ports to any address.
+API_SERVER_PORTS = (443, 6443)
+# Ports of the remote storage of a job's inputs and output (fsspec protocols), where the URL
+# names none: what each service listens on by default; any other protocol: HTTPS.
+STORAGE_PORTS = {"http": (80,), "hdfs": (8020, 9866), "webhdfs": (9870, 9864)}
+LOCAL_PROTOCOLS = ("", "file", "local", "memory")
 
-    `NAME-internal`: the job's pods reach each other on any port (pservers, collective and
-    gloo rendezvous, NCCL's own ports, the master's gRPC); nothing else reaches trainers,
-    pservers or heters. `NAME-master`: besides, the master's gRPC port from pods labelled
-    `paddlecloud.org/master-client: "true"` of the job's namespace or of a namespace labelled
-    `paddlecloud.org/master-clients: "true"` (the job server, serving several namespaces), and
-    from the autoscaler's pods in `paddlecloud-system`; its status/metrics port from the job's
-    namespace and from those master clients (the job server proxies the page). Needs a CNI
-    that enforces NetworkPolicy.
+
+def storage_ports(spec: JobSpec) -> list[int]:
+    """The TCP ports of the remote storage the job's inputs and output name ([] for local
+    paths and volumes): what its master, trainers and pservers may reach anywhere."""
+    from urllib.parse import urlsplit
+
+    ports: list[int] = []
+    for path in (*spec.inputs, *((spec.output,) if spec.output else ())):
+        protocol = path.split("://", 1)[0].lower() if "://" in path else ""
+        if protocol in LOCAL_PROTOCOLS:
+            continue
+        try:
+            given = urlsplit(path).port
+        except ValueError:
+            given = None
+        ports += [given] if given else STORAGE_PORTS.get(protocol, (443,))
+    return sorted(set(ports))
+
+
+def etcd_ports(spec: JobSpec) -> list[int]:
+    """The ports of the job's etcd endpoints (any host: etcd may run outside the cluster)."""
+    from paddlecloud.etcd import parse_endpoints
+
+    return sorted({port for _, port in parse_endpoints(spec.etcd_endpoints)})
+
+
+def _tcp(ports: Iterable[int]) -> list[dict[str, Any]]:
+    return [{"protocol": "TCP", "port": port} for port in ports]
+
+
+def network_policies(spec: JobSpec, owner: Mapping[str, Any] | None) -> list[Manifest]:
+    """Ingress and egress of the job's pods (docs/kubernetes.md, "network policies").
+
+    Ingress. `NAME-internal`: the job's pods reach each other on any port (pservers,
+    collective and gloo rendezvous, NCCL's own ports, the master's gRPC); nothing else
+    reaches trainers, pservers or heters. `NAME-master`: besides, the master's gRPC port
+    from pods labelled `paddlecloud.org/master-client: "true"` of the job's namespace or of
+    a namespace labelled `paddlecloud.org/master-clients: "true"` (the job server, serving
+    several namespaces), and from the autoscaler's pods in `paddlecloud-system`; its
+    status/metrics port from the job's namespace and from those master clients (the job
+    server proxies the page).
+
+    Egress (policies add up: a pod may reach what any policy selecting it allows).
+    `NAME-egress`, every pod of the job: the job's pods (the master, the pservers, the
+    other trainers and heters), DNS, and the ports of remote storage its inputs and output
+    name (`storage_ports`). `NAME-master-egress`: the etcd endpoints' ports and the API
+    server's (`API_SERVER_PORTS`): it deploys. `NAME-ps-egress`: the etcd endpoints'
+    ports (the pserver agent registers there). Anything else a job's code needs (a model
+    hub, another store) is the namespace admin's own NetworkPolicy, which adds to these.
+    Needs a CNI that enforces NetworkPolicy; pods on the node's network (intranet Host)
+    escape them.
     """
-    def policy(name: str, pod_selector: dict[str, str], ingress: list[dict[str, Any]]) -> Manifest:
+    def policy(name: str, pod_selector: dict[str, str], rules: list[dict[str, Any]], *,
+               direction: str = "Ingress") -> Manifest:
         return {
             "apiVersion": "networking.k8s.io/v1",
             "kind": "NetworkPolicy",
             "metadata": _metadata(spec, name=name, role=MASTER, owner=owner),
-            "spec": {"podSelector": {"matchLabels": pod_selector}, "policyTypes": ["Ingress"],
-                     "ingress": ingress},
+            "spec": {"podSelector": {"matchLabels": pod_selector}, "policyTypes": [direction],
+                     direction.lower(): rules},
         }
 
+    def egress(name: str, pod_selector: dict[str, str], rules: list[dict[str, Any]]) -> Manifest:
+        return policy(name, pod_selector, rules, direction="Egress")
+
     job_pods = {JOB_LABEL: spec.name}
+    dns = {"ports": [{"protocol": protocol, "port": DNS_PORT} for protocol in ("UDP", "TCP")]}
+    to_job = {"to": [{"podSelector": {"matchLabels": job_pods}}]}
+    storage = [{"ports": _tcp(ports)}] if (ports := storage_ports(spec)) else []
+    to_etcd = {"ports": _tcp(etcd_ports(spec))}
     clients = {"podSelector": {"matchLabels": {MASTER_CLIENT_LABEL: "true"}}}
     marked_clients = {"namespaceSelector": {"matchLabels": {MASTER_CLIENTS_NAMESPACE_LABEL: "true"}}, **clients}
     autoscaler = {"namespaceSelector": {"matchLabels": {NAMESPACE_NAME_LABEL: AUTOSCALER_NAMESPACE}},
@@ -1082,6 +1190,11 @@ def network_policies(spec: JobSpec, owner: Mapping[str, Any] | None) -> list[Man
              "ports": [{"protocol": "TCP", "port": MASTER_PORT}]},
             {"from": [{"podSelector": {}}, marked_clients], "ports": [{"protocol": "TCP", "port": METRICS_PORT}]},
         ]),
+        egress(f"{spec.name}-egress", job_pods, [to_job, dns, *storage]),
+        egress(f"{master_name(spec.name)}-egress", selector(spec, MASTER),
+               [to_etcd, {"ports": _tcp(API_SERVER_PORTS)}]),
+        *([egress(f"{pserver_name(spec.name)}-egress", selector(spec, PSERVER), [to_etcd])]
+          if spec.pservers else []),
     ]
 
 

@@ -30,6 +30,7 @@ from autoscaler.cli import DEFAULT_LEASE as LEASE
 from autoscaler.controller import COMPONENT, EVENT_REASON, Controller, Settings
 from autoscaler.lease import LeaseElector
 from paddlecloud.api import pb, pb_grpc
+from paddlecloud.auth import scaler_token, scaler_token_namespace
 from paddlecloud.cli import main
 from paddlecloud.k8s import manifests
 
@@ -213,7 +214,7 @@ class Replica:
         config.host = sim.k8s.url
         api_client = client.ApiClient(config)
         api_client.user_agent = COMPONENT
-        settings = Settings(**{**SETTINGS.__dict__, "token": identity or None})
+        settings = Settings(**{**SETTINGS.__dict__, "scaler_key": identity or None})
         self.controller = Controller(api_client, settings=settings, master_address=sim.address)
         self.elector = (LeaseElector(api_client, name=LEASE, namespace=NS, identity=identity,
                                      lease_duration_s=10) if identity else None)
@@ -344,40 +345,52 @@ async def test_dry_run_prints_the_plan_and_changes_nothing(sim, api_client, kube
     assert_autoscaler_rights(sim.k8s)
 
 
-async def test_the_scaler_token_file_it_is_given_goes_with_every_call_to_the_masters(
+async def test_the_scaler_token_of_the_jobs_namespace_goes_with_every_call_to_its_master(
         sim, api_client, kubeconfig, tmp_path, monkeypatch):
     monkeypatch.delenv("PADDLE_JOB_TOKEN_FILE", raising=False)
     sim.add_node("n1")
     master = await sim.add_job("a", lo=1, hi=4, size=1)
-    token_file = tmp_path / "scaler" / "token"  # as deploy/components/autoscaler/autoscaler.yaml mounts the Secret
-    token_file.parent.mkdir()
-    token_file.write_text("the-scaler-token\n")
+    key_file = tmp_path / "scaler" / "key"  # as deploy/components/autoscaler/autoscaler.yaml mounts the Secret
+    key_file.parent.mkdir()
+    key_file.write_text("the-scaler-key\n")
+    printed = await asyncio.to_thread(CliRunner().invoke, main, [
+        "autoscaler", "--scaler-key-file", str(key_file), "--print-token", NS])
+    assert printed.exit_code == 0, printed.output
+    token = printed.output.strip()  # what the admin puts in the Secret paddlecloud-scaler of NS
+    assert token == scaler_token("the-scaler-key", NS) and scaler_token_namespace(token) == NS
     args = ["autoscaler", "--once", "--kubeconfig", kubeconfig, "--master-address", master.address,
-            "--max-load-desired", "1", "--scaler-token-file", str(token_file)]
+            "--max-load-desired", "1", "--scaler-key-file", str(key_file)]
     result = await asyncio.to_thread(CliRunner().invoke, main, args)
     assert result.exit_code == 0, result.output
-    assert master.asked_by == {"the-scaler-token"}
-    assert master.scaled_by == [(4, "the-scaler-token")] and sim.running("a") == 4
-    token_file.unlink()
+    assert master.asked_by == {token}
+    assert master.scaled_by == [(4, token)] and sim.running("a") == 4
+    key_file.unlink()
     missing = await asyncio.to_thread(CliRunner().invoke, main, args)
-    assert missing.exit_code == 2 and f"cannot read token file {token_file}" in missing.output
-    assert master.scaled_by == [(4, "the-scaler-token")]
+    assert missing.exit_code == 2 and f"cannot read token file {key_file}" in missing.output
+    assert master.scaled_by == [(4, token)]
+    bad = await asyncio.to_thread(CliRunner().invoke, main, [
+        "autoscaler", "--scaler-key-file", str(tmp_path / "none"), "--print-token", "Team A"])
+    assert bad.exit_code == 2 and "--scaler-key-file" in bad.output
+    (tmp_path / "k").write_text("k")
+    bad = await asyncio.to_thread(CliRunner().invoke, main, [
+        "autoscaler", "--scaler-key-file", str(tmp_path / "k"), "--print-token", "Team A"])
+    assert bad.exit_code == 2 and "'Team A' is not a namespace name" in bad.output
 
 
 async def test_a_master_refusing_the_token_is_not_planned_and_said_once_until_it_accepts(sim, caplog):
     sim.add_node("n1")
     master = await sim.add_job("a", lo=1, hi=4, size=1)
-    master.accepts = "the-namespaces-token"
+    master.accepts = scaler_token("another-autoscalers-key", NS)
     replica = Replica(sim)
-    replica.controller.settings = Settings(**{**SETTINGS.__dict__, "token": "the-autoscalers-token"})
+    replica.controller.settings = Settings(**{**SETTINGS.__dict__, "scaler_key": "the-autoscalers-key"})
     async with replica:
         await sim.k8s.wait_for(lambda: master.asked >= 4, what="four rounds refused")
         assert master.size == 1 and master.scaled_by == []
         assert caplog.text.count("job ml/a: its master refused our scaler token (UNAUTHENTICATED)") == 1
         assert "paddlecloud-scaler of namespace ml" in caplog.text
-        master.accepts = "the-autoscalers-token"  # the admin put the right token in
+        master.accepts = scaler_token("the-autoscalers-key", NS)  # the admin put the right token in
         await sim.k8s.wait_for(lambda: master.size == 4, what="a grown once its master accepts us")
-    assert master.scaled_by == [(4, "the-autoscalers-token")]
+    assert master.scaled_by == [(4, scaler_token("the-autoscalers-key", NS))]
 
 
 async def test_of_two_replicas_only_the_lease_holder_acts_and_the_other_takes_over(sim, api_client):
@@ -387,14 +400,14 @@ async def test_of_two_replicas_only_the_lease_holder_acts_and_the_other_takes_ov
     await sim.k8s.wait_for(lambda: first.elector.leading, what="replica-1 leading")
     async with Replica(sim, identity="replica-2") as second:
         await sim.k8s.wait_for(lambda: master.size == 4, what="a grown to the node")
-        assert {who for _, who in master.scaled_by} == {"replica-1"}
+        assert {who for _, who in master.scaled_by} == {scaler_token("replica-1", NS)}
         assert not second.elector.leading and second.controller.last_plan is None
         await first.close()  # releases the Lease on the way out
         await sim.k8s.wait_for(lambda: second.elector.leading, what="replica-2 taking over")
         sim.add_node("n2")
         await sim.k8s.wait_for(lambda: master.size == 8, what="a grown onto the new node")
-    assert [who for _, who in master.scaled_by][-1] == "replica-2"
-    assert {who for _, who in master.scaled_by} == {"replica-1", "replica-2"}
+    assert [who for _, who in master.scaled_by][-1] == scaler_token("replica-2", NS)
+    assert {who for _, who in master.scaled_by} == {scaler_token(f"replica-{i}", NS) for i in (1, 2)}
     assert_autoscaler_rights(sim.k8s)
 
 
@@ -507,10 +520,10 @@ def test_the_autoscaler_manifest_is_strictly_valid_hardened_and_least_privilege(
     hardened = container["securityContext"]
     assert hardened["allowPrivilegeEscalation"] is False and hardened["capabilities"] == {"drop": ["ALL"]}
     assert {e["name"] for e in container["env"]} >= {"POD_NAME", "POD_NAMESPACE"}
-    mount = next(m for m in container["volumeMounts"] if m["name"] == "scaler-token")
-    assert f"--scaler-token-file={mount['mountPath']}/token" in container["args"]
-    assert next(v for v in pod["volumes"] if v["name"] == "scaler-token")["secret"]["secretName"] == \
-        manifests.SCALER_SECRET
+    mount = next(m for m in container["volumeMounts"] if m["name"] == "scaler-key")
+    assert f"--scaler-key-file={mount['mountPath']}/key" in container["args"]
+    assert next(v for v in pod["volumes"] if v["name"] == "scaler-key")["secret"]["secretName"] == \
+        manifests.SCALER_KEY_SECRET
 
 
 async def test_a_volcano_ps_job_keeps_min_member_at_its_min_through_every_scale(k8s, api_client):

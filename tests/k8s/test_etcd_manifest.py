@@ -114,11 +114,16 @@ def mounts_etcd_client_certificate(spec: dict[str, Any]) -> bool:
     return any((v.get("secret") or {}).get("secretName") == ETCD_CLIENT_SECRET for v in spec.get("volumes") or [])
 
 
+def is_job_server(labels: dict[str, str]) -> bool:
+    return labels.get(manifests.APP_LABEL) == "paddlecloud-job-server"
+
+
 def test_the_rendered_pods_cover_every_kind_the_docs_name():
     """Guards the tests below against an empty or one-sided sample."""
     roles = {role(labels) for _, labels, _ in PODS}
     assert {manifests.MASTER, manifests.PSERVER, manifests.TRAINER, manifests.HETER} <= roles
     assert any(is_operator(labels) for _, labels, _ in PODS)
+    assert any(is_job_server(labels) for _, labels, _ in PODS)
     assert any(labels == MEMBER_LABELS for _, labels, _ in PODS)
     assert any(mounts_etcd_client_certificate(spec) for _, _, spec in PODS)
 
@@ -154,8 +159,9 @@ def test_the_network_policy_isolates_the_members():
 @pytest.mark.parametrize("where,labels,spec", PODS, ids=[p[0] for p in PODS])
 def test_who_reaches_the_client_port_is_whom_the_docs_name(where, labels, spec):
     """docs/kubernetes.md: 'only pods labelled paddlecloud.org/role: master|pserver (masters and
-    pserver agents), the operator and the members reach the client port.'"""
-    named = role(labels) in (manifests.MASTER, manifests.PSERVER) or is_operator(labels) or labels == MEMBER_LABELS
+    pserver agents), the operator, the Job Server and the members reach the client port.'"""
+    named = (role(labels) in (manifests.MASTER, manifests.PSERVER) or is_operator(labels)
+             or is_job_server(labels) or labels == MEMBER_LABELS)
     assert lets_in(labels, CLIENT_PORT) == named, where
     if mounts_etcd_client_certificate(spec):  # whoever is given etcd's client certificate can use it
         assert lets_in(labels, CLIENT_PORT), where

@@ -59,7 +59,9 @@ async def test_submit_creates_exactly_what_job_submit_creates(k8s, api_client, t
                             ("deployments", "fit-master"), ("services", "fit-master"),
                             ("serviceaccounts", "fit-master"), ("roles", "fit-master"),
                             ("rolebindings", "fit-master"), ("secrets", "fit-tokens"),
-                            ("networkpolicies", "fit-internal"), ("networkpolicies", "fit-master")]
+                            ("networkpolicies", "fit-internal"), ("networkpolicies", "fit-master"),
+                            ("networkpolicies", "fit-egress"), ("networkpolicies", "fit-master-egress"),
+                            ("networkpolicies", "fit-ps-egress")]
     spec = TrainerJob(**{**JOB, "input": tuple(JOB["input"])}, namespace="team-a").to_spec(
         package_path=f"package:{digest[:12]}", package_files=tuple(sorted(PACKAGE)))
     expected = {(o["kind"], o["metadata"]["name"]): o for o in manifests.submit_objects(spec, PACKAGE)}

@@ -51,7 +51,9 @@ async def test_submit_creates_the_master_its_service_and_the_spec(k8s, kubeconfi
                             ("deployments", "ctr-master"), ("services", "ctr-master"),
                             ("serviceaccounts", "ctr-master"), ("roles", "ctr-master"),
                             ("rolebindings", "ctr-master"), ("secrets", "ctr-tokens"), ("networkpolicies", "ctr-internal"),
-                            ("networkpolicies", "ctr-master")]
+                            ("networkpolicies", "ctr-master"),
+                            ("networkpolicies", "ctr-egress"), ("networkpolicies", "ctr-master-egress"),
+                            ("networkpolicies", "ctr-ps-egress")]
     deployment = k8s.stored("deployments", "ml", "ctr-master")
     uid = deployment["metadata"]["uid"]
     owner = manifests.owner_reference("ctr", uid)
@@ -84,8 +86,10 @@ async def test_submit_creates_the_master_its_service_and_the_spec(k8s, kubeconfi
     env = {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
     assert env["PADDLE_JOB_NAME"] == "ctr" and env["PADDLE_NAMESPACE"] == "ml"
     assert env["POD_IP"] == {"fieldRef": {"fieldPath": "status.podIP"}}
-    assert env["PADDLE_ETCD_PASSWORD"] == {"secretKeyRef": {"name": "paddlecloud-etcd", "key": "password",
-                                                            "optional": True}}
+    # the job's own etcd user (optional: made only where etcd runs with auth), its password a file
+    assert env["PADDLE_ETCD_USER"] == {"secretKeyRef": {"name": "ctr-etcd", "key": "user", "optional": True}}
+    assert env["PADDLE_ETCD_PASSWORD_FILE"] == "/var/run/paddlecloud/etcd-user/password"
+    assert "PADDLE_ETCD_PASSWORD" not in env
     # the leader only is ready: /ready on the HTTP port (the kubelet's own gRPC probe speaks no TLS)
     assert container["readinessProbe"] == {"httpGet": {"path": "/ready", "port": "metrics"},
                                            "periodSeconds": 2, "timeoutSeconds": 2, "failureThreshold": 1}
@@ -282,8 +286,8 @@ async def test_dry_run_is_stable_valid_yaml_and_touches_nothing(k8s, kubeconfig)
     assert first.exit_code == 0, first.output
     assert first.output == second.output
     docs = list(yaml.safe_load_all(first.output))
-    assert [d["kind"] for d in docs] == ["ConfigMap", "Deployment", "Service", "NetworkPolicy",
-                                         "NetworkPolicy", "ServiceAccount", "Role", "RoleBinding",
+    assert [d["kind"] for d in docs] == ["ConfigMap", "Deployment", "Service",
+                                         *["NetworkPolicy"] * 5, "ServiceAccount", "Role", "RoleBinding",
                                          "Service",
                                          "StatefulSet", "Job"]
     assert list(k8s.kmock) == []  # not one request

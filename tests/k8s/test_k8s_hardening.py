@@ -101,11 +101,12 @@ def test_only_masters_and_pservers_get_etcd_credentials():
         env = {e["name"] for c in pss.containers(pod) for e in c.get("env") or []}
         mounted = {v["name"] for v in pod.get("volumes") or []}
         etcd = {"PADDLE_ETCD_CA_FILE", "PADDLE_ETCD_CERT_FILE", "PADDLE_ETCD_KEY_FILE",
-                "PADDLE_ETCD_USER", "PADDLE_ETCD_PASSWORD"}
+                "PADDLE_ETCD_USER", "PADDLE_ETCD_PASSWORD_FILE"}
+        assert "PADDLE_ETCD_PASSWORD" not in env, doc["metadata"]["name"]  # a file, never a value
         if role in (manifests.MASTER, manifests.PSERVER):
-            assert etcd <= env and "etcd-tls" in mounted, doc["metadata"]["name"]
+            assert etcd <= env and {"etcd-tls", "etcd-user"} <= mounted, doc["metadata"]["name"]
         else:
-            assert not etcd & env and "etcd-tls" not in mounted, doc["metadata"]["name"]
+            assert not etcd & env and not {"etcd-tls", "etcd-user"} & mounted, doc["metadata"]["name"]
 
 
 @pytest.mark.parametrize("path", DEPLOY_FILES, ids=lambda p: str(p.relative_to(DEPLOY)))

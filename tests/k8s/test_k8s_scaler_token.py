@@ -47,7 +47,8 @@ def reachable(policies: list[dict[str, Any]], *, target: dict[str, str], port: i
     """Whether a pod labelled `source` in `source_namespace` (its other labels:
     `namespace_labels`) may connect to `port` of a pod labelled `target` (in the policies'
     namespace) under these NetworkPolicies."""
-    selecting = [p for p in policies if _matches(p["spec"]["podSelector"], target)]
+    selecting = [p for p in policies if "Ingress" in p["spec"]["policyTypes"]
+                 and _matches(p["spec"]["podSelector"], target)]
     assert selecting, f"no policy selects {target}: everything could reach it"
     namespace_labels = {**(namespace_labels or {}), manifests.NAMESPACE_NAME_LABEL: source_namespace}
     for policy in selecting:
@@ -91,21 +92,23 @@ def test_the_master_mounts_the_namespaces_scaler_secret_as_optional_and_reads_it
         assert "paddlecloud-scaler" not in names
 
 
-def test_the_autoscaler_mounts_the_same_secret_of_its_namespace_and_passes_the_file():
+def test_the_autoscaler_mounts_its_key_and_each_namespace_gets_its_own_token():
     deployment = _deployment("autoscaler.yaml")
     assert deployment["metadata"]["namespace"] == manifests.AUTOSCALER_NAMESPACE
     assert _pod_labels(deployment).items() >= manifests.AUTOSCALER_LABELS.items()
     pod = deployment["spec"]["template"]["spec"]
-    volume = next(v for v in pod["volumes"] if v["name"] == "scaler-token")
-    # not optional: an autoscaler without the token could scale nothing
-    assert volume["secret"]["secretName"] == manifests.SCALER_SECRET and "optional" not in volume["secret"]
-    assert volume["secret"]["items"] == [{"key": manifests.SCALER_KEY, "path": "token"}]
+    volume = next(v for v in pod["volumes"] if v["name"] == "scaler-key")
+    # not optional: an autoscaler without the key could scale nothing
+    assert volume["secret"]["secretName"] == manifests.SCALER_KEY_SECRET and "optional" not in volume["secret"]
+    assert volume["secret"]["items"] == [{"key": "key", "path": "key"}]
+    assert not any((v.get("secret") or {}).get("secretName") == manifests.SCALER_SECRET for v in pod["volumes"])
     container = pod["containers"][0]
-    mount = next(m for m in container["volumeMounts"] if m["name"] == "scaler-token")
-    assert f"--scaler-token-file={mount['mountPath']}/token" in container["args"]
+    mount = next(m for m in container["volumeMounts"] if m["name"] == "scaler-key")
+    assert f"--scaler-key-file={mount['mountPath']}/key" in container["args"]
     assert pod["securityContext"]["fsGroup"] == pod["securityContext"]["runAsUser"]
-    assert not any("TOKEN" in e["name"] for e in container["env"])  # a file, not an env value
+    assert not any("TOKEN" in e["name"] or "KEY" in e["name"] for e in container["env"])  # files only
     header = _path("autoscaler.yaml").read_text().split("\n---", 1)[0]
+    assert "--print-token $ns" in header
     assert "kubectl -n $ns create secret generic paddlecloud-scaler --from-file=token=" in header
 
 

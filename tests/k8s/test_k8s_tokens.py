@@ -29,7 +29,7 @@ def test_trainers_and_pservers_mount_only_the_trainer_token_and_trainers_get_no_
                                               {"key": "ca.crt", "path": "ca.crt"}]}
         assert _container_env(pod)["PADDLE_JOB_TOKEN_FILE"] == "/var/run/paddlecloud/tokens/trainer"
         assert _container_env(pod)["PADDLE_MASTER_CA_FILE"] == "/var/run/paddlecloud/tokens/ca.crt"
-    assert not {"PADDLE_ETCD_USER", "PADDLE_ETCD_PASSWORD"} & set(_container_env(trainer))
+    assert not {"PADDLE_ETCD_USER", "PADDLE_ETCD_PASSWORD", "PADDLE_ETCD_PASSWORD_FILE"} & set(_container_env(trainer))
     assert _container_env(pserver)["PADDLE_ETCD_USER"]["secretKeyRef"]["optional"] is True
 
 

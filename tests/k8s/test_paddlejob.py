@@ -338,7 +338,12 @@ def test_an_entrypoint_only_image_runs_unchanged_with_paddlecloud_beside_it():
     assert sidecar["command"][:3] == ["paddlecloud", "pserver", "--"]
     assert sidecar["command"][3:] == ["python", "-m", "paddlecloud.k8s.portwatch", "--hold",
                                       "127.0.0.1:$(PADDLE_PORT)"]
-    assert sidecar["env"] == ps["containers"][0]["env"]  # the agent claims the same slot
+    # the agent claims the same slot; it alone gets the job's etcd credentials
+    main_env = ps["containers"][0]["env"]
+    assert sidecar["env"][:len(main_env)] == main_env
+    assert {"PADDLE_ETCD_USER", "PADDLE_ETCD_PASSWORD_FILE"} <= set(env_of(sidecar))
+    assert not {n for n in ps_env if n.startswith("PADDLE_ETCD_") and n != "PADDLE_ETCD_ENDPOINTS"}
+    assert not any(m["name"].startswith("etcd-") for m in ps["containers"][0].get("volumeMounts") or [])
     for doc in (manifests.pserver_statefulset(spec, None), manifests.trainer_job(spec, None)):
         check(doc, SIDECAR_VERSIONS)
         assert doc["spec"]["template"]["spec"]["automountServiceAccountToken"] is False

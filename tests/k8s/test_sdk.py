@@ -159,7 +159,9 @@ async def test_job_submit_with_server_creates_what_job_submit_creates(k8s, job_s
                             ("services", "ctr-master"), ("serviceaccounts", "ctr-master"),
                             ("roles", "ctr-master"), ("rolebindings", "ctr-master"),
                             ("secrets", "ctr-tokens"),
-                            ("networkpolicies", "ctr-internal"), ("networkpolicies", "ctr-master")]
+                            ("networkpolicies", "ctr-internal"), ("networkpolicies", "ctr-master"),
+                            ("networkpolicies", "ctr-egress"), ("networkpolicies", "ctr-master-egress"),
+                            ("networkpolicies", "ctr-ps-egress")]
 
     refused = await asyncio.to_thread(runner.invoke, job_cli, [
         "submit", "other", "--module", "m", "--data-volume", "c:/d", "--server", job_server,
