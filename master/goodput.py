@@ -53,7 +53,7 @@ LOST_CAUSES = ("startup", "restart", "starting", "checkpoint", "data_wait", "str
                "recomputed", "failover")
 CAUSES = (PRODUCTIVE, *LOST_CAUSES)
 SAMPLE_EVERY = 1.0
-PERSIST_EVERY = 2.0
+PERSIST_EVERY = 5.0
 
 
 def base_id(trainer: str) -> str:

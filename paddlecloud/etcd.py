@@ -124,16 +124,20 @@ PLAINTEXT_PASSWORD_ENV = "PADDLE_ETCD_ALLOW_PLAINTEXT_PASSWORD"  # "1": send a p
 
 
 def refuse_plaintext_password(endpoints: str, credentials: EtcdCredentials,
-                              env: Mapping[str, str] | None = None) -> None:
+                              env: Mapping[str, str] | None = None, *, root: bool = False) -> None:
     """Raises EtcdAuthError when `credentials` hold a password and `endpoints` are plaintext
-    (`http://`), unless PADDLE_ETCD_ALLOW_PLAINTEXT_PASSWORD=1 in `env` (the process's)."""
+    (`http://`), unless PADDLE_ETCD_ALLOW_PLAINTEXT_PASSWORD=1 in `env` (the process's).
+    `root`: the credentials manage etcd's users (paddlecloud.etcd_users): no opt-in, since a
+    job's endpoints may come from its submitter."""
     env = os.environ if env is None else env
-    if not credentials.user or uses_tls(endpoints) or env.get(PLAINTEXT_PASSWORD_ENV) == "1":
+    allowed = not root and env.get(PLAINTEXT_PASSWORD_ENV) == "1"
+    if not credentials.user or uses_tls(endpoints) or allowed:
         return
-    raise EtcdAuthError(
-        f"refusing to send the password of etcd user {credentials.user[:64]!r} in plaintext to "
-        f"{endpoints[:200]}: use https:// endpoints (PADDLE_ETCD_CA_FILE), or set "
-        f"{PLAINTEXT_PASSWORD_ENV}=1 where that link is trusted (a loopback etcd)")
+    fix = ("use the cluster's https:// etcd endpoints (root's password never goes in plaintext)"
+           if root else f"use https:// endpoints (PADDLE_ETCD_CA_FILE), or set "
+           f"{PLAINTEXT_PASSWORD_ENV}=1 where that link is trusted (a loopback etcd)")
+    raise EtcdAuthError(f"refusing to send the password of etcd user {credentials.user[:64]!r} "
+                        f"in plaintext to {endpoints[:200]}: {fix}")
 
 
 INVALID_TOKEN = "invalid auth token"  # etcd's answer to an expired (or revoked) auth token

@@ -31,7 +31,12 @@ from typing import Any
 import grpc
 from aetcd import rpc
 
-from paddlecloud.etcd import EtcdAuthError, EtcdCredentials, connect, uses_tls
+from paddlecloud.etcd import (
+    EtcdAuthError,
+    EtcdCredentials,
+    connect,
+    refuse_plaintext_password,
+)
 from paddlecloud.keys import JobKeys, prefix_range_end
 
 logger = logging.getLogger(__name__)
@@ -102,10 +107,7 @@ def _only_over_tls(endpoints: str, creds: EtcdCredentials) -> None:
     """The creator's etcd credentials are root's: they go to `https://` endpoints only (a
     job's endpoints may come from its submitter: plain text would hand root to whoever
     listens there)."""
-    if not uses_tls(endpoints):
-        raise EtcdAuthError(f"etcd user {creds.user}'s credentials go only over TLS, and "
-                            f"{endpoints[:100]!r} is not https://: use the cluster's https:// "
-                            "etcd endpoints")
+    refuse_plaintext_password(endpoints, creds, root=True)
 
 
 async def provision_job_user(endpoints: str, *, namespace: str, job: str, timeout: float,

@@ -263,7 +263,10 @@ async def test_a_master_keeps_serving_past_the_auth_token_ttl(tmp_path, job_name
                                                                epoch=0, attempt=task.attempt))
                     assert reply.result == pb.ACCEPTED, turn
                     if turn == 0:
-                        await asyncio.sleep(3.5)  # the stimulus: longer than the token TTL
+                        # the stimulus: longer than the token TTL, and than the master's goodput
+                        # writes (master.goodput.PERSIST_EVERY, 5 s) are apart, so that the token
+                        # lies unused for a whole TTL between two of them
+                        await asyncio.sleep(5.5)
             log = await asyncio.to_thread(Path(etcd.log_path).read_text)
             assert "invalid auth token" in log  # the first token did expire
             assert proc.process.poll() is None, proc.log()

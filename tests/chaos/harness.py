@@ -51,7 +51,7 @@ per epoch (0 lost, 0 double-counted), no epoch skipped, the job ended Succeeded.
 job's goodput (master.goodput, as its last master wrote it to etcd): productive + lost
 trainer-seconds against the harness's own count of the desired trainers x wall time from
 the first leader to the job's end, within 10% + 6 s per trainer slot (a sample is 1 s, the
-figures reach etcd every 2 s, and the harness samples the desired size every half second).
+figures reach etcd every 5 s, and the harness samples the desired size every half second).
 One line per run says it all.
 
 Reproduce a run: `python -m tests.chaos.harness --seed 7` (add `--faults 12 --epochs 5`
