@@ -33,6 +33,7 @@ from paddlecloud.jobspec import (
     DATA_FORMATS,
     DEFAULT_ETCD_ENDPOINTS,
     DEFAULT_IMAGE,
+    DEFAULT_RUN_AS_USER,
     DataVolume,
     JobSpec,
     JobSpecError,
@@ -158,7 +159,9 @@ def build_spec(*, name: str | None, paddlejob: str | None, package: Mapping[str,
         "namespace": options["namespace"],
         "data_format": options["data_format"],
         "chunk_bytes": chunk_bytes(options["chunk_bytes"]) if options["chunk_bytes"] else None,
-        "no_agent": options["no_agent"] or None,
+        "paddlecloud_image": options.get("paddlecloud_image"),
+        "security_profile": "restricted" if options.get("restricted") else None,
+        "run_as_user": options.get("run_as_user"),
         "secret_env": parse_secret_env(options["secret_env"]) or None,
         "allow_privileged": options["allow_privileged"] or None,
     }
@@ -231,7 +234,10 @@ def _with_checkpoint_every(options: dict[str, Any]) -> dict[str, Any]:
 @click.option("--min-trainers", type=int, help="Elastic: the fewest trainers `job scale` may set  [default: --trainers]")
 @click.option("--max-trainers", type=int, help="Elastic: the most trainers  [default: --trainers]")
 @click.option("--pservers", type=int, help="Number of pservers (0: collective)  [default: 0]")
-@click.option("--image", help=f"The paddlecloud image  [default: {DEFAULT_IMAGE}]")
+@click.option("--image", help="The image --module runs in, as `python -m MODULE` (it need not hold "
+                              f"paddlecloud)  [default: {DEFAULT_IMAGE}]")
+@click.option("--paddlecloud-image", help="paddlecloud's image, for its containers beside the "
+                                          f"programs  [default: {DEFAULT_IMAGE}]")
 @click.option("--trainer-cpu", help="CPU per trainer, e.g. 4 or 500m  [default: 1]")
 @click.option("--trainer-memory", help="Memory per trainer, e.g. 8Gi  [default: 2Gi]")
 @click.option("--trainer-gpu", type=int, help="GPUs per trainer  [default: 0]")
@@ -262,8 +268,11 @@ def _with_checkpoint_every(options: dict[str, Any]) -> dict[str, Any]:
               help="Input format: lines (csv, tsv, jsonl, text) or file  [default: lines]")
 @click.option("--chunk-bytes", metavar="SIZE",
               help="Size of a data chunk, e.g. 64MiB or 1GiB  [default: 64MiB]")
-@click.option("--no-agent", is_flag=True, default=False,
-              help="Run every role's image entrypoint unchanged (paddlecloud runs beside it).")
+@click.option("--restricted", is_flag=True, default=False,
+              help="Run the programs under the restricted Pod Security Standard: as --run-as-user, "
+                   "never root (the image must allow it). Default: as the image's user.")
+@click.option("--run-as-user", type=int, metavar="UID",
+              help=f"The uid of --restricted  [default: {DEFAULT_RUN_AS_USER}]")
 @click.option("--dry-run", is_flag=True, help="Print the manifests as a YAML stream; touch nothing.")
 @click.option("--server", metavar="URL", help="Submit through this Job Server (no kubeconfig needed).")
 @click.option("--token", envvar="PADDLE_JOB_TOKEN", help="The Job Server token [env: PADDLE_JOB_TOKEN]")

@@ -84,13 +84,60 @@ def to_dict(api: Any, obj: Any) -> dict[str, Any]:
     return obj if isinstance(obj, dict) else api.sanitize_for_serialization(obj)
 
 
+PSS_ENFORCE_LABEL = "pod-security.kubernetes.io/enforce"
+
+
+def may_run_as_root(spec: JobSpec) -> list[str]:
+    """The containers of the job's pods (`role/container`) that the restricted Pod Security
+    Standard refuses because nothing says they run as non-root."""
+    found = []
+    for obj in manifests.master_objects(spec, None):
+        if obj["kind"] not in ("StatefulSet", "Job"):
+            continue
+        pod = obj["spec"]["template"]["spec"]
+        pod_says = (pod.get("securityContext") or {}).get("runAsNonRoot")
+        for container in [*(pod.get("initContainers") or []), *pod["containers"]]:
+            if not (container.get("securityContext") or {}).get("runAsNonRoot", pod_says):
+                found.append(f"{obj['metadata']['labels'][manifests.ROLE_LABEL]}/{container['name']}")
+    return found
+
+
+def refuse_unrunnable(spec: JobSpec, namespace_labels: Mapping[str, str]) -> None:
+    """Raises `JobCreateError` when the namespace's Pod Security admission would refuse the
+    job's pods (every pod is created later, by the master: the job would hang, not fail)."""
+    if namespace_labels.get(PSS_ENFORCE_LABEL) != "restricted":
+        return
+    root = may_run_as_root(spec)
+    if root:
+        raise JobCreateError(
+            f"namespace {spec.namespace} enforces the restricted Pod Security Standard "
+            f"({PSS_ENFORCE_LABEL}=restricted), which refuses pods that may run as root, and "
+            f"{', '.join(root[:3])} run as their images' users: submit with --restricted "
+            "(PaddleJob spec.securityProfile: restricted; the image must work as --run-as-user), "
+            "or to a namespace that does not enforce it", status=422)
+
+
+def check_namespace(api: Any, spec: JobSpec, *, rights: str | None = None) -> None:
+    """`refuse_unrunnable` with the namespace's labels, where the caller may read them (a
+    Namespace is cluster-wide: a submitter with a namespaced Role alone may not)."""
+    from kubernetes import client
+
+    found = call(client.CoreV1Api(api).read_namespace, spec.namespace, verb="get",
+                 resource="namespaces", namespace=spec.namespace, name=spec.namespace,
+                 tolerate=(403, 404), rights=rights)
+    if found is not None:
+        refuse_unrunnable(spec, (to_dict(api, found).get("metadata") or {}).get("labels") or {})
+
+
 def create_job(api: Any, *, spec: JobSpec, objects: list[dict[str, Any]],
                rights: str | None = None) -> None:
-    """Creates the ConfigMaps, then the Deployment, then its Service; a name in use is refused."""
+    """Creates the ConfigMaps, then the Deployment, then its Service; a name in use is refused,
+    and so is a job whose pods the namespace's Pod Security admission would refuse."""
     from kubernetes import client
 
     from paddlecloud.tls import issue_master_certificate
 
+    check_namespace(api, spec, rights=rights)
     core, apps = client.CoreV1Api(api), client.AppsV1Api(api)
     ns = spec.namespace
     created: list[str] = []

@@ -53,7 +53,7 @@ def test_the_default_is_three_and_a_negative_limit_is_refused_naming_it():
 def test_submit_s_flag_and_a_paddlejob_s_field_set_it():
     options = {k: None for k in ("image", "module", "package_path", "output", "etcd_endpoints", "epochs",
                                  "data_volume", "clean_pod_policy", "namespace", "data_format",
-                                 "chunk_bytes", "no_agent", "trainers", "min_trainers", "max_trainers",
+                                 "chunk_bytes", "trainers", "min_trainers", "max_trainers",
                                  "pservers", "trainer_cpu", "trainer_memory", "trainer_gpu",
                                  "pserver_cpu", "pserver_memory")}
     options.update(inputs=(), env=(), secret_env=(), allow_privileged=False, module="ctr.train",
