@@ -314,6 +314,18 @@ class Node:
         return args
 
     # ---- what ran --------------------------------------------------------------------------------
+    def failed(self, pods: list[Pod]) -> str:
+        """The log of the first container of `pods` that exited non-zero and would not be restarted
+        to succeed here (a program's, or a sidecar's), "" when none did."""
+        for pod in pods:
+            for name in list(pod.started):
+                state = containers.run_engine("inspect", "--format", "{{.State.Status}} {{.State.ExitCode}}",
+                                              name, timeout=60, check=False).stdout.split()
+                if len(state) == 2 and state[0] == "exited" and state[1] != "0":
+                    log = containers.run_engine("logs", name, timeout=60, check=False)
+                    return f"{name} exited {state[1]}:\n{log.stdout[-2000:]}{log.stderr[-3000:]}"
+        return ""
+
     def wait_exit(self, pod: Pod, container: str, *, timeout: float) -> int:
         name = pod.container_name(container)
         result = containers.run_engine("wait", name, timeout=timeout, check=False)

@@ -21,6 +21,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pod_runner
@@ -215,13 +216,16 @@ def run_job(example: str, *, paddlecloud_image: str, tmp_path: Path) -> dict[str
 
 
 def collect(node: pod_runner.Node, pods: list[pod_runner.Pod], threads: list, tmp_path: Path) -> dict[str, dict]:
-    reports: dict[str, dict] = {}
-    for pod, thread in zip(pods, threads, strict=True):
-        thread.join(timeout=STARTED)
-        assert not thread.is_alive(), f"pod {pod.name} did not start in {STARTED}s: " + (
-            tmp_path / "master.log").read_text(errors="replace")[-2000:]
+    deadline = time.monotonic() + STARTED
+    while alive := [t for t in threads if t.is_alive()]:  # every pod started, or one failed
+        failed = node.failed(pods)
+        assert not failed, failed
+        assert time.monotonic() < deadline, f"pods not started in {STARTED}s: {[t.name for t in alive]}"
+        alive[0].join(timeout=1)
+    for pod in pods:
         if pod.error is not None:
             raise pod.error
+    reports: dict[str, dict] = {}
     for pod in pods:
         role = pod.labels[manifests.ROLE_LABEL]
         main = pod.spec["containers"][0]["name"]
