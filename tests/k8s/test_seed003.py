@@ -138,10 +138,7 @@ def test_no_agent_is_refused_saying_it_is_not_needed():
 
 # ---- where the job goes -----------------------------------------------------------------------
 def _namespace(k8s, name: str, labels: dict[str, str]) -> None:
-    """A Namespace the API server serves. kmock 0.8 takes `GET /api/v1/namespaces/NAME` for a
-    namespace's root, not for the Namespace object: the test answers that path itself."""
-    k8s.kmock[f"GET /api/v1/namespaces/{name}"] << {
-        "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}}
+    k8s.namespace_labels[name] = labels
 
 
 async def _submit(kubeconfig: str, *args: str):
