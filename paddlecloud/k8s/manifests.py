@@ -22,19 +22,22 @@ runs the pods on the node's network on a port pair chosen per job (`paddle_port`
 and declared as host ports, so the scheduler never puts two pods that want one
 port on one node.
 
-Two ways to run a role's container. With the agent (a `command:` given, or
---module): `paddlecloud pserver|trainer -- <cmd>`, the image must hold paddlecloud.
-Without (no `command:`, or `no_agent`): the image's own entrypoint runs unchanged
-with the environment PaddlePaddle reads, and paddlecloud's part runs beside it
-from the paddlecloud image: trainers and heter trainers get an init container
-that waits until every pserver listens (start order); pservers get a native
-sidecar (a `restartPolicy: Always` init container, Kubernetes >= 1.29) running the
-pserver agent, which claims the pod's slot and registers it in etcd, and holds it
-while the pserver listens.
+Users' containers run as written (DESIGN.md section 12): a PaddleJob template's
+image, command, args, workingDir and user are kept; `--module` runs `python -m MODULE`
+in the job's image. paddlecloud never wraps them and never needs to be in their image:
+its own part runs beside them in containers of `spec.paddlecloud_image` and reaches the
+program only through env (all static: endpoints are DNS names, PADDLE_TRAINER_ID the
+Indexed Job's completion index by the downward API) and the tokens volume. Trainers and
+heter trainers get init containers that wait until the master serves and every pserver
+registered (`paddlecloud trainer` without a program), then until every pserver listens;
+pservers get a native sidecar (a `restartPolicy: Always` init container, Kubernetes >=
+1.29) running the pserver agent, which claims the pod's slot and registers it in etcd,
+and holds it while the pserver listens. Users' pods keep their image's user unless the
+job asks for the restricted profile (`harden_user_pod`); paddlecloud's containers are
+restricted always.
 
 What this does NOT guarantee: that the API server accepts a user's raw pod
-template from a PaddleJob (it is merged, not validated, here), nor that an image
-run with the agent holds `paddlecloud`.
+template from a PaddleJob (it is merged, not validated, here).
 """
 
 from __future__ import annotations
