@@ -474,6 +474,8 @@ def paddlejob_document(spec: JobSpec) -> dict[str, Any]:
         body["input"] = list(spec.inputs)
     if spec.output:
         body["output"] = spec.output
+    if spec.security_profile != "default":
+        body.update(securityProfile=spec.security_profile, runAsUser=spec.run_as_user)
     return {"apiVersion": PADDLEJOB_API_VERSION, "kind": PADDLEJOB_KIND,
             "metadata": {"name": spec.name, "namespace": spec.namespace,
                          "labels": {manifests.APP_LABEL: manifests.APP_NAME,
@@ -488,8 +490,10 @@ def _custom(api: Any) -> Any:
 
 
 def create_paddlejob(api: Any, *, spec: JobSpec, rights: str | None = None) -> None:
-    """Creates the job's PaddleJob; the operator creates its master. A name in use is refused."""
+    """Creates the job's PaddleJob; the operator creates its master. A name in use is refused,
+    and so is a job whose pods the namespace's Pod Security admission would refuse."""
     doc = paddlejob_document(spec)
+    check_namespace(api, spec, rights=rights)
     made = call(_custom(api).create_namespaced_custom_object, PADDLEJOB_GROUP, PADDLEJOB_VERSION,
                 spec.namespace, PADDLEJOB_PLURAL, doc, verb="create", resource=PADDLEJOB_PLURAL,
                 namespace=spec.namespace, name=spec.name, tolerate=(409,), rights=rights)

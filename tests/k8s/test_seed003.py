@@ -164,3 +164,11 @@ async def test_a_namespace_without_the_restricted_label_takes_the_job(k8s, kubec
     _namespace(k8s, "open", {"pod-security.kubernetes.io/enforce": "baseline"})
     accepted = await _submit(kubeconfig, "--namespace", "open")
     assert accepted.exit_code == 0, accepted.output
+
+
+def test_a_restricted_job_keeps_its_profile_through_the_operator_s_paddlejob():
+    from paddlecloud.k8s.jobs import paddlejob_document
+
+    spec = JobSpec(name="r", module="m.train", security_profile="restricted", run_as_user=3000).validate()
+    back = translate(paddlejob_document(spec)).validate()
+    assert (back.security_profile, back.run_as_user) == ("restricted", 3000)
