@@ -220,21 +220,17 @@ class Node:
              claims: Mapping[str, Path]) -> None:
         self._pod_create(pod.name, ip=pod.ip, hosts=hosts, hostname=pod.hostname)
         volumes = self._volumes(pod, secrets=secrets, claims=claims)
-        for container in pod.spec.get("initContainers") or []:
-            detached = container.get("restartPolicy") == "Always"
+        # init containers in order, each to its end (a native sidecar only started), then the rest
+        steps = [(c, c.get("restartPolicy") == "Always") for c in pod.spec.get("initContainers") or []]
+        steps += [(c, True) for c in pod.spec["containers"]]
+        for container, detached in steps:
             result = containers.run_engine(*self._run_args(pod, container, volumes, secrets, detached=detached),
                                            timeout=RUN_TIMEOUT, check=False)
             pod.started.append(pod.container_name(container["name"]))
             if result.returncode != 0:
-                raise PodFailed(f"pod {pod.name}: init container {container['name']} exited "
-                                f"{result.returncode}:\n{result.stdout[-2000:]}\n{result.stderr[-3000:]}")
-        for container in pod.spec["containers"]:
-            result = containers.run_engine(*self._run_args(pod, container, volumes, secrets, detached=True),
-                                           timeout=RUN_TIMEOUT, check=False)
-            pod.started.append(pod.container_name(container["name"]))
-            if result.returncode != 0:
-                raise PodFailed(f"pod {pod.name}: container {container['name']} did not start "
-                                f"({result.returncode}):\n{result.stderr[-3000:]}")
+                raise PodFailed(f"pod {pod.name}: container {container['name']} "
+                                f"{'did not start' if detached else 'exited'} ({result.returncode}):\n"
+                                f"{result.stdout[-2000:]}\n{result.stderr[-3000:]}")
 
     def _volumes(self, pod: Pod, *, secrets: Mapping[str, Mapping[str, bytes]],
                  claims: Mapping[str, Path]) -> dict[str, tuple[str, str]]:
