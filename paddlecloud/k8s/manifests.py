@@ -496,16 +496,6 @@ def pod_security() -> dict[str, Any]:
             "fsGroup": RUN_AS_USER, "seccompProfile": {"type": "RuntimeDefault"}}
 
 
-def harden_pod(pod: dict[str, Any]) -> None:
-    """Fill in the restricted profile wherever a pod of paddlecloud's own left it unset."""
-    for key, value in pod_security().items():
-        pod.setdefault("securityContext", {}).setdefault(key, value)
-    for container in [*(pod.get("initContainers") or []), *pod.get("containers", [])]:
-        context = container.setdefault("securityContext", {})
-        for key, value in container_security().items():
-            context.setdefault(key, value)
-
-
 def helper_security() -> dict[str, Any]:
     """paddlecloud's own containers in a user's pod: restricted on their own, whatever the
     pod's user is (the image's user, docs/kubernetes.md "Pod security")."""
@@ -641,6 +631,11 @@ def _pod_template(spec: JobSpec, role: str, *, template: Mapping[str, Any] | Non
     _add_port(container, name="paddle", port=port, host=host)
     if gets_gloo(spec, role):
         _add_port(container, name="gloo-http", port=gloo_port(spec), host=host)
+    taken = sorted({c.get("name") for c in [*(pod.get("initContainers") or []), *pod["containers"]]}
+                   & HELPERS)
+    if taken:
+        raise JobSpecError(f"{where} has a container named {taken[0]!r}, the name of one of "
+                           "paddlecloud's own containers in the pod: rename it")
     helpers = helper_containers(spec, role, env)
     pod["initContainers"] = [*helpers, *(pod.get("initContainers") or [])]
 

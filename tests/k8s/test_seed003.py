@@ -129,6 +129,13 @@ def test_the_restricted_profile_runs_the_programs_as_the_uid_the_job_names():
         translate(doc).validate()
 
 
+def test_a_template_container_named_as_paddlecloud_s_own_is_refused():
+    doc = yaml.safe_load((SEEDS / "example1_wide_and_deep.yaml").read_text())
+    doc["spec"]["worker"]["template"]["spec"]["initContainers"] = [{"name": "wait-master", "image": "x"}]
+    with pytest.raises(JobSpecError, match="spec.worker.template.spec has a container named 'wait-master'"):
+        manifests.master_objects(translate(doc).validate(), None)
+
+
 def test_no_agent_is_refused_saying_it_is_not_needed():
     doc = yaml.safe_load((SEEDS / "example1_wide_and_deep.yaml").read_text())
     doc["spec"]["noAgent"] = True
