@@ -184,7 +184,7 @@ class JobSpec:
         return {"pserver": self.pservers, "trainer": self.trainers, "heter": self.heters}[role]
 
     def written_scheduler(self, role: str) -> str:
-        """The scheduler a role's template names as written (else the job's --scheduler)."""
+        """The scheduler a role's template names as written (a role without one: `scheduler_name`)."""
         template = self.template_of(role)
         if template is not None:
             return str((template.get("spec") or {}).get("schedulerName") or "")
