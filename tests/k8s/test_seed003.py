@@ -179,3 +179,14 @@ def test_a_restricted_job_keeps_its_profile_through_the_operator_s_paddlejob():
     spec = JobSpec(name="r", module="m.train", security_profile="restricted", run_as_user=3000).validate()
     back = translate(paddlejob_document(spec)).validate()
     assert (back.security_profile, back.run_as_user) == ("restricted", 3000)
+
+
+def test_the_operator_s_image_runs_paddlecloud_s_containers_beside_the_programs():
+    from pdj_operator.handlers import OperatorConfig, spec_of
+
+    doc = yaml.safe_load((SEEDS / "example1_wide_and_deep.yaml").read_text())
+    spec = spec_of(doc, OperatorConfig(image="reg/paddlecloud:7"))
+    for template in workloads(spec).values():
+        pod = template["spec"]
+        assert pod["containers"][0]["image"] == "registry.baidubce.com/paddle-operator/demo-wide-and-deep:v1"
+        assert {c["image"] for c in pod["initContainers"]} == {"reg/paddlecloud:7"}
