@@ -184,9 +184,9 @@ def start_master(spec: JobSpec, secret: dict[str, bytes], *, address: str, etcd:
                          port=manifests.MASTER_PORT, advertise=f"{address}:{manifests.MASTER_PORT}",
                          tokens_dir=str(tokens), tls_cert=str(tokens / manifests.TLS_CERT_KEY),
                          tls_key=str(tokens / manifests.TLS_KEY_KEY))
-    log = open(tmp_path / "master.log", "wb")
-    return subprocess.Popen([sys.executable, "-m", "paddlecloud", "master", *flags], stdout=log,
-                            stderr=subprocess.STDOUT, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    with open(tmp_path / "master.log", "wb") as log:
+        return subprocess.Popen([sys.executable, "-m", "paddlecloud", "master", *flags], stdout=log,
+                                stderr=subprocess.STDOUT, env=dict(os.environ, PYTHONUNBUFFERED="1"))
 
 
 def run_job(example: str, *, paddlecloud_image: str, tmp_path: Path) -> dict[str, dict]:
