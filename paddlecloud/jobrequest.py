@@ -33,7 +33,7 @@ class TrainerJob:
     """One job as the Python API and the Job Server take it (PaddlePaddle cloud's names)."""
 
     job_name: str = field(metadata=_doc("The job's name (a DNS-1035 label, at most 40 characters)."))
-    module: str = field(metadata=_doc("Trainers (and pservers) run `python -m MODULE`."))
+    module: str = field(metadata=_doc("Trainers (and pservers) run `python3 -m MODULE`."))
     trainer_package: str = field(default="", metadata=_doc(
         "The package: its digest from POST /v1/package (server) or a local directory (Python API)."))
     input: tuple[str, ...] = field(default=(), metadata=_doc(

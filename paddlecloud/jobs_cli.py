@@ -226,7 +226,7 @@ def _with_checkpoint_every(options: dict[str, Any]) -> dict[str, Any]:
               help="A paddle-operator PaddleJob YAML (batch.paddlepaddle.org/v1).")
 @click.option("--package-path", type=click.Path(exists=True, file_okay=False),
               help="Directory of your code, shipped in a ConfigMap (< 1 MiB) and put on PYTHONPATH.")
-@click.option("--module", help="Trainers (and pservers) run `python -m MODULE`.")
+@click.option("--module", help="Trainers (and pservers) run `python3 -m MODULE`.")
 @click.option("--input", "inputs", multiple=True,
               help="Input path or glob inside the pods, or a URL (repeatable).")
 @click.option("--output", help="Where trainers write models (PADDLECLOUD_OUTPUT).")
@@ -234,7 +234,7 @@ def _with_checkpoint_every(options: dict[str, Any]) -> dict[str, Any]:
 @click.option("--min-trainers", type=int, help="Elastic: the fewest trainers `job scale` may set  [default: --trainers]")
 @click.option("--max-trainers", type=int, help="Elastic: the most trainers  [default: --trainers]")
 @click.option("--pservers", type=int, help="Number of pservers (0: collective)  [default: 0]")
-@click.option("--image", help="The image --module runs in, as `python -m MODULE` (it need not hold "
+@click.option("--image", help="The image --module runs in, as `python3 -m MODULE` (it need not hold "
                               f"paddlecloud)  [default: {DEFAULT_IMAGE}]")
 @click.option("--paddlecloud-image", help="paddlecloud's image, for its containers beside the "
                                           f"programs  [default: {DEFAULT_IMAGE}]")

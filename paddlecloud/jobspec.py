@@ -126,7 +126,7 @@ class JobSpec:
     namespace: str = "default"
     image: str = DEFAULT_IMAGE  # where --module runs (PaddleJob templates name their own)
     paddlecloud_image: str = DEFAULT_IMAGE  # paddlecloud's init containers and sidecars
-    module: str = ""  # `python -m MODULE` is what every trainer (and pserver) runs
+    module: str = ""  # `python3 -m MODULE` is what every trainer (and pserver) runs
     package_path: str = ""  # the local directory shipped in the package ConfigMap
     package_files: tuple[str, ...] = ()  # its files, relative to package_path
     inputs: tuple[str, ...] = ()
@@ -289,7 +289,7 @@ class JobSpec:
             )
         if self.worker_template is None and not self.module:
             raise JobSpecError(
-                "no trainer program: give --module (run as `python -m MODULE`) or a PaddleJob "
+                "no trainer program: give --module (run as `python3 -m MODULE`) or a PaddleJob "
                 "with spec.worker.template (-f job.yaml)"
             )
         if self.heters and self.heter_template is None:

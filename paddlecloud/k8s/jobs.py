@@ -445,7 +445,7 @@ PADDLEJOB_PLURAL = "paddlejobs"
 
 def paddlejob_document(spec: JobSpec) -> dict[str, Any]:
     """The PaddleJob of a spec whose package is in its image (no package ConfigMap): each
-    role a pod template running `python -m MODULE` with the spec's image, resources and
+    role a pod template running `python3 -m MODULE` with the spec's image, resources and
     env, which the operator's translation (`paddlecloud.paddlejob.translate`) reads back."""
     if spec.package_files:
         raise JobSpecError("a PaddleJob cannot carry a package ConfigMap: build the image first")
@@ -455,7 +455,7 @@ def paddlejob_document(spec: JobSpec) -> dict[str, Any]:
                                      "limits": {"memory": memory}}
         if gpu:
             resources["limits"]["nvidia.com/gpu"] = str(gpu)
-        container = {"name": name, "image": spec.image, "command": ["python", "-m", spec.module],
+        container = {"name": name, "image": spec.image, "command": manifests.module_command(spec),
                      "resources": resources}
         if spec.env:
             container["env"] = [{"name": k, "value": v} for k, v in spec.env]

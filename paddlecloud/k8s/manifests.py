@@ -23,7 +23,7 @@ and declared as host ports, so the scheduler never puts two pods that want one
 port on one node.
 
 Users' containers run as written (DESIGN.md section 12): a PaddleJob template's
-image, command, args, workingDir and user are kept; `--module` runs `python -m MODULE`
+image, command, args, workingDir and user are kept; `--module` runs `python3 -m MODULE`
 in the job's image. paddlecloud never wraps them and never needs to be in their image:
 its own part runs beside them in containers of `spec.paddlecloud_image` and reaches the
 program only through env (all static: endpoints are DNS names, PADDLE_TRAINER_ID the
@@ -542,10 +542,18 @@ def _wants_gpu(container: Mapping[str, Any]) -> bool:
     return any("nvidia.com/gpu" in (resources.get(k) or {}) for k in ("limits", "requests"))
 
 
-PORTWATCH = ["python3", "-m", "paddlecloud.k8s.portwatch"]
+# `python3`, not `python`: every Python image has it (Debian's and Ubuntu's have no `python`
+# unless python-is-python3 is installed, as paddle-operator's tutorial images are built)
+PYTHON = "python3"
+PORTWATCH = [PYTHON, "-m", "paddlecloud.k8s.portwatch"]
 HELPER_RESOURCES = {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}}
 WAIT_MASTER, WAIT_PSERVERS, PSERVER_AGENT = "wait-master", "wait-pservers", "paddlecloud-agent"
 HELPERS = {WAIT_MASTER, WAIT_PSERVERS, PSERVER_AGENT}
+
+
+def module_command(spec: JobSpec) -> list[str]:
+    """`python3 -m MODULE`: what --module runs in the job's image."""
+    return [PYTHON, "-m", spec.module]
 
 
 def _helper(spec: JobSpec, name: str, command: list[str], env: list[dict[str, Any]]) -> dict[str, Any]:
@@ -616,14 +624,14 @@ def _pod_template(spec: JobSpec, role: str, *, template: Mapping[str, Any] | Non
     if template is not None:
         container = pod["containers"][0]
         if spec.module and not container.get("command"):  # -f with --module: it fills the gap
-            container["command"] = ["python", "-m", spec.module]
+            container["command"] = module_command(spec)
     else:
         if role == PSERVER:
             resources = _resources(spec.pserver_cpu, spec.pserver_memory, 0)
         else:
             resources = _resources(spec.trainer_cpu, spec.trainer_memory, spec.trainer_gpu)
         # the module runs in the job's image as written: it need not hold paddlecloud
-        container = {"name": role, "image": spec.image, "command": ["python", "-m", spec.module],
+        container = {"name": role, "image": spec.image, "command": module_command(spec),
                      "resources": resources}
         pod["containers"] = [container]
     container["env"] = _merge_env(where=where, ours=env, theirs=container.get("env") or [])

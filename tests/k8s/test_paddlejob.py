@@ -361,7 +361,7 @@ def test_a_templates_command_runs_as_written_and_the_module_in_the_job_s_image()
         assert {c["image"] for c in pod["initContainers"]} == {"reg/pc:1"}
     flags = JobSpec(name="f", module="m.train", image="user/img:2", pservers=1).validate()
     pod = manifests.trainer_job(flags, None)["spec"]["template"]["spec"]
-    assert pod["containers"][0]["command"] == ["python", "-m", "m.train"]
+    assert pod["containers"][0]["command"] == ["python3", "-m", "m.train"]
     assert pod["containers"][0]["image"] == "user/img:2"
     assert [c["name"] for c in pod["initContainers"]] == ["wait-master", "wait-pservers"]
 
@@ -410,8 +410,8 @@ def test_submit_runs_the_module_bare_with_paddlecloud_beside_it():
     assert result.exit_code == 0, result.output
     docs = list(yaml.safe_load_all(result.output))
     pods = {d["kind"]: d["spec"]["template"]["spec"] for d in docs if d["kind"] in ("Job", "StatefulSet")}
-    assert pods["Job"]["containers"][0]["command"] == ["python", "-m", "m.train"]
-    assert pods["StatefulSet"]["containers"][0]["command"] == ["python", "-m", "m.train"]
+    assert pods["Job"]["containers"][0]["command"] == ["python3", "-m", "m.train"]
+    assert pods["StatefulSet"]["containers"][0]["command"] == ["python3", "-m", "m.train"]
     assert [c["name"] for c in pods["Job"]["initContainers"]] == ["wait-master", "wait-pservers"]
     assert [c["name"] for c in pods["StatefulSet"]["initContainers"]] == ["paddlecloud-agent"]
     for pod in pods.values():

@@ -1,5 +1,6 @@
-"""paddle-operator's tutorial (seed 003), Examples 1-4 verbatim: the pods `job submit -f` renders
-run on a real container engine, on images shaped like the tutorial's, and do their work.
+"""paddle-operator's tutorial (seed 003), Examples 1-4 verbatim, and a `--module` job: the pods
+`job submit` renders run on a real container engine, on images shaped like the tutorial's, and
+do their work.
 
 The images are built as the tutorial builds them (as root, the program in its WORKDIR, an
 ENTRYPOINT or a CMD, no paddlecloud inside) and tagged with the tutorial's names, so the YAML
@@ -147,10 +148,10 @@ def paddlecloud_image() -> str:
     return image
 
 
-def render(example: Path, *, etcd: str, paddlecloud_image: str) -> list[dict]:
-    """What `paddlecloud job submit -f EXAMPLE` creates and what the job's master creates."""
+def render(submit: list[str], *, etcd: str, paddlecloud_image: str) -> list[dict]:
+    """What `paddlecloud job submit SUBMIT...` creates and what the job's master creates."""
     result = subprocess.run(
-        [sys.executable, "-m", "paddlecloud", "job", "submit", "-f", str(example), "--dry-run",
+        [sys.executable, "-m", "paddlecloud", "job", "submit", *submit, "--dry-run",
          "--etcd-endpoints", etcd, "--paddlecloud-image", paddlecloud_image],
         capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
@@ -189,13 +190,14 @@ def start_master(spec: JobSpec, secret: dict[str, bytes], *, address: str, etcd:
                                 stderr=subprocess.STDOUT, env=dict(os.environ, PYTHONUNBUFFERED="1"))
 
 
-def run_job(example: str, *, paddlecloud_image: str, tmp_path: Path) -> dict[str, dict]:
-    """Runs the example's pods to the trainers' end; returns what each program reported, by pod."""
+def run_job(submit: list[str], *, paddlecloud_image: str, tmp_path: Path) -> dict[str, dict]:
+    """Runs the pods of `job submit SUBMIT...` to the trainers' end; returns what each program
+    reported, by pod."""
     with pod_runner.node(tmp_path) as node:
         etcd = start_etcd(node.gateway, tmp_path)
         master = None
         try:
-            docs = render(SEEDS / example, etcd=etcd.endpoint.replace("127.0.0.1", node.gateway),
+            docs = render(submit, etcd=etcd.endpoint.replace("127.0.0.1", node.gateway),
                           paddlecloud_image=paddlecloud_image)
             configmap = next(d for d in docs if d["kind"] == "ConfigMap")
             spec = JobSpec.from_yaml(configmap["data"][manifests.SPEC_KEY])
@@ -245,7 +247,8 @@ def report_files(reports: dict[str, dict]) -> list[dict]:
 @pytest.mark.parametrize("example", ["example1_wide_and_deep.yaml", "example3_wide_and_deep_gpu.yaml",
                                      "example4_wide_and_deep_volcano.yaml"])
 def test_a_ps_example_runs_as_written_as_root_in_its_workdir(example, paddlecloud_image, tmp_path):
-    reports = run_job(example, paddlecloud_image=paddlecloud_image, tmp_path=tmp_path)
+    reports = run_job(["-f", str(SEEDS / example)], paddlecloud_image=paddlecloud_image,
+                      tmp_path=tmp_path)
     found = report_files(reports)
     pservers = sorted(r["index"] for r in found if r["role"] == "PSERVER")
     trainers = sorted(r["id"] for r in found if r["role"] == "TRAINER")
@@ -258,9 +261,22 @@ def test_a_ps_example_runs_as_written_as_root_in_its_workdir(example, paddleclou
 
 
 def test_example2_collective_runs_its_command_in_its_image(paddlecloud_image, tmp_path):
-    reports = run_job("example2_resnet.yaml", paddlecloud_image=paddlecloud_image, tmp_path=tmp_path)
+    reports = run_job(["-f", str(SEEDS / "example2_resnet.yaml")], paddlecloud_image=paddlecloud_image,
+                      tmp_path=tmp_path)
     found = report_files(reports)
     assert sorted(r["id"] for r in found) == [0, 1]
     for report in found:
         assert (report["uid"], report["cwd"]) == (0, "/resnet")
         assert report["met"] == [f"trainer {1 - report['id']}"]
+
+
+def test_module_runs_in_the_job_s_image_which_holds_no_paddlecloud(paddlecloud_image, tmp_path):
+    """`job submit --image IMG --module M`: `python3 -m M` in IMG (no `python`, no paddlecloud
+    there), as its own user, in its own WORKDIR."""
+    reports = run_job(["mod", "--image", WIDE_AND_DEEP, "--module", "train", "--pservers", "2",
+                       "--trainers", "2"], paddlecloud_image=paddlecloud_image, tmp_path=tmp_path)
+    found = report_files(reports)
+    assert sorted((r["role"], r.get("index", r.get("id"))) for r in found) == [
+        ("PSERVER", 0), ("PSERVER", 1), ("TRAINER", 0), ("TRAINER", 1)]
+    for report in found:
+        assert (report["uid"], report["cwd"]) == (0, "/wide_and_deep")
