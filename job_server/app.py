@@ -61,7 +61,7 @@ def create_app(config: ServerConfig, *, api_client: Any,
     app.state.config = config
     app.state.store = PackageStore(config.store)
     app.state.cluster = Cluster(api_client, build=config.build, paddlejobs=config.paddlejobs,
-                                master_image=config.master_image)
+                                paddlecloud_image=config.paddlecloud_image)
     app.state.master_pages = MasterPages(read_viewer_token=app.state.cluster.viewer_token,
                                          address=page_address)
     for router in (packages.router, jobs.router, version.router, pages.router, docs.router):

@@ -6,7 +6,7 @@ Submitting renders the job as `paddlecloud job submit` does
 built into a runtime image first (`build_image`, `paddlecloud.k8s.image_build`;
 skipped when the store recorded that image) and the pods run that image; without
 one, the package ships in a ConfigMap, as `job submit`'s does. The master runs the
-server's `master_image`, never the request's base image (issue 34).
+server's `paddlecloud_image`, never the request's base image (issue 34).
 With `paddlejobs: true` in the configuration (where the operator runs), a job with
 no package ConfigMap goes in as a PaddleJob, and the operator creates its master.
 The calls block: FastAPI runs the routes that use them in its thread pool.
@@ -37,9 +37,9 @@ class Cluster:
     """One API client, and the build settings (None: packages ship in ConfigMaps)."""
 
     def __init__(self, api: Any, *, build: image_build.BuildConfig | None,
-                 paddlejobs: bool = False, master_image: str = DEFAULT_IMAGE) -> None:
+                 paddlejobs: bool = False, paddlecloud_image: str = DEFAULT_IMAGE) -> None:
         self.api, self.build, self.paddlejobs = api, build, paddlejobs
-        self.master_image = master_image  # the server's, whatever a request's base_image
+        self.paddlecloud_image = paddlecloud_image  # the server's, whatever a request's base_image
 
     def build_image(self, tag: str, *, context: str) -> str:
         """Builds (or waits for the build Job of) image `tag`; returns its reference."""
@@ -53,7 +53,7 @@ class Cluster:
         the package `files` ship in a ConfigMap."""
         ship = files is not None and image is None
         spec = dataclasses.replace(job, namespace=namespace).to_spec(
-            image=image, master_image=self.master_image, package_path=f"package:{package_key[:12]}" if ship else "",
+            image=image, paddlecloud_image=self.paddlecloud_image, package_path=f"package:{package_key[:12]}" if ship else "",
             package_files=tuple(sorted(files)) if ship and files else ())
         objects = manifests.submit_objects(spec, files if ship else None)
         manifests.master_objects(spec, None)  # renders the pods now: template errors surface here

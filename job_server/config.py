@@ -59,7 +59,7 @@ class ServerConfig:
     paddlejobs: bool = False  # True where the operator runs: jobs go in as PaddleJobs
     # The masters' image: paddlecloud's, never a request's base_image (a master holds the
     # namespace's etcd and scaler credentials). The server's own image is the natural one.
-    master_image: str = DEFAULT_IMAGE
+    paddlecloud_image: str = DEFAULT_IMAGE
     # The etcd endpoints a job may name (the first: when it names none); any other is
     # refused, so a master holding etcd credentials never dials a submitter's address.
     etcd_endpoints: tuple[str, ...] = (DEFAULT_ETCD_ENDPOINTS,)
@@ -110,7 +110,7 @@ def load_config(path: str | None, *, tokens_file: str | None = None) -> ServerCo
         except (OSError, yaml.YAMLError) as error:
             raise ConfigError(f"cannot read the config file {path}: {error}") from None
     known = sorted({"store", "limits", "quotas", "build", "tokens_file", "paddlejobs",
-                    "master_image", "etcd_endpoints", "behind_tls_proxy"})
+                    "paddlecloud_image", "etcd_endpoints", "behind_tls_proxy"})
     unknown = sorted(set(raw) - set(known))
     if unknown:
         raise ConfigError(f"unknown config key {unknown[0]}: known are {', '.join(known)}")
@@ -122,7 +122,7 @@ def load_config(path: str | None, *, tokens_file: str | None = None) -> ServerCo
         quotas=_section(Quotas, raw.get("quotas"), key="quotas") or Quotas(),
         build=_section(BuildConfig, raw.get("build"), key="build"),
         paddlejobs=_flag(raw.get("paddlejobs", False), key="paddlejobs"),
-        master_image=_image(raw.get("master_image", DEFAULT_IMAGE), key="master_image"),
+        paddlecloud_image=_image(raw.get("paddlecloud_image", DEFAULT_IMAGE), key="paddlecloud_image"),
         etcd_endpoints=_endpoints(raw.get("etcd_endpoints", [DEFAULT_ETCD_ENDPOINTS]),
                                   key="etcd_endpoints"),
         behind_tls_proxy=_flag(raw.get("behind_tls_proxy", False), key="behind_tls_proxy"),

@@ -40,7 +40,7 @@ class TrainerJob:
     """One job as the Python API and the Job Server take it (PaddlePaddle cloud's names)."""
 
     job_name: str = field(metadata=_doc("The job's name (a DNS-1035 label, at most 40 characters)."))
-    module: str = field(metadata=_doc("Trainers (and pservers) run `python -m MODULE`."))
+    module: str = field(metadata=_doc("Trainers (and pservers) run `python3 -m MODULE`."))
     trainer_package: str = field(default="", metadata=_doc(
         "The package: its digest from POST /v1/package (server) or a local directory (Python API)."))
     input: tuple[str, ...] = field(default=(), metadata=_doc(
@@ -75,10 +75,10 @@ class TrainerJob:
     def gpus_per_trainer(self) -> int:
         return self.gpu_num if self.use_gpu else 0
 
-    def to_spec(self, *, image: str | None = None, master_image: str = DEFAULT_IMAGE,
+    def to_spec(self, *, image: str | None = None, paddlecloud_image: str = DEFAULT_IMAGE,
                 package_path: str = "", package_files: tuple[str, ...] = ()) -> JobSpec:
         """The validated `JobSpec`; raises `JobSpecError` naming the first bad value. The
-        master runs `master_image` (paddlecloud's), never `base_image` (the submitter's)."""
+        master runs `paddlecloud_image` (paddlecloud's), never `base_image` (the submitter's)."""
         if isinstance(self.cpu_num, bool) or not isinstance(self.cpu_num, int) or self.cpu_num < 1:
             raise JobSpecError(f"invalid cpu_num {self.cpu_num!r}: give a whole number >= 1")
         if self.use_gpu and (not isinstance(self.gpu_num, int) or self.gpu_num < 1):
@@ -87,7 +87,7 @@ class TrainerJob:
             raise JobSpecError(f"invalid input {self.input!r}: give a list of paths or URLs")
         spec = JobSpec(
             name=self.job_name, namespace=self.namespace or "default",
-            image=image or self.base_image, master_image=master_image, module=self.module,
+            image=image or self.base_image, paddlecloud_image=paddlecloud_image, module=self.module,
             package_path=package_path, package_files=package_files,
             inputs=tuple(self.input), output=self.output, trainers=self.trainers,
             pservers=self.pservers, min_trainers=self.min_trainers or None,

@@ -35,6 +35,7 @@ from paddlecloud.jobspec import (
     DATA_FORMATS,
     DEFAULT_ETCD_ENDPOINTS,
     DEFAULT_IMAGE,
+    DEFAULT_RUN_AS_USER,
     DataVolume,
     JobSpec,
     JobSpecError,
@@ -146,7 +147,6 @@ def build_spec(*, name: str | None, paddlejob: str | None, package: Mapping[str,
     data_volume = DataVolume.parse(options["data_volume"]) if options["data_volume"] else None
     common: dict[str, Any] = {
         "image": options["image"],
-        "master_image": options["master_image"],
         "module": options["module"],
         "package_path": str(Path(options["package_path"]).resolve()) if options["package_path"] else None,
         "package_files": tuple(sorted(package)) if package else None,
@@ -161,7 +161,9 @@ def build_spec(*, name: str | None, paddlejob: str | None, package: Mapping[str,
         "namespace": options["namespace"],
         "data_format": options["data_format"],
         "chunk_bytes": chunk_bytes(options["chunk_bytes"]) if options["chunk_bytes"] else None,
-        "no_agent": options["no_agent"] or None,
+        "paddlecloud_image": options["paddlecloud_image"],
+        "security_profile": "restricted" if options.get("restricted") else None,
+        "run_as_user": options.get("run_as_user"),
         "secret_env": parse_secret_env(options["secret_env"]) or None,
         "allow_privileged": options["allow_privileged"] or None,
     }
@@ -237,7 +239,7 @@ def _job_name_of(words: tuple[str, ...]) -> str | None:
               help="A paddle-operator PaddleJob YAML (batch.paddlepaddle.org/v1).")
 @click.option("--package-path", type=click.Path(exists=True, file_okay=False),
               help="Directory of your code, shipped in a ConfigMap (< 1 MiB) and put on PYTHONPATH.")
-@click.option("--module", help="Trainers (and pservers) run `python -m MODULE`.")
+@click.option("--module", help="Trainers (and pservers) run `python3 -m MODULE`.")
 @click.option("--input", "inputs", multiple=True,
               help="Input path or glob inside the pods, or a URL (repeatable; PADDLECLOUD_INPUT).")
 @click.option("--output", help="Where trainers write models (PADDLECLOUD_OUTPUT).")
@@ -245,9 +247,10 @@ def _job_name_of(words: tuple[str, ...]) -> str | None:
 @click.option("--min-trainers", type=POSITIVE, help="Elastic: the fewest trainers `job scale` may set  [default: --trainers]")
 @click.option("--max-trainers", type=POSITIVE, help="Elastic: the most trainers  [default: --trainers]")
 @click.option("--pservers", type=NON_NEGATIVE, help="Number of pservers (0: collective)  [default: 0]")
-@click.option("--image", help=f"The image of the trainers and pservers  [default: {DEFAULT_IMAGE}]")
-@click.option("--master-image", help="The master's image: paddlecloud's (deploy/Dockerfile), "
-              f"whatever --image is  [default: {DEFAULT_IMAGE}]")
+@click.option("--image", help="The image --module runs in, as `python3 -m MODULE` (it need not hold "
+                              f"paddlecloud)  [default: {DEFAULT_IMAGE}]")
+@click.option("--paddlecloud-image", help="paddlecloud's image: the master's, and its containers "
+                                          f"beside the programs  [default: {DEFAULT_IMAGE}]")
 @click.option("--trainer-cpu", help="CPU per trainer, e.g. 4 or 500m  [default: 1]")
 @click.option("--trainer-memory", help="Memory per trainer, e.g. 8Gi  [default: 2Gi]")
 @click.option("--trainer-gpu", type=NON_NEGATIVE, help="GPUs per trainer  [default: 0]")
@@ -279,12 +282,15 @@ def _job_name_of(words: tuple[str, ...]) -> str | None:
               help="Input format: lines (csv, tsv, jsonl, text) or file  [default: lines]")
 @click.option("--chunk-bytes", metavar="SIZE",
               help="Size of a data chunk, e.g. 64MiB or 1GiB  [default: 64MiB]")
-@click.option("--no-agent", is_flag=True, default=False,
-              help="Run every role's image entrypoint unchanged (paddlecloud runs beside it).")
 @click.option("--queue", metavar="NAME",
               help="Queue the job in Kueue's LocalQueue NAME: with -f, the PaddleJob is created "
                    "labelled kueue.x-k8s.io/queue-name for `paddlecloud operator` to run once "
                    "Kueue admits it (docs/kubernetes.md, Kueue).")
+@click.option("--restricted", is_flag=True, default=False,
+              help="Run the programs under the restricted Pod Security Standard: as --run-as-user, "
+                   "never root (the image must allow it). Default: as the image's user.")
+@click.option("--run-as-user", type=POSITIVE, metavar="UID",
+              help=f"The uid of --restricted  [default: {DEFAULT_RUN_AS_USER}]")
 @click.option("--dry-run", is_flag=True, help="Print the manifests as a YAML stream; touch nothing.")
 @click.option("--server", metavar="URL", help="Submit through this Job Server (no kubeconfig needed).")
 @click.option("--token", envvar="PADDLE_JOB_TOKEN", show_envvar=True, help="The Job Server token.")

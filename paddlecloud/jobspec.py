@@ -31,6 +31,11 @@ logger = logging.getLogger(__name__)
 
 SPEC_VERSION = 1
 DEFAULT_IMAGE = "paddlecloud/paddlecloud:0.1.0"
+# The pod security of users' containers (docs/kubernetes.md, "Pod security"): `default` keeps
+# the image's user and files (no escalation, no capabilities, the runtime's seccomp profile);
+# `restricted` adds the restricted Pod Security Standard's non-root user, `run_as_user`.
+SECURITY_PROFILES = ("default", "restricted")
+DEFAULT_RUN_AS_USER = 10001  # paddlecloud's own image's user (deploy/Dockerfile)
 DEFAULT_ETCD_ENDPOINTS = "https://paddlecloud-etcd:2379"  # the client Service of deploy/etcd.yaml
 MAX_NAME_LENGTH = 40  # pod names add suffixes such as "-trainer-12" and must stay within 63
 
@@ -113,17 +118,18 @@ class JobSpec:
     `min_trainers`/`max_trainers` are the trainer range (None: equal to `trainers`);
     the master keeps the size within it (`paddlecloud job scale`). `elastic` is
     paddle-operator's `spec.elastic` level, kept as given.
-    `no_agent`: every role runs its image's own entrypoint (see `manifests`).
+    Every user container runs as written (its image, command, args, working directory and
+    user); paddlecloud's part runs beside it in containers of `paddlecloud_image`.
     """
 
     name: str
     namespace: str = "default"
-    image: str = DEFAULT_IMAGE
-    # The master's image: paddlecloud's, never a submitter's (it holds the job's etcd and
-    # scaler credentials; issue 34). `job submit --master-image`, the Job Server's and the
-    # operator's configuration set it; `image` runs only in the roles' pods.
-    master_image: str = DEFAULT_IMAGE
-    module: str = ""  # `python -m MODULE` is what every trainer (and pserver) runs
+    image: str = DEFAULT_IMAGE  # where --module runs (PaddleJob templates name their own)
+    # paddlecloud's own image: the master and paddlecloud's init containers and sidecars;
+    # never a submitter's (the master holds the job's etcd and scaler credentials; issue 34).
+    # `job submit --paddlecloud-image`, the Job Server's and the operator's configuration set it.
+    paddlecloud_image: str = DEFAULT_IMAGE
+    module: str = ""  # `python3 -m MODULE` is what every trainer (and pserver) runs
     package_path: str = ""  # the local directory shipped in the package ConfigMap
     package_files: tuple[str, ...] = ()  # its files, relative to package_path
     inputs: tuple[str, ...] = ()
@@ -158,7 +164,8 @@ class JobSpec:
     elastic: int | None = None
     data_format: str = "lines"
     chunk_bytes: int = 0  # 0: the master's default (64 MiB)
-    no_agent: bool = False
+    security_profile: str = "default"  # SECURITY_PROFILES
+    run_as_user: int = DEFAULT_RUN_AS_USER  # the uid of the restricted profile
     restart_limit: int = 3  # group restarts after a lost trainer before the job fails
     # (NAME, SECRET, KEY): env from a Secret's key; only the reference is in the job spec
     secret_env: tuple[tuple[str, str, str], ...] = ()
@@ -183,12 +190,19 @@ class JobSpec:
     def replicas_of(self, role: str) -> int:
         return {"pserver": self.pservers, "trainer": self.trainers, "heter": self.heters}[role]
 
-    def scheduler_of(self, role: str) -> str:
-        """The scheduler of a role's pods: its template's, as written, else the job's."""
+    def written_scheduler(self, role: str) -> str:
+        """The scheduler a role's template names as written (a role without one: `scheduler_name`)."""
         template = self.template_of(role)
         if template is not None:
             return str((template.get("spec") or {}).get("schedulerName") or "")
         return self.scheduler_name
+
+    def scheduler_of(self, role: str) -> str:
+        """The scheduler of a role's pods. A job Volcano schedules (any role's template names
+        it) is one gang, as under paddle-operator: every role without a scheduler of its own
+        joins it (paddle-operator's Example 4 names volcano on the worker template only)."""
+        written = self.written_scheduler(role)
+        return written or ("volcano" if self.uses_volcano else "")
 
     @property
     def roles(self) -> tuple[str, ...]:
@@ -207,7 +221,7 @@ class JobSpec:
 
     @property
     def uses_volcano(self) -> bool:
-        return bool(self.volcano_roles)
+        return any(self.written_scheduler(r) == "volcano" for r in self.roles)
 
     # ---- checks -----------------------------------------------------------------
     def validate(self) -> JobSpec:
@@ -223,10 +237,22 @@ class JobSpec:
                 f"invalid namespace {self.namespace!r}: use at most 63 lower-case letters, digits "
                 "and '-' (a DNS-1123 label)"
             )
-        for what, image in (("image", self.image), ("master image", self.master_image)):
-            if not image or any(c.isspace() for c in image):
-                raise JobSpecError(f"invalid {what} {image!r}: give an image reference such as "
-                                   f"{DEFAULT_IMAGE!r}")
+        if not self.image or any(c.isspace() for c in self.image):
+            raise JobSpecError(f"invalid image {self.image!r}: give an image reference such as "
+                               f"{DEFAULT_IMAGE!r}")
+        if not self.paddlecloud_image or any(c.isspace() for c in self.paddlecloud_image):
+            raise JobSpecError(f"invalid paddlecloud image {self.paddlecloud_image[:80]!r}: give "
+                               f"an image reference such as {DEFAULT_IMAGE!r}")
+        if self.security_profile not in SECURITY_PROFILES:
+            raise JobSpecError(f"invalid security profile {self.security_profile[:40]!r}: use "
+                               f"{' or '.join(SECURITY_PROFILES)}")
+        _check_count("run-as user (uid)", self.run_as_user, minimum=1)
+        if self.run_as_user != DEFAULT_RUN_AS_USER and self.security_profile != "restricted":
+            raise JobSpecError(
+                f"run-as user {self.run_as_user} is the restricted profile's uid: add "
+                "--restricted (PaddleJob spec.securityProfile: restricted), or drop it and the "
+                "programs run as their images' users"
+            )
         _check_count("trainers", self.trainers, minimum=1)
         _check_count("pservers", self.pservers, minimum=0)
         for bound in ("min_trainers", "max_trainers"):
@@ -270,7 +296,7 @@ class JobSpec:
             )
         if self.worker_template is None and not self.module:
             raise JobSpecError(
-                "no trainer program: give --module (run as `python -m MODULE`) or a PaddleJob "
+                "no trainer program: give --module (run as `python3 -m MODULE`) or a PaddleJob "
                 "with spec.worker.template (-f job.yaml)"
             )
         if self.heters and self.heter_template is None:
@@ -353,6 +379,14 @@ class JobSpec:
             raise JobSpecError(
                 "schedulingPolicy (minAvailable, queue, priorityClass, minResources) and a PodGroup "
                 "need the Volcano scheduler: set schedulerName: volcano in a pod template"
+            )
+        others = [f"{r} ({self.written_scheduler(r)})" for r in self.roles
+                  if self.written_scheduler(r) not in ("", "volcano")]
+        if self.uses_volcano and others:
+            raise JobSpecError(
+                f"the {', '.join(others)} pods name another scheduler than volcano, which "
+                "schedules the job's other pods as one gang: remove their schedulerName or set "
+                "it to volcano"
             )
         gang = sum(self.replicas_of(r) for r in self.volcano_roles)
         if self.min_member and not 1 <= self.min_member <= gang:

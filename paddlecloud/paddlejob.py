@@ -17,8 +17,12 @@ each field the meaning paddle-operator's `api/v1/paddlejob_types.go` gives it:
   level (kept) and trainer range (min / max; the master keeps the size within it);
 * paddlecloud's own: `input` (a list of paths, globs or URLs), `output`,
   `epochs`, `format`, `chunkBytes` (`64MiB`, or bytes), `dataVolume`
-  (`{claim, mountPath}`), `noAgent` and `restartLimit` (group restarts before the
-  job fails).
+  (`{claim, mountPath}`), `restartLimit` (group restarts before the job fails), and
+  `securityProfile` (`default`, or `restricted` with the uid `runAsUser`, see
+  `paddlecloud.k8s.manifests.harden_user_pod`).
+
+Every container of a template runs as written: its image, command, args, working
+directory and user (paddlecloud's own part runs in containers beside it).
 
 An unknown field is refused naming it and the nearest known one ("unknown field
 spec.cleanPolicy: did you mean spec.cleanPodPolicy?").
@@ -55,8 +59,8 @@ PODGROUP_KIND = "PodGroup"
 # paddle-operator's PaddleJobSpec, then paddlecloud's own fields.
 OPERATOR_FIELDS = ("cleanPodPolicy", "schedulingPolicy", "intranet", "withGloo", "sampleSetRef",
                    "ps", "worker", "heter", "elastic")
-OWN_FIELDS = ("input", "output", "epochs", "format", "chunkBytes", "dataVolume", "noAgent",
-              "restartLimit", "suspend")
+OWN_FIELDS = ("input", "output", "epochs", "format", "chunkBytes", "dataVolume", "restartLimit",
+              "suspend", "securityProfile", "runAsUser")
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"  # Kueue's LocalQueue of the job
 SPEC_FIELDS = OPERATOR_FIELDS + OWN_FIELDS
 ROLE_FIELDS = ("replicas", "requests", "limits", "template")
@@ -170,6 +174,9 @@ def translate(doc: Mapping[str, Any], *, podgroup: Mapping[str, Any] | None = No
     meta = _mapping(doc.get("metadata"), where="metadata")
     refuse_unknown(meta, METADATA_FIELDS, where="metadata")
     spec = _mapping(doc.get("spec"), where="spec")
+    if "noAgent" in spec:
+        raise JobSpecError("spec.noAgent is no longer needed: every container runs as written, "
+                           "paddlecloud's part beside it (docs/kubernetes.md); remove it")
     refuse_unknown(spec, SPEC_FIELDS, where="spec")
     if spec.get("sampleSetRef") is not None:
         raise JobSpecError(
@@ -210,7 +217,6 @@ def translate(doc: Mapping[str, Any], *, podgroup: Mapping[str, Any] | None = No
         "clean_pod_policy": spec.get("cleanPodPolicy") or "OnCompletion",
         "intranet": INTRANET_OF[intranet],
         "with_gloo": with_gloo or 0,
-        "no_agent": bool(spec.get("noAgent", False)),
         **_scheduling(spec.get("schedulingPolicy"), podgroup, namespace=meta.get("namespace")),
         **_own_fields(spec),
         "local_queue": str(_mapping(meta.get("labels") or {}, where="metadata.labels").get(
@@ -393,6 +399,10 @@ def _own_fields(spec: Mapping[str, Any]) -> dict[str, Any]:
         values["data_format"] = _string(spec["format"], where="spec.format")
     if spec.get("chunkBytes") is not None:
         values["chunk_bytes"] = chunk_bytes(spec["chunkBytes"], where="spec.chunkBytes")
+    if spec.get("securityProfile") is not None:
+        values["security_profile"] = _string(spec["securityProfile"], where="spec.securityProfile")
+    if spec.get("runAsUser") is not None:
+        values["run_as_user"] = _integer(spec["runAsUser"], where="spec.runAsUser", minimum=1)
     if spec.get("dataVolume") is not None:
         volume = _mapping(spec["dataVolume"], where="spec.dataVolume")
         refuse_unknown(volume, DATA_VOLUME_FIELDS, where="spec.dataVolume")

@@ -33,8 +33,8 @@ DEFAULT_PEERING = "paddlecloud-operator"
 @click.option("--etcd-endpoints", default=DEFAULT_ETCD_ENDPOINTS, show_default=True,
               help="etcd URLs every job's master, pservers and trainers use.")
 @click.option("--image", default=DEFAULT_IMAGE, show_default=True,
-              help="The paddlecloud image: masters (never a PaddleJob's own images), and the "
-              "helpers beside agentless pods.")
+              help="The paddlecloud image: masters (never a PaddleJob's own images), and "
+              "paddlecloud's containers beside the programs.")
 @click.option("--kubeconfig", type=click.Path(dir_okay=False),
               help="Kubeconfig file (default: in-cluster, then ~/.kube/config).")
 @click.option("--interval", type=DURATION, default="10s", show_default=True,

@@ -26,7 +26,13 @@ from typing import Any
 
 import yaml
 
-from paddlecloud.jobspec import CLEAN_POD_POLICIES, DATA_FORMATS, PADDLEJOB_API_VERSION
+from paddlecloud.jobspec import (
+    CLEAN_POD_POLICIES,
+    DATA_FORMATS,
+    DEFAULT_RUN_AS_USER,
+    PADDLEJOB_API_VERSION,
+    SECURITY_PROFILES,
+)
 from paddlecloud.paddlejob import INTRANET_OF
 
 logger = logging.getLogger(__name__)
@@ -37,7 +43,7 @@ SIZE_PATTERN = r"^[0-9]+(\.[0-9]+)?\s*([kKmMgG]([iI]?[bB])?|[bB])?$"  # paddlecl
 HEADER = """\
 # The PaddleJob resource: paddle-operator's batch.paddlepaddle.org/v1 PaddleJob, with
 # paddlecloud's own fields beside (input, output, epochs, format, chunkBytes,
-# dataVolume, noAgent, restartLimit). `paddlecloud operator` (deploy/operator.yaml) runs each one
+# dataVolume, restartLimit, securityProfile, runAsUser). `paddlecloud operator` (deploy/operator.yaml) runs each one
 # by creating the job's master; `paddlecloud job submit -f` reads the same YAML.
 #
 #   kubectl apply -f deploy/crd-paddlejob.yaml
@@ -151,13 +157,16 @@ def spec_schema() -> dict[str, Any]:
                                "every trainer.",
                 "properties": {"claim": string, "mountPath": string},
             },
-            "noAgent": {"type": "boolean",
-                        "description": "Every role runs its image's entrypoint; paddlecloud "
-                                       "runs beside it."},
             "suspend": {"type": "boolean",
                         "description": "Batch Job semantics: while true no pserver or trainer "
                                        "runs; a running job drains, saves and stops (no failure "
                                        "counted) and resumes at its checkpoint when false."},
+            "securityProfile": {"type": "string", "enum": list(SECURITY_PROFILES),
+                                "description": "default: the programs run as their images' "
+                                               "users; restricted: as runAsUser, never root."},
+            "runAsUser": {"type": "integer", "minimum": 1,
+                          "description": "The uid of securityProfile restricted (default "
+                                         f"{DEFAULT_RUN_AS_USER})."},
             "restartLimit": {"type": "integer", "minimum": 0,
                              "description": "Restarts of the trainer group after a lost trainer "
                                             "before the job fails (default 3)."},

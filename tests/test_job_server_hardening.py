@@ -85,7 +85,7 @@ def test_the_shipped_server_pins_its_own_image_as_the_masters(tmp_path):
     (tmp_path / "config.yaml").write_text(config_map["data"]["config.yaml"])
     config = load_config(str(tmp_path / "config.yaml"), tokens_file=str(tokens_file(tmp_path)))
     server_image = deployment["spec"]["template"]["spec"]["containers"][0]["image"]
-    assert config.master_image == server_image
+    assert config.paddlecloud_image == server_image
 
 
 # ---- etcd endpoints and quotas ------------------------------------------------------------
@@ -110,12 +110,12 @@ def test_the_default_config_has_quotas_on_trainers_and_gpus(tmp_path, asked, say
 
 def test_the_new_settings_load_and_bad_ones_are_refused_naming_the_key(tmp_path):
     path = tmp_path / "server.yaml"
-    path.write_text("master_image: reg.example/pc:2\netcd_endpoints: [https://a:2379, "
+    path.write_text("paddlecloud_image: reg.example/pc:2\netcd_endpoints: [https://a:2379, "
                     "'https://b:2379,https://c:2379']\nbehind_tls_proxy: true\n")
     config = load_config(str(path))
-    assert config.master_image == "reg.example/pc:2" and config.behind_tls_proxy
+    assert config.paddlecloud_image == "reg.example/pc:2" and config.behind_tls_proxy
     assert config.etcd_endpoints == ("https://a:2379", "https://b:2379,https://c:2379")
-    for text, says in (("master_image: 'a b'", "master_image"), ("etcd_endpoints: []", "etcd_endpoints"),
+    for text, says in (("paddlecloud_image: 'a b'", "paddlecloud_image"), ("etcd_endpoints: []", "etcd_endpoints"),
                        ("behind_tls_proxy: yes please", "behind_tls_proxy")):
         path.write_text(text + "\n")
         with pytest.raises(ConfigError, match=says):

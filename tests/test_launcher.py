@@ -77,6 +77,28 @@ async def test_waits_for_every_pserver_before_starting(tmp_path, start_master, e
         child.kill()
 
 
+async def test_without_a_command_it_waits_for_the_pservers_then_exits_0(
+        tmp_path, start_master, etcd_endpoint, job_name):
+    """A Kubernetes trainer pod's `wait-master` init container: its program runs beside it."""
+    write_records(tmp_path / "data", files=1, records_per_file=1)
+    proc = start_master("--input", str(tmp_path / "data"))
+    await wait_serving(proc.address, process=proc)
+    child = launch([], {"PADDLE_MASTER_ENDPOINT": proc.address, "PADDLE_PSERVERS_NUM": "1"},
+                   stderr=subprocess.PIPE, text=True)
+    try:
+        client = await etcd.connect(etcd_endpoint)
+        try:  # no pserver yet: it waits (it has no trainer id to need, nor a program)
+            await asyncio.sleep(0)
+            assert child.poll() is None
+            await client.put(JobKeys("local", job_name).pserver(0), b"127.0.0.1:7001")
+        finally:
+            await client.close()
+        assert await asyncio.to_thread(child.wait, 60) == 0
+        assert "the master serves and 1 pservers registered" in child.stderr.read()
+    finally:
+        child.kill()
+
+
 async def test_sigterm_reaches_the_child_and_its_code_comes_back(tmp_path, start_master):
     write_records(tmp_path / "data", files=1, records_per_file=1)
     proc = start_master("--input", str(tmp_path / "data"))

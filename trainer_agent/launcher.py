@@ -22,6 +22,10 @@ here in one line instead (`trainer 1 killed by SIGKILL`; `trainer 1 stopped by S
 when it exited with 128+15 after the launcher forwarded SIGTERM: a trainer that left
 the master first, see `trainer_agent.termination`).
 
+Without a command it only waits, then exits 0: the init container (`wait-master`) that
+holds a Kubernetes trainer pod's own program, which runs as written beside it
+(`paddlecloud.k8s.manifests`), until the job is ready.
+
 What it does NOT do: restart the command. The backend (a Kubernetes Job, or
 `paddlecloud local train`) restarts the launcher itself. Nor does it quiet what Paddle
 writes unconditionally: `paddle.distributed.init_parallel_env()` prints its "Modified
@@ -136,9 +140,13 @@ def run_child(command: list[str], env: dict[str, str]) -> int:
 @click.command("trainer", context_settings={"ignore_unknown_options": True})
 @click.option("--wait-timeout", default=600.0, show_default=True, type=float,
               help="Seconds to wait for the master and the pservers before giving up.")
-@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def trainer_command(wait_timeout: float, command: tuple[str, ...]) -> None:
-    """Run a trainer command once the job is ready, with the PaddlePaddle environment."""
+    """Run a trainer command once the job is ready, with the PaddlePaddle environment.
+
+    Without COMMAND: wait until the job is ready (the master serves, every pserver
+    registered), then exit 0.
+    """
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     env = dict(os.environ)
     try:
@@ -154,4 +162,7 @@ def trainer_command(wait_timeout: float, command: tuple[str, ...]) -> None:
         sys.exit(1)
     finally:
         connection.close()
+    if not command:
+        logger.info("the master serves and %d pservers registered", len(status.pserver_endpoints))
+        sys.exit(0)
     sys.exit(run_child(list(command), trainer_environment(env, status)))

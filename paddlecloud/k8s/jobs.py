@@ -92,10 +92,56 @@ def to_dict(api: Any, obj: Any) -> dict[str, Any]:
     return obj if isinstance(obj, dict) else api.sanitize_for_serialization(obj)
 
 
+PSS_ENFORCE_LABEL = "pod-security.kubernetes.io/enforce"
+
+
+def may_run_as_root(spec: JobSpec) -> list[str]:
+    """The containers of the job's pods (`role/container`) that the restricted Pod Security
+    Standard refuses because nothing says they run as non-root."""
+    found = []
+    for obj in manifests.master_objects(spec, None):
+        if obj["kind"] not in ("StatefulSet", "Job"):
+            continue
+        pod = obj["spec"]["template"]["spec"]
+        pod_says = (pod.get("securityContext") or {}).get("runAsNonRoot")
+        for container in [*(pod.get("initContainers") or []), *pod["containers"]]:
+            if not (container.get("securityContext") or {}).get("runAsNonRoot", pod_says):
+                found.append(f"{obj['metadata']['labels'][manifests.ROLE_LABEL]}/{container['name']}")
+    return found
+
+
+def refuse_unrunnable(spec: JobSpec, namespace_labels: Mapping[str, str]) -> None:
+    """Raises `JobCreateError` when the namespace's Pod Security admission would refuse the
+    job's pods (every pod is created later, by the master: the job would hang, not fail)."""
+    if namespace_labels.get(PSS_ENFORCE_LABEL) != "restricted":
+        return
+    root = may_run_as_root(spec)
+    if root:
+        raise JobCreateError(
+            f"namespace {spec.namespace} enforces the restricted Pod Security Standard "
+            f"({PSS_ENFORCE_LABEL}=restricted), which refuses pods that may run as root, and "
+            f"{', '.join(root[:3])} run as their images' users: submit with --restricted "
+            "(PaddleJob spec.securityProfile: restricted; the image must work as --run-as-user), "
+            "or to a namespace that does not enforce it", status=422)
+
+
+def check_namespace(api: Any, spec: JobSpec, *, rights: str | None = None) -> None:
+    """`refuse_unrunnable` with the namespace's labels, where the caller may read them (a
+    Namespace is cluster-wide: a submitter with a namespaced Role alone may not)."""
+    from kubernetes import client
+
+    found = call(client.CoreV1Api(api).read_namespace, spec.namespace, verb="get",
+                 resource="namespaces", namespace=spec.namespace, name=spec.namespace,
+                 tolerate=(403, 404), rights=rights)
+    if found is not None:
+        refuse_unrunnable(spec, (to_dict(api, found).get("metadata") or {}).get("labels") or {})
+
+
 def create_job(api: Any, *, spec: JobSpec, objects: list[dict[str, Any]],
                rights: str | None = None) -> None:
-    """Creates the ConfigMaps, then the Deployment, then its Service; a name in use is refused.
-    A job for a Kueue queue is refused: only the operator runs one (as a PaddleJob)."""
+    """Creates the ConfigMaps, then the Deployment, then its Service; a name in use is refused,
+    and so is a job whose pods the namespace's Pod Security admission would refuse. A job for a
+    Kueue queue is refused: only the operator runs one (as a PaddleJob)."""
     from kubernetes import client
 
     from paddlecloud.k8s.client import CLI_MANAGER, applied, apply_body
@@ -107,6 +153,7 @@ def create_job(api: Any, *, spec: JobSpec, objects: list[dict[str, Any]],
             "PaddleJob `paddlecloud operator` runs once Kueue admits it, not created directly "
             "(docs/kubernetes.md, Kueue)")
 
+    check_namespace(api, spec, rights=rights)
     core, apps = client.CoreV1Api(api), client.AppsV1Api(api)
     ns = spec.namespace
     created: list[str] = []
@@ -452,7 +499,7 @@ PADDLEJOB_PLURAL = "paddlejobs"
 
 def paddlejob_document(spec: JobSpec) -> dict[str, Any]:
     """The PaddleJob of a spec whose package is in its image (no package ConfigMap): each
-    role a pod template running `python -m MODULE` with the spec's image, resources and
+    role a pod template running `python3 -m MODULE` with the spec's image, resources and
     env, which the operator's translation (`paddlecloud.paddlejob.translate`) reads back."""
     if spec.package_files:
         raise JobSpecError("a PaddleJob cannot carry a package ConfigMap: build the image first")
@@ -462,7 +509,7 @@ def paddlejob_document(spec: JobSpec) -> dict[str, Any]:
                                      "limits": {"memory": memory}}
         if gpu:
             resources["limits"]["nvidia.com/gpu"] = str(gpu)
-        container = {"name": name, "image": spec.image, "command": ["python", "-m", spec.module],
+        container = {"name": name, "image": spec.image, "command": manifests.module_command(spec),
                      "resources": resources}
         if spec.env:
             container["env"] = [{"name": k, "value": v} for k, v in spec.env]
@@ -486,6 +533,8 @@ def paddlejob_document(spec: JobSpec) -> dict[str, Any]:
         labels[KUEUE_QUEUE_LABEL] = spec.local_queue
     if spec.suspend:
         body["suspend"] = True
+    if spec.security_profile != "default":
+        body.update(securityProfile=spec.security_profile, runAsUser=spec.run_as_user)
     return {"apiVersion": PADDLEJOB_API_VERSION, "kind": PADDLEJOB_KIND,
             "metadata": {"name": spec.name, "namespace": spec.namespace, "labels": labels},
             "spec": body}
@@ -498,7 +547,9 @@ def _custom(api: Any) -> Any:
 
 
 def create_paddlejob(api: Any, *, spec: JobSpec, rights: str | None = None) -> None:
-    """Creates the job's PaddleJob; the operator creates its master. A name in use is refused."""
+    """Creates the job's PaddleJob; the operator creates its master. A name in use is refused,
+    and so is a job whose pods the namespace's Pod Security admission would refuse."""
+    check_namespace(api, spec, rights=rights)
     create_paddlejob_document(api, paddlejob_document(spec), rights=rights)
 
 

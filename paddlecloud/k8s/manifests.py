@@ -24,19 +24,22 @@ runs the pods on the node's network on a port pair chosen per job (`paddle_port`
 and declared as host ports, so the scheduler never puts two pods that want one
 port on one node.
 
-Two ways to run a role's container. With the agent (a `command:` given, or
---module): `paddlecloud pserver|trainer -- <cmd>`, the image must hold paddlecloud.
-Without (no `command:`, or `no_agent`): the image's own entrypoint runs unchanged
-with the environment PaddlePaddle reads, and paddlecloud's part runs beside it
-from the paddlecloud image: trainers and heter trainers get an init container
-that waits until every pserver listens (start order); pservers get a native
-sidecar (a `restartPolicy: Always` init container, Kubernetes >= 1.29) running the
-pserver agent, which claims the pod's slot and registers it in etcd, and holds it
-while the pserver listens.
+Users' containers run as written (DESIGN.md section 12): a PaddleJob template's
+image, command, args, workingDir and user are kept; `--module` runs `python3 -m MODULE`
+in the job's image. paddlecloud never wraps them and never needs to be in their image:
+its own part runs beside them in containers of `spec.paddlecloud_image` and reaches the
+program only through env (all static: endpoints are DNS names, PADDLE_TRAINER_ID the
+Indexed Job's completion index by the downward API) and the tokens volume. Trainers and
+heter trainers get init containers that wait until the master serves and every pserver
+registered (`paddlecloud trainer` without a program), then until every pserver listens;
+pservers get a native sidecar (a `restartPolicy: Always` init container, Kubernetes >=
+1.29) running the pserver agent, which claims the pod's slot and registers it in etcd,
+and holds it while the pserver listens. Users' pods keep their image's user unless the
+job asks for the restricted profile (`harden_user_pod`); paddlecloud's containers are
+restricted always.
 
 What this does NOT guarantee: that the API server accepts a user's raw pod
-template from a PaddleJob (it is merged, not validated, here), nor that an image
-run with the agent holds `paddlecloud`.
+template from a PaddleJob (it is merged, not validated, here).
 """
 
 from __future__ import annotations
@@ -188,6 +191,10 @@ def _token_volume(spec: JobSpec, *, only_trainer: bool) -> dict[str, Any]:
     secret: dict[str, Any] = {"secretName": tokens_secret_name(spec.name), "defaultMode": 0o400}
     if only_trainer:
         secret["items"] = [{"key": "trainer", "path": "trainer"}, {"key": CA_KEY, "path": CA_KEY}]
+        # read by the user's program as the image's user and by paddlecloud's wait-master as
+        # its own (no fsGroup joins them unless the job is restricted): only the job's
+        # containers mount it
+        secret["defaultMode"] = 0o444
     return {"name": "job-tokens", "secret": secret}
 
 
@@ -407,8 +414,9 @@ def master_endpoint(spec: JobSpec) -> str:
 
 
 def needs_trainer_service(spec: JobSpec) -> bool:
-    """Trainers that talk to each other (collective, gloo) or to heter trainers need names."""
-    return spec.collective or spec.with_gloo > 0 or spec.heters > 0
+    """Trainers that talk to each other (collective, gloo) or to heter trainers need names;
+    with intranet Service every pod of every role has its Service (paddle-operator's)."""
+    return spec.collective or spec.with_gloo > 0 or spec.heters > 0 or spec.intranet == "Service"
 
 
 def gloo_http_endpoint(spec: JobSpec) -> str:
@@ -552,16 +560,38 @@ def pod_security() -> dict[str, Any]:
             "fsGroup": RUN_AS_USER, "seccompProfile": {"type": "RuntimeDefault"}}
 
 
-def harden_pod(pod: dict[str, Any]) -> None:
-    """Fill in the restricted profile wherever a pod (or a PaddleJob template) left it unset;
-    a template's explicit values are kept (paddlejob.check_template refuses the unsafe ones
-    unless the submitter allowed them)."""
-    for key, value in pod_security().items():
-        pod.setdefault("securityContext", {}).setdefault(key, value)
-    for container in [*(pod.get("initContainers") or []), *pod.get("containers", [])]:
-        context = container.setdefault("securityContext", {})
-        for key, value in container_security().items():
+def helper_security() -> dict[str, Any]:
+    """paddlecloud's own containers in a user's pod: restricted on their own, whatever the
+    pod's user is (the image's user, docs/kubernetes.md "Pod security")."""
+    return {**container_security(), "runAsNonRoot": True, "runAsUser": RUN_AS_USER,
+            "runAsGroup": RUN_AS_USER}
+
+
+def harden_user_pod(spec: JobSpec, pod: dict[str, Any], *, helpers: set[str]) -> None:
+    """A trainer's, pserver's or heter's pod: what keeps a user's image working as built.
+
+    User containers get no privilege escalation, no capabilities unless their template
+    adds some, and the runtime's seccomp profile; their user and files stay the image's
+    (a root image writing into its WORKDIR still can). The restricted profile
+    (`security_profile: restricted`) adds a non-root pod user, `spec.run_as_user`, and
+    fsGroup. paddlecloud's own containers (`helpers`) are restricted either way. A
+    template's explicit values are kept (paddlejob.check_template refuses the unsafe
+    ones unless the submitter allowed them).
+    """
+    context = pod.setdefault("securityContext", {})
+    context.setdefault("seccompProfile", {"type": "RuntimeDefault"})
+    if spec.security_profile == "restricted":
+        for key, value in {"runAsNonRoot": True, "runAsUser": spec.run_as_user,
+                           "runAsGroup": spec.run_as_user, "fsGroup": spec.run_as_user}.items():
             context.setdefault(key, value)
+    for container in [*(pod.get("initContainers") or []), *pod.get("containers", [])]:
+        ours = helper_security() if container.get("name") in helpers else {
+            "allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+        theirs = container.setdefault("securityContext", {})
+        if (theirs.get("capabilities") or {}).get("add"):
+            ours.pop("capabilities", None)  # the template chose its capabilities
+        for key, value in ours.items():
+            theirs.setdefault(key, value)
 
 
 def _resources(cpu: str, memory: str, gpu: int) -> dict[str, Any]:
@@ -576,52 +606,53 @@ def _wants_gpu(container: Mapping[str, Any]) -> bool:
     return any("nvidia.com/gpu" in (resources.get(k) or {}) for k in ("limits", "requests"))
 
 
-def runs_agent(spec: JobSpec, role: str, container: Mapping[str, Any]) -> bool:
-    """Whether a role's container runs under paddlecloud's agent (see the module doc).
-
-    Heter trainers never do: they run their command (or entrypoint) as written.
-    """
-    if role == HETER or spec.no_agent:
-        return False
-    return bool(container.get("command")) or bool(spec.module)
-
-
-def _command(spec: JobSpec, *, role: str, container: Mapping[str, Any]) -> list[str]:
-    """`paddlecloud <role> -- <program>`: the agent registers/supervises the program."""
-    program = [*(container.get("command") or []), *(container.get("args") or [])]
-    if program[:2] == ["paddlecloud", role]:
-        return [str(p) for p in program]
-    if not container.get("command"):
-        program = ["python", "-m", spec.module]
-    return ["paddlecloud", role, "--", *[str(p) for p in program]]
-
-
-PORTWATCH = ["python", "-m", "paddlecloud.k8s.portwatch"]
+# `python3`, not `python`: every Python image has it (Debian's and Ubuntu's have no `python`
+# unless python-is-python3 is installed, as paddle-operator's tutorial images are built)
+PYTHON = "python3"
+PORTWATCH = [PYTHON, "-m", "paddlecloud.k8s.portwatch"]
 HELPER_RESOURCES = {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}}
+WAIT_MASTER, WAIT_PSERVERS, PSERVER_AGENT = "wait-master", "wait-pservers", "paddlecloud-agent"
+HELPERS = {WAIT_MASTER, WAIT_PSERVERS, PSERVER_AGENT}
+
+
+def module_command(spec: JobSpec) -> list[str]:
+    """`python3 -m MODULE`: what --module runs in the job's image."""
+    return [PYTHON, "-m", spec.module]
+
+
+def _helper(spec: JobSpec, name: str, command: list[str], env: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"name": name, "image": spec.paddlecloud_image, "command": command,
+            "env": copy.deepcopy(env), "resources": copy.deepcopy(HELPER_RESOURCES)}
+
+
+def wait_for_master_container(spec: JobSpec, env: list[dict[str, Any]]) -> dict[str, Any]:
+    """The init container that holds a trainer (or heter) until the master serves and every
+    pserver registered: `paddlecloud trainer` without a program waits, then exits 0."""
+    return _helper(spec, WAIT_MASTER, ["paddlecloud", "trainer"], env)
 
 
 def wait_for_pservers_container(spec: JobSpec) -> dict[str, Any]:
     """The init container that holds a trainer (or heter) until every pserver listens."""
-    return {
-        "name": "wait-pservers",
-        "image": spec.image,
-        "command": [*PORTWATCH, "--wait", "$(PADDLE_PSERVERS_IP_PORT_LIST)"],
-        "env": [_value("PADDLE_PSERVERS_IP_PORT_LIST", ",".join(pserver_endpoints(spec)))],
-        "resources": copy.deepcopy(HELPER_RESOURCES),
-    }
+    return _helper(spec, WAIT_PSERVERS, [*PORTWATCH, "--wait", "$(PADDLE_PSERVERS_IP_PORT_LIST)"],
+                   [_value("PADDLE_PSERVERS_IP_PORT_LIST", ",".join(pserver_endpoints(spec)))])
 
 
 def pserver_sidecar(spec: JobSpec, env: list[dict[str, Any]]) -> dict[str, Any]:
-    """The native sidecar of an agentless pserver: the pserver agent claims the pod's slot,
-    registers `POD_IP:PADDLE_PORT` in etcd and holds it while the pserver listens."""
-    return {
-        "name": "paddlecloud-agent",
-        "image": spec.image,
-        "restartPolicy": "Always",  # a native sidecar (Kubernetes >= 1.29)
-        "command": ["paddlecloud", PSERVER, "--", *PORTWATCH, "--hold", "127.0.0.1:$(PADDLE_PORT)"],
-        "env": copy.deepcopy(env),
-        "resources": copy.deepcopy(HELPER_RESOURCES),
-    }
+    """The native sidecar of a pserver: the pserver agent claims the pod's slot, registers
+    `POD_IP:PADDLE_PORT` in etcd and holds it while the pserver listens."""
+    command = ["paddlecloud", PSERVER, "--", *PORTWATCH, "--hold", "127.0.0.1:$(PADDLE_PORT)"]
+    return {**_helper(spec, PSERVER_AGENT, command, env),
+            "restartPolicy": "Always"}  # a native sidecar (Kubernetes >= 1.29)
+
+
+def helper_containers(spec: JobSpec, role: str, env: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """paddlecloud's containers beside a role's program, in start order (see the module doc)."""
+    if role == PSERVER:
+        return [pserver_sidecar(spec, env)]
+    waits = [wait_for_master_container(spec, env)]
+    if spec.pservers:
+        waits.append(wait_for_pservers_container(spec))
+    return waits
 
 
 def _merge_env(*, where: str, ours: list[dict[str, Any]], theirs: list[Any]) -> list[dict[str, Any]]:
@@ -655,33 +686,30 @@ def _pod_template(spec: JobSpec, role: str, *, template: Mapping[str, Any] | Non
     meta["labels"] = {**(meta.get("labels") or {}), **labels(spec, role)}
     pod = tpl.setdefault("spec", {})
     if template is not None:
-        containers = pod["containers"]
-        container = containers[0]
+        container = pod["containers"][0]
+        if spec.module and not container.get("command"):  # -f with --module: it fills the gap
+            container["command"] = module_command(spec)
     else:
         if role == PSERVER:
             resources = _resources(spec.pserver_cpu, spec.pserver_memory, 0)
         else:
             resources = _resources(spec.trainer_cpu, spec.trainer_memory, spec.trainer_gpu)
-        container = {"name": role, "image": spec.image, "resources": resources}
-        containers = pod["containers"] = [container]
-    agent = runs_agent(spec, role, container)
-    if agent:
-        container["command"] = _command(spec, role=role, container=container)
-        container.pop("args", None)
-    elif template is None:  # --no-agent with --module: the module, without the agent
-        container["command"] = ["python", "-m", spec.module]
+        # the module runs in the job's image as written: it need not hold paddlecloud
+        container = {"name": role, "image": spec.image, "command": module_command(spec),
+                     "resources": resources}
+        pod["containers"] = [container]
     container["env"] = _merge_env(where=where, ours=env, theirs=container.get("env") or [])
     port, host = paddle_port(spec), spec.intranet == "HostNetwork"
     _add_port(container, name="paddle", port=port, host=host)
     if gets_gloo(spec, role):
         _add_port(container, name="gloo-http", port=gloo_port(spec), host=host)
-    if not agent:
-        ours = []
-        if role != PSERVER and spec.pservers:
-            ours.append(wait_for_pservers_container(spec))
-        if role == PSERVER:
-            ours.append(pserver_sidecar(spec, container["env"]))
-        pod["initContainers"] = [*ours, *(pod.get("initContainers") or [])]
+    taken = sorted({c.get("name") for c in [*(pod.get("initContainers") or []), *pod["containers"]]}
+                   & HELPERS)
+    if taken:
+        raise JobSpecError(f"{where} has a container named {taken[0]!r}, the name of one of "
+                           "paddlecloud's own containers in the pod: rename it")
+    helpers = helper_containers(spec, role, env)
+    pod["initContainers"] = [*helpers, *(pod.get("initContainers") or [])]
 
     mounts = container.setdefault("volumeMounts", [])
     volumes = pod.setdefault("volumes", [])
@@ -692,10 +720,13 @@ def _pod_template(spec: JobSpec, role: str, *, template: Mapping[str, Any] | Non
         }})
         mounts.append({"name": "package", "mountPath": PACKAGE_MOUNT, "readOnly": True})
     volumes.append(_token_volume(spec, only_trainer=True))
-    mounts.append({"name": "job-tokens", "mountPath": TOKENS_MOUNT, "readOnly": True})
-    if role == PSERVER:  # the agent registers in etcd: in the container, or as its sidecar
-        _give_etcd_credentials(spec, pod, [container] if agent else [
-            c for c in pod["initContainers"] if c.get("name") == "paddlecloud-agent"])
+    tokens = {"name": "job-tokens", "mountPath": TOKENS_MOUNT, "readOnly": True}
+    mounts.append(tokens)
+    for helper in helpers:
+        if helper["name"] == WAIT_MASTER:
+            helper["volumeMounts"] = [dict(tokens)]
+    if role == PSERVER:  # its agent registers in etcd, from the sidecar: only it gets credentials
+        _give_etcd_credentials(spec, pod, [h for h in helpers if h["name"] == PSERVER_AGENT])
     if spec.data_volume is not None and role == TRAINER:
         volumes.append({"name": "data", "persistentVolumeClaim": {"claimName": spec.data_volume.claim}})
         mounts.append({"name": "data", "mountPath": spec.data_volume.mount_path})
@@ -709,9 +740,9 @@ def _pod_template(spec: JobSpec, role: str, *, template: Mapping[str, Any] | Non
         pod.pop("volumes")
 
     pod.setdefault("automountServiceAccountToken", False)  # trainers and pservers call no API
-    harden_pod(pod)
-    if template is None and spec.scheduler_name:
-        pod["schedulerName"] = spec.scheduler_name  # a template's is kept as written
+    harden_user_pod(spec, pod, helpers=HELPERS)
+    if spec.scheduler_of(role):
+        pod["schedulerName"] = spec.scheduler_of(role)  # a template's is kept as written
     if spec.scheduler_of(role) == "volcano":
         meta["annotations"] = {**(meta.get("annotations") or {}),
                                PODGROUP_ANNOTATION: podgroup_name(spec)}
@@ -1019,7 +1050,7 @@ def master_deployment(spec: JobSpec) -> Manifest:
             "claimName": spec.data_volume.claim, "readOnly": True}})
     container = {
         "name": "master",
-        "image": spec.master_image,
+        "image": spec.paddlecloud_image,
         "command": master_command(spec),
         "env": [
             _value("PADDLE_JOB_NAME", spec.name),

@@ -31,7 +31,8 @@ SPEC_FLAGS: dict[str, tuple[str, Any]] = {
     "chunk_bytes": ("chunkBytes", str),
     "data_volume": ("dataVolume", lambda v: {"claim": DataVolume.parse(v).claim,
                                              "mountPath": DataVolume.parse(v).mount_path}),
-    "no_agent": ("noAgent", bool),
+    "restricted": ("securityProfile", lambda v: "restricted"),
+    "run_as_user": ("runAsUser", int),
 }
 # options that shape nothing of the job (or that queued_paddlejob reads itself)
 NEUTRAL = {"namespace", "queue"}

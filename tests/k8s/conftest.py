@@ -15,10 +15,14 @@ server, the gap is filled HERE, in `_fill_kmock_gaps`, and nowhere else:
 5. error answers write anyway: kmock stores a created object even when a test
    makes the create answer an error (as a server whose answer was lost would);
    tests that inject errors rely on no more than that.
+6. one Namespace: kmock takes `GET /api/v1/namespaces/NAME` for that namespace's root,
+   not for the Namespace object; it is answered here, with the labels a test gives in
+   `Cluster.namespace_labels` (and the API server's own `kubernetes.io/metadata.name`).
 """
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -55,8 +59,13 @@ def _matches(labels: dict[str, str], selector: str) -> bool:
     return True
 
 
-def _fill_kmock_gaps(kmock: Any) -> None:
+def _fill_kmock_gaps(kmock: Any, namespace_labels: dict[str, dict[str, str]]) -> None:
     """The one place where the emulator is made to act like an API server (see the module doc)."""
+
+    def namespace(request: Any) -> dict[str, Any]:  # gap 6
+        name = request.url.path.rsplit("/", 1)[1]
+        labels = {manifests.NAMESPACE_NAME_LABEL: name, **namespace_labels.get(name, {})}
+        return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}}
 
     def created(request: Any) -> dict[str, Any]:  # gaps 1 and 2
         meta = (request.data or {}).get("metadata") or {}
@@ -81,6 +90,9 @@ def _fill_kmock_gaps(kmock: Any) -> None:
 
     # Priority -1: below the reactions a test adds (errors), above kmock's own fallbacks.
     (kmock ** -1)[kmocklib.action.CREATE] << 201 << created
+    # before `listed`: kmock parses this GET as a list too, and a reaction that answers
+    # NotImplemented is disabled for good
+    (kmock ** -1)[kmocklib.method.GET, re.compile(r"^/api/v1/namespaces/[^/]+$")] << namespace
     (kmock ** -1)[kmocklib.action.LIST] << listed
 
 
@@ -89,6 +101,7 @@ class Cluster:
 
     def __init__(self, kmock: Any) -> None:
         self.kmock = kmock
+        self.namespace_labels: dict[str, dict[str, str]] = {}  # gap 6
 
     @property
     def url(self) -> str:
@@ -180,8 +193,9 @@ class Cluster:
 @pytest.fixture
 async def k8s(kmock: Any) -> Cluster:
     """kmock with its gaps filled, and the helpers the tests share."""
-    _fill_kmock_gaps(kmock)
-    return Cluster(kmock)
+    cluster = Cluster(kmock)
+    _fill_kmock_gaps(kmock, cluster.namespace_labels)
+    return cluster
 
 
 @pytest.fixture

@@ -25,7 +25,7 @@ DEPLOY_FILES = sorted(p for p in DEPLOY.rglob("*.yaml")
                       if p.name != "kustomization.yaml" and "examples" not in p.relative_to(DEPLOY).parts)
 
 # one of each kind of pod paddlecloud renders: collective, PS with everything, GPU,
-# agentless (the init container and the pserver sidecar), gloo, heter, Service and Host intranet
+# the restricted profile, gloo, heter, Service and Host intranet
 FLAG_SETS: dict[str, list[str]] = {
     "collective-minimal": ["tiny", "--module", "tiny.train"],
     "ps-everything": ["ctr", "--module", "ctr.train", "--trainers", "4", "--pservers", "2",
@@ -33,8 +33,8 @@ FLAG_SETS: dict[str, list[str]] = {
                       "--data-volume", "ctr-data:/data", "--namespace", "team-b",
                       "--etcd-endpoints", "https://etcd-0:2379,https://etcd-1:2379"],
     "gpu-collective": ["resnet", "--module", "resnet.train", "--trainers", "8", "--trainer-gpu", "8"],
-    "agentless-ps": ["noagent", "--module", "m.train", "--pservers", "2", "--trainers", "2",
-                     "--no-agent"],
+    "restricted-ps": ["locked", "--module", "m.train", "--pservers", "2", "--trainers", "2",
+                      "--restricted", "--run-as-user", "2000"],
 }
 
 

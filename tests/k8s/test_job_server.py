@@ -245,7 +245,7 @@ async def test_where_the_operator_runs_a_job_goes_in_as_a_paddlejob(k8s_crds, ap
         jsonschema.validate(stored, crd_schema())
         spec = translate(stored).validate()
         assert (spec.trainers, spec.pservers, spec.epochs, spec.inputs) == (2, 1, 2, ("/data/*.csv",))
-        assert spec.worker_template["spec"]["containers"][0]["command"] == ["python", "-m", "fit.train"]
+        assert spec.worker_template["spec"]["containers"][0]["command"] == ["python3", "-m", "fit.train"]
         manifests.master_objects(spec, None)  # renders
         listed = (await client.get("/v1/jobs", headers=A)).json()["items"]
         assert [(j["name"], j["phase"]) for j in listed] == [("fit", "Pending")]

@@ -114,7 +114,7 @@ def test_the_cli_flag_allows_it(tmp_path):
 
 
 def test_a_templates_own_secret_ref_stays_a_secret_ref():
-    spec = JobSpec.from_paddlejob(_paddlejob()).validate()
+    spec = JobSpec.from_paddlejob(_paddlejob(), security_profile="restricted").validate()
     pod = manifests.trainer_job(spec, None)["spec"]["template"]["spec"]
     assert {"name": "DB_PASSWORD", "valueFrom": {"secretKeyRef": {"name": "db", "key": "password"}}} \
         in pod["containers"][0]["env"]

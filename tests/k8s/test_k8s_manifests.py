@@ -236,7 +236,7 @@ def test_each_pservers_own_endpoint_is_in_the_list_exactly_once(intranet):
         assert env["PADDLE_PSERVERS_IP_PORT_LIST"].split(",").index(own) == int(env["PADDLE_PSERVER_ID"])
         assert env["TRAINING_ROLE"] == "PSERVER" and env["PADDLE_PSERVERS_NUM"] == "3"
         assert env["PADDLE_TRAINERS_NUM"] == "2"
-    assert container["command"] == ["paddlecloud", "pserver", "--", "python", "-m", "ctr.train"]
+    assert container["command"] == ["python3", "-m", "ctr.train"]  # never wrapped
 
 
 def test_collective_trainers_find_themselves_in_the_trainer_endpoints():
@@ -258,8 +258,7 @@ def test_collective_trainers_find_themselves_in_the_trainer_endpoints():
         # an Indexed Job pod's hostname is JOB-<index>, under the Service of its subdomain
         assert env["PADDLE_CURRENT_ENDPOINT"].startswith(f"rn-trainer-{i}.rn-trainer.ml.svc:")
         assert "PADDLE_PSERVERS_IP_PORT_LIST" not in env
-    assert pod["containers"][0]["command"] == ["paddlecloud", "trainer", "--", "python", "-m",
-                                               "rn.train"]
+    assert pod["containers"][0]["command"] == ["python3", "-m", "rn.train"]
 
 
 def test_gpu_trainers_get_gpus_and_a_memory_backed_dev_shm():
@@ -397,7 +396,7 @@ def test_paddlejob_host_intranet_and_templates():
         "HostNetwork", "Never", "ml", 2)
     pod = manifests.trainer_job(spec, None)["spec"]["template"]["spec"]
     assert pod["hostNetwork"] is True and pod["dnsPolicy"] == "ClusterFirstWithHostNet"
-    assert pod["containers"][0]["command"] == ["paddlecloud", "trainer", "--", "python", "train.py"]
+    assert pod["containers"][0]["command"] == ["python", "train.py"]  # as written
     assert pod["containers"][0]["image"] == "img"  # the template's image is kept
 
 
@@ -409,7 +408,7 @@ def test_a_template_without_command_runs_its_entrypoint_and_our_env_is_refused()
     assert "command" not in container  # the image's entrypoint, unchanged
     with_module = manifests.trainer_job(spec.replace(module="x.train"), None)  # --module fills it in
     assert with_module["spec"]["template"]["spec"]["containers"][0]["command"] == [
-        "paddlecloud", "trainer", "--", "python", "-m", "x.train"]
+        "python3", "-m", "x.train"]
     doc = _paddlejob()
     doc["spec"]["worker"]["template"]["spec"]["containers"][0]["env"] = [
         {"name": "PADDLE_TRAINER_ID", "value": "0"}]

@@ -23,8 +23,9 @@ def test_trainers_and_pservers_mount_only_the_trainer_token_and_trainers_get_no_
     pserver = manifests.pserver_statefulset(spec, None)["spec"]["template"]["spec"]
     for pod in (trainer, pserver):
         volume = next(v for v in pod["volumes"] if v["name"] == "job-tokens")
-        # the trainer token and the (public) CA; never the master's key or the other tokens
-        assert volume["secret"] == {"secretName": "sec-tokens", "defaultMode": 0o400,
+        # the trainer token and the (public) CA; never the master's key or the other tokens;
+        # readable by the image's user and by paddlecloud's wait-master (no fsGroup joins them)
+        assert volume["secret"] == {"secretName": "sec-tokens", "defaultMode": 0o444,
                                     "items": [{"key": "trainer", "path": "trainer"},
                                               {"key": "ca.crt", "path": "ca.crt"}]}
         assert _container_env(pod)["PADDLE_JOB_TOKEN_FILE"] == "/var/run/paddlecloud/tokens/trainer"

@@ -1,5 +1,5 @@
 """The master runs paddlecloud's image, never the submitter's (issue 34, finding 2): pinned by the
-Job Server's configuration, by the operator's, and by `job submit --master-image` (default:
+Job Server's configuration, by the operator's, and by `job submit --paddlecloud-image` (default:
 paddlecloud's image); a submitter's base image runs only in the roles' pods."""
 
 from __future__ import annotations
@@ -30,9 +30,9 @@ def rendered(spec: JobSpec, kind: str, name: str) -> dict[str, Any]:
     return next(o for o in objects if (o["kind"], o["metadata"]["name"]) == (kind, name))
 
 
-async def test_a_job_server_submission_runs_the_servers_master_image_whatever_its_base_image(
+async def test_a_job_server_submission_runs_the_servers_paddlecloud_image_whatever_its_base_image(
         k8s, api_client, tmp_path):
-    async with server(api_client, tmp_path, master_image=PINNED) as client:
+    async with server(api_client, tmp_path, paddlecloud_image=PINNED) as client:
         digest = await upload(client)
         response = await client.post("/v1/trainer/job", headers=A, json={
             **JOB, "trainer_package": digest, "base_image": EVIL})
@@ -40,7 +40,7 @@ async def test_a_job_server_submission_runs_the_servers_master_image_whatever_it
     assert containers(k8s.stored("deployments", "team-a", "fit-master")) == [PINNED]
     # the submitter's image still runs the job's own pods, which the master renders
     spec = JobSpec.from_yaml(k8s.stored("configmaps", "team-a", "fit-spec")["data"]["job.yaml"])
-    assert (spec.image, spec.master_image) == (EVIL, PINNED)
+    assert (spec.image, spec.paddlecloud_image) == (EVIL, PINNED)
     roles = [o for o in manifests.master_objects(spec, None) if o["kind"] in ("StatefulSet", "Job")]
     assert {o["kind"] for o in roles} >= {"Job"} and {i for o in roles for i in containers(o)} == {EVIL}
 
@@ -63,7 +63,7 @@ async def test_a_paddlejob_from_the_job_server_gets_the_operators_image_for_its_
     assert spec.worker_template["spec"]["containers"][0]["image"] == EVIL
 
 
-def test_the_operator_pins_the_master_image_whatever_the_paddlejobs_containers_run():
+def test_the_operator_pins_the_paddlecloud_image_whatever_the_paddlejobs_containers_run():
     def role(replicas: int) -> dict[str, Any]:
         return {"replicas": replicas, "template": {"spec": {"containers": [
             {"name": "paddle", "image": EVIL, "command": ["python", "-m", "ctr.train"]}]}}}
@@ -90,10 +90,10 @@ def test_job_submit_runs_paddlecloud_s_image_as_the_master_unless_told_another()
     default = submit("--dry-run")
     assert default.exit_code == 0, default.output
     assert containers(master_of(default.output, "fit")) == [DEFAULT_IMAGE]
-    named = submit("--dry-run", "--master-image", PINNED)
+    named = submit("--dry-run", "--paddlecloud-image", PINNED)
     assert containers(master_of(named.output, "fit")) == [PINNED]
-    bad = submit("--dry-run", "--master-image", "two words")
+    bad = submit("--dry-run", "--paddlecloud-image", "two words")
     assert bad.exit_code != 0 and "invalid master image 'two words'" in bad.output
     # the Job Server chooses its masters' image: --server cannot carry another
-    served = submit("--master-image", PINNED, "--server", "http://127.0.0.1:9", "--token", "t")
-    assert served.exit_code != 0 and "cannot carry master_image" in served.output
+    served = submit("--paddlecloud-image", PINNED, "--server", "http://127.0.0.1:9", "--token", "t")
+    assert served.exit_code != 0 and "cannot carry paddlecloud_image" in served.output

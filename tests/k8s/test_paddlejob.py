@@ -216,17 +216,21 @@ def test_a_podgroup_document_is_applied_and_its_min_member_checked():
     by_kind = {d["kind"]: d for d in rendered}
     worker = by_kind["Job"]["spec"]["template"]
     ps = by_kind["StatefulSet"]["spec"]["template"]
-    # schedulerName on the workers only, honoured as written
-    assert worker["spec"]["schedulerName"] == "volcano"
-    assert worker["metadata"]["annotations"][manifests.PODGROUP_ANNOTATION] == "gang"
-    assert "schedulerName" not in ps["spec"] and "annotations" not in ps["metadata"]
-    # the pservers (not in the gang) start first: the group holds none of them
-    assert manifests.gang_size(spec, (manifests.PSERVER, manifests.HETER)) == 0
+    # schedulerName on the workers only, as paddle-operator's Example 4: every pod joins the gang
+    for pod in (worker, ps):
+        assert pod["spec"]["schedulerName"] == "volcano"
+        assert pod["metadata"]["annotations"][manifests.PODGROUP_ANNOTATION] == "gang"
+    # the pservers start first: the group's first minMember is theirs
+    assert manifests.gang_size(spec, (manifests.PSERVER, manifests.HETER)) == 1
     too_big = copy.deepcopy(group)
-    too_big["spec"]["minMember"] = 4
+    too_big["spec"]["minMember"] = 5
     with pytest.raises(JobSpecError) as caught:
         translate_documents([doc, too_big]).validate()
-    assert "minMember 4 is more than the 3 pods scheduled by Volcano (3 trainer)" in str(caught.value)
+    assert ("minMember 5 is more than the 4 pods scheduled by Volcano (1 pserver, 3 trainer)"
+            in str(caught.value))
+    elsewhere = paddlejob(ps=role(1, schedulerName="kube-batch"), worker=role(3, schedulerName="volcano"))
+    with pytest.raises(JobSpecError, match=r"pserver \(kube-batch\) pods name another scheduler"):
+        translate_documents([elsewhere, group]).validate()
     disagree = paddlejob(ps=role(1), worker=role(3, schedulerName="volcano"),
                          schedulingPolicy={"queue": "other"})
     with pytest.raises(JobSpecError, match="disagree on queue"):
@@ -301,7 +305,7 @@ def test_heter_trainers_get_their_workload_and_the_heter_ps_environment():
     assert env["HETER_DEVICE_TYPE"] == "gpu" and env["STAGE_NUM"] == "2"
     assert env["PADDLE_ALL_HETER_TRAINER_IP_PORT_LIST"] == heters
     assert env["PADDLE_PREVIOUS_HETER_TRAINER_IP_PORT_LIST"].split(",")[2] == "pj-trainer-2.pj-trainer.ml.svc:36000"
-    assert [c["name"] for c in heter_pod["initContainers"]] == ["wait-pservers"]
+    assert [c["name"] for c in heter_pod["initContainers"]] == ["wait-master", "wait-pservers"]
     trainer = env_of(next(d for d in objects if d["kind"] == "Job")["spec"]["template"]["spec"]["containers"][0])
     assert trainer["STAGE_ID"] == "1" and trainer["PADDLE_NEXT_HETER_TRAINER_IP_PORT_LIST"] == heters
     assert trainer["PADDLE_STAGE_TRAINERS_NUM"] == "[3, 2]"
@@ -326,17 +330,21 @@ def test_an_entrypoint_only_image_runs_unchanged_with_paddlecloud_beside_it():
     assert {"PADDLE_TRAINER_ID", "PADDLE_TRAINER_ENDPOINTS", "PADDLE_WITH_GLOO",
             "PADDLE_GLOO_HTTP_ENDPOINT"} <= set(trainer_env)
     assert "PADDLE_PSERVER_ID" in ps_env
-    # trainers: an init container holds them until every pserver listens
-    (wait,) = trainer["initContainers"]
-    assert wait["image"] == spec.image and "restartPolicy" not in wait
-    assert wait["command"] == ["python", "-m", "paddlecloud.k8s.portwatch", "--wait",
+    # trainers: init containers hold them until the master serves and every pserver listens
+    wait_master, wait = trainer["initContainers"]
+    assert wait_master["image"] == wait["image"] == spec.paddlecloud_image
+    assert "restartPolicy" not in wait and "restartPolicy" not in wait_master
+    assert wait_master["command"] == ["paddlecloud", "trainer"]
+    assert wait_master["volumeMounts"] == [{"name": "job-tokens", "mountPath": manifests.TOKENS_MOUNT,
+                                            "readOnly": True}]
+    assert wait["command"] == ["python3", "-m", "paddlecloud.k8s.portwatch", "--wait",
                                "$(PADDLE_PSERVERS_IP_PORT_LIST)"]
     assert env_of(wait)["PADDLE_PSERVERS_IP_PORT_LIST"] == ps_env["PADDLE_PSERVERS_IP_PORT_LIST"]
     # pservers: a native sidecar runs the pserver agent, which registers the pod in etcd
     (sidecar,) = ps["initContainers"]
-    assert sidecar["restartPolicy"] == "Always" and sidecar["image"] == spec.image
+    assert sidecar["restartPolicy"] == "Always" and sidecar["image"] == spec.paddlecloud_image
     assert sidecar["command"][:3] == ["paddlecloud", "pserver", "--"]
-    assert sidecar["command"][3:] == ["python", "-m", "paddlecloud.k8s.portwatch", "--hold",
+    assert sidecar["command"][3:] == ["python3", "-m", "paddlecloud.k8s.portwatch", "--hold",
                                       "127.0.0.1:$(PADDLE_PORT)"]
     # the agent claims the same slot; it alone gets the job's etcd credentials
     main_env = ps["containers"][0]["env"]
@@ -349,22 +357,26 @@ def test_an_entrypoint_only_image_runs_unchanged_with_paddlecloud_beside_it():
         assert doc["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
 
 
-def test_no_agent_keeps_a_command_as_written_and_runs_the_module_bare():
-    spec = translate(paddlejob(ps=role(1)), no_agent=True).validate()
-    main = manifests.trainer_job(spec, None)["spec"]["template"]["spec"]["containers"][0]
-    assert main["command"] == ["python", "train.py"]  # not wrapped in `paddlecloud trainer --`
-    flags = JobSpec(name="f", module="m.train", pservers=1, no_agent=True).validate()
-    main = manifests.trainer_job(flags, None)["spec"]["template"]["spec"]["containers"][0]
-    assert main["command"] == ["python", "-m", "m.train"]
-    template = manifests.trainer_job(flags, None)["spec"]["template"]["spec"]
-    assert [c["name"] for c in template["initContainers"]] == ["wait-pservers"]
+def test_a_templates_command_runs_as_written_and_the_module_in_the_job_s_image():
+    """Never `paddlecloud trainer -- ...`: the user's image need not hold paddlecloud."""
+    spec = translate(paddlejob(ps=role(1)), paddlecloud_image="reg/pc:1").validate()
+    for doc in (manifests.trainer_job(spec, None), manifests.pserver_statefulset(spec, None)):
+        pod = doc["spec"]["template"]["spec"]
+        assert pod["containers"][0]["command"] == ["python", "train.py"]
+        assert pod["containers"][0]["image"] == "img"
+        assert {c["image"] for c in pod["initContainers"]} == {"reg/pc:1"}
+    flags = JobSpec(name="f", module="m.train", image="user/img:2", pservers=1).validate()
+    pod = manifests.trainer_job(flags, None)["spec"]["template"]["spec"]
+    assert pod["containers"][0]["command"] == ["python3", "-m", "m.train"]
+    assert pod["containers"][0]["image"] == "user/img:2"
+    assert [c["name"] for c in pod["initContainers"]] == ["wait-master", "wait-pservers"]
 
 
 def test_an_init_container_of_the_template_runs_after_ours():
     spec = translate(paddlejob(ps=role(1), worker=role(
         1, command=False, initContainers=[{"name": "fetch", "image": "busybox"}]))).validate()
     pod = manifests.trainer_job(spec, None)["spec"]["template"]["spec"]
-    assert [c["name"] for c in pod["initContainers"]] == ["wait-pservers", "fetch"]
+    assert [c["name"] for c in pod["initContainers"]] == ["wait-master", "wait-pservers", "fetch"]
 
 
 # ---- job submit --------------------------------------------------------------------------------
@@ -398,13 +410,18 @@ def test_submit_f_takes_a_paddlejob_with_its_podgroup(tmp_path):
     assert result.exit_code != 0 and "did you mean spec.cleanPodPolicy?" in result.output
 
 
-def test_submit_no_agent_runs_the_module_bare_with_paddlecloud_beside_it():
-    result = _submit("t", "--module", "m.train", "--pservers", "1", "--no-agent")
+def test_submit_runs_the_module_bare_with_paddlecloud_beside_it():
+    result = _submit("t", "--module", "m.train", "--pservers", "1", "--image", "user/img:1",
+                     "--paddlecloud-image", "reg/paddlecloud:2")
     assert result.exit_code == 0, result.output
     docs = list(yaml.safe_load_all(result.output))
     pods = {d["kind"]: d["spec"]["template"]["spec"] for d in docs if d["kind"] in ("Job", "StatefulSet")}
-    assert pods["Job"]["containers"][0]["command"] == ["python", "-m", "m.train"]
-    assert [c["name"] for c in pods["Job"]["initContainers"]] == ["wait-pservers"]
+    assert pods["Job"]["containers"][0]["command"] == ["python3", "-m", "m.train"]
+    assert pods["StatefulSet"]["containers"][0]["command"] == ["python3", "-m", "m.train"]
+    assert [c["name"] for c in pods["Job"]["initContainers"]] == ["wait-master", "wait-pservers"]
     assert [c["name"] for c in pods["StatefulSet"]["initContainers"]] == ["paddlecloud-agent"]
+    for pod in pods.values():
+        assert pod["containers"][0]["image"] == "user/img:1"
+        assert {c["image"] for c in pod["initContainers"]} == {"reg/paddlecloud:2"}
     for doc in docs:
         check(doc, SIDECAR_VERSIONS)
