@@ -78,7 +78,7 @@ def test_job_submit_refuses_a_package_path_that_would_shadow_paddlecloud(tmp_pat
 
 
 def test_the_shipped_server_pins_its_own_image_as_the_masters(tmp_path):
-    documents = list(yaml.safe_load_all((REPO / "deploy" / "job-server.yaml").read_text()))
+    documents = list(yaml.safe_load_all((REPO / "deploy" / "components" / "job-server" / "job-server.yaml").read_text()))
     config_map = next(d for d in documents if d["kind"] == "ConfigMap"
                       and "config.yaml" in d.get("data", {}))
     deployment = next(d for d in documents if d["kind"] == "Deployment")

@@ -30,8 +30,12 @@ def test_trainers_and_pservers_mount_only_the_trainer_token_and_trainers_get_no_
                                               {"key": "ca.crt", "path": "ca.crt"}]}
         assert _container_env(pod)["PADDLE_JOB_TOKEN_FILE"] == "/var/run/paddlecloud/tokens/trainer"
         assert _container_env(pod)["PADDLE_MASTER_CA_FILE"] == "/var/run/paddlecloud/tokens/ca.crt"
-    assert not {"PADDLE_ETCD_USER", "PADDLE_ETCD_PASSWORD", "PADDLE_ETCD_PASSWORD_FILE"} & set(_container_env(trainer))
-    assert _container_env(pserver)["PADDLE_ETCD_USER"]["secretKeyRef"]["optional"] is True
+    etcd = {"PADDLE_ETCD_USER", "PADDLE_ETCD_PASSWORD", "PADDLE_ETCD_PASSWORD_FILE"}
+    assert not etcd & set(_container_env(trainer))
+    assert not etcd & set(_container_env(pserver))  # the program's container: none of them
+    agent = next(c for c in pserver["initContainers"] if c["name"] == "paddlecloud-agent")
+    user = next(e for e in agent["env"] if e["name"] == "PADDLE_ETCD_USER")  # its sidecar's
+    assert user["valueFrom"]["secretKeyRef"]["optional"] is True
 
 
 def test_tokens_secret_is_valid_and_holds_the_three_roles_and_the_masters_tls_files():
