@@ -598,3 +598,38 @@ def test_a_trainer_stopped_with_sigterm_leaves_and_its_task_returns_at_once(tmp_
         assert all(t.failures == 0 for t in tasks(proc, pb.TODO))
     else:  # the program's own handler ran instead, and nothing of ours
         assert status(proc).trainers_alive == 1
+
+
+STALLED = """
+import sys, time
+from trainer_agent import termination
+termination.drain_on_stop()
+print("ready", flush=True)
+if sys.argv[1] == "stepping":   # a loop that keeps stepping: only the grace ends the drain
+    while True:
+        termination.note_progress()
+        time.sleep(0.05)
+while True:                      # stuck in a collective with a peer gone: no step at all
+    time.sleep(1)
+"""
+
+
+@pytest.mark.parametrize("how", ["stalled", "stepping"])
+def test_a_drain_that_stopped_stepping_is_given_up_at_the_stall_not_the_grace(tmp_path, how):
+    program = tmp_path / "stalled.py"
+    program.write_text(STALLED)
+    trainer = subprocess.Popen([sys.executable, str(program), how], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True,
+                               env=dict(os.environ, PADDLECLOUD_STOP_GRACE="5",
+                                        PADDLECLOUD_STOP_STALL="1"))
+    try:
+        assert trainer.stdout.readline().strip() == "ready"
+        trainer.send_signal(signal.SIGTERM)
+        assert trainer.wait(timeout=60) == 143
+    finally:
+        trainer.kill()
+        trainer.wait()
+    errors = trainer.stderr.read()
+    # which rule ended it: the stall (a group that stopped stepping), or the grace
+    assert ("no training step for 1s" in errors) == (how == "stalled"), errors
+    assert ("did not end within 5s" in errors) == (how == "stepping"), errors

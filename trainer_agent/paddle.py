@@ -270,6 +270,8 @@ class MasterDataset(paddle.io.IterableDataset):
         over = any(m.ended for m in everyone)
         job_done = any(m.job_done for m in everyone)
         stop = any(m.stopping for m in everyone)
+        if stop:
+            termination.saving()  # the group agreed: what is left is the save
         if over:
             for number in [e for e in self._consumed if e <= epoch]:
                 del self._consumed[number]
@@ -509,6 +511,7 @@ def join_batches(loader: Any, *, group: Any = None, poll: float = 0.02,
     if world <= 1:
         for batch in loader:
             n = count(batch)
+            termination.note_progress()
             yield JoinStep(batch, n, n, 1)
         return
     # iter() here, not in the thread: a multi-process DataLoader sets signal handlers.
@@ -529,6 +532,7 @@ def join_batches(loader: Any, *, group: Any = None, poll: float = 0.02,
             n = count(batch) if batch is not None else 0
             flags = paddle.to_tensor([n, 0 if out else 1], dtype="int64")
             dist.all_reduce(flags, group=group)
+            termination.note_progress()  # a drain still moves (see trainer_agent.termination)
             total, active = (int(v) for v in flags.numpy())
             if total == 0:
                 if active == 0:

@@ -32,7 +32,11 @@ the model consumed; the program saves them and exits with `STOPPED_EXIT`), and s
 watchdog. If the process
 is still there after `stop_grace()` seconds (`$PADDLECLOUD_STOP_GRACE`, which backends set
 below the time they wait before SIGKILL), the watchdog leaves and exits as above: the last
-checkpoint stands, and the log says so.
+checkpoint stands, and the log says so. It leaves sooner when the group stopped stepping:
+a training loop that calls `note_progress()` each step (`trainer_agent.paddle.join_batches`
+does) and made none for `$PADDLECLOUD_STOP_STALL` seconds (default 3) since the stop is
+stuck in a collective with a member that is gone, and can never reach the boundary; once
+the group agreed to stop (`saving()`), only the grace bounds the save.
 """
 
 from __future__ import annotations
@@ -53,6 +57,8 @@ LEAVE_TIMEOUT = 2.0  # seconds all the sessions of a stopped process have to lea
 STOPPED_EXIT = 128 + signal.SIGTERM  # the exit code of a trainer stopped by SIGTERM
 STOP_GRACE_ENV = "PADDLECLOUD_STOP_GRACE"
 DEFAULT_STOP_GRACE = 20.0  # seconds a drain may take when the backend does not say
+STOP_STALL_ENV = "PADDLECLOUD_STOP_STALL"
+DEFAULT_STOP_STALL = 3.0   # seconds without a step after which a drain is given up
 
 
 class Leaving(Protocol):
@@ -65,6 +71,8 @@ _stopping = threading.Lock()
 _draining = False         # SIGTERM drains instead of leaving at once (drain_on_stop)
 _stop_requested = threading.Event()
 _first_stop = threading.Lock()  # held from the first SIGTERM of a drain on
+_progress = [0.0]         # when the training loop last stepped (monotonic; note_progress)
+_saving = threading.Event()  # the group agreed to stop: only the grace bounds the save
 
 
 def track(session: Leaving) -> None:
@@ -77,15 +85,28 @@ def untrack(session: Leaving) -> None:
     _sessions.discard(session)
 
 
+def _seconds_from_env(name: str, default: float) -> float:
+    raw = os.environ.get(name, "")
+    try:
+        return max(0.0, float(raw)) if raw else default
+    except ValueError:
+        logger.warning("%s=%r is not a number of seconds: using %gs", name, raw[:20], default)
+        return default
+
+
 def stop_grace() -> float:
     """Seconds a drain may take before the watchdog leaves anyway (`$PADDLECLOUD_STOP_GRACE`)."""
-    raw = os.environ.get(STOP_GRACE_ENV, "")
-    try:
-        return max(0.0, float(raw)) if raw else DEFAULT_STOP_GRACE
-    except ValueError:
-        logger.warning("%s=%r is not a number of seconds: using %gs", STOP_GRACE_ENV, raw[:20],
-                       DEFAULT_STOP_GRACE)
-        return DEFAULT_STOP_GRACE
+    return _seconds_from_env(STOP_GRACE_ENV, DEFAULT_STOP_GRACE)
+
+
+def note_progress() -> None:
+    """The training loop stepped (a collective completed): a drain still moves."""
+    _progress[0] = time.monotonic()
+
+
+def saving() -> None:
+    """The group agreed to stop at a boundary: the stall rule no longer applies to the save."""
+    _saving.set()
 
 
 def drain_on_stop(enabled: bool = True) -> None:
@@ -159,14 +180,25 @@ def _stop() -> None:
     _stop_requested.set()
     grace = stop_grace()
     logger.warning("stopped by SIGTERM: draining to a checkpoint (within %gs)", grace)
-    threading.Thread(target=_watchdog, args=(grace,), name="sigterm-drain-watchdog",
-                     daemon=True).start()
+    threading.Thread(target=_watchdog, args=(grace, _seconds_from_env(STOP_STALL_ENV, DEFAULT_STOP_STALL)),
+                     name="sigterm-drain-watchdog", daemon=True).start()
 
 
-def _watchdog(grace: float) -> None:
-    time.sleep(grace)
-    logger.warning("the drain did not end within %gs (%s): leaving now; the last checkpoint "
-                   "stands", grace, STOP_GRACE_ENV)
+def _watchdog(grace: float, stall: float) -> None:
+    """Leaves when the grace is spent, or sooner when the loop made no step for `stall`
+    seconds since the stop (a group with a member gone never reaches its boundary)."""
+    stopped = time.monotonic()
+    while True:
+        now = time.monotonic()
+        if now - stopped >= grace:
+            why = f"the drain did not end within {grace:g}s ({STOP_GRACE_ENV})"
+            break
+        if not _saving.is_set() and now - max(_progress[0], stopped) >= stall:
+            why = (f"no training step for {stall:g}s ({STOP_STALL_ENV}): the group cannot reach a "
+                   "boundary (a member is gone)")
+            break
+        time.sleep(0.05)
+    logger.warning("%s: leaving now; the last checkpoint stands", why)
     _leave_and_exit()
 
 
@@ -197,6 +229,7 @@ def _reset_in_child() -> None:
     _draining = False
     _first_stop = threading.Lock()
     _stop_requested.clear()
+    _saving.clear()
     if _installed_in:
         _installed_in = 0
         _stopping = threading.Lock()

@@ -855,10 +855,27 @@ def trainer_backoff_limit(spec: JobSpec) -> int:
     return max(10, 3 * spec.trainers)
 
 
+# A stopped trainer (a deleted pod: a preemption, a suspend, a group restart) may drain to a
+# checkpoint (trainer_agent.termination): it is told the pod's grace before SIGKILL, less a
+# margin for its exit, in PADDLECLOUD_STOP_GRACE. Kubernetes' default grace, said explicitly;
+# a template's own is kept.
+TRAINER_TERMINATION_GRACE = 30
+STOP_GRACE_MARGIN = 5
+
+
+def _tell_the_stop_grace(pod: dict[str, Any]) -> None:
+    grace = int(pod.setdefault("terminationGracePeriodSeconds", TRAINER_TERMINATION_GRACE))
+    program = pod["containers"][0]
+    if not any(e.get("name") == "PADDLECLOUD_STOP_GRACE" for e in program.get("env") or []):
+        program.setdefault("env", []).append(
+            _value("PADDLECLOUD_STOP_GRACE", str(max(1, grace - STOP_GRACE_MARGIN))))
+
+
 def trainer_job(spec: JobSpec, owner: Mapping[str, Any] | None) -> Manifest:
     """The trainers: an Indexed Job whose completion index is `PADDLE_TRAINER_ID`."""
     template = _pod_template(spec, TRAINER, template=spec.worker_template, env=trainer_env(spec))
     pod = template["spec"]
+    _tell_the_stop_grace(pod)
     if pod.get("restartPolicy") not in ("OnFailure", "Never"):
         pod["restartPolicy"] = "OnFailure"
     if needs_trainer_service(spec):

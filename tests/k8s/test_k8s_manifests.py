@@ -459,3 +459,16 @@ def test_a_packages_requirements_without_an_image_build_are_refused_naming_them(
         manifests.submit_objects(spec, files)
     files["requirements.txt"] = b"# nothing to install\n\n"
     assert manifests.package_configmap(spec, files)["kind"] == "ConfigMap"
+
+
+def test_trainers_are_told_the_grace_they_have_to_drain_to_a_checkpoint():
+    pod = manifests.trainer_job(JobSpec(name="g", namespace="ml", module="m"), None)["spec"]["template"]["spec"]
+    env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
+    assert pod["terminationGracePeriodSeconds"] == 30 and env["PADDLECLOUD_STOP_GRACE"] == "25"
+    # a template's own grace is kept, and what the drain is told follows it
+    template = {"spec": {"terminationGracePeriodSeconds": 120,
+                         "containers": [{"name": "train", "image": "img", "command": ["python3", "t.py"]}]}}
+    spec = JobSpec(name="g", namespace="ml", worker_template=template)
+    pod = manifests.trainer_job(spec, None)["spec"]["template"]["spec"]
+    env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
+    assert pod["terminationGracePeriodSeconds"] == 120 and env["PADDLECLOUD_STOP_GRACE"] == "115"
