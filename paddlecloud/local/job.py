@@ -40,6 +40,7 @@ from paddlecloud.etcd_server import EtcdServer, free_ports
 from paddlecloud.exits import signal_exit_code
 from paddlecloud.keys import JobKeys, prefix_range_end
 from paddlecloud.local.children import Child
+from paddlecloud.local.container import ContainerSpec, remove_containers
 from paddlecloud.local.deployer import JobFailed, LocalDeployer, launcher_command
 from paddlecloud.master_flags import master_flags
 from paddlecloud.phase import Phase
@@ -60,7 +61,7 @@ _PERMANENT = frozenset({grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.INV
 @dataclass(frozen=True)
 class LocalJobSpec:
     job: str
-    module: str
+    module: str | None                   # None only with `container`: the image's own entrypoint
     output: Path
     inputs: tuple[str, ...]
     trainers: int = 1                    # the group's size at start (the desired size)
@@ -84,6 +85,7 @@ class LocalJobSpec:
     election_ttl: str = "10s"
     done_grace: float = 60.0             # seconds trainers get to exit once the job ended
     tls: bool = False                    # the masters serve TLS with a CA minted for this run
+    container: ContainerSpec | None = None  # --image: pservers and trainers in containers
 
 
 @dataclass
@@ -122,10 +124,8 @@ class LocalJob:
         self.masters: list[Child] = []
         self.deployer = LocalDeployer(
             trainers=spec.trainers, pservers=spec.pservers, output=spec.output,
-            trainer_command=launcher_command("trainer", self._user_command()),
-            pserver_command=launcher_command(
-                "pserver", self._user_command(spec.pserver_module, ()) if spec.pserver_module
-                else self._user_command()),
+            trainer_command=launcher_command("trainer", self._role_command("trainer")),
+            pserver_command=launcher_command("pserver", self._role_command("pserver")),
             restart_limit=spec.restart_limit, restart_mode=spec.restart_mode, spawn=self._child,
             user_env=self._env, restart_epoch=self._restart_epoch,
             event=self._event,
@@ -231,6 +231,15 @@ class LocalJob:
             self.progress.page = self.progress.page or self.page_urls[-1]
             self._event(f"status page of {child.name}: {self.page_urls[-1]}"
                         + (" (the leader's shows the job)" if s.masters > 1 else ""))
+
+    def _role_command(self, role: str) -> list[str]:
+        """What a role's launcher runs: the user's module here, or (--image) a container of it."""
+        module, args = self.spec.module, self.spec.module_args
+        if role == "pserver" and self.spec.pserver_module:
+            module, args = self.spec.pserver_module, ()
+        if self.spec.container is not None:
+            return self.spec.container.for_role(role, module=module, args=args).wrapper_command()
+        return self._user_command(module, args)
 
     def _user_command(self, module: str | None = None, args: tuple[str, ...] | None = None) -> list[str]:
         """`python -m MODULE ARGS`, with the user's package path first on its PYTHONPATH.
@@ -416,6 +425,11 @@ class LocalJob:
 
     async def _stop_all(self) -> None:
         await self.deployer.cleanup(succeeded=False)
+        if self.spec.container is not None:  # a wrapper killed before it removed its container
+            left = await asyncio.to_thread(remove_containers, self.spec.container.engine,
+                                           self.spec.container.run)
+            if left:
+                self._event(f"removed the containers left running: {', '.join(left)}")
         await asyncio.gather(*(c.stop(grace=10) for c in self.masters), return_exceptions=True)
         for channel in self._channels.values():
             await channel.close()
