@@ -15,6 +15,7 @@ behind it (etcd holds the truth: `paddlecloud job status`).
 
 from __future__ import annotations
 
+import datetime
 import logging
 from collections.abc import Mapping
 from typing import Any
@@ -123,3 +124,15 @@ def conditions(phase: str, *, now: str, previous: list[Mapping[str, Any]] | None
             condition["message"] = message
         out.append(condition)
     return out
+
+
+def refused_status(reason: str, message: str, *, now: str) -> dict[str, Any]:
+    """The status of a job the operator refused (a bad spec): Failed, and why."""
+    return {"phase": Phase.FAILED.value, "message": message,
+            "conditions": [{"type": "Created", "status": "False", "reason": reason,
+                            "message": message, "lastTransitionTime": now}]}
+
+
+def utc_now() -> str:
+    """Now, as status timestamps are written."""
+    return datetime.datetime.now(tz=datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
