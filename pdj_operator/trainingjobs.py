@@ -99,28 +99,8 @@ def crd() -> dict[str, Any]:
     status = pdj_crd.status_schema()
     status["properties"]["paddleJob"] = {"type": "string",
                                          "description": "The PaddleJob that runs this TrainingJob."}
-    return {
-        "apiVersion": "apiextensions.k8s.io/v1",
-        "kind": "CustomResourceDefinition",
-        "metadata": {"name": f"{PLURAL}.{GROUP}", "labels": {"app.kubernetes.io/name": "paddlecloud"}},
-        "spec": {
-            "group": GROUP,
-            "scope": "Namespaced",
-            "names": {"kind": TRAININGJOB_KIND, "listKind": f"{TRAININGJOB_KIND}List", "plural": PLURAL,
-                      "singular": SINGULAR, "shortNames": [SHORT_NAME]},
-            "versions": [{
-                "name": VERSION, "served": True, "storage": True,
-                "subresources": {"status": {}},
-                "additionalPrinterColumns": pdj_crd.printer_columns(),
-                "schema": {"openAPIV3Schema": {
-                    "type": "object", "required": ["spec"],
-                    "properties": {"apiVersion": {"type": "string"}, "kind": {"type": "string"},
-                                   "metadata": {"type": "object"}, "spec": spec_schema(),
-                                   "status": status},
-                }},
-            }],
-        },
-    }
+    return pdj_crd.definition(group=GROUP, version=VERSION, kind=TRAININGJOB_KIND, plural=PLURAL,
+                              singular=SINGULAR, short_name=SHORT_NAME, spec=spec_schema(), status=status)
 
 
 def render() -> str:
@@ -173,10 +153,7 @@ def register(registry: Any, *, jobs: Callable[[], Any], check: Callable[[Mapping
         except Exception as error:
             if api_status(error) != 409:
                 raise
-            existing = await jobs().read(jobs().custom.get_namespaced_custom_object, pdj_crd.GROUP,
-                                         pdj_crd.VERSION, meta["namespace"], pdj_crd.PLURAL, meta["name"])
-            owners = {o.get("uid") for o in ((existing or {}).get("metadata") or {}).get("ownerReferences") or []}
-            if meta["uid"] not in owners:
+            if meta["uid"] not in await paddlejob_owners(meta):
                 message = (f"PaddleJob {meta['name']} already exists in namespace {meta['namespace']} "
                            "and is not this TrainingJob's: delete it or rename the TrainingJob")
                 await _refuse(body, patch, jobs=jobs(), reason="NameTaken", message=message)
@@ -195,22 +172,30 @@ def register(registry: Any, *, jobs: Callable[[], Any], check: Callable[[Mapping
         meta = body["metadata"]
         if not status.get("paddleJob"):
             return  # not converted (yet, or refused)
-        stored = await jobs().read(jobs().custom.get_namespaced_custom_object, pdj_crd.GROUP,
-                                   pdj_crd.VERSION, meta["namespace"], pdj_crd.PLURAL, meta["name"])
-        copied = dict((stored or {}).get("status") or {})
+        copied = dict((await stored_paddlejob(meta) or {}).get("status") or {})
         if any(status.get(k) != v for k, v in copied.items()):
             patch.status.update(copied)
 
     @kopf.on.delete(*resource, registry=registry)
-    async def delete(body: kopf.Body, status: kopf.Status, **_: Any) -> None:
+    async def delete(body: kopf.Body, **_: Any) -> None:
         meta = body["metadata"]
-        if not status.get("paddleJob"):
-            return  # nothing was created for it
+        if meta["uid"] not in await paddlejob_owners(meta):
+            return  # none was created for it (refused), or the name is another's
         try:
             await paddlejob_api("delete", meta["namespace"], pdj_crd.PLURAL, meta["name"])
         except Exception as error:
             if api_status(error) != 404:
                 raise
+
+    async def stored_paddlejob(meta: Mapping[str, Any]) -> dict[str, Any] | None:
+        """The PaddleJob named like the TrainingJob, None when there is none."""
+        return await jobs().read(jobs().custom.get_namespaced_custom_object, pdj_crd.GROUP,
+                                 pdj_crd.VERSION, meta["namespace"], pdj_crd.PLURAL, meta["name"])
+
+    async def paddlejob_owners(meta: Mapping[str, Any]) -> set[str]:
+        """The owners' uids of the PaddleJob named like the TrainingJob (none: empty)."""
+        stored = await stored_paddlejob(meta) or {}
+        return {o.get("uid") for o in (stored.get("metadata") or {}).get("ownerReferences") or []}
 
 
 async def _refuse(body: Mapping[str, Any], patch: Any, *, jobs: Any, reason: str, message: str) -> None:

@@ -9,17 +9,15 @@ TrainingJob fits its schema as `kubectl apply`'s strict field validation reads i
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import jsonschema
 import kubernetes_validate
 import pytest
+import test_operator
 import yaml
-from kopf.testing import KopfRunner
-from test_operator import NS, assert_operator_rights, events
+from test_operator import NS, assert_operator_rights, events, running_operator
 from test_paddlejob import strict
 
 from paddlecloud.jobspec import JobSpec
@@ -27,12 +25,15 @@ from paddlecloud.k8s import manifests
 from paddlecloud.k8s.deployer import KubernetesDeployer
 from paddlecloud.trainingjob import to_paddlejob
 from pdj_operator import trainingjobs
-from pdj_operator.handlers import OperatorConfig, make_registry, make_settings, spec_of
+from pdj_operator.handlers import make_settings, spec_of
 
 REPO = Path(__file__).resolve().parents[2]
 CRD_FILE = REPO / "deploy" / "crd-trainingjob.yaml"
 EXAMPLE = Path(__file__).parent / "edl" / "examplejob.yaml"
 GROUP, VERSION, PLURAL = "paddlepaddle.org", "v1", "trainingjobs"
+
+
+config, api = test_operator.config, test_operator.api  # its fixtures, for these tests too
 
 
 def trainingjob(name: str = "example", **trainer: Any) -> dict[str, Any]:
@@ -42,34 +43,15 @@ def trainingjob(name: str = "example", **trainer: Any) -> dict[str, Any]:
     return doc
 
 
-@contextlib.asynccontextmanager
-async def running_operator(config: OperatorConfig) -> AsyncIterator[KopfRunner]:
-    """The operator in Kopf's runner (as tests/k8s/test_operator.py runs it), its API retries
-    short: kmock answers a failed JSON-patch test with 500 where an API server answers 422 (on
-    which Kopf goes on with the object's next event at once). A PaddleJob the operator creates
-    while it watches is announced first without its resourceVersion (conftest, gap 7), so
-    Kopf's first finalizer patch on it fails so, and is retried for a minute by default."""
+def quick_retries() -> Any:
+    """The operator's settings, its API retries short: kmock answers a failed JSON-patch test
+    with 500 where an API server answers 422 (on which Kopf goes on with the object's next
+    event at once). A PaddleJob the operator creates while it watches is announced first
+    without its resourceVersion (conftest, gap 7), so Kopf's first finalizer patch on it fails
+    so, and would be retried for a minute."""
     settings = make_settings()
     settings.networking.error_backoffs = [0.05, 0.05]
-    runner = KopfRunner(["run", "--verbose", "--namespace", NS, "--standalone"],
-                        registry=make_registry(config), settings=settings, timeout=30)
-    await asyncio.to_thread(runner.__enter__)
-    try:
-        yield runner
-    finally:
-        await asyncio.to_thread(runner.__exit__, None, None, None)
-
-
-@pytest.fixture
-def config(kubeconfig: str) -> OperatorConfig:
-    return OperatorConfig(kubeconfig=kubeconfig, interval=0.2, clear_etcd=False)
-
-
-@pytest.fixture
-def api(api_client: Any) -> Any:
-    from kubernetes import client
-
-    return client.CustomObjectsApi(api_client)
+    return settings
 
 
 async def apply(api: Any, doc: dict[str, Any]) -> None:
@@ -101,7 +83,7 @@ def test_the_crd_is_strictly_valid_generated_and_takes_the_seed_s_trainingjob():
 
 async def test_apply_converts_the_trainingjob_into_its_paddlejob_which_gets_the_master(k8s_crds, api, config):
     k8s = k8s_crds
-    async with running_operator(config):
+    async with running_operator(config, settings=quick_retries()):
         await apply(api, trainingjob())
         await wait_for_master(k8s, "example")
         await k8s.wait_for(lambda: (k8s.stored("trainingjobs", NS, "example").get("status") or {}).get("mode"),
@@ -125,7 +107,7 @@ async def test_apply_converts_the_trainingjob_into_its_paddlejob_which_gets_the_
 async def test_a_trainingjob_with_min_above_max_fails_with_its_reason_and_creates_nothing(
         k8s_crds, api, config):
     k8s = k8s_crds
-    async with running_operator(config):
+    async with running_operator(config, settings=quick_retries()):
         await apply(api, trainingjob(name="bad", **{"min-instance": 8}))
         await k8s.wait_for(lambda: (k8s.stored("trainingjobs", NS, "bad").get("status") or {}).get("phase"),
                            what="status")
@@ -138,7 +120,7 @@ async def test_a_trainingjob_with_min_above_max_fails_with_its_reason_and_create
 
 async def test_deleting_the_trainingjob_deletes_its_paddlejob(k8s_crds, api, api_client, config):
     k8s = k8s_crds
-    async with running_operator(config):
+    async with running_operator(config, settings=quick_retries()):
         await apply(api, trainingjob(name="gone"))
         await wait_for_master(k8s, "gone")
         # the master's part: its deployer creates the pservers and trainers
