@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -154,6 +155,17 @@ def test_an_image_that_is_not_here_is_one_error_naming_it(tmp_path):
     containers.require_engine()
     error = refused(tmp_path, "--image", "localhost/no-such-image:42")
     assert "image 'localhost/no-such-image:42' is not among podman's local images" in error
+    assert "podman said: Error: " in error and "image not known" in error
+
+
+def test_an_engine_that_cannot_answer_says_why(tmp_path):
+    if not shutil.which("docker"):
+        pytest.skip("no docker client on this machine")
+    if subprocess.run(["docker", "info"], capture_output=True, timeout=60).returncode == 0:
+        pytest.skip("docker's daemon runs here: this is about a client without one")
+    error = refused(tmp_path, "--image", containers.BASE_IMAGE, "--engine", "docker")
+    assert f"image '{containers.BASE_IMAGE}' is not among docker's local images" in error
+    assert "docker said: Cannot connect to the Docker daemon" in error
 
 
 def test_no_engine_on_the_machine_is_one_clear_error(tmp_path):

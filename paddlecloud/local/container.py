@@ -165,8 +165,10 @@ def check_image(engine: str, image: str) -> None:
         raise EngineError(f"{Path(engine).name} did not answer within {ENGINE_TIMEOUT} s "
                           f"about image {image[:200]!r}") from None
     if found.returncode != 0:
+        # the engine's own words: "image not known", or that it cannot run at all (no daemon)
+        said = (found.stderr.strip().splitlines() or ["no answer"])[-1][:200]
         raise EngineError(f"image {image[:200]!r} is not among {Path(engine).name}'s local images "
-                          f"(nothing is pulled: build or pull it first)")
+                          f"(nothing is pulled: build or pull it first); {Path(engine).name} said: {said}")
 
 
 def job_mounts(*, inputs: Sequence[str], output: Path, package_path: Path | None) -> tuple[Mount, ...]:
