@@ -20,7 +20,9 @@ from pathlib import Path
 
 import pytest
 from datasets import write_records
+from processes import job_processes
 
+from paddlecloud.local.container import remove_containers
 from tests import containers
 
 pytestmark = [pytest.mark.container, pytest.mark.timeout(900)]
@@ -129,15 +131,58 @@ def test_sigterm_stops_and_removes_every_container(tmp_path, user_image):
     run = local_train(tmp_path, "--job", job, "--image", user_image, "--engine", "podman", "--module", "stubborn",
                       "--package-path", str(tmp_path / "pkg"), "--input", str(tmp_path / "data"),
                       "--trainers", "2")
-    deadline = time.monotonic() + 300
-    while console(tmp_path).count("stubborn started") < 2:
-        assert run.poll() is None and time.monotonic() < deadline, console(tmp_path)[-4000:]
-        time.sleep(0.5)
+    wait_for_lines(run, tmp_path, "stubborn started", 2)
     names = job_containers(job)
     assert sorted(names) == [f"paddlecloud-{job}-trainer-0", f"paddlecloud-{job}-trainer-1"]
     run.send_signal(signal.SIGTERM)
     assert run.wait(timeout=120) == 128 + signal.SIGTERM, console(tmp_path)[-3000:]
     assert job_containers(job) == []
+
+
+def test_a_container_its_killed_wrapper_left_is_replaced_and_the_run_s_leftovers_removed(tmp_path, user_image):
+    write_records(tmp_path / "data", files=1, records_per_file=5)
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "stubborn.py").write_text(STUBBORN)
+    job = "seed002-leftover"
+    run = local_train(tmp_path, "--job", job, "--image", user_image, "--module", "stubborn",
+                      "--package-path", str(tmp_path / "pkg"), "--input", str(tmp_path / "data"),
+                      "--trainers", "2")
+    wait_for_lines(run, tmp_path, "stubborn started", 2)
+    wrapper = next(pid for pid, argv, env in job_processes(job)
+                   if "paddlecloud.local.container" in argv and env.get("PADDLE_TRAINER_ID") == "0")
+    os.kill(wrapper, signal.SIGKILL)  # its engine client and container live on
+    # the group restarts once; trainer 0's new wrapper removes the container of the same name
+    # first (else its run fails on the name, and the group restarts again)
+    wait_for_lines(run, tmp_path, "[trainer 0] stubborn started", 2, at_most=("restarting the trainer group", 1))
+    assert sorted(job_containers(job)) == [f"paddlecloud-{job}-trainer-0", f"paddlecloud-{job}-trainer-1"]
+    run.send_signal(signal.SIGTERM)
+    assert run.wait(timeout=120) == 128 + signal.SIGTERM, console(tmp_path)[-3000:]
+    assert job_containers(job) == []
+
+
+def test_remove_containers_removes_every_container_of_the_run_and_no_other(user_image):
+    engine = containers.engine()
+    for name, run in (("paddlecloud-test-run-a", "run-a"), ("paddlecloud-test-run-b", "run-b")):
+        containers.run_engine("run", "-d", "--rm", "--name", name, "--label", f"paddlecloud.run={run}",
+                              "--entrypoint", "sleep", user_image, "600", timeout=120)
+    try:
+        assert remove_containers(engine, "run-a") == ["paddlecloud-test-run-a"]
+        left = containers.run_engine("ps", "--all", "--format", "{{.Names}}", timeout=60).stdout.split()
+        assert "paddlecloud-test-run-a" not in left and "paddlecloud-test-run-b" in left
+    finally:
+        containers.run_engine("rm", "--force", "paddlecloud-test-run-a", "paddlecloud-test-run-b", timeout=120,
+                              check=False)
+
+
+def wait_for_lines(run: subprocess.Popen, tmp_path: Path, line: str, count: int, *,
+                   at_most: tuple[str, int] = ("", 0)) -> None:
+    """Until the console holds `line` `count` times, while it holds `at_most`'s line no more
+    often than its count."""
+    deadline = time.monotonic() + 300
+    while (text := console(tmp_path)).count(line) < count:
+        assert run.poll() is None and time.monotonic() < deadline, text[-4000:]
+        assert not at_most[0] or text.count(at_most[0]) <= at_most[1], text[-4000:]
+        time.sleep(0.5)
 
 
 def refused(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> str:
