@@ -22,7 +22,7 @@ import pytest
 from datasets import write_records
 from processes import job_processes
 
-from paddlecloud.local.container import remove_containers
+from paddlecloud.local.container import force_remove, remove_containers
 from tests import containers
 
 pytestmark = [pytest.mark.container, pytest.mark.timeout(900)]
@@ -128,7 +128,8 @@ def test_sigterm_stops_and_removes_every_container(tmp_path, user_image):
     (tmp_path / "pkg").mkdir()
     (tmp_path / "pkg" / "stubborn.py").write_text(STUBBORN)
     job = "seed002-sigterm"
-    run = local_train(tmp_path, "--job", job, "--image", user_image, "--engine", "podman", "--module", "stubborn",
+    run = local_train(tmp_path, "--job", job, "--image", user_image, "--engine", Path(containers.engine()).name,
+                      "--module", "stubborn",
                       "--package-path", str(tmp_path / "pkg"), "--input", str(tmp_path / "data"),
                       "--trainers", "2")
     wait_for_lines(run, tmp_path, "stubborn started", 2)
@@ -170,8 +171,7 @@ def test_remove_containers_removes_every_container_of_the_run_and_no_other(user_
         left = containers.run_engine("ps", "--all", "--format", "{{.Names}}", timeout=60).stdout.split()
         assert "paddlecloud-test-run-a" not in left and "paddlecloud-test-run-b" in left
     finally:
-        containers.run_engine("rm", "--force", "paddlecloud-test-run-a", "paddlecloud-test-run-b", timeout=120,
-                              check=False)
+        force_remove(engine, ["paddlecloud-test-run-a", "paddlecloud-test-run-b"])
 
 
 def wait_for_lines(run: subprocess.Popen, tmp_path: Path, line: str, count: int, *,

@@ -199,40 +199,54 @@ def remove_containers(engine: str, run: str) -> list[str]:
                             timeout=ENGINE_TIMEOUT, stdin=subprocess.DEVNULL)
     names = listed.stdout.split()
     if names:
-        subprocess.run([engine, "rm", "--force", *names], capture_output=True, timeout=ENGINE_TIMEOUT,
-                       stdin=subprocess.DEVNULL)
+        force_remove(engine, names)
     return names
 
 
+def force_remove(engine: str, names: Sequence[str]) -> None:
+    """Kills and removes containers now (`rm --force` alone gives podman's a stop timeout
+    first); one at a time, as a name that is gone fails the whole command (an engine's `--rm`
+    may remove one meanwhile)."""
+    for name in names:
+        for command in (("kill", name), ("rm", "--force", name)):
+            subprocess.run([engine, *command], capture_output=True, timeout=ENGINE_TIMEOUT,
+                           stdin=subprocess.DEVNULL)
+
+
 class _Wrapper:
-    """Runs one member's container; SIGTERM/SIGINT stop and remove it."""
+    """Runs one member's container; SIGTERM/SIGINT/SIGHUP stop and remove it."""
 
     def __init__(self, spec: ContainerSpec, environ: Mapping[str, str]) -> None:
         self.spec = spec
         self.name = spec.name(environ)
         self.env = spec.environment(environ)
         self.client_env = {**environ, **self.env}
+        self._stop_asked = threading.Event()
         self._stopping = threading.Lock()
 
     def run(self) -> int:
-        self._engine("rm", "--force", self.name)  # a leftover of this member's earlier run
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, self._on_signal)
+        force_remove(self.spec.engine, [self.name])  # a leftover of this member's earlier run
+        if self._stop_asked.is_set():
+            return 128 + signal.SIGTERM
         # The client runs in a session of its own: the job's signals to this process group
         # reach the container through `stop` alone, once, with the grace.
         client = subprocess.Popen(self.spec.run_argv(self.name, list(self.env)), env=self.client_env,
                                   stdin=subprocess.DEVNULL, start_new_session=True)
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-            signal.signal(sig, lambda *_: threading.Thread(target=self.stop, daemon=True).start())
         code = client.wait()
-        self._engine("rm", "--force", self.name)  # `--rm` does it, unless the client was killed
+        force_remove(self.spec.engine, [self.name])  # `--rm` does it, unless the client was killed
         return code
 
-    def stop(self) -> None:
-        if self._stopping.acquire(blocking=False):
-            self._engine("stop", "-t", str(STOP_GRACE), self.name)
+    def _on_signal(self, *_: object) -> None:
+        self._stop_asked.set()
+        threading.Thread(target=self.stop, daemon=True).start()
 
-    def _engine(self, *args: str) -> None:
-        subprocess.run([self.spec.engine, *args], capture_output=True, timeout=ENGINE_TIMEOUT,
-                       stdin=subprocess.DEVNULL, check=False)
+    def stop(self) -> None:
+        """`ENGINE stop`: the image's stop signal, SIGKILL after STOP_GRACE seconds."""
+        if self._stopping.acquire(blocking=False):
+            subprocess.run([self.spec.engine, "stop", "-t", str(STOP_GRACE), self.name],
+                           capture_output=True, timeout=ENGINE_TIMEOUT, stdin=subprocess.DEVNULL)
 
 
 def main(argv: Sequence[str]) -> int:
