@@ -71,7 +71,16 @@ ENTRYPOINT ["python3", "train.py"]
 """
 # A module in the package path that never ends and ignores SIGTERM as a PID 1 does: only the
 # engine's stop (SIGKILL after the grace) ends it.
-STUBBORN = "import time\nprint('stubborn started', flush=True)\nwhile True:\n    time.sleep(1)\n"
+STUBBORN = """\
+import time
+try:
+    open("/train/package/x", "w")
+except OSError as error:
+    print("package mount:", error.strerror, flush=True)
+print("stubborn started", flush=True)
+while True:
+    time.sleep(1)
+"""
 
 
 @pytest.fixture(scope="module")
@@ -133,6 +142,7 @@ def test_sigterm_stops_and_removes_every_container(tmp_path, user_image):
                       "--package-path", str(tmp_path / "pkg"), "--input", str(tmp_path / "data"),
                       "--trainers", "2")
     wait_for_lines(run, tmp_path, "stubborn started", 2)
+    assert "package mount: Read-only file system" in console(tmp_path)
     names = job_containers(job)
     assert sorted(names) == [f"paddlecloud-{job}-trainer-0", f"paddlecloud-{job}-trainer-1"]
     run.send_signal(signal.SIGTERM)

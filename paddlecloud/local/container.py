@@ -57,6 +57,9 @@ JOB_LABEL, RUN_LABEL = "paddlecloud.job", "paddlecloud.run"
 # names: everything else of the host's environment (PATH, HOME, PYTHONPATH) stays the image's.
 FORWARDED_PREFIXES = ("PADDLE", "TRAINING_ROLE", "POD_IP", "GLOG_", "FLAGS_", "PYTHONUNBUFFERED",
                       "PYTHONWARNINGS")
+# Top directories an input is never mounted over at its own path (the image's system is there).
+SYSTEM_DIRS = frozenset({"bin", "boot", "dev", "etc", "lib", "lib32", "lib64", "libx32", "proc", "run",
+                         "sbin", "sys", "usr", "var"})
 # The member's id, as the launchers set it: the container's name ends with it.
 ID_VARIABLES = {"trainer": "PADDLE_TRAINER_ID", "pserver": "PADDLE_PSERVER_ID"}
 # `python3 -m MODULE ARGS` (or `python`), the package first on PYTHONPATH, in the image's sh.
@@ -173,15 +176,23 @@ def check_image(engine: str, image: str) -> None:
 
 def job_mounts(*, inputs: Sequence[str], output: Path, package_path: Path | None) -> tuple[Mount, ...]:
     """Seed 002's mounts: the inputs (read-only) at /train/input, or /train/input/N for
-    several roots, and at their own host paths too (the master's tasks name those); --output
+    several roots, and at their own host paths too (the master's tasks name those), unless
+    that would hide the image's system directories; --output
     (writable) at /train/output; --package-path (read-only) at /train/package."""
     roots = list(dict.fromkeys(_input_root(p) for p in inputs if "://" not in p))
     mounts = [Mount(root, INPUT_DIR if len(roots) == 1 else f"{INPUT_DIR}/{i}") for i, root in enumerate(roots)]
-    mounts += [Mount(root, root) for root in roots]
+    mounts += [Mount(root, root) for root in roots if _mountable_as_is(root)]
     mounts.append(Mount(str(output), OUTPUT_DIR, read_only=False))
     if package_path is not None:
         mounts.append(Mount(str(package_path), PACKAGE_DIR))
     return tuple(mounts)
+
+
+def _mountable_as_is(root: str) -> bool:
+    """Whether a host directory may be mounted at its own path: not where it would hide the
+    image's system (/, /usr/..., /etc/...)."""
+    parts = Path(root).parts
+    return len(parts) > 1 and parts[1] not in SYSTEM_DIRS
 
 
 def _input_root(path: str) -> str:
