@@ -35,6 +35,7 @@ memory.
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import json
 import os
@@ -232,25 +233,35 @@ class _Wrapper:
         self.name = spec.name(environ)
         self.env = spec.environment(environ)
         self.client_env = {**environ, **self.env}
-        self._stop_asked = threading.Event()
+        self._client: subprocess.Popen[bytes] | None = None
+        self._stop_asked = False
         self._stopping = threading.Lock()
 
     def run(self) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, self._on_signal)
         force_remove(self.spec.engine, [self.name])  # a leftover of this member's earlier run
-        if self._stop_asked.is_set():
+        if self._stop_asked:
             return 128 + signal.SIGTERM
-        # The client runs in a session of its own: the job's signals to this process group
-        # reach the container through `stop` alone, once, with the grace.
-        client = subprocess.Popen(self.spec.run_argv(self.name, list(self.env)), env=self.client_env,
-                                  stdin=subprocess.DEVNULL, start_new_session=True)
-        code = client.wait()
+        # The client runs in a session of its own (the job's signals to this process group
+        # reach the container through `stop` alone, once, with the grace), and dies with this
+        # wrapper: a client that outlived it would hold the launcher's output pipe open, and
+        # the job would wait on that launcher forever.
+        self._client = subprocess.Popen(self.spec.run_argv(self.name, list(self.env)), env=self.client_env,
+                                        stdin=subprocess.DEVNULL, start_new_session=True,
+                                        preexec_fn=_die_with_parent)
+        if self._stop_asked:
+            self._stop_in_background()
+        code = self._client.wait()
         force_remove(self.spec.engine, [self.name])  # `--rm` does it, unless the client was killed
         return code
 
     def _on_signal(self, *_: object) -> None:
-        self._stop_asked.set()
+        self._stop_asked = True
+        if self._client is not None:
+            self._stop_in_background()
+
+    def _stop_in_background(self) -> None:
         threading.Thread(target=self.stop, daemon=True).start()
 
     def stop(self) -> None:
@@ -258,6 +269,14 @@ class _Wrapper:
         if self._stopping.acquire(blocking=False):
             subprocess.run([self.spec.engine, "stop", "-t", str(STOP_GRACE), self.name],
                            capture_output=True, timeout=ENGINE_TIMEOUT, stdin=subprocess.DEVNULL)
+
+
+def _die_with_parent() -> None:
+    """In the engine client before it runs: SIGKILL when the wrapper dies (Linux's
+    PR_SET_PDEATHSIG = 1). Safe as a `preexec_fn` here: no thread runs before the client
+    starts (the stop thread starts only once it exists)."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)
 
 
 def main(argv: Sequence[str]) -> int:
