@@ -104,7 +104,8 @@ def to_paddlejob(doc: Mapping[str, Any]) -> dict[str, Any]:
                           "template": _template("pserver", container, pserver.get("resources"),
                                                 where="spec.pserver")}
     return {"apiVersion": PADDLEJOB_API_VERSION, "kind": PADDLEJOB_KIND,
-            "metadata": {k: v for k, v in meta.items() if k in ("name", "namespace", "labels", "annotations")},
+            # not the annotations: kubectl's and the operator's own bookkeeping is the TrainingJob's
+            "metadata": {k: v for k, v in meta.items() if k in ("name", "namespace", "labels")},
             "spec": job_spec}
 
 

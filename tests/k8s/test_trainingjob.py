@@ -68,8 +68,11 @@ def test_the_seed_s_trainingjob_is_submitted_as_written():
 
 def test_a_trainingjob_is_the_paddlejob_it_converts_to():
     doc = yaml.safe_load(EXAMPLE.read_text())
+    doc["metadata"].update(labels={"team": "a"}, annotations={
+        "kubectl.kubernetes.io/last-applied-configuration": "{}", "paddlecloud.org/last-handled-configuration": "{}"})
     converted = to_paddlejob(doc)
-    assert converted["kind"] == "PaddleJob" and converted["metadata"] == {"name": "example"}
+    # the labels go with it; kubectl's and the operator's annotations are the TrainingJob's
+    assert converted["kind"] == "PaddleJob" and converted["metadata"] == {"name": "example", "labels": {"team": "a"}}
     worker = converted["spec"]["worker"]
     assert (worker["replicas"], worker["requests"], worker["limits"]) == (2, 2, 6)
     assert translate(converted).validate().trainer_range.maximum == 6

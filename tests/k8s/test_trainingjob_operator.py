@@ -138,3 +138,20 @@ async def test_deleting_the_trainingjob_deletes_its_paddlejob(k8s_crds, api, api
         assert k8s.stored("deployments", NS, "gone-master") is None
         assert k8s.stored("jobs", NS, "gone-trainer") is None
     assert_operator_rights(k8s)
+
+
+async def test_a_paddlejob_of_the_name_that_is_not_the_trainingjob_s_is_left_alone(k8s_crds, api, config):
+    k8s = k8s_crds
+    theirs = to_paddlejob(trainingjob(name="taken"))
+    theirs["metadata"]["namespace"] = NS
+    await asyncio.to_thread(api.create_namespaced_custom_object, "batch.paddlepaddle.org", "v1", NS,
+                            "paddlejobs", theirs)
+    async with running_operator(config, settings=quick_retries()):
+        await apply(api, trainingjob(name="taken"))
+        await k8s.wait_for(lambda: (k8s.stored("trainingjobs", NS, "taken").get("status") or {}).get("message"),
+                           what="the TrainingJob refused")
+        await asyncio.to_thread(api.delete_namespaced_custom_object, GROUP, VERSION, NS, PLURAL, "taken")
+        await k8s.wait_for(lambda: k8s.stored("trainingjobs", NS, "taken") is None, what="the TrainingJob gone")
+    assert events(k8s, "NameTaken")
+    assert k8s.stored("paddlejobs", NS, "taken") is not None  # not its to delete
+    assert "ownerReferences" not in k8s.stored("paddlejobs", NS, "taken")["metadata"]
