@@ -132,15 +132,19 @@ def test_trainers_and_pservers_run_in_the_image_with_the_seeds_mounts_and_enviro
     assert job_containers(job) == []
 
 
-def test_sigterm_stops_and_removes_every_container(tmp_path, user_image):
+def stubborn_trainers(tmp_path: Path, job: str, image: str, *args: str) -> subprocess.Popen:
+    """Two trainers of `image` running STUBBORN from --package-path with --module."""
     write_records(tmp_path / "data", files=1, records_per_file=5)
     (tmp_path / "pkg").mkdir()
     (tmp_path / "pkg" / "stubborn.py").write_text(STUBBORN)
+    return local_train(tmp_path, "--job", job, "--image", image, "--module", "stubborn", *args,
+                       "--package-path", str(tmp_path / "pkg"), "--input", str(tmp_path / "data"),
+                       "--trainers", "2")
+
+
+def test_sigterm_stops_and_removes_every_container(tmp_path, user_image):
     job = "seed002-sigterm"
-    run = local_train(tmp_path, "--job", job, "--image", user_image, "--engine", Path(containers.engine()).name,
-                      "--module", "stubborn",
-                      "--package-path", str(tmp_path / "pkg"), "--input", str(tmp_path / "data"),
-                      "--trainers", "2")
+    run = stubborn_trainers(tmp_path, job, user_image, "--engine", Path(containers.engine()).name)
     wait_for_lines(run, tmp_path, "stubborn started", 2)
     assert "package mount: Read-only file system" in console(tmp_path)
     names = job_containers(job)
@@ -151,13 +155,8 @@ def test_sigterm_stops_and_removes_every_container(tmp_path, user_image):
 
 
 def test_a_container_its_killed_wrapper_left_is_replaced_and_the_run_s_leftovers_removed(tmp_path, user_image):
-    write_records(tmp_path / "data", files=1, records_per_file=5)
-    (tmp_path / "pkg").mkdir()
-    (tmp_path / "pkg" / "stubborn.py").write_text(STUBBORN)
     job = "seed002-leftover"
-    run = local_train(tmp_path, "--job", job, "--image", user_image, "--module", "stubborn",
-                      "--package-path", str(tmp_path / "pkg"), "--input", str(tmp_path / "data"),
-                      "--trainers", "2")
+    run = stubborn_trainers(tmp_path, job, user_image)
     wait_for_lines(run, tmp_path, "stubborn started", 2)
     wrapper = next(pid for pid, argv, env in job_processes(job)
                    if "paddlecloud.local.container" in argv and env.get("PADDLE_TRAINER_ID") == "0")
