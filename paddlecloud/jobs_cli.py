@@ -55,6 +55,7 @@ from paddlecloud.k8s.jobs import (
     scale_trainers,
 )
 from paddlecloud.paddlejob import chunk_bytes, load_documents, translate_documents
+from paddlecloud.trainingjob import is_trainingjob, to_paddlejob
 
 logger = logging.getLogger(__name__)
 
@@ -133,12 +134,14 @@ def job() -> None:
 
 # ---- submit ----------------------------------------------------------------------------------
 def _load_paddlejob(path: str) -> list[dict[str, Any]]:
-    """The documents of a PaddleJob file (the PaddleJob, and its PodGroup if any)."""
+    """The documents of a PaddleJob file (the PaddleJob, and its PodGroup if any); an EDL
+    TrainingJob is read as the PaddleJob it converts to (`paddlecloud.trainingjob`)."""
     try:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as error:
         raise JobSpecError(f"cannot read {path}: {error}") from None
-    return load_documents(text, source=path)
+    return [to_paddlejob(doc) if is_trainingjob(doc) else doc
+            for doc in load_documents(text, source=path)]
 
 
 def build_spec(*, name: str | None, paddlejob: str | None, package: Mapping[str, bytes] | None,
@@ -236,7 +239,8 @@ def _job_name_of(words: tuple[str, ...]) -> str | None:
 @job.command("submit")
 @click.argument("words", nargs=-1, metavar="[train] NAME")
 @click.option("-f", "--file", "paddlejob", type=click.Path(exists=True, dir_okay=False),
-              help="A paddle-operator PaddleJob YAML (batch.paddlepaddle.org/v1).")
+              help="A paddle-operator PaddleJob YAML (batch.paddlepaddle.org/v1), or an EDL "
+                   "TrainingJob (paddlepaddle.org/v1).")
 @click.option("--package-path", type=click.Path(exists=True, file_okay=False),
               help="Directory of your code, shipped in a ConfigMap (< 1 MiB) and put on PYTHONPATH.")
 @click.option("--module", help="Trainers (and pservers) run `python3 -m MODULE`.")

@@ -1,5 +1,9 @@
 """`paddlecloud operator`: run the PaddleJob controller (Kopf) in a namespace or cluster-wide.
 
+It serves EDL's TrainingJobs too, each converted into the PaddleJob that runs it
+(`pdj_operator.trainingjobs`); without their CRD (deploy/crd-trainingjob.yaml) Kopf warns
+that the resource is unresolved and the PaddleJobs are served alone.
+
 Deployed by deploy/operator.yaml (two replicas with Kopf peering: the one of the
 higher priority acts, the other waits). Each replica picks a random priority
 unless --priority is given, so two replicas never tie (a tie pauses both, as
@@ -53,7 +57,10 @@ def operator_command(namespaces: tuple[str, ...], all_namespaces: bool, etcd_end
                      image: str, kubeconfig: str | None, interval: float,
                      peering: str, priority: int | None, standalone: bool, keep_etcd: bool,
                      liveness: str | None, log_level: str) -> None:
-    """Run PaddleJobs (kubectl apply -f job.yaml): each gets its master, which deploys the rest."""
+    """Run PaddleJobs (kubectl apply -f job.yaml): each gets its master, which deploys the rest.
+
+    EDL's TrainingJobs (paddlepaddle.org/v1) are run as the PaddleJob each converts to.
+    """
     if bool(namespaces) == all_namespaces:
         raise click.UsageError("give --namespace NS (repeatable) or --all-namespaces")
     try:

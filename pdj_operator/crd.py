@@ -245,18 +245,21 @@ def printer_columns() -> list[dict[str, Any]]:
     ]
 
 
-def crd() -> dict[str, Any]:
+def definition(*, group: str, version: str, kind: str, plural: str, singular: str, short_name: str,
+               spec: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
+    """A namespaced CRD of one served version with a status subresource and the PaddleJob's
+    printer columns (the TrainingJob's CRD shares them: its status is its PaddleJob's)."""
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
-        "metadata": {"name": f"{PLURAL}.{GROUP}", "labels": {"app.kubernetes.io/name": "paddlecloud"}},
+        "metadata": {"name": f"{plural}.{group}", "labels": {"app.kubernetes.io/name": "paddlecloud"}},
         "spec": {
-            "group": GROUP,
+            "group": group,
             "scope": "Namespaced",
-            "names": {"kind": KIND, "listKind": f"{KIND}List", "plural": PLURAL,
-                      "singular": SINGULAR, "shortNames": [SHORT_NAME]},
+            "names": {"kind": kind, "listKind": f"{kind}List", "plural": plural,
+                      "singular": singular, "shortNames": [short_name]},
             "versions": [{
-                "name": VERSION,
+                "name": version,
                 "served": True,
                 "storage": True,
                 "subresources": {"status": {}},
@@ -268,13 +271,18 @@ def crd() -> dict[str, Any]:
                         "apiVersion": {"type": "string"},
                         "kind": {"type": "string"},
                         "metadata": {"type": "object"},
-                        "spec": spec_schema(),
-                        "status": status_schema(),
+                        "spec": spec,
+                        "status": status,
                     },
                 }},
             }],
         },
     }
+
+
+def crd() -> dict[str, Any]:
+    return definition(group=GROUP, version=VERSION, kind=KIND, plural=PLURAL, singular=SINGULAR,
+                      short_name=SHORT_NAME, spec=spec_schema(), status=status_schema())
 
 
 def render() -> str:

@@ -58,15 +58,16 @@ from paddlecloud.k8s.client import (
 from paddlecloud.k8s.deployer import PODGROUPS, VOLCANO_GROUP, VOLCANO_VERSION, KubernetesDeployer
 from paddlecloud.paddlejob import PODGROUP_KIND, PODGROUP_SPEC_FIELDS, translate
 from paddlecloud.phase import TERMINAL, Phase
-from pdj_operator import crd, kueue
+from pdj_operator import crd, kueue, trainingjobs
 from pdj_operator.status import (
     SUSPEND_MESSAGES,
     Observed,
     conditions,
     eta,
-    invalid_spec_conditions,
     job_status,
     master_phase,
+    refused_status,
+    utc_now,
 )
 
 logger = logging.getLogger(__name__)
@@ -93,8 +94,7 @@ class OperatorConfig:
             raise ValueError(f"invalid etcd timeout {self.etcd_timeout!r}: must be > 0 seconds")
 
 
-def _now() -> str:
-    return datetime.datetime.now(tz=datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+_now = utc_now
 
 
 # On a PaddleJob: the etcd user made for it (its password is in the Secret NAME-etcd only)
@@ -477,14 +477,16 @@ class JobObjects:
         return deleted
 
     async def event(self, body: Mapping[str, Any], *, kind: str, reason: str, message: str) -> None:
-        """Records a Kubernetes Event on the PaddleJob (`kubectl describe pdj` shows it)."""
+        """Records a Kubernetes Event on the PaddleJob, or TrainingJob, `body` (`kubectl describe`
+        shows it)."""
         meta = body["metadata"]
         now = _now()
         event = {
             "apiVersion": "v1", "kind": "Event",
             "metadata": {"name": f"{meta['name']}.{uuid.uuid4().hex[:16]}",
                          "namespace": meta["namespace"]},
-            "involvedObject": {"apiVersion": PADDLEJOB_API_VERSION, "kind": crd.KIND,
+            "involvedObject": {"apiVersion": body.get("apiVersion") or PADDLEJOB_API_VERSION,
+                               "kind": body.get("kind") or crd.KIND,
                                "name": meta["name"], "namespace": meta["namespace"],
                                "uid": meta.get("uid")},
             "type": kind, "reason": reason, "message": message[:1024],
@@ -564,9 +566,8 @@ def make_registry(config: OperatorConfig, *,
                 spec = spec_of(body, config, podgroup=group)
                 await jobs().adopt_podgroup(body)
         except JobSpecError as error:
-            patch.status.update({"phase": Phase.FAILED.value, "message": str(error),
-                                 "conditions": invalid_spec_conditions(
-                                     str(error), generation=_generation(body), now=_now())})
+            patch.status.update(refused_status("InvalidSpec", str(error), now=_now(),
+                                               generation=_generation(body)))
             await jobs().event(body, kind="Warning", reason="InvalidSpec", message=str(error))
             raise kopf.PermanentError(str(error)) from None
         hold, wl = await jobs().hold_reason(spec, body)
@@ -665,6 +666,10 @@ def make_registry(config: OperatorConfig, *,
                                "delete %s -n %s` later)", spec.namespace, spec.name, error,
                                spec.name, spec.namespace)
 
+    # EDL's TrainingJobs: each converted into the PaddleJob that runs it, which the handlers
+    # above run (see pdj_operator.trainingjobs)
+    trainingjobs.register(registry, jobs=jobs, check=lambda doc: spec_of(doc, config),
+                          interval=config.interval)
     return registry
 
 

@@ -15,6 +15,7 @@ behind it (etcd holds the truth: `paddlecloud job status`).
 
 from __future__ import annotations
 
+import datetime
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -219,9 +220,22 @@ def conditions(seen: Observed, *, now: str,
     return out
 
 
-def invalid_spec_conditions(message: str, *, generation: int, now: str) -> list[dict[str, Any]]:
-    """The conditions of a PaddleJob whose spec cannot run: not Created, and Failed."""
+def invalid_spec_conditions(message: str, *, generation: int, now: str,
+                            reason: str = "InvalidSpec") -> list[dict[str, Any]]:
+    """The conditions of a job whose spec cannot run: not Created (`reason`), and Failed."""
     out = conditions(Observed(phase=Phase.FAILED.value, generation=generation, message=message),
                      now=now)
-    out[0].update(status="False", reason="InvalidSpec", message=message)
+    out[0].update(status="False", reason=reason, message=message)
     return out
+
+
+def refused_status(reason: str, message: str, *, now: str, generation: int = 0) -> dict[str, Any]:
+    """The status of a job the operator refused (a bad spec, a name taken): Failed, and why."""
+    return {"phase": Phase.FAILED.value, "message": message,
+            "conditions": invalid_spec_conditions(message, generation=generation, now=now,
+                                                  reason=reason)}
+
+
+def utc_now() -> str:
+    """Now, as status timestamps are written."""
+    return datetime.datetime.now(tz=datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -14,12 +14,14 @@ that an fsspec URL is reachable — the trainers and the master find that out.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import importlib.util
 import re
 import shutil
 import subprocess
 import sys
 import tempfile
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +30,14 @@ import click
 from paddlecloud.clitypes import DURATION, ENV_OPTION_NAMES, ENV_PAIR, NON_NEGATIVE, POSITIVE, SIZE
 from paddlecloud.datasets import FORMATS, SpecError, list_files
 from paddlecloud.etcd import MIN_LEASE_TTL
+from paddlecloud.local.container import (
+    ENGINES,
+    ContainerSpec,
+    EngineError,
+    check_image,
+    find_engine,
+    job_mounts,
+)
 
 EXAMPLES = {"fit-a-line": "examples.fit_a_line"}
 
@@ -143,6 +153,17 @@ def _check_session_ttl(seconds: float) -> None:
                                  param_hint="'--session-ttl'")
 
 
+def _check_container(image: str, engine: str | None) -> ContainerSpec:
+    """The engine found and the image present locally, before anything starts; the job's
+    name and mounts are filled in once the other flags are checked."""
+    try:
+        found = find_engine(engine)
+        check_image(found, image)
+    except EngineError as error:
+        raise click.BadParameter(str(error), param_hint="'--image'") from None
+    return ContainerSpec(engine=found, image=image, job="", run=uuid.uuid4().hex[:12])
+
+
 def _make_output(output: Path) -> None:
     """Creates `--output` and writes a file in it now, so a path that cannot be written is a
     usage error rather than a traceback once etcd runs (a permission check alone would pass
@@ -231,11 +252,18 @@ def local() -> None:
               help="Trainer session lease (as the master's default: longer than a failover).")
 @click.option("--example", type=click.Choice(sorted(EXAMPLES)), help="Run a bundled example (generates its data).")
 @click.option("--tls", is_flag=True, help="Masters serve TLS with a CA minted for this run (tokens are always on).")
+@click.option("--image", metavar="IMAGE", help="Run each trainer and pserver in a container of IMAGE (a local image: nothing "
+                              "is pulled), with --input, --output and --package-path mounted at /train/input, "
+                              "/train/output and /train/package; the image's entrypoint runs, or "
+                              "`python3 -m MODULE` with --module.")
+@click.option("--engine", type=click.Choice(ENGINES), default=None,
+              help="The container engine for --image [default: the first of podman and docker on PATH].")
 @click.argument("module_args", nargs=-1, type=click.UNPROCESSED)
 def train(module, package_path, inputs, output, trainers, min_trainers, max_trainers, resize_schedule, pservers, pserver_module, env, epochs, checkpoint_every, masters, fresh,
           etcd_endpoints, restart_limit, restart_mode, job_name, fmt, chunk_bytes, session_ttl, example,
-          tls, module_args) -> None:
-    """Run a training job here: etcd, master(s), pservers and trainers as child processes.
+          tls, image, engine, module_args) -> None:
+    """Run a training job here: etcd, master(s), pservers and trainers as child processes
+    (with --image, each trainer and pserver in a container of IMAGE).
 
     Quote an --input glob ('data/*.csv'); arguments for MODULE go after `--`.
     """
@@ -245,12 +273,14 @@ def train(module, package_path, inputs, output, trainers, min_trainers, max_trai
     from paddlecloud.local.view import ConsoleView
 
     _check_leftovers(module_args, inputs)
+    if engine and not image:
+        raise click.UsageError("--engine chooses the container engine of --image: give --image too")
     if example:
-        _check_example(example, module=module, input=inputs, package_path=package_path)
+        _check_example(example, module=module, input=inputs, package_path=package_path, image=image)
         module, package_path = _example_module(example)
         trainers = trainers or 2
-    elif not module:
-        raise click.UsageError("Missing option '--module' (or --example).")
+    elif not module and not image:
+        raise click.UsageError("Missing option '--module' (or --example, or --image).")
     elif not inputs:
         raise click.UsageError("Missing option '--input': the data to train on.")
     _check_job_name(job_name)
@@ -267,9 +297,13 @@ def train(module, package_path, inputs, output, trainers, min_trainers, max_trai
     trainers = _check_trainer_range(trainers, min_trainers, max_trainers)
     for _, size in schedule:
         _check_trainer_range(size, min_trainers, max_trainers)
-    _check_module(module, package_path)
-    if pserver_module:
-        _check_module(pserver_module, package_path)
+    if image:  # the module is the image's (or the package's) business: it runs in there
+        container = _check_container(image, engine)
+    else:
+        container = None
+        _check_module(module, package_path)
+        if pserver_module:
+            _check_module(pserver_module, package_path)
     if not example:
         inputs = _expand_inputs(inputs)
     if etcd_endpoints:
@@ -281,15 +315,20 @@ def train(module, package_path, inputs, output, trainers, min_trainers, max_trai
     if fresh:
         shutil.rmtree(output / CHECKPOINTS_DIR, ignore_errors=True)
     start_epoch = resume_epoch(output)
+    job_name = job_name or _job_name(module or image.rsplit("/", 1)[-1].split(":", 1)[0])
+    if container is not None:
+        container = dataclasses.replace(container, job=job_name, env_names=tuple(k for k, _ in env),
+                                        mounts=job_mounts(inputs=inputs, output=output,
+                                                          package_path=package_path and package_path.absolute()))
     spec = LocalJobSpec(
-        job=job_name or _job_name(module), module=module, output=output, inputs=inputs,
+        job=job_name, module=module, output=output, inputs=inputs,
         trainers=trainers, min_trainers=min_trainers, max_trainers=max_trainers, pservers=pservers,
         resize_schedule=schedule, pserver_module=pserver_module, epochs=epochs, masters=masters,
         package_path=package_path.absolute() if package_path else None, env=env,
         module_args=tuple(module_args), etcd_endpoints=etcd_endpoints, fresh=fresh,
         restart_limit=restart_limit, restart_mode=restart_mode or ("group" if pservers == 0 else "trainer"),
         start_epoch=start_epoch, session_ttl=repr(session_ttl),
-        master_args=("--format", fmt, "--chunk-bytes", str(chunk_bytes)), tls=tls,
+        master_args=("--format", fmt, "--chunk-bytes", str(chunk_bytes)), tls=tls, container=container,
     )
     with ConsoleView() as view:
         if start_epoch:

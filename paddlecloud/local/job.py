@@ -40,6 +40,7 @@ from paddlecloud.etcd_server import EtcdServer, free_ports, server_version, vers
 from paddlecloud.exits import signal_exit_code
 from paddlecloud.keys import JobKeys, prefix_range_end
 from paddlecloud.local.children import Child
+from paddlecloud.local.container import ContainerSpec, remove_containers
 from paddlecloud.local.deployer import JobFailed, LocalDeployer, launcher_command
 from paddlecloud.local.handle import SECRETS_DIR, LocalJobHandle
 from paddlecloud.master_flags import master_flags
@@ -61,7 +62,7 @@ _PERMANENT = frozenset({grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.INV
 @dataclass(frozen=True)
 class LocalJobSpec:
     job: str
-    module: str
+    module: str | None                   # None only with `container`: the image's own entrypoint
     output: Path
     inputs: tuple[str, ...]
     trainers: int = 1                    # the group's size at start (the desired size)
@@ -85,6 +86,7 @@ class LocalJobSpec:
     election_ttl: str = "10s"
     done_grace: float = 60.0             # seconds trainers get to exit once the job ended
     tls: bool = False                    # the masters serve TLS with a CA minted for this run
+    container: ContainerSpec | None = None  # --image: pservers and trainers in containers
 
 
 @dataclass
@@ -123,10 +125,8 @@ class LocalJob:
         self.masters: list[Child] = []
         self.deployer = LocalDeployer(
             trainers=spec.trainers, pservers=spec.pservers, output=spec.output,
-            trainer_command=launcher_command("trainer", self._user_command()),
-            pserver_command=launcher_command(
-                "pserver", self._user_command(spec.pserver_module, ()) if spec.pserver_module
-                else self._user_command()),
+            trainer_command=launcher_command("trainer", self._role_command("trainer")),
+            pserver_command=launcher_command("pserver", self._role_command("pserver")),
             restart_limit=spec.restart_limit, restart_mode=spec.restart_mode, spawn=self._child,
             user_env=self._env, restart_epoch=self._restart_epoch,
             event=self._event,
@@ -251,6 +251,15 @@ class LocalJob:
         """OUTPUT/.paddlecloud/job.json: how `paddlecloud job scale --output` finds the leader."""
         LocalJobHandle(self.spec.job, tuple(master_address(m) for m in self.masters),
                        self.progress.leader).write(self.spec.output)
+
+    def _role_command(self, role: str) -> list[str]:
+        """What a role's launcher runs: the user's module here, or (--image) a container of it."""
+        module, args = self.spec.module, self.spec.module_args
+        if role == "pserver" and self.spec.pserver_module:
+            module, args = self.spec.pserver_module, ()
+        if self.spec.container is not None:
+            return self.spec.container.for_role(role, module=module, args=args).wrapper_command()
+        return self._user_command(module, args)
 
     def _user_command(self, module: str | None = None, args: tuple[str, ...] | None = None) -> list[str]:
         """`python -m MODULE ARGS`, with the user's package path first on its PYTHONPATH.
@@ -441,6 +450,11 @@ class LocalJob:
     async def _stop_all(self) -> None:
         LocalJobHandle.remove(self.spec.output)
         await self.deployer.cleanup(succeeded=False)
+        if self.spec.container is not None:  # a wrapper killed before it removed its container
+            left = await asyncio.to_thread(remove_containers, self.spec.container.engine,
+                                           self.spec.container.run)
+            if left:
+                self._event(f"removed the containers left running: {', '.join(left)}")
         await asyncio.gather(*(c.stop(grace=10) for c in self.masters), return_exceptions=True)
         for channel in self._channels.values():
             await channel.close()

@@ -229,20 +229,25 @@ def kubeconfig(k8s: Cluster, tmp_path: Any) -> str:
 #    tests that run the operator declare them here (and the Namespaces, which kmock
 #    0.8 cannot list: the operator runs with Kopf's scanning off).
 PADDLEJOBS = kmocklib.resource("batch.paddlepaddle.org", "v1", "paddlejobs")
+TRAININGJOBS = kmocklib.resource("paddlepaddle.org", "v1", "trainingjobs")
 KOPFPEERINGS = kmocklib.resource("kopf.dev", "v1", "kopfpeerings")
 NAMESPACES = kmocklib.resource("", "v1", "namespaces")
 WORKLOADS = kmocklib.resource("kueue.x-k8s.io", "v1beta1", "workloads")  # Kueue's
-RESOURCES.update({"paddlejobs": PADDLEJOBS, "kopfpeerings": KOPFPEERINGS, "workloads": WORKLOADS,
+RESOURCES.update({"paddlejobs": PADDLEJOBS, "trainingjobs": TRAININGJOBS, "kopfpeerings": KOPFPEERINGS,
+                  "workloads": WORKLOADS,
                   "events": kmocklib.resource("", "v1", "events")})
 
 
 @pytest.fixture
 async def k8s_crds(k8s: Cluster) -> Cluster:
-    """`k8s` with the PaddleJob CRD (and Kopf's KopfPeering, Kueue's Workload) installed."""
+    """`k8s` with the PaddleJob and TrainingJob CRDs (and Kopf's KopfPeering, Kueue's Workload) installed."""
     verbs = {"get", "list", "watch", "create", "update", "patch", "delete"}
     k8s.kmock.resources[PADDLEJOBS] = kmocklib.ResourceInfo(
         kind="PaddleJob", singular="paddlejob", namespaced=True, verbs=verbs,
         shortnames={"pdj"}, subresources={"status"})
+    k8s.kmock.resources[TRAININGJOBS] = kmocklib.ResourceInfo(
+        kind="TrainingJob", singular="trainingjob", namespaced=True, verbs=verbs,
+        shortnames={"tj"}, subresources={"status"})
     k8s.kmock.resources[KOPFPEERINGS] = kmocklib.ResourceInfo(
         kind="KopfPeering", singular="kopfpeering", namespaced=True, verbs=verbs)
     # the operator lists a job's master pods (to stop the master before its trainers)
@@ -251,16 +256,22 @@ async def k8s_crds(k8s: Cluster) -> Cluster:
     k8s.kmock.resources[WORKLOADS] = kmocklib.ResourceInfo(
         kind="Workload", singular="workload", namespaced=True, verbs=verbs,
         subresources={"status"})
-    # 7. resourceVersion: Kopf's JSON patches test it; kmock sets none (nor bumps one)
-    def versioned(request: Any) -> Any:
+    # 7. resourceVersion: Kopf's JSON patches test it; kmock sets none (nor bumps one). kmock
+    #    announced the object to its watchers before any reaction runs: the versioned object is
+    #    announced again (MODIFIED), as a watcher would see it, or Kopf keeps testing against
+    #    the version-less body of an object created while it watches (a TrainingJob's PaddleJob)
+    async def versioned(request: Any) -> Any:
         meta = (request.data or {}).get("metadata") or {}
         key = (request.resource, request.namespace or meta.get("namespace"), meta.get("name"))
         if key in k8s.kmock.objects and not (k8s.kmock.objects[key].get("metadata") or {}).get(
                 "resourceVersion"):
             k8s.kmock.objects[key].patch({"metadata": {"resourceVersion": "1"}})
+            await k8s.kmock._buses[request.resource].put(
+                {"type": "MODIFIED", "object": k8s.kmock.objects[key].raw})
         return NotImplemented  # on to the create answer of gaps 1 and 2
 
-    k8s.kmock[kmocklib.action.CREATE] << versioned
+    for resource in (PADDLEJOBS, TRAININGJOBS):  # each: one catch-all answered the first create only
+        k8s.kmock[kmocklib.action.CREATE, resource] << versioned
     # Kopf lists the namespaces it serves before it watches anything in them
     k8s.kmock.resources[NAMESPACES] = kmocklib.ResourceInfo(
         kind="Namespace", singular="namespace", namespaced=False, verbs={"get", "list", "watch"})

@@ -54,10 +54,13 @@ def paddlejob(name: str = "ctr", **spec: Any) -> dict[str, Any]:
 
 
 @contextlib.asynccontextmanager
-async def running_operator(config: OperatorConfig, *args: str) -> AsyncIterator[KopfRunner]:
-    """The operator in Kopf's runner; entered and left off the loop that serves kmock."""
+async def running_operator(config: OperatorConfig, *args: str,
+                           settings: Any = None) -> AsyncIterator[KopfRunner]:
+    """The operator in Kopf's runner (`settings`: the operator's unless given); entered and
+    left off the loop that serves kmock."""
     runner = KopfRunner(["run", "--verbose", "--namespace", NS, *(args or ("--standalone",))],
-                        registry=make_registry(config), settings=make_settings(), timeout=30)
+                        registry=make_registry(config), settings=settings or make_settings(),
+                        timeout=30)
     await asyncio.to_thread(runner.__enter__)
     try:
         yield runner
