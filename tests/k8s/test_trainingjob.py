@@ -49,7 +49,7 @@ def test_the_seed_s_trainingjob_is_submitted_as_written():
     spec = JobSpec.from_yaml(objects["ConfigMap/example-spec"]["data"][manifests.SPEC_KEY])
     # min-instance..max-instance is the elastic range the autoscaler and `job scale` act on
     assert (spec.trainers, spec.min_trainers, spec.max_trainers, spec.pservers) == (2, 2, 6, 2)
-    assert spec.epochs == 10 and spec.no_agent
+    assert spec.epochs == 10
     trainer = objects["Job/example-trainer"]["spec"]["template"]["spec"]["containers"][0]
     pserver = objects["StatefulSet/example-ps"]["spec"]["template"]["spec"]["containers"][0]
     assert objects["StatefulSet/example-ps"]["spec"]["replicas"] == 2

@@ -15,7 +15,6 @@ from typing import Any
 import jsonschema
 import kubernetes_validate
 import pytest
-import test_operator
 import yaml
 from test_operator import NS, assert_operator_rights, events, running_operator
 from test_paddlejob import strict
@@ -33,7 +32,6 @@ EXAMPLE = Path(__file__).parent / "edl" / "examplejob.yaml"
 GROUP, VERSION, PLURAL = "paddlepaddle.org", "v1", "trainingjobs"
 
 
-config, api = test_operator.config, test_operator.api  # its fixtures, for these tests too
 
 
 def trainingjob(name: str = "example", **trainer: Any) -> dict[str, Any]:
