@@ -74,3 +74,16 @@ def audit_lineage(consumed: dict[int, Counter[int]], expected: Counter[int], *,
             never_seen=sum(1 for i in expected if i not in ids),
             unknown=sum(1 for i in ids if i not in expected)))
     return result
+
+
+def off_by_epoch(log: Path, data: Path) -> dict[int, str]:
+    """Per epoch of the log's lineage whose records are not the data's once each: what is
+    wrong ({} when every epoch holds every record exactly once)."""
+    expected = record_ids(data)
+    wrong = {}
+    for epoch, ids in lineage(log).items():
+        extra, missing = ids - expected, expected - ids
+        if extra or missing:
+            wrong[epoch] = (f"{sum(extra.values())} records twice or unknown, "
+                            f"{sum(missing.values())} never consumed")
+    return wrong
