@@ -22,9 +22,11 @@ the checkpoint loaded), first step.
     python bench/recovery.py            # one run of each
     python bench/recovery.py --runs 3
 
-Needs the paddle extra, and for the launcher the `etcd3` package (the `bench` extra has
-it) with `PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION=python`, which this sets for it: its
-generated code predates protobuf 4's C++ descriptors. What this does NOT measure:
+Needs the paddle extra, and for the launcher its etcd client, the `etcd3` package, installed
+without its dependencies (it pins grpcio 1.27 and protobuf 3.6, which would replace this
+project's): `pip install --no-deps etcd3 six`; without it the launcher's side is skipped,
+saying so. The launcher runs with `PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION=python`, which
+this sets for it: etcd3's generated code predates protobuf 4's C++ descriptors. What this does NOT measure:
 Kubernetes (pod scheduling and image pulls dominate there), or a loss without a
 checkpoint of the launcher's own (the script here saves at each epoch's end).
 """
@@ -32,6 +34,7 @@ checkpoint of the launcher's own (the script here saves at each epoch's end).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import re
@@ -305,7 +308,10 @@ def main(argv: list[str] | None = None) -> int:
             work = Path(scratch)
             if args.only != "launcher":
                 runs.append(paddlecloud_run(work))
-            if args.only != "paddlecloud":
+            if args.only != "paddlecloud" and not importlib.util.find_spec("etcd3"):
+                print("skipping paddle.distributed.launch: its etcd client is missing "
+                      "(pip install --no-deps etcd3 six)", flush=True)
+            elif args.only != "paddlecloud":
                 data = work / "data"
                 subprocess.run([sys.executable, "-m", "examples.fit_a_line.data", str(data)],
                                check=True, capture_output=True, cwd=ROOT)
