@@ -1,0 +1,29 @@
+"""bench/recovery.py runs end to end on paddlecloud's side: a trainer SIGKILLed mid-epoch, the
+job trains again and finishes, and the final model's lineage holds every record once per epoch.
+No timing is asserted: speed lives in the benchmark."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("paddle")
+pytestmark = pytest.mark.paddle
+
+BENCH = Path(__file__).resolve().parent.parent / "bench" / "recovery.py"
+
+
+@pytest.mark.timeout(600)
+def test_the_recovery_bench_runs_paddlecloud_s_side():
+    out = subprocess.run([sys.executable, str(BENCH), "--only", "paddlecloud"], capture_output=True,
+                         text=True, timeout=580)
+    assert out.returncode == 0, out.stderr[-4000:]
+    row = next(line for line in out.stdout.splitlines() if line.startswith("paddlecloud "))
+    assert re.search(r"\d+\.\d s\s+True\s+\[0, 0, 0\]\s+\[0, 0, 0\]", row), out.stdout
+    parts = next(line for line in out.stdout.splitlines() if "recovery parts" in line)
+    for part in ("detection", "group stop", "start and load", "first step"):
+        assert part in parts, parts
