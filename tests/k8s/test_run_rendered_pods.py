@@ -1,4 +1,5 @@
-"""paddle-operator's tutorial (seed 003), Examples 1-4 verbatim, and a `--module` job: the pods
+"""paddle-operator's tutorial (seed 003), Examples 1-4 verbatim, EDL's TrainingJob (seed 004's
+shape, tests/k8s/edl/examplejob.yaml) and a `--module` job: the pods
 `job submit` renders run on a real container engine, on images shaped like the tutorial's, and
 do their work.
 
@@ -136,6 +137,21 @@ WORKDIR /resnet
 CMD ["python","-m","paddle.distributed.launch","train_fleet.py"]
 """
 
+# EDL's job image: `python train.py` in its workspace, as the TrainingJob's entrypoint says.
+EDL_IMAGE = "paddlepaddle/paddlecloud-job"
+EDL_TRAIN = r'''
+import os
+# what EDL's TrainingJob gives its programs: passes and the ports of Paddle v2's pservers
+assert os.environ["PADDLE_INIT_NUM_PASSES"] == "10", os.environ.get("PADDLE_INIT_NUM_PASSES")
+assert (os.environ["PADDLE_INIT_PORT"], os.environ["PADDLE_INIT_PORTS_NUM"],
+        os.environ["PADDLE_INIT_PORTS_NUM_FOR_SPARSE"]) == ("7164", "1", "1")
+''' + WIDE_AND_DEEP_TRAIN
+EDL_CONTAINERFILE = f"""\
+FROM {containers.BASE_IMAGE}
+RUN ln -s /usr/bin/python3 /usr/local/bin/python
+ADD workspace /workspace
+"""
+
 
 @pytest.fixture(scope="module")
 def paddlecloud_image() -> str:
@@ -145,6 +161,8 @@ def paddlecloud_image() -> str:
     containers.build_image(RESNET, containerfile=RESNET_CONTAINERFILE, files={
         "resnet/paddle/__init__.py": "", "resnet/paddle/distributed/__init__.py": "",
         "resnet/paddle/distributed/launch.py": RESNET_LAUNCH, "resnet/train_fleet.py": RESNET_TRAIN})
+    containers.build_image(EDL_IMAGE, containerfile=EDL_CONTAINERFILE,
+                           files={"workspace/train.py": EDL_TRAIN})
     return image
 
 
@@ -280,3 +298,18 @@ def test_module_runs_in_the_job_s_image_which_holds_no_paddlecloud(paddlecloud_i
         ("PSERVER", 0), ("PSERVER", 1), ("TRAINER", 0), ("TRAINER", 1)]
     for report in found:
         assert (report["uid"], report["cwd"]) == (0, "/wide_and_deep")
+
+
+def test_edl_s_trainingjob_runs_its_entrypoint_in_its_workspace(paddlecloud_image, tmp_path):
+    """EDL's TrainingJob: `sh -c ENTRYPOINT` in the workspace, on the image as its user; the
+    trainers at min-instance, the pservers fixed; passes and ports where EDL put them."""
+    reports = run_job(["-f", str(Path(__file__).resolve().parent / "edl" / "examplejob.yaml")],
+                      paddlecloud_image=paddlecloud_image, tmp_path=tmp_path)
+    found = report_files(reports)
+    assert sorted((r["role"], r.get("index", r.get("id"))) for r in found) == [
+        ("PSERVER", 0), ("PSERVER", 1), ("TRAINER", 0), ("TRAINER", 1)]
+    for report in found:
+        assert (report["uid"], report["cwd"]) == (0, "/workspace")
+        if report["role"] == "TRAINER":
+            assert report["answers"] == ["pserver 0", "pserver 1"]
+
