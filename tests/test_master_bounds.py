@@ -146,8 +146,10 @@ async def test_set_dataset_is_off_and_then_limited_to_its_prefixes(tmp_path, sta
                               ("file:///etc/passwd", "is not under an allowed prefix")):
                 await refused(m.SetDataset(pb.SetDatasetRequest(dataset=pb.DatasetSpec(paths=[path]))),
                               grpc.StatusCode.INVALID_ARGUMENT, why)
-            keys = JobKeys("local", f"{job_name}-on")  # the election's and the master's presence only
-            assert set(await job_keys(etcd_endpoint, f"{job_name}-on")) == {keys.leader, keys.master(on.address)}
+            # the election's, the master's presence and its goodput figures only: no dataset
+            keys = JobKeys("local", f"{job_name}-on")
+            assert set(await job_keys(etcd_endpoint, f"{job_name}-on")) == {
+                keys.leader, keys.master(on.address), keys.goodput}
             reply = await m.SetDataset(pb.SetDatasetRequest(
                 dataset=pb.DatasetSpec(paths=[f"{tmp_path / 'data'}/*.csv"])))
             assert reply.num_tasks == 1
