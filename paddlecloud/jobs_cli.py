@@ -30,6 +30,7 @@ import click
 
 from paddlecloud.clitypes import ENV_OPTION_NAMES, ENV_STRING, NON_NEGATIVE, POSITIVE
 from paddlecloud.epoch_text import epoch_of
+from paddlecloud.goodput_text import summarize_trainer_seconds
 from paddlecloud.jobspec import (
     CLEAN_POD_POLICIES,
     DATA_FORMATS,
@@ -435,21 +436,6 @@ def viewer_token_command(name: str, namespace: str) -> str:
     """The kubectl command that prints job `name`'s viewer token (its Secret, key `viewer`)."""
     return (f"kubectl -n {namespace} get secret {manifests.tokens_secret_name(name)} "
             "-o jsonpath='{.data.viewer}' | base64 -d")
-
-
-def summarize_trainer_seconds(figures: dict[str, float]) -> str:
-    """One line of a job's goodput (GetStatus' trainer_seconds; docs/design.md section 12):
-    the productive share, then the lost trainer-seconds by cause, most first; "" before any."""
-    total = sum(figures.values())
-    if total < 1:
-        return ""
-    productive = figures.get("productive", 0.0)
-    lost = sorted(((v, c) for c, v in figures.items() if c != "productive" and v >= 0.5), reverse=True)
-    line = (f"goodput: {100 * productive / total:.0f}% productive ({productive:,.0f} of "
-            f"{total:,.0f} trainer-seconds)")
-    if lost:
-        line += "; lost: " + ", ".join(f"{cause} {value:,.0f}s" for value, cause in lost)
-    return line
 
 
 def status_page_instructions(name: str, namespace: str, *, local_port: int,

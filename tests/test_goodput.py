@@ -160,7 +160,7 @@ async def test_a_master_accounts_its_slots_and_a_new_leader_goes_on(tmp_path, st
 
 
 def test_job_status_says_the_productive_share_and_the_lost_seconds_by_cause():
-    from paddlecloud.jobs_cli import summarize_trainer_seconds
+    from paddlecloud.goodput_text import summarize_trainer_seconds
 
     line = summarize_trainer_seconds({"productive": 820.0, "restart": 100.0, "startup": 66.4,
                                       "idle": 0.2, "failover": 13.4})

@@ -30,6 +30,7 @@ import click
 from paddlecloud.clitypes import DURATION, ENV_OPTION_NAMES, ENV_PAIR, NON_NEGATIVE, POSITIVE, SIZE
 from paddlecloud.datasets import FORMATS, SpecError, list_files
 from paddlecloud.etcd import MIN_LEASE_TTL
+from paddlecloud.goodput_text import summarize_trainer_seconds
 from paddlecloud.local.container import (
     ENGINES,
     ContainerSpec,
@@ -341,5 +342,7 @@ def train(module, package_path, inputs, output, trainers, min_trainers, max_trai
             code = 1
         view.finish()
         verdict = {0: "succeeded", 1: "failed"}.get(code, "interrupted")
-        view.line("local", f"job {spec.job} {verdict}; logs in {output / 'logs'}")
+        goodput = summarize_trainer_seconds(job.progress.trainer_seconds)
+        view.line("local", f"job {spec.job} {verdict}; logs in {output / 'logs'}"
+                  + (f"; {goodput}" if goodput else ""))
     sys.exit(code)

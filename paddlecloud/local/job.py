@@ -106,6 +106,7 @@ class Progress:
     restarts: int = 0
     leader: str = ""
     page: str = ""          # the first master's status page
+    trainer_seconds: dict[str, float] = field(default_factory=dict)  # goodput, by cause
     events: list[str] = field(default_factory=list)
 
 
@@ -343,6 +344,7 @@ class LocalJob:
             p.trainers_alive, p.requeued = status.trainers_alive, status.requeued
             p.min_trainers, p.max_trainers = status.min_trainers, status.max_trainers
             p.desired_trainers = status.desired_trainers
+            p.trainer_seconds = {e.cause: e.seconds for e in status.trainer_seconds}
             break
         self.progress.restarts = self._master_restarts + self.deployer.restarts
         self.on_progress(self.progress)
