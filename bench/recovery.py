@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import os
 import re
 import signal
@@ -317,7 +316,6 @@ def main(argv: list[str] | None = None) -> int:
                                check=True, capture_output=True, cwd=ROOT)
                 runs.append(launcher_run(work, data))
     report(runs)
-    json.dump([r.__dict__ for r in runs], sys.stderr) if os.environ.get("RECOVERY_JSON") else None
     return 0
 
 

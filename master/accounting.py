@@ -74,29 +74,32 @@ class Accounting:
         PERSIST_EVERY (runs until cancelled at the end of the term, writing them a last time):
         a write at the term's start dates the figures, so a next leader can count the gap."""
         try:
-            await self.persist()
+            self.sample()
+            await self._write()
             written = time.monotonic()
             while True:
                 await asyncio.sleep(SAMPLE_EVERY)
                 self.sample()
                 if time.monotonic() - written >= PERSIST_EVERY:
                     written = time.monotonic()
-                    await self.persist()
+                    await self._write()
         finally:
             await asyncio.shield(self._last_write())
 
-    async def persist(self) -> None:
-        self.sample()
+    def _figures(self) -> str:
+        return self.meter.to_json(wall=wall_clock())
+
+    async def _write(self) -> None:
         try:
-            await self.core.store.set_goodput(self.meter.to_json(wall=wall_clock()))
+            await self.core.store.set_goodput(self._figures())
         except NotLeader:
             raise
         except Exception as error:  # the next write carries them; a new leader counts the gap
             logger.warning("goodput figures not written (the next write carries them): %s", error)
 
     async def _last_write(self) -> None:
+        self.sample()
         try:
-            self.sample()
-            await asyncio.wait_for(self.core.store.set_goodput(self.meter.to_json(wall=wall_clock())), 2)
+            await asyncio.wait_for(self.core.store.set_goodput(self._figures()), 2)
         except Exception as error:
             logger.debug("last goodput figures not written: %s", error)

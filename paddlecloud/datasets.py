@@ -17,6 +17,8 @@ import fsspec
 from fsspec.core import split_protocol
 from fsspec.registry import known_implementations
 
+from paddlecloud.untrusted import loggable
+
 logger = logging.getLogger(__name__)
 
 GLOB_CHARS = "*?["
@@ -46,14 +48,8 @@ def _filesystem(path: str) -> tuple[fsspec.AbstractFileSystem, str]:
         hint = known_implementations.get(protocol or "", {}).get("err") or str(error)
         raise SpecError(f"cannot read {path!r}: the {protocol}:// driver is missing ({hint})") from None
     except (ValueError, OSError) as error:  # OSError: a driver that cannot start (hdfs:// without Hadoop)
-        raise SpecError(f"cannot read {path!r}: {_first_line(error)}") from None
+        raise SpecError(f"cannot read {path!r}: {loggable(str(error), limit=300)}") from None
     return fs, stripped
-
-
-def _first_line(error: BaseException, limit: int = 300) -> str:
-    """An error's first line, at most `limit` characters (a driver's can be pages long)."""
-    text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def _unstrip(fs: fsspec.AbstractFileSystem, original: str, name: str) -> str:
