@@ -14,6 +14,10 @@ from __future__ import annotations
 
 import signal
 
+# The seconds a stopped process may take to drain to a checkpoint before it gives up
+# (trainer_agent.termination); each backend sets it below the time it waits before SIGKILL.
+STOP_GRACE_ENV = "PADDLECLOUD_STOP_GRACE"
+
 
 def signal_exit_code(signum: int) -> int:
     """The exit code a shell reports for a death by signal `signum`: 128 + signum."""

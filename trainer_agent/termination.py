@@ -29,8 +29,7 @@ is (a `MasterDataset(drain_on_stop=True)`, see `trainer_agent.paddle`) calls
 `drain_on_stop()`. SIGTERM then does not leave at once: it sets `stop_requested()` (the
 reading ends between tasks, `trainer_agent.client.Epoch`; the group agrees on the tasks
 the model consumed; the program saves them and exits with `STOPPED_EXIT`), and starts a
-watchdog. If the process
-is still there after `stop_grace()` seconds (`$PADDLECLOUD_STOP_GRACE`, which backends set
+watchdog. If the process is still there after `stop_grace()` seconds (`$PADDLECLOUD_STOP_GRACE`, which backends set
 below the time they wait before SIGKILL), the watchdog leaves and exits as above: the last
 checkpoint stands, and the log says so. It leaves sooner when the group stopped stepping:
 a training loop that calls `note_progress()` each step (`trainer_agent.paddle.join_batches`
@@ -51,11 +50,12 @@ import time
 import weakref
 from typing import Any, Protocol
 
+from paddlecloud.exits import STOP_GRACE_ENV
+
 logger = logging.getLogger(__name__)
 
 LEAVE_TIMEOUT = 2.0  # seconds all the sessions of a stopped process have to leave
 STOPPED_EXIT = 128 + signal.SIGTERM  # the exit code of a trainer stopped by SIGTERM
-STOP_GRACE_ENV = "PADDLECLOUD_STOP_GRACE"
 DEFAULT_STOP_GRACE = 20.0  # seconds a drain may take when the backend does not say
 STOP_STALL_ENV = "PADDLECLOUD_STOP_STALL"
 DEFAULT_STOP_STALL = 3.0   # seconds without a step after which a drain is given up
@@ -167,7 +167,7 @@ def _watch(reader: socket.socket, writer: socket.socket) -> None:
 
 
 def _stop() -> None:
-    """SIGTERM: drain when a drainer is registered, else leave now.
+    """SIGTERM: drain when the process asked to (`drain_on_stop`), else leave now.
 
     Both the Python handler and the watching thread call this for one signal: the first to
     come drains, the other (and any later SIGTERM) finds the drain under way: the watchdog

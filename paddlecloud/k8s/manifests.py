@@ -54,6 +54,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from paddlecloud.checkpoints import checkpoints_dir
+from paddlecloud.exits import STOP_GRACE_ENV
 from paddlecloud.jobspec import HOST_PORT_RANGE, JobSpec, JobSpecError
 from paddlecloud.master_flags import master_flags
 from paddlecloud.phase import Phase
@@ -866,9 +867,9 @@ STOP_GRACE_MARGIN = 5
 def _tell_the_stop_grace(pod: dict[str, Any]) -> None:
     grace = int(pod.setdefault("terminationGracePeriodSeconds", TRAINER_TERMINATION_GRACE))
     program = pod["containers"][0]
-    if not any(e.get("name") == "PADDLECLOUD_STOP_GRACE" for e in program.get("env") or []):
+    if not any(e.get("name") == STOP_GRACE_ENV for e in program.get("env") or []):
         program.setdefault("env", []).append(
-            _value("PADDLECLOUD_STOP_GRACE", str(max(1, grace - STOP_GRACE_MARGIN))))
+            _value(STOP_GRACE_ENV, str(max(1, grace - STOP_GRACE_MARGIN))))
 
 
 def trainer_job(spec: JobSpec, owner: Mapping[str, Any] | None) -> Manifest:

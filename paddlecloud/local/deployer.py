@@ -38,7 +38,7 @@ from pathlib import Path
 from paddlecloud import checkpoints
 from paddlecloud.deployer import Deployer, RoleStatus
 from paddlecloud.etcd_server import free_ports
-from paddlecloud.exits import signal_exit_code
+from paddlecloud.exits import STOP_GRACE_ENV, signal_exit_code
 from paddlecloud.local.children import Child
 from paddlecloud.phase import Phase
 
@@ -232,7 +232,7 @@ class LocalDeployer(Deployer):
         env = self._user_env()
         env["PADDLE_TRAINER_ID"] = str(index)
         env["PADDLE_TRAINERS_NUM"] = str(self.num_trainers)
-        env.setdefault("PADDLECLOUD_STOP_GRACE", f"{DRAIN_GRACE:g}")
+        env.setdefault(STOP_GRACE_ENV, f"{DRAIN_GRACE:g}")
         if self.num_pservers == 0:  # collective training: the group's endpoints
             endpoints = [f"127.0.0.1:{p}" for p in ports]
             env.update(PADDLE_TRAINER_ENDPOINTS=",".join(endpoints),
