@@ -87,7 +87,7 @@ def autoscaler_command(*, kubeconfig: str | None, dry_run: bool, once: bool, int
     try:
         from autoscaler.controller import COMPONENT, Controller, Settings
         from autoscaler.lease import LeaseElector
-        from paddlecloud.k8s.client import KubernetesApiError, load_api_client
+        from paddlecloud.backends.k8s.client import KubernetesApiError, load_api_client
     except ImportError as error:
         raise click.ClickException(
             f"`paddlecloud autoscaler` needs the Kubernetes client: pip install 'paddlecloud[k8s]' ({error})"

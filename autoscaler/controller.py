@@ -15,7 +15,7 @@ the job's master Deployment. With `dry_run` the plan is printed (logged) and not
 no RPC that writes, no Event.
 
 The job's master does the resize: for a Volcano job its scale path keeps the PodGroup's
-minMember (`paddlecloud.k8s.deployer`), so the autoscaler needs no right on PodGroups. Pservers
+minMember (`paddlecloud.backends.k8s.deployer`), so the autoscaler needs no right on PodGroups. Pservers
 are never scaled (the planner sizes trainers only; pservers are load).
 
 What it does NOT guarantee: that the scheduler places the new trainers where the dry run
@@ -40,8 +40,8 @@ from autoscaler.lease import LeaseElector
 from autoscaler.planner import DEFAULT_MAX_LOAD_DESIRED, Change, Cluster, Plan, plan
 from autoscaler.snapshot import JobRange, build_cluster, job_key
 from paddlecloud.auth import scaler_token
-from paddlecloud.k8s import manifests
-from paddlecloud.k8s.jobs import fetch_master_status, master_ca, scale_trainers
+from paddlecloud.backends.k8s import manifests
+from paddlecloud.backends.k8s.jobs import fetch_master_status, master_ca, scale_trainers
 
 logger = logging.getLogger(__name__)
 
@@ -111,7 +111,7 @@ def scale_job(address: str, trainers: int, *, job: str, settings: Settings,
 
 
 def _ca_of(deployment: Mapping[str, Any]) -> bytes | None:
-    """The job's CA published on its master Deployment (`paddlecloud.k8s.jobs.master_ca`)."""
+    """The job's CA published on its master Deployment (`paddlecloud.backends.k8s.jobs.master_ca`)."""
     return master_ca((deployment.get("metadata") or {}).get("annotations"))
 
 

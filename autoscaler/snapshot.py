@@ -25,7 +25,7 @@ from decimal import Decimal
 from typing import Any
 
 from autoscaler.planner import Cluster, Job, Node
-from paddlecloud.k8s import manifests
+from paddlecloud.backends.k8s import manifests
 
 logger = logging.getLogger(__name__)
 

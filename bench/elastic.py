@@ -1,6 +1,6 @@
 """Elastic jobs: how long from `ScaleTrainers` to the new size training, PS and collective, in one run.
 
-Two local jobs (`paddlecloud.local.job.LocalJob`: a private etcd, a master, stub trainers
+Two local jobs (`paddlecloud.backends.local.job.LocalJob`: a private etcd, a master, stub trainers
 that read and log records) are scaled while they run:
 
 * PS-shaped (a stub pserver, trainers join and leave): 2 -> 4 trainers. Measured: from the
@@ -51,7 +51,7 @@ from datasets import write_records  # noqa: E402
 from trainers import read_log  # noqa: E402
 
 from examples.fit_a_line.consumed import read_entries  # noqa: E402
-from paddlecloud.local.job import LocalJob, LocalJobSpec  # noqa: E402
+from paddlecloud.backends.local.job import LocalJob, LocalJobSpec  # noqa: E402
 
 logger = logging.getLogger(__name__)
 

@@ -3,5 +3,5 @@
 HTTP under `/v1` (DESIGN.md section 11) on FastAPI: `app.create_app` wires the
 routers (`routers/`: packages, jobs, version), the bearer-token dependency
 (`auth`), the package store (`packages`) and the cluster (`cluster`). Jobs are
-created by `paddlecloud.k8s.jobs.create_job`, the code `paddlecloud job submit` runs.
+created by `paddlecloud.backends.k8s.jobs.create_job`, the code `paddlecloud job submit` runs.
 """

@@ -30,7 +30,7 @@ def server_command(config_path: str | None, tokens_file: str | None, host: str, 
         raise click.ClickException("`paddlecloud server` needs its extra: "
                                    "pip install 'paddlecloud[server]'") from None
     from job_server.config import ConfigError, load_config
-    from paddlecloud.k8s.client import KubernetesApiError, load_api_client
+    from paddlecloud.backends.k8s.client import KubernetesApiError, load_api_client
 
     try:
         config = load_config(config_path, tokens_file=tokens_file)

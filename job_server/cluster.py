@@ -2,8 +2,8 @@
 
 Submitting renders the job as `paddlecloud job submit` does
 (`manifests.submit_objects`) and creates it with the same function
-(`paddlecloud.k8s.jobs.create_job`). With a builder configured, the package is
-built into a runtime image first (`build_image`, `paddlecloud.k8s.image_build`;
+(`paddlecloud.backends.k8s.jobs.create_job`). With a builder configured, the package is
+built into a runtime image first (`build_image`, `paddlecloud.backends.k8s.image_build`;
 skipped when the store recorded that image) and the pods run that image; without
 one, the package ships in a ConfigMap, as `job submit`'s does. The master runs the
 server's `paddlecloud_image`, never the request's base image (issue 34).
@@ -23,9 +23,9 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+from paddlecloud.backends.k8s import image_build, jobs, manifests
 from paddlecloud.jobrequest import TrainerJob
 from paddlecloud.jobspec import DEFAULT_IMAGE, JobSpec
-from paddlecloud.k8s import image_build, jobs, manifests
 
 logger = logging.getLogger(__name__)
 

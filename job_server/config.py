@@ -18,8 +18,8 @@ from typing import Any
 
 import yaml
 
+from paddlecloud.backends.k8s.image_build import BuildConfig
 from paddlecloud.jobspec import DEFAULT_ETCD_ENDPOINTS, DEFAULT_IMAGE
-from paddlecloud.k8s.image_build import BuildConfig
 
 logger = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@ with the job's viewer token.
 
 A browser outside the cluster has no route to a master, and must never hold a master
 token. The Job Server reads the job's viewer token from its Secret `NAME-tokens` (made by
-`paddlecloud.k8s.jobs.create_job`; the Job Server's Role has `get` on secrets for it),
+`paddlecloud.backends.k8s.jobs.create_job`; the Job Server's Role has `get` on secrets for it),
 keeps it in memory, and asks the master's HTTP port (the Service's `metrics` port) for a
 page path of `ALLOWED` only. A viewer token opens no session ids (master.web).
 
@@ -26,8 +26,8 @@ from typing import Any
 
 import aiohttp
 
-from paddlecloud.k8s import manifests
-from paddlecloud.k8s.jobs import JobCreateError
+from paddlecloud.backends.k8s import manifests
+from paddlecloud.backends.k8s.jobs import JobCreateError
 
 logger = logging.getLogger(__name__)
 

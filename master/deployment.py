@@ -31,10 +31,10 @@ from typing import TYPE_CHECKING
 from master.state import TaskStatus
 from master.store import NotLeader, StoreUnavailable
 from paddlecloud import checkpoints
+from paddlecloud.backends.k8s.client import KubernetesApiError, is_transient
+from paddlecloud.backends.k8s.deployer import KubernetesDeployer
 from paddlecloud.etcd import EtcdUnavailable
 from paddlecloud.jobspec import JobSpec
-from paddlecloud.k8s.client import KubernetesApiError, is_transient
-from paddlecloud.k8s.deployer import KubernetesDeployer
 from paddlecloud.phase import Phase
 from paddlecloud.supervision import Graces, MasterState, Verdict, supervise
 

@@ -1,3 +1,3 @@
-from paddlecloud.cli import main
+from paddlecloud.cli.main import main
 
 main()

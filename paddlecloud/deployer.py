@@ -1,8 +1,8 @@
 """The `Deployer` contract: what runs one job's pservers and trainers, on any backend.
 
-Two backends implement it: `paddlecloud.k8s.deployer.KubernetesDeployer` (a StatefulSet
+Two backends implement it: `paddlecloud.backends.k8s.deployer.KubernetesDeployer` (a StatefulSet
 and an Indexed Job, driven by the job's leading master) and
-`paddlecloud.local.deployer.LocalDeployer` (child processes, driven by
+`paddlecloud.backends.local.deployer.LocalDeployer` (child processes, driven by
 `paddlecloud local train`). Both are driven by one loop,
 `paddlecloud.supervision.supervise`, which calls, in this order:
 

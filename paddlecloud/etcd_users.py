@@ -2,7 +2,7 @@
 
 A job's master and pserver agents write only under `/paddlecloud/<namespace>/<job>/`
 (`paddlecloud.keys`), so that is all their etcd user may touch: whoever creates the
-job (`job submit` and the Job Server through `paddlecloud.k8s.jobs.create_job`, the
+job (`job submit` and the Job Server through `paddlecloud.backends.k8s.jobs.create_job`, the
 operator) calls `provision_job_user` with the etcd credentials it holds, which must
 carry etcd's `root` role (only root may add users and roles). It makes the user and a
 role of one name, `paddlecloud.<namespace>.<job>`, with a READWRITE permission on the

@@ -4,7 +4,7 @@ The CLI builds a `JobSpec` from `paddlecloud job submit` flags or from a
 paddle-operator `PaddleJob` YAML (`paddlecloud.paddlejob`), checks it (`validate`), and
 stores it as YAML in the job's ConfigMap (`to_yaml`); the master reads it back with
 `--job-spec` (`from_yaml`) and renders the pservers and trainers from it
-(`paddlecloud.k8s.manifests`).
+(`paddlecloud.backends.k8s.manifests`).
 
 What this does NOT guarantee: that the image, the claim, the scheduler or the
 module named here exist in the cluster — only the API server and the kubelet can

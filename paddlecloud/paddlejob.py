@@ -19,7 +19,7 @@ each field the meaning paddle-operator's `api/v1/paddlejob_types.go` gives it:
   `epochs`, `format`, `chunkBytes` (`64MiB`, or bytes), `dataVolume`
   (`{claim, mountPath}`), `restartLimit` (group restarts before the job fails), and
   `securityProfile` (`default`, or `restricted` with the uid `runAsUser`, see
-  `paddlecloud.k8s.manifests.harden_user_pod`).
+  `paddlecloud.backends.k8s.manifests.harden_user_pod`).
 
 Every container of a template runs as written: its image, command, args, working
 directory and user (paddlecloud's own part runs in containers beside it).

@@ -46,7 +46,7 @@ logger = logging.getLogger(__name__)
 
 NOTEBOOK_ENV = "PADDLE_NOTEBOOK"
 # The server answers a submit once the job's image is built, and waits for a build at most
-# its build.timeout_s (paddlecloud.k8s.image_build.MAX_BUILD_TIMEOUT_S, 3000 s, at most): the
+# its build.timeout_s (paddlecloud.backends.k8s.image_build.MAX_BUILD_TIMEOUT_S, 3000 s, at most): the
 # submit waits longer, so it never gives up while the server goes on and creates the job.
 SUBMIT_TIMEOUT_S = 3600.0
 REQUEST_TIMEOUT_S = 600.0  # every other request
@@ -103,7 +103,7 @@ class PaddleJob(TrainerJob):
 
     def package_files(self) -> dict[str, bytes]:
         """The package directory's files (hidden files and caches skipped, as `job submit`)."""
-        from paddlecloud.k8s.jobs import read_package
+        from paddlecloud.backends.k8s.jobs import read_package
 
         return read_package(Path(self.trainer_package))
 
@@ -141,9 +141,9 @@ class PaddleJob(TrainerJob):
         return JobHandle(_ServerBackend(client), name=made["name"], namespace=made["namespace"])
 
     def _submit_to_kubernetes(self, kubeconfig: str | None) -> JobHandle:
-        from paddlecloud.k8s import manifests
-        from paddlecloud.k8s.client import load_api_client
-        from paddlecloud.k8s.jobs import create_job, create_paddlejob
+        from paddlecloud.backends.k8s import manifests
+        from paddlecloud.backends.k8s.client import load_api_client
+        from paddlecloud.backends.k8s.jobs import create_job, create_paddlejob
 
         files = self.package_files() if self.trainer_package else None
         spec = self.to_spec(package_path=str(Path(self.trainer_package).absolute()) if files else "",
@@ -224,7 +224,7 @@ class _KubernetesBackend:
         self.api = api
 
     def status(self, name: str, namespace: str) -> dict[str, Any]:
-        from paddlecloud.k8s.jobs import job_status
+        from paddlecloud.backends.k8s.jobs import job_status
 
         found = job_status(self.api, namespace=namespace, name=name)
         if found is None:
@@ -232,7 +232,7 @@ class _KubernetesBackend:
         return found
 
     def logs(self, name: str, namespace: str, *, role: str, index: int, tail: int) -> str:
-        from paddlecloud.k8s.jobs import pod_log
+        from paddlecloud.backends.k8s.jobs import pod_log
 
         text = pod_log(self.api, name=name, namespace=namespace, role=role, index=index,
                        tail_lines=tail)
@@ -241,7 +241,7 @@ class _KubernetesBackend:
         return text
 
     def delete(self, name: str, namespace: str) -> list[str]:
-        from paddlecloud.k8s.jobs import delete_job
+        from paddlecloud.backends.k8s.jobs import delete_job
 
         return delete_job(self.api, namespace=namespace, name=name)
 
@@ -491,7 +491,7 @@ def _event_callback(event_handler: Callable[[Any], None]) -> Any:
 def _train_locally(job: PaddleJob) -> int:
     import asyncio
 
-    from paddlecloud.local.job import LocalJob, LocalJobSpec
+    from paddlecloud.backends.local.job import LocalJob, LocalJobSpec
 
     output = Path(job.output or f"./{job.job_name}-output").absolute()
     output.mkdir(parents=True, exist_ok=True)

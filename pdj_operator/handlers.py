@@ -13,7 +13,7 @@ For each PaddleJob (`paddlejobs.batch.paddlepaddle.org/v1`):
   GetStatus when it answers, are mirrored into the PaddleJob's status and
   conditions, with an Event on each phase change; a master Deployment or a role
   workload deleted by hand while the job runs is created again (the workloads by
-  the master's own deployer code, `paddlecloud.k8s.deployer.KubernetesDeployer`);
+  the master's own deployer code, `paddlecloud.backends.k8s.deployer.KubernetesDeployer`);
 * deleted: everything labelled with the job is deleted explicitly too (the
   garbage collector would, but not at once), and the job's etcd keys are cleared,
   as `paddlecloud job delete` does.
@@ -38,15 +38,8 @@ from typing import Any
 
 import kopf
 
-from paddlecloud.jobspec import (
-    DEFAULT_ETCD_ENDPOINTS,
-    DEFAULT_IMAGE,
-    PADDLEJOB_API_VERSION,
-    JobSpec,
-    JobSpecError,
-)
-from paddlecloud.k8s import manifests
-from paddlecloud.k8s.client import (
+from paddlecloud.backends.k8s import manifests
+from paddlecloud.backends.k8s.client import (
     OPERATOR_MANAGER,
     RetryPolicy,
     api_status,
@@ -55,7 +48,19 @@ from paddlecloud.k8s.client import (
     call,
     load_api_client,
 )
-from paddlecloud.k8s.deployer import PODGROUPS, VOLCANO_GROUP, VOLCANO_VERSION, KubernetesDeployer
+from paddlecloud.backends.k8s.deployer import (
+    PODGROUPS,
+    VOLCANO_GROUP,
+    VOLCANO_VERSION,
+    KubernetesDeployer,
+)
+from paddlecloud.jobspec import (
+    DEFAULT_ETCD_ENDPOINTS,
+    DEFAULT_IMAGE,
+    PADDLEJOB_API_VERSION,
+    JobSpec,
+    JobSpecError,
+)
 from paddlecloud.paddlejob import PODGROUP_KIND, PODGROUP_SPEC_FIELDS, translate
 from paddlecloud.phase import TERMINAL, Phase
 from pdj_operator import crd, kueue, trainingjobs
@@ -123,7 +128,7 @@ class JobObjects:
     """The Kubernetes calls of one operator: the job's objects, Events, the master's status.
 
     The client blocks; every call runs off the event loop, retried as the master's
-    deployer retries (`paddlecloud.k8s.client.call`).
+    deployer retries (`paddlecloud.backends.k8s.client.call`).
     """
 
     def __init__(self, config: OperatorConfig, *, api_client: Any | None = None) -> None:

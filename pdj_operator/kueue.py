@@ -27,8 +27,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from paddlecloud.backends.k8s import manifests
 from paddlecloud.jobspec import JobSpec
-from paddlecloud.k8s import manifests
 
 KUEUE_GROUP, KUEUE_VERSION = "kueue.x-k8s.io", "v1beta1"
 WORKLOADS = "workloads"

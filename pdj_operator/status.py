@@ -21,8 +21,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from paddlecloud.backends.k8s import manifests
 from paddlecloud.jobspec import JobSpec
-from paddlecloud.k8s import manifests
 from paddlecloud.paddlejob import mode
 from paddlecloud.phase import Phase
 

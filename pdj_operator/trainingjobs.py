@@ -26,8 +26,8 @@ from typing import Any
 
 import yaml
 
+from paddlecloud.backends.k8s.client import api_status, call
 from paddlecloud.jobspec import JobSpecError
-from paddlecloud.k8s.client import api_status, call
 from paddlecloud.phase import Phase
 from paddlecloud.trainingjob import (
     PASSES_ENV,

@@ -28,8 +28,8 @@ from waiting import wait_until
 
 from autoscaler.controller import Settings, scale_job
 from autoscaler.planner import Cluster, Job, Node, plan
+from paddlecloud.backends.k8s.jobs import fetch_master_status
 from paddlecloud.history import mark_history
-from paddlecloud.k8s.jobs import fetch_master_status
 from paddlecloud.keys import JobKeys
 
 NODES = (("n1", 3), ("n2", 3))  # (name, CPUs): six trainer slots

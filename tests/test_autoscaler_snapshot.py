@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from autoscaler.snapshot import JobRange, build_cluster, pod_requests
-from paddlecloud.k8s import manifests
+from paddlecloud.backends.k8s import manifests
 
 GI = 1024**3
 

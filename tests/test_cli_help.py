@@ -12,11 +12,13 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from paddlecloud.cli import main
+from paddlecloud.cli.main import main
 
 
 def commands(group: click.Group = main, path: tuple[str, ...] = ()):
-    for name, command in sorted(group.commands.items()):
+    context = click.Context(group)
+    for name in group.list_commands(context):  # the components' come from entry points
+        command = group.get_command(context, name)
         if isinstance(command, click.Group):
             yield from commands(command, (*path, name))
         else:

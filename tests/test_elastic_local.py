@@ -129,8 +129,8 @@ def test_a_bad_resize_schedule_is_a_usage_error_naming_it(tmp_path, job_name, sc
 
 
 def test_the_progress_view_shows_the_trainer_range_once_the_master_told_it():
-    from paddlecloud.local.job import Progress
-    from paddlecloud.local.view import ConsoleView
+    from paddlecloud.backends.local.job import Progress
+    from paddlecloud.backends.local.view import ConsoleView
 
     p = Progress(phase="Running", num_epochs=2, trainers_alive=3)
     assert "range" not in ConsoleView.plain(p)

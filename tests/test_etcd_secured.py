@@ -19,6 +19,7 @@ from masters import MasterProcess, pb, stub, wait_serving
 from test_pserver_agent import ask
 from waiting import wait_for
 
+from paddlecloud.cli.jobs import clear_etcd_prefix
 from paddlecloud.etcd import (
     PLAINTEXT_PASSWORD_ENV,
     EtcdAuthError,
@@ -27,7 +28,6 @@ from paddlecloud.etcd import (
     connect,
 )
 from paddlecloud.etcd_server import EtcdServer, EtcdTls
-from paddlecloud.jobs_cli import clear_etcd_prefix
 from paddlecloud.keys import JobKeys, prefix_range_end
 from paddlecloud.tls import LocalCA
 

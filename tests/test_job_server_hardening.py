@@ -22,8 +22,8 @@ from test_job_server_packages import zip_of
 from job_server.app import create_app
 from job_server.config import ConfigError, ServerConfig, load_config
 from paddlecloud.aio import cancel_and_wait
+from paddlecloud.cli.jobs import job
 from paddlecloud.etcd_server import free_port
-from paddlecloud.jobs_cli import job
 from paddlecloud.package_names import RESERVED_MODULES
 
 REPO = Path(__file__).resolve().parents[1]

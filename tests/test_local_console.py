@@ -7,9 +7,9 @@ import io
 
 from rich.console import Console
 
-from paddlecloud.local.job import Progress
-from paddlecloud.local.noise import PaddleNoise
-from paddlecloud.local.view import ConsoleView
+from paddlecloud.backends.local.job import Progress
+from paddlecloud.backends.local.noise import PaddleNoise
+from paddlecloud.backends.local.view import ConsoleView
 
 BANNER = ["======================= Modified FLAGS detected =======================",
           "FLAGS(name='FLAGS_enable_pir_in_executor', current_value=True, default_value=False)",
@@ -42,8 +42,8 @@ def test_without_a_terminal_the_last_progress_line_is_printed_at_the_end():
 def test_a_member_that_aborted_beside_a_killed_one_is_named_as_its_consequence(tmp_path):
     from types import SimpleNamespace
 
-    from paddlecloud.local.children import Child
-    from paddlecloud.local.deployer import group_loss
+    from paddlecloud.backends.local.children import Child
+    from paddlecloud.backends.local.deployer import group_loss
 
     def exited(index: int, code: int) -> Child:
         child = Child(role="trainer", index=index, command=["true"], env={}, log_dir=tmp_path,

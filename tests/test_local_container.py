@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from paddlecloud.local.container import ContainerSpec, Mount, job_mounts
+from paddlecloud.backends.local.container import ContainerSpec, Mount, job_mounts
 
 
 def test_seed_002_s_mounts_one_input_root_output_and_package(tmp_path):

@@ -22,7 +22,7 @@ import pytest
 from datasets import write_records
 from processes import job_processes
 
-from paddlecloud.local.container import force_remove, remove_containers
+from paddlecloud.backends.local.container import force_remove, remove_containers
 from tests import containers
 
 pytestmark = [pytest.mark.container, pytest.mark.timeout(900)]
@@ -159,7 +159,7 @@ def test_a_container_its_killed_wrapper_left_is_replaced_and_the_run_s_leftovers
     run = stubborn_trainers(tmp_path, job, user_image)
     wait_for_lines(run, tmp_path, "stubborn started", 2)
     wrapper = next(pid for pid, argv, env in job_processes(job)
-                   if "paddlecloud.local.container" in argv and env.get("PADDLE_TRAINER_ID") == "0")
+                   if "paddlecloud.backends.local.container" in argv and env.get("PADDLE_TRAINER_ID") == "0")
     os.kill(wrapper, signal.SIGKILL)  # its engine client and container live on
     # the group restarts once; trainer 0's new wrapper removes the container of the same name
     # first (else its run fails on the name, and the group restarts again)

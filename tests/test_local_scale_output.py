@@ -12,7 +12,7 @@ import sys
 from datasets import write_records
 from waiting import wait_until
 
-from paddlecloud.local.handle import LocalJobHandle
+from paddlecloud.backends.local.handle import LocalJobHandle
 
 STUB = "trainer_agent.stub"
 

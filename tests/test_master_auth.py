@@ -252,9 +252,9 @@ def test_a_scaler_token_is_not_one_of_a_jobs_tokens(tmp_path):
 
 async def test_the_scaler_token_scales_a_real_master_through_the_jobs_scale_path(
         secured, etcd_endpoint, job_name, monkeypatch):
-    """`paddlecloud.k8s.jobs.scale_trainers` (the autoscaler's call) with the scaler token: the
+    """`paddlecloud.backends.k8s.jobs.scale_trainers` (the autoscaler's call) with the scaler token: the
     size is written to etcd; the same call with another token changes nothing."""
-    from paddlecloud.k8s.jobs import fetch_master_status, scale_trainers
+    from paddlecloud.backends.k8s.jobs import fetch_master_status, scale_trainers
 
     for name in ("PADDLE_JOB_TOKEN_FILE", "PADDLE_MASTER_CA_FILE"):  # the token given is the one sent
         monkeypatch.delenv(name, raising=False)
@@ -348,7 +348,7 @@ def test_a_scaler_token_names_its_namespace_and_depends_on_the_key():
 def test_a_scaler_token_file_without_tokens_is_a_usage_error():
     from click.testing import CliRunner
 
-    from paddlecloud.cli import main
+    from paddlecloud.cli.main import main
 
     result = CliRunner().invoke(main, ["master", "--job", "j", "--etcd-endpoints", "http://127.0.0.1:1",
                                        "--scaler-token-file", "/run/scaler/token"])

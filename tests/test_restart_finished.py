@@ -20,8 +20,8 @@ from test_master_bounds import refused
 from waiting import wait_for
 
 from paddlecloud import etcd
+from paddlecloud.backends.local.job import JobFailed, LocalJob, LocalJobSpec
 from paddlecloud.keys import JobKeys
-from paddlecloud.local.job import JobFailed, LocalJob, LocalJobSpec
 
 
 async def phase_of(m) -> str:

@@ -86,13 +86,13 @@ def test_grpcurl_recipe_with_tls_and_a_token(tmp_path, start_master):
 
 def test_a_master_with_the_certificate_job_submit_issues_trusts_only_the_published_ca(
         tmp_path, start_master):
-    """What `job submit` does on Kubernetes (paddlecloud.k8s.jobs.create_job): a certificate
+    """What `job submit` does on Kubernetes (paddlecloud.backends.k8s.jobs.create_job): a certificate
     for the master Service's names from a one-job CA; a real master serves it. A client that
     trusts the CA published on the Deployment gets in; one trusting another job's CA, or
     speaking plaintext, is refused."""
     from paddlecloud.auth import JobTokens
+    from paddlecloud.backends.k8s import manifests
     from paddlecloud.jobspec import JobSpec
-    from paddlecloud.k8s import manifests
     from paddlecloud.tls import issue_master_certificate
 
     hosts = manifests.master_certificate_hosts("sec", "ml")

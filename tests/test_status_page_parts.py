@@ -56,8 +56,8 @@ def test_ci_fails_rather_than_skips_without_a_browser(monkeypatch, tmp_path):
 def test_the_local_progress_panel_keeps_the_status_page_url_in_view():
     from rich.console import Console
 
-    from paddlecloud.local.job import Progress
-    from paddlecloud.local.view import ConsoleView
+    from paddlecloud.backends.local.job import Progress
+    from paddlecloud.backends.local.view import ConsoleView
 
     console = Console(width=120, record=True)
     console.print(ConsoleView.render(Progress(phase="Running", num_tasks=4, page="http://127.0.0.1:9/")))

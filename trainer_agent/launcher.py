@@ -24,7 +24,7 @@ the master first, see `trainer_agent.termination`).
 
 Without a command it only waits, then exits 0: the init container (`wait-master`) that
 holds a Kubernetes trainer pod's own program, which runs as written beside it
-(`paddlecloud.k8s.manifests`), until the job is ready.
+(`paddlecloud.backends.k8s.manifests`), until the job is ready.
 
 What it does NOT do: restart the command. The backend (a Kubernetes Job, or
 `paddlecloud local train`) restarts the launcher itself. Nor does it quiet what Paddle

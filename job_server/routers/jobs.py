@@ -21,10 +21,10 @@ from job_server.models import (
     SubmittedJob,
     TrainerJobRequest,
 )
+from paddlecloud.backends.k8s import image_build
+from paddlecloud.backends.k8s.jobs import JobCreateError
 from paddlecloud.jobrequest import TrainerJob
 from paddlecloud.jobspec import MAX_NAME_LENGTH, JobSpecError
-from paddlecloud.k8s import image_build
-from paddlecloud.k8s.jobs import JobCreateError
 from paddlecloud.untrusted import quote
 
 logger = logging.getLogger(__name__)

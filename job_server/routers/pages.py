@@ -37,9 +37,9 @@ from job_server.auth import TOKEN_COOKIE, Principal, bearer, namespaces_of, page
 from job_server.master_pages import MasterUnreachable, allowed
 from job_server.routers.jobs import JOB_NAME, NAMESPACE
 from paddlecloud import pagestyle
+from paddlecloud.backends.k8s.jobs import JobCreateError
 from paddlecloud.epoch_text import epoch_of
 from paddlecloud.jobspec import MAX_NAME_LENGTH
-from paddlecloud.k8s.jobs import JobCreateError
 
 logger = logging.getLogger(__name__)
 

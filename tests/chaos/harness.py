@@ -1,6 +1,6 @@
 """The chaos harness: a real local job under a seeded schedule of faults, then an audit.
 
-It runs a whole job in-process with `paddlecloud.local.job.LocalJob` — a real etcd on
+It runs a whole job in-process with `paddlecloud.backends.local.job.LocalJob` — a real etcd on
 disk, two masters and the trainers — and while it runs injects faults drawn from a
 seeded random schedule:
 
@@ -84,10 +84,10 @@ from pathlib import Path
 
 import grpc
 
+from paddlecloud.backends.local.job import POLL_INTERVAL, LocalJob, LocalJobSpec, master_address
 from paddlecloud.etcd_server import EtcdServer
 from paddlecloud.history import MarkEvent, audit_done_marks, mark_history
 from paddlecloud.keys import JobKeys
-from paddlecloud.local.job import POLL_INTERVAL, LocalJob, LocalJobSpec, master_address
 
 from .lineage import EpochLineage, audit_lineage, lineage, record_ids
 

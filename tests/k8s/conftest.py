@@ -31,8 +31,8 @@ import kmock as kmocklib
 import pytest
 import waiting
 
+from paddlecloud.backends.k8s import manifests
 from paddlecloud.jobspec import JobSpec
-from paddlecloud.k8s import manifests
 
 RESOURCES = {
     "configmaps": kmocklib.resource("", "v1", "configmaps"),

@@ -14,8 +14,8 @@ from typing import Any
 import yaml
 from click.testing import CliRunner
 
-from paddlecloud.jobs_cli import job
-from paddlecloud.k8s import image_build
+from paddlecloud.backends.k8s import image_build
+from paddlecloud.cli.jobs import job
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"

@@ -31,8 +31,8 @@ from autoscaler.controller import COMPONENT, EVENT_REASON, Controller, Settings
 from autoscaler.lease import LeaseElector
 from paddlecloud.api import pb, pb_grpc
 from paddlecloud.auth import scaler_token, scaler_token_namespace
-from paddlecloud.cli import main
-from paddlecloud.k8s import manifests
+from paddlecloud.backends.k8s import manifests
+from paddlecloud.cli.main import main
 
 NS = "ml"
 REPO = Path(__file__).resolve().parents[2]
@@ -532,7 +532,7 @@ async def test_a_volcano_ps_job_keeps_min_member_at_its_min_through_every_scale(
     from test_k8s_deployer import FAST_RETRY, create_master, make_spec
     from test_k8s_deployer import NS as DEPLOYER_NS
 
-    from paddlecloud.k8s.deployer import KubernetesDeployer
+    from paddlecloud.backends.k8s.deployer import KubernetesDeployer
 
     worker = {"spec": {"schedulerName": "volcano", "containers": [
         {"name": "paddle", "image": "img", "command": ["python", "-m", "ctr.train"]}]}}

@@ -12,9 +12,9 @@ import pytest
 
 from autoscaler.controller import Controller, Settings, scale_job
 from paddlecloud.api import pb, pb_grpc
+from paddlecloud.backends.k8s import manifests
+from paddlecloud.backends.k8s.jobs import create_job
 from paddlecloud.jobspec import JobSpec
-from paddlecloud.k8s import manifests
-from paddlecloud.k8s.jobs import create_job
 from paddlecloud.tls import issue_master_certificate
 
 NS = "ml"

@@ -18,8 +18,8 @@ import pytest
 import yaml
 from rendered_objects import DEPLOY, pod_spec, rendered
 
+from paddlecloud.backends.k8s import manifests
 from paddlecloud.jobspec import JobSpec
-from paddlecloud.k8s import manifests
 
 ETCD = {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all((DEPLOY / "etcd.yaml").read_text()) if d}
 MEMBERS = ETCD[("StatefulSet", "paddlecloud-etcd")]

@@ -13,8 +13,8 @@ import pytest
 
 from job_server.app import create_app
 from job_server.config import Quotas, ServerConfig
+from paddlecloud.backends.k8s import image_build, manifests
 from paddlecloud.jobrequest import TrainerJob
-from paddlecloud.k8s import image_build, manifests
 
 TOKENS = {"token-a": ("team-a",), "token-b": ("team-b",)}
 A = {"Authorization": "Bearer token-a"}

@@ -14,7 +14,7 @@ from test_job_server import JOB, A, build_config, server, upload
 from job_server.config import ConfigError, load_config
 from job_server.packages import PackageStore
 from paddlecloud import sdk
-from paddlecloud.k8s import image_build
+from paddlecloud.backends.k8s import image_build
 
 BASE = "paddlecloud/paddlecloud:0.1.0"
 

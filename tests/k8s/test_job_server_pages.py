@@ -22,8 +22,8 @@ from job_server.app import create_app
 from job_server.config import ServerConfig
 from paddlecloud.aio import cancel_and_wait
 from paddlecloud.auth import JobTokens
+from paddlecloud.backends.k8s import manifests
 from paddlecloud.etcd_server import free_port, free_ports
-from paddlecloud.k8s import manifests
 
 TOKENS = {"token-a": ("team-a",), "token-b": ("team-b",), "token-ab": ("team-a", "team-b")}
 A = {"Authorization": "Bearer token-a"}

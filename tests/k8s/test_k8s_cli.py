@@ -17,10 +17,10 @@ import yaml
 from click.testing import CliRunner, Result
 
 from paddlecloud.api import pb, pb_grpc
+from paddlecloud.backends.k8s import manifests
+from paddlecloud.cli.jobs import job
 from paddlecloud.etcd import connect
-from paddlecloud.jobs_cli import job
 from paddlecloud.jobspec import JobSpec
-from paddlecloud.k8s import manifests
 from paddlecloud.keys import JobKeys
 from paddlecloud.phase import Phase
 
@@ -141,7 +141,7 @@ async def test_submit_a_paddlejob(k8s, kubeconfig):
 async def test_list_shows_jobs_and_their_phase(k8s, kubeconfig, api_client):
     for name in ("alpha", "beta"):
         assert (await run(*submit_args(name, kubeconfig))).exit_code == 0
-    from paddlecloud.k8s.deployer import KubernetesDeployer
+    from paddlecloud.backends.k8s.deployer import KubernetesDeployer
 
     beta = JobSpec(name="beta", namespace="ml", module="ctr.train")
     await KubernetesDeployer(beta, api_client=api_client).show_phase(Phase.RUNNING)
@@ -321,7 +321,7 @@ async def test_a_job_named_like_a_file_here_is_still_a_job_name(k8s, kubeconfig,
 
 
 def test_the_job_group_is_a_paddlecloud_subcommand():
-    from paddlecloud.cli import main
+    from paddlecloud.cli.main import main
 
     result = CliRunner().invoke(main, ["job", "--help"])
     assert result.exit_code == 0

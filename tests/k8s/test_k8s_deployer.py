@@ -13,17 +13,17 @@ from typing import Any
 import pytest
 from conftest import role_grants
 
-from paddlecloud.deployer import Deployer, RoleStatus
-from paddlecloud.etcd import connect
-from paddlecloud.jobspec import JobSpec
-from paddlecloud.k8s import manifests
-from paddlecloud.k8s.client import (
+from paddlecloud.backends.k8s import manifests
+from paddlecloud.backends.k8s.client import (
     KubernetesApiError,
     KubernetesConflictError,
     KubernetesPermissionError,
     RetryPolicy,
 )
-from paddlecloud.k8s.deployer import KubernetesDeployer, role_status_of_job, should_clean
+from paddlecloud.backends.k8s.deployer import KubernetesDeployer, role_status_of_job, should_clean
+from paddlecloud.deployer import Deployer, RoleStatus
+from paddlecloud.etcd import connect
+from paddlecloud.jobspec import JobSpec
 from paddlecloud.keys import JobKeys
 from paddlecloud.phase import Phase
 from paddlecloud.supervision import Graces, MasterState, supervise

@@ -12,8 +12,8 @@ from typing import Any
 import kubernetes_validate
 import pytest
 
+from paddlecloud.backends.k8s import manifests
 from paddlecloud.jobspec import JobSpec
-from paddlecloud.k8s import manifests
 
 NS = "ml"
 OUTSIDE = None  # an address that is no pod's (the API server, a store, the internet)

@@ -14,9 +14,9 @@ from test_k8s_deployer import FAST_RETRY, NS, create_master, env_of, make_spec, 
 from test_k8s_master_process import start_deploying_master
 from waiting import wait_for
 
+from paddlecloud.backends.k8s import manifests
+from paddlecloud.backends.k8s.deployer import KubernetesDeployer
 from paddlecloud.jobspec import JobSpecError
-from paddlecloud.k8s import manifests
-from paddlecloud.k8s.deployer import KubernetesDeployer
 
 VERSIONS = ("1.28", kubernetes_validate.latest_version())
 
@@ -226,7 +226,7 @@ def test_submit_takes_a_trainer_range_and_refuses_a_size_outside_it():
     import yaml
     from click.testing import CliRunner
 
-    from paddlecloud.jobs_cli import job
+    from paddlecloud.cli.jobs import job
     from paddlecloud.jobspec import JobSpec
 
     runner = CliRunner()

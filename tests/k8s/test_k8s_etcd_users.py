@@ -13,9 +13,9 @@ import pytest
 from click.testing import CliRunner, Result
 from test_etcd_secured import secured  # noqa: F401 (a fixture)
 
+from paddlecloud.backends.k8s import manifests
+from paddlecloud.cli.jobs import job
 from paddlecloud.etcd import EtcdAuthError, EtcdCredentials, connect
-from paddlecloud.jobs_cli import job
-from paddlecloud.k8s import manifests
 from paddlecloud.keys import JobKeys
 
 
@@ -121,7 +121,7 @@ async def test_the_operator_makes_the_jobs_etcd_user_once_and_removes_it_with_th
         wait_for_job,
     )
 
-    from paddlecloud.k8s.deployer import KubernetesDeployer
+    from paddlecloud.backends.k8s.deployer import KubernetesDeployer
     from paddlecloud.paddlejob import translate
     from pdj_operator.handlers import ETCD_USER_ANNOTATION, OperatorConfig
 

@@ -12,8 +12,8 @@ import restricted_profile as pss
 import yaml
 from rendered_objects import DEPLOY, DEPLOY_FILES, pod_spec, rendered
 
+from paddlecloud.backends.k8s import manifests
 from paddlecloud.jobspec import JobSpec
-from paddlecloud.k8s import manifests
 
 RENDERED = rendered()
 # kinds of CRDs (ours, Kopf's, Volcano's, Kueue's): tests/k8s/test_kustomize.py checks them

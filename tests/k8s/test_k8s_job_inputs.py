@@ -13,9 +13,9 @@ from click.testing import CliRunner
 from rendered_objects import pod_spec
 from restricted_profile import violations
 
-from paddlecloud.jobs_cli import job
+from paddlecloud.backends.k8s import manifests
+from paddlecloud.cli.jobs import job
 from paddlecloud.jobspec import JobSpec, JobSpecError
-from paddlecloud.k8s import manifests
 
 
 def submit(*args: str) -> Any:

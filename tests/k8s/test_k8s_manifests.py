@@ -17,8 +17,8 @@ import pytest
 import yaml
 from rendered_objects import dry_run, example_submit_args
 
+from paddlecloud.backends.k8s import manifests
 from paddlecloud.jobspec import DataVolume, JobSpec, JobSpecError
-from paddlecloud.k8s import manifests
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"

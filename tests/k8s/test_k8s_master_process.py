@@ -13,8 +13,8 @@ from masters import pb, read_to_the_end, stub, wait_serving
 from test_k8s_deployer import create_master, short
 
 from paddlecloud import etcd
+from paddlecloud.backends.k8s import manifests
 from paddlecloud.jobspec import JobSpec
-from paddlecloud.k8s import manifests
 from paddlecloud.keys import JobKeys
 
 

@@ -11,10 +11,10 @@ import pytest
 from test_k8s_deployer import FAST_RETRY, NS, create_master, make_spec, short
 from test_k8s_elastic import EpochRestarts, add_group, delete_pod
 
-from paddlecloud.jobs_cli import build_spec, submit_command
+from paddlecloud.backends.k8s import manifests
+from paddlecloud.backends.k8s.deployer import KubernetesDeployer
+from paddlecloud.cli.jobs import build_spec, submit_command
 from paddlecloud.jobspec import JobSpec, JobSpecError
-from paddlecloud.k8s import manifests
-from paddlecloud.k8s.deployer import KubernetesDeployer
 from paddlecloud.paddlejob import translate
 
 

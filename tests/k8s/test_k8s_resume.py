@@ -17,7 +17,7 @@ from masters import pb, stub, wait_serving
 from test_k8s_deployer import short
 from test_k8s_master_process import start_deploying_master
 
-from paddlecloud.k8s import manifests
+from paddlecloud.backends.k8s import manifests
 
 
 async def finish_one_task(address: str) -> int:

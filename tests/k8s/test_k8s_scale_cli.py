@@ -10,8 +10,8 @@ import asyncio
 from click.testing import CliRunner
 from test_autoscaler_tls import NS, tls_masters  # noqa: F401 (a fixture)
 
-from paddlecloud.jobs_cli import job
-from paddlecloud.k8s import manifests
+from paddlecloud.backends.k8s import manifests
+from paddlecloud.cli.jobs import job
 from paddlecloud.tls import issue_master_certificate
 
 

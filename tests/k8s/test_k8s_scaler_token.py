@@ -17,8 +17,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from paddlecloud.backends.k8s import manifests
 from paddlecloud.jobspec import JobSpec
-from paddlecloud.k8s import manifests
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -8,8 +8,8 @@ import base64
 import kubernetes_validate
 
 from paddlecloud.auth import JobTokens
+from paddlecloud.backends.k8s import manifests
 from paddlecloud.jobspec import JobSpec
-from paddlecloud.k8s import manifests
 from paddlecloud.tls import issue_master_certificate
 
 

@@ -10,9 +10,9 @@ import yaml
 from click.testing import CliRunner
 from test_job_server import JOB, A, k8s_resource, server, upload
 
-from paddlecloud.jobs_cli import job
+from paddlecloud.backends.k8s import manifests
+from paddlecloud.cli.jobs import job
 from paddlecloud.jobspec import DEFAULT_IMAGE, JobSpec
-from paddlecloud.k8s import manifests
 from paddlecloud.paddlejob import translate
 from pdj_operator.handlers import OperatorConfig, spec_of
 

@@ -24,9 +24,9 @@ import pytest
 import yaml
 from kopf.testing import KopfRunner
 
+from paddlecloud.backends.k8s import manifests
+from paddlecloud.backends.k8s.deployer import KubernetesDeployer
 from paddlecloud.jobspec import JobSpec
-from paddlecloud.k8s import manifests
-from paddlecloud.k8s.deployer import KubernetesDeployer
 from paddlecloud.keys import JobKeys
 from paddlecloud.paddlejob import translate
 from pdj_operator.handlers import (
@@ -458,7 +458,7 @@ def test_the_operator_manifest_is_strictly_valid_and_least_privilege():
 def test_the_operator_command_needs_a_scope():
     from click.testing import CliRunner
 
-    from paddlecloud.cli import main
+    from paddlecloud.cli.main import main
 
     result = CliRunner().invoke(main, ["operator"])
     assert result.exit_code == 2 and "--namespace NS" in result.output

@@ -19,9 +19,9 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from paddlecloud.jobs_cli import job
+from paddlecloud.backends.k8s import manifests
+from paddlecloud.cli.jobs import job
 from paddlecloud.jobspec import JobSpec, JobSpecError
-from paddlecloud.k8s import manifests
 from paddlecloud.paddlejob import SPEC_FIELDS, load_documents, translate, translate_documents
 from pdj_operator import crd as crdlib
 
@@ -337,14 +337,14 @@ def test_an_entrypoint_only_image_runs_unchanged_with_paddlecloud_beside_it():
     assert wait_master["command"] == ["paddlecloud", "trainer"]
     assert wait_master["volumeMounts"] == [{"name": "job-tokens", "mountPath": manifests.TOKENS_MOUNT,
                                             "readOnly": True}]
-    assert wait["command"] == ["python3", "-m", "paddlecloud.k8s.portwatch", "--wait",
+    assert wait["command"] == ["python3", "-m", "paddlecloud.backends.k8s.portwatch", "--wait",
                                "$(PADDLE_PSERVERS_IP_PORT_LIST)"]
     assert env_of(wait)["PADDLE_PSERVERS_IP_PORT_LIST"] == ps_env["PADDLE_PSERVERS_IP_PORT_LIST"]
     # pservers: a native sidecar runs the pserver agent, which registers the pod in etcd
     (sidecar,) = ps["initContainers"]
     assert sidecar["restartPolicy"] == "Always" and sidecar["image"] == spec.paddlecloud_image
     assert sidecar["command"][:3] == ["paddlecloud", "pserver", "--"]
-    assert sidecar["command"][3:] == ["python3", "-m", "paddlecloud.k8s.portwatch", "--hold",
+    assert sidecar["command"][3:] == ["python3", "-m", "paddlecloud.backends.k8s.portwatch", "--hold",
                                       "127.0.0.1:$(PADDLE_PORT)"]
     # the agent claims the same slot; it alone gets the job's etcd credentials
     main_env = ps["containers"][0]["env"]

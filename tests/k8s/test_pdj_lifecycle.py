@@ -26,9 +26,9 @@ from test_operator import (
     wait_for_job,
 )
 
+from paddlecloud.backends.k8s import manifests
+from paddlecloud.backends.k8s.deployer import KubernetesDeployer
 from paddlecloud.jobspec import JobSpec, JobSpecError
-from paddlecloud.k8s import manifests
-from paddlecloud.k8s.deployer import KubernetesDeployer
 from paddlecloud.paddlejob import KUEUE_QUEUE_LABEL, translate
 from pdj_operator import kueue
 
@@ -395,7 +395,7 @@ def test_suspend_must_be_a_boolean():
 def submit(*args: str) -> Any:
     from click.testing import CliRunner
 
-    from paddlecloud.jobs_cli import job as job_group
+    from paddlecloud.cli.jobs import job as job_group
 
     return CliRunner().invoke(job_group, ["submit", *args], catch_exceptions=False)
 
@@ -452,7 +452,7 @@ def test_a_queue_on_the_command_line_and_another_in_the_file_contradict(tmp_path
 
 
 def test_a_queued_job_is_never_created_directly():
-    from paddlecloud.k8s.jobs import create_job
+    from paddlecloud.backends.k8s.jobs import create_job
 
     spec = translate(job("direct", labels={KUEUE_QUEUE_LABEL: "team-a"})).validate()
     with pytest.raises(JobSpecError, match="names the Kueue queue 'team-a'"):
@@ -481,6 +481,6 @@ async def test_the_python_api_queues_a_job_as_a_labelled_paddlejob(k8s_crds, kub
       manifests.RESUME_ANNOTATION: "pending"}, 0, "Succeeded"),
 ])
 def test_job_status_shows_a_held_job_suspended(annotations, replicas, shown):
-    from paddlecloud.k8s.jobs import shown_phase
+    from paddlecloud.backends.k8s.jobs import shown_phase
 
     assert shown_phase(annotations, replicas=replicas)[0] == shown

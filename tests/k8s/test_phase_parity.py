@@ -20,11 +20,11 @@ from typing import Any
 import pytest
 from test_k8s_deployer import FAST_RETRY, create_master, make_spec
 
+from paddlecloud.backends.k8s import manifests
+from paddlecloud.backends.k8s.deployer import KubernetesDeployer
+from paddlecloud.backends.local.children import Child
+from paddlecloud.backends.local.deployer import LocalDeployer
 from paddlecloud.deployer import Deployer
-from paddlecloud.k8s import manifests
-from paddlecloud.k8s.deployer import KubernetesDeployer
-from paddlecloud.local.children import Child
-from paddlecloud.local.deployer import LocalDeployer
 from paddlecloud.phase import Phase
 from paddlecloud.supervision import Graces, MasterState, supervise
 

@@ -1,4 +1,4 @@
-"""`python -m paddlecloud.k8s.portwatch`: the helper beside images without paddlecloud.
+"""`python -m paddlecloud.backends.k8s.portwatch`: the helper beside images without paddlecloud.
 
 Real sockets and real processes: `--wait` returns once every endpoint listens (the
 trainers' start order), `--hold` runs while one listens and exits 1 when it stops
@@ -14,9 +14,9 @@ import time
 
 import pytest
 
-from paddlecloud.k8s.portwatch import parse_endpoints
+from paddlecloud.backends.k8s.portwatch import parse_endpoints
 
-COMMAND = [sys.executable, "-m", "paddlecloud.k8s.portwatch"]
+COMMAND = [sys.executable, "-m", "paddlecloud.backends.k8s.portwatch"]
 
 
 def listener() -> socket.socket:

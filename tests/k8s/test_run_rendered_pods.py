@@ -31,9 +31,9 @@ import pytest
 import yaml
 
 from paddlecloud.auth import JobTokens
+from paddlecloud.backends.k8s import manifests
 from paddlecloud.etcd_server import EtcdServer
 from paddlecloud.jobspec import JobSpec
-from paddlecloud.k8s import manifests
 from paddlecloud.master_flags import master_flags
 from paddlecloud.tls import issue_master_certificate
 from tests import containers

@@ -18,10 +18,10 @@ from conftest import RESOURCES
 from job_server.app import create_app
 from job_server.config import ServerConfig
 from paddlecloud import PaddleJob, dist_train
+from paddlecloud.backends.k8s import image_build, manifests
+from paddlecloud.cli.jobs import job as job_cli
 from paddlecloud.etcd_server import free_port
-from paddlecloud.jobs_cli import job as job_cli
 from paddlecloud.jobspec import JobSpec, JobSpecError
-from paddlecloud.k8s import image_build, manifests
 from paddlecloud.sdk import JobHandle, _progress_view, _shows_bar
 
 

@@ -11,8 +11,8 @@ import pytest
 from test_sdk import job_server  # noqa: F401  (a real Job Server on kmock)
 
 from paddlecloud import PaddleJob, dist_train
+from paddlecloud.backends.k8s import manifests
 from paddlecloud.jobspec import DataVolume, JobSpec, JobSpecError
-from paddlecloud.k8s import manifests
 from paddlecloud.sdk import EndIteration, EndPass, JobHandle
 
 

@@ -14,9 +14,9 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from paddlecloud.jobs_cli import job
+from paddlecloud.backends.k8s import manifests
+from paddlecloud.cli.jobs import job
 from paddlecloud.jobspec import DEFAULT_IMAGE, JobSpec, JobSpecError
-from paddlecloud.k8s import manifests
 from paddlecloud.paddlejob import load_documents, translate, translate_documents
 
 SEEDS = Path(__file__).resolve().parent / "seed003"
@@ -174,7 +174,7 @@ async def test_a_namespace_without_the_restricted_label_takes_the_job(k8s, kubec
 
 
 def test_a_restricted_job_keeps_its_profile_through_the_operator_s_paddlejob():
-    from paddlecloud.k8s.jobs import paddlejob_document
+    from paddlecloud.backends.k8s.jobs import paddlejob_document
 
     spec = JobSpec(name="r", module="m.train", security_profile="restricted", run_as_user=3000).validate()
     back = translate(paddlejob_document(spec)).validate()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import yaml
 from click.testing import CliRunner
 
-from paddlecloud.jobs_cli import job as job_cli
+from paddlecloud.cli.jobs import job as job_cli
 
 
 def _trainer_env(output: str) -> dict[str, str]:

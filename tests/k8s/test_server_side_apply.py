@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 from test_k8s_deployer import FAST_RETRY, NS, create_master, make_spec
 
-from paddlecloud.k8s import manifests
-from paddlecloud.k8s.client import APPLY_PATCH, KubernetesConflictError
-from paddlecloud.k8s.deployer import KubernetesDeployer
+from paddlecloud.backends.k8s import manifests
+from paddlecloud.backends.k8s.client import APPLY_PATCH, KubernetesConflictError
+from paddlecloud.backends.k8s.deployer import KubernetesDeployer
 from paddlecloud.phase import Phase
 
 VOLCANO = {"spec": {"schedulerName": "volcano", "containers": [

@@ -16,9 +16,9 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from paddlecloud.jobs_cli import job
+from paddlecloud.backends.k8s import manifests
+from paddlecloud.cli.jobs import job
 from paddlecloud.jobspec import JobSpec, JobSpecError
-from paddlecloud.k8s import manifests
 from paddlecloud.paddlejob import translate
 from paddlecloud.trainingjob import to_paddlejob
 

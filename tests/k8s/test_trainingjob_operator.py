@@ -19,9 +19,9 @@ import yaml
 from test_operator import NS, assert_operator_rights, events, running_operator
 from test_paddlejob import strict
 
+from paddlecloud.backends.k8s import manifests
+from paddlecloud.backends.k8s.deployer import KubernetesDeployer
 from paddlecloud.jobspec import JobSpec
-from paddlecloud.k8s import manifests
-from paddlecloud.k8s.deployer import KubernetesDeployer
 from paddlecloud.trainingjob import to_paddlejob
 from pdj_operator import trainingjobs
 from pdj_operator.handlers import make_settings, spec_of

@@ -27,11 +27,7 @@ from typing import Any
 
 import click
 
-from paddlecloud.clitypes import DURATION, ENV_OPTION_NAMES, ENV_PAIR, NON_NEGATIVE, POSITIVE, SIZE
-from paddlecloud.datasets import FORMATS, SpecError, list_files
-from paddlecloud.etcd import MIN_LEASE_TTL
-from paddlecloud.goodput_text import summarize_trainer_seconds
-from paddlecloud.local.container import (
+from paddlecloud.backends.local.container import (
     ENGINES,
     ContainerSpec,
     EngineError,
@@ -39,6 +35,10 @@ from paddlecloud.local.container import (
     find_engine,
     job_mounts,
 )
+from paddlecloud.clitypes import DURATION, ENV_OPTION_NAMES, ENV_PAIR, NON_NEGATIVE, POSITIVE, SIZE
+from paddlecloud.datasets import FORMATS, SpecError, list_files
+from paddlecloud.etcd import MIN_LEASE_TTL
+from paddlecloud.goodput_text import summarize_trainer_seconds
 
 EXAMPLES = {"fit-a-line": "examples.fit_a_line"}
 
@@ -268,10 +268,10 @@ def train(module, package_path, inputs, output, trainers, min_trainers, max_trai
 
     Quote an --input glob ('data/*.csv'); arguments for MODULE go after `--`.
     """
+    from paddlecloud.backends.local.job import JobFailed, LocalJob, LocalJobSpec, resume_epoch
+    from paddlecloud.backends.local.view import ConsoleView
     from paddlecloud.checkpoints import CHECKPOINTS_DIR
     from paddlecloud.clitypes import checkpoint_every_env
-    from paddlecloud.local.job import JobFailed, LocalJob, LocalJobSpec, resume_epoch
-    from paddlecloud.local.view import ConsoleView
 
     _check_leftovers(module_args, inputs)
     if engine and not image:

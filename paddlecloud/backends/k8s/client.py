@@ -153,7 +153,7 @@ def explain(error: BaseException, *, verb: str, resource: str, namespace: str,
     if status == 403:
         rights = rights or (
             "The master's rights come from its job's own Role JOB-master, made at submit "
-            "(paddlecloud.k8s.manifests.master_rules)"
+            "(paddlecloud.backends.k8s.manifests.master_rules)"
         )
         return KubernetesPermissionError(
             f"forbidden to {what}: the account lacks '{verb}' on '{resource}'. {rights}; "

@@ -36,13 +36,13 @@ from paddlecloud import checkpoints, etcd
 from paddlecloud.aio import cancel_and_wait
 from paddlecloud.api import pb, pb_grpc
 from paddlecloud.auth import ClientCredentials, JobTokens, Role
+from paddlecloud.backends.local.children import Child
+from paddlecloud.backends.local.container import ContainerSpec, remove_containers
+from paddlecloud.backends.local.deployer import JobFailed, LocalDeployer, launcher_command
+from paddlecloud.backends.local.handle import SECRETS_DIR, LocalJobHandle
 from paddlecloud.etcd_server import EtcdServer, free_ports, server_version, version_warning
 from paddlecloud.exits import signal_exit_code
 from paddlecloud.keys import JobKeys, prefix_range_end
-from paddlecloud.local.children import Child
-from paddlecloud.local.container import ContainerSpec, remove_containers
-from paddlecloud.local.deployer import JobFailed, LocalDeployer, launcher_command
-from paddlecloud.local.handle import SECRETS_DIR, LocalJobHandle
 from paddlecloud.master_flags import master_flags
 from paddlecloud.phase import Phase
 from paddlecloud.supervision import Graces, MasterState, supervise

@@ -32,8 +32,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from paddlecloud.k8s import manifests
-from paddlecloud.k8s.jobs import JobCreateError, call
+from paddlecloud.backends.k8s import manifests
+from paddlecloud.backends.k8s.jobs import JobCreateError, call
 
 logger = logging.getLogger(__name__)
 

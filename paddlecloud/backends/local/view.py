@@ -15,8 +15,8 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
+from paddlecloud.backends.local.job import Progress
 from paddlecloud.epoch_text import epoch_of
-from paddlecloud.local.job import Progress
 
 STYLES = {"master": "magenta", "pserver": "yellow", "trainer": "cyan", "local": "bold green"}
 

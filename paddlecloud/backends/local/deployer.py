@@ -36,10 +36,10 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from paddlecloud import checkpoints
+from paddlecloud.backends.local.children import Child
 from paddlecloud.deployer import Deployer, RoleStatus
 from paddlecloud.etcd_server import free_ports
 from paddlecloud.exits import STOP_GRACE_ENV, signal_exit_code
-from paddlecloud.local.children import Child
 from paddlecloud.phase import Phase
 
 logger = logging.getLogger(__name__)

@@ -9,7 +9,7 @@ phase as an annotation on the Deployment.
 Every call is made off the event loop (`asyncio.to_thread`: the client blocks).
 Creation is idempotent: an object that already exists and carries the job's label
 is adopted (a master that took over calls everything again). Answers that may pass
-are retried per `paddlecloud.k8s.client`; that is safe for every call made here (a
+are retried per `paddlecloud.backends.k8s.client`; that is safe for every call made here (a
 create whose first try went through answers 409 on the retry and is adopted; gets,
 merge patches and deletes are idempotent). A 403 is a `KubernetesPermissionError`
 naming the verb, the resource and the job's master Role (`manifests.master_rules`). The Job and the
@@ -45,10 +45,8 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from paddlecloud.deployer import Deployer, RoleStatus
-from paddlecloud.jobspec import JobSpec
-from paddlecloud.k8s import manifests
-from paddlecloud.k8s.client import (
+from paddlecloud.backends.k8s import manifests
+from paddlecloud.backends.k8s.client import (
     MASTER_MANAGER,
     KubernetesApiError,
     KubernetesConflictError,
@@ -60,6 +58,8 @@ from paddlecloud.k8s.client import (
     explained,
     load_api_client,
 )
+from paddlecloud.deployer import Deployer, RoleStatus
+from paddlecloud.jobspec import JobSpec
 from paddlecloud.phase import Phase
 
 logger = logging.getLogger(__name__)

@@ -2,8 +2,8 @@
 
 `submit` creates only the job's master (a Deployment of two replicas, the root
 owner of everything else), its Service and the job-spec (and package) ConfigMaps;
-the leading master deploys the pservers and trainers (`paddlecloud.k8s.deployer`). Every
-API call goes through `paddlecloud.k8s.client` (retries, errors that say what to do).
+the leading master deploys the pservers and trainers (`paddlecloud.backends.k8s.deployer`). Every
+API call goes through `paddlecloud.backends.k8s.client` (retries, errors that say what to do).
 `delete` removes the Deployment — the API server's garbage collector removes what
 it owns — plus the ConfigMaps, and clears the job's etcd prefix.
 
@@ -28,6 +28,18 @@ from typing import Any
 
 import click
 
+from paddlecloud.backends.k8s import manifests
+from paddlecloud.backends.k8s.jobs import (
+    ROLES,
+    JobCreateError,
+    create_job,
+    fetch_master_status,
+    master_ca,
+    pick_pod,
+    pod_counts,
+    read_package,
+    scale_trainers,
+)
 from paddlecloud.clitypes import ENV_OPTION_NAMES, ENV_STRING, NON_NEGATIVE, POSITIVE
 from paddlecloud.epoch_text import epoch_of
 from paddlecloud.goodput_text import summarize_trainer_seconds
@@ -42,18 +54,6 @@ from paddlecloud.jobspec import (
     JobSpecError,
     parse_env,
     parse_secret_env,
-)
-from paddlecloud.k8s import manifests
-from paddlecloud.k8s.jobs import (
-    ROLES,
-    JobCreateError,
-    create_job,
-    fetch_master_status,
-    master_ca,
-    pick_pod,
-    pod_counts,
-    read_package,
-    scale_trainers,
 )
 from paddlecloud.paddlejob import chunk_bytes, load_documents, translate_documents
 from paddlecloud.trainingjob import is_trainingjob, to_paddlejob
@@ -87,7 +87,7 @@ def _api(kubeconfig: str | None) -> Any:
         import kubernetes  # noqa: F401
     except ImportError:
         raise _fail("`paddlecloud job` needs the Kubernetes client: pip install 'paddlecloud[k8s]'") from None
-    from paddlecloud.k8s.client import KubernetesApiError, load_api_client
+    from paddlecloud.backends.k8s.client import KubernetesApiError, load_api_client
 
     try:
         return load_api_client(kubeconfig)
@@ -101,7 +101,7 @@ def _call(fn: Callable[..., Any], *args: Any, verb: str, resource: str, namespac
           name: str = "", tolerate: Collection[int] = (), **kwargs: Any) -> Any:
     """One API call, retried as the deployer's are; None for an answer in `tolerate`
     (e.g. 404 when a missing object is fine), any other API error a clear CLI error."""
-    from paddlecloud.k8s.client import RetryPolicy, api_status, call_sync, explained
+    from paddlecloud.backends.k8s.client import RetryPolicy, api_status, call_sync, explained
 
     try:
         return call_sync(RetryPolicy(attempts=CLI_RETRY_ATTEMPTS, initial_wait=CLI_RETRY_WAIT),
@@ -341,7 +341,7 @@ def submit_command(words: tuple[str, ...], paddlejob: str | None, dry_run: bool,
 def _submit_queued(name: str | None, paddlejob: str | None, *, dry_run: bool, server: str | None,
                    kubeconfig: str | None, options: dict[str, Any]) -> None:
     """`--queue`: the PaddleJob, labelled for Kueue, for the operator to run once admitted."""
-    from paddlecloud.k8s.queued import queued_paddlejob
+    from paddlecloud.backends.k8s.queued import queued_paddlejob
 
     queue = options.pop("queue")
     if server:
@@ -360,7 +360,7 @@ def _submit_queued(name: str | None, paddlejob: str | None, *, dry_run: bool, se
     if dry_run:
         click.echo(manifests.dump_yaml(doc), nl=False)
         return
-    from paddlecloud.k8s.jobs import create_paddlejob_document
+    from paddlecloud.backends.k8s.jobs import create_paddlejob_document
 
     try:
         create_paddlejob_document(_api(kubeconfig), doc, rights=USER_RIGHTS)
@@ -460,7 +460,7 @@ def status_page_instructions(name: str, namespace: str, *, local_port: int,
 
 def _secret_viewer_token(core: Any, name: str, namespace: str) -> str | None:
     """The job's viewer token from its Secret; None when the API refuses it (403, 404, other)."""
-    from paddlecloud.k8s.jobs import viewer_token
+    from paddlecloud.backends.k8s.jobs import viewer_token
 
     try:
         return viewer_token(core.api_client, namespace=namespace, name=name)
@@ -626,7 +626,12 @@ def _scale_local(name: str, trainers: int, output: Path, *, timeout: float) -> A
     import grpc
 
     from paddlecloud.auth import ClientCredentials
-    from paddlecloud.local.handle import LocalJobHandle, NoLocalJob, master_ca, operator_token
+    from paddlecloud.backends.local.handle import (
+        LocalJobHandle,
+        NoLocalJob,
+        master_ca,
+        operator_token,
+    )
 
     try:
         handle = LocalJobHandle.read(output)

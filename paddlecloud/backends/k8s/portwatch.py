@@ -1,7 +1,7 @@
-"""`python -m paddlecloud.k8s.portwatch`: wait for TCP endpoints, or hold while one listens.
+"""`python -m paddlecloud.backends.k8s.portwatch`: wait for TCP endpoints, or hold while one listens.
 
 The helper containers beside an image that does not contain paddlecloud use it
-(`paddlecloud.k8s.manifests`):
+(`paddlecloud.backends.k8s.manifests`):
 
 * `--wait HOST:PORT[,HOST:PORT...]`: the init container of a trainer (or heter
   trainer) returns 0 once every pserver accepts a connection: the start order
@@ -78,7 +78,7 @@ def hold(endpoint: tuple[str, int], *, interval: float, failures: int) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m paddlecloud.k8s.portwatch", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m paddlecloud.backends.k8s.portwatch", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     mode = parser.add_mutually_exclusive_group(required=True)
     mode.add_argument("--wait", metavar="HOST:PORT[,...]", help="return 0 once all listen")

@@ -112,7 +112,7 @@ class ContainerSpec:
 
     def wrapper_command(self) -> list[str]:
         """What a launcher runs as its child: this module, on the host, with this spec."""
-        return [sys.executable, "-m", "paddlecloud.local.container", self.to_json()]
+        return [sys.executable, "-m", "paddlecloud.backends.local.container", self.to_json()]
 
     def name(self, environ: Mapping[str, str]) -> str:
         member = environ.get(ID_VARIABLES.get(self.role, ""), "0")
@@ -281,7 +281,7 @@ def _die_with_parent() -> None:
 
 def main(argv: Sequence[str]) -> int:
     if len(argv) != 1:
-        print("usage: python -m paddlecloud.local.container SPEC_JSON", file=sys.stderr)
+        print("usage: python -m paddlecloud.backends.local.container SPEC_JSON", file=sys.stderr)
         return 2
     return _Wrapper(ContainerSpec.from_json(argv[0]), os.environ).run()
 

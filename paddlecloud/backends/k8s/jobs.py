@@ -26,8 +26,8 @@ from collections.abc import Callable, Collection, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from paddlecloud.backends.k8s import manifests
 from paddlecloud.jobspec import PADDLEJOB_API_VERSION, PADDLEJOB_KIND, JobSpec, JobSpecError
-from paddlecloud.k8s import manifests
 from paddlecloud.package_names import check_package_names
 from paddlecloud.paddlejob import KUEUE_QUEUE_LABEL
 from paddlecloud.phase import Phase
@@ -55,7 +55,7 @@ def call(fn: Callable[..., Any], *args: Any, verb: str, resource: str, namespace
          **kwargs: Any) -> Any:
     """One blocking API call, retried; None for an answer in `tolerate`, any other API
     error a `JobCreateError` naming the call (a bug, not an API answer, as it is)."""
-    from paddlecloud.k8s.client import RetryPolicy, api_status, call_sync, explained
+    from paddlecloud.backends.k8s.client import RetryPolicy, api_status, call_sync, explained
 
     try:
         return call_sync(RetryPolicy(attempts=RETRY_ATTEMPTS, initial_wait=RETRY_WAIT),
@@ -144,7 +144,7 @@ def create_job(api: Any, *, spec: JobSpec, objects: list[dict[str, Any]],
     Kueue queue is refused: only the operator runs one (as a PaddleJob)."""
     from kubernetes import client
 
-    from paddlecloud.k8s.client import CLI_MANAGER, applied, apply_body
+    from paddlecloud.backends.k8s.client import CLI_MANAGER, applied, apply_body
     from paddlecloud.tls import issue_master_certificate
 
     if spec.local_queue:
@@ -555,7 +555,7 @@ def create_paddlejob(api: Any, *, spec: JobSpec, rights: str | None = None) -> N
 
 def create_paddlejob_document(api: Any, doc: dict[str, Any], *, rights: str | None = None) -> None:
     """Creates a PaddleJob as written (`job submit --queue -f`); a name in use is refused."""
-    from paddlecloud.k8s.client import CLI_MANAGER
+    from paddlecloud.backends.k8s.client import CLI_MANAGER
 
     ns, name = doc["metadata"]["namespace"], doc["metadata"]["name"]
     made = call(_custom(api).create_namespaced_custom_object, PADDLEJOB_GROUP, PADDLEJOB_VERSION,

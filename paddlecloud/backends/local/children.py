@@ -1,7 +1,7 @@
 """Child processes of a local job: started in their own process group, logs pumped line by line.
 
 Each child's output goes to `<output>/logs/<role>-<index>.log` and, prefixed with its
-role and index, to the console (less Paddle's noise: `paddlecloud.local.noise`). Stopping
+role and index, to the console (less Paddle's noise: `paddlecloud.backends.local.noise`). Stopping
 a child signals its whole process group, so a launcher and the user's command under it go
 together and nothing is left behind.
 """
@@ -16,7 +16,7 @@ import signal
 from collections.abc import Callable
 from pathlib import Path
 
-from paddlecloud.local.noise import PaddleNoise
+from paddlecloud.backends.local.noise import PaddleNoise
 
 logger = logging.getLogger(__name__)
 

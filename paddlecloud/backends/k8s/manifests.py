@@ -610,7 +610,7 @@ def _wants_gpu(container: Mapping[str, Any]) -> bool:
 # `python3`, not `python`: every Python image has it (Debian's and Ubuntu's have no `python`
 # unless python-is-python3 is installed, as paddle-operator's tutorial images are built)
 PYTHON = "python3"
-PORTWATCH = [PYTHON, "-m", "paddlecloud.k8s.portwatch"]
+PORTWATCH = [PYTHON, "-m", "paddlecloud.backends.k8s.portwatch"]
 HELPER_RESOURCES = {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}}
 WAIT_MASTER, WAIT_PSERVERS, PSERVER_AGENT = "wait-master", "wait-pservers", "paddlecloud-agent"
 HELPERS = {WAIT_MASTER, WAIT_PSERVERS, PSERVER_AGENT}
@@ -1293,7 +1293,7 @@ def _most_trainers(spec: JobSpec) -> JobSpec:
 
 
 def master_rules(spec: JobSpec) -> list[dict[str, Any]]:
-    """The rules of a job's master: exactly the calls of `paddlecloud.k8s.deployer`, and every
+    """The rules of a job's master: exactly the calls of `paddlecloud.backends.k8s.deployer`, and every
     `get`/`patch`/`delete` limited by `resourceNames` to this job's own objects.
 
     Unscoped, because the API cannot scope them by name: `create` (the object's name is
@@ -1353,7 +1353,7 @@ def master_rbac(spec: JobSpec, owner: Mapping[str, Any] | None) -> list[Manifest
 
 
 SUBMITTER_ROLE = "paddlecloud-submitter"
-# What `paddlecloud job submit/status/logs/delete` call (paddlecloud.k8s.jobs), beside the
+# What `paddlecloud job submit/status/logs/delete` call (paddlecloud.backends.k8s.jobs), beside the
 # master's own verbs: the API server lets a user create a Role only with rights the user holds.
 SUBMITTER_RULES: list[tuple[str, str, list[str]]] = [
     ("", "configmaps", ["get", "create", "patch", "delete"]),
