@@ -87,7 +87,9 @@ class Accounting:
             await asyncio.shield(self._last_write())
 
     def _figures(self) -> str:
-        return self.meter.to_json(wall=wall_clock())
+        wall = wall_clock()
+        self.meter.mark(wall=wall)
+        return self.meter.to_json(wall=wall)
 
     async def _write(self) -> None:
         try:

@@ -54,6 +54,10 @@ LOST_CAUSES = ("startup", "restart", "starting", "checkpoint", "data_wait", "str
 CAUSES = (PRODUCTIVE, *LOST_CAUSES)
 SAMPLE_EVERY = 1.0
 PERSIST_EVERY = 5.0
+# The figures' history (the status page's plot over the job's life) keeps at most this many
+# points: when full, every other point goes, so it always spans the whole life at a coarser
+# step; bounded, it rides in the one etcd key with the figures (a few KiB).
+HISTORY_POINTS = 240
 
 
 def base_id(trainer: str) -> str:
@@ -92,6 +96,7 @@ class GoodputMeter:
         self._credits: dict[int, float] = {}  # the current epoch's productive seconds per task
         self._done_credited: set[int] = set()  # credited tasks that were counted done
         self._epoch_totals: dict[int, float] = {}  # productive seconds per epoch
+        self.history: list[tuple[float, tuple[float, ...]]] = []  # (wall, totals in CAUSES order)
 
     # ---- figures --------------------------------------------------------------------
 
@@ -187,13 +192,29 @@ class GoodputMeter:
         self.totals[PRODUCTIVE] -= seconds
         self.totals["recomputed"] += seconds
 
+    # ---- history ----------------------------------------------------------------------
+
+    def mark(self, *, wall: float) -> None:
+        """Adds the figures now to the history (thinned to every other point when full; the
+        first and the newest stay)."""
+        self.history.append((wall, tuple(round(self.totals[c], 1) for c in CAUSES)))
+        if len(self.history) > HISTORY_POINTS:
+            first, *middle, newest = self.history
+            self.history = [first, *middle[1::2], newest]
+
+    def history_figures(self) -> list[tuple[float, dict[str, float]]]:
+        """The history as (wall time, cumulative seconds by cause), oldest first."""
+        return [(wall, dict(zip(CAUSES, values, strict=True))) for wall, values in self.history]
+
     # ---- persistence ------------------------------------------------------------------
 
     def to_json(self, *, wall: float) -> str:
-        """What a next leader needs to go on: totals, the slots seen, and when and how many."""
+        """What a next leader needs to go on: totals, the slots seen, and when and how many,
+        and the history."""
         return json.dumps({"totals": self.figures(), "ever": sorted(self.ever),
                            "started": sorted(self.started), "capacity": self._capacity,
-                           "at": wall}, separators=(",", ":"))
+                           "at": wall, "history": [[w, list(v)] for w, v in self.history]},
+                          separators=(",", ":"))
 
     @classmethod
     def from_json(cls, raw: bytes | str | None, *, now: float, wall: float) -> GoodputMeter:
@@ -208,6 +229,8 @@ class GoodputMeter:
         meter.started = set(saved.get("started", ()))
         gap = max(0.0, wall - float(saved.get("at", wall)))
         meter.totals["failover"] += gap * int(saved.get("capacity", 0))
+        meter.history = [(float(w), tuple(float(x) for x in v)) for w, v in saved.get("history", ())
+                         if len(v) == len(CAUSES)]  # a history of other causes is not drawn
         return meter
 
 

@@ -50,10 +50,11 @@ from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestHandler
 from pydantic import BaseModel, Field
 
-from master import inspection, metrics
+from master import goodput, inspection, metrics
 from master.presence import MasterPresence
 from paddlecloud import pagestyle
 from paddlecloud.aio import cancel_and_wait
+from paddlecloud.goodput_text import summarize_trainer_seconds
 from paddlecloud.phase import Phase
 from paddlecloud.untrusted import loggable
 
@@ -181,6 +182,21 @@ class MasterModel(BaseModel):
     this: bool = Field(description="the master that answers this request")
 
 
+class GoodputModel(BaseModel):
+    trainer_seconds: dict[str, float] = Field(
+        description="the job's trainer-seconds by cause, productive or lost (docs/design.md §12; "
+        "the causes are defined in docs/metrics.md), over its whole life")
+    productive_percent: float | None = Field(None, description="productive share of all; None before any second")
+    summary: str = Field(description="the same figures in the one line `paddlecloud job status` prints")
+
+
+class GoodputHistoryModel(BaseModel):
+    causes: list[str] = Field(description="the causes, productive first")
+    at: list[float] = Field(description="wall time of each point, oldest first (the job's whole life: "
+                            "the step grows as it lasts, at most a few hundred points)")
+    seconds: dict[str, list[float]] = Field(description="cumulative trainer-seconds by cause at each point")
+
+
 class JobModel(BaseModel):
     job: str
     namespace: str
@@ -206,6 +222,7 @@ class JobModel(BaseModel):
     trainers_omitted: int = Field(0, description="live trainers not in `trainers`")
     trainer_restarts: int = Field(0, description="new sessions of known trainer ids seen by this master")
     failed_tasks: list[FailedTaskModel] = Field(default_factory=list)
+    goodput: GoodputModel | None = Field(None, description="None on a standby")
     finished_total: float = 0
     requeues_total: dict[str, float] = Field(default_factory=dict)
     viewer_role: Literal["operator", "viewer"]
@@ -224,7 +241,8 @@ class SeriesModel(BaseModel):
 
 
 def schema() -> dict:
-    return {"job": JobModel.model_json_schema(), "series": SeriesModel.model_json_schema()}
+    return {"job": JobModel.model_json_schema(), "series": SeriesModel.model_json_schema(),
+            "goodput": GoodputHistoryModel.model_json_schema()}
 
 
 # ---- the time series ------------------------------------------------------------------------
@@ -332,6 +350,7 @@ class StatusPage:
         app.router.add_get("/", self._index)
         app.router.add_get("/api/job", self._job)
         app.router.add_get("/api/series", self._series)
+        app.router.add_get("/api/goodput", self._goodput)
         app.router.add_get("/api/schema", self._schema)
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/ready", self._ready)
@@ -398,6 +417,16 @@ class StatusPage:
     async def _series(self, request: web.Request) -> web.Response:
         return _json(self.recorder.series())
 
+    async def _goodput(self, request: web.Request) -> web.Response:
+        return _json(self.goodput_history())
+
+    def goodput_history(self) -> GoodputHistoryModel:
+        """The leader's goodput figures over the job's life (empty on a standby)."""
+        d = self.dispatcher()
+        points = d.accounting.meter.history_figures() if d is not None else []
+        return GoodputHistoryModel(causes=list(goodput.CAUSES), at=[wall for wall, _ in points],
+                                   seconds={c: [figures[c] for _, figures in points] for c in goodput.CAUSES})
+
     async def _job(self, request: web.Request) -> web.Response:
         return _json(await self.job_model(operator=request[ROLE] == OPERATOR))
 
@@ -454,7 +483,15 @@ class StatusPage:
             pservers=status.pservers,
             epochs=[EpochModel(**vars(bar)) for bar in inspection.epoch_bars(d)],
             trainers=trainers, trainers_omitted=omitted, trainer_restarts=sum(rec.restarts.values()),
-            failed_tasks=failed, **common)
+            failed_tasks=failed, goodput=goodput_model(status.trainer_seconds or {}), **common)
+
+
+def goodput_model(figures: Mapping[str, float]) -> GoodputModel:
+    total = sum(figures.values())
+    return GoodputModel(trainer_seconds=dict(figures),
+                        productive_percent=round(100 * figures.get("productive", 0.0) / total, 1)
+                        if total > 0 else None,
+                        summary=summarize_trainer_seconds(figures))
 
 
 async def _secure_headers(request: web.Request, response: web.StreamResponse) -> None:

@@ -8,6 +8,7 @@ master that goes on from the first's figures after a SIGKILL, the gap counted as
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 
@@ -17,7 +18,14 @@ from datasets import write_records
 from masters import metric, wait_serving
 from waiting import wait_for
 
-from master.goodput import CAUSES, LOST_CAUSES, GoodputMeter, Observation, holding_by_trainer
+from master.goodput import (
+    CAUSES,
+    HISTORY_POINTS,
+    LOST_CAUSES,
+    GoodputMeter,
+    Observation,
+    holding_by_trainer,
+)
 from paddlecloud import etcd
 from paddlecloud.api import pb, pb_grpc
 from paddlecloud.keys import JobKeys
@@ -104,6 +112,22 @@ def test_a_next_leader_goes_on_and_counts_the_gap_as_failover():
     assert after.ever == {"0", "1"} and after.started == {"0", "1"}
     assert GoodputMeter.from_json(None, now=0.0, wall=0.0).figures() == {c: 0.0 for c in CAUSES}
     assert json.loads(saved)["capacity"] == 2
+
+
+def test_the_history_spans_the_whole_life_thinned_and_a_next_leader_keeps_it():
+    meter = GoodputMeter(now=0.0)
+    for second in range(1, 3 * HISTORY_POINTS):
+        meter.sample(obs(holding={"0": (1,)}), now=float(second))
+        meter.mark(wall=1000.0 + second)
+    points = meter.history_figures()
+    assert len(points) <= HISTORY_POINTS
+    assert points[0][0] == 1001.0 and points[0][1]["productive"] == 1.0  # the first point stays
+    assert points[-1][0] == 1000.0 + 3 * HISTORY_POINTS - 1                       # and the newest
+    walls = [wall for wall, _ in points]
+    assert walls == sorted(walls)
+    assert all(b["productive"] >= a["productive"] for (_, a), (_, b) in itertools.pairwise(points))
+    after = GoodputMeter.from_json(meter.to_json(wall=5000.0), now=0.0, wall=5000.0)
+    assert after.history_figures() == points
 
 
 def trainer_seconds(reply: pb.GetStatusResponse) -> dict[str, float]:

@@ -78,6 +78,19 @@ async def test_the_json_follows_a_job_to_its_end_and_matches_its_schema(tmp_path
     assert max(series["trainers_alive"]) == 2
     text = await get(f"{base}/metrics")
     assert f"paddlecloud_master_finishes_total {float(2 * job['num_tasks'])}" in text
+    # goodput: the job's figures, worded as `job status` words them, and their history
+    assert job["goodput"]["summary"].startswith("goodput: ")
+    assert job["goodput"]["trainer_seconds"]["productive"] > 0
+    assert 0 < job["goodput"]["productive_percent"] <= 100
+
+    async def history() -> dict | None:
+        found = await checked(base, schema, "goodput")
+        return found if len(found["at"]) >= 2 else None
+
+    found = await wait_for(history, timeout=30, message="no goodput history")
+    assert found["causes"][0] == "productive" and set(found["seconds"]) == set(found["causes"])
+    assert all(len(values) == len(found["at"]) for values in found["seconds"].values())
+    assert found["seconds"]["productive"][-1] > 0
 
 
 async def test_a_failed_job_says_why_and_shows_each_failed_task_s_last_reasons(tmp_path, start_master,

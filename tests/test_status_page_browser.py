@@ -83,6 +83,10 @@ def test_the_page_follows_a_local_job_to_its_end(tmp_path, run_job, job_name):
         assert page.locator("#plot-requeues polyline[data-series='expiry']").count() == 1
         assert page.locator("#plot-restarts polyline[data-series='resizes']").count() == 1
         assert page.locator("#masters tr[data-role='leader']").count() == 1  # the job's one master
+        # goodput: the summary line and the stacked plot, productive trainers in it
+        page.get_by_test_id("goodput-summary").filter(has_text="% productive").wait_for(
+            timeout=PAGE_WAIT_MS)
+        page.wait_for_selector("#plot-goodput polygon[data-series='productive']", timeout=PAGE_WAIT_MS)
         screenshot = DOCS_SCREENSHOT if os.environ.get("PADDLECLOUD_WRITE_DOCS") else tmp_path / "page.png"
         page.screenshot(path=str(screenshot), full_page=True)
         assert screenshot.stat().st_size > 10_000  # a page, not an empty frame

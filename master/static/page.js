@@ -157,6 +157,8 @@ function renderJob(job) {
   setText("leader", job.leader || "unknown");
   setText("pservers", job.pservers.length ? job.pservers.join(", ") : "none");
   setText("updated", new Date(job.at * 1000).toLocaleTimeString());
+  const summary = job.goodput && job.goodput.summary;
+  setText("goodput-summary", summary || "no trainer-second counted yet");
   renderEpochs(job.epochs);
   renderTrainers(job.trainers, job.trainers_omitted);
   renderFailed(job.failed_tasks);
@@ -210,13 +212,73 @@ function renderSeries(s) {
                           { name: "resizes", values: s.resizes }]);
 }
 
+// A stacked area plot of the goodput history: between two points, the trainer-seconds each
+// cause gained over the seconds between them, i.e. how many trainers were in that cause; the
+// stack's height is the job's trainer slots.
+const CAUSE_COLORS = { productive: "#2e9b4f", startup: "#9aa5b1", restart: "#c93434",
+  starting: "#e6a23c", checkpoint: "#2b7bd6", data_wait: "#8a4fc9", straggler: "#d6792b",
+  idle: "#c9c34f", recomputed: "#7a1f1f", failover: "#555555" };
+
+function goodputLayers(h) {
+  const layers = h.causes.map((c) => ({ name: c, values: [] }));
+  for (let i = 1; i < h.at.length; i++) {
+    const dt = h.at[i] - h.at[i - 1];
+    h.causes.forEach((c, k) => {
+      const gained = h.seconds[c][i] - h.seconds[c][i - 1];
+      layers[k].values.push(dt > 0 ? Math.max(0, gained) / dt : 0);
+    });
+  }
+  return layers;
+}
+
+function renderGoodput(h) {
+  const svg = document.getElementById("plot-goodput");
+  const layers = goodputLayers(h).filter((l) => l.values.some((v) => v > 0.001));
+  const n = layers.length ? layers[0].values.length : 0;
+  const W = 400, H = 120, left = 28, bottom = 12;
+  const tops = Array.from({ length: n }, (_, i) => layers.reduce((sum, l) => sum + l.values[i], 0));
+  const top = Math.max(1, ...tops);
+  const x = (i) => (left + (n > 1 ? i / (n - 1) : 0) * (W - left)).toFixed(1);
+  const y = (v) => (H - bottom - (v / top) * (H - bottom - 4)).toFixed(1);
+  const nodes = [];
+  const axis = document.createElementNS(SVG_NS, "path");
+  axis.setAttribute("class", "axis");
+  axis.setAttribute("d", `M${left},2 V${H - bottom} H${W}`);
+  nodes.push(axis);
+  const below = new Array(n).fill(0);
+  for (const layer of layers) {
+    const above = below.map((b, i) => b + layer.values[i]);
+    const edge = above.map((v, i) => `${x(i)},${y(v)}`);
+    const back = below.map((v, i) => `${x(i)},${y(v)}`).reverse();
+    const area = document.createElementNS(SVG_NS, "polygon");
+    area.setAttribute("points", [...edge, ...back].join(" "));
+    area.setAttribute("fill", CAUSE_COLORS[layer.name] || "#999");
+    area.dataset.series = layer.name;
+    nodes.push(area);
+    above.forEach((v, i) => { below[i] = v; });
+  }
+  const t = document.createElementNS(SVG_NS, "text");
+  t.setAttribute("x", left - 3); t.setAttribute("y", 10); t.setAttribute("text-anchor", "end");
+  t.textContent = Number.isInteger(top) ? top : top.toFixed(1);
+  nodes.push(t);
+  svg.replaceChildren(...nodes);
+  const legend = document.getElementById("plot-goodput-legend");
+  legend.replaceChildren(...layers.map((l) => {
+    const key = el("span", " " + l.name);
+    key.style.color = CAUSE_COLORS[l.name] || "#999";
+    return key;
+  }));
+}
+
 async function refresh() {
   const started = performance.now();
   try {
-    const [job, series] = await Promise.all([getJSON("api/job"), getJSON("api/series")]);
+    const [job, series, goodput] = await Promise.all(
+      [getJSON("api/job"), getJSON("api/series"), getJSON("api/goodput")]);
     const fetched = performance.now();
     renderJob(job);
     renderSeries(series);
+    renderGoodput(goodput);
     document.getElementById("offline").hidden = true;
     // Read by the benchmark: fetch + draw, and draw alone (the browser lays out after).
     window.lastRefreshMs = performance.now() - started;
