@@ -17,7 +17,7 @@ not a fault to retry: one line, exit 1.
 Every master, leader or standby, announces itself in etcd on its election session's
 lease (`master.presence`), once per session: the status page lists them from there.
 
-Security (DESIGN.md section 11): TLS with `--tls-cert/--tls-key` (mTLS with
+Security (docs/design.md section 8a): TLS with `--tls-cert/--tls-key` (mTLS with
 `--tls-client-ca`), and every Master RPC through one `master.authorization`
 interceptor with the job's tokens (`--tokens-dir`) and the cluster autoscaler's scaler
 token (`--scaler-token-file`, GetStatus and ScaleTrainers only). A master without TLS or

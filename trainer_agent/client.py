@@ -749,7 +749,7 @@ class TaskClient:
     @classmethod
     def from_env(cls, *, trainer_id: str | None = None, parse: Callable[[Any], Any] | None = None,
                  deadline: float | None = None, prefetch: bool = True) -> TaskClient:
-        """Reads DESIGN.md section 8's variables: PADDLE_TRAINER_ID, PADDLE_MASTER_ENDPOINT,
+        """Reads docs/design.md section 8's variables: PADDLE_TRAINER_ID, PADDLE_MASTER_ENDPOINT,
         PADDLE_ETCD_ENDPOINTS, PADDLE_JOB_NAME, PADDLE_NAMESPACE (and PADDLECLOUD_MASTER_DEADLINE)."""
         if deadline is None:
             raw = os.environ.get("PADDLECLOUD_MASTER_DEADLINE", "300")
