@@ -249,7 +249,7 @@ class _DryRun:
     """The mutable state of one dry run: each node's free resources, each job's size and the
     node index of each placed trainer, the cluster's committed totals, and the events.
 
-    Two indexes keep a round cheap on large clusters (1,000 nodes, 200 jobs: well under 100 ms):
+    Two indexes keep a round cheap on large clusters (docs/benchmarks.md, "Autoscaler"):
     * first fit by request shape: `hints[shape] = (start, seen, maybe)` says no node below
       `start` fits that shape, except perhaps the nodes in `maybe` and those freed since
       `frees[seen]` (free resources only grow where a trainer leaves), so a search resumes

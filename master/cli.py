@@ -1,4 +1,4 @@
-"""`paddlecloud master`: the per-job master process (flags of DESIGN.md section 8)."""
+"""`paddlecloud master`: the per-job master process (flags of docs/design.md section 8)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Settings of the master, as frozen dataclasses, with the validation that names bad values.
 
 `DatasetSpec` mirrors the wire message of the same name, with 0 meaning "the
-default" (DESIGN.md section 4); `filled()` replaces the zeros so two specs can be
+default" (docs/design.md section 4); `filled()` replaces the zeros so two specs can be
 compared for equality after defaults are filled, as `SetDataset` must.
 """
 
@@ -69,7 +69,7 @@ class DatasetSpec:
 
 @dataclass(frozen=True)
 class Policy:
-    """How the master treats sessions and tasks (DESIGN.md section 8 defaults)."""
+    """How the master treats sessions and tasks (docs/design.md section 8 defaults)."""
 
     session_ttl: float = 30.0  # 3x the election's: sessions outlive a failover
     task_timeout: float = 30 * 60.0  # 0 = off

@@ -339,8 +339,8 @@ class Core:
             self.depose(error)
         elif isinstance(error, StoreUnanswered):
             # A read or a lease refresh: nothing written, the cache still agrees with etcd.
-            # Rebuilding it stalled every trainer each time etcd dropped the lease keeper's
-            # stream under load (hundreds of KeepAlives failed at once).
+            # A rebuild would stall every trainer each time etcd drops the lease keeper's
+            # stream under load (hundreds of KeepAlives fail at once).
             logger.debug("%s: %s", where, error)
         elif isinstance(error, StoreUnavailable):
             logger.warning("%s: %s; rebuilding the cache from etcd", where, error)

@@ -255,8 +255,8 @@ def trainers_to_show(d: Dispatcher, *, limit: int) -> tuple[list[TrainerView], i
 
     All of them in trainer-id order when they fit; else the `limit` longest since their
     last call (the likeliest to be stuck), longest first, picked without sorting the
-    rest: at 10,000 trainers a page that lists them all costs the master's loop a
-    quarter of a second per refresh."""
+    rest: a page that lists them all costs the master's loop time in proportion to the
+    trainers on every refresh, which thousands of trainers make long."""
     infos = d.core.sessions.by_session.values()
     if len(infos) <= limit:
         return all_trainers(d), 0

@@ -1,8 +1,8 @@
 """The done marks a standby keeps while it waits, so that its election reads none of them.
 
-A failover late in a big epoch used to spend most of its load reading the epoch's done
-marks (up to one key per task: a million), after the election, while no master served.
-A standby reads them once while it waits (`DoneMarkMirror.start`), then follows every
+Without it, a failover late in a big epoch spends most of its load reading the epoch's
+done marks (up to one key per task: a million), after the election, while no master
+serves. A standby reads them once while it waits (`DoneMarkMirror.start`), then follows every
 change to them in one etcd watch; the new leader's first load takes its copy
 (`marks`) instead of reading them again.
 

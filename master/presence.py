@@ -6,7 +6,7 @@ this key no page could list them. Each master puts `masters/<advertise>`
 and again with each new session that replaces a lost one; etcd deletes the key when
 the lease lapses or is revoked, so the list is live to within the election TTL.
 
-This key is not job state (DESIGN.md section 6, invariant 4 speaks of job state): it
+This key is not job state (docs/design.md section 6, invariant 4 speaks of job state): it
 is written unfenced, by standbys too, and nothing that decides the job's state reads it
 (a restarted master reads its predecessor's, below, to end that dead master's term).
 `paddlecloud job delete` and `local train --fresh` clear it with the rest of the

@@ -2,8 +2,8 @@
 per second, bursts of `--register-burst`).
 
 One holder of the job's trainer token could otherwise open sessions as fast as the master
-takes them (890/s measured), each a lease and a key in etcd: with a small etcd quota it
-filled etcd in seconds. A legitimate start registers every trainer at once (10,000 in
+takes them, each a lease and a key in etcd, and fill a small etcd quota in seconds. A
+legitimate start registers every trainer at once (10,000 in
 bench/scale.py), so the burst is sized for the largest job and the rate only refills it:
 a job starts in one burst and a restarted group finds the bucket full again soon after.
 

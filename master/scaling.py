@@ -1,4 +1,4 @@
-"""The scaling room: the job's trainer range and desired size, kept in etcd (DESIGN.md section 11).
+"""The scaling room: the job's trainer range and desired size, in etcd (docs/design.md §11).
 
 The range is written once (from the master's flags, or its job spec on Kubernetes)
 and etcd wins over the flags afterwards, as it does for the dataset; the desired

@@ -17,7 +17,7 @@ not a fault to retry: one line, exit 1.
 Every master, leader or standby, announces itself in etcd on its election session's
 lease (`master.presence`), once per session: the status page lists them from there.
 
-Security (DESIGN.md section 11): TLS with `--tls-cert/--tls-key` (mTLS with
+Security (docs/design.md section 8a): TLS with `--tls-cert/--tls-key` (mTLS with
 `--tls-client-ca`), and every Master RPC through one `master.authorization`
 interceptor with the job's tokens (`--tokens-dir`) and the cluster autoscaler's scaler
 token (`--scaler-token-file`, GetStatus and ScaleTrainers only). A master without TLS or
@@ -70,7 +70,7 @@ RETRY_FIRST = 0.5   # seconds before the first retry of an interrupted campaign
 RETRY_MAX = 8.0     # ... doubling up to this
 
 # gRPC core cancels calls the Python server has not picked up yet once 1,000 of them
-# wait (CANCELLED, with no word why): past ~1,000 trainers a busy master lost calls
+# wait (CANCELLED, with no word why): past ~1,000 trainers a busy master would lose calls
 # that way. The queue is made deep enough never to overflow, and load is shed in the
 # servicer instead, on purpose and cheaply (`--max-calls-in-flight`: RESOURCE_EXHAUSTED).
 PENDING_CALLS_LIMIT = 1 << 20
@@ -320,7 +320,7 @@ async def serve(config: MasterConfig) -> int:
         return 1
     node = MasterNode(config, client)
     # Without tokens every caller is the operator (`authorization.caller()`'s default): the
-    # interceptor would change nothing, and costs ~20 us a call (docs/benchmarks.md).
+    # interceptor would change nothing, and costs every call (`master.authorization`).
     interceptors = [Authorization(roles)] if roles is not None else []
     server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=interceptors)
     pb_grpc.add_MasterServicer_to_server(

@@ -88,8 +88,8 @@ def _details(error: BaseException) -> tuple[Reason, dict[str, str]] | None:
 
 # GetTasks of streams worked on at once; the others wait their turn, FIFO. Few: the calls
 # worked on are what makes one turn of the event loop long, and gRPC accepts one new call
-# (a new stream, a KeepAlive, a registration) per turn. 10,000 trainers on 2 cores, one run
-# each: 2,057 tasks/s with 64, 1,670 with 1,024 (docs/benchmarks.md).
+# (a new stream, a KeepAlive, a registration) per turn: fewer slots served thousands of
+# streaming trainers faster (docs/benchmarks.md, "Scale").
 STREAM_SLOTS = 64
 
 SHED_RETRY = 1.0  # seconds a shed call is told to wait (the client jitters it x U(0.5, 1.5))
@@ -271,8 +271,8 @@ class MasterServicer(pb_grpc.MasterServicer):
         STREAM_SLOTS slots of its own (unary calls keep theirs, so a registration still
         gets in past thousands of streams). Shedding is for unary calls, which would
         otherwise wait in gRPC's queue; a stream's next message waits in the stream, one per
-        trainer, and shedding it would cost a new stream: measured, 4,096 shed streams
-        served 279 tasks/s, starving 2,717 trainers."""
+        trainer, and shedding it would cost a new stream, as dear as a unary call, while
+        every shed trainer opens its next one at once."""
         if not self.task_streams:  # trainers fall back to unary GetTask for good on this answer
             await context.abort(grpc.StatusCode.UNIMPLEMENTED,
                                 "GetTaskStream is off on this master (--no-task-streams): call GetTask")

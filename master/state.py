@@ -6,7 +6,7 @@ dispatcher applies a durable event only after etcd took the transaction that sta
 for it (`master.store.txn_for`), so this object always mirrors etcd; after a restart
 `JobState.restore` rebuilds it from what etcd holds.
 
-Life cycle of a task within an epoch (DESIGN.md section 5):
+Life cycle of a task within an epoch (docs/design.md section 5):
 
     todo --reserve--> reserved --assign--> pending --finish--> done
     reserved --cancel--> todo                  (the dispatch write failed)
@@ -336,7 +336,7 @@ class JobState:
         return assignment if assignment is not None and assignment.attempt == attempt else None
 
     def decide(self, *, session: int, epoch: int, cap: int) -> Decision:
-        """The outcomes table of DESIGN.md section 3 for a `GetTask` from a live session.
+        """The outcomes table of docs/design.md section 3 for a `GetTask` from a live session.
 
         The session's tasks whose finish, failure or return is being written neither
         count against the per-trainer cap nor are sent again.

@@ -625,7 +625,7 @@ class EtcdStore:
             found = await self.client.get(self.keys.goodput)
         return found.value if found is not None else None
 
-    # -- the trainer range (DESIGN.md section 11) --
+    # -- the trainer range (docs/design.md section 11) --
 
     async def init_trainer_size(self, span: TrainerRange, desired: int) -> bool:
         """Writes the range and the desired size once; False if the job has a range already."""

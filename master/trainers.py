@@ -9,13 +9,13 @@ in the cache (no write, no failure counted).
 One exception to "only when the trainer calls": a new session's lease is refreshed every
 half TTL after its registration, up to FIRST_CALL_GRACES times, while no call of it was
 served. A trainer sends its first GetTask as soon as it registers, but when thousands
-register at once that call queues behind the rest of the storm: at 10,000 trainers on 2
-cores, 186 sessions (TTL 30 s) of the first trainers to register lapsed before their first
-call was served, and registered again, adding to the storm. One refresh (1.5 TTL) still
-left 3 of 10,000 to lapse once trainers streamed their GetTasks: gRPC takes up one new
-stream per turn of the event loop, and the first round took 58 s. A session that was never
-served holds no task, so the refreshes keep no task from coming back; a trainer that died
-right after registering counts as alive for up to 3 TTLs instead of one.
+register at once that call queues behind the rest of the storm, and without the grace the
+first trainers to register lapse before their first call is served and register again,
+adding to the storm. Streams make that first round longer still (gRPC takes up one new
+stream per turn of the event loop), hence several refreshes, not one
+(docs/benchmarks.md, "Scale"). A session that was never served holds no task, so the
+refreshes keep no task from coming back; a trainer that died right after registering
+counts as alive for up to 3 TTLs instead of one.
 
 A session that lapsed and whose trainer then calls again was alive all along: either the
 master served it slower than its TTL (too many sessions for `--session-ttl`: the README's

@@ -1,5 +1,5 @@
 """The master's HTTP port: its job's status page at `/`, the page's JSON under `/api/`,
-Prometheus' `/metrics` (DESIGN §11), and `/ready`: the pod's readiness probe (200 on the
+Prometheus' `/metrics` (docs/design.md §11), and `/ready`: the pod's readiness probe (200 on the
 leader once it serves, as the gRPC health check's SERVING; 503 on a standby or while
 loading), plain HTTP so that the kubelet's own probe reads it (its gRPC probe speaks no TLS).
 

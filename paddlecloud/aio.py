@@ -3,17 +3,17 @@
 `task.cancel()` asks once, and a task may not hear it: on Python 3.11 `asyncio.wait_for`
 swallows the request when the call it waits on completes at the same moment (CPython
 gh-86296, fixed in 3.12; aetcd creates every watch through `wait_for`). Such a task runs
-on, and a stop that awaits it waits forever: a master failing at start-up on a changed
-dataset hung that way, its session watch cancelled while the watch was being created.
+on, and a stop that awaits it waits forever (a watch cancelled while it is being created
+is such a task).
 `cancel_and_wait` asks again until each task has ended.
 
 `KeyedLocks` serializes what must not interleave for one key (the registrations of one
-trainer id) and nothing else: a global lock there made a storm of registrations one
-etcd round trip after another.
+trainer id) and nothing else: a global lock there would make a storm of registrations
+one etcd round trip after another.
 
 `run` runs the master on uvloop's event loop: grpc.aio's machinery and asyncio's own are
-most of the master's CPU per call, and uvloop took 1-19% off the master's CPU per task,
-side by side (docs/benchmarks.md, "The event loop").
+most of the master's CPU per call, and uvloop's loop spends less of it than asyncio's
+(docs/benchmarks.md, "Dispatch").
 """
 
 from __future__ import annotations

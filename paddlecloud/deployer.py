@@ -22,7 +22,7 @@ disagree about a job's end.
 Every method must be idempotent: a master that took over from a dead leader calls
 them all again, and what already exists is adopted, not duplicated.
 
-Elastic jobs (DESIGN.md section 11): `scale(n)` takes the trainers' desired size
+Elastic jobs (docs/design.md section 11): `scale(n)` takes the trainers' desired size
 (the master holds it in etcd; the supervisor hands it over at every poll) and
 converges to it — in PS mode by adding or removing trainers while the others go
 on (Kubernetes: the Indexed Job's parallelism and completions; local: launchers

@@ -1,4 +1,4 @@
-"""A job's trainer range: `min_trainers <= desired <= max_trainers` (DESIGN.md section 11).
+"""A job's trainer range: `min_trainers <= desired <= max_trainers` (docs/design.md section 11).
 
 One small value shared by the CLIs, the job spec, the master (which keeps it in
 etcd under the job's `trainers-range` and `trainers-desired` keys) and both

@@ -154,7 +154,7 @@ class _Reauthenticating:
 
     Not a `grpc.aio` client interceptor: a channel with one runs every unary call (the group
     commit's Txn included) through an extra task and two more coroutines; this is a plain
-    coroutine around the call (a few percent of a Txn's client CPU, docs/benchmarks.md)."""
+    coroutine around the call."""
 
     def __init__(self, stub: Any, client: _Client) -> None:
         self._stub = stub
@@ -280,8 +280,8 @@ def is_auth_failure(error: BaseException) -> bool:
 
 
 # A watch that catches up sends up to 1,000 revisions in one message, so a job whose group
-# commits are large overflows gRPC's default 4 MiB (a history replay of a 1,024-trainer
-# failover: 5 MB). etcd's own Go client receives any size (MaxCallRecvMsgSize: MaxInt32).
+# commits are large overflows gRPC's default 4 MiB (a history replay after a failover of
+# a thousand trainers does). etcd's own Go client receives any size (MaxCallRecvMsgSize: MaxInt32).
 RECEIVE_ANY_SIZE = {"grpc.max_receive_message_length": -1}
 
 
@@ -409,8 +409,8 @@ class LeaseKeeper:
     a refresh is idempotent. etcd under a burst of writes ends the stream now and then
     ("waiting for the applied index took too long"): its leader renews a lease only once
     it has applied every committed entry, waits at most a second for that, and ends the
-    whole LeaseKeepAlive stream with that error. When that dropped the refreshes queued on
-    it, 10,000 new trainers' sessions lapsed together. A caller of `refresh` still waits no
+    whole LeaseKeepAlive stream with that error. Dropping the refreshes queued on it would
+    let every session waiting on them lapse together. A caller of `refresh` still waits no
     longer than its timeout.
     """
 

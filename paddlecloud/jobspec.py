@@ -48,7 +48,7 @@ INTRANETS = ("PodIP", "Service", "HostNetwork")
 PADDLEJOB_API_VERSION = "batch.paddlepaddle.org/v1"
 PADDLEJOB_KIND = "PaddleJob"
 
-# Environment variables paddlecloud injects itself (DESIGN.md section 8); a user's
+# Environment variables paddlecloud injects itself (docs/design.md section 8); a user's
 # `-e` may not set them, since two values for one name would silently fight.
 RESERVED_ENV = frozenset({
     "PADDLE_HETER_ENDPOINTS", "PADDLE_ALL_HETER_TRAINER_IP_PORT_LIST", "PADDLE_HETER_TRAINER_ID",

@@ -1,6 +1,6 @@
 """The etcd key names of a job: one place, shared by the master, the agents and the CLI.
 
-Every key of a job lives under `/paddlecloud/<namespace>/<job>/` (DESIGN.md section 6).
+Every key of a job lives under `/paddlecloud/<namespace>/<job>/` (docs/design.md section 6).
 """
 
 from __future__ import annotations

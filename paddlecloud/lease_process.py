@@ -2,12 +2,10 @@
 
 grpc.aio moves a stream about one message per turn of the event loop. A master busy with
 thousands of trainers turns its loop slowly, so its one LeaseKeepAlive stream fell behind
-and sessions lapsed although their trainers called (at 10,000 trainers on 2 cores: 3,654
-of them, in waves). Measured side by side (`bench/lease_keeper.py`; docs/benchmarks.md,
-"Lease refreshes off the loop"): with 16 coroutines spinning 0.7 ms per turn, the in-loop
-keeper refreshed 45 leases a second, and the same keeper in a child process 3,688 (64 such
-coroutines: not done in 60 s, against 2,410 a second). A lease refresh writes no job
-state, so the single writer stays single.
+and sessions lapsed although their trainers called. A child process on an idle loop
+keeps up however busy the master is (`bench/lease_keeper.py` measures both keepers side
+by side; docs/benchmarks.md, "Lease keeper"). A lease refresh writes no job state, so
+the single writer stays single.
 
 `LeaseKeeperProcess` is a `LeaseKeeper` whose "stream" is the child's pipes: lease ids go
 down as 8-byte integers, (lease, TTL) answers come back as two, each side writing

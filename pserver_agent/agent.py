@@ -52,7 +52,7 @@ ETCD_CREDENTIAL_ENV = frozenset({"PADDLE_ETCD_CERT_FILE", "PADDLE_ETCD_KEY_FILE"
 
 def pserver_env(config: AgentConfig, *, claim: Claim, endpoints: list[str],
                 base: Mapping[str, str]) -> dict[str, str]:
-    """The pserver's environment (DESIGN.md section 8): `base` plus its place in the job,
+    """The pserver's environment (docs/design.md section 8): `base` plus its place in the job,
     less the agent's etcd credentials (the pserver's own code needs no etcd rights)."""
     env = {k: v for k, v in base.items() if k not in ETCD_CREDENTIAL_ENV}
     env.update(

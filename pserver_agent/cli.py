@@ -1,6 +1,6 @@
 """`paddlecloud pserver [options] -- <pserver command...>`: the pserver agent's command.
 
-Environment in (DESIGN.md section 8; the flags named win over it):
+Environment in (docs/design.md section 8; the flags named win over it):
   PADDLE_ETCD_ENDPOINTS (--etcd-endpoints), PADDLE_JOB_NAME (--job),
   PADDLE_NAMESPACE (--namespace, default `local`), PADDLE_PSERVERS_NUM (required),
   PADDLE_TRAINERS_NUM (passed through), POD_IP (default 127.0.0.1), PADDLE_PORT

@@ -1,4 +1,4 @@
-"""What a pserver agent is told: the environment of DESIGN.md section 8 plus its flags.
+"""What a pserver agent is told: the environment of docs/design.md section 8 plus its flags.
 
 `AgentConfig.from_env()` reads and validates everything before the agent touches
 etcd, so bad input ends the agent at once with one message that names the bad value

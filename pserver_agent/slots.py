@@ -1,6 +1,6 @@
 """Pserver slots in etcd: which agent serves index i, and at which endpoint.
 
-Two keys per slot, under the job's prefix (DESIGN.md section 6):
+Two keys per slot, under the job's prefix (docs/design.md section 6):
 
 * `pservers/<i>` — the registration: on the serving agent's lease, value `HOST:PORT`.
   Present means "slot i has a live agent"; it vanishes when the agent revokes its

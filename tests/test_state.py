@@ -1,5 +1,5 @@
 """The pure task state machine `master.state.JobState`: every transition, every refused
-transition, the GetTask outcomes table (DESIGN.md section 3), the task life cycle
+transition, the GetTask outcomes table (docs/design.md section 3), the task life cycle
 (section 5), and restore-from-etcd. No etcd, no clock, no I/O."""
 
 from __future__ import annotations

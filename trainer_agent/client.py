@@ -93,17 +93,17 @@ from trainer_agent.readers import DataError, read_chunk
 logger = logging.getLogger(__name__)
 
 # How long one attempt of a call may take. Long: a call waits its turn in a busy master's
-# queue (about N / throughput: 15-16 s at 10,000 trainers on 2 cores), and one cut off
-# there goes to the back of it again. A master gone without closing the connection (its
+# queue (about N / throughput: over 10 s with 10,000 trainers on a small master), and one
+# cut off there goes to the back of it again. A master gone without closing the connection (its
 # node lost, its process stopped) is noticed sooner, by keep-alive pings that go
 # unanswered (`paddlecloud.wire.CLIENT_KEEPALIVE`: within 15 s).
 CALL_TIMEOUT = 60.0
 LAST_ATTEMPT = 1.0  # the least time one attempt is given, however little of `deadline` is left
 BEAT_RECHECK = 1.0  # seconds between looks at a session whose call is under way (Session)
 # The longest wait between two attempts of a call (full-jitter exponential backoff from 50 ms):
-# a new leader is noticed within about this long of serving (issue 17's failover goal is the
-# election TTL + 2 s), while a standby, cheap to answer, takes at most ~1 call per trainer per
-# second until then.
+# a new leader is noticed within about this long of serving (the failover goal of
+# docs/benchmarks.md is the election TTL + 2 s), while a standby, cheap to answer, takes at
+# most ~1 call per trainer per second until then.
 RETRY_CAP = 1.0
 EXPIRED_RETRIES = 3  # registrations again within one call whose session keeps expiring
 # Codes a call is retried on: the master is away (UNAVAILABLE), slow (DEADLINE_EXCEEDED),
@@ -749,7 +749,7 @@ class TaskClient:
     @classmethod
     def from_env(cls, *, trainer_id: str | None = None, parse: Callable[[Any], Any] | None = None,
                  deadline: float | None = None, prefetch: bool = True) -> TaskClient:
-        """Reads DESIGN.md section 8's variables: PADDLE_TRAINER_ID, PADDLE_MASTER_ENDPOINT,
+        """Reads docs/design.md section 8's variables: PADDLE_TRAINER_ID, PADDLE_MASTER_ENDPOINT,
         PADDLE_ETCD_ENDPOINTS, PADDLE_JOB_NAME, PADDLE_NAMESPACE (and PADDLECLOUD_MASTER_DEADLINE)."""
         if deadline is None:
             raw = os.environ.get("PADDLECLOUD_MASTER_DEADLINE", "300")

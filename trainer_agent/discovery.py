@@ -8,7 +8,7 @@ callers re-resolve whenever the master answers UNAVAILABLE. With `https://`
 endpoints the gateway is read over TLS, the server's certificate checked against
 `PADDLE_ETCD_CA_FILE` (else the system's CAs) and its host name, so whoever can
 answer on the network cannot redirect the trainers. A trainer presents no etcd
-user and no client certificate (DESIGN.md section 11: trainers need no etcd
+user and no client certificate (docs/design.md section 8a: trainers need no etcd
 credentials), so the leader key must be readable anonymously over TLS.
 
 What this does NOT do: read an etcd that demands client certificates or auth for
@@ -58,7 +58,7 @@ class MasterLocator:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> MasterLocator:
-        """From DESIGN.md section 8's variables: PADDLE_MASTER_ENDPOINT, or
+        """From docs/design.md section 8's variables: PADDLE_MASTER_ENDPOINT, or
         PADDLE_ETCD_ENDPOINTS + PADDLE_JOB_NAME (+ PADDLE_NAMESPACE, default `local`)."""
         env = os.environ if env is None else env
         return cls(

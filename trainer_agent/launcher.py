@@ -1,7 +1,7 @@
 """`paddlecloud trainer -- <command>`: starts a user's trainer once the job is ready.
 
 It waits until the master serves (and, when the job has pservers, until every pserver
-has registered), exports the PaddlePaddle environment of DESIGN.md section 8, runs
+has registered), exports the PaddlePaddle environment of docs/design.md section 8, runs
 the command as a child, forwards SIGTERM/SIGINT/SIGHUP to it, and exits with its
 exit code (128 + signal number when the child was killed by a signal).
 

@@ -153,7 +153,7 @@ class MasterDataset(paddle.io.IterableDataset):
     ``parse`` turns a raw record (a ``str`` line, or ``bytes`` for the ``file`` format)
     into a sample; a ``ValueError``/``KeyError``/``TypeError`` from it fails the task
     (``TaskFailed``). ``client_factory(trainer_id=..., parse=...)`` makes the client
-    (default ``TaskClient.from_env``, which reads DESIGN.md section 8's variables);
+    (default ``TaskClient.from_env``, which reads docs/design.md section 8's variables);
     ``trainer_id`` defaults to ``$PADDLE_TRAINER_ID`` in the iterating process.
 
     ``epoch`` is the epoch number of the last iteration (None before the first),

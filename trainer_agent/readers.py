@@ -1,7 +1,7 @@
 """Shard readers: turn a chunk (a byte range of a file) into the records it owns.
 
 The master cuts every input file into byte ranges without ever reading the data
-(DESIGN.md section 4); this module is the trainer's side of that contract. A reader
+(docs/design.md section 4); this module is the trainer's side of that contract. A reader
 yields exactly the records whose first byte lies in ``[begin, end)`` (the Hadoop
 input-split rule), so cutting a file at *any* offsets gives every record to exactly
 one chunk. Compressed files and the ``file`` format cannot be split: their chunk is

@@ -3,7 +3,7 @@
     python -m examples.fit_a_line.train [--batch-size 64] [--lr 0.002] [--num-workers 0]
 
 Run by the local backend (``paddlecloud local train --module examples.fit_a_line.train``)
-or by hand with the environment of DESIGN.md section 8 (see README.md next to this
+or by hand with the environment of docs/design.md section 8 (see README.md next to this
 file). Every trainer takes its data from the master through ``MasterDataset``; with
 ``PADDLE_TRAINERS_NUM`` > 1 the trainers keep one model with PaddlePaddle's collective
 API (``init_parallel_env`` + ``paddle.DataParallel``; gloo on CPU). It prints

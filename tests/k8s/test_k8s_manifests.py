@@ -3,7 +3,7 @@
 `kubernetes-validate` holds the OpenAPI schemas of each Kubernetes release offline;
 strict mode refuses unknown fields. The Volcano PodGroup has no official schema and
 is checked against the fields Volcano defines. Also here: the job spec's checks and
-the environment invariants of DESIGN.md section 8.
+the environment invariants of docs/design.md section 8.
 """
 
 from __future__ import annotations
@@ -199,7 +199,7 @@ def test_etcd_has_three_members_with_volumes_and_a_client_service():
     assert ("Service", "paddlecloud-etcd") in docs
 
 
-# ---- the environment of DESIGN.md section 8 -------------------------------------------------
+# ---- the environment of docs/design.md section 8 -------------------------------------------------
 def _expand(value: str, env: dict[str, str]) -> str:
     """What the kubelet does with `$(VAR)` references to earlier variables."""
     return re.sub(r"\$\((\w+)\)", lambda m: env[m.group(1)], value)

@@ -24,7 +24,7 @@ runs the pods on the node's network on a port pair chosen per job (`paddle_port`
 and declared as host ports, so the scheduler never puts two pods that want one
 port on one node.
 
-Users' containers run as written (DESIGN.md section 12): a PaddleJob template's
+Users' containers run as written (docs/design.md section 12): a PaddleJob template's
 image, command, args, workingDir and user are kept; `--module` runs `python3 -m MODULE`
 in the job's image. paddlecloud never wraps them and never needs to be in their image:
 its own part runs beside them in containers of `spec.paddlecloud_image` and reaches the
@@ -430,7 +430,7 @@ def gets_gloo(spec: JobSpec, role: str) -> bool:
     return bool(spec.with_gloo) and (role != PSERVER or spec.with_gloo == 2)
 
 
-# ---- environment (DESIGN.md section 8) ------------------------------------------------------
+# ---- environment (docs/design.md section 8) ------------------------------------------------------
 def _value(name: str, value: str | int) -> dict[str, Any]:
     return {"name": name, "value": str(value)}
 

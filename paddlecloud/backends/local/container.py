@@ -5,7 +5,7 @@ The PaddlePaddle client's `paddle local train --image` (seed 002) ran the user's
 that contract without assuming anything of the image but the user's program (paddlecloud is
 not in it): our launchers (`paddlecloud trainer`, the pserver agent) stay on the host, and
 their child is this module's small wrapper, which runs one container through docker or
-podman. The launchers' PaddlePaddle environment (DESIGN.md section 8: TRAINING_ROLE, ids,
+podman. The launchers' PaddlePaddle environment (docs/design.md section 8: TRAINING_ROLE, ids,
 endpoints, the master's location through etcd) reaches the container as `-e NAME` (values
 come from the engine client's environment, never from its command line: the job token file
 is among them), and values that name a mounted host path are rewritten to the path the
@@ -54,7 +54,7 @@ INPUT_DIR, OUTPUT_DIR, PACKAGE_DIR = "/train/input", "/train/output", "/train/pa
 STOP_GRACE = 3          # seconds `ENGINE stop` gives the program after its stop signal
 ENGINE_TIMEOUT = 60     # seconds for one engine command that starts no container
 JOB_LABEL, RUN_LABEL = "paddlecloud.job", "paddlecloud.run"
-# What the launchers and the job give a program (DESIGN.md section 8), plus the user's -e
+# What the launchers and the job give a program (docs/design.md section 8), plus the user's -e
 # names: everything else of the host's environment (PATH, HOME, PYTHONPATH) stays the image's.
 FORWARDED_PREFIXES = ("PADDLE", "TRAINING_ROLE", "POD_IP", "GLOG_", "FLAGS_", "PYTHONUNBUFFERED",
                       "PYTHONWARNINGS")
