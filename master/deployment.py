@@ -24,7 +24,9 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -44,6 +46,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 DEFAULT_GRACES = Graces()
+# seconds between two writes of the goodput figures on the master Deployment: the PaddleJob's
+# status follows within that (plus the operator's interval), at one API call per half minute
+GOODPUT_SHOW_EVERY = 30.0
 
 
 class StepDown(RuntimeError):
@@ -118,9 +123,11 @@ async def supervise_on_kubernetes(dispatcher: Dispatcher, deployer: KubernetesDe
     """`supervise` with the master's data, its etcd and its fenced phase write."""
 
     shown: list[tuple[int, int, int, int]] = []
+    goodput_shown = GoodputShown()
 
     async def master_state() -> MasterState:
         await _show_epoch(dispatcher, deployer, shown)
+        await _show_goodput(dispatcher, deployer, goodput_shown)
         state = dispatcher.core.state
         return MasterState(has_dataset=dispatcher.spec is not None,
                            done=dispatcher.dataset_done(), failed=dispatcher.dataset_failed(),
@@ -140,6 +147,30 @@ async def supervise_on_kubernetes(dispatcher: Dispatcher, deployer: KubernetesDe
         initial_phase=Phase(loaded) if loaded else None, graces=graces,
         desired_trainers=desired_trainers,
     )
+
+
+@dataclass
+class GoodputShown:
+    at: float | None = None  # monotonic time of the last write
+    final: bool = False      # the figures at the data's end were written: nothing moves after
+
+
+async def _show_goodput(dispatcher: Dispatcher, deployer: KubernetesDeployer,
+                        shown: GoodputShown) -> None:
+    """Annotates the master Deployment with the job's goodput figures every
+    GOODPUT_SHOW_EVERY seconds, and once more as the data ends. A courtesy like the epoch's:
+    an API error is logged and a later poll tries again."""
+    now = time.monotonic()
+    over = dispatcher.dataset_done() or dispatcher.dataset_failed()
+    due = shown.at is None or now - shown.at >= GOODPUT_SHOW_EVERY
+    if shown.final or not (due or over):
+        return
+    try:
+        await deployer.show_goodput(dispatcher.accounting.meter.figures())
+    except Exception as error:
+        logger.info("could not annotate the master Deployment with the goodput: %s", error)
+        return
+    shown.at, shown.final = now, over
 
 
 async def _show_epoch(dispatcher: Dispatcher, deployer: KubernetesDeployer,

@@ -189,6 +189,17 @@ def status_schema() -> dict[str, Any]:
             "percentDone": {"type": "integer", "minimum": 0, "maximum": 100,
                             "description": "the whole job's tasks done, in percent"},
             "eta": {**string, "description": "time left at the job's own rate so far"},
+            "goodput": {
+                "type": "object",
+                "description": "the job's trainer-seconds, productive or lost by cause "
+                               "(docs/metrics.md), from the master, every half minute",
+                "properties": {
+                    "productivePercent": {"type": "integer", "minimum": 0, "maximum": 100},
+                    "productiveSeconds": {"type": "integer", "minimum": 0},
+                    "lostSeconds": {"type": "object",
+                                    "additionalProperties": {"type": "integer", "minimum": 0}},
+                },
+            },
             "trainerRange": {**string, "description": "min..max trainers"},
             "elastic": string,
             "master": {**string, "description": "the master's address"},
@@ -241,6 +252,8 @@ def printer_columns() -> list[dict[str, Any]]:
          "jsonPath": ".status.percentDone"},
         {"name": "ETA", "type": "string", "description": "time left at the job's own rate",
          "jsonPath": ".status.eta"},
+        {"name": "Goodput", "type": "integer", "description": "productive trainer-seconds, percent",
+         "jsonPath": ".status.goodput.productivePercent"},
         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
     ]
 

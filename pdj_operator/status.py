@@ -104,6 +104,29 @@ def percent_done(phase: str, epochs: tuple[int, int] | None,
     return max(0, min(100, int(100 * (min(current, total) + share) / total)))
 
 
+def goodput(deployment: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The job's goodput as the leading master annotated it ("cause=seconds,..."): the
+    productive share in percent, the productive seconds and the lost ones by cause; None before
+    it wrote any second (a malformed annotation is logged and ignored)."""
+    text = _annotations(deployment).get(manifests.GOODPUT_ANNOTATION)
+    if not text:
+        return None
+    figures: dict[str, int] = {}
+    for part in str(text).split(","):
+        cause, _, seconds = part.partition("=")
+        if not (cause.replace("_", "").isalpha() and seconds.isdigit()):
+            logger.warning("ignoring annotation %s=%r: not cause=seconds,...",
+                           manifests.GOODPUT_ANNOTATION, str(text)[:40])
+            return None
+        figures[cause] = int(seconds)
+    total = sum(figures.values())
+    if total == 0:
+        return None
+    productive = figures.pop("productive", 0)
+    return {"productivePercent": int(100 * productive / total), "productiveSeconds": productive,
+            "lostSeconds": {cause: seconds for cause, seconds in figures.items() if seconds}}
+
+
 def eta(percent: int | None, *, running_for: float) -> str | None:
     """How long the job has left at its own average rate so far (`running_for` seconds since
     it started running), as "1h2m3s"; None with no progress to extrapolate from."""
@@ -140,6 +163,9 @@ def job_status(spec: JobSpec, *, deployment: Mapping[str, Any] | None,
     percent = percent_done(phase, epochs, master_tasks(deployment))
     if percent is not None:
         out["percentDone"] = percent
+    figures = goodput(deployment)
+    if figures is not None:
+        out["goodput"] = figures
     return out
 
 

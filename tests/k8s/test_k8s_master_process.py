@@ -12,6 +12,7 @@ from datasets import write_records
 from masters import pb, read_to_the_end, stub, wait_serving
 from test_k8s_deployer import create_master, short
 
+from master.goodput import CAUSES
 from paddlecloud import etcd
 from paddlecloud.backends.k8s import manifests
 from paddlecloud.jobspec import JobSpec
@@ -78,6 +79,12 @@ async def test_master_creates_pservers_then_trainers_once_pservers_register(
                                     .get("annotations") or {}).get(manifests.EPOCH_ANNOTATION)
                            == f"{status.current_epoch}/{status.num_epochs}",
                            timeout=30, what="the epoch annotation on the master Deployment")
+        # and the job's goodput figures, every cause the master counts (the PaddleJob's status)
+        def goodput_shown() -> str:
+            return (k8s.stored("deployments", "team-b", deployment)["metadata"].get("annotations")
+                    or {}).get(manifests.GOODPUT_ANNOTATION, "")
+        await k8s.wait_for(goodput_shown, timeout=30, what="the goodput annotation")
+        assert {part.partition("=")[0] for part in goodput_shown().split(",")} == set(CAUSES)
 
 
 

@@ -91,7 +91,8 @@ def test_the_crd_is_strictly_valid_and_generated_from_its_module():
     assert columns == {"Status": ".status.phase", "Mode": ".status.mode", "PS": ".status.ps.summary",
                        "Workers": ".status.worker.summary", "Heter": ".status.heter.summary",
                        "Epoch": ".status.epoch", "Done%": ".status.percentDone",
-                       "ETA": ".status.eta", "Age": ".metadata.creationTimestamp"}
+                       "ETA": ".status.eta", "Goodput": ".status.goodput.productivePercent",
+                       "Age": ".metadata.creationTimestamp"}
 
 
 def test_the_crd_and_the_translation_know_the_same_spec_fields():

@@ -31,6 +31,7 @@ from paddlecloud.backends.k8s.deployer import KubernetesDeployer
 from paddlecloud.jobspec import JobSpec, JobSpecError
 from paddlecloud.paddlejob import KUEUE_QUEUE_LABEL, translate
 from pdj_operator import kueue
+from pdj_operator.status import goodput
 
 MASTERS = 2  # the master Deployment's replicas when it runs (one leads, one stands by)
 
@@ -108,6 +109,13 @@ async def test_conditions_move_through_a_jobs_life_with_reasons_and_generation(
         await k8s.wait_for(lambda: status_of(k8s, "life").get("percentDone") == 75,
                            what="75 % done")
         await k8s.wait_for(lambda: status_of(k8s, "life").get("eta"), what="an ETA")
+        # goodput from the master's annotation: the productive share and the lost seconds
+        annotate_master(k8s, "life", {manifests.GOODPUT_ANNOTATION:
+                                      "productive=30,startup=8,restart=2,idle=0"})
+        await k8s.wait_for(lambda: status_of(k8s, "life").get("goodput"), what="goodput")
+        assert status_of(k8s, "life")["goodput"] == {
+            "productivePercent": 75, "productiveSeconds": 30,
+            "lostSeconds": {"startup": 8, "restart": 2}}
 
         # a group restart, as the master's deployer marks it on its Deployment
         annotate_master(k8s, "life", {manifests.RESTARTING_ANNOTATION: "a trainer was lost"})
@@ -129,6 +137,18 @@ async def test_conditions_move_through_a_jobs_life_with_reasons_and_generation(
     assert final["Created"]["lastTransitionTime"] == created_at  # never flipped
     assert status_of(k8s, "life")["percentDone"] == 100 and status_of(k8s, "life").get("eta") is None
     assert_operator_rights(k8s)
+
+
+@pytest.mark.parametrize("text", ["productive=1.5", "productive", "x y=3", "productive=-2"])
+def test_a_malformed_goodput_annotation_is_ignored(text, caplog):
+    deployment = {"metadata": {"annotations": {manifests.GOODPUT_ANNOTATION: text}}}
+    assert goodput(deployment) is None
+    assert "ignoring annotation" in caplog.text
+
+
+def test_no_goodput_before_a_second_counted():
+    assert goodput({"metadata": {"annotations": {manifests.GOODPUT_ANNOTATION: "productive=0"}}}) is None
+    assert goodput(None) is None
 
 
 def test_the_eta_extrapolates_the_jobs_own_rate():

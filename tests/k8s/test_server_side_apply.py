@@ -47,6 +47,7 @@ async def test_the_masters_changes_are_applies_forced_only_on_what_it_owns(k8s, 
     await deployer.scale(4)
     await deployer.show_phase(Phase.RUNNING)
     await deployer.show_epoch(0, 2, 3, 10)
+    await deployer.show_goodput({"productive": 12.4, "startup": 3.6})
 
     made = writes(k8s, since)
     assert {r.params.get("fieldManager") for r in made} == {"paddlecloud-master"}
@@ -65,7 +66,8 @@ async def test_the_masters_changes_are_applies_forced_only_on_what_it_owns(k8s, 
     last = [r for r in patches if r.resource.plural == "deployments"][-1]
     assert last.data["metadata"]["annotations"] == {
         manifests.PHASE_ANNOTATION: "Running", manifests.PHASE_REASON_ANNOTATION: "",
-        manifests.EPOCH_ANNOTATION: "0/2", manifests.TASKS_ANNOTATION: "3/10"}
+        manifests.EPOCH_ANNOTATION: "0/2", manifests.TASKS_ANNOTATION: "3/10",
+        manifests.GOODPUT_ANNOTATION: "productive=12,startup=4"}
 
 
 async def test_a_users_annotation_on_the_trainer_workload_survives_the_masters_changes(

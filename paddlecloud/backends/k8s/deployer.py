@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
 from paddlecloud.backends.k8s import manifests
@@ -489,6 +489,12 @@ class KubernetesDeployer(Deployer):
         if tasks is not None:
             shown[manifests.TASKS_ANNOTATION] = f"{tasks_done or 0}/{tasks}"
         await self._annotate_master(shown)
+
+    async def show_goodput(self, trainer_seconds: Mapping[str, float]) -> None:
+        """Records the job's trainer-seconds by cause, whole seconds, an annotation of the master
+        Deployment (the PaddleJob's status.goodput)."""
+        await self._annotate_master({manifests.GOODPUT_ANNOTATION: ",".join(
+            f"{cause}={seconds:.0f}" for cause, seconds in trainer_seconds.items())})
 
     async def show_phase(self, phase: Phase, *, reason: str = "") -> None:
         """Records the phase and its reason as annotations of the master Deployment."""

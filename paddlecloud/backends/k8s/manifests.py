@@ -78,6 +78,9 @@ PHASE_REASON_ANNOTATION = "paddlecloud.org/phase-reason"
 # without a token for, or a route to, the master
 EPOCH_ANNOTATION = "paddlecloud.org/epoch"
 TASKS_ANNOTATION = "paddlecloud.org/tasks"  # "done/total" tasks of the current epoch, likewise
+# "cause=seconds,..." the job's trainer-seconds by cause (goodput: docs/metrics.md), written by
+# the leading master every half minute: the PaddleJob's status.goodput is read from it
+GOODPUT_ANNOTATION = "paddlecloud.org/goodput"
 # set by the deployer while it restarts a collective trainer group (why), "" after
 RESTARTING_ANNOTATION = "paddlecloud.org/restarting"
 # set by the operator on a master it creates again after a suspend: its deployer restarts the
