@@ -4,7 +4,7 @@ Kueue admits a workload as a whole; paddlecloud's job is a master plus pservers,
 heter trainers and trainers created by three controllers (a Deployment, StatefulSets,
 an Indexed Job). Of Kueue's mechanisms, the one that covers all of them as one
 workload from a controller written in Python is Kueue's *external framework*
-contract: the operator creates a `kueue.x-k8s.io/v1beta1` Workload owned by the
+contract: the operator creates a `kueue.x-k8s.io/v1beta2` Workload owned by the
 PaddleJob, one pod set per role, holds the job while the Workload is not admitted,
 runs it once Kueue admits it, and stops it when Kueue evicts it (preemption) —
 what Kueue's own job integrations do for a batch Job. Pod groups of plain Pods do
@@ -30,7 +30,8 @@ from typing import Any
 from paddlecloud.backends.k8s import manifests
 from paddlecloud.jobspec import JobSpec
 
-KUEUE_GROUP, KUEUE_VERSION = "kueue.x-k8s.io", "v1beta1"
+# v1beta2: served since Kueue 0.15, the only version since 0.20 (which stopped serving v1beta1)
+KUEUE_GROUP, KUEUE_VERSION = "kueue.x-k8s.io", "v1beta2"
 WORKLOADS = "workloads"
 MASTER_POD_SET = "master"
 

@@ -232,7 +232,7 @@ PADDLEJOBS = kmocklib.resource("batch.paddlepaddle.org", "v1", "paddlejobs")
 TRAININGJOBS = kmocklib.resource("paddlepaddle.org", "v1", "trainingjobs")
 KOPFPEERINGS = kmocklib.resource("kopf.dev", "v1", "kopfpeerings")
 NAMESPACES = kmocklib.resource("", "v1", "namespaces")
-WORKLOADS = kmocklib.resource("kueue.x-k8s.io", "v1beta1", "workloads")  # Kueue's
+WORKLOADS = kmocklib.resource("kueue.x-k8s.io", "v1beta2", "workloads")  # Kueue's
 RESOURCES.update({"paddlejobs": PADDLEJOBS, "trainingjobs": TRAININGJOBS, "kopfpeerings": KOPFPEERINGS,
                   "workloads": WORKLOADS,
                   "events": kmocklib.resource("", "v1", "events")})

@@ -28,9 +28,9 @@ OVERLAYS = sorted(p.parent for p in (REPO / "overlays").glob("*/kustomization.ya
 TARGETS = [REPO / "deploy", *OVERLAYS]
 # kinds of CRDs installed with Volcano and Kueue: no schema here to check them against
 FOREIGN_KINDS = {("scheduling.volcano.sh/v1beta1", "Queue"),
-                 ("kueue.x-k8s.io/v1beta1", "ResourceFlavor"),
-                 ("kueue.x-k8s.io/v1beta1", "ClusterQueue"),
-                 ("kueue.x-k8s.io/v1beta1", "LocalQueue")}
+                 ("kueue.x-k8s.io/v1beta2", "ResourceFlavor"),
+                 ("kueue.x-k8s.io/v1beta2", "ClusterQueue"),
+                 ("kueue.x-k8s.io/v1beta2", "LocalQueue")}
 BASE = {("CustomResourceDefinition", "paddlejobs.batch.paddlepaddle.org"),
         ("Deployment", "paddlecloud-operator"), ("Role", "paddlecloud-submitter"),
         ("StatefulSet", "paddlecloud-etcd")}
