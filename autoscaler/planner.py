@@ -146,14 +146,6 @@ class Job:
     def elastic(self) -> bool:
         return self.min_trainers < self.max_trainers
 
-    @property
-    def all_running(self) -> bool:
-        return len(self.nodes) == self.trainers
-
-    @property
-    def wholly_pending(self) -> bool:
-        return self.trainers > 0 and not self.nodes
-
 
 @dataclass(frozen=True)
 class Cluster:
