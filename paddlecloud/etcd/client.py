@@ -22,8 +22,8 @@ RPC_TIMEOUT = 10.0  # seconds; any single etcd call longer than this is treated 
 
 
 # A watch that catches up sends up to 1,000 revisions in one message, so a job whose group
-# commits are large overflows gRPC's default 4 MiB (a history replay of a 1,024-trainer
-# failover: 5 MB). etcd's own Go client receives any size (MaxCallRecvMsgSize: MaxInt32).
+# commits are large overflows gRPC's default 4 MiB (a history replay after a failover of
+# a thousand trainers does). etcd's own Go client receives any size (MaxCallRecvMsgSize: MaxInt32).
 RECEIVE_ANY_SIZE = {"grpc.max_receive_message_length": -1}
 
 

@@ -35,8 +35,8 @@ class LeaseKeeper:
     a refresh is idempotent. etcd under a burst of writes ends the stream now and then
     ("waiting for the applied index took too long"): its leader renews a lease only once
     it has applied every committed entry, waits at most a second for that, and ends the
-    whole LeaseKeepAlive stream with that error. When that dropped the refreshes queued on
-    it, 10,000 new trainers' sessions lapsed together. A caller of `refresh` still waits no
+    whole LeaseKeepAlive stream with that error. Dropping the refreshes queued on it would
+    let every session waiting on them lapse together. A caller of `refresh` still waits no
     longer than its timeout.
     """
 
