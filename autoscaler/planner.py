@@ -109,7 +109,6 @@ class Job:
     """One training job's trainers: its range, its size, one trainer's requests, and the node
     of each placed trainer (in the order its workload keeps them; the rest wait).
 
-    `all_running` and `wholly_pending` are EDL's two pod-phase tests, read from `nodes`.
     A fixed job has min = max; its size may differ from them (it is load: never resized).
     """
 
@@ -145,14 +144,6 @@ class Job:
     @property
     def elastic(self) -> bool:
         return self.min_trainers < self.max_trainers
-
-    @property
-    def all_running(self) -> bool:
-        return len(self.nodes) == self.trainers
-
-    @property
-    def wholly_pending(self) -> bool:
-        return self.trainers > 0 and not self.nodes
 
 
 @dataclass(frozen=True)

@@ -108,8 +108,8 @@ def planning_time(*, nodes: int, jobs: int, repeats: int, seed: int) -> dict:
             "median_ms": statistics.median(times), "min_ms": min(times),
             "median_cpu_ms": statistics.median(cpu), "load_before": load_before, "rounds": result.rounds,
             "changes": len(result.changes),
-            "running": sum(j.all_running for j in cluster.jobs),
-            "wholly_pending": sum(j.wholly_pending for j in cluster.jobs),
+            "running": sum(len(j.nodes) == j.trainers for j in cluster.jobs),
+            "wholly_pending": sum(j.trainers > 0 and not j.nodes for j in cluster.jobs),
             "waiting_after": sum(result.waiting(j.name) for j in cluster.jobs)}
 
 

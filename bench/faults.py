@@ -380,8 +380,8 @@ async def done_audit(endpoint: str, job: str, *, start_revision: int, tasks: int
     """Reads every PUT/DELETE of the job's `done/<epoch>/<task>` keys since `start_revision` and
     counts what tests/etcd_history.check_exactly_once asserts: marks created twice while live
     (double-counted), and tasks missing from an epoch's last complete pass (lost)."""
-    from paddlecloud.history import audit_done_marks, mark_history
     from paddlecloud.keys import JobKeys
+    from tests.etcd_history import audit_done_marks, mark_history
 
     marks = await mark_history(endpoint, JobKeys("local", job), "done", start_revision=start_revision)
     audit = audit_done_marks(marks, epochs=epochs, tasks=tasks)

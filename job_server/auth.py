@@ -84,4 +84,3 @@ def page_principal(request: Request, credentials: Annotated[
 
 
 Caller = Annotated[Principal, Depends(principal)]
-PageCaller = Annotated[Principal, Depends(page_principal)]

@@ -22,14 +22,13 @@ from pathlib import Path
 import grpc
 import pytest
 from datasets import write_records
-from etcd_history import check_exactly_once, done_events
+from etcd_history import check_exactly_once, done_events, mark_history
 from local_runs import LocalRun, leader_of
 from waiting import wait_until
 
 from autoscaler.controller import Settings, scale_job
 from autoscaler.planner import Cluster, Job, Node, plan
 from paddlecloud.backends.k8s.jobs import fetch_master_status
-from paddlecloud.history import mark_history
 from paddlecloud.keys import JobKeys
 
 NODES = (("n1", 3), ("n2", 3))  # (name, CPUs): six trainer slots

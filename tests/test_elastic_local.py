@@ -11,7 +11,7 @@ import sys
 import grpc
 import pytest
 from datasets import write_records
-from etcd_history import check_exactly_once, done_events
+from etcd_history import check_exactly_once, done_events, mark_history
 from local_runs import leader_of
 from processes import find
 from trainers import read_log
@@ -19,7 +19,6 @@ from waiting import wait_until
 
 from paddlecloud.api import pb, pb_grpc
 from paddlecloud.auth import master_credentials
-from paddlecloud.history import mark_history
 from paddlecloud.keys import JobKeys
 
 STUB = "trainer_agent.stub"

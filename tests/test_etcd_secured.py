@@ -239,6 +239,33 @@ async def test_a_client_keeps_working_past_the_auth_token_ttl(monkeypatch):
             await client.close()
 
 
+async def test_a_watch_opened_after_the_token_was_renewed_presents_the_new_one(monkeypatch):
+    """aetcd's watcher opens its stream with the metadata it was built with: a watch that
+    starts after a renewal must present the renewed token (paddlecloud/etcd/aetcd_client.py
+    shares one AuthToken with it), or etcd refuses it. Idle past the TTL as above."""
+    ttl = 2
+    monkeypatch.setenv(PLAINTEXT_PASSWORD_ENV, "1")  # auth without TLS: a loopback etcd
+    with EtcdServer(extra_args=("--auth-token-ttl", str(ttl))) as etcd:
+        await _enable_auth(etcd.endpoint, EtcdCredentials())
+        client = await connect(etcd.endpoint, credentials=EtcdCredentials(user="root", password=PASSWORD))
+        key = b"/paddlecloud/ttl/watched"
+        try:
+            first = dict(client.metadata)["token"]
+            await asyncio.sleep(ttl + 1.5)  # idle past the TTL: the token expires
+            await client.put(key, b"0")  # refused once, logs in again
+            assert dict(client.metadata)["token"] != first
+            watch = await asyncio.wait_for(client.watch(key), 10)
+            await client.put(key, b"1")
+
+            async def first_value() -> bytes:
+                async for event in watch:
+                    return event.kv.value
+
+            assert await asyncio.wait_for(first_value(), 10) == b"1"
+        finally:
+            await client.close()
+
+
 async def test_a_master_keeps_serving_past_the_auth_token_ttl(tmp_path, job_name, monkeypatch):
     """A master on an etcd with auth and a 2 s token TTL: trainers work with it before and
     after its first token expired (its election, its writes, its reads)."""

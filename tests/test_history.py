@@ -1,10 +1,10 @@
-"""The exactly-once arithmetic over a job's done marks (`paddlecloud.history.audit_done_marks`),
+"""The exactly-once arithmetic over a job's done marks (`tests/etcd_history.py` `audit_done_marks`),
 on hand-written histories, and the replay of one from a real etcd: what the tests, the chaos
 audit and the fault benchmark rely on."""
 
 from __future__ import annotations
 
-from paddlecloud.history import MarkEvent, audit_done_marks
+from etcd_history import MarkEvent, audit_done_marks
 
 
 def put(epoch: int, task: int) -> MarkEvent:
@@ -59,8 +59,9 @@ async def test_a_history_larger_than_one_grpc_message_is_read_whole(etcd_endpoin
     """A watch that catches up sends up to 1,000 revisions in one message: 50 transactions of
     100 marks of 1 KiB (a master's large group commits) are 5 MB in one, past gRPC's default
     4 MiB, and the replay still reads every mark."""
+    from etcd_history import mark_history
+
     from paddlecloud import etcd
-    from paddlecloud.history import mark_history
     from paddlecloud.keys import JobKeys
 
     keys = JobKeys("local", job_name)

@@ -8,13 +8,12 @@ from collections import Counter
 import grpc
 import pytest
 from datasets import write_records
-from etcd_history import check_exactly_once
+from etcd_history import check_exactly_once, mark_history
 from masters import pb, wait_serving
 from test_master_tasks import channel_to, register, report, run_trainer  # noqa: F401 (a fixture)
 from test_state import Harness
 
 from master.state import EpochRestarted, TaskStatus, task_order
-from paddlecloud.history import mark_history
 from paddlecloud.keys import JobKeys
 
 

@@ -13,13 +13,12 @@ from collections import Counter
 
 import pytest
 from datasets import write_records
-from etcd_history import check_exactly_once
+from etcd_history import check_exactly_once, mark_history
 from masters import pb, wait_serving
 from test_master_tasks import channel_to, run_trainer  # noqa: F401 (a fixture)
 
 from master.store import MAX_RESTART_DONE, RESTART_MARKS_PER_TXN
 from paddlecloud.etcd import connect
-from paddlecloud.history import mark_history
 from paddlecloud.keys import JobKeys
 
 TASKS = 300

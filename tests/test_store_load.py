@@ -9,7 +9,7 @@ import pytest
 from master import store as store_module
 from master.store import EtcdStore
 from paddlecloud import etcd
-from paddlecloud.etcd import read_key_numbers
+from paddlecloud.etcd import ranges, read_key_numbers
 from paddlecloud.keys import JobKeys, prefix_range_end
 
 
@@ -49,7 +49,7 @@ async def _put_all(client, keys: list[bytes]) -> int:
 
 
 async def test_the_numbers_of_every_key_in_pages_at_one_revision(client, job_name, monkeypatch):
-    monkeypatch.setattr(etcd, "READ_PAGE", 7)  # many pages
+    monkeypatch.setattr(ranges, "READ_PAGE", 7)  # many pages
     base = JobKeys("local", job_name).kind_prefix("done", 0)
     numbers = [0, 5, 9, 10, 42, 99, 100, 123, 4567, 1_000_000, *range(200, 240)]
     revision = await _put_all(client, [base + b"%d" % n for n in numbers])

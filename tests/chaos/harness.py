@@ -86,8 +86,8 @@ import grpc
 
 from paddlecloud.backends.local.job import POLL_INTERVAL, LocalJob, LocalJobSpec, master_address
 from paddlecloud.etcd_server import EtcdServer
-from paddlecloud.history import MarkEvent, audit_done_marks, mark_history
 from paddlecloud.keys import JobKeys
+from tests.etcd_history import MarkEvent, audit_done_marks, mark_history
 
 from .lineage import EpochLineage, audit_lineage, lineage, record_ids
 

@@ -222,7 +222,7 @@ def test_each_pservers_own_endpoint_is_in_the_list_exactly_once(intranet):
     spec = JobSpec(name="ctr", namespace="ml", module="ctr.train", trainers=2, pservers=3,
                    intranet=intranet)
     sts = manifests.pserver_statefulset(spec, None)
-    service = manifests.pserver_service(spec, None)
+    service = manifests.role_services(spec, manifests.PSERVER, owner=None)[0]
     assert sts["spec"]["serviceName"] == service["metadata"]["name"]
     assert service["spec"]["clusterIP"] == "None"
     container = sts["spec"]["template"]["spec"]["containers"][0]
@@ -242,7 +242,7 @@ def test_each_pservers_own_endpoint_is_in_the_list_exactly_once(intranet):
 def test_collective_trainers_find_themselves_in_the_trainer_endpoints():
     spec = JobSpec(name="rn", namespace="ml", module="rn.train", trainers=4)
     job_ = manifests.trainer_job(spec, None)
-    service = manifests.trainer_service(spec, None)
+    service = manifests.role_services(spec, manifests.TRAINER, owner=None)[0]
     pod = job_["spec"]["template"]["spec"]
     assert pod["subdomain"] == service["metadata"]["name"] == "rn-trainer"
     assert job_["spec"]["completionMode"] == "Indexed"

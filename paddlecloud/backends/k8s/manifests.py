@@ -98,7 +98,6 @@ PODGROUP_ANNOTATION = "scheduling.k8s.io/group-name"
 MASTER_CA_ANNOTATION = "paddlecloud.org/master-ca"
 
 MASTER, PSERVER, TRAINER, HETER = "master", "pserver", "trainer", "heter"
-TRAINING_ROLES = {PSERVER: "PSERVER", TRAINER: "TRAINER", HETER: "HETER_TRAINER"}
 TEMPLATE_FIELD = {PSERVER: "ps", TRAINER: "worker", HETER: "heter"}  # the PaddleJob's names
 # A Pod's status.phase values: Kubernetes' words for a pod, not the job's `Phase`.
 POD_PHASES = ("Pending", "Running", "Succeeded", "Failed")
@@ -107,7 +106,6 @@ POD_PHASES = ("Pending", "Running", "Succeeded", "Failed")
 MASTER_PORT = 8080
 METRICS_PORT = 9090
 PADDLE_PORT = 36000  # every pserver and collective trainer listens here (one per pod)
-GLOO_HTTP_PORT = 36001  # the gloo HTTP rendezvous store, on pserver 0 or trainer 0
 HOST_PORTS_PER_JOB = 2  # Host intranet: PADDLE_PORT and the gloo port, side by side
 
 # The restricted Pod Security Standard: every pod runs as this non-root user (the image's,
@@ -810,11 +808,6 @@ def role_services(spec: JobSpec, role: str, *, owner: Mapping[str, Any] | None) 
     return out
 
 
-def pserver_service(spec: JobSpec, owner: Mapping[str, Any] | None) -> Manifest:
-    """The headless Service that gives every pserver its stable DNS name."""
-    return role_services(spec, PSERVER, owner=owner)[0]
-
-
 def _statefulset(spec: JobSpec, role: str, *, env: list[dict[str, Any]],
                  owner: Mapping[str, Any] | None) -> Manifest:
     template = _pod_template(spec, role, template=spec.template_of(role), env=env)
@@ -847,11 +840,6 @@ def pserver_statefulset(spec: JobSpec, owner: Mapping[str, Any] | None) -> Manif
 def heter_statefulset(spec: JobSpec, owner: Mapping[str, Any] | None) -> Manifest:
     """The heter trainers (heterogeneous PS): stable names, the ordinal is the heter id."""
     return _statefulset(spec, HETER, env=heter_env(spec), owner=owner)
-
-
-def trainer_service(spec: JobSpec, owner: Mapping[str, Any] | None) -> Manifest:
-    """The headless Service that gives every trainer its stable DNS name (collective/gloo)."""
-    return role_services(spec, TRAINER, owner=owner)[0]
 
 
 def trainer_backoff_limit(spec: JobSpec) -> int:
