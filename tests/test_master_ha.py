@@ -104,11 +104,18 @@ def two_masters(tmp_path, start_master):
 async def test_standby_is_not_serving_and_names_the_leader(two_masters):
     leader, standby = await leader_and_standby(two_masters)
     assert await health(standby.address) == health_pb2.HealthCheckResponse.NOT_SERVING
-    async with grpc.aio.insecure_channel(standby.address) as channel:
-        with pytest.raises(grpc.aio.AioRpcError) as error:
-            await stub(channel).GetStatus(pb.GetStatusRequest())
-    assert error.value.code() == grpc.StatusCode.UNAVAILABLE
-    assert error.value.details() == f"not the leader; the leader is {leader.address}"
+
+    async def refusal() -> grpc.aio.AioRpcError | None:
+        """The standby's answer, once it has seen the leader (its first campaign reads the
+        leader key: until then it says the leader is unknown)."""
+        async with grpc.aio.insecure_channel(standby.address) as channel:
+            with pytest.raises(grpc.aio.AioRpcError) as error:
+                await stub(channel).GetStatus(pb.GetStatusRequest())
+        return error.value if "unknown" not in (error.value.details() or "") else None
+
+    error = await wait_for(refusal, timeout=30, message="the standby never named the leader")
+    assert error.code() == grpc.StatusCode.UNAVAILABLE
+    assert error.details() == f"not the leader; the leader is {leader.address}"
 
 
 def lease_processes(master) -> list[int]:
