@@ -1,8 +1,9 @@
 """The master's settings, declared once: what `paddlecloud master` takes and where each lands.
 
-Each `Setting` names a flag, its click type (which parses and bounds one value), its
-default, help, environment variable, the section of `--help` it is listed under, and the
-field of the master's configuration (`master.config.MasterConfig`) its value fills. From
+Each `Setting`, placed under its section (`SECTIONS`: server, etcd, security, dataset,
+tasks and sessions, deployment and elasticity), names a flag, its click type (which
+parses and bounds one value), its default, help, environment variable, and the field of
+the master's configuration (`master.config.MasterConfig`) its value fills. From
 this one table come the command's options (`master_options`), its sectioned `--help`
 (`MasterCommand`), the argv both backends render (`paddlecloud.master_flags`), the
 defaults of the configuration's dataclasses (`default_of`) and the checks they run on
