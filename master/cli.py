@@ -1,5 +1,4 @@
-"""`paddlecloud master`: the per-job master process; its flags are `paddlecloud.master_settings`
-(docs/design.md section 8)."""
+"""`paddlecloud master`: the per-job master process (flags of docs/design.md section 8)."""
 
 from __future__ import annotations
 

@@ -1,13 +1,13 @@
 """Settings of the master, as frozen dataclasses, with the validation that names bad values.
 
+`DatasetSpec` mirrors the wire message of the same name, with 0 meaning "the
+default" (docs/design.md section 4); `filled()` replaces the zeros so two specs can be
+compared for equality after defaults are filled, as `SetDataset` must.
+
 What each setting is (its flag, type, default, help) is declared once in
 `paddlecloud.master_settings`; these types take their defaults from there, hold every
 value to the flag's own rules (`check_fields`), and add the rules that relate settings.
 `MasterConfig.from_settings` builds the configuration from the parsed command line.
-
-`DatasetSpec` mirrors the wire message of the same name, with 0 meaning "the
-default" (docs/design.md section 4); `filled()` replaces the zeros so two specs can be
-compared for equality after defaults are filled, as `SetDataset` must.
 """
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ class DatasetSpec:
 
 @dataclass(frozen=True)
 class Policy:
-    """How the master treats sessions and tasks (docs/design.md section 8)."""
+    """How the master treats sessions and tasks (docs/design.md section 8 defaults)."""
 
     session_ttl: float = default_of("session_ttl")  # longer than a failover: sessions outlive it
     task_timeout: float = default_of("task_timeout")  # 0 = off
