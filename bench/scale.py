@@ -937,14 +937,14 @@ def late_failover(bench: Bench, say) -> dict:
 
 def election_ttl(flags: list[str]) -> float:
     """The --election-ttl among master flags, in seconds (the master's default otherwise)."""
-    from master.cli import DEFAULT_ELECTION_TTL
+    from paddlecloud.master_settings import default_of
     from paddlecloud.units import parse_duration
     for i, flag in enumerate(flags):
         if flag == "--election-ttl" and i + 1 < len(flags):
             return parse_duration(flags[i + 1])
         if flag.startswith("--election-ttl="):
             return parse_duration(flag.split("=", 1)[1])
-    return parse_duration(DEFAULT_ELECTION_TTL)
+    return default_of("election_ttl")
 
 
 def logged_at(master: Master, text: str) -> float:

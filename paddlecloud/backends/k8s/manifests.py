@@ -1021,12 +1021,12 @@ def master_command(spec: JobSpec) -> list[str]:
         job=spec.name, namespace=spec.namespace, etcd_endpoints=spec.etcd_endpoints,
         port=MASTER_PORT, advertise=f"$(POD_IP):{MASTER_PORT}", metrics_port=METRICS_PORT,
         inputs=spec.inputs or (), epochs=spec.epochs, data_format=spec.data_format,
-        chunk_bytes=spec.chunk_bytes,
+        chunk_bytes=spec.chunk_bytes or None,  # 0: the master's own default
         # a job started again on the same output resumes after its checkpoint
-        resume_from=checkpoints_dir(spec.output) if spec.output else None, tokens_dir=TOKENS_MOUNT,
-        scaler_token_file=f"{SCALER_MOUNT}/{SCALER_KEY}",
+        resume_from=checkpoints_dir(spec.output) if spec.output and spec.inputs else None,
+        tokens_dir=TOKENS_MOUNT, scaler_token_file=f"{SCALER_MOUNT}/{SCALER_KEY}",
         tls_cert=f"{TOKENS_MOUNT}/{TLS_CERT_KEY}", tls_key=f"{TOKENS_MOUNT}/{TLS_KEY_KEY}",
-        extra=("--deployer", "kubernetes", "--job-spec", f"{SPEC_MOUNT}/{SPEC_KEY}"),
+        deployer="kubernetes", job_spec=f"{SPEC_MOUNT}/{SPEC_KEY}",
     )
     return ["paddlecloud", "master", *flags]
 
