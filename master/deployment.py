@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from master.state import TaskStatus
-from master.store import NotLeader, StoreUnavailable
+from master.store_errors import NotLeader, StoreUnavailable
 from paddlecloud import checkpoints
 from paddlecloud.etcd import EtcdUnavailable
 from paddlecloud.jobspec import JobSpec

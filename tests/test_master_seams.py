@@ -216,7 +216,8 @@ async def test_a_call_cancelled_while_its_writes_are_in_flight_leaves_the_cache_
 async def test_a_cancelled_call_whose_writes_failed_still_rebuilds_the_cache(in_process):
     """A write etcd did not answer may have been applied: the cache is rebuilt from etcd, also
     when no caller is left to hear the failure."""
-    from master.store import StoreUnavailable, _fail_all
+    from master.committer import _fail_all
+    from master.store_errors import StoreUnavailable
     dispatcher, master = in_process
     state = dispatcher.core.state
 
