@@ -332,8 +332,7 @@ class MasterState:
     def _end_session(self, e: SessionEnded) -> None:
         released = self.releasable(e.session)
         registry = self.sessions
-        if e.cause != "superseded":
-            registry.forget_superseded_by(e.session)
+        registry.forget_superseded_by(e.session)
         info = registry.remove(e.session)
         if info is None:
             return

@@ -116,12 +116,13 @@ class SessionRegistry:
         return info
 
     def forget_superseded_by(self, session: int) -> None:
-        """The newer session ended: its superseded markers lapse with its lease."""
+        """`session` ended: the superseded markers on its lease lapse with it — its trainer's
+        older sessions', not its own (superseded itself, its marker is on the newer lease)."""
         info = self.by_session.get(session)
         if info is None:
             return
         for old, trainer in list(self.superseded.items()):
-            if trainer == info.trainer:
+            if trainer == info.trainer and old != session:
                 del self.superseded[old]
 
     def check(self, session: int) -> SessionInfo:
