@@ -35,7 +35,6 @@ from master.state import (
     EpochRestarted,
     JobFailed,
     JobState,
-    ReservationCancelled,
     TaskFailed,
     TaskFinished,
     TaskReleased,
@@ -47,8 +46,7 @@ logger = logging.getLogger(__name__)
 
 # The events after which an epoch may be complete: a task's end, a session's (its tasks go
 # back), a restart with every task done, a cache loaded from etcd.
-EPOCH_COMPLETING = (TaskFinished, TaskFailed, TaskReleased, ReservationCancelled, SessionEnded,
-                    EpochRestarted, Loaded)
+EPOCH_COMPLETING = (TaskFinished, TaskFailed, TaskReleased, SessionEnded, EpochRestarted, Loaded)
 
 
 @dataclass(frozen=True)

@@ -253,6 +253,8 @@ class MasterState:
     def apply(self, event: Event) -> None:
         """Applies one event, or raises InvalidTransition; then tells its subscribers."""
         match event:
+            case SessionCalled(session=session, at=at, refreshed=refreshed):  # first: every call's
+                self.sessions.called(session, at=at, refreshed=refreshed)
             case tasks.TaskReserved() | tasks.ReservationCancelled() | tasks.TaskAssigned() \
                     | tasks.TaskFinished() | tasks.TaskFailed() | tasks.TaskReleased() \
                     | tasks.EpochAdvanced() | tasks.JobFailed() | tasks.MarksLoaded():
@@ -285,8 +287,6 @@ class MasterState:
                     self.sessions.mark_evicted(session, trainer)
                 else:
                     self.sessions.mark_superseded(session, trainer)
-            case SessionCalled(session=session, at=at, refreshed=refreshed):
-                self.sessions.called(session, at=at, refreshed=refreshed)
             case SessionEnded():
                 self._end_session(event)
             case SaveModelGranted(trainer=trainer, until=until):
