@@ -71,7 +71,7 @@ class Epochs:
         event = self._end_of(state)
         if event is None:
             return
-        state.begin(event)  # the end of this epoch is in flight from now on: once
+        self.core.machine.begin(event)  # the end of this epoch is in flight from now on: once
         self.core.spawn(self._end(state, event), "end-epoch")
 
     @staticmethod
@@ -91,7 +91,7 @@ class Epochs:
                 revision = await core.write(event)
         except BaseException:
             if core.state is state and state.epoch_ending:
-                state.abandon(event)
+                core.machine.abandon(event)
             raise
         if core.state is not state:
             return

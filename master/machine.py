@@ -13,7 +13,7 @@ knows (a session superseded or evicted, a trainer's call), or load etcd's snapsh
 Recovery is the same machine built the same way: `Loaded(snapshot)` through the same
 `apply` (the dataset adopted at etcd's epoch, then its marks: `master.state.MarksLoaded`),
 so a master rebuilt from etcd equals the one that ran, the deal order included
-(docs/design.md section 6). Times (a session's calls, the save-model grant's end) come
+(docs/design.md section 5). Times (a session's calls, the save-model grant's end) come
 in the events; nothing here reads the clock.
 
 Subscription: a room that must act after an event (end an epoch once its last task is
