@@ -4,25 +4,48 @@ included; the rooms hear events through subscriptions, not patched hooks."""
 
 from __future__ import annotations
 
+import ast
 import random
+import typing
+from pathlib import Path
 
+from master.config import DatasetSpec
 from master.core import Core
 from master.machine import (
+    DatasetAdopted,
+    Durable,
     Loaded,
     MasterState,
+    PhaseRecorded,
+    SaveModelGranted,
+    SaveModelReleased,
     SessionCalled,
     SessionEnded,
     SessionOpened,
     Snapshot,
     TrainerRangeSet,
     TrainersScaled,
+    partition_of,
 )
-from master.state import Outcome
+from master.partition import FileEntry
+from master.state import (
+    Assignment,
+    EpochAdvanced,
+    EpochRestarted,
+    JobFailed,
+    Outcome,
+    TaskAssigned,
+    TaskFailed,
+    TaskFinished,
+    TaskReleased,
+)
 from master.store import EtcdStore
 from master.tasks import TaskRef
+from master.transactions import Transactions
 from paddlecloud import etcd
 from paddlecloud.elastic import TrainerRange
 from paddlecloud.keys import JobKeys
+from paddlecloud.phase import Phase
 from tests.datasets import write_records
 from tests.masters import in_process_master
 from tests.waiting import wait_for
@@ -136,3 +159,33 @@ def test_subscribers_hear_the_events_they_asked_for_after_the_machine_changed():
     machine.apply(SessionCalled(7, at=2.0, refreshed=False))  # nobody asked for it
     machine.apply(SessionEnded(7, "leave"))
     assert heard == [(opened, 7), (SessionEnded(7, "leave"), False)]
+
+
+def test_every_durable_event_is_one_transaction():
+    spec = DatasetSpec(paths=("/data",), chunk_bytes=1).filled()
+    partition = partition_of(spec, [FileEntry("/data/a", 8)])
+    span = TrainerRange(1, 3)
+    samples = [
+        DatasetAdopted(spec, partition, 0), PhaseRecorded(Phase.RUNNING), TrainerRangeSet(span, 2),
+        TrainersScaled(span, 3), SessionOpened("a", 11, 10, at=1.0), SaveModelGranted("a", 12, until=2.0),
+        SaveModelReleased("a"), TaskAssigned(1, Assignment(11, "a", 0, 0.0)), TaskFinished(1, 5),
+        TaskFailed(1, 5, "failure"), TaskReleased(1, 5, "return"), EpochAdvanced(1), JobFailed(0),
+        EpochRestarted(0, (1, 2)),
+    ]
+    assert {type(e) for e in samples} == set(typing.get_args(Durable)), "an event without a sample here"
+    machine = MasterState(max_failures=3)
+    machine.apply(DatasetAdopted(spec, partition, 0))
+    transactions = Transactions(JobKeys("local", "job-x"))
+    for event in samples:
+        txn = transactions.txn_for(event, machine)
+        assert txn.op.WhichOneof("request") == "request_txn" and txn.width >= 1, event
+
+
+def test_the_machine_reads_no_clock():
+    """Times enter as event data (`SessionOpened.at`, `SessionCalled.at`, ...), never read inside."""
+    root = Path(__file__).resolve().parent.parent / "master"
+    for module in ("machine.py", "state.py", "sessions.py"):
+        tree = ast.parse((root / module).read_text())
+        imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+        imported |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+        assert not imported & {"time", "datetime", "asyncio"}, module
