@@ -1,7 +1,7 @@
 """The leading master's core: the cache of one job, the gate every call passes, and
 the one way the cache changes (`commit`: write the event durably, then apply it).
 
-The cache is the master's one machine (`master.machine.MasterState`: the dataset, the
+The cache is the master's one machine (`master.machine.MasterMachine`: the dataset, the
 tasks, the sessions, the phase, the trainer range and the save-model grant), and it
 mirrors etcd. It is
 rebuilt from etcd (`schedule_rebuild`) when a write's outcome is unknown (etcd did
@@ -28,7 +28,7 @@ from typing import Any
 
 from master import metrics
 from master.config import DatasetSpec, MasterConfig
-from master.machine import Durable, Event, Loaded, MasterState
+from master.machine import Durable, Event, Loaded, MasterMachine
 from master.partition import Partition
 from master.sessions import SessionRegistry
 from master.snapshot import MarkMirror
@@ -93,7 +93,7 @@ class Core:
         self.store = store
         self.config = config
         self.policy = config.policy
-        self.machine = MasterState(max_failures=self.policy.max_task_failures)
+        self.machine = MasterMachine(max_failures=self.policy.max_task_failures)
         self.standby_marks = standby_marks  # the standby's mirror, for the first load
         self.requeued = 0                        # tasks put back since this master leads
         self.deposed: asyncio.Future[Exception] = asyncio.get_running_loop().create_future()

@@ -24,7 +24,7 @@ class DeployAdapter:
         """The deployer's phase: a fenced write of the `phase` key, shown by GetStatus."""
         known = Phase(phase)
         # Known before it is written: a RestartEpoch that would reopen the job (`Epochs`)
-        # sees the verdict while its write is in flight (`MasterState.phase_verdict`). A
+        # sees the verdict while its write is in flight (`MasterMachine.phase_verdict`). A
         # write that fails steps this master down; the next one loads what etcd holds.
         self.phase_override = known
         await self.core.commit(PhaseRecorded(known))

@@ -15,7 +15,7 @@ Each RPC becomes one call into a room; the servicer translates protobufs at the
 edge, so nothing here sees one. Every room reads and writes etcd only through
 `master.store`, and changes the machine only through the core. A room that acts on
 another's events subscribes to them on the machine when it is made
-(`MasterState.subscribe`): the epochs room to those that may complete an epoch, the
+(`MasterMachine.subscribe`): the epochs room to those that may complete an epoch, the
 trainers room to `Loaded` (its watch starts after the snapshot), the save-model room
 to `SessionEnded`.
 

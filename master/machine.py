@@ -1,7 +1,7 @@
 """The leading master's whole state of one job, as one machine: pure, no I/O, no clock.
 
 Every piece of the job's state the master keeps changes by a named event applied by
-`MasterState.apply`, dispatched by one exhaustive `match`: the tasks of the epoch (the
+`MasterMachine.apply`, dispatched by one exhaustive `match`: the tasks of the epoch (the
 task part, `master.state.JobState`, whose events pass through here), the dataset's
 adoption, the trainers' sessions, the phase, the trainer range and desired size, and
 the save-model grant. A durable event (`Durable`) stands for one etcd transaction
@@ -165,7 +165,7 @@ TASK_EVENTS = (tasks.TaskReserved, tasks.ReservationCancelled, tasks.TaskAssigne
 Callback = Callable[[Event], None]
 
 
-class MasterState:
+class MasterMachine:
     """One job's state as the leading master holds it; see the module docstring."""
 
     def __init__(self, *, max_failures: int) -> None:
@@ -184,7 +184,7 @@ class MasterState:
 
     def __eq__(self, other: object) -> bool:
         """Equal in what etcd holds (the calls' times are this master's own)."""
-        if not isinstance(other, MasterState):
+        if not isinstance(other, MasterMachine):
             return NotImplemented
         return self._durable() == other._durable()
 

@@ -1,7 +1,7 @@
 """Trainer sessions as the master sees them: an etcd lease per session, in a registry.
 
 The registry is the sessions' part of the master's one machine
-(`master.machine.MasterState`): only its `apply` changes it, and it reads no clock
+(`master.machine.MasterMachine`): only its `apply` changes it, and it reads no clock
 (a call's time comes in its event). Refreshing the leases is the trainers room's
 (`master.trainers`).
 
@@ -69,7 +69,7 @@ class SessionInfo:
 
 class SessionRegistry:
     """The live sessions, and the ended ones a late call is told about; changed only by
-    `master.machine.MasterState.apply`."""
+    `master.machine.MasterMachine.apply`."""
 
     def __init__(self) -> None:
         self.by_session: dict[int, SessionInfo] = {}

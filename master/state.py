@@ -7,7 +7,7 @@ for it (`master.transactions`), so this object always mirrors etcd; after a rest
 the same `apply` rebuilds it from what etcd holds (`MarksLoaded` onto a state begun
 at etcd's epoch), the deal order included: the order is a function of what etcd
 holds (`master.partition.DealQueue`). This is the task part of the master's one
-machine, `master.machine.MasterState`, which is the only caller of `apply`.
+machine, `master.machine.MasterMachine`, which is the only caller of `apply`.
 
 Life cycle of a task within an epoch (DESIGN.md section 5):
 

@@ -19,7 +19,7 @@ import aetcd
 from master import snapshot
 from master.committer import Answered, GroupCommitter, Txn, put
 from master.leases import TrainerLeases
-from master.machine import Durable, MasterState, Snapshot
+from master.machine import Durable, MasterMachine, Snapshot
 from master.partition import FileEntry
 from master.snapshot import MarkMirror
 from master.store_errors import NotLeader, etcd_answers
@@ -50,7 +50,7 @@ class EtcdStore:
 
     # -- writes --
 
-    def submit(self, event: Durable, machine: MasterState,
+    def submit(self, event: Durable, machine: MasterMachine,
                then: Answered | None = None) -> asyncio.Future[int | None]:
         """Queues `event`'s transaction; resolves to the revision, or None if a compare failed
         (`then`: as `GroupCommitter.submit_txn`)."""

@@ -36,7 +36,7 @@ from master.committer import (
 from master.machine import (
     DatasetAdopted,
     Durable,
-    MasterState,
+    MasterMachine,
     PhaseRecorded,
     SaveModelGranted,
     SaveModelReleased,
@@ -101,7 +101,7 @@ class Transactions:
             found = self._trainers[trainer] = (self.keys.trainer(trainer), json.dumps(trainer).encode())
         return found
 
-    def txn_for(self, event: Durable, machine: MasterState) -> Txn:
+    def txn_for(self, event: Durable, machine: MasterMachine) -> Txn:
         """The one etcd transaction that stands for `event`, applied to `machine` as it is now."""
         k = self.keys
         state = machine.tasks

@@ -93,7 +93,7 @@ def test_the_hot_paths_build_the_same_requests_as_the_generic_builders():
     import json
 
     from master.committer import delete, mod_revision_is, nested_txn
-    from master.machine import MasterState
+    from master.machine import MasterMachine
     from master.state import Assignment, JobState, TaskAssigned, TaskFinished
     from master.transactions import Transactions, encode_assignment
     from paddlecloud.keys import JobKeys
@@ -102,7 +102,7 @@ def test_the_hot_paths_build_the_same_requests_as_the_generic_builders():
     store = Transactions(k)
     for a, epoch, task in [(Assignment(7587890123456, "t-12", 0, 1790000000.125), 3, 17),
                            (Assignment(1, 'we"ird\u00e9', 0, 0.0), 0, 0)]:
-        state = MasterState(max_failures=3)
+        state = MasterMachine(max_failures=3)
         state.tasks = JobState.new(num_tasks=20, num_epochs=5, seed=0, max_failures=3, epoch=epoch)
         value = json.dumps({"session": a.session, "trainer": a.trainer, "epoch": epoch,
                             "deadline": a.deadline}, separators=(",", ":")).encode()

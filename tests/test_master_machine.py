@@ -15,7 +15,7 @@ from master.machine import (
     DatasetAdopted,
     Durable,
     Loaded,
-    MasterState,
+    MasterMachine,
     PhaseRecorded,
     SaveModelGranted,
     SaveModelReleased,
@@ -62,7 +62,7 @@ async def settled(dispatcher) -> None:
     await wait_for(quiet, timeout=60, message="the master's background writes did not settle")
 
 
-async def recovered(etcd_endpoint: str, job_name: str, dispatcher) -> MasterState:
+async def recovered(etcd_endpoint: str, job_name: str, dispatcher) -> MasterMachine:
     """The machine a master elected now would hold: a new core loaded from etcd alone."""
     keys = JobKeys("local", job_name)
     client = await etcd.connect(etcd_endpoint)
@@ -137,11 +137,11 @@ async def test_a_master_recovered_after_any_number_of_events_holds_the_machine_t
 def test_a_snapshot_loads_through_the_same_apply_as_the_events_it_stands_for():
     """The trainer range, the sessions: `Loaded` leaves the machine the events did."""
     span = TrainerRange(1, 3)
-    live = MasterState(max_failures=3)
+    live = MasterMachine(max_failures=3)
     for event in [TrainerRangeSet(span, 2), TrainersScaled(span, 3), SessionOpened("a", 11, None, at=5.0),
                   SessionOpened("a", 12, 11, at=6.0), SessionCalled(12, at=7.0, refreshed=True)]:
         live.apply(event)
-    loaded = MasterState(max_failures=3)
+    loaded = MasterMachine(max_failures=3)
     loaded.apply(Loaded(Snapshot(revision=9, trainers={"a": 12}, superseded={11: "a"},
                                  trainer_range=span, trainers_desired=3), at=1.0))
     assert loaded == live
@@ -150,7 +150,7 @@ def test_a_snapshot_loads_through_the_same_apply_as_the_events_it_stands_for():
 
 
 def test_subscribers_hear_the_events_they_asked_for_after_the_machine_changed():
-    machine = MasterState(max_failures=3)
+    machine = MasterMachine(max_failures=3)
     heard = []
     machine.subscribe(lambda e: heard.append((e, machine.sessions.by_trainer.get("a"))), SessionOpened)
     machine.subscribe(lambda e: heard.append((e, "a" in machine.sessions.by_trainer)), SessionEnded)
@@ -173,7 +173,7 @@ def test_every_durable_event_is_one_transaction():
         EpochRestarted(0, (1, 2)),
     ]
     assert {type(e) for e in samples} == set(typing.get_args(Durable)), "an event without a sample here"
-    machine = MasterState(max_failures=3)
+    machine = MasterMachine(max_failures=3)
     machine.apply(DatasetAdopted(spec, partition, 0))
     transactions = Transactions(JobKeys("local", "job-x"))
     for event in samples:
