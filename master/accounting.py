@@ -23,7 +23,7 @@ from master.goodput import (
 from master.save_model import SaveModel
 from master.scaling import Scaling
 from master.state import TaskStatus
-from master.store import NotLeader
+from master.store_errors import NotLeader
 
 logger = logging.getLogger(__name__)
 

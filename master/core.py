@@ -1,13 +1,16 @@
 """The leading master's core: the cache of one job, the gate every call passes, and
 the one way the cache changes (`commit`: write the event durably, then apply it).
 
-The cache (`spec`, `partition`, `state`, the session registry) mirrors etcd. It is
+The cache is the master's one machine (`master.machine.MasterMachine`: the dataset, the
+tasks, the sessions, the phase, the trainer range and the save-model grant), and it
+mirrors etcd. It is
 rebuilt from etcd (`schedule_rebuild`) when a write's outcome is unknown (etcd did
 not answer), when etcd refused a write the cache thought valid, or when an event did
 not fit the cache (`InvalidTransition`: logged with its traceback; the caller is told
 to retry). New calls wait at the gate while the rebuild runs; calls already inside
 finish first. The rooms (`master.trainers`, `master.tasks`, `master.epochs`, ...)
-decide; this module is where their decisions become writes and cache changes.
+decide; this module is where their decisions become writes and cache changes, and
+where the clock enters the machine's events it applies itself (a load's time).
 
 What this does NOT do: decide what to write (the rooms do), or talk to etcd other
 than through `master.store`.
@@ -20,16 +23,16 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Coroutine
 from typing import Any
 
 from master import metrics
 from master.config import DatasetSpec, MasterConfig
-from master.partition import FileEntry, Partition
+from master.machine import Durable, Event, Loaded, MasterMachine
+from master.partition import Partition
 from master.sessions import SessionRegistry
+from master.snapshot import MarkMirror
 from master.state import (
-    Durable,
-    Event,
     InvalidTransition,
     JobState,
     TaskFailed,
@@ -37,14 +40,8 @@ from master.state import (
     TaskReleased,
     committed,
 )
-from master.store import (
-    EtcdStore,
-    MarkMirror,
-    NotLeader,
-    Snapshot,
-    StoreUnanswered,
-    StoreUnavailable,
-)
+from master.store import EtcdStore
+from master.store_errors import NotLeader, StoreUnanswered, StoreUnavailable
 from paddlecloud.aio import cancel_and_wait
 from paddlecloud.phase import Phase
 
@@ -68,11 +65,6 @@ class CacheOutOfStep(Exception):
 class TooSlow(Exception):
     """The master answered slower than the session TTL: a lease it granted for the call lapsed
     before the call's write reached etcd. Nothing was recorded; the caller retries."""
-
-
-def partition_of(spec: DatasetSpec, files: list[FileEntry]) -> Partition:
-    return Partition(files, chunk_bytes=spec.chunk_bytes, chunks_per_task=spec.chunks_per_task,
-                     splits_files=spec.splits_files)
 
 
 class _Admission:
@@ -101,26 +93,43 @@ class Core:
         self.store = store
         self.config = config
         self.policy = config.policy
-        self.sessions = SessionRegistry(store.refresh_lease, ttl=self.policy.session_ttl)
-        self.spec: DatasetSpec | None = None
-        self.partition: Partition | None = None
-        self.state: JobState | None = None
-        # The `phase` key as this master last loaded or wrote it: the deployer's record of the
-        # job (Pending .. Succeeded/Failed), or Failed by the data. The data's end is the
-        # `epoch` key (>= num_epochs), not this: Succeeded here is a deployer's final verdict.
-        self.recorded_phase: Phase | None = None
+        self.machine = MasterMachine(max_failures=self.policy.max_task_failures)
         self.standby_marks = standby_marks  # the standby's mirror, for the first load
         self.requeued = 0                        # tasks put back since this master leads
         self.deposed: asyncio.Future[Exception] = asyncio.get_running_loop().create_future()
-        # Set by the dispatcher that wires the rooms: what follows a change, and a load.
-        self.on_change: Callable[[], None] = lambda: None
-        self.on_load: Callable[[Snapshot], None] = lambda snap: None
         self._ready = asyncio.Event()
         self._inflight = 0
         self._drained = asyncio.Event()
         self._drained.set()
         self._rebuilding: asyncio.Task[None] | None = None
         self._background: set[asyncio.Task] = set()
+
+    # ---- the machine's parts, read-only ---------------------------------------------
+
+    @property
+    def state(self) -> JobState | None:
+        """The tasks of the current epoch (None before the dataset is adopted)."""
+        return self.machine.tasks
+
+    @property
+    def spec(self) -> DatasetSpec | None:
+        return self.machine.spec
+
+    @property
+    def partition(self) -> Partition | None:
+        return self.machine.partition
+
+    @property
+    def sessions(self) -> SessionRegistry:
+        return self.machine.sessions
+
+    @property
+    def recorded_phase(self) -> Phase | None:
+        """The `phase` key as etcd holds it, a write of it in flight counted as made: the
+        deployer's record of the job (Pending .. Succeeded/Failed), or Failed by the data. The
+        data's end is the `epoch` key (>= num_epochs), not this: Succeeded here is a
+        deployer's final verdict."""
+        return self.machine.phase_verdict
 
     # ---- the gate -----------------------------------------------------------------
 
@@ -191,63 +200,64 @@ class Core:
     # ---- the one way the cache changes ----------------------------------------------
 
     def commit(self, event: Durable) -> Awaitable[int | None]:
-        """Writes `event` durably, then applies it to the cache.
+        """Writes `event` durably, then applies it to the machine.
 
-        The write is marked in flight in the state and its transaction queued now, so
+        The write is marked in flight in the machine and its transaction queued now, so
         the writes of one call ride the same group-commit batch; await the result: the
         revision etcd took it at, or None when a compare failed (the mark is then gone
-        and the cache unchanged: the caller decides what a refusal means).
+        and the machine unchanged: the caller decides what a refusal means).
         """
-        state = self.state
-        assert state is not None, "no dataset: nothing to commit"
-        state.begin(event)
-        return self.write(state, event)
+        self.machine.begin(event)
+        return self.write(event)
 
-    def write(self, state: JobState, event: Durable) -> Awaitable[int | None]:
-        """`commit()` of an event whose write `state.begin` already marked.
+    def write(self, event: Durable) -> Awaitable[int | None]:
+        """`commit()` of an event whose write `machine.begin` already marked.
 
-        The cache takes etcd's answer as it comes (`_settle`), whether or not the caller
+        The machine takes etcd's answer as it comes (`_settle`), whether or not the caller
         still awaits it: a call cancelled while its write is on the wire (the trainer's
         connection dropped) cancels only its wait, for etcd applies the write all the same.
         """
+        settle = functools.partial(self._settle, self.machine.generation, event)
         try:
-            return self.store.submit(event, state, functools.partial(self._settle, state, event))
+            return self.store.submit(event, self.machine, settle)
         except BaseException:
-            state.abandon(event)
+            self.machine.abandon(event)
             raise
 
-    def _settle(self, state: JobState, event: Durable, revision: int | None, error: BaseException | None) -> None:
-        """etcd's answer to the write of `event`, taken into the cache: applied, or unmarked
+    def _settle(self, generation: int, event: Durable, revision: int | None,
+                error: BaseException | None) -> None:
+        """etcd's answer to the write of `event`, taken into the machine: applied, or unmarked
         when refused or failed. A failed write's outcome is unknown (etcd may hold it): the
         cache is rebuilt, here too, for its caller may be gone (its `_leave` logs it)."""
-        if self.state is not state:  # the cache was rebuilt from etcd meanwhile: etcd has it, or not
+        machine = self.machine
+        if machine.generation != generation:  # rebuilt from etcd meanwhile: etcd has it, or not
             return
         if error is not None or revision is None:
-            state.abandon(event)
+            machine.abandon(event)
             if error is None:
-                self._refused(state, event)
+                self._refused(event)
             elif isinstance(error, NotLeader):
                 self.depose(error)
             elif isinstance(error, StoreUnavailable):
                 self.schedule_rebuild()
             return
         try:
-            state.apply(committed(event, revision))
-            self.on_change()
+            machine.apply(committed(event, revision))
         except InvalidTransition as raised:
             raise self._out_of_step(raised) from raised
 
-    def _refused(self, state: JobState, event: Durable) -> None:
+    def _refused(self, event: Durable) -> None:
         """etcd refused a report (finish, failure, return) on a task the cache holds live: its
         session lapsed (the watch may not have told yet: the task goes back now), or the cache
         is out of step. A refused deal or epoch end is its caller's to explain."""
         if not isinstance(event, (TaskFinished, TaskFailed, TaskReleased)):
             return
+        state = self.state
         assignment = state.assignment(event.task)
         if assignment is None or assignment.attempt != event.attempt:
             return
         if assignment.session not in self.sessions.by_session:
-            self.mirror(TaskReleased(event.task, event.attempt, "expiry"))
+            self.apply(TaskReleased(event.task, event.attempt, "expiry"))
             self.count_requeue("expiry")
         else:
             logger.warning("etcd refused a report on task %d (attempt %d) of live session %d: the "
@@ -262,20 +272,14 @@ class Core:
         self.schedule_rebuild()
         return CacheOutOfStep(f"the master's cache is being rebuilt ({error}): retry")
 
-    def mirror(self, event: Event) -> None:
-        """Applies an event etcd already holds without a write of ours (a lapsed or revoked
-        lease took the keys with it)."""
-        assert self.state is not None
-        self.state.apply(event)
-        self.on_change()
+    def apply(self, event: Event) -> None:
+        """Applies an event that is no write of ours: etcd did it already (a lapsed or
+        revoked lease took the keys with it), or only this master knows it (a call)."""
+        self.machine.apply(event)
 
     def count_requeue(self, cause: str) -> None:
         self.requeued += 1
         metrics.REQUEUES.labels(cause).inc()
-
-    def adopt(self, spec: DatasetSpec, partition: Partition, state: JobState) -> None:
-        """The dataset was frozen in etcd: cache it, with the state of a new job."""
-        self.spec, self.partition, self.state = spec, partition, state
 
     # ---- loading and rebuilding -------------------------------------------------------
 
@@ -285,20 +289,7 @@ class Core:
         mirror, self.standby_marks = self.standby_marks, None  # exact for the first load only
         snap = await self.store.load(mirror)
         read = time.monotonic()
-        self.recorded_phase = snap.phase
-        self.sessions.restore(snap.trainers, snap.superseded)
-        if snap.spec is not None:
-            self.spec = snap.spec
-            self.partition = partition_of(snap.spec, snap.files)
-            self.state = JobState.restore(
-                num_tasks=self.partition.num_tasks, num_epochs=snap.spec.num_epochs,
-                seed=snap.spec.shuffle_seed, max_failures=self.policy.max_task_failures,
-                epoch=snap.epoch or 0, failed_job=snap.phase is Phase.FAILED,
-                done=snap.done, failures=snap.failures,
-                assignments={t: a for t, a in snap.assignments.items()
-                             if a.session in self.sessions.by_session},
-            )
-        self.on_load(snap)
+        self.machine.apply(Loaded(snap, at=read))
         logger.info("cache loaded at revision %d: epoch %s, %d done marks%s, %d sessions, %d live "
                     "assignments (etcd read %.2f s, state built %.2f s)", snap.revision, snap.epoch,
                     len(snap.done), " (the standby's mirror)" if snap.mirrored else "",
@@ -326,7 +317,6 @@ class Core:
         finally:
             if not self.deposed.done():
                 self._ready.set()
-        self.on_change()
 
     # ---- faults and background steps ----------------------------------------------------
 

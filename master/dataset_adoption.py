@@ -13,6 +13,9 @@ parsed URLs and resolved paths (`master.dataset_allowlist`), before any listing,
 file the listing found is checked again before anything is frozen. Anything else is
 FAILED_PRECONDITION (off) or INVALID_ARGUMENT naming the path.
 
+The adoption is the machine's `DatasetAdopted` (`master.machine`): the file list is
+staged in etcd first, then the event's one transaction freezes the spec and the epoch.
+
 What this does NOT do: read the data (only the files' names and sizes).
 """
 
@@ -23,9 +26,9 @@ import logging
 from collections.abc import Callable
 
 from master.config import DatasetSpec, SpecError
-from master.core import Core, FailedPrecondition, InvalidArgument, partition_of
+from master.core import Core, FailedPrecondition, InvalidArgument
 from master.dataset_allowlist import AllowList, NotAllowed
-from master.state import JobState
+from master.machine import DatasetAdopted, partition_of
 from paddlecloud.datasets import FileEntry, list_files
 from paddlecloud.untrusted import quote
 
@@ -97,11 +100,9 @@ class DatasetAdoption:
             if partition.num_tasks == 0:
                 raise InvalidArgument(f"dataset {list(filled.paths)!r} has no data: every file is empty")
             start_epoch = core.config.start_epoch
-            if not await core.store.freeze_dataset(filled, files, epoch=start_epoch):
+            if (not await core.store.stage_files(files)
+                    or await core.commit(DatasetAdopted(filled, partition, start_epoch)) is None):
                 raise FailedPrecondition("another master froze a dataset for this job first")
-            core.adopt(filled, partition, JobState.new(
-                num_tasks=partition.num_tasks, num_epochs=filled.num_epochs, seed=filled.shuffle_seed,
-                max_failures=core.policy.max_task_failures, epoch=start_epoch))
             logger.info("dataset frozen: %d files, %d chunks, %d tasks, %d epochs (starting at %d)",
                         len(files), partition.num_chunks, partition.num_tasks, filled.num_epochs,
                         start_epoch)

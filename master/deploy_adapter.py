@@ -1,12 +1,14 @@
 """The deployment adapter: what the leader's deployer (`master.deployment.supervise`)
 reads of the job and writes of its phase, through the core and the store.
 
-What this does NOT do: deploy anything (the deployer does), or change task state.
+What this does NOT do: deploy anything (the deployer does), or change task state. The
+phase is the machine's (`master.machine.PhaseRecorded`).
 """
 
 from __future__ import annotations
 
 from master.core import Core
+from master.machine import PhaseRecorded
 from paddlecloud.phase import Phase
 
 
@@ -22,10 +24,10 @@ class DeployAdapter:
         """The deployer's phase: a fenced write of the `phase` key, shown by GetStatus."""
         known = Phase(phase)
         # Known before it is written: a RestartEpoch that would reopen the job (`Epochs`)
-        # sees the verdict while its write is in flight. A write that fails steps this
-        # master down; the next one loads what etcd holds.
-        self.phase_override = self.core.recorded_phase = known
-        await self.core.store.set_phase(known)
+        # sees the verdict while its write is in flight (`MasterMachine.phase_verdict`). A
+        # write that fails steps this master down; the next one loads what etcd holds.
+        self.phase_override = known
+        await self.core.commit(PhaseRecorded(known))
 
     def dataset_done(self) -> bool:
         return self.core.state is not None and self.core.state.job_over

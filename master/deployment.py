@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from master.state import TaskStatus
-from master.store import NotLeader, StoreUnavailable
+from master.store_errors import NotLeader, StoreUnavailable
 from paddlecloud import checkpoints
 from paddlecloud.backends.k8s.client import KubernetesApiError, is_transient
 from paddlecloud.backends.k8s.deployer import KubernetesDeployer

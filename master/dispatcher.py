@@ -1,6 +1,7 @@
 """The leading master's domain, wired from its rooms: one `Dispatcher` per term of leadership.
 
-    core.py              the cache, the admission gate and rebuild, `commit(event)`
+    machine.py           the job's whole state: named events, one `apply`, subscriptions
+    core.py              the machine as the cache, the admission gate and rebuild, `commit(event)`
     trainers.py          sessions: register, keep-alive, leave, supersede, dead trainers
     tasks.py             GetTask, finished/failed/returned reports, task deadlines
     epochs.py            the end of an epoch, RestartEpoch
@@ -12,7 +13,11 @@
 
 Each RPC becomes one call into a room; the servicer translates protobufs at the
 edge, so nothing here sees one. Every room reads and writes etcd only through
-`master.store`, and changes the cache only through the core.
+`master.store`, and changes the machine only through the core. A room that acts on
+another's events subscribes to them on the machine when it is made
+(`MasterMachine.subscribe`): the epochs room to those that may complete an epoch, the
+trainers room to `Loaded` (its watch starts after the snapshot), the save-model room
+to `SessionEnded`.
 
 What this does NOT do: keep trainer leases alive on its own (it refreshes them when their
 trainers call, from a process of its own: `paddlecloud.lease_process`), or read any data.
@@ -30,7 +35,8 @@ from master.deploy_adapter import DeployAdapter
 from master.epochs import Epochs
 from master.save_model import SaveModel
 from master.scaling import Scaling
-from master.store import EtcdStore, MarkMirror
+from master.snapshot import MarkMirror
+from master.store import EtcdStore
 from master.tasks import Tasks
 from master.trainers import Trainers
 from paddlecloud.etcd import Leadership
@@ -59,8 +65,6 @@ class Dispatcher:
         self.deployment = DeployAdapter(self.core)
         self.scaling = Scaling(self.core)
         self.accounting = Accounting(self.core, scaling=self.scaling, save_model=self.save_model)
-        self.core.on_change = self.epochs.maybe_end
-        self.core.on_load = self.trainers.watch_from
         self.deposed = self.core.deposed
         # The deployment adapter, as `MasterNode._deploy` hands it to `supervise()`.
         self.registered_pservers = self.deployment.registered_pservers

@@ -1,7 +1,7 @@
 """The epochs room: an epoch ends on whatever transition completed it; RestartEpoch.
 
-After every change of the cache the core asks `maybe_end()`: when todo, reserved and
-pending are all empty, the epoch's end is committed in the background —
+The room subscribes `maybe_end()` to the machine's events that may complete an epoch
+(`EPOCH_COMPLETING`): when todo, reserved and pending are all empty, the epoch's end is committed in the background —
 `EpochAdvanced`, or `JobFailed` when every task of the epoch failed — so an epoch
 can never stall (PaddlePaddle issue #5279). Its write in flight is a mark in the
 state, so it is committed once.
@@ -29,10 +29,24 @@ from dataclasses import dataclass
 
 from master import metrics
 from master.core import Core, FailedPrecondition, InvalidArgument
-from master.state import EpochAdvanced, EpochRestarted, JobFailed, JobState, TaskStatus
-from master.store import MAX_RESTART_DONE, MAX_RESTART_LIST
+from master.machine import Loaded, SessionEnded
+from master.state import (
+    EpochAdvanced,
+    EpochRestarted,
+    JobFailed,
+    JobState,
+    TaskFailed,
+    TaskFinished,
+    TaskReleased,
+    TaskStatus,
+)
+from master.transactions import MAX_RESTART_DONE, MAX_RESTART_LIST
 
 logger = logging.getLogger(__name__)
+
+# The events after which an epoch may be complete: a task's end, a session's (its tasks go
+# back), a restart with every task done, a cache loaded from etcd.
+EPOCH_COMPLETING = (TaskFinished, TaskFailed, TaskReleased, SessionEnded, EpochRestarted, Loaded)
 
 
 @dataclass(frozen=True)
@@ -47,15 +61,17 @@ class Epochs:
     def __init__(self, core: Core) -> None:
         self.core = core
         self.ended: dict[int, EndedEpoch] = {}  # epoch -> its counts, for the epochs this master ended
+        core.machine.subscribe(self.maybe_end, *EPOCH_COMPLETING)
 
-    def maybe_end(self) -> None:
+    def maybe_end(self, _event: object = None) -> None:
+        """Ends the epoch once it is complete (a subscriber of the events that may complete it)."""
         state = self.core.state
         if state is None or state.epoch_ending:
             return
         event = self._end_of(state)
         if event is None:
             return
-        state.begin(event)  # the end of this epoch is in flight from now on: once
+        self.core.machine.begin(event)  # the end of this epoch is in flight from now on: once
         self.core.spawn(self._end(state, event), "end-epoch")
 
     @staticmethod
@@ -72,10 +88,10 @@ class Epochs:
                 if core.state is not state or self._end_of(state) != event or not state.epoch_ending:
                     return  # rebuilt or restarted meanwhile: the cache decides afresh
                 counts = state.counts  # final: the epoch is complete and its end is in flight
-                revision = await core.write(state, event)
+                revision = await core.write(event)
         except BaseException:
             if core.state is state and state.epoch_ending:
-                state.abandon(event)
+                core.machine.abandon(event)
             raise
         if core.state is not state:
             return

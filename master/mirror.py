@@ -26,7 +26,7 @@ import time
 
 import aetcd
 
-from master.store import count_keys, read_done_marks
+from master.snapshot import count_keys, read_done_marks
 from paddlecloud.aio import cancel_and_wait
 from paddlecloud.etcd import read_range
 from paddlecloud.keys import JobKeys, prefix_range_end

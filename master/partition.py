@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import bisect
 import hashlib
+import heapq
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -145,13 +146,17 @@ def task_order(num_tasks: int, *, seed: int, epoch: int) -> Permutation:
 class DealQueue:
     """The tasks left to deal in an epoch, without a list of them all.
 
-    Three parts, dealt in this order: `front` (tasks given back: they hold the epoch's
-    end back), the epoch's permutation from a cursor on, and `back` (tasks that failed:
-    a poisoned task must not crowd out healthy ones). The permutation's part is lazy:
-    a position is skipped when `is_todo(task)` says the task is no longer to deal
-    (done, held, or queued in front/back since), so marking a task done or held needs
-    no removal here. The owner must call `push_front`/`push_back` only for a task
-    whose permutation position may still lie ahead (it is then skipped there).
+    The order is a function of the epoch's state alone, so a master that rebuilds its
+    cache from etcd deals in the same order as the one that ran (docs/design.md
+    section 5): first every healthy task left, by its position in the epoch's
+    permutation (a task given back returns to its own place, which lies before every
+    task not dealt yet: given back, it holds the epoch's end back); then the tasks
+    that failed in this epoch, by the etcd revision of their last failure (the mod
+    revision of their `failures/` key), ties by position (a poisoned task must not
+    crowd out healthy ones). Tasks given back sit in `front`, failed ones in `back`
+    (heaps); the permutation's part is lazy: a position is skipped when `is_todo(task)`
+    says the task is no longer to deal (done, held, or queued in front/back since), so
+    marking a task done or held needs no removal here.
     """
 
     __slots__ = ("_order", "_cursor", "_front", "_back", "_queued", "_is_todo", "_rest", "_seen")
@@ -159,11 +164,11 @@ class DealQueue:
     def __init__(self, order: Permutation, is_todo: Callable[[int], bool]) -> None:
         self._order = order
         self._cursor = 0
-        self._front: deque[int] = deque()
-        self._back: deque[int] = deque()
+        self._front: list[tuple[int, int]] = []        # heap of (position, task)
+        self._back: list[tuple[int, int, int]] = []    # heap of (failure revision, position, task)
         self._queued: set[int] = set()  # in front or back
         self._is_todo = is_todo
-        self._rest: deque[int] | None = None  # see `restrict`
+        self._rest: deque[tuple[int, int]] | None = None  # see `restrict`
         # (position, task) of the last permutation lookup: a deal peeks, then takes, the same
         # position, and each lookup is a few rounds of the cipher
         self._seen = (-1, -1)
@@ -171,14 +176,16 @@ class DealQueue:
     def restrict(self, left: list[int]) -> None:
         """Only `left` remain of the permutation (a restore late in an epoch): they are put
         in permutation order now, so no deal walks the positions of the tasks done."""
-        self._rest = deque(sorted(left, key=self._order.index))
+        index = self._order.index
+        self._rest = deque(sorted((index(task), task) for task in left))
 
-    def _skip(self) -> int | None:
-        """The permutation's next task to deal, the cursor moved onto it; None at its end."""
+    def _skip(self) -> tuple[int, int] | None:
+        """(position, task) of the permutation's next task to deal, the cursor moved onto
+        it; None at its end."""
         is_todo, queued = self._is_todo, self._queued
         if self._rest is not None:
             rest = self._rest
-            while rest and not (is_todo(rest[0]) and rest[0] not in queued):
+            while rest and not (is_todo(rest[0][1]) and rest[0][1] not in queued):
                 rest.popleft()
             return rest[0] if rest else None
         order, n = self._order, self._order.n
@@ -188,30 +195,37 @@ class DealQueue:
                 task = order[self._cursor]
                 self._seen = (self._cursor, task)
             if is_todo(task) and task not in queued:
-                return task
+                return self._seen
             self._cursor += 1
         return None
 
     def peek(self) -> int | None:
         """The next task to deal (None when nothing is left)."""
-        if self._front:
-            return self._front[0]
-        task = self._skip()
-        if task is not None:
-            return task
-        return self._back[0] if self._back else None
+        following = self._skip()
+        front = self._front
+        if front and (following is None or front[0][0] < following[0]):
+            return front[0][1]
+        if following is not None:
+            return following[1]
+        return self._back[0][2] if self._back else None
 
     def take(self, task: int) -> None:
         """`task` is dealt (it was to deal: the caller checked)."""
         if task in self._queued:
             self._queued.discard(task)
-            if self._front and self._front[0] == task:
-                self._front.popleft()
-            elif task in self._front:
-                self._front.remove(task)
-            else:
-                self._back.remove(task)
-        elif self._skip() == task:
+            for heap in (self._front, self._back):
+                if heap and heap[0][-1] == task:
+                    heapq.heappop(heap)
+                    return
+            for heap in (self._front, self._back):  # taken out of turn (a test, a replay)
+                for i, item in enumerate(heap):
+                    if item[-1] == task:
+                        heap[i] = heap[-1]
+                        heap.pop()
+                        heapq.heapify(heap)
+                        return
+        following = self._skip()
+        if following is not None and following[1] == task:
             if self._rest is not None:
                 self._rest.popleft()
             else:
@@ -219,23 +233,25 @@ class DealQueue:
         # else: a task from the permutation's middle; its status skips it there
 
     def push_front(self, task: int) -> None:
-        self._front.appendleft(task)
+        """`task` was given back: it is dealt again at its position in the permutation."""
+        heapq.heappush(self._front, (self._order.index(task), task))
         self._queued.add(task)
 
-
-    def push_back(self, task: int) -> None:
-        self._back.append(task)
+    def push_back(self, task: int, revision: int) -> None:
+        """`task` failed (last at etcd `revision`): it is dealt after every healthy task."""
+        heapq.heappush(self._back, (revision, self._order.index(task), task))
         self._queued.add(task)
 
     def __iter__(self) -> Iterator[int]:
         """Every task left, in deal order (O(n): for inspection and tests)."""
-        yield from self._front
         order, is_todo, queued = self._order, self._is_todo, self._queued
-        rest = self._rest if self._rest is not None else (order[i] for i in range(self._cursor, order.n))
-        for task in rest:
-            if is_todo(task) and task not in queued:
-                yield task
-        yield from self._back
+        rest = (self._rest if self._rest is not None
+                else ((i, order[i]) for i in range(self._cursor, order.n)))
+        healthy = ((position, task) for position, task in rest if is_todo(task) and task not in queued)
+        for _, task in heapq.merge(sorted(self._front), healthy):
+            yield task
+        for item in sorted(self._back):
+            yield item[2]
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, DealQueue):

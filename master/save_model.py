@@ -7,6 +7,9 @@ does a RestartEpoch (in its own transaction): the grant was the old group's, who
 holder may have been stopped without leaving. A session that ended while no master
 led leaves its grant to lapse with its own lease (at most the cap).
 
+The grant is the machine's (`master.machine`: `SaveModelGranted`, `SaveModelReleased`);
+this room subscribes to `SessionEnded` to release the grant of a session that ended.
+
 What this does NOT do: know whether the trainer saved anything.
 """
 
@@ -17,6 +20,7 @@ import logging
 import time
 
 from master.core import Core, InvalidArgument
+from master.machine import SaveModelGranted, SaveModelReleased, SessionEnded
 from master.trainers import Trainers
 
 logger = logging.getLogger(__name__)
@@ -28,21 +32,26 @@ class SaveModel:
     def __init__(self, core: Core, trainers: Trainers) -> None:
         self.core = core
         self.trainers = trainers
-        trainers.on_gone.append(self._holder_gone)
-        self.granted_until = 0.0  # when this master's last grant lapses (monotonic)
+        core.machine.subscribe(self._holder_gone, SessionEnded)
 
     @property
     def saving(self) -> bool:
         """A grant this master gave is live: a checkpoint is being saved (master.goodput)."""
-        return time.monotonic() < self.granted_until
+        return self.core.machine.saving(time.monotonic())
 
     @property
     def max_block(self) -> float:
         return self.core.policy.task_timeout or MAX_BLOCK
 
-    def _holder_gone(self, trainer: str) -> None:
-        self.granted_until = 0.0
-        self.core.spawn(self.core.store.release_save_model(trainer), "release-save-model")
+    def _holder_gone(self, _ended: SessionEnded) -> None:
+        holder = self.core.machine.orphan_grant
+        if holder is not None:
+            self.core.spawn(self._release(holder), "release-save-model")
+
+    async def _release(self, holder: str) -> None:
+        released = SaveModelReleased(holder)
+        if await self.core.commit(released) is None:
+            self.core.apply(released)  # etcd holds no grant of `holder` (it lapsed): nor do we
 
     async def request(self, session: int, block: float) -> bool:
         """True when the caller's trainer holds the grant (now, or already)."""
@@ -55,11 +64,10 @@ class SaveModel:
             holder = await store.save_model_holder()
             if holder is not None:
                 return holder == info.trainer
-            lease = await store.grant_lease(block)
-            granted = await store.grant_save_model(info.trainer, lease)
-            if granted:
-                self.granted_until = time.monotonic() + block
+            lease = await store.leases.grant(block)
+            granted = await self.core.commit(
+                SaveModelGranted(info.trainer, lease, until=time.monotonic() + block)) is not None
             if not granted:
                 with contextlib.suppress(Exception):
-                    await store.revoke_lease(lease)
+                    await store.leases.revoke(lease)
             return granted

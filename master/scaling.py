@@ -7,6 +7,9 @@ also compares the range; each change counts one resize (`metrics.RESIZES`, plott
 the status page), a refused or unchanged size none. The deployer (`master.deployment`, or the local job
 through GetStatus) reads the desired size and converges to it.
 
+The range and the size are the machine's (`master.machine`: `TrainerRangeSet`,
+`TrainersScaled`), loaded with the rest of the job's keys.
+
 What this does NOT do: start or stop a trainer (the deployer does), nor count the
 live trainers (the sessions are that count).
 """
@@ -17,6 +20,7 @@ import logging
 
 from master import metrics
 from master.core import Core, FailedPrecondition, InvalidArgument
+from master.machine import TrainerRangeSet, TrainersScaled
 from paddlecloud.elastic import RangeError, TrainerRange
 
 logger = logging.getLogger(__name__)
@@ -25,22 +29,24 @@ logger = logging.getLogger(__name__)
 class Scaling:
     def __init__(self, core: Core) -> None:
         self.core = core
-        self.span: TrainerRange | None = None
-        self.desired = 0
+
+    @property
+    def span(self) -> TrainerRange | None:
+        return self.core.machine.trainer_range
+
+    @property
+    def desired(self) -> int:
+        return self.core.machine.trainers_desired
 
     async def load(self, configured: tuple[TrainerRange, int] | None) -> None:
-        """Reads the range from etcd; writes `configured` first when the job has none."""
-        store = self.core.store
-        found = await store.trainer_size()
-        if found is None and configured is not None:
-            await store.init_trainer_size(*configured)
-            found = await store.trainer_size()
-        if found is None:
-            return
-        if configured is not None and configured[0] != found[0]:
+        """Writes `configured` when the job has no range in etcd (the machine was loaded
+        from it); else warns when the flags give another range: etcd's stands."""
+        if self.span is None and configured is not None:
+            if await self.core.commit(TrainerRangeSet(*configured)) is None:
+                await self.core.load()  # another master wrote one first: etcd's stands
+        if configured is not None and self.span is not None and configured[0] != self.span:
             logger.warning("the job's trainer range in etcd is %s; the flags give %s: etcd's stands",
-                           found[0], configured[0])
-        self.span, self.desired = found
+                           self.span, configured[0])
 
     async def scale(self, trainers: int) -> tuple[TrainerRange, int]:
         """Records `trainers` as the desired size; refuses a size outside the range, naming both."""
@@ -53,10 +59,10 @@ class Scaling:
                 span.check(trainers)
             except RangeError as error:
                 raise InvalidArgument(str(error)) from None
-            if trainers != self.desired:
-                if not await self.core.store.set_trainers_desired(trainers, span=span):
+            before = self.desired
+            if trainers != before:
+                if await self.core.commit(TrainersScaled(span, trainers)) is None:
                     raise FailedPrecondition(f"the trainer range in etcd is no longer {span}: retry")
-                logger.info("desired trainers: %d -> %d (range %s)", self.desired, trainers, span)
-                metrics.RESIZES.labels("up" if trainers > self.desired else "down").inc()
-                self.desired = trainers
+                logger.info("desired trainers: %d -> %d (range %s)", before, trainers, span)
+                metrics.RESIZES.labels("up" if trainers > before else "down").inc()
             return span, self.desired

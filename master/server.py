@@ -55,7 +55,7 @@ from master.presence import (
 )
 from master.rate_limit import RegistrationLimit
 from master.servicer import MasterServicer
-from master.store import NotLeader, StoreUnavailable
+from master.store_errors import NotLeader, StoreUnavailable
 from master.web import StatusPage
 from paddlecloud import etcd
 from paddlecloud.aio import cancel_and_wait

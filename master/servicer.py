@@ -46,7 +46,7 @@ from master.dispatcher import Dispatcher
 from master.rate_limit import RateLimited, RegistrationLimit
 from master.sessions import SessionExpired, SessionSuperseded, UnknownTrainer
 from master.state import Outcome, TaskStatus
-from master.store import NotLeader, StoreFull, StoreUnavailable
+from master.store_errors import NotLeader, StoreFull, StoreUnavailable
 from master.tasks import GetTaskResult, TaskRef
 from paddlecloud.api import pb, pb_grpc
 from paddlecloud.untrusted import loggable

@@ -1,5 +1,10 @@
 """Trainer sessions as the master sees them: an etcd lease per session, in a registry.
 
+The registry is the sessions' part of the master's one machine
+(`master.machine.MasterMachine`): only its `apply` changes it, and it reads no clock
+(a call's time comes in its event). Refreshing the leases is the trainers room's
+(`master.trainers`).
+
 The master grants a lease when a trainer registers and refreshes it only when the
 trainer calls (KeepAlive, or any RPC carrying its session): it never keeps a lease
 alive on its own, so a dead trainer's lease lapses and etcd itself deletes its
@@ -18,12 +23,8 @@ and may register again.
 
 from __future__ import annotations
 
-import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
-
-from master import metrics
+from dataclasses import dataclass
 
 
 class SessionExpired(Exception):
@@ -62,32 +63,40 @@ EVICTED_REMEMBERED = 4096  # evicted sessions told so (the rest hear "expired")
 class SessionInfo:
     session: int
     trainer: str
-    last_call: float = field(default_factory=time.monotonic)
-    last_refresh: float = 0.0
+    last_call: float = 0.0      # monotonic seconds of its last call (0: none since loaded)
+    last_refresh: float = 0.0   # and of its lease's last refresh
 
 
 class SessionRegistry:
-    def __init__(self, refresh: Callable[..., Awaitable[float]], *, ttl: float) -> None:
-        # refresh(lease, wait=...) refreshes a lease in etcd: its remaining TTL, <= 0 if it lapsed
-        self._refresh = refresh
-        self.ttl = ttl
+    """The live sessions, and the ended ones a late call is told about; changed only by
+    `master.machine.MasterMachine.apply`."""
+
+    def __init__(self) -> None:
         self.by_session: dict[int, SessionInfo] = {}
         self.by_trainer: dict[str, int] = {}
         self.superseded: dict[int, str] = {}
         self.evicted: OrderedDict[int, str] = OrderedDict()  # session -> trainer, the newest last
 
-    def restore(self, trainers: dict[str, int], superseded: dict[int, str]) -> None:
-        self.by_session = {sid: SessionInfo(sid, tid, last_refresh=0.0) for tid, sid in trainers.items()}
+    def load(self, trainers: dict[str, int], superseded: dict[int, str], *, at: float) -> None:
+        """The sessions etcd holds, as of `at` (their last call: they get a TTL from the load)."""
+        self.by_session = {sid: SessionInfo(sid, tid, last_call=at) for tid, sid in trainers.items()}
         self.by_trainer = dict(trainers)
         self.superseded = dict(superseded)
 
-    def add(self, trainer: str, session: int, *, supersedes: int | None) -> None:
-        """Records a new session of `trainer`, and the older session it replaced."""
+    def add(self, trainer: str, session: int, *, supersedes: int | None, at: float) -> None:
+        """Records a new session of `trainer` opened at `at`, and the older session it replaced."""
         if supersedes is not None:
             self.by_session.pop(supersedes, None)
             self.superseded[supersedes] = trainer
         self.by_trainer[trainer] = session
-        self.by_session[session] = SessionInfo(session, trainer, last_refresh=time.monotonic())
+        self.by_session[session] = SessionInfo(session, trainer, last_call=at, last_refresh=at)
+
+    def called(self, session: int, *, at: float, refreshed: bool) -> None:
+        """`session` called at `at` (and its lease was refreshed then, if `refreshed`)."""
+        info = self.by_session[session]
+        info.last_call = at
+        if refreshed:
+            info.last_refresh = at
 
     def mark_superseded(self, session: int, trainer: str) -> None:
         """`session` is being replaced by a newer one of `trainer`: from now on it is told
@@ -107,12 +116,13 @@ class SessionRegistry:
         return info
 
     def forget_superseded_by(self, session: int) -> None:
-        """The newer session ended: its superseded markers lapse with its lease."""
+        """`session` ended: the superseded markers on its lease lapse with it — its trainer's
+        older sessions', not its own (superseded itself, its marker is on the newer lease)."""
         info = self.by_session.get(session)
         if info is None:
             return
         for old, trainer in list(self.superseded.items()):
-            if trainer == info.trainer:
+            if trainer == info.trainer and old != session:
                 del self.superseded[old]
 
     def check(self, session: int) -> SessionInfo:
@@ -124,15 +134,3 @@ class SessionRegistry:
         if session in self.evicted:
             raise SessionEvicted(session, self.evicted[session])
         raise SessionExpired(session)
-
-    async def touch(self, session: int, *, force: bool = False) -> SessionInfo:
-        """The trainer called: refresh its lease (throttled unless forced)."""
-        info = self.check(session)
-        now = time.monotonic()
-        info.last_call = now
-        if force or now - info.last_refresh >= self.ttl / 6:
-            info.last_refresh = now
-            metrics.LEASE_REFRESHES.inc()
-            if await self._refresh(session, wait=force) <= 0:
-                raise SessionExpired(session)
-        return info

@@ -3,8 +3,11 @@
 Every change is a named event applied by `JobState.apply` (the tf.data service
 dispatcher's `Apply(update)` shape), dispatched by one exhaustive `match`. The
 dispatcher applies a durable event only after etcd took the transaction that stands
-for it (`master.store.txn_for`), so this object always mirrors etcd; after a restart
-`JobState.restore` rebuilds it from what etcd holds.
+for it (`master.transactions`), so this object always mirrors etcd; after a restart
+the same `apply` rebuilds it from what etcd holds (`MarksLoaded` onto a state begun
+at etcd's epoch), the deal order included: the order is a function of what etcd
+holds (`master.partition.DealQueue`). This is the task part of the master's one
+machine, `master.machine.MasterMachine`, which is the only caller of `apply`.
 
 Life cycle of a task within an epoch (docs/design.md section 5):
 
@@ -26,7 +29,7 @@ containers they return are read-only views or copies); nothing else mutates it.
 
 Adding a transition touches the event (a dataclass here, in `Durable` if etcd must
 hold it), its case in `apply` (and in `begin`/`abandon`, which say what its write in
-flight marks), its transaction in `master.store.txn_for`, and the room that commits
+flight marks), its transaction in `master.transactions`, and the room that commits
 it; `typing.assert_never` makes a missed case a type error.
 """
 
@@ -35,8 +38,8 @@ from __future__ import annotations
 import enum
 import types
 from array import array
-from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import assert_never
 
@@ -103,6 +106,7 @@ class TaskFailed:
     task: int
     attempt: int
     cause: str  # "failure" | "deadline"
+    revision: int = 0  # etcd's revision of the write (`committed`): where the task queues
 
 
 @dataclass(frozen=True)
@@ -128,18 +132,33 @@ class JobFailed:
     epoch: int
 
 
-# Events that stand for an etcd transaction (`master.store.txn_for`); the others only
-# mark a write in flight (a reservation) or end one that failed.
+@dataclass(frozen=True)
+class MarksLoaded:
+    """What etcd holds of the current epoch, applied to a state just begun at that epoch:
+    how a cache rebuilt from etcd becomes the machine that ran (`master.machine.Loaded`)."""
+
+    failed_job: bool = False
+    done: Sequence[int] = ()
+    failures: Mapping[int, int] = field(default_factory=dict)        # task -> failures this epoch
+    failed_at: Mapping[int, int] = field(default_factory=dict)       # task -> revision of the last
+    assignments: Mapping[int, Assignment] = field(default_factory=dict)  # of live sessions only
+
+
+# Events that stand for an etcd transaction (`master.transactions`); the others only
+# mark a write in flight (a reservation), end one that failed, or load etcd's marks.
 Durable = (TaskAssigned | TaskFinished | TaskFailed | TaskReleased | EpochAdvanced
            | EpochRestarted | JobFailed)
-Event = TaskReserved | ReservationCancelled | Durable
+Event = TaskReserved | ReservationCancelled | MarksLoaded | Durable
 
 
 def committed(event: Durable, revision: int) -> Durable:
-    """The event as etcd took it at `revision`: an assignment's attempt is that revision."""
+    """The event as etcd took it at `revision`: an assignment's attempt is that revision, and
+    so is a failure's place in the deal order (the mod revision of its `failures/` key)."""
     if isinstance(event, TaskAssigned):
         a = event.assignment
         return TaskAssigned(event.task, Assignment(a.session, a.trainer, revision, a.deadline))
+    if isinstance(event, TaskFailed):
+        return TaskFailed(event.task, event.attempt, event.cause, revision)
     return event
 
 
@@ -167,7 +186,7 @@ class JobState:
 
     __slots__ = ("_num_tasks", "_num_epochs", "_seed", "_max_failures", "_epoch", "_failed_job",
                  "_status", "_failures", "_todo", "_reserved", "_pending", "_held", "_counts",
-                 "_writing", "_ending", "_tasks_assigned")
+                 "_writing", "_ending", "_tasks_assigned", "_failed_at")
 
     def __init__(self, *, num_tasks: int, num_epochs: int, seed: int, max_failures: int) -> None:
         self._num_tasks = num_tasks
@@ -186,6 +205,7 @@ class JobState:
         self._writing: set[int] = set()                  # pending tasks with a write in flight
         self._ending = False                             # the epoch's end is being written
         self._tasks_assigned = False                     # a trainer ever took a task (see property)
+        self._failed_at: dict[int, int] = {}             # task -> revision of its last failure
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, JobState):
@@ -206,41 +226,6 @@ class JobState:
         state._begin_epoch(epoch)
         return state
 
-    @classmethod
-    def restore(cls, *, num_tasks: int, num_epochs: int, seed: int, max_failures: int,
-                epoch: int, failed_job: bool, done: Iterable[int], failures: dict[int, int],
-                assignments: dict[int, Assignment]) -> JobState:
-        """Rebuilds the state from what etcd holds (the epoch's marks and live assignments)."""
-        state = cls(num_tasks=num_tasks, num_epochs=num_epochs, seed=seed, max_failures=max_failures)
-        state._begin_epoch(epoch)
-        state._failed_job = failed_job
-        # what etcd shows of trainers having taken tasks (see `tasks_assigned`)
-        state._tasks_assigned = bool(epoch > 0 or failed_job or done or failures or assignments)
-        if state._epoch >= num_epochs:
-            return state  # a failed job keeps its epoch's marks: rebuild them below
-        status = state._status  # all TODO here: one pass, then one count (a late epoch: ~1M marks)
-        for task in done:
-            if not 0 <= task < num_tasks:
-                raise IndexError(f"done mark of task {task} outside 0..{num_tasks - 1}")
-            status[task] = TaskStatus.DONE
-        marked = status.count(TaskStatus.DONE)
-        state._counts[TaskStatus.TODO] -= marked
-        state._counts[TaskStatus.DONE] += marked
-        for task, count in failures.items():
-            state._failures[task] = min(count, 0xFFFF)
-            if count > max_failures and state._status[task] == TaskStatus.TODO:
-                state._set(task, TaskStatus.FAILED)
-        # oldest first, as the live path holds them (attempts are etcd revisions: they grow)
-        for task, assignment in sorted(assignments.items(), key=lambda item: item[1].attempt):
-            if state._status[task] == TaskStatus.TODO:
-                state._set(task, TaskStatus.PENDING)
-                state._pending[task] = assignment
-                state._held.setdefault(assignment.session, {})[task] = None
-        if state._counts[TaskStatus.TODO] * 4 < num_tasks:  # late in the epoch: skip the done at once
-            status = state._status
-            state._todo.restrict([t for t in range(num_tasks) if status[t] == _TODO])
-        return state
-
     # -- queries (read-only) --
 
     num_tasks = _read_only("_num_tasks", "Tasks per epoch.")
@@ -253,7 +238,7 @@ class JobState:
     @property
     def tasks_assigned(self) -> bool:
         """A trainer took a task of this job: since this state was made, or, for a state
-        restored from etcd, as its marks show (a later epoch, done or failed tasks, live
+        loaded from etcd (`MarksLoaded`), as its marks show (a later epoch, done or failed tasks, live
         assignments). False: no trainer used the master, the job brings its own data."""
         return self._tasks_assigned
 
@@ -266,6 +251,11 @@ class JobState:
     def failures(self) -> memoryview:
         """Each task's failures in this epoch, by task id (read-only)."""
         return memoryview(self._failures).toreadonly()
+
+    @property
+    def failed_at(self) -> Mapping[int, int]:
+        """task -> the etcd revision of its last failure in this epoch (where it queues)."""
+        return types.MappingProxyType(self._failed_at)
 
     @property
     def counts(self) -> list[int]:
@@ -434,6 +424,8 @@ class JobState:
                 self._restart(event)
             case JobFailed():
                 self._fail_job(event)
+            case MarksLoaded():
+                self._load_marks(event)
             case _:
                 assert_never(event)
 
@@ -469,10 +461,11 @@ class JobState:
         assignment = self._take_pending(e.task, e.attempt, e)
         self._unhold(assignment.session, e.task)
         self._failures[e.task] = min(self._failures[e.task] + 1, 0xFFFF)
+        self._failed_at[e.task] = e.revision
         if self._failures[e.task] > self._max_failures:
             self._set(e.task, TaskStatus.FAILED)
         else:
-            self._requeue(e.task, front=False)
+            self._requeue(e.task)
 
     def _release(self, e: TaskReleased) -> None:
         assignment = self._take_pending(e.task, e.attempt, e)
@@ -495,6 +488,42 @@ class JobState:
         for task in e.done:  # the deal queue skips them lazily: their status says done
             self._set(task, TaskStatus.DONE)
 
+    def _load_marks(self, e: MarksLoaded) -> None:
+        """etcd's marks of the epoch onto a state just begun at it (`JobState.new`)."""
+        if self._tasks_assigned or self._pending or self._reserved or self._failed_at:
+            raise InvalidTransition(f"{e}: marks load only into a state just begun")
+        num_tasks = self._num_tasks
+        self._failed_job = e.failed_job
+        done, failures = list(e.done), dict(e.failures)
+        # what etcd shows of trainers having taken tasks (see `tasks_assigned`)
+        self._tasks_assigned = bool(self._epoch > 0 or e.failed_job or done or failures or e.assignments)
+        if self._epoch >= self._num_epochs:
+            return  # a finished job: every task counts done
+        status = self._status  # all TODO here: one pass, then one count (a late epoch: ~1M marks)
+        for task in done:
+            if not 0 <= task < num_tasks:
+                raise InvalidTransition(f"done mark of task {task} outside 0..{num_tasks - 1}")
+            status[task] = TaskStatus.DONE
+        marked = status.count(TaskStatus.DONE)
+        self._counts[TaskStatus.TODO] -= marked
+        self._counts[TaskStatus.DONE] += marked
+        for task, count in failures.items():
+            self._failures[task] = min(count, 0xFFFF)
+            self._failed_at[task] = e.failed_at.get(task, 0)
+            if count > self._max_failures and status[task] == TaskStatus.TODO:
+                self._set(task, TaskStatus.FAILED)
+        # oldest first, as the live path holds them (attempts are etcd revisions: they grow)
+        for task, assignment in sorted(e.assignments.items(), key=lambda item: item[1].attempt):
+            if status[task] == TaskStatus.TODO:
+                self._set(task, TaskStatus.PENDING)
+                self._pending[task] = assignment
+                self._held.setdefault(assignment.session, {})[task] = None
+        for task in failures:  # failed, still to deal: after the healthy ones, as live
+            if status[task] == TaskStatus.TODO:
+                self._todo.push_back(task, self._failed_at[task])
+        if self._counts[TaskStatus.TODO] * 4 < num_tasks:  # late in the epoch: skip the done at once
+            self._todo.restrict([t for t in range(num_tasks) if status[t] == _TODO])
+
     def _fail_job(self, e: JobFailed) -> None:
         if e.epoch != self._epoch or not (self.epoch_complete and self.all_failed):
             raise InvalidTransition(f"{e}: not every task of epoch {self._epoch} failed")
@@ -512,6 +541,7 @@ class JobState:
         self._pending.clear()
         self._held.clear()
         self._writing.clear()
+        self._failed_at.clear()
         self._ending = False
         self._todo = DealQueue(task_order(0 if over else self._num_tasks, seed=self._seed, epoch=epoch),
                                self._is_todo)
@@ -553,8 +583,13 @@ class JobState:
             if not tasks:
                 del self._held[session]
 
-    def _requeue(self, task: int, *, front: bool = True) -> None:
-        """Back to todo. Returned tasks go first (they hold the epoch's end back);
-        failed ones last, so a poisoned task does not crowd out healthy ones."""
+    def _requeue(self, task: int) -> None:
+        """Back to todo, at its place in the deal order (`master.partition.DealQueue`): a
+        healthy task at its permutation position, ahead of the tasks not dealt yet (it holds
+        the epoch's end back); one that failed in this epoch after the healthy ones, so a
+        poisoned task does not crowd out healthy ones."""
         self._set(task, TaskStatus.TODO)
-        (self._todo.push_front if front else self._todo.push_back)(task)
+        if self._failures[task]:
+            self._todo.push_back(task, self._failed_at[task])
+        else:
+            self._todo.push_front(task)

@@ -36,14 +36,14 @@ import math
 import re
 import time
 from collections import OrderedDict
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from master import metrics
 from master.core import Core, InvalidArgument, TooSlow
+from master.machine import Loaded, SessionCalled, SessionEnded, SessionMarked, SessionOpened
 from master.sessions import SessionExpired, SessionInfo, SessionSuperseded, UnknownTrainer
-from master.state import InvalidTransition, TaskReleased
-from master.store import NotLeader, Snapshot
+from master.state import InvalidTransition
+from master.store_errors import NotLeader
 from paddlecloud.aio import KeyedLocks, cancel_and_wait
 from paddlecloud.untrusted import quote
 
@@ -85,33 +85,33 @@ class Trainers:
         self._registering = KeyedLocks()  # one trainer id's registrations go one at a time
         self._watch: asyncio.Task[None] | None = None
         self._graces: dict[int, asyncio.TimerHandle] = {}  # new session -> its next refresh, pending
-        self.on_gone: list[Callable[[str], None]] = []  # called with the trainer id of an ended session
         self._lapsed: OrderedDict[int, None] = OrderedDict()  # sessions ended by expiry, the newest last
         self._lapsed_alive = 0  # of them, called again since the last warning
         self._warned_at = -math.inf
+        core.machine.subscribe(self.watch_from, Loaded)
 
     async def register(self, trainer: str) -> Registration:
         _check_trainer_id(trainer)
         core, store = self.core, self.core.store
         async with core.admitted(), self._registering.hold(trainer):
-            lease = await store.grant_lease(core.policy.session_ttl)
+            lease = await store.leases.grant(core.policy.session_ttl)
             old = self.registry.by_trainer.get(trainer)
             try:
                 if old is not None:
                     # Before the revoke: a call of the old session in the window until the
                     # new one is recorded must hear "superseded" (it stops), not "expired"
                     # (it would register again and evict the newer process in turn).
-                    self.registry.mark_superseded(old, trainer)
+                    core.apply(SessionMarked(old, trainer, "superseded"))
                     await self._end(old, cause="superseded")
-                if not await store.open_session(trainer, lease, superseded=old):
+                opened = SessionOpened(trainer, lease, old, at=time.monotonic())
+                if await core.commit(opened) is None:
                     raise TooSlow(f"the session of trainer {quote(trainer)} lapsed before it was "
                                   f"recorded (this master is slower than its {core.policy.session_ttl:g}s "
                                   "session TTL): register again")
             except BaseException:
                 with contextlib.suppress(Exception):
-                    await store.revoke_lease(lease)
+                    await store.leases.revoke(lease)
                 raise
-            self.registry.add(trainer, lease, supersedes=old)
             self._grace_later(lease, self.registry.by_session[lease].last_call, FIRST_CALL_GRACES)
             logger.info("trainer %s registered: session %d%s", trainer, lease,
                         f" (supersedes {old})" if old else "")
@@ -133,7 +133,7 @@ class Trainers:
                 raise UnknownTrainer(f"trainer {quote(trainer)} has no session: nothing to evict")
             state = self.core.state
             held = len(state.held_by(session)) if state is not None else 0
-            self.registry.mark_evicted(session, trainer)
+            self.core.apply(SessionMarked(session, trainer, "evicted"))
             await self._end(session, cause="evicted")
             logger.warning("trainer %s evicted by the operator: session %d ended, %d task(s) back to todo",
                            trainer, session, held)
@@ -150,7 +150,20 @@ class Trainers:
         Without this a trainer shed, then queued again behind thousands of calls, outlived its
         session. An unknown or superseded session is left alone (its next call hears why)."""
         with contextlib.suppress(SessionExpired, SessionSuperseded):
-            await self.registry.touch(session)
+            await self._refresh(session)
+
+    async def _refresh(self, session: int, *, force: bool = False) -> SessionInfo:
+        """Records the call, and refreshes the session's lease when due (always when `force`,
+        else once its last refresh is ttl/6 old); SessionExpired when it had lapsed."""
+        info = self.registry.check(session)
+        now = time.monotonic()
+        due = force or now - info.last_refresh >= self.core.policy.session_ttl / 6
+        self.core.apply(SessionCalled(session, now, due))
+        if due:
+            metrics.LEASE_REFRESHES.inc()
+            if await self.core.store.leases.refresh(session, wait=force) <= 0:
+                raise SessionExpired(session)
+        return info
 
     def _grace_later(self, session: int, registered: float, left: int) -> None:
         self._graces[session] = asyncio.get_running_loop().call_later(
@@ -162,7 +175,7 @@ class Trainers:
         info = self.registry.by_session.get(session)
         if info is None or info.last_call != registered:
             return
-        self.core.spawn(self.core.store.refresh_lease(session, wait=False), "first-call-grace")
+        self.core.spawn(self.core.store.leases.refresh(session, wait=False), "first-call-grace")
         if left > 1:
             self._grace_later(session, registered, left - 1)
 
@@ -179,7 +192,7 @@ class Trainers:
         would not know the sessions opened since.
         """
         try:
-            return await self.registry.touch(session, force=force)
+            return await self._refresh(session, force=force)
         except (SessionExpired, SessionSuperseded) as error:
             try:
                 await self.core.store.confirm_leadership()
@@ -204,13 +217,13 @@ class Trainers:
                 "%d session(s) lapsed although their trainers still called: this master served them "
                 "slower than --session-ttl %gs (%d sessions now; idle trainers ask 3 x sessions / TTL "
                 "KeepAlives a second: see the README's sizing), or those trainers were paused",
-                self._lapsed_alive, self.registry.ttl, len(self.registry.by_session))
+                self._lapsed_alive, self.core.policy.session_ttl, len(self.registry.by_session))
             self._warned_at, self._lapsed_alive = now, 0
 
     async def _end(self, session: int, *, cause: str) -> None:
         self._ending.add(session)  # the watch sees the lease go first: let the cause be ours
         try:
-            await self.core.store.revoke_lease(session)
+            await self.core.store.leases.revoke(session)
             self.gone(session, cause=cause)
         finally:
             self._ending.discard(session)
@@ -224,34 +237,27 @@ class Trainers:
         grace = self._graces.pop(session, None)
         if grace is not None:
             grace.cancel()
-        if cause != "superseded":
-            self.registry.forget_superseded_by(session)
-        info = self.registry.remove(session)
-        if info is not None:
-            for hook in self.on_gone:
-                hook(info.trainer)
-            if cause == "expiry":
-                self._lapsed[session] = None
-                if len(self._lapsed) > LAPSED_REMEMBERED:
-                    self._lapsed.popitem(last=False)
-        state = self.core.state
-        if info is None or state is None:
+        info = self.registry.by_session.get(session)
+        released = self.core.machine.releasable(session)
+        self.core.apply(SessionEnded(session, cause))
+        if info is None:
             return
-        for task in state.held_by(session):
-            assignment = state.assignment(task)
-            if assignment is not None and not state.writing(task):
-                self.core.mirror(TaskReleased(task, assignment.attempt, cause))
-                self.core.count_requeue(cause)
+        if cause == "expiry":
+            self._lapsed[session] = None
+            if len(self._lapsed) > LAPSED_REMEMBERED:
+                self._lapsed.popitem(last=False)
+        for _ in released:
+            self.core.count_requeue(cause)
         logger.info("session %d of trainer %s ended (%s)", session, info.trainer, cause)
-        self.core.on_change()
 
     # ---- the watch of trainer keys --------------------------------------------------
 
-    def watch_from(self, snap: Snapshot) -> None:
+    def watch_from(self, loaded: Loaded) -> None:
         """(Re)starts the watch just after the snapshot the cache was loaded from."""
         if self._watch is not None:
             self._watch.cancel()
-        self._watch = asyncio.create_task(self._watch_ended(snap.revision + 1), name="watch-sessions")
+        self._watch = asyncio.create_task(self._watch_ended(loaded.snapshot.revision + 1),
+                                          name="watch-sessions")
 
     async def _watch_ended(self, start_revision: int) -> None:
         """etcd deletes `trainers/<id>` when a lease lapses: that is how a dead trainer is seen."""

@@ -139,10 +139,20 @@ async def serving_stub(start_master, data: Path, *, files: int, records_per_file
         yield stub(channel)
 
 
+def sizing_flags(trainer_size) -> dict:
+    """MasterConfig's --trainers/--min-trainers/--max-trainers for (TrainerRange, desired)."""
+    if trainer_size is None:
+        return {}
+    span, desired = trainer_size
+    return {"trainers": desired, "min_trainers": span.minimum, "max_trainers": span.maximum}
+
+
 @contextlib.asynccontextmanager
-async def in_process_master(data: Path, etcd_endpoint: str, job_name: str, *, session_ttl: float = 10):
+async def in_process_master(data: Path, etcd_endpoint: str, job_name: str, *, session_ttl: float = 10,
+                            trainer_size=None):
     """A real Dispatcher on a real etcd behind the real servicer on a real gRPC server, in this
-    process, so a test can reach behind the machine's back: (dispatcher, servicer, stub)."""
+    process, so a test can reach behind the machine's back: (dispatcher, servicer, stub).
+    `trainer_size`: the job's (TrainerRange, desired), as the master's flags give it."""
     from master.config import DatasetSpec, MasterConfig, Policy
     from master.dispatcher import Dispatcher
     from master.servicer import MasterServicer
@@ -151,7 +161,8 @@ async def in_process_master(data: Path, etcd_endpoint: str, job_name: str, *, se
 
     config = MasterConfig(job=job_name, namespace="local", etcd_endpoints=etcd_endpoint,
                           policy=Policy(session_ttl=session_ttl, task_timeout=0),
-                          dataset=DatasetSpec(paths=(str(data),), chunk_bytes=1))
+                          dataset=DatasetSpec(paths=(str(data),), chunk_bytes=1),
+                          **sizing_flags(trainer_size))
     client = await etcd.connect(etcd_endpoint)
     session = await etcd.Session(client, ttl=10).open()
     leadership = await etcd.Election(session, JobKeys("local", job_name).leader).campaign("me")

@@ -6,7 +6,8 @@ import asyncio
 
 import pytest
 
-from master.store import GroupCommitter, NotLeader, put, value_is, version_is
+from master.committer import GroupCommitter, put, value_is, version_is
+from master.store_errors import NotLeader
 from paddlecloud import etcd
 
 
@@ -91,16 +92,18 @@ def test_the_hot_paths_build_the_same_requests_as_the_generic_builders():
     prefixes: byte for byte what the plain compare/op helpers give."""
     import json
 
+    from master.committer import delete, mod_revision_is, nested_txn
+    from master.machine import MasterMachine
     from master.state import Assignment, JobState, TaskAssigned, TaskFinished
-    from master.store import EtcdStore, delete, encode_assignment, mod_revision_is, nested_txn
-    from paddlecloud.etcd import Leadership
+    from master.transactions import Transactions, encode_assignment
     from paddlecloud.keys import JobKeys
 
     k = JobKeys("local", "job-x")
-    store = EtcdStore(None, k, Leadership(k.leader, 5))
+    store = Transactions(k)
     for a, epoch, task in [(Assignment(7587890123456, "t-12", 0, 1790000000.125), 3, 17),
                            (Assignment(1, 'we"ird\u00e9', 0, 0.0), 0, 0)]:
-        state = JobState.new(num_tasks=20, num_epochs=5, seed=0, max_failures=3, epoch=epoch)
+        state = MasterMachine(max_failures=3)
+        state.tasks = JobState.new(num_tasks=20, num_epochs=5, seed=0, max_failures=3, epoch=epoch)
         value = json.dumps({"session": a.session, "trainer": a.trainer, "epoch": epoch,
                             "deadline": a.deadline}, separators=(",", ":")).encode()
         assert encode_assignment(a, epoch) == value

@@ -5,6 +5,7 @@ expected faults and bugs."""
 from __future__ import annotations
 
 import asyncio
+import heapq
 import logging
 
 import aetcd
@@ -102,7 +103,7 @@ async def test_an_invalid_transition_in_an_rpc_is_logged_rebuilds_the_cache_and_
     dispatcher, master = in_process
     reg = await master.RegisterTrainer(pb.RegisterTrainerRequest(trainer_id="t0"))
     corrupt = dispatcher.core.state
-    corrupt._todo.push_front(10**6)  # a task the job does not have: the cache is out of step
+    heapq.heappush(corrupt._todo._front, (-1, 10**6))  # a task the job does not have: out of step
     with caplog.at_level(logging.ERROR, logger="master.core"):
         error = await rpc_error(master.GetTask(pb.GetTaskRequest(session_id=reg.session_id, epoch=0)))
     assert error.code() == grpc.StatusCode.UNAVAILABLE, error.details()
@@ -122,21 +123,21 @@ async def test_a_registration_whose_lease_lapsed_before_its_write_is_retried_not
     is recorded, and the cache is not rebuilt (etcd's refusal of the write is no store fault)."""
     dispatcher, master = in_process
     store, state = dispatcher.store, dispatcher.core.state
-    grant = store.grant_lease
+    grant = store.leases.grant
 
     async def lapsing_grant(ttl: float) -> int:
         lease = await grant(ttl)
         await store.client.revoke_lease(lease)  # as a lapse: etcd no longer has it
         return lease
 
-    store.grant_lease = lapsing_grant
+    store.leases.grant = lapsing_grant
     error = await rpc_error(master.RegisterTrainer(pb.RegisterTrainerRequest(trainer_id="slow-1")))
     assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, error.details()
     assert "slow-1" in error.details() and "register again" in error.details()
     assert "slow-1" not in dispatcher.core.sessions.by_trainer
     assert await store.client.get(store.keys.trainer("slow-1")) is None
     assert dispatcher.core.state is state and dispatcher.core.serving  # no rebuild
-    store.grant_lease = grant
+    store.leases.grant = grant
     reg = await master.RegisterTrainer(pb.RegisterTrainerRequest(trainer_id="slow-1"))
     assert (await master.GetTask(pb.GetTaskRequest(session_id=reg.session_id, epoch=0))).outcome == pb.TASK
 
@@ -216,7 +217,8 @@ async def test_a_call_cancelled_while_its_writes_are_in_flight_leaves_the_cache_
 async def test_a_cancelled_call_whose_writes_failed_still_rebuilds_the_cache(in_process):
     """A write etcd did not answer may have been applied: the cache is rebuilt from etcd, also
     when no caller is left to hear the failure."""
-    from master.store import StoreUnavailable, _fail_all
+    from master.committer import _fail_all
+    from master.store_errors import StoreUnavailable
     dispatcher, master = in_process
     state = dispatcher.core.state
 
@@ -234,7 +236,7 @@ async def test_a_lease_refresh_etcd_did_not_answer_is_retried_not_a_rebuild(in_p
     the cache stays: rebuilding it once per such KeepAlive stalled 10,000 trainers."""
     from paddlecloud.etcd import EtcdUnavailable
     dispatcher, master = in_process
-    keeper, state = dispatcher.store.keeper, dispatcher.core.state
+    keeper, state = dispatcher.store.leases.keeper, dispatcher.core.state
     reg = await master.RegisterTrainer(pb.RegisterTrainerRequest(trainer_id="kept"))
     refresh = keeper.refresh
 
@@ -253,7 +255,7 @@ async def test_a_lease_refresh_etcd_did_not_answer_is_retried_not_a_rebuild(in_p
 async def test_the_lease_process_starts_with_the_leader_not_at_the_first_keepalive(in_process):
     """A new leader's first KeepAlives (a failover's) must not wait for a Python to start."""
     dispatcher, _ = in_process
-    child = await wait_for(lambda: dispatcher.store.keeper.child, timeout=30,
+    child = await wait_for(lambda: dispatcher.store.leases.keeper.child, timeout=30,
                            message="no lease process before any trainer called")
     assert child.poll() is None
 

@@ -17,7 +17,7 @@ from etcd_history import check_exactly_once, mark_history
 from masters import pb, wait_serving
 from test_master_tasks import channel_to, run_trainer  # noqa: F401 (a fixture)
 
-from master.store import MAX_RESTART_DONE, RESTART_MARKS_PER_TXN
+from master.transactions import MAX_RESTART_DONE, RESTART_MARKS_PER_TXN
 from paddlecloud.etcd import connect
 from paddlecloud.keys import JobKeys
 

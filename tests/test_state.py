@@ -22,6 +22,7 @@ from master.state import (
     InvalidTransition,
     JobFailed,
     JobState,
+    MarksLoaded,
     Outcome,
     ReservationCancelled,
     TaskAssigned,
@@ -41,6 +42,17 @@ FAIL_CAUSES = ("failure", "deadline")
 # ---- helpers --------------------------------------------------------------------------
 
 
+def deal_order(state: JobState) -> list[int]:
+    """The deal order as docs/design.md section 5 defines it from what etcd holds: the healthy
+    tasks left by permutation position, then the failed ones by their last failure's revision."""
+    order = task_order(state.num_tasks, seed=state.seed, epoch=state.epoch)
+    todo = [t for t in range(state.num_tasks) if state.status[t] == TaskStatus.TODO]
+    healthy = sorted((t for t in todo if not state.failures[t]), key=order.index)
+    failed = sorted((t for t in todo if state.failures[t]),
+                    key=lambda t: (state.failed_at[t], order.index(t)))
+    return healthy + failed
+
+
 def check(state: JobState) -> None:
     """Every structural invariant of JobState, recomputed from `status`."""
     n = state.num_tasks
@@ -56,6 +68,7 @@ def check(state: JobState) -> None:
     # todo: no duplicates, exactly the TODO tasks
     assert len(state.todo) == len(set(state.todo)), f"duplicates in todo {list(state.todo)}"
     assert set(state.todo) == by[TaskStatus.TODO]
+    assert list(state.todo) == deal_order(state), "the deal order is not a function of the marks"
     assert set(state.reserved) == by[TaskStatus.RESERVED]
     assert set(state.pending) == by[TaskStatus.PENDING]
     # each task in exactly one of todo/reserved/pending/done/failed
@@ -122,7 +135,7 @@ class Harness:
         self.apply(TaskFinished(task, self.state.pending[task].attempt))
 
     def fail(self, task: int, cause: str = "failure") -> None:
-        self.apply(TaskFailed(task, self.state.pending[task].attempt, cause))
+        self.apply(TaskFailed(task, self.state.pending[task].attempt, cause, next(self.attempts)))
 
     def release(self, task: int, cause: str = "return") -> None:
         self.apply(TaskReleased(task, self.state.pending[task].attempt, cause))
@@ -235,12 +248,12 @@ def test_reserving_a_task_id_out_of_range_is_refused(task):
 # ---- ReservationCancelled -------------------------------------------------------------
 
 
-def test_cancelled_reservation_returns_the_task_to_the_front_of_todo():
+def test_cancelled_reservation_returns_the_task_to_its_place_in_todo():
     h = Harness(num_tasks=5)
     order = list(h.state.todo)
     h.apply(TaskReserved(order[2], S1))
     h.apply(ReservationCancelled(order[2]))
-    assert h.state.todo[0] == order[2]
+    assert list(h.state.todo) == order
     assert h.state.status[order[2]] == TaskStatus.TODO
     assert h.state.reserved == {} and h.state.held == {}
     assert h.state.failures[order[2]] == 0
@@ -846,17 +859,29 @@ def test_simulation_20_tasks_10_epochs_each_task_dealt_once_per_epoch():
 
 
 def etcd_view(state: JobState) -> dict:
-    """What etcd holds for the state: done and failure marks, live assignments (by key order)."""
+    """What etcd holds for the state: done and failure marks (with their keys' revisions),
+    live assignments (by key order)."""
     return dict(
         num_tasks=state.num_tasks, num_epochs=state.num_epochs, seed=state.seed,
         max_failures=state.max_failures, epoch=state.epoch, failed_job=state.failed_job,
         done=[t for t in range(state.num_tasks) if state.status[t] == TaskStatus.DONE],
         failures={t: c for t, c in enumerate(state.failures) if c},
+        failed_at=dict(state.failed_at),
         assignments=dict(sorted(state.pending.items())),
     )
 
 
-def assert_same(restored: JobState, live: JobState, *, todo_order: bool = True) -> None:
+def from_etcd(*, num_tasks: int, num_epochs: int, seed: int, max_failures: int, epoch: int,
+              **marks) -> JobState:
+    """The state a master rebuilt from etcd holds: begun at etcd's epoch, then its marks
+    applied through the same `apply` (`MarksLoaded`)."""
+    state = JobState.new(num_tasks=num_tasks, num_epochs=num_epochs, seed=seed,
+                         max_failures=max_failures, epoch=epoch)
+    state.apply(MarksLoaded(**marks))
+    return state
+
+
+def assert_same(restored: JobState, live: JobState) -> None:
     check(restored)
     assert restored.epoch == live.epoch
     assert restored.failed_job == live.failed_job
@@ -866,15 +891,13 @@ def assert_same(restored: JobState, live: JobState, *, todo_order: bool = True) 
     assert list(restored.failures) == list(live.failures)
     assert restored.pending == live.pending
     assert {s: list(t) for s, t in restored.held.items()} == {s: list(t) for s, t in live.held.items()}
-    if todo_order:
-        assert list(restored.todo) == list(live.todo)
-    else:
-        assert set(restored.todo) == set(live.todo)
+    assert list(restored.todo) == list(live.todo)  # the deal order too
+    assert restored == live
 
 
 def test_restore_of_a_fresh_epoch_equals_a_new_state():
     live = JobState.new(num_tasks=15, num_epochs=4, seed=8, max_failures=3, epoch=2)
-    assert_same(JobState.restore(**etcd_view(live)), live)
+    assert_same(from_etcd(**etcd_view(live)), live)
 
 
 def test_restore_reproduces_the_live_state_mid_epoch():
@@ -890,16 +913,17 @@ def test_restore_reproduces_the_live_state_mid_epoch():
     p3, _ = h.dispatch(S1)
     assert h.state.held_by(S1) == [p1, p3]
     live = h.state
-    restored = JobState.restore(**etcd_view(live))
-    # etcd does not keep the todo order: a requeued failure sits at its dealt place
-    assert_same(restored, live, todo_order=False)
+    restored = from_etcd(**etcd_view(live))
+    # the deal order is a function of etcd's marks: a requeued failure stays last
+    assert_same(restored, live)
+    assert list(restored.todo)[-1] == f1
     # the session at its cap is resent the same oldest task, same attempt
     assert restored.decide(session=S1, epoch=1, cap=2) == live.decide(session=S1, epoch=1, cap=2)
-    # the others are offered some todo task (which one may differ: see todo_order above)
+    # the others are offered the same todo task
     for session in (S2, S3):
         d = restored.decide(session=session, epoch=1, cap=2)
+        assert d == live.decide(session=session, epoch=1, cap=2)
         assert d.outcome is Outcome.TASK and d.held is None
-        assert restored.status[d.task] == TaskStatus.TODO
 
 
 def test_restore_keeps_a_partly_failed_task_todo_and_a_past_limit_one_failed():
@@ -913,7 +937,7 @@ def test_restore_keeps_a_partly_failed_task_todo_and_a_past_limit_one_failed():
         h.finish(task)
     h.fail(a)
     assert h.state.status[a] == TaskStatus.FAILED
-    assert_same(JobState.restore(**etcd_view(h.state)), h.state, todo_order=False)
+    assert_same(from_etcd(**etcd_view(h.state)), h.state)
 
 
 def test_restore_holds_a_sessions_tasks_oldest_first_whatever_the_key_order():
@@ -924,7 +948,7 @@ def test_restore_holds_a_sessions_tasks_oldest_first_whatever_the_key_order():
     h.apply(TaskReserved(second, S1))
     h.assign(second, S1)
     live = h.state
-    restored = JobState.restore(**etcd_view(live))   # assignments in task-id (key) order
+    restored = from_etcd(**etcd_view(live))   # assignments in task-id (key) order
     assert restored.held_by(S1) == [first, second]
     d = restored.decide(session=S1, epoch=0, cap=2)
     assert (d.task, d.held) == (first, a_first)
@@ -933,7 +957,7 @@ def test_restore_holds_a_sessions_tasks_oldest_first_whatever_the_key_order():
 def test_restore_of_a_finished_job_answers_job_done():
     h = Harness(num_tasks=3, num_epochs=1)
     h.finish_epoch()
-    restored = JobState.restore(**etcd_view(h.state))
+    restored = from_etcd(**etcd_view(h.state))
     assert_same(restored, h.state)
     assert restored.decide(session=S1, epoch=0, cap=2).outcome is Outcome.JOB_DONE
 
@@ -944,7 +968,7 @@ def test_restore_of_a_failed_job_reproduces_the_failed_epoch():
         task, _ = h.dispatch()
         h.fail(task)
     h.apply(JobFailed(0))
-    restored = JobState.restore(**etcd_view(h.state))
+    restored = from_etcd(**etcd_view(h.state))
     assert_same(restored, h.state)
     assert restored.phase is Phase.FAILED
     assert restored.decide(session=S1, epoch=0, cap=2).outcome is Outcome.ALL_TASKS_FAILED
@@ -952,7 +976,7 @@ def test_restore_of_a_failed_job_reproduces_the_failed_epoch():
 
 def test_restore_ignores_an_assignment_of_a_task_already_done():
     live = JobState.new(num_tasks=3, num_epochs=1, seed=0, max_failures=3)
-    restored = JobState.restore(
+    restored = from_etcd(
         num_tasks=3, num_epochs=1, seed=0, max_failures=3, epoch=0, failed_job=False,
         done=[1], failures={}, assignments={1: Assignment(S1, "t", 5, 0.0)})
     check(restored)
@@ -962,7 +986,7 @@ def test_restore_ignores_an_assignment_of_a_task_already_done():
 
 
 def test_restore_clamps_a_huge_failure_count():
-    restored = JobState.restore(
+    restored = from_etcd(
         num_tasks=2, num_epochs=1, seed=0, max_failures=3, epoch=0, failed_job=False,
         done=[], failures={0: 10**6}, assignments={})
     check(restored)
@@ -1084,7 +1108,7 @@ class JobMachine(RuleBasedStateMachine):
         task = data.draw(st.sampled_from(sorted(s.reserved)))
         if cancel:
             s.apply(ReservationCancelled(task))
-            assert s.todo[0] == task
+            assert task in s.todo and list(s.todo) == deal_order(s)
         else:
             self.attempt += 1
             session = s.reserved[task]
@@ -1102,7 +1126,8 @@ class JobMachine(RuleBasedStateMachine):
             s.apply(TaskFinished(task, attempt))
             assert s.status[task] == TaskStatus.DONE
         elif how in FAIL_CAUSES:
-            s.apply(TaskFailed(task, attempt, how))
+            self.attempt += 1  # the failure's revision: later than every earlier one
+            s.apply(TaskFailed(task, attempt, how, self.attempt))
             assert s.failures[task] == before + 1
             if s.status[task] == TaskStatus.TODO:
                 assert s.todo[-1] == task
@@ -1110,7 +1135,8 @@ class JobMachine(RuleBasedStateMachine):
                 assert s.status[task] == TaskStatus.FAILED
         else:
             s.apply(TaskReleased(task, attempt, how))
-            assert s.failures[task] == before and s.todo[0] == task
+            assert s.failures[task] == before and task in s.todo
+            assert list(s.todo) == deal_order(s)
 
     @precondition(lambda self: self.state.epoch_complete)
     @rule()
@@ -1179,7 +1205,7 @@ class JobMachine(RuleBasedStateMachine):
         s = self.state
         if s.reserved:
             return  # a reservation is not in etcd yet
-        restored = JobState.restore(**etcd_view(s))
+        restored = from_etcd(**etcd_view(s))
         check(restored)
         assert statuses(restored) == statuses(s)
         assert restored.counts == s.counts
@@ -1187,7 +1213,8 @@ class JobMachine(RuleBasedStateMachine):
         assert list(restored.failures) == list(s.failures)
         assert restored.phase is s.phase
         assert {k: set(v) for k, v in restored.held.items()} == {k: set(v) for k, v in s.held.items()}
-        assert set(restored.todo) == set(s.todo)
+        assert list(restored.todo) == list(s.todo)  # the deal order too
+        assert restored == s
 
 
 JobMachine.TestCase.settings = settings(
@@ -1257,10 +1284,11 @@ def test_seeded_random_walks_keep_the_invariants_and_reach_the_end_of_jobs():
                 assert legal, f"seed {seed}: {event} applied; events: {log}"
             check(s)
             if not s.reserved:
-                restored = JobState.restore(**etcd_view(s))
+                restored = from_etcd(**etcd_view(s))
                 assert statuses(restored) == statuses(s), f"seed {seed}: {log}"
                 assert restored.pending == s.pending and restored.phase is s.phase
                 assert list(restored.failures) == list(s.failures)
+                assert list(restored.todo) == list(s.todo), f"seed {seed}: {log}"
             if s.job_over:
                 ends[s.phase] += 1
                 break

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from master import store as store_module
+from master import snapshot as snapshot_module
 from master.store import EtcdStore
 from paddlecloud import etcd
 from paddlecloud.etcd import ranges, read_key_numbers
@@ -16,7 +16,7 @@ from paddlecloud.keys import JobKeys, prefix_range_end
 @pytest.mark.parametrize("done_range", [10_000, 7, 1])
 async def test_every_done_mark_of_the_current_epoch_is_read_once_whatever_the_ranges(
         etcd_endpoint, job_name, monkeypatch, done_range):
-    monkeypatch.setattr(store_module, "DONE_RANGE", done_range)
+    monkeypatch.setattr(snapshot_module, "DONE_RANGE", done_range)
     keys = JobKeys("local", job_name)
     client = await etcd.connect(etcd_endpoint)
     try:
