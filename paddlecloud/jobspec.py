@@ -1,10 +1,17 @@
-"""`JobSpec`: everything a paddlecloud job on Kubernetes needs, in one frozen value.
+"""`JobSpec`: everything a paddlecloud job needs, in one frozen value of nested sections.
 
-The CLI builds a `JobSpec` from `paddlecloud job submit` flags or from a
-paddle-operator `PaddleJob` YAML (`paddlecloud.paddlejob`), checks it (`validate`), and
-stores it as YAML in the job's ConfigMap (`to_yaml`); the master reads it back with
-`--job-spec` (`from_yaml`) and renders the pservers and trainers from it
-(`paddlecloud.backends.k8s.manifests`).
+It is the one job model. Each section (`Workload`, `Topology`, `Resources`, `Scheduling`,
+`Data`, `Recovery`, `Security`) checks its own values; `JobSpec.validate` checks them
+and what spans sections. Each field carries, once, what the front doors need
+(`paddlecloud.jobfields.Doors`: its help, its kind, its name at `job submit`, in a
+PaddleJob, in the Python API and the Job Server, and at `local train`, or why a door
+does not take it); those doors are derived from it. The CLI builds a `JobSpec` from
+`paddlecloud job submit` flags or from a paddle-operator `PaddleJob` YAML
+(`paddlecloud.paddlejob`), checks it (`validate`), and stores it as flat YAML in the
+job's ConfigMap (`to_yaml`); the master reads it back with `--job-spec` (`from_yaml`)
+and renders the pservers and trainers from it (`paddlecloud.backends.k8s.manifests`).
+Every field is also read flat (`spec.trainers` is `spec.topology.trainers`), and
+`JobSpec(...)` and `replace(...)` take flat names.
 
 What this does NOT guarantee: that the image, the claim, the scheduler or the
 module named here exist in the cluster — only the API server and the kubelet can
@@ -18,14 +25,17 @@ import copy
 import dataclasses
 import logging
 import re
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import yaml
 
 from paddlecloud.elastic import RangeError, TrainerRange
-from paddlecloud.units import parse_key_value
+from paddlecloud.jobfields import API, CLI, LOCAL, PADDLEJOB, SERVER, JobSpecError, job_field
+from paddlecloud.podtemplates import TEMPLATE_ROLES, check_template
+from paddlecloud.units import parse_key_value, parse_size
+from paddlecloud.untrusted import quote
 
 logger = logging.getLogger(__name__)
 
@@ -48,7 +58,7 @@ INTRANETS = ("PodIP", "Service", "HostNetwork")
 PADDLEJOB_API_VERSION = "batch.paddlepaddle.org/v1"
 PADDLEJOB_KIND = "PaddleJob"
 
-# Environment variables paddlecloud injects itself (DESIGN.md section 8); a user's
+# Environment variables paddlecloud injects itself (docs/design.md section 8); a user's
 # `-e` may not set them, since two values for one name would silently fight.
 RESERVED_ENV = frozenset({
     "PADDLE_HETER_ENDPOINTS", "PADDLE_ALL_HETER_TRAINER_IP_PORT_LIST", "PADDLE_HETER_TRAINER_ID",
@@ -70,9 +80,16 @@ _ENV_NAME = re.compile(r"[-._a-zA-Z][-._a-zA-Z0-9]*")
 _SECRET_KEY = re.compile(r"[-._a-zA-Z0-9]+")
 _MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 
-
-class JobSpecError(ValueError):
-    """A job spec that cannot run; the message names the bad value and what would be right."""
+# Why a door does not take a field (the doors' `not_at`), said once.
+_TEMPLATES_SAY = "a PaddleJob's pod templates say it (their containers' image, command, env, resources)"
+_ONE_MACHINE = "one machine: no pods, namespaces, schedulers or images to choose"
+_NEEDS_TEMPLATES = "needs pod templates, which only a PaddleJob carries (job submit -f)"
+_VOLCANO = ("Volcano gang scheduling: needs a pod template naming schedulerName volcano, which "
+            "only a PaddleJob carries (job submit -f)")
+_OPERATOR_KEY = "paddle-operator's PaddleJob field: give it in the PaddleJob (job submit -f)"
+_FROM_PACKAGE = "read from the package directory (package_path), never given"
+_LOCAL_IS_PRIVATE = "local processes run as you, with your environment"
+_NO_TEMPLATES = "the Python API and the Job Server build the pods: no template to allow anything in"
 
 
 @dataclass(frozen=True)
@@ -88,93 +105,521 @@ class DataVolume:
         claim, sep, path = text.partition(":")
         if not sep or not claim or not path:
             raise JobSpecError(
-                f"invalid data volume {text!r}: expected CLAIM:PATH, e.g. 'ctr-data:/data'"
+                f"invalid data volume {quote(text)}: expected CLAIM:PATH, e.g. 'ctr-data:/data'"
             )
         volume = cls(claim=claim, mount_path=path)
         volume.validate()
         return volume
 
+    def __str__(self) -> str:
+        return f"{self.claim}:{self.mount_path}"
+
     def validate(self) -> None:
         if len(self.claim) > 253 or not _DNS_1123_SUBDOMAIN.fullmatch(self.claim):
             raise JobSpecError(
-                f"invalid claim name {self.claim!r}: a PersistentVolumeClaim name is lower-case "
+                f"invalid claim name {quote(self.claim)}: a PersistentVolumeClaim name is lower-case "
                 "letters, digits, '-' and '.'"
             )
         if not self.mount_path.startswith("/") or ":" in self.mount_path:
             raise JobSpecError(
-                f"invalid mount path {self.mount_path!r}: must be an absolute path without ':'"
+                f"invalid mount path {quote(self.mount_path)}: must be an absolute path without ':'"
             )
 
 
+def _check_count(what: str, value: object, *, minimum: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise JobSpecError(f"invalid number of {what} {value!r:.40}: must be an integer >= {minimum}")
+
+
+def _check_image(what: str, image: str) -> None:
+    if not image or any(c.isspace() for c in image):
+        raise JobSpecError(f"invalid {what} {quote(image)}: give an image reference such as "
+                           f"{DEFAULT_IMAGE!r}")
+
+
+# ---- the sections ------------------------------------------------------------------------------
 @dataclass(frozen=True)
-class JobSpec:
-    """One job. Counts, resources and policies as `paddlecloud job submit` takes them.
+class Workload:
+    """What runs and where: the job's name and namespace, its program, images and environment."""
 
-    `ps_template`/`worker_template`/`heter_template` are pod templates from a
-    `PaddleJob`; when set, they replace the pods paddlecloud would build from
-    `image`/`module`/resources (paddlecloud still injects its environment, labels and
-    volumes into them), and each keeps the `schedulerName` it was written with.
-
-    `min_trainers`/`max_trainers` are the trainer range (None: equal to `trainers`);
-    the master keeps the size within it (`paddlecloud job scale`). `elastic` is
-    paddle-operator's `spec.elastic` level, kept as given.
-    Every user container runs as written (its image, command, args, working directory and
-    user); paddlecloud's part runs beside it in containers of `paddlecloud_image`.
-    """
-
-    name: str
-    namespace: str = "default"
-    image: str = DEFAULT_IMAGE  # where --module runs (PaddleJob templates name their own)
+    name: str = job_field(
+        help="The job's name (a DNS-1035 label, at most 40 characters).",
+        flag="NAME", paddlejob="metadata.name", api="job_name", local="job_name")
+    namespace: str = job_field(
+        "default", help="Kubernetes namespace of the job.  [default: the PaddleJob's, else default]",
+        flag="namespace", flag_names=("-n", "--namespace"),
+        paddlejob="metadata.namespace", api="namespace", not_at={LOCAL: _ONE_MACHINE})
+    image: str = job_field(
+        DEFAULT_IMAGE, help="The image --module runs in, as `python3 -m MODULE` (it need not hold "
+        f"paddlecloud)  [default: {DEFAULT_IMAGE}]", flag="image", api="base_image",
+        local="image", not_at={PADDLEJOB: _TEMPLATES_SAY})
     # paddlecloud's own image: the master and paddlecloud's init containers and sidecars;
     # never a submitter's (the master holds the job's etcd and scaler credentials; issue 34).
-    # `job submit --paddlecloud-image`, the Job Server's and the operator's configuration set it.
-    paddlecloud_image: str = DEFAULT_IMAGE
-    module: str = ""  # `python3 -m MODULE` is what every trainer (and pserver) runs
-    package_path: str = ""  # the local directory shipped in the package ConfigMap
-    package_files: tuple[str, ...] = ()  # its files, relative to package_path
-    inputs: tuple[str, ...] = ()
-    output: str = ""
-    trainers: int = 1            # the trainer group's size at start (its desired size)
-    min_trainers: int | None = None   # the elastic range; None: `trainers` (a fixed job)
-    max_trainers: int | None = None
-    pservers: int = 0
-    trainer_cpu: str = "1"
-    trainer_memory: str = "2Gi"
-    trainer_gpu: int = 0
-    pserver_cpu: str = "1"
-    pserver_memory: str = "2Gi"
-    env: tuple[tuple[str, str], ...] = ()
-    etcd_endpoints: str = DEFAULT_ETCD_ENDPOINTS
-    epochs: int = 1
-    data_volume: DataVolume | None = None
-    clean_pod_policy: str = "OnCompletion"
-    scheduler_name: str = ""
-    queue: str = ""  # Volcano queue (PaddleJob spec.schedulingPolicy.queue)
-    priority_class: str = ""  # PodGroup priorityClassName (spec.schedulingPolicy.priorityClass)
-    min_resources: Mapping[str, str] | None = None  # PodGroup minResources
-    intranet: str = "PodIP"  # paddle-operator's default
-    with_gloo: int = 0
-    ps_template: Mapping[str, Any] | None = field(default=None, compare=True, repr=False)
-    worker_template: Mapping[str, Any] | None = field(default=None, compare=True, repr=False)
-    heters: int = 0  # heterogeneous PS: heter trainers (paddle-operator spec.heter)
-    heter_template: Mapping[str, Any] | None = field(default=None, compare=True, repr=False)
-    min_member: int = 0  # Volcano PodGroup minMember (0: every pod of the job)
-    podgroup_name: str = ""  # the PodGroup's name when a document names one ("" = the job's)
-    host_port: int = 0  # Host intranet: the job's first host port (0: chosen from the name)
-    elastic: int | None = None
-    data_format: str = "lines"
-    chunk_bytes: int = 0  # 0: the master's default (64 MiB)
-    security_profile: str = "default"  # SECURITY_PROFILES
-    run_as_user: int = DEFAULT_RUN_AS_USER  # the uid of the restricted profile
-    restart_limit: int = 3  # group restarts after a lost trainer before the job fails
+    paddlecloud_image: str = job_field(
+        DEFAULT_IMAGE, help="paddlecloud's image: the master's, and its containers beside the "
+        f"programs  [default: {DEFAULT_IMAGE}]", flag="paddlecloud_image",
+        not_at={PADDLEJOB: "the operator's configuration sets it (paddlecloud operator)",
+                API: "the Job Server's configuration sets it: a submitter never picks the image "
+                     "that holds the job's credentials",
+                SERVER: "the Job Server's configuration sets it: a submitter never picks the "
+                        "image that holds the job's credentials",
+                LOCAL: "the local master runs this paddlecloud"})
+    module: str = job_field(
+        "", help="Trainers (and pservers) run `python3 -m MODULE`.", flag="module", api="module",
+        local="module", not_at={PADDLEJOB: _TEMPLATES_SAY})
+    package_path: str = job_field(
+        "", kind="directory", help="Directory of your code, shipped in a ConfigMap (< 1 MiB) and put on PYTHONPATH.",
+        flag="package_path", api="trainer_package", local="package_path",
+        not_at={PADDLEJOB: _TEMPLATES_SAY})
+    package_files: tuple[str, ...] = job_field(
+        (), kind="paths", help="The package's files, relative to package_path.",
+        not_at={CLI: _FROM_PACKAGE, PADDLEJOB: _FROM_PACKAGE, API: _FROM_PACKAGE,
+                SERVER: _FROM_PACKAGE, LOCAL: _FROM_PACKAGE})
+    env: tuple[tuple[str, str], ...] = job_field(
+        (), kind="pairs", metavar="KEY=VALUE",
+        help="Environment variable of every trainer and pserver (repeatable; -e=K=V and "
+             "--e=K=V, the paddle client's spellings, too).",
+        flag="env", flag_names=("-e", "--e", "--env"), api="env", local="env", not_at={PADDLEJOB: _TEMPLATES_SAY})
     # (NAME, SECRET, KEY): env from a Secret's key; only the reference is in the job spec
-    secret_env: tuple[tuple[str, str, str], ...] = ()
-    # templates may ask for privileged, host namespaces, hostPath, root, a service account
-    allow_privileged: bool = False
-    # Kueue's LocalQueue (the PaddleJob's kueue.x-k8s.io/queue-name label, `job submit --queue`):
-    # the job runs once Kueue admits it (docs/kubernetes.md, "Kueue"); "" = not queued
-    local_queue: str = ""
-    suspend: bool = False  # batch Job semantics: while true, no pserver or trainer runs
+    secret_env: tuple[tuple[str, str, str], ...] = job_field(
+        (), kind="secret_refs", metavar="KEY=SECRET/KEY", flag="secret_env",
+        help="Environment variable from a Secret's key (repeatable); only the reference is "
+             "stored, never the value.",
+        not_at={PADDLEJOB: "a template's env valueFrom.secretKeyRef says it",
+                API: "a Job Server caller holds no rights on the namespace's Secrets",
+                SERVER: "a Job Server caller holds no rights on the namespace's Secrets",
+                LOCAL: _LOCAL_IS_PRIVATE})
+    etcd_endpoints: str = job_field(
+        DEFAULT_ETCD_ENDPOINTS, help="etcd URLs, comma-separated  "
+        f"[default: {DEFAULT_ETCD_ENDPOINTS}]", flag="etcd_endpoints", api="etcd_endpoints",
+        local="etcd_endpoints",
+        not_at={PADDLEJOB: "the operator's configuration (paddlecloud operator --etcd-endpoints)"})
+
+    def validate(self) -> None:
+        if len(self.name) > MAX_NAME_LENGTH or not _DNS_1035.fullmatch(self.name):
+            raise JobSpecError(
+                f"invalid job name {quote(self.name)}: use at most {MAX_NAME_LENGTH} lower-case "
+                "letters, digits and '-', starting with a letter and ending with a letter or digit "
+                "(a DNS-1035 label, e.g. 'ctr-wide-deep')"
+            )
+        if len(self.namespace) > 63 or not _DNS_1123_LABEL.fullmatch(self.namespace):
+            raise JobSpecError(
+                f"invalid namespace {quote(self.namespace)}: use at most 63 lower-case letters, "
+                "digits and '-' (a DNS-1123 label)"
+            )
+        _check_image("image", self.image)
+        _check_image("paddlecloud image", self.paddlecloud_image)
+        if self.module and not _MODULE.fullmatch(self.module):
+            raise JobSpecError(
+                f"invalid module {quote(self.module)}: give a Python module name such as 'ctr.train'"
+            )
+        for path in self.package_files:
+            if path.startswith("/") or ".." in path.split("/") or not path:
+                raise JobSpecError(f"invalid package file {quote(path)}: must be a relative path "
+                                   "inside the package directory")
+        if self.package_files and not self.package_path:
+            raise JobSpecError("package_files given without package_path")
+        self._check_env()
+        if not self.etcd_endpoints.strip():
+            raise JobSpecError("no etcd endpoints: give --etcd-endpoints http://HOST:2379[,...]")
+        # imported here: etcd brings aetcd and grpc, which a spec that is never checked skips
+        from paddlecloud.etcd import parse_endpoints
+
+        try:
+            parse_endpoints(self.etcd_endpoints)
+        except ValueError as error:
+            raise JobSpecError(str(error)) from None
+
+    def _check_env(self) -> None:
+        seen: set[str] = set()
+        for key, secret, secret_key in self.secret_env:
+            if len(secret) > 253 or not _DNS_1123_SUBDOMAIN.fullmatch(secret):
+                raise JobSpecError(f"invalid Secret name {quote(secret)} in --secret-env {key}: "
+                                   "a DNS-1123 subdomain, e.g. 'my-credentials'")
+            if not _SECRET_KEY.fullmatch(secret_key):
+                raise JobSpecError(f"invalid Secret key {quote(secret_key)} in --secret-env {key}: "
+                                   "letters, digits, '-', '_' and '.'")
+        for key in [k for k, _ in self.env] + [k for k, _, _ in self.secret_env]:
+            if not _ENV_NAME.fullmatch(key):
+                raise JobSpecError(
+                    f"invalid environment variable name {quote(key)}: use letters, digits, '_', '-' "
+                    "and '.', not starting with a digit"
+                )
+            if key in RESERVED_ENV:
+                raise JobSpecError(
+                    f"environment variable {key} is set by paddlecloud itself (docs/design.md "
+                    "section 8); remove it from -e/--env/--secret-env"
+                )
+            if key in seen:
+                raise JobSpecError(f"environment variable {key} is given twice")
+            seen.add(key)
+
+
+@dataclass(frozen=True)
+class Topology:
+    """How many of each role run, and the PaddleJob's pod templates that replace paddlecloud's.
+
+    `ps_template`/`worker_template`/`heter_template` are pod templates from a `PaddleJob`;
+    when set, they replace the pods paddlecloud would build from `image`/`module`/resources
+    (paddlecloud still injects its environment, labels and volumes into them), and each
+    keeps the `schedulerName` it was written with. `min_trainers`/`max_trainers` are the
+    trainer range (None: equal to `trainers`); the master keeps the size within it.
+    """
+
+    trainers: int = job_field(
+        1, kind="count", minimum=1,
+        help="Number of trainers at start  [default: 1; --max-trainers if given]",
+        flag="trainers", paddlejob="spec.worker.replicas", api="trainers", local="trainers")
+    min_trainers: int | None = job_field(
+        None, kind="count", minimum=1,
+        help="Elastic: the fewest trainers `job scale` may set  [default: --trainers]",
+        flag="min_trainers", paddlejob="spec.worker.requests", api="min_trainers",
+        local="min_trainers")
+    max_trainers: int | None = job_field(
+        None, kind="count", minimum=1, help="Elastic: the most trainers  [default: --trainers]",
+        flag="max_trainers", paddlejob="spec.worker.limits", api="max_trainers",
+        local="max_trainers")
+    pservers: int = job_field(
+        0, kind="count", minimum=0, help="Number of pservers (0: collective)  [default: 0]",
+        flag="pservers", paddlejob="spec.ps.replicas", api="pservers", local="pservers")
+    heters: int = job_field(
+        0, kind="count", minimum=0, help="Heterogeneous PS: heter trainers (spec.heter).",
+        paddlejob="spec.heter.replicas",
+        not_at={CLI: _NEEDS_TEMPLATES, API: _NEEDS_TEMPLATES, SERVER: _NEEDS_TEMPLATES,
+                LOCAL: _NEEDS_TEMPLATES})
+    ps_template: Mapping[str, Any] | None = job_field(
+        None, kind="template", repr=False, help="The pservers' PodTemplateSpec.",
+        paddlejob="spec.ps.template",
+        not_at={CLI: "-f gives it", API: "the server builds the pods", SERVER: "the server builds "
+                "the pods", LOCAL: _ONE_MACHINE})
+    worker_template: Mapping[str, Any] | None = job_field(
+        None, kind="template", repr=False, help="The trainers' PodTemplateSpec.",
+        paddlejob="spec.worker.template",
+        not_at={CLI: "-f gives it", API: "the server builds the pods", SERVER: "the server builds "
+                "the pods", LOCAL: _ONE_MACHINE})
+    heter_template: Mapping[str, Any] | None = job_field(
+        None, kind="template", repr=False, help="The heter trainers' PodTemplateSpec.",
+        paddlejob="spec.heter.template",
+        not_at={CLI: "-f gives it", API: "the server builds the pods", SERVER: "the server builds "
+                "the pods", LOCAL: _ONE_MACHINE})
+
+    def validate(self) -> None:
+        _check_count("trainers", self.trainers, minimum=1)
+        _check_count("pservers", self.pservers, minimum=0)
+        _check_count("heter trainers", self.heters, minimum=0)
+        for bound in ("min_trainers", "max_trainers"):
+            if getattr(self, bound) is not None:
+                _check_count(bound, getattr(self, bound), minimum=1)
+        try:
+            self.trainer_range  # noqa: B018 (validates the range and `trainers` in it)
+        except RangeError as error:
+            raise JobSpecError(str(error)) from None
+        if self.heters and not self.pservers:
+            raise JobSpecError(
+                f"{self.heters} heter trainers but no pservers: heterogeneous PS (spec.heter) "
+                "needs spec.ps"
+            )
+        if self.heters and self.heter_template is None:
+            raise JobSpecError("heter trainers need a pod template (PaddleJob spec.heter.template)")
+        if self.pservers and self.ps_template is None and self.worker_template is not None:
+            raise JobSpecError("a PaddleJob with pservers needs spec.ps.template")
+
+    @property
+    def trainer_range(self) -> TrainerRange:
+        """min_trainers..max_trainers (both `trainers` for a fixed job)."""
+        return TrainerRange.of(trainers=self.trainers, minimum=self.min_trainers,
+                               maximum=self.max_trainers)[0]
+
+
+@dataclass(frozen=True)
+class Resources:
+    """What each trainer and pserver asks of a node (PaddleJob templates say their own)."""
+
+    trainer_cpu: str = job_field(
+        "1", help="CPU per trainer, e.g. 4 or 500m  [default: 1]", flag="trainer_cpu",
+        api="cpu_num", not_at={PADDLEJOB: _TEMPLATES_SAY, LOCAL: _LOCAL_IS_PRIVATE})
+    trainer_memory: str = job_field(
+        "2Gi", help="Memory per trainer, e.g. 8Gi  [default: 2Gi]", flag="trainer_memory",
+        api="memory", not_at={PADDLEJOB: _TEMPLATES_SAY, LOCAL: _LOCAL_IS_PRIVATE})
+    trainer_gpu: int = job_field(
+        0, kind="count", minimum=0, help="GPUs per trainer  [default: 0]", flag="trainer_gpu",
+        api="gpu_num", not_at={PADDLEJOB: _TEMPLATES_SAY, LOCAL: _LOCAL_IS_PRIVATE})
+    pserver_cpu: str = job_field(
+        "1", help="CPU per pserver  [default: 1]", flag="pserver_cpu", api="pserver_cpu",
+        not_at={PADDLEJOB: _TEMPLATES_SAY, LOCAL: _LOCAL_IS_PRIVATE})
+    pserver_memory: str = job_field(
+        "2Gi", help="Memory per pserver  [default: 2Gi]", flag="pserver_memory",
+        api="pserver_memory", not_at={PADDLEJOB: _TEMPLATES_SAY, LOCAL: _LOCAL_IS_PRIVATE})
+
+    def validate(self) -> None:
+        _check_count("trainer GPUs", self.trainer_gpu, minimum=0)
+        for what, value in (("trainer CPU", self.trainer_cpu), ("pserver CPU", self.pserver_cpu),
+                            ("trainer memory", self.trainer_memory),
+                            ("pserver memory", self.pserver_memory)):
+            if not isinstance(value, str) or not _QUANTITY.fullmatch(value):
+                raise JobSpecError(
+                    f"invalid {what} {quote(str(value))}: use a Kubernetes quantity such as '2', "
+                    "'500m', '4Gi' or '512Mi'"
+                )
+
+
+@dataclass(frozen=True)
+class Scheduling:
+    """Where and when the pods run: pod cleanup, the network, Volcano's gang, Kueue's queue."""
+
+    clean_pod_policy: str = job_field(
+        "OnCompletion", kind="choice", choices=CLEAN_POD_POLICIES,
+        help="Which ending removes the pods (as paddle-operator)  [default: OnCompletion]",
+        flag="clean_pod_policy", paddlejob="spec.cleanPodPolicy", api="clean_pod_policy",
+        not_at={LOCAL: "the local supervisor stops its processes when the job ends"})
+    scheduler_name: str = job_field(
+        "", help="The scheduler of pods built without a template.",
+        not_at={CLI: "each pod template names its scheduler (schedulerName)",
+                PADDLEJOB: "each pod template names its scheduler (schedulerName)",
+                API: "the default scheduler", SERVER: "the default scheduler",
+                LOCAL: _ONE_MACHINE})
+    queue: str = job_field(  # Volcano queue (PaddleJob spec.schedulingPolicy.queue)
+        "", help="The Volcano queue.", paddlejob="spec.schedulingPolicy.queue",
+        not_at={CLI: _VOLCANO, API: _VOLCANO, SERVER: _VOLCANO, LOCAL: _ONE_MACHINE})
+    priority_class: str = job_field(
+        "", help="The PodGroup's priorityClassName.", paddlejob="spec.schedulingPolicy.priorityClass",
+        not_at={CLI: _VOLCANO, API: _VOLCANO, SERVER: _VOLCANO, LOCAL: _ONE_MACHINE})
+    min_resources: Mapping[str, str] | None = job_field(
+        None, kind="mapping", help="The PodGroup's minResources.",
+        paddlejob="spec.schedulingPolicy.minResources",
+        not_at={CLI: _VOLCANO, API: _VOLCANO, SERVER: _VOLCANO, LOCAL: _ONE_MACHINE})
+    min_member: int = job_field(  # Volcano PodGroup minMember (0: every pod of the job)
+        0, kind="count", minimum=0, help="The PodGroup's minMember (0: every pod of the job).",
+        paddlejob="spec.schedulingPolicy.minAvailable",
+        not_at={CLI: _VOLCANO, API: _VOLCANO, SERVER: _VOLCANO, LOCAL: _ONE_MACHINE})
+    podgroup_name: str = job_field(  # "" = the job's name
+        "", help="The PodGroup's name when a document names one.",
+        paddlejob="PodGroup metadata.name",
+        not_at={CLI: _VOLCANO, API: _VOLCANO, SERVER: _VOLCANO, LOCAL: _ONE_MACHINE})
+    intranet: str = job_field(
+        "PodIP", kind="choice", choices=INTRANETS, help="How pods address each other.",
+        paddlejob="spec.intranet",
+        not_at={CLI: _OPERATOR_KEY, API: _OPERATOR_KEY, SERVER: _OPERATOR_KEY, LOCAL: _ONE_MACHINE})
+    with_gloo: int = job_field(
+        0, kind="choice", choices=(0, 1, 2), help="0 off, 1 trainers, 2 trainers and pservers.",
+        paddlejob="spec.withGloo",
+        not_at={CLI: _OPERATOR_KEY, API: _OPERATOR_KEY, SERVER: _OPERATOR_KEY, LOCAL: _ONE_MACHINE})
+    host_port: int = job_field(  # Host intranet: the job's first host port (0: chosen from the name)
+        0, kind="count", minimum=0, help="Host intranet: the job's first host port.",
+        not_at={CLI: "chosen from the job's name", PADDLEJOB: "chosen from the job's name",
+                API: "chosen from the job's name", SERVER: "chosen from the job's name",
+                LOCAL: _ONE_MACHINE})
+    # Kueue's LocalQueue: the job runs once Kueue admits it (docs/kubernetes.md, "Kueue")
+    local_queue: str = job_field(
+        "", metavar="NAME",
+        help="Queue the job in Kueue's LocalQueue NAME: with -f, the PaddleJob is created "
+             "labelled kueue.x-k8s.io/queue-name for `paddlecloud operator` to run once Kueue "
+             "admits it (docs/kubernetes.md, Kueue).",
+        flag="queue", paddlejob="metadata.labels[kueue.x-k8s.io/queue-name]", api="queue",
+        not_at={LOCAL: _ONE_MACHINE})
+    suspend: bool = job_field(
+        False, kind="flag", own=True, paddlejob="spec.suspend",
+        help="Batch Job semantics: while true no pserver or trainer runs; a running job drains, "
+             "saves and stops (no failure counted) and resumes at its checkpoint when false.",
+        not_at={CLI: "`kubectl patch` the job's PaddleJob to suspend or resume it",
+                API: "a job is suspended by patching its PaddleJob",
+                SERVER: "a job is suspended by patching its PaddleJob",
+                LOCAL: "stop the local job with Ctrl-C; it resumes at its checkpoint"})
+
+    def validate(self) -> None:
+        _check_count("PodGroup minMember", self.min_member, minimum=0)
+        if self.host_port and not HOST_PORT_RANGE[0] <= self.host_port < HOST_PORT_RANGE[1]:
+            raise JobSpecError(
+                f"invalid host port {self.host_port}: use {HOST_PORT_RANGE[0]}.."
+                f"{HOST_PORT_RANGE[1] - 1}"
+            )
+        if self.clean_pod_policy not in CLEAN_POD_POLICIES:
+            raise JobSpecError(
+                f"invalid cleanPodPolicy {quote(str(self.clean_pod_policy))}: use one of "
+                f"{', '.join(CLEAN_POD_POLICIES)}"
+            )
+        if self.intranet not in INTRANETS:
+            raise JobSpecError(
+                f"unsupported intranet {quote(str(self.intranet))}: use one of {', '.join(INTRANETS)}"
+            )
+        if self.with_gloo not in (0, 1, 2):
+            raise JobSpecError(
+                f"invalid withGloo {self.with_gloo!r:.20}: use 0 (off), 1 (trainers) or 2 (trainers "
+                "and pservers)"
+            )
+        if self.scheduler_name and not _DNS_1123_SUBDOMAIN.fullmatch(self.scheduler_name):
+            raise JobSpecError(f"invalid schedulerName {quote(self.scheduler_name)}")
+        if self.local_queue and (len(self.local_queue) > 63
+                                 or not _DNS_1123_LABEL.fullmatch(self.local_queue)):
+            raise JobSpecError(
+                f"invalid Kueue queue name {quote(self.local_queue)}: a LocalQueue's name, at most "
+                "63 lower-case letters, digits and '-' (also a valid label value), e.g. 'team-a'")
+
+    @property
+    def gang_settings(self) -> bool:
+        """Any of Volcano's gang settings given (they need Volcano)."""
+        return bool(self.queue or self.priority_class or self.min_resources or self.min_member
+                    or self.podgroup_name)
+
+
+@dataclass(frozen=True)
+class Data:
+    """What the master deals out: the input, its format and chunking, the order, the output."""
+
+    inputs: tuple[str, ...] = job_field(
+        (), kind="paths", own=True,
+        help="Input path or glob inside the pods, or a URL (repeatable; PADDLECLOUD_INPUT).",
+        flag="inputs", flag_names=("--input",), paddlejob="spec.input", api="input", local="inputs")
+    output: str = job_field(
+        "", own=True, help="Where trainers write models (PADDLECLOUD_OUTPUT).", flag="output",
+        paddlejob="spec.output", api="output", local="output")
+    epochs: int = job_field(
+        1, kind="count", minimum=1, own=True,
+        help="Passes over the input (epochs 0..N-1)  [default: 1]", flag="epochs",
+        paddlejob="spec.epochs", api="epochs", local="epochs")
+    data_format: str = job_field(
+        "lines", kind="choice", choices=DATA_FORMATS, own=True,
+        help="Input format: lines (csv, tsv, jsonl, text) or file  [default: lines]",
+        flag="data_format", flag_names=("--format",), paddlejob="spec.format", api="format", local="fmt")
+    chunk_bytes: int = job_field(  # 0: the master's default (64 MiB)
+        0, kind="size", own=True, metavar="SIZE",
+        help="Size of a data chunk, e.g. 64MiB or 1GiB  [default: 64MiB]", flag="chunk_bytes",
+        paddlejob="spec.chunkBytes", api="chunk_bytes", local="chunk_bytes")
+    shuffle_seed: int = job_field(
+        0, kind="integer", own=True, metavar="SEED",
+        help="Seed of the order tasks are dealt in, each epoch (the same seed, the same "
+             "order)  [default: 0]",
+        flag="shuffle_seed", paddlejob="spec.shuffleSeed", api="shuffle_seed", local="shuffle_seed")
+    data_volume: DataVolume | None = job_field(
+        None, kind="volume", own=True, metavar="CLAIM:PATH",
+        help="A PVC mounted at PATH in the master (read-only) and every trainer.",
+        flag="data_volume", paddlejob="spec.dataVolume", api="data_volume",
+        not_at={LOCAL: "local files are read where they are"})
+
+    def validate(self) -> None:
+        _check_count("epochs", self.epochs, minimum=1)
+        _check_count("chunk bytes", self.chunk_bytes, minimum=0)
+        if isinstance(self.shuffle_seed, bool) or not isinstance(self.shuffle_seed, int):
+            raise JobSpecError(f"invalid shuffle seed {self.shuffle_seed!r:.40}: must be an integer")
+        if self.data_format not in DATA_FORMATS:
+            raise JobSpecError(
+                f"invalid format {quote(str(self.data_format))}: use one of {', '.join(DATA_FORMATS)}"
+            )
+        for pattern in self.inputs:
+            if not pattern or not (pattern.startswith("/") or "://" in pattern):
+                raise JobSpecError(
+                    f"invalid input {quote(pattern)}: on Kubernetes an input is an absolute path "
+                    "inside the pods (e.g. under the --data-volume mount path) or a URL such as "
+                    "s3://bucket/train/*.csv"
+                )
+        if self.data_volume is not None:
+            self.data_volume.validate()
+
+
+@dataclass(frozen=True)
+class Recovery:
+    """How a job survives losing trainers: restarts, and paddle-operator's elastic level."""
+
+    restart_limit: int = job_field(
+        3, kind="count", minimum=0, own=True,
+        help="Restarts of the trainer group after a lost trainer before the job fails  [default: 3]",
+        flag="restart_limit", paddlejob="spec.restartLimit", api="restart_limit",
+        local="restart_limit")
+    elastic: int | None = job_field(  # kept as given: paddlecloud's elasticity is the trainer range
+        None, kind="count", minimum=0, help="paddle-operator's elastic level, kept as given.",
+        paddlejob="spec.elastic",
+        not_at={CLI: _OPERATOR_KEY, API: _OPERATOR_KEY, SERVER: _OPERATOR_KEY, LOCAL: _OPERATOR_KEY})
+
+    def validate(self) -> None:
+        _check_count("restarts (restart limit)", self.restart_limit, minimum=0)
+
+
+@dataclass(frozen=True)
+class Security:
+    """As whom users' containers run, and whether their templates may ask for more."""
+
+    security_profile: str = job_field(
+        "default", kind="choice", choices=SECURITY_PROFILES, own=True,
+        help="Run the programs under the restricted Pod Security Standard: as --run-as-user, "
+             "never root (the image must allow it). Default: as the image's user.",
+        flag="restricted", flag_value="restricted", paddlejob="spec.securityProfile",
+        api="security_profile",
+        not_at={LOCAL: _LOCAL_IS_PRIVATE})
+    run_as_user: int = job_field(
+        DEFAULT_RUN_AS_USER, kind="count", minimum=1, own=True, metavar="UID",
+        help=f"The uid of --restricted  [default: {DEFAULT_RUN_AS_USER}]", flag="run_as_user",
+        paddlejob="spec.runAsUser", api="run_as_user", not_at={LOCAL: _LOCAL_IS_PRIVATE})
+    allow_privileged: bool = job_field(
+        False, kind="flag", flag="allow_privileged",
+        help="Let the PaddleJob's pod templates ask for privileged, host namespaces, hostPath, "
+             "root or a service account (refused otherwise).",
+        not_at={PADDLEJOB: "the submitter's choice, not the document's: job submit -f "
+                           "--allow-privileged", API: _NO_TEMPLATES, SERVER: _NO_TEMPLATES,
+                LOCAL: _LOCAL_IS_PRIVATE})
+
+    def validate(self) -> None:
+        if self.security_profile not in SECURITY_PROFILES:
+            raise JobSpecError(f"invalid security profile {quote(str(self.security_profile))}: use "
+                               f"{' or '.join(SECURITY_PROFILES)}")
+        _check_count("run-as user (uid)", self.run_as_user, minimum=1)
+        if self.run_as_user != DEFAULT_RUN_AS_USER and self.security_profile != "restricted":
+            raise JobSpecError(
+                f"run-as user {self.run_as_user} is the restricted profile's uid: add "
+                "--restricted (PaddleJob spec.securityProfile: restricted), or drop it and the "
+                "programs run as their images' users"
+            )
+
+
+SECTIONS: dict[str, type] = {"workload": Workload, "topology": Topology, "resources": Resources,
+                             "scheduling": Scheduling, "data": Data, "recovery": Recovery,
+                             "security": Security}
+# flat field name -> its section's name
+SECTION_OF: dict[str, str] = {f.name: section for section, cls in SECTIONS.items()
+                              for f in dataclasses.fields(cls)}
+
+
+def job_fields() -> Iterator[dataclasses.Field]:
+    """Every field of the job model, section by section."""
+    for cls in SECTIONS.values():
+        yield from dataclasses.fields(cls)
+
+
+def field_of(name: str) -> dataclasses.Field:
+    return next(f for f in dataclasses.fields(SECTIONS[SECTION_OF[name]]) if f.name == name)
+
+
+def _flat_property(section: str, name: str) -> property:
+    return property(lambda self: getattr(getattr(self, section), name),
+                    doc=f"`{section}.{name}`")
+
+
+@dataclass(frozen=True, init=False)
+class JobSpec:
+    """One job: its sections. `JobSpec(name=..., trainers=2)` takes flat field names (or a
+    whole section by its name), and every field reads flat as well (`spec.trainers`).
+    Every user container runs as written (its image, command, args, working directory and
+    user); paddlecloud's part runs beside it in containers of `paddlecloud_image`."""
+
+    workload: Workload
+    topology: Topology
+    resources: Resources
+    scheduling: Scheduling
+    data: Data
+    recovery: Recovery
+    security: Security
+
+    def __init__(self, **values: Any) -> None:
+        unknown = sorted(set(values) - set(SECTION_OF) - set(SECTIONS))
+        if unknown:
+            raise TypeError(f"JobSpec got unknown field(s): {', '.join(unknown)}")
+        for section, cls in SECTIONS.items():
+            given = values.get(section)
+            flat = {k: v for k, v in values.items() if SECTION_OF.get(k) == section}
+            if given is None:
+                given = cls(**flat)
+            elif flat:
+                given = dataclasses.replace(given, **flat)
+            object.__setattr__(self, section, given)
 
     # ---- derived ----------------------------------------------------------------
     @property
@@ -216,8 +661,7 @@ class JobSpec:
     @property
     def trainer_range(self) -> TrainerRange:
         """min_trainers..max_trainers (both `trainers` for a fixed job)."""
-        return TrainerRange.of(trainers=self.trainers, minimum=self.min_trainers,
-                               maximum=self.max_trainers)[0]
+        return self.topology.trainer_range
 
     @property
     def uses_volcano(self) -> bool:
@@ -226,156 +670,28 @@ class JobSpec:
     # ---- checks -----------------------------------------------------------------
     def validate(self) -> JobSpec:
         """Raises `JobSpecError` naming the first bad value; returns self for chaining."""
-        if len(self.name) > MAX_NAME_LENGTH or not _DNS_1035.fullmatch(self.name):
-            raise JobSpecError(
-                f"invalid job name {self.name!r}: use at most {MAX_NAME_LENGTH} lower-case letters, "
-                "digits and '-', starting with a letter and ending with a letter or digit "
-                "(a DNS-1035 label, e.g. 'ctr-wide-deep')"
-            )
-        if len(self.namespace) > 63 or not _DNS_1123_LABEL.fullmatch(self.namespace):
-            raise JobSpecError(
-                f"invalid namespace {self.namespace!r}: use at most 63 lower-case letters, digits "
-                "and '-' (a DNS-1123 label)"
-            )
-        if not self.image or any(c.isspace() for c in self.image):
-            raise JobSpecError(f"invalid image {self.image!r}: give an image reference such as "
-                               f"{DEFAULT_IMAGE!r}")
-        if not self.paddlecloud_image or any(c.isspace() for c in self.paddlecloud_image):
-            raise JobSpecError(f"invalid paddlecloud image {self.paddlecloud_image[:80]!r}: give "
-                               f"an image reference such as {DEFAULT_IMAGE!r}")
-        if self.security_profile not in SECURITY_PROFILES:
-            raise JobSpecError(f"invalid security profile {self.security_profile[:40]!r}: use "
-                               f"{' or '.join(SECURITY_PROFILES)}")
-        _check_count("run-as user (uid)", self.run_as_user, minimum=1)
-        if self.run_as_user != DEFAULT_RUN_AS_USER and self.security_profile != "restricted":
-            raise JobSpecError(
-                f"run-as user {self.run_as_user} is the restricted profile's uid: add "
-                "--restricted (PaddleJob spec.securityProfile: restricted), or drop it and the "
-                "programs run as their images' users"
-            )
-        _check_count("trainers", self.trainers, minimum=1)
-        _check_count("pservers", self.pservers, minimum=0)
-        for bound in ("min_trainers", "max_trainers"):
-            if getattr(self, bound) is not None:
-                _check_count(bound, getattr(self, bound), minimum=1)
-        try:
-            self.trainer_range  # noqa: B018 (validates the range and `trainers` in it)
-        except RangeError as error:
-            raise JobSpecError(str(error)) from None
-        _check_count("epochs", self.epochs, minimum=1)
-        _check_count("restarts (restart limit)", self.restart_limit, minimum=0)
-        _check_count("trainer GPUs", self.trainer_gpu, minimum=0)
-        _check_count("heter trainers", self.heters, minimum=0)
-        _check_count("chunk bytes", self.chunk_bytes, minimum=0)
-        _check_count("PodGroup minMember", self.min_member, minimum=0)
-        if self.data_format not in DATA_FORMATS:
-            raise JobSpecError(
-                f"invalid format {self.data_format!r}: use one of {', '.join(DATA_FORMATS)}"
-            )
-        if self.heters and not self.pservers:
-            raise JobSpecError(
-                f"{self.heters} heter trainers but no pservers: heterogeneous PS (spec.heter) "
-                "needs spec.ps"
-            )
-        if self.host_port and not HOST_PORT_RANGE[0] <= self.host_port < HOST_PORT_RANGE[1]:
-            raise JobSpecError(
-                f"invalid host port {self.host_port}: use {HOST_PORT_RANGE[0]}.."
-                f"{HOST_PORT_RANGE[1] - 1}"
-            )
-        for what, value in (("trainer CPU", self.trainer_cpu), ("pserver CPU", self.pserver_cpu),
-                            ("trainer memory", self.trainer_memory),
-                            ("pserver memory", self.pserver_memory)):
-            if not _QUANTITY.fullmatch(value):
-                raise JobSpecError(
-                    f"invalid {what} {value!r}: use a Kubernetes quantity such as '2', '500m', "
-                    "'4Gi' or '512Mi'"
-                )
-        if self.module and not _MODULE.fullmatch(self.module):
-            raise JobSpecError(
-                f"invalid module {self.module!r}: give a Python module name such as 'ctr.train'"
-            )
+        for section in SECTIONS:
+            getattr(self, section).validate()
         if self.worker_template is None and not self.module:
             raise JobSpecError(
                 "no trainer program: give --module (run as `python3 -m MODULE`) or a PaddleJob "
                 "with spec.worker.template (-f job.yaml)"
             )
-        if self.heters and self.heter_template is None:
-            raise JobSpecError("heter trainers need a pod template (PaddleJob spec.heter.template)")
         if self.pservers and self.ps_template is None and not self.module:
             raise JobSpecError(
                 "no pserver program: give --module (pservers run it with TRAINING_ROLE=PSERVER) "
                 "or a PaddleJob with spec.ps.template"
             )
-        for path in self.package_files:
-            if path.startswith("/") or ".." in path.split("/") or not path:
-                raise JobSpecError(f"invalid package file {path!r}: must be a relative path "
-                                   "inside the package directory")
-        if self.package_files and not self.package_path:
-            raise JobSpecError("package_files given without package_path")
-        for pattern in self.inputs:
-            if not pattern or not (pattern.startswith("/") or "://" in pattern):
-                raise JobSpecError(
-                    f"invalid input {pattern!r}: on Kubernetes an input is an absolute path inside "
-                    "the pods (e.g. under the --data-volume mount path) or a URL such as "
-                    "s3://bucket/train/*.csv"
-                )
-        seen: set[str] = set()
-        for key, secret, secret_key in self.secret_env:
-            if len(secret) > 253 or not _DNS_1123_SUBDOMAIN.fullmatch(secret):
-                raise JobSpecError(f"invalid Secret name {secret[:64]!r} in --secret-env {key}: "
-                                   "a DNS-1123 subdomain, e.g. 'my-credentials'")
-            if not _SECRET_KEY.fullmatch(secret_key):
-                raise JobSpecError(f"invalid Secret key {secret_key[:64]!r} in --secret-env {key}: "
-                                   "letters, digits, '-', '_' and '.'")
-        for key in [k for k, _ in self.env] + [k for k, _, _ in self.secret_env]:
-            if not _ENV_NAME.fullmatch(key):
-                raise JobSpecError(
-                    f"invalid environment variable name {key!r}: use letters, digits, '_', '-' "
-                    "and '.', not starting with a digit"
-                )
-            if key in RESERVED_ENV:
-                raise JobSpecError(
-                    f"environment variable {key} is set by paddlecloud itself (DESIGN.md section 8); "
-                    "remove it from -e/--env/--secret-env"
-                )
-            if key in seen:
-                raise JobSpecError(f"environment variable {key} is given twice")
-            seen.add(key)
-        from paddlecloud.paddlejob import TEMPLATE_ROLES, check_template
-
         for field_name, role in TEMPLATE_ROLES.items():
             template = getattr(self, field_name)
             if template is not None:
                 check_template(template, where=f"spec.{role}.template",
                                allow_privileged=self.allow_privileged)
-        if not self.etcd_endpoints.strip():
-            raise JobSpecError("no etcd endpoints: give --etcd-endpoints http://HOST:2379[,...]")
-        from paddlecloud.etcd import parse_endpoints
+        self._check_gang()
+        return self
 
-        try:
-            parse_endpoints(self.etcd_endpoints)
-        except ValueError as error:
-            raise JobSpecError(str(error)) from None
-        if self.data_volume is not None:
-            self.data_volume.validate()
-        if self.clean_pod_policy not in CLEAN_POD_POLICIES:
-            raise JobSpecError(
-                f"invalid cleanPodPolicy {self.clean_pod_policy!r}: use one of "
-                f"{', '.join(CLEAN_POD_POLICIES)}"
-            )
-        if self.intranet not in INTRANETS:
-            raise JobSpecError(
-                f"unsupported intranet {self.intranet!r}: use one of {', '.join(INTRANETS)}"
-            )
-        if self.with_gloo not in (0, 1, 2):
-            raise JobSpecError(
-                f"invalid withGloo {self.with_gloo!r}: use 0 (off), 1 (trainers) or 2 (trainers "
-                "and pservers)"
-            )
-        if self.scheduler_name and not _DNS_1123_SUBDOMAIN.fullmatch(self.scheduler_name):
-            raise JobSpecError(f"invalid schedulerName {self.scheduler_name!r}")
-        if (self.queue or self.priority_class or self.min_resources or self.min_member
-                or self.podgroup_name) and not self.uses_volcano:
+    def _check_gang(self) -> None:
+        if self.scheduling.gang_settings and not self.uses_volcano:
             raise JobSpecError(
                 "schedulingPolicy (minAvailable, queue, priorityClass, minResources) and a PodGroup "
                 "need the Volcano scheduler: set schedulerName: volcano in a pod template"
@@ -395,29 +711,24 @@ class JobSpec:
                 f"Volcano ({', '.join(f'{self.replicas_of(r)} {r}' for r in self.volcano_roles)}): "
                 "the gang could never be scheduled; use at most that"
             )
-        if self.pservers and self.ps_template is None and self.worker_template is not None:
-            raise JobSpecError("a PaddleJob with pservers needs spec.ps.template")
-        if self.local_queue and (len(self.local_queue) > 63
-                                 or not _DNS_1123_LABEL.fullmatch(self.local_queue)):
-            raise JobSpecError(
-                f"invalid Kueue queue name {self.local_queue[:64]!r}: a LocalQueue's name, at most "
-                "63 lower-case letters, digits and '-' (also a valid label value), e.g. 'team-a'")
-        return self
 
-    # ---- YAML (the ConfigMap content the master reads with --job-spec) ----------
+    # ---- flat values and YAML (the ConfigMap content the master reads with --job-spec) ---------
+    def flat(self) -> dict[str, Any]:
+        """{field: value} of every field, flat."""
+        return {f.name: getattr(self, f.name) for f in job_fields()}
+
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"spec_version": SPEC_VERSION}
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            if f.name == "env":
+        for name, value in self.flat().items():
+            if name == "env":
                 value = {k: v for k, v in value}
-            elif f.name == "data_volume" and value is not None:
+            elif name == "data_volume" and value is not None:
                 value = {"claim": value.claim, "mount_path": value.mount_path}
             elif isinstance(value, tuple):
-                value = list(value)
+                value = [list(v) if isinstance(v, tuple) else v for v in value]
             elif isinstance(value, Mapping):
                 value = copy.deepcopy(dict(value))
-            out[f.name] = value
+            out[name] = value
         return out
 
     def to_yaml(self) -> str:
@@ -431,13 +742,12 @@ class JobSpec:
         version = data.pop("spec_version", SPEC_VERSION)
         if version != SPEC_VERSION:
             raise JobSpecError(
-                f"job spec version {version!r} is not supported: this paddlecloud reads version "
+                f"job spec version {version!r:.20} is not supported: this paddlecloud reads version "
                 f"{SPEC_VERSION}; submit the job again with this paddlecloud"
             )
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - names)
+        unknown = sorted(set(data) - set(SECTION_OF))
         if unknown:
-            raise JobSpecError(f"unknown job spec field(s): {', '.join(unknown)}")
+            raise JobSpecError(f"unknown job spec field(s): {', '.join(unknown)[:200]}")
         if "name" not in data:
             raise JobSpecError("the job spec has no name")
         kwargs: dict[str, Any] = {}
@@ -462,21 +772,11 @@ class JobSpec:
         return cls.from_dict(data)
 
     def replace(self, **changes: Any) -> JobSpec:
-        return dataclasses.replace(self, **changes)
-
-    # ---- paddle-operator PaddleJob ------------------------------------------------
-    @classmethod
-    def from_paddlejob(cls, doc: Mapping[str, Any], **overrides: Any) -> JobSpec:
-        """A spec from a paddle-operator `PaddleJob`: `paddlecloud.paddlejob.translate`,
-        the one translation `job submit -f` and the operator share."""
-        from paddlecloud.paddlejob import translate
-
-        return translate(doc, **overrides)
+        return JobSpec(**{section: getattr(self, section) for section in SECTIONS}, **changes)
 
 
-def _check_count(what: str, value: object, *, minimum: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise JobSpecError(f"invalid number of {what} {value!r}: must be an integer >= {minimum}")
+for _name, _section in SECTION_OF.items():
+    setattr(JobSpec, _name, _flat_property(_section, _name))
 
 
 def parse_secret_env(pairs: Iterable[str]) -> tuple[tuple[str, str, str], ...]:
@@ -486,7 +786,7 @@ def parse_secret_env(pairs: Iterable[str]) -> tuple[tuple[str, str, str], ...]:
         name, sep, ref = pair.partition("=")
         secret, slash, key = ref.partition("/")
         if not sep or not slash or not name or not secret or not key:
-            raise JobSpecError(f"invalid --secret-env {pair[:64]!r}: use NAME=SECRET/KEY "
+            raise JobSpecError(f"invalid --secret-env {quote(pair)}: use NAME=SECRET/KEY "
                                "(the Secret's key becomes NAME; its value is never in the job spec)")
         out.append((name, secret, key))
     return tuple(out)
@@ -498,3 +798,17 @@ def parse_env(pairs: Iterable[str]) -> tuple[tuple[str, str], ...]:
         return tuple(parse_key_value(pair) for pair in pairs)
     except ValueError as error:
         raise JobSpecError(f"invalid environment setting: {error}") from None
+
+
+def chunk_bytes(value: Any, *, where: str = "--chunk-bytes") -> int:
+    """Bytes of a chunk size (`64MiB`, `1GiB`, or an integer); errors name the value."""
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise JobSpecError(f"invalid {where} {value!r:.40}: use e.g. '64MiB' or a number of bytes")
+    try:
+        size = parse_size(value)
+    except ValueError as error:
+        raise JobSpecError(f"{where}: {error}") from None
+    if size < 1:
+        raise JobSpecError(f"invalid {where} {quote(str(value))}: a chunk holds at least 1 byte")
+    return size
+

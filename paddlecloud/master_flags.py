@@ -17,6 +17,7 @@ logger = logging.getLogger(__name__)
 def master_flags(*, job: str, namespace: str, etcd_endpoints: str, port: int, advertise: str,
                  host: str | None = None, inputs: Sequence[str] = (), epochs: int | None = None,
                  data_format: str | None = None, chunk_bytes: int | None = None,
+                 shuffle_seed: int | None = None,
                  start_epoch: int | None = None, resume_from: str | None = None,
                  session_ttl: str | None = None, election_ttl: str | None = None,
                  metrics_port: int | None = None, trainers: tuple[int, int, int] | None = None,
@@ -25,7 +26,7 @@ def master_flags(*, job: str, namespace: str, etcd_endpoints: str, port: int, ad
                  extra: Sequence[str] = ()) -> list[str]:
     """The flags after `paddlecloud master`; None (or empty) leaves a flag to its default.
 
-    `epochs`, `data_format`, `chunk_bytes` and `resume_from` are given only with
+    `epochs`, `data_format`, `chunk_bytes`, `shuffle_seed` and `resume_from` are given only with
     `inputs` (they belong to the dataset; a chunk size of 0 is the master's default);
     `trainers` is (desired, min, max) at start; `extra` flags come last, as given.
     """
@@ -49,6 +50,8 @@ def master_flags(*, job: str, namespace: str, etcd_endpoints: str, port: int, ad
             flags += ["--format", data_format]
         if chunk_bytes:
             flags += ["--chunk-bytes", str(chunk_bytes)]
+        if shuffle_seed is not None:
+            flags += ["--shuffle-seed", str(shuffle_seed)]
         if resume_from:
             flags += ["--resume-from", resume_from]
     return [*flags, *extra]

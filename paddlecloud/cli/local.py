@@ -35,10 +35,12 @@ from paddlecloud.backends.local.container import (
     find_engine,
     job_mounts,
 )
+from paddlecloud.cli.spec_options import spec_option
 from paddlecloud.clitypes import DURATION, ENV_OPTION_NAMES, ENV_PAIR, NON_NEGATIVE, POSITIVE, SIZE
 from paddlecloud.datasets import FORMATS, SpecError, list_files
 from paddlecloud.etcd import MIN_LEASE_TTL
 from paddlecloud.goodput_text import summarize_trainer_seconds
+from paddlecloud.jobfields import LOCAL
 
 EXAMPLES = {"fit-a-line": "examples.fit_a_line"}
 
@@ -249,6 +251,7 @@ def local() -> None:
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="lines",
               help="Data format: lines (a record per line; csv, tsv, jsonl and text are its aliases) or file (a record per file).")
 @click.option("--chunk-bytes", type=SIZE, default="64MiB", help="Chunk size the master cuts files into.")
+@spec_option("shuffle_seed", door=LOCAL, default=0, show_default=False)
 @click.option("--session-ttl", type=DURATION, default="30s", show_default=True,
               help="Trainer session lease (as the master's default: longer than a failover).")
 @click.option("--example", type=click.Choice(sorted(EXAMPLES)), help="Run a bundled example (generates its data).")
@@ -261,7 +264,7 @@ def local() -> None:
               help="The container engine for --image [default: the first of podman and docker on PATH].")
 @click.argument("module_args", nargs=-1, type=click.UNPROCESSED)
 def train(module, package_path, inputs, output, trainers, min_trainers, max_trainers, resize_schedule, pservers, pserver_module, env, epochs, checkpoint_every, masters, fresh,
-          etcd_endpoints, restart_limit, restart_mode, job_name, fmt, chunk_bytes, session_ttl, example,
+          etcd_endpoints, restart_limit, restart_mode, job_name, fmt, chunk_bytes, shuffle_seed, session_ttl, example,
           tls, image, engine, module_args) -> None:
     """Run a training job here: etcd, master(s), pservers and trainers as child processes
     (with --image, each trainer and pserver in a container of IMAGE).
@@ -328,7 +331,7 @@ def train(module, package_path, inputs, output, trainers, min_trainers, max_trai
         package_path=package_path.absolute() if package_path else None, env=env,
         module_args=tuple(module_args), etcd_endpoints=etcd_endpoints, fresh=fresh,
         restart_limit=restart_limit, restart_mode=restart_mode or ("group" if pservers == 0 else "trainer"),
-        start_epoch=start_epoch, session_ttl=repr(session_ttl),
+        start_epoch=start_epoch, session_ttl=repr(session_ttl), shuffle_seed=shuffle_seed,
         master_args=("--format", fmt, "--chunk-bytes", str(chunk_bytes)), tls=tls, container=container,
     )
     with ConsoleView() as view:

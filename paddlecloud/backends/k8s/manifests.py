@@ -576,7 +576,7 @@ def harden_user_pod(spec: JobSpec, pod: dict[str, Any], *, helpers: set[str]) ->
     (a root image writing into its WORKDIR still can). The restricted profile
     (`security_profile: restricted`) adds a non-root pod user, `spec.run_as_user`, and
     fsGroup. paddlecloud's own containers (`helpers`) are restricted either way. A
-    template's explicit values are kept (paddlejob.check_template refuses the unsafe
+    template's explicit values are kept (podtemplates.check_template refuses the unsafe
     ones unless the submitter allowed them).
     """
     context = pod.setdefault("securityContext", {})
@@ -1030,7 +1030,7 @@ def master_command(spec: JobSpec) -> list[str]:
         job=spec.name, namespace=spec.namespace, etcd_endpoints=spec.etcd_endpoints,
         port=MASTER_PORT, advertise=f"$(POD_IP):{MASTER_PORT}", metrics_port=METRICS_PORT,
         inputs=spec.inputs or (), epochs=spec.epochs, data_format=spec.data_format,
-        chunk_bytes=spec.chunk_bytes,
+        chunk_bytes=spec.chunk_bytes, shuffle_seed=spec.shuffle_seed,
         # a job started again on the same output resumes after its checkpoint
         resume_from=checkpoints_dir(spec.output) if spec.output else None, tokens_dir=TOKENS_MOUNT,
         scaler_token_file=f"{SCALER_MOUNT}/{SCALER_KEY}",
