@@ -53,13 +53,13 @@ _LEGACY: dict[str, tuple[Any, Any, str]] = {
     "gpu_num": (int, 1, "GPUs per trainer when `use_gpu`."),
     "base_image": (str, DEFAULT_IMAGE, "The image the package runs on (the runtime image is "
                                        "built FROM it)."),
-    "trainer_package": (str, "", "The package: its digest from POST /v1/package (server) or a "
-                                 "local directory (Python API)."),
     "data_volume": (str, "", "A PersistentVolumeClaim as CLAIM:PATH, mounted at PATH in the "
                              "master (read-only) and every trainer."),
 }
 # parameters of PaddlePaddle cloud's API that are no field of their own
 _EXTRA: dict[str, tuple[Any, Any, str]] = {
+    "trainer_package": (str, "", "The package: its digest from POST /v1/package (server) or a "
+                                 "local directory (Python API)."),
     "use_gpu": (bool, False, "Give each trainer `gpu_num` GPUs."),
     "volume": (str, "", "A PersistentVolumeClaim mounted at /VOLUME in the master (read-only) and "
                         "every trainer, where input and output point (e.g. volume quickstart, "
@@ -141,7 +141,6 @@ def _inputs(job: Any, name: str) -> tuple[str, ...]:
 # JobSpec field -> its value from the API's parameters, where it is not the parameter as given
 _SPEC_VALUE: dict[str, Callable[[Any, str], Any]] = {
     "namespace": lambda job, name: job.namespace or "default",
-    "package_path": lambda job, name: "",  # the package is uploaded; to_spec's argument says where
     "min_trainers": lambda job, name: job.min_trainers or None,
     "max_trainers": lambda job, name: job.max_trainers or None,
     "trainer_cpu": _cpu,
@@ -164,6 +163,7 @@ _API_VALUE: dict[str, Callable[[JobSpec], Any]] = {
     "env": lambda spec: dict(spec.env),
     "data_volume": lambda spec: str(spec.data_volume) if spec.data_volume else "",
     "volume": lambda spec: "",
+    "trainer_package": lambda spec: spec.package_path,  # uploaded by the Python API
     "cpu_num": lambda spec: int(spec.trainer_cpu) if spec.trainer_cpu.isdigit() else spec.trainer_cpu,
 }
 

@@ -169,8 +169,11 @@ class Workload:
         local="module", not_at={PADDLEJOB: _TEMPLATES_SAY})
     package_path: str = job_field(
         "", kind="directory", help="Directory of your code, shipped in a ConfigMap (< 1 MiB) and put on PYTHONPATH.",
-        flag="package_path", api="trainer_package", local="package_path",
-        not_at={PADDLEJOB: _TEMPLATES_SAY})
+        flag="package_path", local="package_path",
+        not_at={PADDLEJOB: _TEMPLATES_SAY,
+                API: "trainer_package: the Python API ships that directory itself",
+                SERVER: "trainer_package: the digest of a package uploaded with POST /v1/package, "
+                        "which the server builds the job's image from"})
     package_files: tuple[str, ...] = job_field(
         (), kind="paths", help="The package's files, relative to package_path.",
         not_at={CLI: _FROM_PACKAGE, PADDLEJOB: _FROM_PACKAGE, API: _FROM_PACKAGE,
