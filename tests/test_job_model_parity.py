@@ -262,3 +262,20 @@ def test_the_check_reports_a_key_the_paddlejob_translation_no_longer_knows(monke
                                                         if k != "shuffleSeed"))
     problems = reach(PADDLEJOB, "shuffle_seed")
     assert problems and "unknown field spec.shuffleSeed" in problems[0]
+
+
+# ---- the code that acts on shuffle_seed: the master gets it, on either backend -------------------
+def test_the_kubernetes_master_gets_the_shuffle_seed():
+    from paddlecloud.backends.k8s import manifests
+
+    command = manifests.master_command(through_cli({"shuffle_seed": 7, "inputs": ("/d/*.csv",)}))
+    assert command[command.index("--shuffle-seed") + 1] == "7"
+
+
+def test_the_local_master_gets_the_shuffle_seed():
+    from paddlecloud.master_flags import master_flags
+
+    params = through_local({"shuffle_seed": 7})
+    flags = master_flags(job="j", namespace="n", etcd_endpoints="http://e:2379", port=1,
+                         advertise="a:1", inputs=("/d",), shuffle_seed=params["shuffle_seed"])
+    assert flags[flags.index("--shuffle-seed") + 1] == "7"
