@@ -331,6 +331,19 @@ def _own_fields(spec: Mapping[str, Any]) -> dict[str, Any]:
             for key, f in OWN_FIELDS.items() if spec.get(key) is not None}
 
 
+def own_keys(spec: JobSpec) -> dict[str, Any]:
+    """paddlecloud's own keys of a PaddleJob's spec that write `spec`'s values (those that
+    differ from the model's defaults): `translate` reads them back as they were."""
+    return {key: _yaml_of(getattr(spec, f.name)) for key, f in OWN_FIELDS.items()
+            if getattr(spec, f.name) != f.default}
+
+
+def _yaml_of(value: Any) -> Any:
+    if isinstance(value, DataVolume):
+        return {"claim": value.claim, "mountPath": value.mount_path}
+    return list(value) if isinstance(value, tuple) else value
+
+
 def own_value(doors: Doors, value: Any, *, where: str) -> Any:
     """The JobSpec value of a YAML (or JSON) value of a field of `doors.kind`; errors name it."""
     match doors.kind:

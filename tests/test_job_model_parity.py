@@ -279,3 +279,13 @@ def test_the_local_master_gets_the_shuffle_seed():
     flags = master_flags(job="j", namespace="n", etcd_endpoints="http://e:2379", port=1,
                          advertise="a:1", inputs=("/d",), shuffle_seed=params["shuffle_seed"])
     assert flags[flags.index("--shuffle-seed") + 1] == "7"
+
+
+# ---- a JobSpec written back as a PaddleJob (the Job Server through the operator) loses nothing ---
+@pytest.mark.parametrize("name", sorted(f.name for f in paddlejob.OWN_FIELDS.values()))
+def test_a_spec_written_as_a_paddlejob_reads_back_the_same(name):
+    from paddlecloud.backends.k8s.jobs import paddlejob_document
+    from paddlecloud.jobspec import JobSpec
+
+    spec = JobSpec(**BASE, **COMPANIONS.get(name, {}), **{name: SAMPLES[name]})
+    assert getattr(paddlejob.translate(paddlejob_document(spec)), name) == SAMPLES[name]
