@@ -144,7 +144,7 @@ class Workload:
 
     name: str = job_field(
         help="The job's name (a DNS-1035 label, at most 40 characters).",
-        flag="NAME", paddlejob="metadata.name", api="job_name", local="job_name")
+        flag="NAME", paddlejob="metadata.name", api="job_name", local="job")
     namespace: str = job_field(
         "default", help="Kubernetes namespace of the job.  [default: the PaddleJob's, else default]",
         flag="namespace", flag_names=("-n", "--namespace"),
@@ -483,7 +483,7 @@ class Data:
     data_format: str = job_field(
         "lines", kind="choice", choices=DATA_FORMATS, own=True,
         help="Input format: lines (csv, tsv, jsonl, text) or file  [default: lines]",
-        flag="data_format", flag_names=("--format",), paddlejob="spec.format", api="format", local="fmt")
+        flag="data_format", flag_names=("--format",), paddlejob="spec.format", api="format", local="data_format")
     chunk_bytes: int = job_field(  # 0: the master's default (64 MiB)
         0, kind="size", own=True, metavar="SIZE",
         help="Size of a data chunk, e.g. 64MiB or 1GiB  [default: 64MiB]", flag="chunk_bytes",

@@ -20,7 +20,7 @@ from typing import Any
 import click
 
 from paddlecloud.clitypes import ENV_STRING, Count
-from paddlecloud.jobfields import CLI, Doors, doors_of
+from paddlecloud.jobfields import CLI, LOCAL, Doors, doors_of
 from paddlecloud.jobspec import (
     DataVolume,
     chunk_bytes,
@@ -68,9 +68,21 @@ def spec_option(name: str, *, door: str = CLI, **overrides: Any) -> Callable[[An
     `door` is local train, whose parameter is `Doors.local`); `overrides` win."""
     doors = doors_of(field_of(name))
     param = doors.flag if door == CLI else doors.local
-    spellings = doors.flag_names or ("--" + (doors.flag or param).replace("_", "-"),)
+    spellings = ((doors.flag_names if param == doors.flag else ()) or
+                 ("--" + param.replace("_", "-"),))
     kwargs = {**_click_kwargs(doors), "help": doors.help, **overrides}
     return click.option(*spellings, param, **kwargs)
+
+
+def local_options(differences: Mapping[str, Mapping[str, Any]]) -> Callable[[Any], Any]:
+    """Every `local train` option of the job model (`Doors.local`), in the model's order;
+    `differences` are local train's own type, default or help of a field, by field."""
+    def apply(command: Callable[..., Any]) -> Callable[..., Any]:
+        for f in reversed(list(job_fields())):
+            if doors_of(f).local is not None:
+                command = spec_option(f.name, door=LOCAL, **differences.get(f.name, {}))(command)
+        return command
+    return apply
 
 
 def submit_options(command: Callable[..., Any]) -> Callable[..., Any]:
