@@ -40,7 +40,7 @@ _OWN_KEYS = textwrap.fill(", ".join(OWN_FIELDS), width=84, initial_indent="# ",
                           subsequent_indent="# ")
 HEADER = f"""\
 # The PaddleJob resource: paddle-operator's batch.paddlepaddle.org/v1 PaddleJob, with
-# paddlecloud's own fields beside (from the job model, paddlecloud/jobspec.py):
+# paddlecloud's own fields beside (from the job model, paddlecloud/jobspec/):
 {_OWN_KEYS}.
 # `paddlecloud operator` (deploy/operator.yaml) runs each one by creating the job's master;
 # `paddlecloud job submit -f` reads the same YAML.
