@@ -24,7 +24,7 @@ import logging
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from paddlecloud.jobfields import SERVER, Doors, doors_of
+from paddlecloud.jobfields import SERVER, doors_of
 from paddlecloud.jobspec import (
     DEFAULT_IMAGE,
     DataVolume,
@@ -40,30 +40,31 @@ logger = logging.getLogger(__name__)
 _TYPES: dict[str, Any] = {"text": str, "directory": str, "choice": str, "count": int,
                           "integer": int, "flag": bool, "size": int | str,
                           "paths": tuple[str, ...], "pairs": Mapping[str, str], "volume": str}
-# PaddlePaddle cloud's parameters whose type or default is not the model's: (type, default, help)
-_LEGACY: dict[str, tuple[Any, Any, str]] = {
-    "namespace": (str, "", "Kubernetes namespace (default: the token's first, else default)."),
-    "min_trainers": (int, 0, "Fewest trainers (0: `trainers`)."),
-    "max_trainers": (int, 0, "Most trainers (0: `trainers`)."),
-    "cpu_num": (int | str, 1, "CPUs of each trainer (and pserver, unless pserver_cpu), e.g. 4 "
-                              "or '500m'."),
-    "memory": (str, "2Gi", "Memory of each trainer (and pserver, unless pserver_memory)."),
-    "pserver_cpu": (str, "", "CPU per pserver (default: cpu_num)."),
-    "pserver_memory": (str, "", "Memory per pserver (default: memory)."),
-    "gpu_num": (int, 1, "GPUs per trainer when `use_gpu`."),
-    "base_image": (str, DEFAULT_IMAGE, "The image the package runs on (the runtime image is "
-                                       "built FROM it)."),
-    "data_volume": (str, "", "A PersistentVolumeClaim as CLAIM:PATH, mounted at PATH in the "
-                             "master (read-only) and every trainer."),
+# where a PaddlePaddle cloud parameter differs from its field in the model: type, default, help
+_API_DIFFERENCES: dict[str, dict[str, Any]] = {
+    "namespace": {"default": "", "help": "Kubernetes namespace (default: the token's first, else "
+                                         "default)."},
+    "min_trainers": {"default": 0, "help": "Fewest trainers (0: `trainers`)."},
+    "max_trainers": {"default": 0, "help": "Most trainers (0: `trainers`)."},
+    "cpu_num": {"type": int | str, "default": 1,
+                "help": "CPUs of each trainer (and pserver, unless pserver_cpu), e.g. 4 or '500m'."},
+    "memory": {"help": "Memory of each trainer (and pserver, unless pserver_memory)."},
+    "pserver_cpu": {"default": "", "help": "CPU per pserver (default: cpu_num)."},
+    "pserver_memory": {"default": "", "help": "Memory per pserver (default: memory)."},
+    "gpu_num": {"default": 1, "help": "GPUs per trainer when `use_gpu`."},
+    "base_image": {"help": "The image the package runs on (the runtime image is built FROM it)."},
+    "data_volume": {"default": "", "help": "A PersistentVolumeClaim as CLAIM:PATH, mounted at PATH "
+                                           "in the master (read-only) and every trainer."},
 }
-# parameters of PaddlePaddle cloud's API that are no field of their own
-_EXTRA: dict[str, tuple[Any, Any, str]] = {
-    "trainer_package": (str, "", "The package: its digest from POST /v1/package (server) or a "
-                                 "local directory (Python API)."),
-    "use_gpu": (bool, False, "Give each trainer `gpu_num` GPUs."),
-    "volume": (str, "", "A PersistentVolumeClaim mounted at /VOLUME in the master (read-only) and "
-                        "every trainer, where input and output point (e.g. volume quickstart, "
-                        "input /quickstart/input)."),
+# PaddlePaddle cloud's parameters that are no field of the model by themselves
+_EXTRA: dict[str, dict[str, Any]] = {
+    "trainer_package": {"type": str, "default": "", "help": (
+        "The package: its digest from POST /v1/package (server) or a local directory (Python "
+        "API).")},
+    "use_gpu": {"type": bool, "default": False, "help": "Give each trainer `gpu_num` GPUs."},
+    "volume": {"type": str, "default": "", "help": (
+        "A PersistentVolumeClaim mounted at /VOLUME in the master (read-only) and every trainer, "
+        "where input and output point (e.g. volume quickstart, input /quickstart/input).")},
 }
 _REQUIRED = ("job_name", "module")
 
@@ -76,17 +77,17 @@ def api_fields() -> Iterator[tuple[str, dataclasses.Field]]:
 
 
 def _parameter(name: str, f: dataclasses.Field | None) -> tuple[str, Any, Any]:
-    doors: Doors | None = doors_of(f) if f is not None else None
-    kind, default, text = _LEGACY.get(name) or _EXTRA.get(name) or (
-        _TYPES[doors.kind], f.default, doors.help)
+    """(name, type, dataclasses.field) of one parameter: its field's kind, default and help,
+    unless PaddlePaddle cloud's API says otherwise."""
+    doors = doors_of(f) if f is not None else None
+    model = {"type": _TYPES[doors.kind], "default": f.default, "help": doors.help} if doors else {}
+    given = {**model, **_API_DIFFERENCES.get(name, {}), **_EXTRA.get(name, {})}
+    kind, default, doc = given["type"], given["default"], {"doc": given["help"]}
     if name in _REQUIRED:
-        return name, kind, dataclasses.field(metadata={"doc": text})
-    if isinstance(default, Mapping) or kind is _TYPES["pairs"]:
-        return name, kind, dataclasses.field(default_factory=dict, metadata={"doc": text})
-    if f is not None and f.default is dataclasses.MISSING and name not in _LEGACY:
-        default = ""
-    return name, kind, dataclasses.field(default=() if kind is _TYPES["paths"] else default,
-                                         metadata={"doc": text})
+        return name, kind, dataclasses.field(metadata=doc)
+    if kind is _TYPES["pairs"]:
+        return name, kind, dataclasses.field(default_factory=dict, metadata=doc)
+    return name, kind, dataclasses.field(default=default, metadata=doc)
 
 
 def _parameters() -> list[tuple[str, Any, Any]]:
