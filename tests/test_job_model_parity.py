@@ -289,3 +289,39 @@ def test_a_spec_written_as_a_paddlejob_reads_back_the_same(name):
 
     spec = JobSpec(**BASE, **COMPANIONS.get(name, {}), **{name: SAMPLES[name]})
     assert getattr(paddlejob.translate(paddlejob_document(spec)), name) == SAMPLES[name]
+
+
+@pytest.mark.parametrize("name", ["restart_limit", "pservers", "trainer_gpu", "shuffle_seed"])
+def test_a_zero_given_at_the_command_line_is_kept(name):
+    """0 is a value (`--restart-limit 0`: fail at the first lost trainer), not "not given"."""
+    assert getattr(through_cli({name: 0}), name) == 0
+
+
+# ---- `job submit --queue -f`: the flags a PaddleJob holds are written into it, from the model -----
+def _worker_only() -> dict[str, Any]:
+    return {"apiVersion": "batch.paddlepaddle.org/v1", "kind": "PaddleJob",
+            "metadata": {"name": BASE["name"]},
+            "spec": {"worker": {"replicas": 1, "template": copy.deepcopy(TEMPLATE)}}}
+
+
+QUEUED = sorted(f.name for f in paddlejob.OWN_FIELDS.values() if doors_of(f).flag)
+
+
+@pytest.mark.parametrize("name", QUEUED)
+def test_a_queued_submit_writes_every_own_flag_into_the_paddlejob(name, tmp_path):
+    from paddlecloud.backends.k8s.queued import queued_paddlejob
+
+    values = {**COMPANIONS.get(name, {}), name: SAMPLES[name]}
+    args = [a for n, v in values.items() for a in _cli_args(n, v)]
+    params = submit_command.make_context("submit", ["parity", *args]).params
+    options = {k: v for k, v in params.items()
+               if k not in ("words", "paddlejob", "dry_run", "server", "token", "kubeconfig", "queue")}
+    queued = queued_paddlejob([_worker_only()], queue="q", name=None, options=options)
+    assert getattr(paddlejob.translate(queued), name) == SAMPLES[name]
+
+
+def test_a_queued_submit_keeps_a_restart_limit_of_zero():
+    from paddlecloud.backends.k8s.queued import queued_paddlejob
+
+    queued = queued_paddlejob([_worker_only()], queue="q", name=None, options={"restart_limit": 0})
+    assert queued["spec"]["restartLimit"] == 0

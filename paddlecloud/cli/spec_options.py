@@ -1,8 +1,8 @@
 """The command-line options of the job model's fields, derived from the model.
 
 `job submit` takes every field whose `Doors.flag` names an option, with the field's
-help, kind and spellings (`paddlecloud.jobfields`); `local train` takes the few it
-applies through `spec_option`. `values_of` turns the parsed options back into JobSpec
+help, kind and spellings (`paddlecloud.jobfields`); `local train` those with a local
+door, with what one machine changes (`local_options`). `values_of` turns the parsed options back into JobSpec
 fields, each parsed by its kind with errors that name the value. So a field added to
 the model is on the command line without a line here.
 
@@ -63,7 +63,7 @@ def _click_kwargs(doors: Doors) -> dict[str, Any]:
     return kwargs
 
 
-def spec_option(name: str, *, door: str = CLI, **overrides: Any) -> Callable[[Any], Any]:
+def _spec_option(name: str, *, door: str = CLI, **overrides: Any) -> Callable[[Any], Any]:
     """The click option of field `name` (its `job submit` spelling and parameter unless
     `door` is local train, whose parameter is `Doors.local`); `overrides` win."""
     doors = doors_of(field_of(name))
@@ -80,7 +80,7 @@ def local_options(differences: Mapping[str, Mapping[str, Any]]) -> Callable[[Any
     def apply(command: Callable[..., Any]) -> Callable[..., Any]:
         for f in reversed(list(job_fields())):
             if doors_of(f).local is not None:
-                command = spec_option(f.name, door=LOCAL, **differences.get(f.name, {}))(command)
+                command = _spec_option(f.name, door=LOCAL, **differences.get(f.name, {}))(command)
         return command
     return apply
 
@@ -88,13 +88,13 @@ def local_options(differences: Mapping[str, Mapping[str, Any]]) -> Callable[[Any
 def submit_options(command: Callable[..., Any]) -> Callable[..., Any]:
     """Every `job submit` option of the job model, in the model's order in --help."""
     for name, _ in reversed(list(submit_fields())):
-        command = spec_option(name)(command)
+        command = _spec_option(name)(command)
     return command
 
 
-def value_of(doors: Doors, given: Any) -> Any:
+def _value_of(doors: Doors, given: Any) -> Any:
     """The JobSpec value of an option as click parsed it; None when not given."""
-    if given in (None, False, ()):
+    if given is None or given is False or given == ():  # never `in`: 0 == False
         return None
     if doors.flag_value is not None:
         return doors.flag_value
@@ -116,4 +116,4 @@ def value_of(doors: Doors, given: Any) -> Any:
 
 def values_of(options: Mapping[str, Any]) -> dict[str, Any]:
     """{JobSpec field: value} of every model option in `options` (None: not given)."""
-    return {name: value_of(doors, options.get(doors.flag)) for name, doors in submit_fields()}
+    return {name: _value_of(doors, options.get(doors.flag)) for name, doors in submit_fields()}

@@ -46,7 +46,7 @@ NEUTRAL = {"namespace", "queue"}
 
 
 def _given(value: Any) -> bool:
-    return value not in (None, False, (), "")
+    return not (value is None or value is False or value in ((), ""))  # never `in`: 0 == False
 
 
 def queued_paddlejob(docs: list[dict[str, Any]], *, queue: str, name: str | None,
