@@ -222,19 +222,16 @@ LOCAL_DIFFERENCES: dict[str, dict[str, Any]] = {
         "PADDLECLOUD_PACKAGE).")},
     "env": {"type": ENV_PAIR},
     "etcd_endpoints": {"help": "Use this etcd instead of starting a private one."},
-    "trainers": {"help": "Trainer processes [default: 1; 2 for --example]."},
-    "pservers": {"default": 0, "show_default": False},
+    "trainers": {"default": None, "help": "Trainer processes [default: 1; 2 for --example]."},
     "inputs": {"help": "Input path, glob or fsspec URL (repeatable; the programs get them in "
                        "PADDLECLOUD_INPUT)."},
     "output": {"type": click.Path(file_okay=False, path_type=Path), "default": "output",
                "help": "Where logs, checkpoints and the model go; a checkpoint there is resumed from."},
-    "epochs": {"default": 1, "show_default": False},
     "data_format": {"type": click.Choice(FORMATS), "default": "lines", "help": (
         "Data format: lines (a record per line; csv, tsv, jsonl and text are its aliases) or file "
         "(a record per file).")},
     "chunk_bytes": {"type": SIZE, "default": "64MiB", "show_default": False},
-    "shuffle_seed": {"default": 0, "show_default": False},
-    "restart_limit": {"default": 3, "help": "Restarts of a trainer (or of the group)."},
+    "restart_limit": {"show_default": True, "help": "Restarts of a trainer (or of the group)."},
 }
 
 

@@ -76,11 +76,15 @@ def _spec_option(name: str, *, door: str = CLI, **overrides: Any) -> Callable[[A
 
 def local_options(differences: Mapping[str, Mapping[str, Any]]) -> Callable[[Any], Any]:
     """Every `local train` option of the job model (`Doors.local`), in the model's order;
-    `differences` are local train's own type, default or help of a field, by field."""
+    a number defaults to the model's default (local train runs the job itself: no PaddleJob
+    to defer to); `differences` are local train's own type, default or help of a field."""
     def apply(command: Callable[..., Any]) -> Callable[..., Any]:
         for f in reversed(list(job_fields())):
-            if doors_of(f).local is not None:
-                command = _spec_option(f.name, door=LOCAL, **differences.get(f.name, {}))(command)
+            if doors_of(f).local is None:
+                continue
+            own = ({"default": f.default, "show_default": False}  # the help says the default
+                   if doors_of(f).kind in ("count", "integer") and f.default is not None else {})
+            command = _spec_option(f.name, door=LOCAL, **{**own, **differences.get(f.name, {})})(command)
         return command
     return apply
 
