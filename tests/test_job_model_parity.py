@@ -257,7 +257,9 @@ def test_the_check_reports_a_field_dropped_from_one_door(door):
 
 
 def test_the_check_reports_a_key_the_paddlejob_translation_no_longer_knows(monkeypatch):
-    monkeypatch.delitem(paddlejob.OWN_FIELDS, "shuffleSeed")
+    # a new mapping, not delitem: the restored key would come back last, reordering the CRD
+    monkeypatch.setattr(paddlejob, "OWN_FIELDS", {k: f for k, f in paddlejob.OWN_FIELDS.items()
+                                                  if k != "shuffleSeed"})
     monkeypatch.setattr(paddlejob, "SPEC_FIELDS", tuple(k for k in paddlejob.SPEC_FIELDS
                                                         if k != "shuffleSeed"))
     problems = reach(PADDLEJOB, "shuffle_seed")
@@ -325,3 +327,10 @@ def test_a_queued_submit_keeps_a_restart_limit_of_zero():
 
     queued = queued_paddlejob([_worker_only()], queue="q", name=None, options={"restart_limit": 0})
     assert queued["spec"]["restartLimit"] == 0
+
+
+def test_the_python_api_takes_input_as_a_glob_like_the_cli_and_a_list_as_seed_001():
+    one = PaddleJob(job_name="parity", module="pkg.train", input="/data/*.csv")
+    listed = PaddleJob(job_name="parity", module="pkg.train", input=["/data/*.csv"])
+    assert one._as_request().to_spec().inputs == listed._as_request().to_spec().inputs == (
+        through_cli({"inputs": ("/data/*.csv",)}).inputs)
