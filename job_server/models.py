@@ -1,9 +1,10 @@
 """The request and response models: they ARE the OpenAPI schema.
 
 `TrainerJobRequest` is generated from `paddlecloud.jobrequest.TrainerJob` — the
-value the Python API builds and `to_spec` maps onto the `JobSpec` of `job submit`
-— field by field, with its defaults and descriptions, so the server, the CLI and
-the Python API cannot drift apart. Its validator runs `TrainerJob.to_spec`, so a
+value the Python API builds, itself generated from the job model (`JobSpec`'s
+fields that name an API parameter), and mapped by `to_spec` onto the `JobSpec` of
+`job submit` — field by field, with its defaults and descriptions, so the server,
+the CLI and the Python API cannot drift apart. Its validator runs `TrainerJob.to_spec`, so a
 bad value is a 422 naming it, before anything is stored or created.
 
 What this does NOT guarantee: that the package named exists (the route checks).

@@ -15,11 +15,12 @@ each field the meaning paddle-operator's `api/v1/paddlejob_types.go` gives it:
   a Volcano `PodGroup` document in the same file, applied with the job;
 * `elastic` and `worker.requests` / `worker.limits`: stored as the job's elastic
   level (kept) and trainer range (min / max; the master keeps the size within it);
-* paddlecloud's own: `input` (a list of paths, globs or URLs), `output`,
-  `epochs`, `format`, `chunkBytes` (`64MiB`, or bytes), `dataVolume`
-  (`{claim, mountPath}`), `restartLimit` (group restarts before the job fails), and
-  `securityProfile` (`default`, or `restricted` with the uid `runAsUser`, see
-  `paddlecloud.backends.k8s.manifests.harden_user_pod`).
+* paddlecloud's own keys, translated from the job model's fields alone (`own_value`,
+  by their kind): `input` (a list of paths, globs or URLs), `output`, `epochs`,
+  `format`, `chunkBytes` (`64MiB`, or bytes), `shuffleSeed`, `dataVolume`
+  (`{claim, mountPath}`), `restartLimit` (group restarts before the job fails),
+  `suspend`, and `securityProfile` (`default`, or `restricted` with the uid
+  `runAsUser`, see `paddlecloud.backends.k8s.manifests.harden_user_pod`).
 
 Every container of a template runs as written: its image, command, args, working
 directory and user (paddlecloud's own part runs in containers beside it).
@@ -42,14 +43,16 @@ from typing import Any
 
 import yaml
 
+from paddlecloud.jobfields import Doors, doors_of
 from paddlecloud.jobspec import (
     PADDLEJOB_API_VERSION,
     PADDLEJOB_KIND,
     DataVolume,
     JobSpec,
     JobSpecError,
+    chunk_bytes,
+    job_fields,
 )
-from paddlecloud.units import parse_size
 
 logger = logging.getLogger(__name__)
 
@@ -59,10 +62,10 @@ PODGROUP_KIND = "PodGroup"
 # paddle-operator's PaddleJobSpec, then paddlecloud's own fields.
 OPERATOR_FIELDS = ("cleanPodPolicy", "schedulingPolicy", "intranet", "withGloo", "sampleSetRef",
                    "ps", "worker", "heter", "elastic")
-OWN_FIELDS = ("input", "output", "epochs", "format", "chunkBytes", "dataVolume", "restartLimit",
-              "suspend", "securityProfile", "runAsUser")
+# paddlecloud's own keys of the spec: {key: the JobSpec field}, from the job model
+OWN_FIELDS = {doors_of(f).own_key: f for f in job_fields() if doors_of(f).own}
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"  # Kueue's LocalQueue of the job
-SPEC_FIELDS = OPERATOR_FIELDS + OWN_FIELDS
+SPEC_FIELDS = OPERATOR_FIELDS + tuple(OWN_FIELDS)
 ROLE_FIELDS = ("replicas", "requests", "limits", "template")
 SCHEDULING_FIELDS = ("minAvailable", "queue", "priorityClass", "minResources")
 PODGROUP_SPEC_FIELDS = ("minMember", "queue", "priorityClassName", "minResources")
@@ -261,60 +264,6 @@ def _role(resource: Any, *, role: str) -> tuple[int, dict[str, Any], tuple[int, 
     return replicas, template, (low, high)
 
 
-TEMPLATE_ROLES = {"ps_template": "ps", "worker_template": "worker", "heter_template": "heter"}
-ALLOWED_CAPABILITIES = {"NET_BIND_SERVICE"}  # the one the restricted profile lets a pod add
-
-
-def unsafe_template_fields(template: Mapping[str, Any], *, where: str) -> list[str]:
-    """The fields of a pod template beyond the restricted Pod Security Standard (host
-    namespaces, privileged, hostPath, root, escalation, added capabilities, no seccomp) or
-    giving it a service account's API rights, as paths under `where`."""
-    pod = template.get("spec") or {}
-    found = [f"{where}.spec.{k}" for k in ("hostNetwork", "hostPID", "hostIPC") if pod.get(k)]
-    if pod.get("serviceAccountName") or pod.get("serviceAccount"):
-        found.append(f"{where}.spec.serviceAccountName")
-    if pod.get("automountServiceAccountToken"):
-        found.append(f"{where}.spec.automountServiceAccountToken")
-    for i, volume in enumerate(pod.get("volumes") or []):
-        if isinstance(volume, Mapping) and "hostPath" in volume:
-            found.append(f"{where}.spec.volumes[{i}].hostPath")
-    found += _unsafe_context(pod.get("securityContext") or {}, where=f"{where}.spec.securityContext")
-    for field in ("initContainers", "containers"):
-        for i, container in enumerate(pod.get(field) or []):
-            context = (container.get("securityContext") or {}) if isinstance(container, Mapping) else {}
-            at = f"{where}.spec.{field}[{i}].securityContext"
-            found += [f"{at}.{k}" for k in ("privileged", "allowPrivilegeEscalation") if context.get(k)]
-            added = set((context.get("capabilities") or {}).get("add") or []) - ALLOWED_CAPABILITIES
-            if added:
-                found.append(f"{at}.capabilities.add ({', '.join(sorted(map(str, added)))})")
-            found += _unsafe_context(context, where=at)
-    return found
-
-
-def _unsafe_context(context: Mapping[str, Any], *, where: str) -> list[str]:
-    found = []
-    if context.get("runAsUser") == 0:
-        found.append(f"{where}.runAsUser (0)")
-    if context.get("runAsNonRoot") is False:
-        found.append(f"{where}.runAsNonRoot (false)")
-    if (context.get("seccompProfile") or {}).get("type") == "Unconfined":
-        found.append(f"{where}.seccompProfile (Unconfined)")
-    return found
-
-
-def check_template(template: Mapping[str, Any], *, where: str, allow_privileged: bool) -> None:
-    """Refuses a pod template asking for more than the restricted profile, naming the field,
-    unless the submitter allowed it (`job submit --allow-privileged`)."""
-    found = unsafe_template_fields(template, where=where)
-    if found and not allow_privileged:
-        raise JobSpecError(
-            f"{found[0]} asks for more than paddlecloud's pods get (the restricted Pod Security "
-            "Standard, no service account): remove it, or submit with --allow-privileged "
-            "(allow_privileged: true) if the job needs it"
-            + (f" (also: {', '.join(found[1:4])})" if len(found) > 1 else "")
-        )
-
-
 def _scheduling(policy: Any, group: Mapping[str, Any] | None, *,
                 namespace: str | None) -> dict[str, Any]:
     """JobSpec fields of `spec.schedulingPolicy` and of a PodGroup document (which must agree)."""
@@ -377,52 +326,52 @@ def _resources(value: Any, *, where: str) -> dict[str, str]:
 
 
 def _own_fields(spec: Mapping[str, Any]) -> dict[str, Any]:
-    """JobSpec fields of paddlecloud's own PaddleJob fields (input, output, epochs...)."""
-    values: dict[str, Any] = {}
-    if spec.get("input") is not None:
-        inputs = spec["input"]
-        if not isinstance(inputs, list) or not inputs:
-            raise JobSpecError(f"invalid spec.input {spec['input']!r:.40}: give a list of paths, "
-                               "globs or URLs, e.g. ['/data/train-*.csv']")
-        values["inputs"] = tuple(_string(i, where="spec.input item") for i in inputs)
-    if spec.get("output") is not None:
-        values["output"] = _string(spec["output"], where="spec.output")
-    if spec.get("epochs") is not None:
-        values["epochs"] = _integer(spec["epochs"], where="spec.epochs", minimum=1)
-    if spec.get("suspend") is not None:
-        if not isinstance(spec["suspend"], bool):
-            raise JobSpecError(f"invalid spec.suspend {spec['suspend']!r:.40}: true or false")
-        values["suspend"] = spec["suspend"]
-    if spec.get("restartLimit") is not None:
-        values["restart_limit"] = _integer(spec["restartLimit"], where="spec.restartLimit", minimum=0)
-    if spec.get("format") is not None:
-        values["data_format"] = _string(spec["format"], where="spec.format")
-    if spec.get("chunkBytes") is not None:
-        values["chunk_bytes"] = chunk_bytes(spec["chunkBytes"], where="spec.chunkBytes")
-    if spec.get("securityProfile") is not None:
-        values["security_profile"] = _string(spec["securityProfile"], where="spec.securityProfile")
-    if spec.get("runAsUser") is not None:
-        values["run_as_user"] = _integer(spec["runAsUser"], where="spec.runAsUser", minimum=1)
-    if spec.get("dataVolume") is not None:
-        volume = _mapping(spec["dataVolume"], where="spec.dataVolume")
-        refuse_unknown(volume, DATA_VOLUME_FIELDS, where="spec.dataVolume")
-        values["data_volume"] = DataVolume(
-            claim=_string(volume.get("claim") or "", where="spec.dataVolume.claim"),
-            mount_path=_string(volume.get("mountPath") or "", where="spec.dataVolume.mountPath"))
-    return values
+    """JobSpec fields of paddlecloud's own PaddleJob keys (input, output, epochs...)."""
+    return {f.name: own_value(doors_of(f), spec[key], where=f"spec.{key}")
+            for key, f in OWN_FIELDS.items() if spec.get(key) is not None}
 
 
-def chunk_bytes(value: Any, *, where: str = "--chunk-bytes") -> int:
-    """Bytes of a chunk size (`64MiB`, `1GiB`, or an integer); errors name the value."""
-    if isinstance(value, bool) or not isinstance(value, (int, str)):
-        raise JobSpecError(f"invalid {where} {value!r:.40}: use e.g. '64MiB' or a number of bytes")
-    try:
-        size = parse_size(value)
-    except ValueError as error:
-        raise JobSpecError(f"{where}: {error}") from None
-    if size < 1:
-        raise JobSpecError(f"invalid {where} {value!r}: a chunk holds at least 1 byte")
-    return size
+def own_keys(spec: JobSpec) -> dict[str, Any]:
+    """paddlecloud's own keys of a PaddleJob's spec that write `spec`'s values (those that
+    differ from the model's defaults): `translate` reads them back as they were."""
+    return {key: _yaml_of(getattr(spec, f.name)) for key, f in OWN_FIELDS.items()
+            if getattr(spec, f.name) != f.default}
+
+
+def _yaml_of(value: Any) -> Any:
+    if isinstance(value, DataVolume):
+        return {"claim": value.claim, "mountPath": value.mount_path}
+    return list(value) if isinstance(value, tuple) else value
+
+
+def own_value(doors: Doors, value: Any, *, where: str) -> Any:
+    """The JobSpec value of a YAML (or JSON) value of a field of `doors.kind`; errors name it."""
+    match doors.kind:
+        case "paths":
+            if not isinstance(value, list) or not value:
+                raise JobSpecError(f"invalid {where} {value!r:.40}: give a list of paths, "
+                                   "globs or URLs, e.g. ['/data/train-*.csv']")
+            return tuple(_string(i, where=f"{where} item") for i in value)
+        case "count":
+            return _integer(value, where=where, minimum=doors.minimum or 0)
+        case "integer":
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise JobSpecError(f"invalid {where} {value!r:.40}: must be an integer")
+            return value
+        case "flag":
+            if not isinstance(value, bool):
+                raise JobSpecError(f"invalid {where} {value!r:.40}: true or false")
+            return value
+        case "size":
+            return chunk_bytes(value, where=where)
+        case "volume":
+            volume = _mapping(value, where=where)
+            refuse_unknown(volume, DATA_VOLUME_FIELDS, where=where)
+            return DataVolume(claim=_string(volume.get("claim") or "", where=f"{where}.claim"),
+                              mount_path=_string(volume.get("mountPath") or "",
+                                                 where=f"{where}.mountPath"))
+        case _:  # text and choice: JobSpec.validate names a value out of its choices
+            return _string(value, where=where)
 
 
 def mode(spec: JobSpec) -> str:

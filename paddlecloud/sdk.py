@@ -499,7 +499,7 @@ def _train_locally(job: PaddleJob) -> int:
         job=job.job_name, module=job.module, output=output, inputs=tuple(job.input),
         trainers=job.trainers, pservers=job.pservers, epochs=job.epochs,
         package_path=Path(job.trainer_package).absolute() if job.trainer_package else None,
-        env=tuple(sorted(dict(job.env).items())),
+        env=tuple(sorted(dict(job.env).items())), shuffle_seed=job.shuffle_seed,
         restart_mode="group" if job.pservers == 0 else "trainer",
     )
 

@@ -22,29 +22,28 @@ from __future__ import annotations
 
 import logging
 import sys
+import textwrap
 from typing import Any
 
 import yaml
 
-from paddlecloud.jobspec import (
-    CLEAN_POD_POLICIES,
-    DATA_FORMATS,
-    DEFAULT_RUN_AS_USER,
-    PADDLEJOB_API_VERSION,
-    SECURITY_PROFILES,
-)
-from paddlecloud.paddlejob import INTRANET_OF
+from paddlecloud.jobfields import Doors, doors_of
+from paddlecloud.jobspec import CLEAN_POD_POLICIES, PADDLEJOB_API_VERSION
+from paddlecloud.paddlejob import INTRANET_OF, OWN_FIELDS
 
 logger = logging.getLogger(__name__)
 
 GROUP, VERSION = PADDLEJOB_API_VERSION.split("/")
 PLURAL, SINGULAR, KIND, SHORT_NAME = "paddlejobs", "paddlejob", "PaddleJob", "pdj"
 SIZE_PATTERN = r"^[0-9]+(\.[0-9]+)?\s*([kKmMgG]([iI]?[bB])?|[bB])?$"  # paddlecloud.units sizes
-HEADER = """\
+_OWN_KEYS = textwrap.fill(", ".join(OWN_FIELDS), width=84, initial_indent="# ",
+                          subsequent_indent="# ")
+HEADER = f"""\
 # The PaddleJob resource: paddle-operator's batch.paddlepaddle.org/v1 PaddleJob, with
-# paddlecloud's own fields beside (input, output, epochs, format, chunkBytes,
-# dataVolume, restartLimit, securityProfile, runAsUser). `paddlecloud operator` (deploy/operator.yaml) runs each one
-# by creating the job's master; `paddlecloud job submit -f` reads the same YAML.
+# paddlecloud's own fields beside (from the job model, paddlecloud/jobspec/):
+{_OWN_KEYS}.
+# `paddlecloud operator` (deploy/operator.yaml) runs each one by creating the job's master;
+# `paddlecloud job submit -f` reads the same YAML.
 #
 #   kubectl apply -f deploy/crd-paddlejob.yaml
 #   kubectl get pdj
@@ -116,6 +115,33 @@ def _quantity() -> dict[str, Any]:
             "anyOf": [{"type": "integer"}, {"type": "string"}]}
 
 
+def own_field_schema(doors: Doors) -> dict[str, Any]:
+    """The schema of one of paddlecloud's own PaddleJob keys, from its kind in the job model."""
+    match doors.kind:
+        case "paths":
+            schema: dict[str, Any] = {"type": "array", "items": {"type": "string", "minLength": 1}}
+        case "count":
+            schema = {"type": "integer", "minimum": doors.minimum or 0}
+        case "integer":
+            schema = {"type": "integer"}
+        case "flag":
+            schema = {"type": "boolean"}
+        case "choice":
+            schema = {"type": "string", "enum": list(doors.choices)}
+        case "size":
+            schema = {**_quantity(), "minimum": 1, "pattern": SIZE_PATTERN}
+        case "volume":
+            schema = {"type": "object", "required": ["claim", "mountPath"],
+                      "properties": {"claim": {"type": "string"}, "mountPath": {"type": "string"}}}
+        case _:
+            schema = {"type": "string"}
+    return {**schema, "description": doors.help}
+
+
+def own_fields_schema() -> dict[str, Any]:
+    return {key: own_field_schema(doors_of(f)) for key, f in OWN_FIELDS.items()}
+
+
 def spec_schema() -> dict[str, Any]:
     string = {"type": "string"}
     return {
@@ -143,33 +169,7 @@ def spec_schema() -> dict[str, Any]:
             "heter": _role_schema("heter trainer"),
             "elastic": {"type": "integer", "minimum": 0,
                         "description": "The elastic level; kept as given (paddlecloud's elasticity is the trainer range)."},
-            "input": {"type": "array", "items": {"type": "string", "minLength": 1},
-                      "description": "Input paths, globs or URLs: the master cuts them into tasks."},
-            "output": string,
-            "epochs": {"type": "integer", "minimum": 1},
-            "format": {"type": "string", "enum": list(DATA_FORMATS)},
-            "chunkBytes": {**_quantity(), "minimum": 1, "pattern": SIZE_PATTERN,
-                           "description": "Chunk size, e.g. 64MiB, or bytes."},
-            "dataVolume": {
-                "type": "object",
-                "required": ["claim", "mountPath"],
-                "description": "A PersistentVolumeClaim mounted in the master (read-only) and "
-                               "every trainer.",
-                "properties": {"claim": string, "mountPath": string},
-            },
-            "suspend": {"type": "boolean",
-                        "description": "Batch Job semantics: while true no pserver or trainer "
-                                       "runs; a running job drains, saves and stops (no failure "
-                                       "counted) and resumes at its checkpoint when false."},
-            "securityProfile": {"type": "string", "enum": list(SECURITY_PROFILES),
-                                "description": "default: the programs run as their images' "
-                                               "users; restricted: as runAsUser, never root."},
-            "runAsUser": {"type": "integer", "minimum": 1,
-                          "description": "The uid of securityProfile restricted (default "
-                                         f"{DEFAULT_RUN_AS_USER})."},
-            "restartLimit": {"type": "integer", "minimum": 0,
-                             "description": "Restarts of the trainer group after a lost trainer "
-                                            "before the job fails (default 3)."},
+            **own_fields_schema(),
         },
     }
 

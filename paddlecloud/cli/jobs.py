@@ -40,22 +40,12 @@ from paddlecloud.backends.k8s.jobs import (
     read_package,
     scale_trainers,
 )
-from paddlecloud.clitypes import ENV_OPTION_NAMES, ENV_STRING, NON_NEGATIVE, POSITIVE
+from paddlecloud.cli.spec_options import submit_options, values_of
+from paddlecloud.clitypes import POSITIVE
 from paddlecloud.epoch_text import epoch_of
 from paddlecloud.goodput_text import summarize_trainer_seconds
-from paddlecloud.jobspec import (
-    CLEAN_POD_POLICIES,
-    DATA_FORMATS,
-    DEFAULT_ETCD_ENDPOINTS,
-    DEFAULT_IMAGE,
-    DEFAULT_RUN_AS_USER,
-    DataVolume,
-    JobSpec,
-    JobSpecError,
-    parse_env,
-    parse_secret_env,
-)
-from paddlecloud.paddlejob import chunk_bytes, load_documents, translate_documents
+from paddlecloud.jobspec import SECTION_OF, JobSpec, JobSpecError
+from paddlecloud.paddlejob import load_documents, translate_documents
 from paddlecloud.trainingjob import is_trainingjob, to_paddlejob
 
 logger = logging.getLogger(__name__)
@@ -145,36 +135,19 @@ def _load_paddlejob(path: str) -> list[dict[str, Any]]:
             for doc in load_documents(text, source=path)]
 
 
+# the fields a PaddleJob's spec.ps / spec.worker give: replicas and resources
+POD_SHAPE_SECTIONS = ("topology", "resources")
+
+
 def build_spec(*, name: str | None, paddlejob: str | None, package: Mapping[str, bytes] | None,
                options: Mapping[str, Any]) -> JobSpec:
     """The JobSpec of `submit`'s flags, or of a PaddleJob file plus the flags that may join it."""
-    data_volume = DataVolume.parse(options["data_volume"]) if options["data_volume"] else None
-    common: dict[str, Any] = {
-        "image": options["image"],
-        "module": options["module"],
-        "package_path": str(Path(options["package_path"]).resolve()) if options["package_path"] else None,
-        "package_files": tuple(sorted(package)) if package else None,
-        "inputs": tuple(options["inputs"]) or None,
-        "output": options["output"],
-        "env": parse_env(options["env"]) or None,
-        "etcd_endpoints": options["etcd_endpoints"],
-        "epochs": options["epochs"],
-        "restart_limit": options["restart_limit"],
-        "data_volume": data_volume,
-        "clean_pod_policy": options["clean_pod_policy"],
-        "namespace": options["namespace"],
-        "data_format": options["data_format"],
-        "chunk_bytes": chunk_bytes(options["chunk_bytes"]) if options["chunk_bytes"] else None,
-        "paddlecloud_image": options["paddlecloud_image"],
-        "security_profile": "restricted" if options.get("restricted") else None,
-        "run_as_user": options.get("run_as_user"),
-        "secret_env": parse_secret_env(options["secret_env"]) or None,
-        "allow_privileged": options["allow_privileged"] or None,
-    }
-    pod_shape = ("trainers", "min_trainers", "max_trainers", "pservers", "trainer_cpu", "trainer_memory", "trainer_gpu",
-                 "pserver_cpu", "pserver_memory")
+    values = values_of(options)
+    if package is not None:
+        values["package_files"] = tuple(sorted(package))
+    pod_shape = [k for k in values if SECTION_OF[k] in POD_SHAPE_SECTIONS]
     if paddlejob is not None:
-        given = [k for k in pod_shape if options[k] is not None]
+        given = [k for k in pod_shape if values[k] is not None]
         if given:
             flags = ", ".join("--" + k.replace("_", "-") for k in given)
             raise JobSpecError(
@@ -182,7 +155,7 @@ def build_spec(*, name: str | None, paddlejob: str | None, package: Mapping[str,
                 "spec.ps / spec.worker"
             )
         docs = _load_paddlejob(paddlejob)
-        return translate_documents(docs, source=paddlejob, name=name, **common)
+        return translate_documents(docs, source=paddlejob, name=name, **values)
     if not name:
         raise JobSpecError("no job name: give NAME (or -f job.yaml with metadata.name)")
     if ("." in name or "/" in name) and (name.endswith((".yaml", ".yml", ".json")) or Path(name).is_file()):
@@ -190,10 +163,9 @@ def build_spec(*, name: str | None, paddlejob: str | None, package: Mapping[str,
         # but "invalid job name" would hide why.
         raise JobSpecError(f"NAME {name[:60]!r} is a file, not a job name: give a PaddleJob "
                            "file with -f, or a job name")
-    values = {k: v for k, v in common.items() if v is not None}
-    values.update({k: options[k] for k in pod_shape if options[k] is not None})
-    if options.get("trainers") is None and options.get("max_trainers") is not None:
-        values["trainers"] = options["max_trainers"]  # an elastic job starts at its most
+    values = {k: v for k, v in values.items() if v is not None}
+    if "trainers" not in values and values.get("max_trainers") is not None:
+        values["trainers"] = values["max_trainers"]  # an elastic job starts at its most
     return JobSpec(name=name, **values)
 
 
@@ -242,60 +214,11 @@ def _job_name_of(words: tuple[str, ...]) -> str | None:
 @click.option("-f", "--file", "paddlejob", type=click.Path(exists=True, dir_okay=False),
               help="A paddle-operator PaddleJob YAML (batch.paddlepaddle.org/v1), or an EDL "
                    "TrainingJob (paddlepaddle.org/v1).")
-@click.option("--package-path", type=click.Path(exists=True, file_okay=False),
-              help="Directory of your code, shipped in a ConfigMap (< 1 MiB) and put on PYTHONPATH.")
-@click.option("--module", help="Trainers (and pservers) run `python3 -m MODULE`.")
-@click.option("--input", "inputs", multiple=True,
-              help="Input path or glob inside the pods, or a URL (repeatable; PADDLECLOUD_INPUT).")
-@click.option("--output", help="Where trainers write models (PADDLECLOUD_OUTPUT).")
-@click.option("--trainers", type=POSITIVE, help="Number of trainers at start  [default: 1; --max-trainers if given]")
-@click.option("--min-trainers", type=POSITIVE, help="Elastic: the fewest trainers `job scale` may set  [default: --trainers]")
-@click.option("--max-trainers", type=POSITIVE, help="Elastic: the most trainers  [default: --trainers]")
-@click.option("--pservers", type=NON_NEGATIVE, help="Number of pservers (0: collective)  [default: 0]")
-@click.option("--image", help="The image --module runs in, as `python3 -m MODULE` (it need not hold "
-                              f"paddlecloud)  [default: {DEFAULT_IMAGE}]")
-@click.option("--paddlecloud-image", help="paddlecloud's image: the master's, and its containers "
-                                          f"beside the programs  [default: {DEFAULT_IMAGE}]")
-@click.option("--trainer-cpu", help="CPU per trainer, e.g. 4 or 500m  [default: 1]")
-@click.option("--trainer-memory", help="Memory per trainer, e.g. 8Gi  [default: 2Gi]")
-@click.option("--trainer-gpu", type=NON_NEGATIVE, help="GPUs per trainer  [default: 0]")
-@click.option("--pserver-cpu", help="CPU per pserver  [default: 1]")
-@click.option("--pserver-memory", help="Memory per pserver  [default: 2Gi]")
-@click.option(*ENV_OPTION_NAMES, type=ENV_STRING, multiple=True, metavar="KEY=VALUE",
-              help="Environment variable of every trainer and pserver (repeatable; -e=K=V and "
-                   "--e=K=V, the paddle client's spellings, too).")
-@click.option("--secret-env", multiple=True, metavar="KEY=SECRET/KEY",
-              help="Environment variable from a Secret's key (repeatable); only the reference "
-                   "is stored, never the value.")
-@click.option("--allow-privileged", is_flag=True, default=False,
-              help="Let the PaddleJob's pod templates ask for privileged, host namespaces, "
-                   "hostPath, root or a service account (refused otherwise).")
-@_namespace_option(default=None)
-@click.option("--etcd-endpoints", help=f"etcd URLs, comma-separated  [default: {DEFAULT_ETCD_ENDPOINTS}]")
-@click.option("--epochs", type=POSITIVE, help="Passes over the input (epochs 0..N-1)  [default: 1]")
-@click.option("--restart-limit", type=NON_NEGATIVE,
-              help="Restarts of the trainer group after a lost trainer before the job fails  [default: 3]")
+@submit_options
 @click.option("--checkpoint-every", metavar="TASKS|DURATION",
               help="Checkpoint inside epochs too, every TASKS tasks of the job (20) or DURATION "
                    "(30s): a group restart then resumes mid-epoch (the trainers read it from "
                    "PADDLECLOUD_CHECKPOINT_EVERY, passed as -e values are).")
-@click.option("--data-volume", metavar="CLAIM:PATH",
-              help="A PVC mounted at PATH in the master (read-only) and every trainer.")
-@click.option("--clean-pod-policy", type=click.Choice(CLEAN_POD_POLICIES),
-              help="Which ending removes the pods (as paddle-operator)  [default: OnCompletion]")
-@click.option("--format", "data_format", type=click.Choice(DATA_FORMATS),
-              help="Input format: lines (csv, tsv, jsonl, text) or file  [default: lines]")
-@click.option("--chunk-bytes", metavar="SIZE",
-              help="Size of a data chunk, e.g. 64MiB or 1GiB  [default: 64MiB]")
-@click.option("--queue", metavar="NAME",
-              help="Queue the job in Kueue's LocalQueue NAME: with -f, the PaddleJob is created "
-                   "labelled kueue.x-k8s.io/queue-name for `paddlecloud operator` to run once "
-                   "Kueue admits it (docs/kubernetes.md, Kueue).")
-@click.option("--restricted", is_flag=True, default=False,
-              help="Run the programs under the restricted Pod Security Standard: as --run-as-user, "
-                   "never root (the image must allow it). Default: as the image's user.")
-@click.option("--run-as-user", type=POSITIVE, metavar="UID",
-              help=f"The uid of --restricted  [default: {DEFAULT_RUN_AS_USER}]")
 @click.option("--dry-run", is_flag=True, help="Print the manifests as a YAML stream; touch nothing.")
 @click.option("--server", metavar="URL", help="Submit through this Job Server (no kubeconfig needed).")
 @click.option("--token", envvar="PADDLE_JOB_TOKEN", show_envvar=True, help="The Job Server token.")

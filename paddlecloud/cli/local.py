@@ -35,7 +35,8 @@ from paddlecloud.backends.local.container import (
     find_engine,
     job_mounts,
 )
-from paddlecloud.clitypes import DURATION, ENV_OPTION_NAMES, ENV_PAIR, NON_NEGATIVE, POSITIVE, SIZE
+from paddlecloud.cli.spec_options import local_options
+from paddlecloud.clitypes import DURATION, ENV_PAIR, POSITIVE, SIZE
 from paddlecloud.datasets import FORMATS, SpecError, list_files
 from paddlecloud.etcd import MIN_LEASE_TTL
 from paddlecloud.goodput_text import summarize_trainer_seconds
@@ -208,32 +209,43 @@ def _example_data(name: str, *, root: Path, output: Path) -> tuple[str, ...]:
     return (str(data / "*.csv"),)
 
 
+# local train's take on the job model's fields where one machine differs from a cluster:
+# local paths and types, an output directory of its own, a private etcd, processes not pods
+LOCAL_DIFFERENCES: dict[str, dict[str, Any]] = {
+    "name": {"help": "Job name [default: from the module]."},
+    "image": {"metavar": "IMAGE", "help": (
+        "Run each trainer and pserver in a container of IMAGE (a local image: nothing is pulled), "
+        "with --input, --output and --package-path mounted at /train/input, /train/output and "
+        "/train/package; the image's entrypoint runs, or `python3 -m MODULE` with --module.")},
+    "package_path": {"type": click.Path(exists=True, file_okay=False, path_type=Path), "help": (
+        "Directory added to the trainers' PYTHONPATH (where MODULE lives; the programs find it in "
+        "PADDLECLOUD_PACKAGE).")},
+    "env": {"type": ENV_PAIR},
+    "etcd_endpoints": {"help": "Use this etcd instead of starting a private one."},
+    "trainers": {"default": None, "help": "Trainer processes [default: 1; 2 for --example]."},
+    "inputs": {"help": "Input path, glob or fsspec URL (repeatable; the programs get them in "
+                       "PADDLECLOUD_INPUT)."},
+    "output": {"type": click.Path(file_okay=False, path_type=Path), "default": "output",
+               "help": "Where logs, checkpoints and the model go; a checkpoint there is resumed from."},
+    "data_format": {"type": click.Choice(FORMATS), "default": "lines", "help": (
+        "Data format: lines (a record per line; csv, tsv, jsonl and text are its aliases) or file "
+        "(a record per file).")},
+    "chunk_bytes": {"type": SIZE, "default": "64MiB", "show_default": False},
+    "restart_limit": {"show_default": True, "help": "Restarts of a trainer (or of the group)."},
+}
+
+
 @click.group("local")
 def local() -> None:
     """Run jobs on this machine."""
 
 
 @local.command("train", cls=_TrainCommand, context_settings={"show_default": True})
-@click.option("--module", help="The trainer's Python module, run as `python -m MODULE`.")
-@click.option("--package-path", type=click.Path(exists=True, file_okay=False, path_type=Path),
-              help="Directory added to the trainers' PYTHONPATH (where MODULE lives; the programs find it in PADDLECLOUD_PACKAGE).")
-@click.option("--input", "inputs", multiple=True, help="Input path, glob or fsspec URL (repeatable; the programs get them in PADDLECLOUD_INPUT).")
-@click.option("--output", type=click.Path(file_okay=False, path_type=Path), default="output",
-              help="Where logs, checkpoints and the model go; a checkpoint there is resumed from.")
-@click.option("--trainers", type=POSITIVE, default=None, help="Trainer processes [default: 1; 2 for --example].")
-@click.option("--min-trainers", type=POSITIVE, default=None,
-              help="Elastic jobs: the fewest trainers `paddlecloud job scale` may set [default: --trainers].")
-@click.option("--max-trainers", type=POSITIVE, default=None,
-              help="Elastic jobs: the most trainers [default: --trainers]; --trainers defaults to it.")
+@local_options(LOCAL_DIFFERENCES)
 @click.option("--resize-schedule", metavar="SIZE@TIME,...",
               help="Scale the trainers on a timer, e.g. 2@0s,4@20s,1@40s (times since the job started; "
                    "the range defaults to the sizes').")
-@click.option("--pservers", type=NON_NEGATIVE, default=0, help="Parameter servers (0: collective training).")
 @click.option("--pserver-module", help="The pservers' module [default: MODULE, which switches on TRAINING_ROLE as PaddlePaddle's PS scripts do].")
-@click.option(*ENV_OPTION_NAMES, type=ENV_PAIR, multiple=True, metavar="KEY=VALUE",
-              help="Environment for trainers and pservers (repeatable; -e=K=V and --e=K=V, "
-                   "the paddle client's spellings, too).")
-@click.option("--epochs", type=POSITIVE, default=1, help="Passes over the input (epochs 0..N-1).")
 @click.option("--checkpoint-every", metavar="TASKS|DURATION",
               help="Checkpoint inside epochs too, every TASKS tasks of the job (20) or DURATION (30s): "
                    "a group restart then resumes mid-epoch (trainers read it from "
@@ -241,27 +253,17 @@ def local() -> None:
 @click.option("--masters", type=POSITIVE, default=1, help="Master processes; 2 runs a standby.")
 @click.option("--fresh", is_flag=True,
               help="Discard the job's earlier state: its keys in etcd and the checkpoints in --output.")
-@click.option("--etcd-endpoints", help="Use this etcd instead of starting a private one.")
-@click.option("--restart-limit", type=NON_NEGATIVE, default=3, help="Restarts of a trainer (or of the group).")
 @click.option("--restart", "restart_mode", type=click.Choice(["group", "trainer"]), default=None,
               help="What a dead trainer restarts: the whole group (collective) or itself [default: group without pservers, else trainer].")
-@click.option("--job", "job_name", help="Job name [default: from the module].")
-@click.option("--format", "fmt", type=click.Choice(FORMATS), default="lines",
-              help="Data format: lines (a record per line; csv, tsv, jsonl and text are its aliases) or file (a record per file).")
-@click.option("--chunk-bytes", type=SIZE, default="64MiB", help="Chunk size the master cuts files into.")
 @click.option("--session-ttl", type=DURATION, default="30s", show_default=True,
               help="Trainer session lease (as the master's default: longer than a failover).")
 @click.option("--example", type=click.Choice(sorted(EXAMPLES)), help="Run a bundled example (generates its data).")
 @click.option("--tls", is_flag=True, help="Masters serve TLS with a CA minted for this run (tokens are always on).")
-@click.option("--image", metavar="IMAGE", help="Run each trainer and pserver in a container of IMAGE (a local image: nothing "
-                              "is pulled), with --input, --output and --package-path mounted at /train/input, "
-                              "/train/output and /train/package; the image's entrypoint runs, or "
-                              "`python3 -m MODULE` with --module.")
 @click.option("--engine", type=click.Choice(ENGINES), default=None,
               help="The container engine for --image [default: the first of podman and docker on PATH].")
 @click.argument("module_args", nargs=-1, type=click.UNPROCESSED)
 def train(module, package_path, inputs, output, trainers, min_trainers, max_trainers, resize_schedule, pservers, pserver_module, env, epochs, checkpoint_every, masters, fresh,
-          etcd_endpoints, restart_limit, restart_mode, job_name, fmt, chunk_bytes, session_ttl, example,
+          etcd_endpoints, restart_limit, restart_mode, job, data_format, chunk_bytes, shuffle_seed, session_ttl, example,
           tls, image, engine, module_args) -> None:
     """Run a training job here: etcd, master(s), pservers and trainers as child processes
     (with --image, each trainer and pserver in a container of IMAGE).
@@ -284,7 +286,7 @@ def train(module, package_path, inputs, output, trainers, min_trainers, max_trai
         raise click.UsageError("Missing option '--module' (or --example, or --image).")
     elif not inputs:
         raise click.UsageError("Missing option '--input': the data to train on.")
-    _check_job_name(job_name)
+    _check_job_name(job)
     _check_session_ttl(session_ttl)
     schedule = _check_schedule(resize_schedule)
     if checkpoint_every:
@@ -316,7 +318,7 @@ def train(module, package_path, inputs, output, trainers, min_trainers, max_trai
     if fresh:
         shutil.rmtree(output / CHECKPOINTS_DIR, ignore_errors=True)
     start_epoch = resume_epoch(output)
-    job_name = job_name or _job_name(module or image.rsplit("/", 1)[-1].split(":", 1)[0])
+    job_name = job or _job_name(module or image.rsplit("/", 1)[-1].split(":", 1)[0])
     if container is not None:
         container = dataclasses.replace(container, job=job_name, env_names=tuple(k for k, _ in env),
                                         mounts=job_mounts(inputs=inputs, output=output,
@@ -328,21 +330,21 @@ def train(module, package_path, inputs, output, trainers, min_trainers, max_trai
         package_path=package_path.absolute() if package_path else None, env=env,
         module_args=tuple(module_args), etcd_endpoints=etcd_endpoints, fresh=fresh,
         restart_limit=restart_limit, restart_mode=restart_mode or ("group" if pservers == 0 else "trainer"),
-        start_epoch=start_epoch, session_ttl=repr(session_ttl),
-        master_args=("--format", fmt, "--chunk-bytes", str(chunk_bytes)), tls=tls, container=container,
+        start_epoch=start_epoch, session_ttl=repr(session_ttl), shuffle_seed=shuffle_seed,
+        master_args=("--format", data_format, "--chunk-bytes", str(chunk_bytes)), tls=tls, container=container,
     )
     with ConsoleView() as view:
         if start_epoch:
             view.line("local", f"resuming at epoch {start_epoch} from the checkpoint in {output / CHECKPOINTS_DIR}")
-        job = LocalJob(spec, on_line=view.line, on_progress=view.progress)
+        runner = LocalJob(spec, on_line=view.line, on_progress=view.progress)
         try:
-            code = asyncio.run(job.run())
+            code = asyncio.run(runner.run())
         except JobFailed as error:
             view.line("local", f"job failed: {error}")
             code = 1
         view.finish()
         verdict = {0: "succeeded", 1: "failed"}.get(code, "interrupted")
-        goodput = summarize_trainer_seconds(job.progress.trainer_seconds)
+        goodput = summarize_trainer_seconds(runner.progress.trainer_seconds)
         view.line("local", f"job {spec.job} {verdict}; logs in {output / 'logs'}"
                   + (f"; {goodput}" if goodput else ""))
     sys.exit(code)

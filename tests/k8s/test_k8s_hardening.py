@@ -13,7 +13,7 @@ import yaml
 from rendered_objects import DEPLOY, DEPLOY_FILES, pod_spec, rendered
 
 from paddlecloud.backends.k8s import manifests
-from paddlecloud.jobspec import JobSpec
+from paddlecloud.paddlejob import translate
 
 RENDERED = rendered()
 # kinds of CRDs (ours, Kopf's, Volcano's, Kueue's): tests/k8s/test_kustomize.py checks them
@@ -143,7 +143,7 @@ def test_host_intranet_relaxes_only_the_node_network(tmp_path):
     doc = yaml.safe_load((DEPLOY / "examples" / "ctr-wide-deep-ps.yaml").read_text())
     doc["spec"]["intranet"] = "Host"
     doc["spec"]["securityProfile"] = "restricted"
-    spec = JobSpec.from_paddlejob(doc).validate()
+    spec = translate(doc).validate()
     for obj in manifests.master_objects(spec, None):
         pod = pod_spec(obj)
         if pod is not None:

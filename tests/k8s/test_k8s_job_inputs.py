@@ -16,6 +16,7 @@ from restricted_profile import violations
 from paddlecloud.backends.k8s import manifests
 from paddlecloud.cli.jobs import job
 from paddlecloud.jobspec import JobSpec, JobSpecError
+from paddlecloud.paddlejob import translate
 
 
 def submit(*args: str) -> Any:
@@ -94,9 +95,9 @@ UNSAFE = {
 def test_an_unsafe_template_is_refused_naming_the_field_unless_allowed(pod, field):
     doc = _paddlejob(**copy.deepcopy(pod))
     with pytest.raises(JobSpecError) as caught:
-        JobSpec.from_paddlejob(doc).validate()
+        translate(doc).validate()
     assert field in str(caught.value) and "--allow-privileged" in str(caught.value)
-    spec = JobSpec.from_paddlejob(doc, allow_privileged=True).validate()
+    spec = translate(doc, allow_privileged=True).validate()
     rendered = manifests.trainer_job(spec, None)["spec"]["template"]["spec"]
     # allowed, and kept as asked: it is no longer restricted (or has the account's rights)
     assert violations(rendered) or rendered["serviceAccountName"] == manifests.master_account_name("other")
@@ -114,7 +115,7 @@ def test_the_cli_flag_allows_it(tmp_path):
 
 
 def test_a_templates_own_secret_ref_stays_a_secret_ref():
-    spec = JobSpec.from_paddlejob(_paddlejob(), security_profile="restricted").validate()
+    spec = translate(_paddlejob(), security_profile="restricted").validate()
     pod = manifests.trainer_job(spec, None)["spec"]["template"]["spec"]
     assert {"name": "DB_PASSWORD", "valueFrom": {"secretKeyRef": {"name": "db", "key": "password"}}} \
         in pod["containers"][0]["env"]

@@ -19,6 +19,7 @@ from rendered_objects import dry_run, example_submit_args
 
 from paddlecloud.backends.k8s import manifests
 from paddlecloud.jobspec import DataVolume, JobSpec, JobSpecError
+from paddlecloud.paddlejob import translate
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
@@ -119,7 +120,7 @@ def test_the_static_yaml_in_deploy_is_valid(path):
     assert docs
     for doc in docs:
         if doc["kind"] == "PaddleJob":  # no official schema: paddlecloud's own reading checks it
-            JobSpec.from_paddlejob(doc).validate()
+            translate(doc).validate()
         else:
             check(doc)
 
@@ -321,7 +322,7 @@ def test_common_labels_are_on_everything():
 
 # ---- the job spec -------------------------------------------------------------------------------
 def test_job_spec_survives_yaml():
-    spec = JobSpec.from_paddlejob(yaml.safe_load((DEPLOY / "examples/resnet-collective-gpu.yaml").read_text()),
+    spec = translate(yaml.safe_load((DEPLOY / "examples/resnet-collective-gpu.yaml").read_text()),
                                   inputs=("/data/x",), env=(("A", "1"),),
                                   data_volume=DataVolume("c", "/data"))
     assert JobSpec.from_yaml(spec.to_yaml()) == spec
@@ -384,13 +385,13 @@ def _paddlejob(**spec: Any) -> dict[str, Any]:
 ])
 def test_a_paddlejob_with_what_paddlecloud_cannot_run_is_refused_by_name(doc, words):
     with pytest.raises(JobSpecError) as caught:
-        JobSpec.from_paddlejob(doc).validate()
+        translate(doc).validate()
     for word in words:
         assert word in str(caught.value)
 
 
 def test_paddlejob_host_intranet_and_templates():
-    spec = JobSpec.from_paddlejob(_paddlejob(intranet="Host", cleanPodPolicy="Never"),
+    spec = translate(_paddlejob(intranet="Host", cleanPodPolicy="Never"),
                                   namespace="ml").validate()
     assert (spec.intranet, spec.clean_pod_policy, spec.namespace, spec.trainers) == (
         "HostNetwork", "Never", "ml", 2)
@@ -403,7 +404,7 @@ def test_paddlejob_host_intranet_and_templates():
 def test_a_template_without_command_runs_its_entrypoint_and_our_env_is_refused():
     doc = _paddlejob()
     del doc["spec"]["worker"]["template"]["spec"]["containers"][0]["command"]
-    spec = JobSpec.from_paddlejob(doc)
+    spec = translate(doc)
     container = manifests.trainer_job(spec, None)["spec"]["template"]["spec"]["containers"][0]
     assert "command" not in container  # the image's entrypoint, unchanged
     with_module = manifests.trainer_job(spec.replace(module="x.train"), None)  # --module fills it in
@@ -413,7 +414,7 @@ def test_a_template_without_command_runs_its_entrypoint_and_our_env_is_refused()
     doc["spec"]["worker"]["template"]["spec"]["containers"][0]["env"] = [
         {"name": "PADDLE_TRAINER_ID", "value": "0"}]
     with pytest.raises(JobSpecError, match="sets PADDLE_TRAINER_ID, which paddlecloud sets itself"):
-        manifests.trainer_job(JobSpec.from_paddlejob(doc), None)
+        manifests.trainer_job(translate(doc), None)
 
 
 def test_a_package_over_a_configmap_is_refused_with_the_way_out():

@@ -163,10 +163,18 @@ async def test_job_submit_with_server_creates_what_job_submit_creates(k8s, job_s
                             ("networkpolicies", "ctr-egress"), ("networkpolicies", "ctr-master-egress"),
                             ("networkpolicies", "ctr-ps-egress")]
 
+    # the server carries every field its API takes (a volume anywhere, the shuffle seed...)
+    carried = await asyncio.to_thread(runner.invoke, job_cli, [
+        "submit", "vol", "--module", "m", "--data-volume", "c:/d", "--shuffle-seed", "7",
+        "--server", job_server, "--token", "tok"])
+    assert carried.exit_code == 0, carried.output
+    stored = JobSpec.from_yaml(k8s.stored("configmaps", "team-a", "vol-spec")["data"][manifests.SPEC_KEY])
+    assert (str(stored.data_volume), stored.shuffle_seed) == ("c:/d", 7)
+    # and refuses, naming it and why, what a Job Server caller may not set
     refused = await asyncio.to_thread(runner.invoke, job_cli, [
-        "submit", "other", "--module", "m", "--data-volume", "c:/d", "--server", job_server,
+        "submit", "other", "--module", "m", "--secret-env", "T=creds/token", "--server", job_server,
         "--token", "tok"])
-    assert refused.exit_code != 0 and "data_volume" in refused.output
+    assert refused.exit_code != 0 and "secret_env (a Job Server caller" in refused.output
     assert ("deployments", "other-master") not in k8s.posted()
 
 

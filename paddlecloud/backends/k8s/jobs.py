@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from paddlecloud.backends.k8s import manifests
 from paddlecloud.jobspec import PADDLEJOB_API_VERSION, PADDLEJOB_KIND, JobSpec, JobSpecError
 from paddlecloud.package_names import check_package_names
-from paddlecloud.paddlejob import KUEUE_QUEUE_LABEL
+from paddlecloud.paddlejob import KUEUE_QUEUE_LABEL, own_keys
 from paddlecloud.phase import Phase
 
 if TYPE_CHECKING:
@@ -520,21 +520,15 @@ def paddlejob_document(spec: JobSpec) -> dict[str, Any]:
                           memory=spec.trainer_memory, gpu=spec.trainer_gpu),
                    "requests": spec.trainer_range.minimum, "limits": spec.trainer_range.maximum},
         "epochs": spec.epochs,
+        "cleanPodPolicy": spec.clean_pod_policy,
+        **own_keys(spec),  # paddlecloud's own keys, from the job model
     }
     if spec.pservers:
         body["ps"] = role(spec.pservers, name=manifests.PSERVER, cpu=spec.pserver_cpu,
                           memory=spec.pserver_memory, gpu=0)
-    if spec.inputs:
-        body["input"] = list(spec.inputs)
-    if spec.output:
-        body["output"] = spec.output
     labels = {manifests.APP_LABEL: manifests.APP_NAME, manifests.JOB_LABEL: spec.name}
     if spec.local_queue:
         labels[KUEUE_QUEUE_LABEL] = spec.local_queue
-    if spec.suspend:
-        body["suspend"] = True
-    if spec.security_profile != "default":
-        body.update(securityProfile=spec.security_profile, runAsUser=spec.run_as_user)
     return {"apiVersion": PADDLEJOB_API_VERSION, "kind": PADDLEJOB_KIND,
             "metadata": {"name": spec.name, "namespace": spec.namespace, "labels": labels},
             "spec": body}

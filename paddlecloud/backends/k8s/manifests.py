@@ -577,7 +577,7 @@ def harden_user_pod(spec: JobSpec, pod: dict[str, Any], *, helpers: set[str]) ->
     (a root image writing into its WORKDIR still can). The restricted profile
     (`security_profile: restricted`) adds a non-root pod user, `spec.run_as_user`, and
     fsGroup. paddlecloud's own containers (`helpers`) are restricted either way. A
-    template's explicit values are kept (paddlejob.check_template refuses the unsafe
+    template's explicit values are kept (podtemplates.check_template refuses the unsafe
     ones unless the submitter allowed them).
     """
     context = pod.setdefault("securityContext", {})
@@ -1022,6 +1022,7 @@ def master_command(spec: JobSpec) -> list[str]:
         port=MASTER_PORT, advertise=f"$(POD_IP):{MASTER_PORT}", metrics_port=METRICS_PORT,
         inputs=spec.inputs or (), epochs=spec.epochs, data_format=spec.data_format,
         chunk_bytes=spec.chunk_bytes or None,  # 0: the master's own default
+        shuffle_seed=spec.shuffle_seed,
         # a job started again on the same output resumes after its checkpoint
         resume_from=checkpoints_dir(spec.output) if spec.output and spec.inputs else None,
         tokens_dir=TOKENS_MOUNT, scaler_token_file=f"{SCALER_MOUNT}/{SCALER_KEY}",

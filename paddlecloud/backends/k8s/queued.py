@@ -15,31 +15,38 @@ lists PaddleJobs among its external frameworks (the job then waits, Suspended).
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from paddlecloud.jobspec import PADDLEJOB_KIND, DataVolume, JobSpecError
+from paddlecloud.jobfields import Doors, doors_of
+from paddlecloud.jobspec import PADDLEJOB_KIND, DataVolume, JobSpecError, job_fields
 from paddlecloud.paddlejob import KUEUE_QUEUE_LABEL, translate
 
-# submit's options a PaddleJob holds -> its spec field and how the value is written there
-SPEC_FLAGS: dict[str, tuple[str, Any]] = {
-    "inputs": ("input", list),
-    "output": ("output", str),
-    "epochs": ("epochs", int),
-    "restart_limit": ("restartLimit", int),
-    "data_format": ("format", str),
-    "chunk_bytes": ("chunkBytes", str),
-    "data_volume": ("dataVolume", lambda v: {"claim": DataVolume.parse(v).claim,
-                                             "mountPath": DataVolume.parse(v).mount_path}),
-    "restricted": ("securityProfile", lambda v: "restricted"),
-    "run_as_user": ("runAsUser", int),
-}
+
+def _paddlejob_value(doors: Doors) -> Callable[[Any], Any]:
+    """How an option's value is written in the PaddleJob's spec, by the field's kind."""
+    match doors.kind:
+        case "paths":
+            return list
+        case "count" | "integer":
+            return int
+        case "volume":
+            return lambda v: {"claim": DataVolume.parse(v).claim,
+                              "mountPath": DataVolume.parse(v).mount_path}
+    return (lambda v: doors.flag_value) if doors.flag_value is not None else str
+
+
+# submit's options a PaddleJob holds (paddlecloud's own keys of the job model) -> its spec
+# field and how the value is written there
+SPEC_FLAGS: dict[str, tuple[str, Callable[[Any], Any]]] = {
+    doors_of(f).flag: (doors_of(f).own_key, _paddlejob_value(doors_of(f)))
+    for f in job_fields() if doors_of(f).own and doors_of(f).flag}
 # options that shape nothing of the job (or that queued_paddlejob reads itself)
 NEUTRAL = {"namespace", "queue"}
 
 
 def _given(value: Any) -> bool:
-    return value not in (None, False, (), "")
+    return not (value is None or value is False or value in ((), ""))  # never `in`: 0 == False
 
 
 def queued_paddlejob(docs: list[dict[str, Any]], *, queue: str, name: str | None,

@@ -82,6 +82,7 @@ class LocalJobSpec:
     restart_mode: str = "group"          # "group" (collective) or "trainer" (PS / stub trainers)
     start_epoch: int = 0
     master_args: tuple[str, ...] = ()    # extra master flags (e.g. --chunk-bytes)
+    shuffle_seed: int = 0                # the deal order's seed (master --shuffle-seed)
     session_ttl: str = "10s"
     election_ttl: str = "10s"
     done_grace: float = 60.0             # seconds trainers get to exit once the job ended
@@ -231,8 +232,8 @@ class LocalJob:
                 job=s.job, namespace=NAMESPACE, etcd_endpoints=self.etcd_endpoint, host="127.0.0.1",
                 port=port, advertise=f"127.0.0.1:{port}", session_ttl=s.session_ttl,
                 election_ttl=s.election_ttl, start_epoch=s.start_epoch, inputs=s.inputs,
-                epochs=s.epochs, metrics_port=page_port, extra=s.master_args,
-                trainers=s.trainers, min_trainers=s.min_trainers or s.trainers,
+                epochs=s.epochs, shuffle_seed=s.shuffle_seed, metrics_port=page_port,
+                extra=s.master_args, trainers=s.trainers, min_trainers=s.min_trainers or s.trainers,
                 max_trainers=s.max_trainers or s.trainers,
                 tokens_dir=str(self.secrets_dir / "tokens"),
                 tls_cert=str(self.secrets_dir / "master.crt") if s.tls else None,
