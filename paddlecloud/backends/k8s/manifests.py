@@ -84,6 +84,18 @@ RESTARTING_ANNOTATION = "paddlecloud.org/restarting"
 # epoch at the checkpoint before it creates the trainers (docs/kubernetes.md, Kueue)
 RESUME_ANNOTATION = "paddlecloud.org/resume-from-checkpoint"
 RESUME_PENDING, RESUME_DONE = "pending", "done"  # set by the operator, then by the master
+# A suspend (spec.suspend, a Kueue eviction) asked of the job's leading master by the operator
+# ("true"/"false"): the master drains its trainers and removes its workloads itself, then says
+# so with SUSPENDED_ANNOTATION ("true"; "" once it deploys again); only then does the operator
+# stop the master (docs/kubernetes.md, "spec.suspend")
+SUSPEND_ANNOTATION = "paddlecloud.org/suspend"
+SUSPENDED_ANNOTATION = "paddlecloud.org/suspended"
+# "N: what" — the Nth role workload the master created again after it was deleted by hand;
+# the operator turns a new value into a WorkloadRecreated Event on the PaddleJob
+RECREATED_ANNOTATION = "paddlecloud.org/recreated"
+# The uid of a Volcano PodGroup applied with the PaddleJob (from the same file), recorded by
+# the operator on the master Deployment: the master's deployer adopts that one object
+COMPANION_PODGROUP_ANNOTATION = "paddlecloud.org/companion-podgroup-uid"
 COMPLETION_INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
 POD_INDEX_LABEL = "apps.kubernetes.io/pod-index"  # set by the StatefulSet controller (k8s >= 1.28)
 POD_NAME_LABEL = "statefulset.kubernetes.io/pod-name"  # set by the StatefulSet controller
