@@ -108,6 +108,11 @@ _now = utc_now
 ETCD_USER_ANNOTATION = "paddlecloud.org/etcd-user"
 
 
+# What the operator records on a PaddleJob: its CA, its etcd user, the master's last word on
+# a workload it created again (told as an Event once)
+RECORDS = (manifests.MASTER_CA_ANNOTATION, ETCD_USER_ANNOTATION, manifests.RECREATED_ANNOTATION)
+
+
 def _recorded_etcd_user(body: Mapping[str, Any]) -> str | None:
     return ((body.get("metadata") or {}).get("annotations") or {}).get(ETCD_USER_ANNOTATION)
 
@@ -264,7 +269,7 @@ class JobObjects:
         if known := await self._create_once(spec, secret, recorded=_recorded_ca, what="CA",
                                             annotation=manifests.MASTER_CA_ANNOTATION):
             return known
-        await self._record(spec, manifests.MASTER_CA_ANNOTATION, certificate.ca.decode("ascii"))
+        await self.record(spec, manifests.MASTER_CA_ANNOTATION, certificate.ca.decode("ascii"))
         return certificate.ca
 
     async def _ensure_etcd_user(self, spec: JobSpec, owner: Mapping[str, Any],
@@ -287,7 +292,7 @@ class JobObjects:
                                             owner=owner)
         if not await self._create_once(spec, secret, recorded=_recorded_etcd_user,
                                        what="etcd user", annotation=ETCD_USER_ANNOTATION):
-            await self._record(spec, ETCD_USER_ANNOTATION, user.name)
+            await self.record(spec, ETCD_USER_ANNOTATION, user.name)
 
     async def _create_once(self, spec: JobSpec, secret: dict[str, Any], *,
                            recorded: Callable[[Mapping[str, Any]], Any], what: str,
@@ -310,11 +315,18 @@ class JobObjects:
             f"Secret {secret['metadata']['name']} exists but PaddleJob {spec.name} records no "
             f"{what} for it ({annotation}): delete that Secret and the operator makes a new one")
 
-    async def _record(self, spec: JobSpec, annotation: str, value: str) -> None:
-        """Records `annotation: value` on the PaddleJob (public: no secret goes there)."""
+    async def record(self, spec: JobSpec, annotation: str, value: str) -> None:
+        """Records `annotation: value` on the PaddleJob (public: no secret goes there), with
+        the other records it holds: an apply states every field its manager keeps (one left
+        out would be removed)."""
+        stored = await self.read(self.custom.get_namespaced_custom_object, crd.GROUP,
+                                 crd.VERSION, spec.namespace, crd.PLURAL, spec.name)
+        held = ((stored or {}).get("metadata") or {}).get("annotations") or {}
+        records = {key: held[key] for key in RECORDS if key in held}
+        records[annotation] = value
         await call(self.retry, self.custom.patch_namespaced_custom_object, crd.GROUP, crd.VERSION,
                    spec.namespace, crd.PLURAL, spec.name,
-                   apply_body({"metadata": {"annotations": {annotation: value}}},
+                   apply_body({"metadata": {"annotations": records}},
                               api_version=PADDLEJOB_API_VERSION, kind=crd.KIND, name=spec.name,
                               namespace=spec.namespace),
                    **applied(OPERATOR_MANAGER))
@@ -495,7 +507,6 @@ def make_registry(config: OperatorConfig, *,
     registry = kopf.OperatorRegistry()
     resource = (crd.GROUP, crd.VERSION, crd.PLURAL)
     state: dict[str, JobObjects] = {}
-    recreations: dict[str, str] = {}  # PaddleJob uid -> the master's last RECREATED_ANNOTATION
 
     def jobs() -> JobObjects:
         if "objects" not in state:
@@ -581,7 +592,7 @@ def make_registry(config: OperatorConfig, *,
         new = job_status(spec, deployment=deployment, workloads=workloads)
         restarting = _annotation(deployment, manifests.RESTARTING_ANNOTATION)
         over = new["phase"] in {p.value for p in TERMINAL}
-        await _tell_recreated(body, deployment, seen=recreations, jobs=jobs())
+        await _tell_recreated(spec, body, deployment, jobs=jobs())
         now = _now()
         new["conditions"] = conditions(
             Observed(phase=new["phase"], generation=_generation(body), suspended=hold,
@@ -733,14 +744,14 @@ async def _hold_or_resume(spec: JobSpec, *, body: Mapping[str, Any], hold: str, 
                              message="master started again: it resumes the job at its checkpoint")
 
 
-async def _tell_recreated(body: Mapping[str, Any], deployment: Mapping[str, Any], *,
-                          seen: dict[str, str], jobs: JobObjects) -> None:
-    """A WorkloadRecreated Event when the master says it created a role workload again (a new
-    RECREATED_ANNOTATION; the first value this operator sees of a job is taken as told)."""
-    uid = str((body.get("metadata") or {}).get("uid") or "")
+async def _tell_recreated(spec: JobSpec, body: Mapping[str, Any], deployment: Mapping[str, Any],
+                          *, jobs: JobObjects) -> None:
+    """A WorkloadRecreated Event when the master says it created a role workload again: its
+    RECREATED_ANNOTATION moved past the one last told (recorded on the PaddleJob)."""
     said = _annotation(deployment, manifests.RECREATED_ANNOTATION)
-    told = seen.setdefault(uid, said)
+    told = ((body.get("metadata") or {}).get("annotations") or {}).get(
+        manifests.RECREATED_ANNOTATION)
     if said and said != told:
-        seen[uid] = said
         await jobs.event(body, kind="Warning", reason="WorkloadRecreated",
                          message=said.partition(": ")[2] or said)
+        await jobs.record(spec, manifests.RECREATED_ANNOTATION, said)

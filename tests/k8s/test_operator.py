@@ -141,8 +141,12 @@ def operator_rules() -> set[tuple[str, str, str]]:
             for resource in rule["resources"] for verb in rule["verbs"]}
 
 
-def assert_operator_rights(k8s: Any) -> None:
-    """Every request the operator made (Kopf's and its client's) is granted by its Role."""
+WORKLOADS = frozenset({"statefulsets", "jobs", "pods", "podgroups"})  # the master's to write
+
+
+def operator_requests(k8s: Any) -> set[tuple[str, str, str]]:
+    """(API group, resource[/subresource], RBAC verb) of every request the operator made
+    (Kopf's and its client's)."""
     used = set()
     for request in list(k8s.kmock):
         agent = request.headers.get("User-Agent", "")
@@ -156,8 +160,18 @@ def assert_operator_rights(k8s: Any) -> None:
             verb = {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}[method]
         resource = request.resource.plural + (f"/{request.subresource}" if request.subresource else "")
         used.add((request.resource.group, resource, verb))
+    return used
+
+
+def assert_operator_rights(k8s: Any) -> None:
+    """Every request the operator made is granted by its Role, and none writes a workload
+    (one deployer per job: the master)."""
+    used = operator_requests(k8s)
     assert used, "the operator made no request"
     assert used <= operator_rules(), used - operator_rules()
+    written = {(r, verb) for _, r, verb in used
+               if r.split("/")[0] in WORKLOADS and verb not in ("get", "list", "watch")}
+    assert not written, f"the operator wrote workloads: {sorted(written)}"
 
 
 async def test_apply_creates_the_master_owned_by_the_paddlejob(k8s_crds, api, config):

@@ -321,6 +321,10 @@ class KubernetesDeployer(Deployer):
             # The trainers come only once every pserver has registered, so a gang of
             # pservers + trainers could never form yet: the group grows in create_trainers.
             await self._ensure_podgroup(early)
+        await self._ensure_pserver_workloads(owner)
+
+    async def _ensure_pserver_workloads(self, owner: dict[str, Any]) -> None:
+        """The pservers' and heters' Services and StatefulSets (created, or adopted)."""
         for role, render in ((manifests.PSERVER, manifests.pserver_statefulset),
                              (manifests.HETER, manifests.heter_statefulset)):
             if not self.spec.replicas_of(role):
@@ -479,8 +483,8 @@ class KubernetesDeployer(Deployer):
                 and await self._read(self._apps.read_namespaced_stateful_set,
                                      manifests.role_name(self.spec.name, role), self.namespace,
                                      resource="statefulsets", target=role) is None]
-        if gone:
-            await self.create_pservers()
+        if gone:  # the PodGroup keeps its gang: the trainers are there
+            await self._ensure_pserver_workloads(await self.owner())
         trainers = manifests.trainer_name(self.spec.name)
         if not self._finishing and await self._read(
                 self._batch.read_namespaced_job, trainers, self.namespace, resource="jobs",
