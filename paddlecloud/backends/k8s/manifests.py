@@ -1327,15 +1327,19 @@ def master_rules(spec: JobSpec) -> list[dict[str, Any]]:
         return {"apiGroups": [group], "resources": [resource], "verbs": verbs}
 
     rules = [
-        # its own Deployment: the owner uid, and the phase annotation
+        # its own Deployment: the owner uid, the operator's suspend request (read at every
+        # poll), and its annotations (phase, progress, restarting, suspended, recreated)
         named("apps", "deployments", ["get", "patch"], [master_name(spec.name)]),
+        # the pservers and heters: created (again, after a deletion by hand), read, deleted
+        # at the end (cleanPodPolicy) and on a suspend
         anonymous("apps", "statefulsets", ["create"]),
         named("apps", "statefulsets", ["get", "delete"],
               [pserver_name(spec.name), heter_name(spec.name)]),
         anonymous("", "services", ["create"]),
         named("", "services", ["get", "delete"], services),
         # the trainers: patch resizes a PS job's Indexed Job; a collective job's group
-        # restart deletes and recreates it, after listing the group's pods
+        # restart and a suspend delete it (a restart recreates it, after listing the
+        # group's pods)
         anonymous("batch", "jobs", ["create"]),
         named("batch", "jobs", ["get", "patch", "delete"], [trainer_name(spec.name)]),
         anonymous("", "pods", ["list"]),
