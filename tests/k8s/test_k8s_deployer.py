@@ -11,6 +11,7 @@ import asyncio
 from typing import Any
 
 import pytest
+import waiting
 from conftest import role_grants
 
 from paddlecloud.backends.k8s import manifests
@@ -554,3 +555,50 @@ async def test_supervise_refuses_bad_arguments():
         await supervise(FakeDeployer([RoleStatus(desired=1)]), num_pservers=0,
                         registered_pservers=_no_pservers, set_phase=None,  # type: ignore[arg-type]
                         master_state=no_dataset, initial_phase="Done")  # type: ignore[arg-type]
+
+
+async def test_a_suspend_stops_the_job_in_place_and_its_lift_deploys_it_again_phases_unmoved():
+    """The supervisor's part of a suspend: asked while it waits for pservers or watches the
+    trainers, it has the deployer stop the job, creates nothing while the suspend holds, and
+    deploys again from the pservers once it is lifted; no phase is written for it."""
+    asked = {"now": False}
+    phases: list[str] = []
+
+    class Suspendable(FakeDeployer):
+        asks = 0
+
+        async def suspend_requested(self) -> bool:
+            self.asks += 1
+            return asked["now"]
+
+        async def suspend(self) -> None:
+            self.calls.append("suspend")
+
+    async def set_phase(phase: Phase, reason: str) -> None:
+        phases.append(phase)
+
+    async def master_state() -> MasterState:
+        return MasterState(has_dataset=True)
+
+    deployer = Suspendable([BUSY])
+    task = asyncio.create_task(supervise(
+        deployer, num_pservers=0, registered_pservers=_no_pservers, set_phase=set_phase,
+        master_state=master_state, poll_interval=0.01))
+    try:
+        await asyncio.wait_for(deployer.polled_thrice.wait(), 20)
+        asked["now"] = True
+        await waiting.wait_for(lambda: "suspend" in deployer.calls, timeout=20,
+                               message="the suspend")
+        held, asks = len(deployer.calls), deployer.asks
+        await waiting.wait_for(lambda: deployer.asks >= asks + 5, timeout=20,
+                               message="five more polls of the request")
+        assert deployer.calls[held:] == []  # nothing created, scaled or read while suspended
+        asked["now"] = False
+        await waiting.wait_for(lambda: deployer.calls.count("trainers") == 2, timeout=20,
+                               message="deployed again")
+    finally:
+        task.cancel()
+    after = deployer.calls[deployer.calls.index("suspend"):]
+    assert after[:3] == ["suspend", "pservers", "trainers"]
+    assert deployer.calls.count("suspend") == 1
+    assert phases == ["Pending", "Starting", "Running"]  # not moved by the suspend
