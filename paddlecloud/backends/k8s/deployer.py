@@ -27,11 +27,17 @@ a **group restart**: the trainer Job is deleted with foreground propagation (the
 pods get their termination grace, then are killed) and, once it is gone, the
 master's epoch is restarted at the checkpoint and the Job created again at the
 new size, with `PADDLE_TRAINERS_NUM`, `PADDLE_TRAINER_ENDPOINTS` and indexes
-0..N-1 recomputed. Deleting and recreating is what converges fastest and safely:
+0..N-1 recomputed, and with the labels and annotations a user put on the Job before
+(`users_metadata`: a user's edit survives the re-creation). Deleting and recreating is what converges fastest and safely:
 a Job's pod template cannot change, and the old pods are gone before the new
 ones take their host names. Past `restart_limit` lost members the deployer gives
 up (`JobSpec.restart_limit`, `job submit --restart-limit`, a PaddleJob's `spec.restartLimit`):
 the Job is deleted and `trainer_status()` says why (the job ends Failed).
+
+A role workload deleted by hand while the job runs is created again at the next
+`reconcile` (the master is the job's one deployer: the operator only reads workloads);
+a suspend the operator asks on the master Deployment (`suspend_requested`) is the
+master's own drain (`suspend`): the trainer Job deleted as a group, then the pservers.
 
 What this does NOT guarantee: that pods get scheduled or start (a pserver that
 never registers keeps the job in Starting), nor garbage collection of what it
@@ -115,6 +121,31 @@ def role_status_of_job(job: dict[str, Any] | None, *, desired: int) -> RoleStatu
     return RoleStatus(desired=desired, active=active, succeeded=succeeded, failed=failed)
 
 
+# Labels the Job controller sets without a prefix (Kubernetes' own, not a user's)
+_JOB_CONTROLLER_LABELS = frozenset({"controller-uid", "job-name"})
+
+
+def _system_key(key: str) -> bool:
+    """A label or annotation key Kubernetes or paddlecloud sets, never a user's."""
+    prefix = key.partition("/")[0] if "/" in key else ""
+    return key in _JOB_CONTROLLER_LABELS or prefix in ("kubernetes.io", "k8s.io",
+                                                       manifests.JOB_LABEL.partition("/")[0]) \
+        or prefix.endswith((".kubernetes.io", ".k8s.io"))
+
+
+def users_metadata(existing: dict[str, Any] | None,
+                   rendered: dict[str, Any]) -> dict[str, dict[str, str]]:
+    """The labels and annotations of `existing` that paddlecloud does not render and that
+    Kubernetes did not set: a user's, kept when the object is made again (a group restart)."""
+    kept: dict[str, dict[str, str]] = {}
+    for field in ("labels", "annotations"):
+        ours = rendered["metadata"].get(field) or {}
+        theirs = ((existing or {}).get("metadata") or {}).get(field) or {}
+        if users := {k: v for k, v in theirs.items() if k not in ours and not _system_key(k)}:
+            kept[field] = users
+    return kept
+
+
 class KubernetesDeployer(Deployer):
     """Deploys one job's pservers and trainers; owned by the job's master Deployment.
 
@@ -148,6 +179,7 @@ class KubernetesDeployer(Deployer):
         self._resume = False             # the operator started this master after a suspend
         self._companion_uid = ""         # a PodGroup applied with the PaddleJob, to adopt
         self._recreated = 0              # role workloads created again after a deletion by hand
+        self._users_metadata: dict[str, dict[str, str]] = {}  # kept across a group restart
         self._shown: dict[str, str] = {}  # the annotations this master applied to its Deployment
         self._started_size = self.size   # the size the running group was started at
 
@@ -345,9 +377,12 @@ class KubernetesDeployer(Deployer):
         if manifests.needs_trainer_service(sized):
             for service in manifests.role_services(sized, manifests.TRAINER, owner=owner):
                 await self._ensure_service(service)
-        job = await self._ensure(manifests.trainer_job(sized, owner), resource="jobs",
-                                 create=self._batch.create_namespaced_job,
+        body = manifests.trainer_job(sized, owner)
+        for field, users in self._users_metadata.items():  # a user's, from the Job before
+            body["metadata"][field] = {**users, **(body["metadata"].get(field) or {})}
+        job = await self._ensure(body, resource="jobs", create=self._batch.create_namespaced_job,
                                  read=self._batch.read_namespaced_job)
+        self._users_metadata = {}
         if self._resume:  # the group runs again: the resume is done
             await self._annotate_master({manifests.RESUME_ANNOTATION: manifests.RESUME_DONE,
                                          manifests.SUSPENDED_ANNOTATION: ""})
@@ -437,6 +472,11 @@ class KubernetesDeployer(Deployer):
             await asyncio.sleep(GROUP_DELETE_POLL)
 
     async def _stop_and_restart_group(self) -> None:
+        name = manifests.trainer_name(self.spec.name)
+        before = await self._read(self._batch.read_namespaced_job, name, self.namespace,
+                                  resource="jobs", target=name)
+        # a user's labels and annotations on the group's Job outlive its re-creation
+        self._users_metadata = users_metadata(before, manifests.trainer_job(self.spec, None))
         await self._stop_group()
         if self._restart_epoch is not None:
             await self._restart_epoch()
