@@ -34,7 +34,7 @@ logger = logging.getLogger(__name__)
 TIMEOUT_S = 5.0  # a master's answer to one page request
 # The page's paths a browser may ask through the Job Server: the shell, its JSON, its code.
 # Not /metrics (an operator's scrape, not the page's) and nothing else the master may serve.
-ALLOWED = ("", "api/job", "api/series", "api/schema")
+ALLOWED = ("", "api/job", "api/series", "api/goodput", "api/schema")
 STATIC = re.compile(r"^static/[A-Za-z0-9_-]+\.(?:css|js|svg|png)$")
 # Headers of the master's answer passed to the browser; no cookie, nothing else.
 PASSED_HEADERS = ("Content-Type", "Cache-Control", "ETag", "Last-Modified")

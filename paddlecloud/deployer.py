@@ -12,6 +12,8 @@ and an Indexed Job, driven by the job's leading master) and
     every poll: scale(desired) when the master's desired size is known, reconcile(),
                 trainer_status()
     once the master's data is done or failed: finishing(); reconcile() no more once it failed
+    whenever suspend_requested(): suspend(), then, once it is not requested any more, the
+                job is deployed again from create_pservers() (it resumes at its checkpoint)
     show_phase(phase, reason=...)          at every phase change
     cleanup(succeeded=...)                 per the job's cleanPodPolicy
 
@@ -126,6 +128,17 @@ class Deployer(abc.ABC):
         """Shows the job's phase where users look (Kubernetes: annotations of the master
         Deployment; local: a line on the console). etcd's `phase` key, written by the
         master, stays the truth: this is a view of it, and may fail."""
+
+    async def suspend_requested(self) -> bool:
+        """Whether the job must stop for now and resume later (Kubernetes: the operator's
+        request on the master Deployment, for spec.suspend or a Kueue eviction); a backend
+        that cannot be suspended answers False."""
+        return False
+
+    async def suspend(self) -> None:
+        """Stops the trainers (each drains and saves) and the pservers, for a suspend; the
+        next `create_pservers`/`create_trainers` resume the job at its checkpoint."""
+        raise NotImplementedError(f"{type(self).__name__} cannot suspend a job")
 
     @abc.abstractmethod
     async def cleanup(self, *, succeeded: bool) -> None:

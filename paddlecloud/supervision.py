@@ -26,6 +26,12 @@ task, and a master's view (polled, or rebuilt after a failover) that lags the
 trainers' exit by a moment. A verdict that needs a grace is final only when the same
 phase was decided for that long.
 
+A suspend (Kubernetes: spec.suspend or a Kueue eviction, asked by the operator on the
+master Deployment) is acted on wherever the supervisor waits: the deployer drains the
+trainers and removes the workloads (`Deployer.suspend`), the supervisor waits until the
+suspend is lifted, then deploys the job again from its pservers, at its checkpoint. The
+master stays the one writer of its workloads (docs/architecture.md).
+
 `supervise` is safe to call again after a failover: every deployer call is
 idempotent, a phase is never written backwards (pass what etcd holds as
 `initial_phase`), and a job already Succeeded or Failed only gets its clean-up
@@ -174,25 +180,50 @@ async def supervise(
         return Verdict(current, "ended before this supervisor started")
 
     await advance(Phase.PENDING)
-    await deployer.create_pservers()
-    await advance(Phase.STARTING)
-    if current == Phase.STARTING:  # a job already Running had its pservers registered before
-        await _wait_for_pservers(num_pservers, registered=registered_pservers,
-                                 poll_interval=poll_interval)
-    await deployer.create_trainers()
-    await advance(Phase.RUNNING)
-
-    verdict = await _watch(deployer, master_state=master_state, poll_interval=poll_interval,
-                           graces=graces, desired_trainers=desired_trainers)
+    while True:
+        try:
+            await _hold_while_suspended(deployer, poll_interval)
+            await deployer.create_pservers()
+            await advance(Phase.STARTING)
+            if current == Phase.STARTING:  # a job already Running had its pservers registered
+                await _wait_for_pservers(deployer, num_pservers, registered=registered_pservers,
+                                         poll_interval=poll_interval)
+            await deployer.create_trainers()
+            await advance(Phase.RUNNING)
+            verdict = await _watch(deployer, master_state=master_state,
+                                   poll_interval=poll_interval, graces=graces,
+                                   desired_trainers=desired_trainers)
+            break
+        except _Resumed:
+            logger.info("the suspend is lifted: deploying the job again")
     await advance(verdict.phase, verdict.reason)
     await deployer.cleanup(succeeded=verdict.phase == Phase.SUCCEEDED)
     return verdict
 
 
-async def _wait_for_pservers(num_pservers: int, *, registered: Callable[[], Awaitable[int]],
+class _Resumed(Exception):
+    """The job was suspended and may run again: it is deployed again from its pservers."""
+
+
+async def _hold_while_suspended(deployer: Deployer, poll_interval: float) -> None:
+    """Nothing when no suspend is asked; else stops the job (`Deployer.suspend`), waits until
+    the suspend is lifted (or the master is stopped: then this is cancelled) and raises
+    `_Resumed`. The phase is not moved: a suspended job resumes in the phase it had."""
+    if not await deployer.suspend_requested():
+        return
+    await deployer.suspend()
+    while True:
+        await asyncio.sleep(poll_interval)
+        if not await deployer.suspend_requested():
+            raise _Resumed
+
+
+async def _wait_for_pservers(deployer: Deployer, num_pservers: int, *,
+                             registered: Callable[[], Awaitable[int]],
                              poll_interval: float) -> None:
     last = -1
     while True:
+        await _hold_while_suspended(deployer, poll_interval)
         count = await registered()
         if count >= num_pservers:
             return
@@ -210,6 +241,7 @@ async def _watch(deployer: Deployer, *, master_state: Callable[[], Awaitable[Mas
     errors = 0
     finishing = False
     while True:
+        await _hold_while_suspended(deployer, poll_interval)
         master = await master_state()
         if master.over and not finishing:
             await deployer.finishing()

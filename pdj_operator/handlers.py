@@ -7,16 +7,24 @@ For each PaddleJob (`paddlejobs.batch.paddlepaddle.org/v1`):
   creates (`manifests.submit_objects`: the job-spec ConfigMap, the master
   Deployment, its Service), the Deployment and the ConfigMap owned by the
   PaddleJob, so one `kubectl delete pdj NAME` removes the job through the garbage
-  collector; the master stays the deployer of the pservers and trainers;
+  collector;
 * every `interval` seconds (a timer): the master's phase (its Deployment's
-  annotation) and the workloads' counts, and the epochs from the master's
-  GetStatus when it answers, are mirrored into the PaddleJob's status and
-  conditions, with an Event on each phase change; a master Deployment or a role
-  workload deleted by hand while the job runs is created again (the workloads by
-  the master's own deployer code, `paddlecloud.backends.k8s.deployer.KubernetesDeployer`);
-* deleted: everything labelled with the job is deleted explicitly too (the
-  garbage collector would, but not at once), and the job's etcd keys are cleared,
-  as `paddlecloud job delete` does.
+  annotations) and the workloads' counts are mirrored into the PaddleJob's status
+  and conditions, with an Event on each phase change and on each role workload the
+  master says it created again; a master Deployment deleted by hand while the job
+  runs is created again; a hold (spec.suspend, a Kueue eviction) is asked of the
+  master, which drains and removes its workloads, and the master is stopped after;
+* deleted: the master's objects labelled with the job are deleted explicitly too
+  (the garbage collector would, but not at once; it removes the workloads, which
+  the master Deployment owns), and the job's etcd keys are cleared, as
+  `paddlecloud job delete` does.
+
+One deployer per job: the job's leading master creates, supervises, re-creates and
+removes its workloads (the pserver StatefulSet, the trainer Job, heters, the PodGroup),
+as it does for `paddlecloud job submit`; this operator creates and owns only the
+master and reads the workloads (tests/k8s/test_operator_writes.py pins it). Its Role
+still holds the workload verbs, only because the API server lets it create the
+master's Role with no right it lacks itself.
 
 Two operators: with peering (Kopf's, `--peering NAME`), the one of the higher
 priority acts and the other pauses until it is gone.
@@ -28,7 +36,6 @@ Event says so: delete and apply again).
 
 from __future__ import annotations
 
-import asyncio
 import datetime
 import logging
 import uuid
@@ -48,12 +55,7 @@ from paddlecloud.backends.k8s.client import (
     call,
     load_api_client,
 )
-from paddlecloud.backends.k8s.deployer import (
-    PODGROUPS,
-    VOLCANO_GROUP,
-    VOLCANO_VERSION,
-    KubernetesDeployer,
-)
+from paddlecloud.backends.k8s.deployer import PODGROUPS, VOLCANO_GROUP, VOLCANO_VERSION
 from paddlecloud.jobspec import (
     DEFAULT_ETCD_ENDPOINTS,
     DEFAULT_IMAGE,
@@ -104,6 +106,11 @@ _now = utc_now
 
 # On a PaddleJob: the etcd user made for it (its password is in the Secret NAME-etcd only)
 ETCD_USER_ANNOTATION = "paddlecloud.org/etcd-user"
+
+
+# What the operator records on a PaddleJob: its CA, its etcd user, the master's last word on
+# a workload it created again (told as an Event once)
+RECORDS = (manifests.MASTER_CA_ANNOTATION, ETCD_USER_ANNOTATION, manifests.RECREATED_ANNOTATION)
 
 
 def _recorded_etcd_user(body: Mapping[str, Any]) -> str | None:
@@ -200,11 +207,15 @@ class JobObjects:
         owner = pdj_owner(body)
         ca = await self._ensure_tokens(spec, owner, body)
         await self._ensure_etcd_user(spec, owner, body)
+        group = await self.companion_podgroup(body) if spec.uses_volcano else None
         deployment: dict[str, Any] = {}
         created = False
         for obj in manifests.submit_objects(spec):
             if obj["kind"] == "Deployment":
                 obj = _marked(manifests.publish_master_ca(obj, ca), again=again, held=held)
+                if group is not None:  # the master's deployer adopts it
+                    obj["metadata"].setdefault("annotations", {})[
+                        manifests.COMPANION_PODGROUP_ANNOTATION] = group["metadata"]["uid"]
             if obj["kind"] == "ConfigMap":
                 obj["metadata"]["ownerReferences"] = [owner]
                 await self._create(self.core.create_namespaced_config_map, obj,
@@ -258,7 +269,7 @@ class JobObjects:
         if known := await self._create_once(spec, secret, recorded=_recorded_ca, what="CA",
                                             annotation=manifests.MASTER_CA_ANNOTATION):
             return known
-        await self._record(spec, manifests.MASTER_CA_ANNOTATION, certificate.ca.decode("ascii"))
+        await self.record(spec, manifests.MASTER_CA_ANNOTATION, certificate.ca.decode("ascii"))
         return certificate.ca
 
     async def _ensure_etcd_user(self, spec: JobSpec, owner: Mapping[str, Any],
@@ -281,7 +292,7 @@ class JobObjects:
                                             owner=owner)
         if not await self._create_once(spec, secret, recorded=_recorded_etcd_user,
                                        what="etcd user", annotation=ETCD_USER_ANNOTATION):
-            await self._record(spec, ETCD_USER_ANNOTATION, user.name)
+            await self.record(spec, ETCD_USER_ANNOTATION, user.name)
 
     async def _create_once(self, spec: JobSpec, secret: dict[str, Any], *,
                            recorded: Callable[[Mapping[str, Any]], Any], what: str,
@@ -304,11 +315,18 @@ class JobObjects:
             f"Secret {secret['metadata']['name']} exists but PaddleJob {spec.name} records no "
             f"{what} for it ({annotation}): delete that Secret and the operator makes a new one")
 
-    async def _record(self, spec: JobSpec, annotation: str, value: str) -> None:
-        """Records `annotation: value` on the PaddleJob (public: no secret goes there)."""
+    async def record(self, spec: JobSpec, annotation: str, value: str) -> None:
+        """Records `annotation: value` on the PaddleJob (public: no secret goes there), with
+        the other records it holds: an apply states every field its manager keeps (one left
+        out would be removed)."""
+        stored = await self.read(self.custom.get_namespaced_custom_object, crd.GROUP,
+                                 crd.VERSION, spec.namespace, crd.PLURAL, spec.name)
+        held = ((stored or {}).get("metadata") or {}).get("annotations") or {}
+        records = {key: held[key] for key in RECORDS if key in held}
+        records[annotation] = value
         await call(self.retry, self.custom.patch_namespaced_custom_object, crd.GROUP, crd.VERSION,
                    spec.namespace, crd.PLURAL, spec.name,
-                   apply_body({"metadata": {"annotations": {annotation: value}}},
+                   apply_body({"metadata": {"annotations": records}},
                               api_version=PADDLEJOB_API_VERSION, kind=crd.KIND, name=spec.name,
                               namespace=spec.namespace),
                    **applied(OPERATOR_MANAGER))
@@ -316,7 +334,8 @@ class JobObjects:
     async def companion_podgroup(self, body: Mapping[str, Any]) -> dict[str, Any] | None:
         """The Volcano PodGroup `kubectl apply` created from the PaddleJob's own file: named
         like the job, in its namespace, labelled for no job yet. As the document the file
-        held (the spec fields a PaddleJob file may give), None when there is none."""
+        held (the spec fields a PaddleJob file may give, and its uid: the master Deployment
+        records it for its deployer, which adopts that PodGroup), None when there is none."""
         meta = body["metadata"]
         stored = await self.read(self.custom.get_namespaced_custom_object, VOLCANO_GROUP,
                                  VOLCANO_VERSION, meta["namespace"], PODGROUPS, meta["name"])
@@ -325,20 +344,8 @@ class JobObjects:
             return None  # none, or the job's own (its master made it, or we adopted it)
         given = {k: v for k, v in (stored.get("spec") or {}).items() if k in PODGROUP_SPEC_FIELDS}
         return {"apiVersion": manifests.VOLCANO_API_VERSION, "kind": PODGROUP_KIND,
-                "metadata": {"name": meta["name"], "namespace": meta["namespace"]}, "spec": given}
-
-    async def adopt_podgroup(self, body: Mapping[str, Any]) -> None:
-        """Labels the companion PodGroup as the job's, owned by the PaddleJob: the master's
-        deployer then adopts it (and sets its minMember as it deploys), and deleting the
-        PaddleJob deletes it."""
-        meta = body["metadata"]
-        await call(self.retry, self.custom.patch_namespaced_custom_object, VOLCANO_GROUP,
-                   VOLCANO_VERSION, meta["namespace"], PODGROUPS, meta["name"],
-                   apply_body({"metadata": {"labels": {manifests.JOB_LABEL: meta["name"]},
-                                            "ownerReferences": [pdj_owner(body)]}},
-                              api_version=manifests.VOLCANO_API_VERSION, kind=PODGROUP_KIND,
-                              name=meta["name"], namespace=meta["namespace"]),
-                   **applied(OPERATOR_MANAGER))
+                "metadata": {"name": meta["name"], "namespace": meta["namespace"],
+                             "uid": stored["metadata"].get("uid")}, "spec": given}
 
     # ---- holding a job: spec.suspend and Kueue ---------------------------------------------
     async def hold_reason(self, spec: JobSpec, body: Mapping[str, Any]) -> tuple[str, Any]:
@@ -374,58 +381,25 @@ class JobObjects:
                    meta["name"], kueue.released_status(wl, now=_now()),
                    _content_type="application/merge-patch+json", field_manager=OPERATOR_MANAGER)
 
-    async def set_master_replicas(self, spec: JobSpec, *, running: bool) -> None:
-        """Stops the master (it steps down: nothing restarts the group it leaves), or starts
-        its replicas again; a stopped master is marked to restart the epoch at the checkpoint
-        when it starts again (`manifests.RESUME_ANNOTATION`, read by its deployer)."""
+    async def control_master(self, spec: JobSpec, *, running: bool, suspend: bool) -> None:
+        """What the operator asks of the job's master on its Deployment: run (its replicas)
+        or not, and whether to suspend (`manifests.SUSPEND_ANNOTATION`: the master drains its
+        trainers and removes its own workloads, the operator never does). A master stopped
+        or asked to suspend is marked to restart the epoch at the checkpoint when it deploys
+        again (`manifests.RESUME_ANNOTATION`, read by its deployer)."""
         replicas = manifests.master_deployment(spec)["spec"]["replicas"] if running else 0
         name = manifests.master_name(spec.name)
-        # forced: the operator owns the master's replicas (it created the Deployment) and the
-        # resume mark (the master takes it over when it is done: RESUME_DONE)
+        # forced: the operator owns the master's replicas (it created the Deployment), the
+        # suspend request and the resume mark (the master takes that one over when it is
+        # done: RESUME_DONE); one apply states all three, as server-side apply wants
         body = apply_body({"spec": {"replicas": replicas},
                            "metadata": {"annotations": {
-                               manifests.RESUME_ANNOTATION: manifests.RESUME_PENDING}}},
+                               manifests.RESUME_ANNOTATION: manifests.RESUME_PENDING,
+                               manifests.SUSPEND_ANNOTATION: str(suspend).lower()}}},
                           api_version="apps/v1", kind="Deployment", name=name,
                           namespace=spec.namespace)
         await call(self.retry, self.apps.patch_namespaced_deployment, name, spec.namespace, body,
                    **applied(OPERATOR_MANAGER, force=True))
-
-    async def stop_job(self, spec: JobSpec) -> list[str]:
-        """A suspend: the master first (so it cannot take the trainers' exit for a loss to
-        restart from), then the trainers as a group (foreground: each pod gets its SIGTERM and
-        termination grace to drain and save) and the pservers; the Services, the ConfigMap
-        and the master Deployment stay for the resume. Returns what went."""
-        from kubernetes import client
-
-        await self.set_master_replicas(spec, running=False)
-        await self._wait_for_no_master_pods(spec)
-        options = client.V1DeleteOptions(propagation_policy="Foreground")
-        stopped = []
-        for role in spec.roles:
-            name = manifests.role_name(spec.name, role)
-            delete = (self.batch.delete_namespaced_job if role == manifests.TRAINER
-                      else self.apps.delete_namespaced_stateful_set)
-            try:
-                await call(self.retry, delete, name, spec.namespace, body=options)
-                stopped.append(name)
-            except Exception as error:
-                if api_status(error) != 404:
-                    raise
-        return stopped
-
-    async def _wait_for_no_master_pods(self, spec: JobSpec, *, timeout: float = 120.0) -> None:
-        """Until the master's pods are gone (their grace is the master's step-down)."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        selector = manifests.label_selector(spec.name, manifests.MASTER)
-        while True:
-            listed = self._dict(await call(self.retry, self.core.list_namespaced_pod,
-                                           spec.namespace, label_selector=selector))
-            if not listed.get("items"):
-                return
-            if loop.time() > deadline:
-                raise kopf.TemporaryError(f"the master of {spec.name} is still stopping", delay=5)
-            await asyncio.sleep(0.5)
 
     async def deployment(self, spec: JobSpec) -> dict[str, Any] | None:
         return await self.read(self.apps.read_namespaced_deployment,
@@ -443,16 +417,16 @@ class JobObjects:
         return out
 
     async def delete_all(self, spec: JobSpec) -> list[str]:
-        """Deletes every object labelled with the job (the master first); returns what went."""
+        """Deletes the objects labelled with the job that the operator made or may delete (the
+        master first); returns what went. The role workloads (StatefulSets, the trainer Job,
+        the PodGroup) are the master's: owned by its Deployment, the garbage collector removes
+        them with it."""
         from kubernetes import client
 
         options = client.V1DeleteOptions(propagation_policy="Background")
         ns, selector = spec.namespace, manifests.label_selector(spec.name)
         kinds = [
             ("deployments", self.apps.list_namespaced_deployment, self.apps.delete_namespaced_deployment),
-            ("jobs", self.batch.list_namespaced_job, self.batch.delete_namespaced_job),
-            ("statefulsets", self.apps.list_namespaced_stateful_set,
-             self.apps.delete_namespaced_stateful_set),
             ("services", self.core.list_namespaced_service, self.core.delete_namespaced_service),
             ("configmaps", self.core.list_namespaced_config_map,
              self.core.delete_namespaced_config_map),
@@ -470,15 +444,6 @@ class JobObjects:
                 except Exception as error:
                     if api_status(error) != 404:
                         raise
-        if spec.uses_volcano:
-            name = manifests.podgroup_name(spec)
-            try:
-                await call(self.retry, self.custom.delete_namespaced_custom_object, VOLCANO_GROUP,
-                           VOLCANO_VERSION, ns, PODGROUPS, name)
-                deleted.append(f"{PODGROUPS}/{name}")
-            except Exception as error:
-                if api_status(error) != 404:
-                    raise
         return deleted
 
     async def event(self, body: Mapping[str, Any], *, kind: str, reason: str, message: str) -> None:
@@ -565,11 +530,11 @@ def make_registry(config: OperatorConfig, *,
         try:
             spec = spec_of(body, config)
             # a PodGroup document applied with the job (kubectl apply -f of one file) is
-            # the job's: its queue, priority and minMember (checked) are kept
+            # the job's: its queue, priority and minMember (checked) are kept, and the
+            # master's deployer adopts it (`ensure_master` records which one)
             group = await jobs().companion_podgroup(body) if spec.uses_volcano else None
             if group is not None:
                 spec = spec_of(body, config, podgroup=group)
-                await jobs().adopt_podgroup(body)
         except JobSpecError as error:
             patch.status.update(refused_status("InvalidSpec", str(error), now=_now(),
                                                generation=_generation(body)))
@@ -627,12 +592,7 @@ def make_registry(config: OperatorConfig, *,
         new = job_status(spec, deployment=deployment, workloads=workloads)
         restarting = _annotation(deployment, manifests.RESTARTING_ANNOTATION)
         over = new["phase"] in {p.value for p in TERMINAL}
-        # held, restarting a group, or resuming (the master restarts the epoch at the checkpoint
-        # before its group): the master's deployer creates the workloads, not us
-        resuming = _annotation(deployment, manifests.RESUME_ANNOTATION) == manifests.RESUME_PENDING
-        if not hold and not restarting and not resuming:
-            await _recreate_missing(spec, body=body, phase=new["phase"], workloads=workloads,
-                                    jobs=jobs())
+        await _tell_recreated(spec, body, deployment, jobs=jobs())
         now = _now()
         new["conditions"] = conditions(
             Observed(phase=new["phase"], generation=_generation(body), suspended=hold,
@@ -756,38 +716,42 @@ async def _start(spec: JobSpec, body: Mapping[str, Any], patch: kopf.Patch,
 
 async def _hold_or_resume(spec: JobSpec, *, body: Mapping[str, Any], hold: str, wl: Any,
                           deployment: Mapping[str, Any], jobs: JobObjects) -> None:
-    """A running job that must be held is stopped (no failure counted: its master is stopped
-    first); a held one that may run again gets its master back, which restarts the epoch at
-    the checkpoint (`KubernetesDeployer`) and deploys the rest."""
+    """A running job that must be held is asked to suspend: its master drains the trainers and
+    removes its workloads (the operator writes none), says so, and is then stopped (no failure
+    counted) and an evicted Workload's quota given back; a held one that may run again gets
+    its master back, which restarts the epoch at the checkpoint and deploys the rest.
+
+    What this does NOT guarantee: a suspend while no master leads completes only once one
+    does (the master Deployment's pods are the cluster's to schedule)."""
     replicas = int((deployment.get("spec") or {}).get("replicas") or 0)
-    if hold and replicas > 0:
-        stopped = await jobs.stop_job(spec)
+    asked = _annotation(deployment, manifests.SUSPEND_ANNOTATION) == "true"
+    why = SUSPEND_MESSAGES.get(hold, hold)
+    if hold and replicas > 0 and not asked:
+        await jobs.control_master(spec, running=True, suspend=True)
+        await jobs.event(body, kind="Normal", reason="Suspending", message=(
+            f"{why}: the master drains its trainers and removes its workloads"))
+    elif hold and replicas > 0 and _annotation(deployment, manifests.SUSPENDED_ANNOTATION) == "true":
+        await jobs.control_master(spec, running=False, suspend=True)
         await jobs.event(body, kind="Normal", reason="Suspended", message=(
-            f"{SUSPEND_MESSAGES.get(hold, hold)}: master stopped, then "
-            f"{', '.join(stopped) or 'no workload'}; it resumes at its checkpoint"))
+            f"{why}: the master drained its trainers and removed its workloads, then was "
+            "stopped; it resumes at its checkpoint"))
         if hold == "EvictedByKueue" and wl is not None:
             await jobs.release_workload(wl)
-    elif not hold and replicas == 0:
-        await jobs.set_master_replicas(spec, running=True)
-        await jobs.event(body, kind="Normal", reason="Resumed",
-                         message="master started again: it resumes the job at its checkpoint")
+    elif not hold and (replicas == 0 or asked):
+        await jobs.control_master(spec, running=True, suspend=False)
+        if replicas == 0:
+            await jobs.event(body, kind="Normal", reason="Resumed",
+                             message="master started again: it resumes the job at its checkpoint")
 
 
-async def _recreate_missing(spec: JobSpec, *, body: Mapping[str, Any], phase: str,
-                            workloads: Mapping[str, Any], jobs: JobObjects) -> None:
-    """Creates again a role workload deleted by hand, with the master's own deployer code.
-
-    Pservers (and heters) exist from Starting on, trainers from Running on; a job
-    in a terminal phase had them removed on purpose (cleanPodPolicy).
-    """
-    deployer = KubernetesDeployer(spec, api_client=jobs.api)
-    early = [r for r in (manifests.PSERVER, manifests.HETER) if r in workloads]
-    if phase in (Phase.STARTING, Phase.RUNNING) and any(workloads[r] is None for r in early):
-        await deployer.create_pservers()
-        await jobs.event(body, kind="Warning", reason="WorkloadRecreated", message=(
-            f"{', '.join(manifests.role_name(spec.name, r) for r in early if workloads[r] is None)}"
-            " deleted by hand: created again"))
-    if phase == Phase.RUNNING and workloads.get(manifests.TRAINER, {}) is None:
-        await deployer.create_trainers()
-        await jobs.event(body, kind="Warning", reason="WorkloadRecreated", message=(
-            f"Job {manifests.trainer_name(spec.name)} deleted by hand: created again"))
+async def _tell_recreated(spec: JobSpec, body: Mapping[str, Any], deployment: Mapping[str, Any],
+                          *, jobs: JobObjects) -> None:
+    """A WorkloadRecreated Event when the master says it created a role workload again: its
+    RECREATED_ANNOTATION moved past the one last told (recorded on the PaddleJob)."""
+    said = _annotation(deployment, manifests.RECREATED_ANNOTATION)
+    told = ((body.get("metadata") or {}).get("annotations") or {}).get(
+        manifests.RECREATED_ANNOTATION)
+    if said and said != told:
+        await jobs.event(body, kind="Warning", reason="WorkloadRecreated",
+                         message=said.partition(": ")[2] or said)
+        await jobs.record(spec, manifests.RECREATED_ANNOTATION, said)

@@ -136,6 +136,8 @@ async def test_the_proxied_page_and_its_json_are_the_masters_own_as_a_viewer_see
     assert [t.get("session") for t in through["trainers"]] == [None]  # a viewer sees no session ids
     series = (await client.get(PAGE + "api/series", headers=A)).json()
     assert series.keys() == (await jobs.master_json("/api/series")).keys()
+    goodput = (await client.get(PAGE + "api/goodput", headers=A)).json()
+    assert goodput["causes"] == (await jobs.master_json("/api/goodput"))["causes"]
     # the page's URLs are relative, so they resolve under the prefix
     assert 'src="static/page.js"' in (await client.get(PAGE, headers=A)).text
     redirect = await client.get(PAGE.rstrip("/"), headers=A)

@@ -11,6 +11,7 @@ import asyncio
 from typing import Any
 
 import pytest
+import waiting
 from conftest import role_grants
 
 from paddlecloud.backends.k8s import manifests
@@ -153,6 +154,57 @@ async def test_trainers_are_created_only_after_every_pserver_registered(
     assert k8s.stored("services", NS, ps) is None
 
 
+@pytest.mark.parametrize("collective", [False, True])
+async def test_a_role_workload_deleted_by_hand_mid_run_is_created_again_by_the_master(
+        k8s, api_client, collective):
+    """No operator here: the master's own supervisor creates it again (one deployer per job);
+    a collective group so lost restarts at the checkpoint, not counted as a failure."""
+    from kubernetes import client
+
+    spec = make_spec("byhand-c" if collective else "byhand", pservers=0 if collective else 2)
+    await create_master(api_client, spec)
+    restarts: list[int] = []
+
+    async def restart_epoch() -> None:
+        restarts.append(1)
+
+    async def registered() -> int:
+        return spec.pservers
+
+    async def data() -> MasterState:
+        return MasterState(has_dataset=True)
+
+    deployer = KubernetesDeployer(spec, api_client=api_client, retry=FAST_RETRY,
+                                  restart_epoch=restart_epoch)
+    task = asyncio.create_task(supervise(deployer, num_pservers=spec.pservers,
+                                         registered_pservers=registered, master_state=data,
+                                         poll_interval=0.02))
+    trainer, ps = manifests.trainer_name(spec.name), manifests.pserver_name(spec.name)
+    batch, apps = client.BatchV1Api(api_client), client.AppsV1Api(api_client)
+    try:
+        await k8s.wait_for(lambda: k8s.stored("jobs", NS, trainer), what="the trainers")
+        await asyncio.to_thread(batch.delete_namespaced_job, trainer, NS)
+        await k8s.wait_for(lambda: k8s.stored("jobs", NS, trainer), what="the trainers again")
+        if not collective:
+            await asyncio.to_thread(apps.delete_namespaced_stateful_set, ps, NS)
+            await k8s.wait_for(lambda: k8s.stored("statefulsets", NS, ps), what="pservers again")
+
+        def said() -> str:
+            deployment = k8s.stored("deployments", NS, manifests.master_name(spec.name))
+            return deployment["metadata"]["annotations"].get(manifests.RECREATED_ANNOTATION, "")
+
+        await k8s.wait_for(lambda: said().startswith("1" if collective else "2"),
+                           what="the master's word on it")
+        assert not task.done()
+    finally:
+        task.cancel()
+    assert f"{ps if not collective else trainer} deleted by hand" in said()
+    assert restarts == ([1] if collective else [])
+    assert deployer.restarts == 0  # nothing failed: no group restart counted
+    job = k8s.stored("jobs", NS, trainer)
+    assert job["metadata"]["ownerReferences"][0]["name"] == manifests.master_name(spec.name)
+
+
 async def test_trainers_failing_for_good_end_the_job_failed(k8s, api_client, etcd, job_name):
     spec = make_spec(short(job_name), pservers=0, trainers=2)  # collective: no pserver to wait for
     await create_master(api_client, spec)
@@ -279,6 +331,13 @@ async def test_each_jobs_role_allows_every_call_its_master_makes_and_nothing_unu
     await successor.create_pservers()  # a new leader adopts: 409, then get
     await deployer.trainer_status()
     await deployer.scale(4)  # PS: the Job patched
+    from conftest import RESOURCES
+
+    del k8s.kmock.objects[RESOURCES["jobs"], NS, "rights-trainer"]  # deleted by hand
+    await deployer.reconcile()  # read, created again, said on the Deployment
+    assert k8s.stored("jobs", NS, "rights-trainer") is not None
+    assert await deployer.suspend_requested() is False
+    await deployer.suspend()  # drained: the Job and the StatefulSets deleted
     await deployer.show_phase(Phase.SUCCEEDED, reason="the data is done")
     await deployer.cleanup(succeeded=True)
     ps_calls = k8s.rbac_requests(since)
@@ -496,3 +555,50 @@ async def test_supervise_refuses_bad_arguments():
         await supervise(FakeDeployer([RoleStatus(desired=1)]), num_pservers=0,
                         registered_pservers=_no_pservers, set_phase=None,  # type: ignore[arg-type]
                         master_state=no_dataset, initial_phase="Done")  # type: ignore[arg-type]
+
+
+async def test_a_suspend_stops_the_job_in_place_and_its_lift_deploys_it_again_phases_unmoved():
+    """The supervisor's part of a suspend: asked while it waits for pservers or watches the
+    trainers, it has the deployer stop the job, creates nothing while the suspend holds, and
+    deploys again from the pservers once it is lifted; no phase is written for it."""
+    asked = {"now": False}
+    phases: list[str] = []
+
+    class Suspendable(FakeDeployer):
+        asks = 0
+
+        async def suspend_requested(self) -> bool:
+            self.asks += 1
+            return asked["now"]
+
+        async def suspend(self) -> None:
+            self.calls.append("suspend")
+
+    async def set_phase(phase: Phase, reason: str) -> None:
+        phases.append(phase)
+
+    async def master_state() -> MasterState:
+        return MasterState(has_dataset=True)
+
+    deployer = Suspendable([BUSY])
+    task = asyncio.create_task(supervise(
+        deployer, num_pservers=0, registered_pservers=_no_pservers, set_phase=set_phase,
+        master_state=master_state, poll_interval=0.01))
+    try:
+        await asyncio.wait_for(deployer.polled_thrice.wait(), 20)
+        asked["now"] = True
+        await waiting.wait_for(lambda: "suspend" in deployer.calls, timeout=20,
+                               message="the suspend")
+        held, asks = len(deployer.calls), deployer.asks
+        await waiting.wait_for(lambda: deployer.asks >= asks + 5, timeout=20,
+                               message="five more polls of the request")
+        assert deployer.calls[held:] == []  # nothing created, scaled or read while suspended
+        asked["now"] = False
+        await waiting.wait_for(lambda: deployer.calls.count("trainers") == 2, timeout=20,
+                               message="deployed again")
+    finally:
+        task.cancel()
+    after = deployer.calls[deployer.calls.index("suspend"):]
+    assert after[:3] == ["suspend", "pservers", "trainers"]
+    assert deployer.calls.count("suspend") == 1
+    assert phases == ["Pending", "Starting", "Running"]  # not moved by the suspend

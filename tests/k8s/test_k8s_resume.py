@@ -1,11 +1,11 @@
-"""A real master started again after a suspend restarts the epoch where the checkpoint is.
+"""A suspend mid-epoch on Kubernetes: the real master drains, and resumes at the checkpoint.
 
 The operator's part of a suspend (docs/kubernetes.md, "spec.suspend") is played here
-as it acts: the master stops, then the trainer group goes, and the master Deployment
-is marked `resume-from-checkpoint: pending`. A real `paddlecloud master` process then
-starts again, and before it creates the new group its deployer restarts the epoch at
-the checkpoint: the tasks the model never kept (none saved here) are read again, so
-each record is counted once.
+as it acts: it asks on the master Deployment (`suspend: "true"`, `resume-from-checkpoint:
+pending`); a real `paddlecloud master` process deletes its trainer group (the trainers
+drain on SIGTERM) and says it is suspended; then the operator stops it. A master started
+again restarts the epoch at the checkpoint before it creates the new group: the tasks
+the model never kept (none saved here) are read again, so each record is counted once.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ async def done_tasks(address: str) -> int:
         return (await stub(channel).GetStatus(pb.GetStatusRequest())).counts.done
 
 
-async def test_a_master_started_after_a_suspend_restarts_the_epoch_at_the_checkpoint(
+async def test_a_suspend_mid_epoch_is_the_masters_drain_and_the_resume_counts_each_task_once(
         tmp_path, k8s, api_client, kubeconfig, etcd_endpoint, job_name, monkeypatch, start_master):
     from kubernetes import client
 
@@ -53,12 +53,28 @@ async def test_a_master_started_after_a_suspend_restarts_the_epoch_at_the_checkp
     await finish_one_task(first.address)
     assert await done_tasks(first.address) == 1  # counted done; the model saved nothing
 
-    # the suspend, as the operator makes it: the master first, then its group
+    # the suspend, mid-epoch: asked of the master, which removes its own group and says so
+    apps = client.AppsV1Api(api_client)
+
+    def master_says(key: str) -> str | None:
+        return k8s.stored("deployments", ns, manifests.master_name(name))["metadata"][
+            "annotations"].get(key)
+
+    await asyncio.to_thread(apps.patch_namespaced_deployment, manifests.master_name(name), ns,
+                            {"metadata": {"annotations": {
+                                manifests.SUSPEND_ANNOTATION: "true",
+                                manifests.RESUME_ANNOTATION: manifests.RESUME_PENDING}}})
+    await k8s.wait_for(lambda: master_says(manifests.SUSPENDED_ANNOTATION) == "true",
+                       timeout=60, what="the master suspended")
+    assert k8s.stored("jobs", ns, trainers) is None
+    deletes = [r for r in k8s.kmock if r.resource and r.resource.plural == "jobs"
+               and str(r.method.value).upper() == "DELETE"]
+    assert [r.data["propagationPolicy"] for r in deletes] == ["Foreground"]  # each pod's grace
+    assert "suspend requested: draining the trainers" in first.log()
+    # then the operator stops it, and a resume starts a master again
     first.stop()
-    await asyncio.to_thread(client.BatchV1Api(api_client).delete_namespaced_job, trainers, ns)
-    await asyncio.to_thread(
-        client.AppsV1Api(api_client).patch_namespaced_deployment, manifests.master_name(name), ns,
-        {"metadata": {"annotations": {manifests.RESUME_ANNOTATION: manifests.RESUME_PENDING}}})
+    await asyncio.to_thread(apps.patch_namespaced_deployment, manifests.master_name(name), ns,
+                            {"metadata": {"annotations": {manifests.SUSPEND_ANNOTATION: "false"}}})
 
     # the resume: a master again, which restarts the epoch before it creates the group
     second = start_master("--input", str(tmp_path / "data"), "--namespace", ns, "--deployer",
@@ -72,5 +88,6 @@ async def test_a_master_started_after_a_suspend_restarts_the_epoch_at_the_checkp
             "annotations"]
         return annotations.get(manifests.RESUME_ANNOTATION) == manifests.RESUME_DONE
     await k8s.wait_for(resumed, timeout=30, what="the resume marked done")
+    assert master_says(manifests.SUSPENDED_ANNOTATION) == ""
     assert await done_tasks(second.address) == 0  # read again: the model never kept it
     assert "restarted epoch 0" in second.log()

@@ -2,11 +2,12 @@
 
 The operator runs in `kopf.testing.KopfRunner` (a thread of its own) with the
 handlers `paddlecloud operator` registers; the tests act as kubectl and as the
-job's master (which writes its phase on its Deployment and creates the workloads
-with its own deployer code). kmock runs no garbage collector: where a real cluster
-would collect objects through owner references, the tests assert those references
-(PaddleJob -> master Deployment and ConfigMap -> Service, StatefulSets, Job) AND
-the operator's own deletes, which leave nothing of the job behind even without one.
+job's master: its phase on its Deployment, or its real deployer driven by the real
+supervisor (`running_master`), which creates, re-creates and removes the workloads.
+kmock runs no garbage collector: where a real cluster would collect objects through
+owner references, the tests assert those references (PaddleJob -> master Deployment
+and ConfigMap -> Service, StatefulSets, Job, PodGroup) and the operator's own deletes
+of the master's objects; the workloads the operator never writes.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from paddlecloud.backends.k8s.deployer import KubernetesDeployer
 from paddlecloud.jobspec import JobSpec
 from paddlecloud.keys import JobKeys
 from paddlecloud.paddlejob import translate
+from paddlecloud.supervision import MasterState, supervise
 from pdj_operator.handlers import (
     USER_AGENT,
     JobObjects,
@@ -91,6 +93,36 @@ def play_master(k8s: Any, name: str, *, phase: str) -> None:
         {"metadata": {"annotations": {manifests.PHASE_ANNOTATION: phase}}})
 
 
+@contextlib.asynccontextmanager
+async def running_master(spec: JobSpec, api_client: Any, **kwargs: Any) -> AsyncIterator[Any]:
+    """The job's leading master as far as its workloads go: the real `KubernetesDeployer`
+    driven by the real supervisor (a job whose data is never done, whose pservers have all
+    registered), until the block ends — as a master pod stopped by the operator ends."""
+    deployer = KubernetesDeployer(spec, api_client=api_client, **kwargs)
+
+    async def registered() -> int:
+        return spec.pservers
+
+    async def data() -> MasterState:
+        return MasterState(has_dataset=True)
+
+    task = asyncio.create_task(supervise(deployer, num_pservers=spec.pservers,
+                                         registered_pservers=registered, master_state=data,
+                                         poll_interval=0.05))
+    try:
+        yield deployer
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+def stored_spec(k8s: Any, name: str) -> JobSpec:
+    """The job spec the operator gave the master (its ConfigMap)."""
+    return JobSpec.from_yaml(k8s.stored("configmaps", NS, manifests.spec_configmap_name(name))
+                             ["data"][manifests.SPEC_KEY])
+
+
 KINDS = {"deployments": ("apps", "v1"), "statefulsets": ("apps", "v1"),
          "kopfpeerings": ("kopf.dev", "v1")}
 
@@ -109,8 +141,12 @@ def operator_rules() -> set[tuple[str, str, str]]:
             for resource in rule["resources"] for verb in rule["verbs"]}
 
 
-def assert_operator_rights(k8s: Any) -> None:
-    """Every request the operator made (Kopf's and its client's) is granted by its Role."""
+WORKLOADS = frozenset({"statefulsets", "jobs", "pods", "podgroups"})  # the master's to write
+
+
+def operator_requests(k8s: Any) -> set[tuple[str, str, str]]:
+    """(API group, resource[/subresource], RBAC verb) of every request the operator made
+    (Kopf's and its client's)."""
     used = set()
     for request in list(k8s.kmock):
         agent = request.headers.get("User-Agent", "")
@@ -124,8 +160,18 @@ def assert_operator_rights(k8s: Any) -> None:
             verb = {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}[method]
         resource = request.resource.plural + (f"/{request.subresource}" if request.subresource else "")
         used.add((request.resource.group, resource, verb))
+    return used
+
+
+def assert_operator_rights(k8s: Any) -> None:
+    """Every request the operator made is granted by its Role, and none writes a workload
+    (one deployer per job: the master)."""
+    used = operator_requests(k8s)
     assert used, "the operator made no request"
     assert used <= operator_rules(), used - operator_rules()
+    written = {(r, verb) for _, r, verb in used
+               if r.split("/")[0] in WORKLOADS and verb not in ("get", "list", "watch")}
+    assert not written, f"the operator wrote workloads: {sorted(written)}"
 
 
 async def test_apply_creates_the_master_owned_by_the_paddlejob(k8s_crds, api, config):
@@ -202,16 +248,20 @@ async def test_a_podgroup_applied_with_the_paddlejob_is_the_jobs_and_its_master_
     async with running_operator(config):
         await apply(api, gang_job("gang"))
         await wait_for_job(k8s, "gang")
+    # the operator records which PodGroup it is on the master Deployment, and writes none
     group = k8s.stored("podgroups", NS, "gang")
-    assert group["metadata"]["labels"][manifests.JOB_LABEL] == "gang"
-    assert [o["kind"] for o in group["metadata"]["ownerReferences"]] == ["PaddleJob"]
-    stored = k8s.stored("configmaps", NS, manifests.spec_configmap_name("gang"))
-    spec = JobSpec.from_yaml(stored["data"][manifests.SPEC_KEY])
+    assert manifests.JOB_LABEL not in (group["metadata"].get("labels") or {})
+    master = k8s.stored("deployments", NS, "gang-master")
+    assert master["metadata"]["annotations"][manifests.COMPANION_PODGROUP_ANNOTATION] == \
+        group["metadata"]["uid"]
+    spec = stored_spec(k8s, "gang")
     assert (spec.queue, spec.priority_class, spec.min_member) == ("research", "high", 3)
-    # the master's deployer takes it as the job's (one not labelled so is a conflict) and
-    # its trainers' pods join it
+    # the master's deployer takes that one as the job's (another one not labelled so is a
+    # conflict), owned by its Deployment, and its trainers' pods join it
     await KubernetesDeployer(spec, api_client=api_client).create_trainers()
     group = k8s.stored("podgroups", NS, "gang")
+    assert group["metadata"]["labels"][manifests.JOB_LABEL] == "gang"
+    assert [o["uid"] for o in group["metadata"]["ownerReferences"]] == [master["metadata"]["uid"]]
     assert (group["spec"]["minMember"], group["spec"]["queue"]) == (3, "research")
     pods = k8s.stored("jobs", NS, manifests.trainer_name("gang"))["spec"]["template"]
     assert pods["metadata"]["annotations"][manifests.PODGROUP_ANNOTATION] == "gang"
@@ -232,48 +282,53 @@ async def test_a_podgroup_applied_with_the_paddlejob_is_checked_against_the_jobs
 async def test_the_masters_phase_and_counts_reach_the_status_and_a_deleted_workload_returns(
         k8s_crds, api, api_client, config):
     k8s = k8s_crds
+    from kubernetes import client
+
+    def job_creates() -> int:
+        return sum(1 for resource, name in k8s.posted() if (resource, name) == ("jobs", "ctr-trainer"))
+
     async with running_operator(config):
         await apply(api, paddlejob())
         await wait_for_job(k8s, "ctr")
-        # the master's part: its deployer creates the workloads, it writes its phase
-        spec = translate(k8s.stored("paddlejobs", NS, "ctr"), etcd_endpoints=config.etcd_endpoints,
-                         image=config.image).validate()
-        deployer = KubernetesDeployer(spec, api_client=api_client)
-        await deployer.create_pservers()
-        await deployer.create_trainers()
-        k8s.kmock.objects[manifests_key("statefulsets", "ctr-ps")].patch(
-            {"status": {"replicas": 2, "readyReplicas": 2}})
-        k8s.set_job_status(NS, "ctr-trainer", {"active": 3, "ready": 2})
-        play_master(k8s, "ctr", phase="Running")
+        spec = stored_spec(k8s, "ctr")
+        async with running_master(spec, api_client):  # it deploys, and writes its phase
+            await k8s.wait_for(lambda: k8s.stored("jobs", NS, "ctr-trainer"), what="the trainers")
+            k8s.kmock.objects[manifests_key("statefulsets", "ctr-ps")].patch(
+                {"status": {"replicas": 2, "readyReplicas": 2}})
+            k8s.set_job_status(NS, "ctr-trainer", {"active": 3, "ready": 2})
 
-        def shows_running() -> bool:
-            status = k8s.stored("paddlejobs", NS, "ctr").get("status") or {}
-            return status.get("phase") == "Running" and (status.get("worker") or {}).get("ready") == 2
+            def shows_running() -> bool:
+                status = k8s.stored("paddlejobs", NS, "ctr").get("status") or {}
+                return status.get("phase") == "Running" and \
+                    (status.get("worker") or {}).get("ready") == 2
 
-        await k8s.wait_for(shows_running, what="Running with 2 ready trainers")
-        status = k8s.stored("paddlejobs", NS, "ctr")["status"]
-        assert status["ps"]["summary"] == "2/2" and status["worker"]["summary"] == "2/3"
-        assert {c["type"]: c["status"] for c in status["conditions"]} == {
-            "Created": "True", "Running": "True", "Restarting": "False", "Suspended": "False",
-            "Succeeded": "False", "Failed": "False"}
-        assert status["startTime"]
-        await k8s.wait_for(lambda: events(k8s, "Running"), what="Running event")
+            await k8s.wait_for(shows_running, what="Running with 2 ready trainers")
+            status = k8s.stored("paddlejobs", NS, "ctr")["status"]
+            assert status["ps"]["summary"] == "2/2" and status["worker"]["summary"] == "2/3"
+            assert {c["type"]: c["status"] for c in status["conditions"]} == {
+                "Created": "True", "Running": "True", "Restarting": "False",
+                "Suspended": "False", "Succeeded": "False", "Failed": "False"}
+            assert status["startTime"]
+            await k8s.wait_for(lambda: events(k8s, "Running"), what="Running event")
 
-        # a role workload deleted by hand comes back, from the master's own deployer code
-        from kubernetes import client
-
-        def job_creates() -> int:
-            return sum(1 for resource, name in k8s.posted() if (resource, name) == ("jobs", "ctr-trainer"))
-
-        await asyncio.to_thread(client.BatchV1Api(api_client).delete_namespaced_job,
-                                "ctr-trainer", NS)
-        await k8s.wait_for(lambda: job_creates() == 2 and k8s.stored("jobs", NS, "ctr-trainer"),
-                           what="Job re-created")
-        await k8s.wait_for(lambda: events(k8s, "WorkloadRecreated"), what="WorkloadRecreated event")
-        job = k8s.stored("jobs", NS, "ctr-trainer")
-        assert job["metadata"]["ownerReferences"][0]["uid"] == \
-            k8s.stored("deployments", NS, "ctr-master")["metadata"]["uid"]
-        assert job["spec"] == manifests.trainer_job(spec, None)["spec"]
+            # a role workload deleted by hand comes back, from the master's deployer (the
+            # operator writes no workload: it says so in an Event on the PaddleJob)
+            await asyncio.to_thread(client.BatchV1Api(api_client).delete_namespaced_job,
+                                    "ctr-trainer", NS)
+            await k8s.wait_for(lambda: job_creates() == 2 and k8s.stored("jobs", NS, "ctr-trainer"),
+                               what="Job re-created")
+            await k8s.wait_for(lambda: events(k8s, "WorkloadRecreated"),
+                               what="WorkloadRecreated event")
+            assert "ctr-trainer deleted by hand" in events(k8s, "WorkloadRecreated")[0]["message"]
+            job = k8s.stored("jobs", NS, "ctr-trainer")
+            assert job["metadata"]["ownerReferences"][0]["uid"] == \
+                k8s.stored("deployments", NS, "ctr-master")["metadata"]["uid"]
+            assert job["spec"] == manifests.trainer_job(spec, None)["spec"]
+            await asyncio.to_thread(client.AppsV1Api(api_client).delete_namespaced_stateful_set,
+                                    "ctr-ps", NS)
+            await k8s.wait_for(lambda: k8s.stored("statefulsets", NS, "ctr-ps"), what="ps again")
+            await k8s.wait_for(lambda: len(events(k8s, "WorkloadRecreated")) == 2,
+                               what="a second WorkloadRecreated event")
 
         # the end: the phase is mirrored, and nothing the master removed comes back
         play_master(k8s, "ctr", phase="Succeeded")
@@ -324,15 +379,16 @@ async def test_deleting_the_paddlejob_removes_everything_and_its_etcd_keys(
                                     PLURAL, "gone")
             await k8s.wait_for(lambda: k8s.stored("paddlejobs", NS, "gone") is None,
                                what="the PaddleJob gone (finalizer released)")
-        # the master's ServiceAccount, Role and RoleBinding go with its Deployment, by the
-        # garbage collector alone (owned, checked above): the operator has no right to delete them
-        rbac = ("serviceaccounts", "roles", "rolebindings")
-        assert {r for r, _ in owned} >= set(rbac)
-        for resource, name in [*((r, n) for r, n in owned if r not in rbac),
+        # the master's ServiceAccount, Role and RoleBinding and its workloads go with its
+        # Deployment, by the garbage collector alone (owned, checked above): the operator
+        # deletes no workload (the master's), nor RBAC (it has no right to)
+        by_gc = ("serviceaccounts", "roles", "rolebindings", "statefulsets", "jobs")
+        assert {r for r, _ in owned} >= set(by_gc)
+        for resource, name in [*((r, n) for r, n in owned if r not in by_gc),
                                ("deployments", "gone-master"), ("configmaps", "gone-spec")]:
             assert k8s.stored(resource, NS, name) is None, (resource, name)
-        deletes = {(r, s) for m, r, s in k8s.requests() if m == "DELETE"}
-        assert {("deployments", None), ("statefulsets", None), ("jobs", None)} <= deletes
+        deletes = {r for m, r, _ in k8s.requests() if m == "DELETE"}
+        assert "deployments" in deletes and not deletes & {"statefulsets", "jobs", "podgroups"}
         assert (await etcd.get(key)) is None
         assert_operator_rights(k8s)
     finally:

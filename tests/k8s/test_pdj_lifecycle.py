@@ -1,8 +1,9 @@
 """A PaddleJob's life as platform tooling reads it: conditions, suspend and resume, Kueue.
 
 The operator runs in Kopf's runner against kmock (tests/k8s/conftest.py); the tests
-play kubectl, the job's master (its phase and progress annotations, its deployer's
-workloads) and Kueue (what it writes on a Workload when it admits or evicts one).
+play kubectl, the job's master (its phase and progress annotations; its real deployer
+and supervisor create, drain and remove the workloads) and Kueue (what it writes on a
+Workload when it admits or evicts one).
 Where the API server would bump `metadata.generation` on a spec change, kmock does
 not: the tests do (`edit_spec`).
 """
@@ -16,13 +17,16 @@ import pytest
 import yaml
 from test_operator import (
     NS,
+    USER_AGENT,
     apply,
     assert_operator_rights,
     events,
     manifests_key,
     paddlejob,
     play_master,
+    running_master,
     running_operator,
+    stored_spec,
     wait_for_job,
 )
 
@@ -163,35 +167,50 @@ def test_the_eta_extrapolates_the_jobs_own_rate():
 
 # ---- spec.suspend ----------------------------------------------------------------------------
 
-async def test_a_suspend_stops_the_master_then_the_group_and_a_resume_restarts_at_the_checkpoint(
+def writes(k8s: Any, since: int, resources: tuple[str, ...]) -> list[tuple[str, str, str, Any]]:
+    """(who: operator or master, method, resource, request) of every write on `resources`
+    from request number `since`."""
+    return [("operator" if r.headers.get("User-Agent") == USER_AGENT else "master",
+             r.method.value.upper(), r.resource.plural, r)
+            for r in list(k8s.kmock)[since:]
+            if r.resource and r.resource.plural in resources
+            and r.method.value.upper() in ("POST", "PATCH", "DELETE")]
+
+
+async def test_a_suspend_is_the_masters_drain_then_its_stop_and_a_resume_restarts_at_the_checkpoint(
         k8s_crds, api, api_client, config):
     k8s = k8s_crds
     async with running_operator(config):
         await apply(api, job("pause", ps=None, withGloo=0))  # collective: a trainer group
         await wait_for_job(k8s, "pause")
-        spec = await deploy_as_master(k8s, api_client, "pause")
-        play_master(k8s, "pause", phase="Running")
-        await k8s.wait_for(lambda: holds(k8s, "pause", "Running"), what="Running")
-        since = len(list(k8s.kmock))
+        spec = stored_spec(k8s, "pause")
+        async with running_master(spec, api_client):
+            await k8s.wait_for(lambda: k8s.stored("jobs", NS, "pause-trainer"), what="trainers")
+            await k8s.wait_for(lambda: holds(k8s, "pause", "Running"), what="Running")
+            since = len(list(k8s.kmock))
 
-        edit_spec(k8s, "pause", suspend=True)
-        await k8s.wait_for(lambda: holds(k8s, "pause", "Suspended", "SuspendedBySpec"),
-                           what="Suspended")
+            edit_spec(k8s, "pause", suspend=True)
+            await k8s.wait_for(lambda: holds(k8s, "pause", "Suspended", "SuspendedBySpec"),
+                               what="Suspended")
+            await k8s.wait_for(lambda: (k8s.stored("deployments", NS, "pause-master")["spec"]
+                                        ["replicas"]) == 0, what="the master stopped")
         await k8s.wait_for(lambda: status_of(k8s, "pause").get("phase") == "Suspended",
                            what="phase Suspended")
         master = k8s.stored("deployments", NS, "pause-master")
-        assert master["spec"]["replicas"] == 0
         assert master["metadata"]["annotations"][manifests.RESUME_ANNOTATION] == "pending"
+        assert master["metadata"]["annotations"][manifests.SUSPENDED_ANNOTATION] == "true"
         assert k8s.stored("jobs", NS, "pause-trainer") is None
-        # the master stopped before the group, the group as a whole with its grace
-        requests = [r for r in list(k8s.kmock)[since:]
-                    if r.resource and r.resource.plural in ("deployments", "jobs")
-                    and r.method.value.upper() in ("PATCH", "DELETE")]
-        calls = [(r.method.value.upper(), r.resource.plural, r.data) for r in requests]
-        assert [c[:2] for c in calls][:2] == [("PATCH", "deployments"), ("DELETE", "jobs")]
-        assert calls[1][2]["propagationPolicy"] == "Foreground"
+        # the operator asks, the master drains its group as a whole (each pod with its
+        # grace) and says so, and only then does the operator stop the master
+        done = writes(k8s, since, ("deployments", "jobs"))
+        assert [(who, method, what) for who, method, what, _ in done] == [
+            ("operator", "PATCH", "deployments"), ("master", "DELETE", "jobs"),
+            ("master", "PATCH", "deployments"), ("operator", "PATCH", "deployments")]
+        ask, drain, said, stop = (r for *_, r in done)
+        assert ask.data["metadata"]["annotations"][manifests.SUSPEND_ANNOTATION] == "true"
+        assert drain.data["propagationPolicy"] == "Foreground"
+        assert said.data["metadata"]["annotations"][manifests.SUSPENDED_ANNOTATION] == "true"
         # a server-side apply of what the operator owns: the master's replicas, the resume mark
-        stop = requests[0]
         assert stop.headers["Content-Type"] == "application/apply-patch+yaml"
         assert (stop.params["fieldManager"], stop.params["force"].lower()) == (
             "paddlecloud-operator", "true")
@@ -199,7 +218,8 @@ async def test_a_suspend_stops_the_master_then_the_group_and_a_resume_restarts_a
         assert condition(k8s, "pause", "Failed")["status"] == "False"
         assert condition(k8s, "pause", "Running")["reason"] == "SuspendedBySpec"
         assert condition(k8s, "pause", "Suspended")["observedGeneration"] == 2
-        assert events(k8s, "Suspended") and not events(k8s, "SpecChanged")
+        assert events(k8s, "Suspending") and events(k8s, "Suspended")
+        assert not events(k8s, "SpecChanged")
 
         edit_spec(k8s, "pause", suspend=False)
         await k8s.wait_for(lambda: (k8s.stored("deployments", NS, "pause-master")["spec"]
@@ -207,23 +227,59 @@ async def test_a_suspend_stops_the_master_then_the_group_and_a_resume_restarts_a
         await k8s.wait_for(lambda: condition(k8s, "pause", "Suspended").get("status") == "False",
                            what="not Suspended")
         await k8s.wait_for(lambda: events(k8s, "Resumed"), what="Resumed event")
+        master = k8s.stored("deployments", NS, "pause-master")
+        assert master["metadata"]["annotations"][manifests.SUSPEND_ANNOTATION] == "false"
 
-    # the master started again restarts the epoch at the checkpoint before the new group
-    # (the trainers resume from it), once: its own group restarts do theirs
-    restarts: list[bool] = []
+        # the master started again restarts the epoch at the checkpoint before the new group
+        # (the trainers resume from it), once: its own group restarts do theirs
+        restarts: list[bool] = []
 
-    async def restart_epoch() -> None:
-        restarts.append(k8s.stored("jobs", NS, "pause-trainer") is None)
+        async def restart_epoch() -> None:
+            restarts.append(k8s.stored("jobs", NS, "pause-trainer") is None)
 
-    assert not events(k8s, "WorkloadRecreated")  # the operator leaves the group to the master
-    deployer = KubernetesDeployer(spec, api_client=api_client, restart_epoch=restart_epoch)
-    await deployer.create_trainers()
-    assert restarts == [True] and k8s.stored("jobs", NS, "pause-trainer") is not None
-    master = k8s.stored("deployments", NS, "pause-master")
-    assert master["metadata"]["annotations"][manifests.RESUME_ANNOTATION] == "done"
-    await deployer.create_trainers()  # adopted: nothing restarted
-    assert restarts == [True]
+        async with running_master(spec, api_client, restart_epoch=restart_epoch):
+            await k8s.wait_for(lambda: k8s.stored("jobs", NS, "pause-trainer"), what="trainers")
+            await k8s.wait_for(lambda: (k8s.stored("deployments", NS, "pause-master")["metadata"]
+                                        ["annotations"][manifests.RESUME_ANNOTATION]) == "done",
+                               what="the resume done")
+        assert restarts == [True]
+        annotations = k8s.stored("deployments", NS, "pause-master")["metadata"]["annotations"]
+        assert annotations[manifests.SUSPENDED_ANNOTATION] == ""
+        deployer = KubernetesDeployer(spec, api_client=api_client, restart_epoch=restart_epoch)
+        await deployer.create_trainers()  # adopted: nothing restarted
+        assert restarts == [True]
+    assert not events(k8s, "WorkloadRecreated")
     assert_operator_rights(k8s)
+
+
+async def test_a_master_that_is_not_stopped_resumes_in_place_when_the_suspend_is_lifted(
+        k8s_crds, api_client):
+    """The suspend request alone (no operator stops the master): the master drains, waits,
+    and deploys the job again at its checkpoint once the request is lifted."""
+    k8s = k8s_crds
+    spec = translate(paddlejob(name="inplace")).validate()
+    from kubernetes import client
+
+    await asyncio.to_thread(client.AppsV1Api(api_client).create_namespaced_deployment, NS,
+                            manifests.master_deployment(spec))
+
+    def ask(suspend: bool) -> None:
+        annotate_master(k8s, "inplace", {manifests.SUSPEND_ANNOTATION: str(suspend).lower()})
+
+    async with running_master(spec, api_client):
+        await k8s.wait_for(lambda: k8s.stored("jobs", NS, "inplace-trainer"), what="trainers")
+        ask(True)
+        await k8s.wait_for(lambda: k8s.stored("jobs", NS, "inplace-trainer") is None and
+                           k8s.stored("statefulsets", NS, "inplace-ps") is None, what="drained")
+        await k8s.wait_for(lambda: (k8s.stored("deployments", NS, "inplace-master")["metadata"]
+                                    ["annotations"].get(manifests.SUSPENDED_ANNOTATION)) == "true",
+                           what="suspended said")
+        ask(False)
+        await k8s.wait_for(lambda: k8s.stored("jobs", NS, "inplace-trainer") and
+                           k8s.stored("statefulsets", NS, "inplace-ps"), what="deployed again")
+        await k8s.wait_for(lambda: (k8s.stored("deployments", NS, "inplace-master")["metadata"]
+                                    ["annotations"].get(manifests.SUSPENDED_ANNOTATION)) == "",
+                           what="not suspended any more")
 
 
 async def test_a_master_deleted_by_hand_comes_back_marked_to_resume_and_stopped_if_held(
@@ -370,17 +426,16 @@ async def test_a_queued_job_is_one_workload_admitted_by_kueue_and_stopped_when_e
         await k8s.wait_for(lambda: k8s.stored("deployments", NS, "queued-master"), what="master")
         stored = k8s.stored("configmaps", NS, manifests.spec_configmap_name("queued"))
         assert yaml.safe_load(stored["data"][manifests.SPEC_KEY])["trainers"] == 3
-        await deploy_as_master(k8s, api_client, "queued")
-        play_master(k8s, "queued", phase="Running")
-        await k8s.wait_for(lambda: holds(k8s, "queued", "Running"), what="Running")
-
-        evicted = admitted(3)
-        evicted["conditions"].append({"type": "Evicted", "status": "True", "reason": "Preempted"})
-        play_kueue(k8s, "queued", evicted)
-        await k8s.wait_for(lambda: holds(k8s, "queued", "Suspended", "EvictedByKueue"),
-                           what="evicted")
-        await k8s.wait_for(lambda: (workload_of(k8s, "queued")["status"].get("admission")
-                                    is None), what="the quota given back")
+        async with running_master(stored_spec(k8s, "queued"), api_client):
+            await k8s.wait_for(lambda: holds(k8s, "queued", "Running"), what="Running")
+            evicted = admitted(3)
+            evicted["conditions"].append({"type": "Evicted", "status": "True",
+                                          "reason": "Preempted"})
+            play_kueue(k8s, "queued", evicted)
+            await k8s.wait_for(lambda: holds(k8s, "queued", "Suspended", "EvictedByKueue"),
+                               what="evicted")
+            await k8s.wait_for(lambda: (workload_of(k8s, "queued")["status"].get("admission")
+                                        is None), what="the quota given back")
         assert k8s.stored("deployments", NS, "queued-master")["spec"]["replicas"] == 0
         assert k8s.stored("jobs", NS, "queued-trainer") is None
         assert k8s.stored("statefulsets", NS, "queued-ps") is None

@@ -13,6 +13,7 @@ API server's 409 to an apply, played here as the API server words it.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -70,24 +71,41 @@ async def test_the_masters_changes_are_applies_forced_only_on_what_it_owns(k8s, 
         manifests.GOODPUT_ANNOTATION: "productive=12,startup=4"}
 
 
-async def test_a_users_annotation_on_the_trainer_workload_survives_the_masters_changes(
-        k8s, api_client):
-    spec = make_spec("keep", pservers=1, trainers=2, min_trainers=1, max_trainers=4)
+@pytest.mark.parametrize("collective", [False, True])
+async def test_a_users_annotation_on_the_trainer_workload_survives_a_reconcile(
+        k8s, api_client, collective):
+    """A user annotates and labels the trainer Job (kubectl's merge patch); the master's
+    reconciliation — a resize (PS: an apply of the Job's size; collective: a group restart,
+    which deletes the Job and makes it again), a new leader adopting it, its own
+    annotations — keeps both, and never removes a key it did not set."""
+    from kubernetes import client
+
+    name = "keep-c" if collective else "keep"
+    spec = make_spec(name, pservers=0 if collective else 1, trainers=2, min_trainers=1,
+                     max_trainers=4)
     await create_master(api_client, spec)
     deployer = KubernetesDeployer(spec, api_client=api_client, retry=FAST_RETRY)
     await deployer.create_pservers()
     await deployer.create_trainers()
-    from conftest import RESOURCES
-
-    k8s.kmock.objects[RESOURCES["jobs"], NS, "keep-trainer"].patch(
+    trainer = manifests.trainer_name(name)
+    await asyncio.to_thread(
+        client.BatchV1Api(api_client).patch_namespaced_job, trainer, NS,
         {"metadata": {"annotations": {"team.example.com/owner": "alice"},
-                      "labels": {"cost-center": "42"}}})
+                      "labels": {"cost-center": "42"}}}, field_manager="kubectl-annotate")
+    since = len(list(k8s.kmock))
     await deployer.scale(3)
+    await deployer.show_phase(Phase.RUNNING)
     await KubernetesDeployer(spec, api_client=api_client, retry=FAST_RETRY).create_trainers()
-    job = k8s.stored("jobs", NS, "keep-trainer")
+    job = k8s.stored("jobs", NS, trainer)
     assert job["spec"]["parallelism"] == 3
     assert job["metadata"]["annotations"]["team.example.com/owner"] == "alice"
     assert job["metadata"]["labels"]["cost-center"] == "42"
+    assert job["metadata"]["labels"][manifests.JOB_LABEL] == name  # ours, as rendered
+    # nothing the master sent to the Job names the user's keys, or replaces its metadata
+    for request in writes(k8s, since):
+        if request.resource.plural == "jobs" and str(request.method.value).upper() == "PATCH":
+            meta = request.data.get("metadata") or {}
+            assert set(meta) <= {"name", "namespace"}, meta
 
 
 async def test_a_conflict_with_another_manager_is_reported_naming_it(k8s, api_client):

@@ -27,11 +27,17 @@ a **group restart**: the trainer Job is deleted with foreground propagation (the
 pods get their termination grace, then are killed) and, once it is gone, the
 master's epoch is restarted at the checkpoint and the Job created again at the
 new size, with `PADDLE_TRAINERS_NUM`, `PADDLE_TRAINER_ENDPOINTS` and indexes
-0..N-1 recomputed. Deleting and recreating is what converges fastest and safely:
+0..N-1 recomputed, and with the labels and annotations a user put on the Job before
+(`users_metadata`: a user's edit survives the re-creation). Deleting and recreating is what converges fastest and safely:
 a Job's pod template cannot change, and the old pods are gone before the new
 ones take their host names. Past `restart_limit` lost members the deployer gives
 up (`JobSpec.restart_limit`, `job submit --restart-limit`, a PaddleJob's `spec.restartLimit`):
 the Job is deleted and `trainer_status()` says why (the job ends Failed).
+
+A role workload deleted by hand while the job runs is created again at the next
+`reconcile` (the master is the job's one deployer: the operator only reads workloads);
+a suspend the operator asks on the master Deployment (`suspend_requested`) is the
+master's own drain (`suspend`): the trainer Job deleted as a group, then the pservers.
 
 What this does NOT guarantee: that pods get scheduled or start (a pserver that
 never registers keeps the job in Starting), nor garbage collection of what it
@@ -115,6 +121,31 @@ def role_status_of_job(job: dict[str, Any] | None, *, desired: int) -> RoleStatu
     return RoleStatus(desired=desired, active=active, succeeded=succeeded, failed=failed)
 
 
+# Labels the Job controller sets without a prefix (Kubernetes' own, not a user's)
+_JOB_CONTROLLER_LABELS = frozenset({"controller-uid", "job-name"})
+
+
+def _system_key(key: str) -> bool:
+    """A label or annotation key Kubernetes or paddlecloud sets, never a user's."""
+    prefix = key.partition("/")[0] if "/" in key else ""
+    return key in _JOB_CONTROLLER_LABELS or prefix in ("kubernetes.io", "k8s.io",
+                                                       manifests.JOB_LABEL.partition("/")[0]) \
+        or prefix.endswith((".kubernetes.io", ".k8s.io"))
+
+
+def users_metadata(existing: dict[str, Any] | None,
+                   rendered: dict[str, Any]) -> dict[str, dict[str, str]]:
+    """The labels and annotations of `existing` that paddlecloud does not render and that
+    Kubernetes did not set: a user's, kept when the object is made again (a group restart)."""
+    kept: dict[str, dict[str, str]] = {}
+    for field in ("labels", "annotations"):
+        ours = rendered["metadata"].get(field) or {}
+        theirs = ((existing or {}).get("metadata") or {}).get(field) or {}
+        if users := {k: v for k, v in theirs.items() if k not in ours and not _system_key(k)}:
+            kept[field] = users
+    return kept
+
+
 class KubernetesDeployer(Deployer):
     """Deploys one job's pservers and trainers; owned by the job's master Deployment.
 
@@ -146,6 +177,9 @@ class KubernetesDeployer(Deployer):
         self._custom = client.CustomObjectsApi(self._api)
         self._owner: dict[str, Any] | None = None
         self._resume = False             # the operator started this master after a suspend
+        self._companion_uid = ""         # a PodGroup applied with the PaddleJob, to adopt
+        self._recreated = 0              # role workloads created again after a deletion by hand
+        self._users_metadata: dict[str, dict[str, str]] = {}  # kept across a group restart
         self._shown: dict[str, str] = {}  # the annotations this master applied to its Deployment
         self._started_size = self.size   # the size the running group was started at
 
@@ -243,7 +277,14 @@ class KubernetesDeployer(Deployer):
             self._owner = manifests.owner_reference(self.spec.name, uid)
             annotations = (deployment.get("metadata") or {}).get("annotations") or {}
             self._resume = annotations.get(manifests.RESUME_ANNOTATION) == manifests.RESUME_PENDING
+            self._companion_uid = annotations.get(manifests.COMPANION_PODGROUP_ANNOTATION) or ""
         return self._owner
+
+    async def _master_annotations(self) -> dict[str, str]:
+        name = manifests.master_name(self.spec.name)
+        deployment = await self._read(self._apps.read_namespaced_deployment, name,
+                                      self.namespace, resource="deployments", target=name)
+        return dict(((deployment or {}).get("metadata") or {}).get("annotations") or {})
 
     # ---- Deployer -------------------------------------------------------------------------
     async def _ensure_service(self, body: dict[str, Any]) -> None:
@@ -255,6 +296,8 @@ class KubernetesDeployer(Deployer):
         body = manifests.podgroup(self.spec, owner, min_member=min_member)
         name = body["metadata"]["name"]
         group_args = (VOLCANO_GROUP, VOLCANO_VERSION, self.namespace, PODGROUPS)
+        if self._companion_uid:
+            await self._adopt_companion_podgroup(group_args, name, owner)
         existing = await self._ensure(
             body, resource=PODGROUPS, create=self._custom.create_namespaced_custom_object,
             read=self._custom.get_namespaced_custom_object,
@@ -270,6 +313,27 @@ class KubernetesDeployer(Deployer):
                              **applied(MASTER_MANAGER),
                              verb="apply", resource=PODGROUPS, target=name)
             logger.info("PodGroup %s/%s: minMember=%d", self.namespace, name, min_member)
+
+    async def _adopt_companion_podgroup(self, group_args: tuple[Any, ...], name: str,
+                                        owner: dict[str, Any]) -> None:
+        """Labels the PodGroup applied with the PaddleJob (the one whose uid the operator
+        recorded on the master Deployment) as the job's, owned by the master Deployment: the
+        job's own from then on (its queue, priority and minMember were read into the spec).
+        Any other PodGroup of that name stays a conflict (`_ensure`)."""
+        existing = await self._read(self._custom.get_namespaced_custom_object, *group_args, name,
+                                    resource=PODGROUPS, target=name)
+        meta = (existing or {}).get("metadata") or {}
+        if meta.get("uid") == self._companion_uid and \
+                manifests.JOB_LABEL not in (meta.get("labels") or {}):
+            await self._call(self._custom.patch_namespaced_custom_object, *group_args, name,
+                             apply_body({"metadata": {"labels": {manifests.JOB_LABEL: self.spec.name},
+                                                      "ownerReferences": [owner]}},
+                                        api_version=manifests.VOLCANO_API_VERSION,
+                                        kind="PodGroup", name=name, namespace=self.namespace),
+                             **applied(MASTER_MANAGER),
+                             verb="apply", resource=PODGROUPS, target=name)
+            logger.info("adopted the PodGroup %s/%s applied with the job", self.namespace, name)
+        self._companion_uid = ""
 
     def _trainer_gang(self) -> int:
         """The PodGroup's minMember once the trainers are deployed: every other role plus, in
@@ -289,6 +353,10 @@ class KubernetesDeployer(Deployer):
             # The trainers come only once every pserver has registered, so a gang of
             # pservers + trainers could never form yet: the group grows in create_trainers.
             await self._ensure_podgroup(early)
+        await self._ensure_pserver_workloads(owner)
+
+    async def _ensure_pserver_workloads(self, owner: dict[str, Any]) -> None:
+        """The pservers' and heters' Services and StatefulSets (created, or adopted)."""
         for role, render in ((manifests.PSERVER, manifests.pserver_statefulset),
                              (manifests.HETER, manifests.heter_statefulset)):
             if not self.spec.replicas_of(role):
@@ -309,11 +377,15 @@ class KubernetesDeployer(Deployer):
         if manifests.needs_trainer_service(sized):
             for service in manifests.role_services(sized, manifests.TRAINER, owner=owner):
                 await self._ensure_service(service)
-        job = await self._ensure(manifests.trainer_job(sized, owner), resource="jobs",
-                                 create=self._batch.create_namespaced_job,
+        body = manifests.trainer_job(sized, owner)
+        for field, users in self._users_metadata.items():  # a user's, from the Job before
+            body["metadata"][field] = {**users, **(body["metadata"].get(field) or {})}
+        job = await self._ensure(body, resource="jobs", create=self._batch.create_namespaced_job,
                                  read=self._batch.read_namespaced_job)
+        self._users_metadata = {}
         if self._resume:  # the group runs again: the resume is done
-            await self._annotate_master({manifests.RESUME_ANNOTATION: manifests.RESUME_DONE})
+            await self._annotate_master({manifests.RESUME_ANNOTATION: manifests.RESUME_DONE,
+                                         manifests.SUSPENDED_ANNOTATION: ""})
             self._resume = False
         # an adopted Job (a master that took over) keeps the size it was scaled to
         self.size = int((job.get("spec") or {}).get("parallelism") or self.size)
@@ -384,7 +456,9 @@ class KubernetesDeployer(Deployer):
             return f"resize from {self._started_size} to {self.size} trainers"
         return f"a trainer was lost (group restart {self.restarts} of at most {self.restart_limit})"
 
-    async def _stop_and_restart_group(self) -> None:
+    async def _stop_group(self) -> None:
+        """Deletes the trainer Job with foreground propagation (each pod gets its SIGTERM and
+        termination grace: the trainers drain and save), and waits until it is gone."""
         name = manifests.trainer_name(self.spec.name)
         await self._delete(self._batch.delete_namespaced_job, name, self.namespace,
                            resource="jobs", target=name, propagation="Foreground")
@@ -396,14 +470,26 @@ class KubernetesDeployer(Deployer):
                 raise KubernetesApiError(f"the trainer Job {self.namespace}/{name} was not gone "
                                          f"{GROUP_DELETE_TIMEOUT:g}s after its deletion", status=504)
             await asyncio.sleep(GROUP_DELETE_POLL)
+
+    async def _stop_and_restart_group(self) -> None:
+        name = manifests.trainer_name(self.spec.name)
+        before = await self._read(self._batch.read_namespaced_job, name, self.namespace,
+                                  resource="jobs", target=name)
+        # a user's labels and annotations on the group's Job outlive its re-creation
+        self._users_metadata = users_metadata(before, manifests.trainer_job(self.spec, None))
+        await self._stop_group()
         if self._restart_epoch is not None:
             await self._restart_epoch()
         self._members = None
         await self.create_trainers()
 
     async def reconcile(self) -> None:
-        """Collective jobs: a lost member restarts the group. PS: the controllers replace pods."""
-        if not self.spec.collective or self._gave_up:
+        """A role workload deleted by hand is created again; collective jobs: a lost member
+        restarts the group. The controllers replace the pods of the workloads that exist."""
+        if self._gave_up:
+            return
+        await self._recreate_missing()
+        if not self.spec.collective:
             return  # a group is restarted after the data's end too: `Deployer.finishing`
         pods = await self._trainer_pods()
         if self._members is None:
@@ -425,6 +511,58 @@ class KubernetesDeployer(Deployer):
             return
         logger.warning("trainer pod(s) %s lost: restarting the trainer group", ", ".join(lost))
         await self.restart_trainers()
+
+    async def _recreate_missing(self) -> None:
+        """Creates again the pserver (or heter) StatefulSet and, until the data is done, the
+        trainer Job, when one was deleted by hand while the job runs (a collective group so
+        lost restarts at the checkpoint, as after a lost member, without counting against the
+        restart limit: nothing failed). Logged, and shown on the master Deployment
+        (RECREATED_ANNOTATION) for the operator's WorkloadRecreated Event."""
+        gone = [manifests.role_name(self.spec.name, role)
+                for role in (manifests.PSERVER, manifests.HETER) if self.spec.replicas_of(role)
+                and await self._read(self._apps.read_namespaced_stateful_set,
+                                     manifests.role_name(self.spec.name, role), self.namespace,
+                                     resource="statefulsets", target=role) is None]
+        if gone:  # the PodGroup keeps its gang: the trainers are there
+            await self._ensure_pserver_workloads(await self.owner())
+        trainers = manifests.trainer_name(self.spec.name)
+        if not self._finishing and await self._read(
+                self._batch.read_namespaced_job, trainers, self.namespace, resource="jobs",
+                target=trainers) is None:
+            gone.append(trainers)
+            if self.spec.collective:
+                await self._restart_group()
+            else:
+                await self.create_trainers()
+        if gone:
+            self._recreated += len(gone)
+            what = f"{', '.join(gone)} deleted by hand while the job ran: created again"
+            logger.warning("%s", what)
+            await self._annotate_master({manifests.RECREATED_ANNOTATION: f"{self._recreated}: {what}"})
+
+    async def suspend_requested(self) -> bool:
+        """Whether the operator asks this job to stop (spec.suspend, a Kueue eviction)."""
+        annotations = await self._master_annotations()
+        return annotations.get(manifests.SUSPEND_ANNOTATION) == "true"
+
+    async def suspend(self) -> None:
+        """Stops the job for a suspend: the trainer group first, as a whole, each pod with its
+        termination grace (the trainers drain and save: docs/design.md's preemption
+        checkpoint), then the pservers; says so on the master Deployment. What deploys the
+        job again (a resume) restarts the epoch at the checkpoint first."""
+        logger.info("suspend requested: draining the trainers of %s, then removing its "
+                    "pservers", self.spec.name)
+        await self._stop_group()
+        for role in (manifests.HETER, manifests.PSERVER):
+            name = manifests.role_name(self.spec.name, role)
+            if self.spec.replicas_of(role):
+                await self._delete(self._apps.delete_namespaced_stateful_set, name,
+                                   self.namespace, resource="statefulsets", target=name,
+                                   propagation="Foreground")
+        self._members = None
+        self._resume = True
+        await self._annotate_master({manifests.SUSPENDED_ANNOTATION: "true"})
+        logger.info("job %s suspended: its workloads are gone", self.spec.name)
 
     async def _trainer_pods(self) -> dict[str, int]:
         """The job's live trainer pods (not being deleted, not failed) -> their containers' restarts."""

@@ -87,6 +87,18 @@ RESTARTING_ANNOTATION = "paddlecloud.org/restarting"
 # epoch at the checkpoint before it creates the trainers (docs/kubernetes.md, Kueue)
 RESUME_ANNOTATION = "paddlecloud.org/resume-from-checkpoint"
 RESUME_PENDING, RESUME_DONE = "pending", "done"  # set by the operator, then by the master
+# A suspend (spec.suspend, a Kueue eviction) asked of the job's leading master by the operator
+# ("true"/"false"): the master drains its trainers and removes its workloads itself, then says
+# so with SUSPENDED_ANNOTATION ("true"; "" once it deploys again); only then does the operator
+# stop the master (docs/kubernetes.md, "spec.suspend")
+SUSPEND_ANNOTATION = "paddlecloud.org/suspend"
+SUSPENDED_ANNOTATION = "paddlecloud.org/suspended"
+# "N: what" — the Nth role workload the master created again after it was deleted by hand;
+# the operator turns a new value into a WorkloadRecreated Event on the PaddleJob
+RECREATED_ANNOTATION = "paddlecloud.org/recreated"
+# The uid of a Volcano PodGroup applied with the PaddleJob (from the same file), recorded by
+# the operator on the master Deployment: the master's deployer adopts that one object
+COMPANION_PODGROUP_ANNOTATION = "paddlecloud.org/companion-podgroup-uid"
 COMPLETION_INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
 POD_INDEX_LABEL = "apps.kubernetes.io/pod-index"  # set by the StatefulSet controller (k8s >= 1.28)
 POD_NAME_LABEL = "statefulset.kubernetes.io/pod-name"  # set by the StatefulSet controller
@@ -1307,15 +1319,19 @@ def master_rules(spec: JobSpec) -> list[dict[str, Any]]:
         return {"apiGroups": [group], "resources": [resource], "verbs": verbs}
 
     rules = [
-        # its own Deployment: the owner uid, and the phase annotation
+        # its own Deployment: the owner uid, the operator's suspend request (read at every
+        # poll), and its annotations (phase, progress, restarting, suspended, recreated)
         named("apps", "deployments", ["get", "patch"], [master_name(spec.name)]),
+        # the pservers and heters: created (again, after a deletion by hand), read, deleted
+        # at the end (cleanPodPolicy) and on a suspend
         anonymous("apps", "statefulsets", ["create"]),
         named("apps", "statefulsets", ["get", "delete"],
               [pserver_name(spec.name), heter_name(spec.name)]),
         anonymous("", "services", ["create"]),
         named("", "services", ["get", "delete"], services),
         # the trainers: patch resizes a PS job's Indexed Job; a collective job's group
-        # restart deletes and recreates it, after listing the group's pods
+        # restart and a suspend delete it (a restart recreates it, after listing the
+        # group's pods)
         anonymous("batch", "jobs", ["create"]),
         named("batch", "jobs", ["get", "patch", "delete"], [trainer_name(spec.name)]),
         anonymous("", "pods", ["list"]),
