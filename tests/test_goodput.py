@@ -157,8 +157,11 @@ async def test_a_master_accounts_its_slots_and_a_new_leader_goes_on(tmp_path, st
         wall = time.monotonic() - began
     figures = trainer_seconds(status)
     assert set(figures) == set(CAUSES)
-    # one slot read (productive), the other never had a trainer (startup); a sample is 1 s
-    assert figures["startup"] == pytest.approx(figures["productive"], abs=1.5)
+    # one slot read (productive) once its trainer took a task; the other never had a trainer
+    # (startup all along, as had the first slot until its trainer registered): startup is at
+    # least the productive seconds, to within a sample (1 s)
+    assert figures["startup"] >= figures["productive"] - 1.0
+    assert figures["idle"] == figures["straggler"] == figures["restart"] == 0
     assert sum(figures.values()) == pytest.approx(2 * wall, abs=2 * 2.5)
     assert metric(first.metrics_port, 'paddlecloud_master_trainer_seconds_total{cause="productive"}') >= 3
 
