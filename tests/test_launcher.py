@@ -168,3 +168,41 @@ async def test_a_child_killed_by_a_signal_is_reported_in_one_line(tmp_path, star
     assert child.returncode == 128 + signal.SIGKILL
     killed = [line for line in stderr.splitlines() if "killed" in line]
     assert len(killed) == 1 and killed[0].endswith("trainer 1 killed by SIGKILL"), stderr
+
+
+async def test_a_start_gate_holds_the_command_until_its_file_exists(tmp_path, start_master):
+    """The local backend's group restart: the launcher is up and has seen the master, but
+    starts its command only once the gate opens; the command's environment lacks the gate."""
+    write_records(tmp_path / "data", files=1, records_per_file=1)
+    proc = start_master("--input", str(tmp_path / "data"))
+    await wait_serving(proc.address, process=proc)
+    gate, out = tmp_path / "gate", tmp_path / "env.json"
+    child = launch(["--", sys.executable, "-c", DUMP_ENV, str(out)],
+                   {"PADDLE_MASTER_ENDPOINT": proc.address, "PADDLE_TRAINER_ID": "0",
+                    "PADDLECLOUD_START_GATE": str(gate)})
+    try:
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline:
+            assert child.poll() is None and not out.exists()
+            await asyncio.sleep(0.1)
+        gate.touch()
+        assert await asyncio.to_thread(child.wait, 60) == 7
+        env = json.loads(out.read_text())
+        assert env["PADDLE_TRAINER_ID"] == "0" and "PADDLECLOUD_START_GATE" not in env
+    finally:
+        child.kill()
+
+
+async def test_a_gate_that_never_opens_is_an_error_naming_it(tmp_path, start_master):
+    write_records(tmp_path / "data", files=1, records_per_file=1)
+    proc = start_master("--input", str(tmp_path / "data"))
+    await wait_serving(proc.address, process=proc)
+    gate = tmp_path / "gate"
+    child = launch(["--wait-timeout", "2", "--", "true"],
+                   {"PADDLE_MASTER_ENDPOINT": proc.address, "PADDLE_TRAINER_ID": "0",
+                    "PADDLECLOUD_START_GATE": str(gate)}, stderr=subprocess.PIPE, text=True)
+    try:
+        assert await asyncio.to_thread(child.wait, 60) == 1
+        assert f"the start gate {gate} did not open within 2s" in child.stderr.read()
+    finally:
+        child.kill()
