@@ -11,7 +11,9 @@ last checkpoint resumes at, the whole group started again. The new group's launc
 start at once, beside the old group's stop, and wait at a start gate
 (`paddlecloud.deployer.START_GATE_ENV`) that opens when the old group is gone and the
 epoch restarted: the launchers' own start overlaps the stop, while no new trainer reads a
-checkpoint the old group may still be writing, nor takes a task before the restart. Past `--restart-limit`
+checkpoint the old group may still be writing, nor takes a task before the restart. A
+collective group's rank 0 is let through first (`PEER_HEAD_START`), so its gloo store
+listens before its peers ask. Past `--restart-limit`
 the deployer gives up on the trainers as a Job past its backoffLimit does: every
 trainer is stopped and `trainer_status()` reports the reason. A pserver past the
 limit raises `JobFailed`. Once the data is done (`finishing`) nothing is resized or
@@ -59,6 +61,11 @@ RESTART_MODES = ("group", "trainer")
 GROUP_STOP_GRACE = 2.5
 DRAIN_GRACE = 20.0
 STOP_GRACE = DRAIN_GRACE + 5.0
+# When a restarted collective group's gate opens, rank 0 starts this many seconds before its
+# peers: Paddle's TCPStore client that finds rank 0's store not yet listening tries again only
+# 3 s later (paddle/phi/core/distributed/store/tcp_utils.cc), and ranks that start at once
+# finish importing Paddle together, the peers' connect a moment before rank 0's listen.
+PEER_HEAD_START = 0.5
 
 
 class JobFailed(RuntimeError):
@@ -211,11 +218,23 @@ class LocalDeployer(Deployer):
         await asyncio.gather(*(t.stop(grace=grace) for t in self.trainers))
         epoch, done = checkpoints.resume_point(checkpoints.checkpoints_dir(str(self.output)))
         await self._restart_epoch(epoch, done)
-        gate.touch()
+        await self._open(gate)
         self.trainers, self._next = self._next, []
         for trainer in self.trainers:
             trainer.restarts = restarts + counted
         self.restarts += 1
+
+    async def _open(self, gate: Path) -> None:
+        """Opens a restart's gate: rank 0's, then (a collective group) its peers' a moment later."""
+        await asyncio.to_thread(gate.touch)
+        peers = self._gate_of(gate, 1)
+        if peers != gate:
+            await asyncio.sleep(PEER_HEAD_START)
+            await asyncio.to_thread(peers.touch)
+
+    def _gate_of(self, gate: Path, index: int) -> Path:
+        """Trainer `index`'s gate: in a collective group rank 0 has one of its own."""
+        return gate if index == 0 or self.num_pservers else gate.with_name(f"{gate.name}-peers")
 
     def _new_gate(self) -> Path:
         """A start gate's path, not created yet (one per group restart)."""
@@ -252,7 +271,7 @@ class LocalDeployer(Deployer):
         for index in indexes:
             env = self._trainer_env(index, ports)
             if gate is not None:
-                env[START_GATE_ENV] = str(gate)
+                env[START_GATE_ENV] = str(self._gate_of(gate, index))
             child = self._spawn("trainer", index, self.trainer_command, env)
             await child.start()
             started.append(child)
