@@ -14,13 +14,16 @@ Once the job is 20 steps into epoch 1, trainer 1's process is SIGKILLed. Measure
 each: the seconds from the kill until the job trains again (its first step after the
 kill), whether it finished, the records of each epoch read twice and never (in the final
 model's lineage: the steps a restart undid dropped, tests/chaos/lineage.py), and the final
-loss. For paddlecloud also the parts of the recovery, from its console and the
-example's step log: detection (the supervisor sees the death), group stop (the survivor
-stopped and `RestartEpoch` done), start (processes, Paddle's import, the gloo rendezvous,
-the checkpoint loaded), first step.
+loss. For paddlecloud also the parts of the recovery (MARKS), each from the mark before it:
+detection, group stop, epoch restart, launcher, Paddle import, gloo init, checkpoint load,
+first step; marks from its console (stamped as lines arrive), /proc (the old group gone,
+the new commands' start times) and the example's DEBUG lines (`--log-level DEBUG`), with
+the median of each over the runs. `--baseline TREE` runs paddlecloud's side with an earlier
+source tree too, alternating with this one: before and after in one run.
 
     python bench/recovery.py            # one run of each
     python bench/recovery.py --runs 3
+    python bench/recovery.py --only paddlecloud --runs 5 --baseline /tmp/before [--timeline]
 
 Needs the paddle extra, and for the launcher its etcd client, the `etcd3` package, installed
 without its dependencies (it pins grpcio 1.27 and protobuf 3.6, which would replace this
