@@ -45,6 +45,11 @@ from dataclasses import dataclass, field
 
 from paddlecloud.phase import Phase
 
+# A file's path: the trainer launcher (trainer_agent.launcher) starts its command only once the
+# file exists. The local backend's group restart starts the new launchers while the old group
+# stops, and creates the file once the old group is gone and the master restarted the epoch.
+START_GATE_ENV = "PADDLECLOUD_START_GATE"
+
 
 @dataclass(frozen=True)
 class RoleStatus:

@@ -141,6 +141,7 @@ async def supervise(
     initial_phase: Phase | None = None,
     graces: Graces = Graces(),
     desired_trainers: Callable[[], Awaitable[int | None]] | None = None,
+    wake: asyncio.Event | None = None,
 ) -> Verdict:
     """Runs the job to its end and returns the final verdict (Succeeded or Failed).
 
@@ -149,7 +150,8 @@ async def supervise(
     its fenced etcd write; None where the master's data is the only record, locally)
     before the deployer shows it; `initial_phase` is the phase etcd holds, if any;
     `desired_trainers()` is the trainers' desired size the master holds (None while
-    unknown), handed to `deployer.scale` at every poll until the data is done.
+    unknown), handed to `deployer.scale` at every poll until the data is done; `wake`, set
+    (e.g. when a member exits), ends the wait for the next poll at once.
     """
     if num_pservers < 0:
         raise ValueError(f"num_pservers={num_pservers}: must be >= 0")
@@ -192,7 +194,7 @@ async def supervise(
             await advance(Phase.RUNNING)
             verdict = await _watch(deployer, master_state=master_state,
                                    poll_interval=poll_interval, graces=graces,
-                                   desired_trainers=desired_trainers)
+                                   desired_trainers=desired_trainers, wake=wake)
             break
         except _Resumed:
             logger.info("the suspend is lifted: deploying the job again")
@@ -235,7 +237,8 @@ async def _wait_for_pservers(deployer: Deployer, num_pservers: int, *,
 
 async def _watch(deployer: Deployer, *, master_state: Callable[[], Awaitable[MasterState]],
                  poll_interval: float, graces: Graces,
-                 desired_trainers: Callable[[], Awaitable[int | None]] | None) -> Verdict:
+                 desired_trainers: Callable[[], Awaitable[int | None]] | None,
+                 wake: asyncio.Event | None = None) -> Verdict:
     loop = asyncio.get_running_loop()
     settle = _Settle()
     errors = 0
@@ -267,4 +270,16 @@ async def _watch(deployer: Deployer, *, master_state: Callable[[], Awaitable[Mas
             if verdict.phase == Phase.FAILED:
                 logger.warning("job failed: %s", verdict.reason)
             return verdict
-        await asyncio.sleep(poll_interval)
+        await _pause(poll_interval, wake)
+
+
+async def _pause(seconds: float, wake: asyncio.Event | None) -> None:
+    """Sleeps `seconds`, or less when `wake` is set (then clears it for the next pause)."""
+    if wake is None:
+        await asyncio.sleep(seconds)
+        return
+    try:
+        await asyncio.wait_for(wake.wait(), seconds)
+    except asyncio.TimeoutError:
+        return
+    wake.clear()

@@ -21,6 +21,14 @@ DUMP_ENV = ("import json, os, sys; json.dump({k: v for k, v in os.environ.items(
             "if k.startswith(('PADDLE', 'TRAINING', 'POD', 'GLOG'))}, open(sys.argv[1], 'w')); sys.exit(7)")
 
 
+async def serving_master(tmp_path, start_master):
+    """A master of a one-record job, serving."""
+    write_records(tmp_path / "data", files=1, records_per_file=1)
+    proc = start_master("--input", str(tmp_path / "data"))
+    await wait_serving(proc.address, process=proc)
+    return proc
+
+
 def launch(args: list[str], env: dict[str, str], **kwargs) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "paddlecloud", "trainer", *args],
                             env=dict(os.environ, **env), **kwargs)
@@ -28,9 +36,7 @@ def launch(args: list[str], env: dict[str, str], **kwargs) -> subprocess.Popen:
 
 async def test_exports_the_paddle_environment_and_exits_with_the_child_code(
         tmp_path, start_master, etcd_endpoint, job_name):
-    write_records(tmp_path / "data", files=1, records_per_file=1)
-    proc = start_master("--input", str(tmp_path / "data"))
-    await wait_serving(proc.address, process=proc)
+    await serving_master(tmp_path, start_master)
     client = await etcd.connect(etcd_endpoint)
     keys = JobKeys("local", job_name)
     try:
@@ -53,9 +59,7 @@ async def test_exports_the_paddle_environment_and_exits_with_the_child_code(
 
 
 async def test_waits_for_every_pserver_before_starting(tmp_path, start_master, etcd_endpoint, job_name):
-    write_records(tmp_path / "data", files=1, records_per_file=1)
-    proc = start_master("--input", str(tmp_path / "data"))
-    await wait_serving(proc.address, process=proc)
+    proc = await serving_master(tmp_path, start_master)
     marker = tmp_path / "started"
     child = launch(["--", sys.executable, "-c", f"open({str(marker)!r}, 'w')"],
                    {"PADDLE_MASTER_ENDPOINT": proc.address, "PADDLE_TRAINER_ID": "0",
@@ -80,9 +84,7 @@ async def test_waits_for_every_pserver_before_starting(tmp_path, start_master, e
 async def test_without_a_command_it_waits_for_the_pservers_then_exits_0(
         tmp_path, start_master, etcd_endpoint, job_name):
     """A Kubernetes trainer pod's `wait-master` init container: its program runs beside it."""
-    write_records(tmp_path / "data", files=1, records_per_file=1)
-    proc = start_master("--input", str(tmp_path / "data"))
-    await wait_serving(proc.address, process=proc)
+    proc = await serving_master(tmp_path, start_master)
     child = launch([], {"PADDLE_MASTER_ENDPOINT": proc.address, "PADDLE_PSERVERS_NUM": "1"},
                    stderr=subprocess.PIPE, text=True)
     try:
@@ -100,9 +102,7 @@ async def test_without_a_command_it_waits_for_the_pservers_then_exits_0(
 
 
 async def test_sigterm_reaches_the_child_and_its_code_comes_back(tmp_path, start_master):
-    write_records(tmp_path / "data", files=1, records_per_file=1)
-    proc = start_master("--input", str(tmp_path / "data"))
-    await wait_serving(proc.address, process=proc)
+    proc = await serving_master(tmp_path, start_master)
     ready, got = tmp_path / "ready", tmp_path / "got-sigterm"
     script = ("import signal, sys, time, pathlib\n"
               f"def on_term(*_): pathlib.Path({str(got)!r}).write_text('yes'); sys.exit(5)\n"
@@ -121,9 +121,7 @@ async def test_sigterm_reaches_the_child_and_its_code_comes_back(tmp_path, start
 
 
 async def test_a_child_that_exits_128_plus_the_forwarded_signal_is_told_stopped_by_it(tmp_path, start_master):
-    write_records(tmp_path / "data", files=1, records_per_file=1)
-    proc = start_master("--input", str(tmp_path / "data"))
-    await wait_serving(proc.address, process=proc)
+    proc = await serving_master(tmp_path, start_master)
     script = ("import signal, sys, time\n"
               "signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))\n"
               "print('ready', flush=True)\n"
@@ -158,9 +156,7 @@ def test_missing_master_location_is_a_usage_error():
 
 
 async def test_a_child_killed_by_a_signal_is_reported_in_one_line(tmp_path, start_master):
-    write_records(tmp_path / "data", files=1, records_per_file=1)
-    proc = start_master("--input", str(tmp_path / "data"))
-    await wait_serving(proc.address, process=proc)
+    proc = await serving_master(tmp_path, start_master)
     child = launch(["--", sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"],
                    {"PADDLE_MASTER_ENDPOINT": proc.address, "PADDLE_TRAINER_ID": "1"},
                    stderr=subprocess.PIPE, text=True)
@@ -168,3 +164,37 @@ async def test_a_child_killed_by_a_signal_is_reported_in_one_line(tmp_path, star
     assert child.returncode == 128 + signal.SIGKILL
     killed = [line for line in stderr.splitlines() if "killed" in line]
     assert len(killed) == 1 and killed[0].endswith("trainer 1 killed by SIGKILL"), stderr
+
+
+async def test_a_start_gate_holds_the_command_until_its_file_exists(tmp_path, start_master):
+    """The local backend's group restart: the launcher is up and has seen the master, but
+    starts its command only once the gate opens; the command's environment lacks the gate."""
+    proc = await serving_master(tmp_path, start_master)
+    gate, out = tmp_path / "gate", tmp_path / "env.json"
+    child = launch(["--", sys.executable, "-c", DUMP_ENV, str(out)],
+                   {"PADDLE_MASTER_ENDPOINT": proc.address, "PADDLE_TRAINER_ID": "0",
+                    "PADDLECLOUD_START_GATE": str(gate)})
+    try:
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline:
+            assert child.poll() is None and not out.exists()
+            await asyncio.sleep(0.1)
+        gate.touch()
+        assert await asyncio.to_thread(child.wait, 60) == 7
+        env = json.loads(out.read_text())
+        assert env["PADDLE_TRAINER_ID"] == "0" and "PADDLECLOUD_START_GATE" not in env
+    finally:
+        child.kill()
+
+
+async def test_a_gate_that_never_opens_is_an_error_naming_it(tmp_path, start_master):
+    proc = await serving_master(tmp_path, start_master)
+    gate = tmp_path / "gate"
+    child = launch(["--wait-timeout", "2", "--", "true"],
+                   {"PADDLE_MASTER_ENDPOINT": proc.address, "PADDLE_TRAINER_ID": "0",
+                    "PADDLECLOUD_START_GATE": str(gate)}, stderr=subprocess.PIPE, text=True)
+    try:
+        assert await asyncio.to_thread(child.wait, 60) == 1
+        assert f"the start gate {gate} did not open within 2s" in child.stderr.read()
+    finally:
+        child.kill()

@@ -7,7 +7,10 @@ exit code (128 + signal number when the child was killed by a signal).
 
 Environment in: PADDLE_TRAINER_ID (on Kubernetes, JOB_COMPLETION_INDEX when unset),
 PADDLE_TRAINERS_NUM, PADDLE_PSERVERS_NUM, POD_IP, and the master's location
-(PADDLE_MASTER_ENDPOINT, or PADDLE_ETCD_ENDPOINTS + PADDLE_JOB_NAME + PADDLE_NAMESPACE).
+(PADDLE_MASTER_ENDPOINT, or PADDLE_ETCD_ENDPOINTS + PADDLE_JOB_NAME + PADDLE_NAMESPACE), and
+PADDLECLOUD_START_GATE, a file: when set, the command starts only once the file exists (the
+local backend's group restart opens it once the old group is gone; the launcher's own start
+overlaps that stop); the command's environment does not carry it.
 Environment out, added for the child: TRAINING_ROLE=TRAINER, PADDLE_TRAINER_ID,
 PADDLE_TRAINERS_NUM, PADDLE_PSERVERS_IP_PORT_LIST, PADDLE_PSERVERS_NUM, POD_IP.
 
@@ -44,6 +47,7 @@ import time
 import click
 
 from paddlecloud.api import pb
+from paddlecloud.deployer import START_GATE_ENV
 from paddlecloud.exits import describe_exit, exit_code, signal_exit_code
 from trainer_agent.client import MasterConnection, MasterUnavailable
 from trainer_agent.discovery import DiscoveryError, MasterLocator
@@ -87,6 +91,19 @@ def wait_until_ready(connection: MasterConnection, *, pservers: int, timeout: fl
                 f"only {len(status.pserver_endpoints)} of {pservers} pservers registered "
                 f"after {timeout:g}s")
         time.sleep(0.2)
+
+
+class GateClosed(RuntimeError):
+    """The start gate did not open in time."""
+
+
+def wait_for_gate(gate: str, *, timeout: float, poll: float = 0.02) -> None:
+    """Waits until the file `gate` exists; raises GateClosed after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not os.path.exists(gate):
+        if time.monotonic() > deadline:
+            raise GateClosed(f"the start gate {gate} did not open within {timeout:g}s")
+        time.sleep(poll)
 
 
 def trainer_environment(env: dict[str, str], status: pb.GetStatusResponse) -> dict[str, str]:
@@ -149,6 +166,7 @@ def trainer_command(wait_timeout: float, command: tuple[str, ...]) -> None:
     """
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     env = dict(os.environ)
+    gate = env.pop(START_GATE_ENV, None)
     try:
         locator = MasterLocator.from_env(env)
     except (DiscoveryError, ValueError) as error:
@@ -157,7 +175,10 @@ def trainer_command(wait_timeout: float, command: tuple[str, ...]) -> None:
     connection = MasterConnection(locator, deadline=wait_timeout)
     try:
         status = wait_until_ready(connection, pservers=pservers, timeout=wait_timeout)
-    except MasterUnavailable as error:
+        if gate:
+            wait_for_gate(gate, timeout=wait_timeout)
+            status = wait_until_ready(connection, pservers=pservers, timeout=wait_timeout)  # as of now
+    except (MasterUnavailable, GateClosed) as error:
         click.echo(f"error: {error}", err=True)
         sys.exit(1)
     finally:

@@ -53,6 +53,7 @@ from trainer_agent.paddle import (  # noqa: E402
 
 FEATURES = 13
 MODEL_FILE = "model.pdparams"
+logger = logging.getLogger(__name__)
 
 
 def parse_line(line: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -97,14 +98,20 @@ def main(argv: list[str] | None = None) -> int:
                         help="seconds each step sleeps (slows the job, to watch resizes and restarts)")
     parser.add_argument("--consumed-log", default=os.environ.get("FIT_A_LINE_CONSUMED_LOG"),
                         help="append the records each step consumed here [$FIT_A_LINE_CONSUMED_LOG]")
+    parser.add_argument("--log-level", default=os.environ.get("PADDLECLOUD_LOG_LEVEL", "INFO"),
+                        choices=("DEBUG", "INFO", "WARNING", "ERROR"),
+                        help="DEBUG adds when the start's parts ended [$PADDLECLOUD_LOG_LEVEL, else INFO]")
     args = parser.parse_args(argv)
     # force: importing paddle already put a handler of its own on the root logger
-    logging.basicConfig(level=os.environ.get("PADDLECLOUD_LOG_LEVEL", "INFO"), force=True,
+    logging.basicConfig(level=args.log_level, force=True,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # The start's parts (bench/recovery.py times a restart with them).
+    logger.debug("imports done")
 
     world = int(os.environ.get("PADDLE_TRAINERS_NUM", "1"))
     rank = os.environ.get("PADDLE_TRAINER_ID", "0")
     init_collective(world)
+    logger.debug("joined the group of %d trainers", world)
 
     paddle.seed(args.seed)
     model = paddle.nn.Linear(FEATURES, 1)

@@ -3,7 +3,8 @@
 Each child's output goes to `<output>/logs/<role>-<index>.log` and, prefixed with its
 role and index, to the console (less Paddle's noise: `paddlecloud.backends.local.noise`). Stopping
 a child signals its whole process group, so a launcher and the user's command under it go
-together and nothing is left behind.
+together and nothing is left behind. `on_exit` is called the moment a child's process ends, so
+the supervisor acts on a death at once rather than at its next poll.
 """
 
 from __future__ import annotations
@@ -23,17 +24,20 @@ logger = logging.getLogger(__name__)
 
 class Child:
     def __init__(self, *, role: str, index: int, command: list[str], env: dict[str, str],
-                 log_dir: Path, on_line: Callable[[str, str], None]) -> None:
+                 log_dir: Path, on_line: Callable[[str, str], None],
+                 on_exit: Callable[[Child], None] = lambda child: None) -> None:
         self.role = role
         self.index = index
         self.command = command
         self.env = env
         self.log_path = log_dir / f"{role}-{index}.log"
         self.on_line = on_line
+        self.on_exit = on_exit
         self.process: asyncio.subprocess.Process | None = None
         self.restarts = 0
         self.expected_exit = False  # set when we stop it on purpose
         self._pump: asyncio.Task[None] | None = None
+        self._exit_watch: asyncio.Task[None] | None = None
 
     @property
     def name(self) -> str:
@@ -56,6 +60,11 @@ class Child:
             start_new_session=True,
         )
         self._pump = asyncio.create_task(self._pump_lines(self.process), name=f"log-{self.name}")
+        self._exit_watch = asyncio.create_task(self._tell_exit(self.process), name=f"exit-{self.name}")
+
+    async def _tell_exit(self, process: asyncio.subprocess.Process) -> None:
+        await process.wait()
+        self.on_exit(self)
 
     async def _pump_lines(self, process: asyncio.subprocess.Process) -> None:
         assert process.stdout is not None

@@ -7,7 +7,13 @@ plays the controllers: a dead pserver is started again, and a dead trainer too â
 `trainer` restart mode alone, with the same id (it rejoins the master); in `group`
 mode (collective training, where a group cannot lose a member) by
 `restart_trainers`: every trainer stopped, the master told to restart the epoch the
-last checkpoint resumes at, the whole group started again. Past `--restart-limit`
+last checkpoint resumes at, the whole group started again. The new group's launchers
+start at once, beside the old group's stop, and wait at a start gate
+(`paddlecloud.deployer.START_GATE_ENV`) that opens when the old group is gone and the
+epoch restarted: the launchers' own start overlaps the stop, while no new trainer reads a
+checkpoint the old group may still be writing, nor takes a task before the restart. A
+collective group's rank 0 is let through first (`PEER_HEAD_START`), so its gloo store
+listens before its peers ask. Past `--restart-limit`
 the deployer gives up on the trainers as a Job past its backoffLimit does: every
 trainer is stopped and `trainer_status()` reports the reason. A pserver past the
 limit raises `JobFailed`. Once the data is done (`finishing`) nothing is resized or
@@ -30,14 +36,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import shutil
 import signal
 import sys
+import tempfile
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from paddlecloud import checkpoints
 from paddlecloud.backends.local.children import Child
-from paddlecloud.deployer import Deployer, RoleStatus
+from paddlecloud.deployer import START_GATE_ENV, Deployer, RoleStatus
 from paddlecloud.etcd_server import free_ports
 from paddlecloud.exits import STOP_GRACE_ENV, signal_exit_code
 from paddlecloud.phase import Phase
@@ -53,6 +61,11 @@ RESTART_MODES = ("group", "trainer")
 GROUP_STOP_GRACE = 2.5
 DRAIN_GRACE = 20.0
 STOP_GRACE = DRAIN_GRACE + 5.0
+# When a restarted collective group's gate opens, rank 0 starts this many seconds before its
+# peers: Paddle's TCPStore client that finds rank 0's store not yet listening tries again only
+# 3 s later (paddle/phi/core/distributed/store/tcp_utils.cc), and ranks that start at once
+# finish importing Paddle together, the peers' connect a moment before rank 0's listen.
+PEER_HEAD_START = 0.5
 
 
 class JobFailed(RuntimeError):
@@ -87,6 +100,8 @@ class LocalDeployer(Deployer):
         self._restart_epoch, self._event = restart_epoch, event
         self.pservers: list[Child] = []
         self.trainers: list[Child] = []
+        self._next: list[Child] = []  # a restarting group's new members, at their start gate
+        self._gates: Path | None = None  # the start gates' directory (made at the first restart)
         self.restarts = 0
         self._replacing = True
         self._gave_up = ""
@@ -116,12 +131,7 @@ class LocalDeployer(Deployer):
         if self.restart_mode == "group":
             await self._restart_group(counted=False)
         elif trainers > len(self.trainers):
-            ports = free_ports(trainers)
-            for index in range(len(self.trainers), trainers):
-                child = self._spawn("trainer", index, self.trainer_command,
-                                    self._trainer_env(index, ports))
-                await child.start()
-                self.trainers.append(child)
+            self.trainers += await self._spawn_trainers(range(len(self.trainers), trainers))
         else:
             leaving, self.trainers = self.trainers[trainers:], self.trainers[:trainers]
             await asyncio.gather(*(t.stop(grace=STOP_GRACE) for t in leaving))
@@ -183,8 +193,11 @@ class LocalDeployer(Deployer):
 
     async def cleanup(self, *, succeeded: bool) -> None:
         # trainers first: a draining trainer's save may still need its pserver
-        await asyncio.gather(*(c.stop(grace=STOP_GRACE) for c in self.trainers), return_exceptions=True)
+        await asyncio.gather(*(c.stop(grace=STOP_GRACE) for c in [*self.trainers, *self._next]),
+                             return_exceptions=True)
         await asyncio.gather(*(c.stop(grace=STOP_GRACE) for c in self.pservers), return_exceptions=True)
+        if self._gates is not None:
+            shutil.rmtree(self._gates, ignore_errors=True)
 
     # ---- restarts ---------------------------------------------------------------------
     async def restart_trainers(self) -> None:
@@ -192,16 +205,42 @@ class LocalDeployer(Deployer):
         await self._restart_group(counted=True)
 
     async def _restart_group(self, *, counted: bool) -> None:
-        """The group restart; `counted` (a death, not a resize) counts against the limit."""
+        """The group restart; `counted` (a death, not a resize) counts against the limit.
+
+        The new launchers start first, held at a start gate that opens once the old group is
+        gone and the master restarted the checkpoint's epoch (see the module's docstring)."""
         restarts = max((t.restarts for t in self.trainers), default=0)
         grace = GROUP_STOP_GRACE if counted else STOP_GRACE  # a death's survivors cannot drain
+        gate = self._new_gate()
+        # filled as they start: `cleanup` stops them when the restart fails or is cancelled
+        self._next = []
+        await self._spawn_trainers(range(self.num_trainers), gate=gate, into=self._next)
         await asyncio.gather(*(t.stop(grace=grace) for t in self.trainers))
         epoch, done = checkpoints.resume_point(checkpoints.checkpoints_dir(str(self.output)))
         await self._restart_epoch(epoch, done)
-        await self._start_trainers()
+        await self._open(gate)
+        self.trainers, self._next = self._next, []
         for trainer in self.trainers:
             trainer.restarts = restarts + counted
         self.restarts += 1
+
+    async def _open(self, gate: Path) -> None:
+        """Opens a restart's gate: rank 0's, then (a collective group) its peers' a moment later."""
+        await asyncio.to_thread(gate.touch)
+        peers = self._gate_of(gate, 1)
+        if peers != gate:
+            await asyncio.sleep(PEER_HEAD_START)
+            await asyncio.to_thread(peers.touch)
+
+    def _gate_of(self, gate: Path, index: int) -> Path:
+        """Trainer `index`'s gate: in a collective group rank 0 has one of its own."""
+        return gate if index == 0 or self.num_pservers else gate.with_name(f"{gate.name}-peers")
+
+    def _new_gate(self) -> Path:
+        """A start gate's path, not created yet (one per group restart)."""
+        if self._gates is None:
+            self._gates = Path(tempfile.mkdtemp(prefix="paddlecloud-start-gates-"))
+        return self._gates / f"group-{self.restarts + 1}"
 
     async def _restart(self, child: Child) -> None:
         self.restarts += 1
@@ -221,12 +260,22 @@ class LocalDeployer(Deployer):
                 and child.returncode not in (0, None) and not child.expected_exit)
 
     async def _start_trainers(self) -> None:
+        self.trainers = await self._spawn_trainers(range(self.num_trainers))
+
+    async def _spawn_trainers(self, indexes: range, *, gate: Path | None = None,
+                              into: list[Child] | None = None) -> list[Child]:
+        """Launchers for trainer ids `indexes` (of a group of `num_trainers`), started and
+        appended to `into` (returned); with `gate`, each starts its command once that file exists."""
         ports = free_ports(self.num_trainers)
-        self.trainers = []
-        for index in range(self.num_trainers):
-            child = self._spawn("trainer", index, self.trainer_command, self._trainer_env(index, ports))
+        started = [] if into is None else into
+        for index in indexes:
+            env = self._trainer_env(index, ports)
+            if gate is not None:
+                env[START_GATE_ENV] = str(self._gate_of(gate, index))
+            child = self._spawn("trainer", index, self.trainer_command, env)
             await child.start()
-            self.trainers.append(child)
+            started.append(child)
+        return started
 
     def _trainer_env(self, index: int, ports: list[int]) -> dict[str, str]:
         env = self._user_env()

@@ -134,6 +134,7 @@ class LocalJob:
             event=self._event,
         )
         self.stopping = asyncio.Event()
+        self.exited = asyncio.Event()  # a child ended: the supervisor looks at once
         self.stop_signal: int | None = None
         self._status: pb.GetStatusResponse | None = None
         self._master_restarts = 0
@@ -222,7 +223,7 @@ class LocalJob:
 
     def _child(self, role: str, index: int, command: list[str], env: dict[str, str]) -> Child:
         return Child(role=role, index=index, command=command, env=env, log_dir=self.log_dir,
-                     on_line=self.on_line)
+                     on_line=self.on_line, on_exit=lambda child: self.exited.set())
 
     async def _start_masters(self) -> None:
         s = self.spec
@@ -287,7 +288,7 @@ class LocalJob:
             registered_pservers=self._registered_pservers, master_state=self._master_state,
             poll_interval=POLL_INTERVAL,
             graces=Graces(done=self.spec.done_grace, exited=TRAINERS_EXITED_GRACE),
-            desired_trainers=self._desired_trainers,
+            desired_trainers=self._desired_trainers, wake=self.exited,
         ), name="supervise")
         keeper = asyncio.create_task(self._keep_masters(), name="keep-masters")
         stop = asyncio.create_task(self.stopping.wait(), name="stopping")
