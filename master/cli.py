@@ -52,6 +52,10 @@ DEFAULT_ELECTION_TTL = "10s"  # also what bench/scale.py assumes when no flag sa
               help="Failures of a task in an epoch past which it is failed for the rest of the epoch.")
 @click.option("--max-tasks-per-trainer", type=POSITIVE, default=2, show_default=True,
               help="Tasks a trainer may hold at once (the one it reads and those it prefetched).")
+@click.option("--work-stealing/--no-work-stealing", default=True, show_default=True,
+              help="At an epoch's end, cut the unread rest off a straggler's task (at the record its "
+                   "trainer reached, with its agreement) and hand it to an idle trainer; every record "
+                   "is still read once (docs/design.md section 5a).")
 @click.option("--max-calls-in-flight", type=click.IntRange(min=1), default=1024, show_default=True,
               help="Trainer calls the master works on at once; past it a call is answered "
                    "RESOURCE_EXHAUSTED at once and the trainer retries with jittered backoff. "
@@ -108,7 +112,7 @@ DEFAULT_ELECTION_TTL = "10s"  # also what bench/scale.py assumes when no flag sa
 def master_command(job, namespace, etcd_endpoints, port, host, advertise, inputs, fmt, chunk_bytes,
                    chunks_per_task, epochs, shuffle_seed, start_epoch, resume_from, session_ttl, election_ttl,
                    failover_hold, task_timeout, max_task_failures, max_tasks_per_trainer,
-                   max_calls_in_flight, register_rate, register_burst, task_streams, metrics_port, deployer, job_spec, trainers, min_trainers, max_trainers, etcd_timeout,
+                   work_stealing, max_calls_in_flight, register_rate, register_burst, task_streams, metrics_port, deployer, job_spec, trainers, min_trainers, max_trainers, etcd_timeout,
                    etcd_ca_file, etcd_cert_file, etcd_key_file, etcd_user, etcd_password_file,
                    tokens_dir, scaler_token_file, tls_cert, tls_key, tls_client_ca, insecure,
                    set_dataset_prefixes, log_level) -> None:
@@ -166,7 +170,7 @@ def master_command(job, namespace, etcd_endpoints, port, host, advertise, inputs
             etcd_credentials=etcd_credentials,
             policy=Policy(session_ttl=session_ttl, task_timeout=task_timeout,
                           max_task_failures=max_task_failures,
-                          max_tasks_per_trainer=max_tasks_per_trainer),
+                          max_tasks_per_trainer=max_tasks_per_trainer, work_stealing=work_stealing),
         )
         config.check_access()
     except (SpecError, ValueError) as error:

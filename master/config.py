@@ -75,6 +75,7 @@ class Policy:
     task_timeout: float = 30 * 60.0  # 0 = off
     max_task_failures: int = 3
     max_tasks_per_trainer: int = 2
+    work_stealing: bool = True  # split a straggler's task for an idle trainer (master.stealing)
 
     def __post_init__(self) -> None:
         if self.session_ttl < MIN_LEASE_TTL:

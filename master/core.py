@@ -35,6 +35,7 @@ from master.state import (
     TaskFailed,
     TaskFinished,
     TaskReleased,
+    TaskSplit,
     committed,
 )
 from master.store import (
@@ -241,7 +242,7 @@ class Core:
         """etcd refused a report (finish, failure, return) on a task the cache holds live: its
         session lapsed (the watch may not have told yet: the task goes back now), or the cache
         is out of step. A refused deal or epoch end is its caller's to explain."""
-        if not isinstance(event, (TaskFinished, TaskFailed, TaskReleased)):
+        if not isinstance(event, (TaskFinished, TaskFailed, TaskReleased, TaskSplit)):
             return
         assignment = state.assignment(event.task)
         if assignment is None or assignment.attempt != event.attempt:
@@ -297,6 +298,7 @@ class Core:
                 done=snap.done, failures=snap.failures,
                 assignments={t: a for t, a in snap.assignments.items()
                              if a.session in self.sessions.by_session},
+                extents=snap.extents,
             )
         self.on_load(snap)
         logger.info("cache loaded at revision %d: epoch %s, %d done marks%s, %d sessions, %d live "

@@ -108,9 +108,10 @@ class Epochs:
             if not 0 <= epoch < state.num_epochs:
                 raise InvalidArgument(f"epoch {epoch} is outside 0..{state.num_epochs - 1}")
             self._check_restartable(state, reopen=reopen)
-            bad = [t for t in done if not 0 <= t < state.num_tasks]
+            units = state.restart_units(epoch)  # this epoch's pieces too (work stealing)
+            bad = [t for t in done if not 0 <= t < units]
             if bad:
-                raise InvalidArgument(f"done task {bad[0]} is outside 0..{state.num_tasks - 1}")
+                raise InvalidArgument(f"done task {bad[0]} is outside 0..{units - 1}")
             if len(done) > MAX_RESTART_LIST:
                 raise InvalidArgument(f"{len(done)} done tasks: a restart takes at most "
                                       f"{MAX_RESTART_LIST} (the list is one etcd value)")

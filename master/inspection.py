@@ -52,6 +52,8 @@ class Status:
     desired_trainers: int = 0
     trainer_seconds: dict[str, float] | None = None  # goodput: by cause (master.goodput)
     tasks_assigned: bool = False  # a trainer ever took a task (JobState.tasks_assigned)
+    splits_this_epoch: int = 0  # work stealing: tasks split in the current epoch (etcd's)
+    splits: int = 0             # ... since this master leads
 
 
 @dataclass(frozen=True)
@@ -95,6 +97,7 @@ async def status(d: Dispatcher) -> Status:
         has_dataset=state is not None, requeued=core.requeued, **_trainer_size(d),
         trainer_seconds=d.accounting.meter.figures(),
         tasks_assigned=state is not None and state.tasks_assigned,
+        splits_this_epoch=state.splits if state is not None else 0, splits=d.stealing.splits,
     )
 
 

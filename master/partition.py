@@ -71,6 +71,14 @@ class Partition:
         last = min(first + self.chunks_per_task, self.num_chunks)
         return [self.chunk(i) for i in range(first, last)]
 
+    def task_chunks_splittable(self, task: int) -> list[tuple[ChunkRange, bool]]:
+        """`task_chunks(task)`, each with whether a reader may start inside it (work stealing
+        cuts tasks only where one may: master.stealing)."""
+        chunks = self.task_chunks(task)
+        first = task * self.chunks_per_task
+        return [(chunk, self._splits[bisect.bisect_right(self._first_chunk, first + i) - 1])
+                for i, chunk in enumerate(chunks)]
+
 
 _MASK64 = (1 << 64) - 1
 _ROUNDS = 4

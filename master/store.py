@@ -49,6 +49,7 @@ from master.state import (
     TaskFailed,
     TaskFinished,
     TaskReleased,
+    TaskSplit,
 )
 from paddlecloud.aio import cancel_and_wait
 from paddlecloud.elastic import TrainerRange
@@ -357,6 +358,12 @@ class Snapshot:
     mirrored: bool = False      # `done` came from a standby's mirror, not read at `revision`
     failures: dict[int, int] = field(default_factory=dict)
     pservers: dict[int, str] = field(default_factory=dict)
+    extents: dict[int, tuple[int, int, int]] = field(default_factory=dict)  # the epoch's cut units
+
+
+def encode_extent(root: int, lo: int, hi: int) -> bytes:
+    """The `extents/<epoch>/<unit>` value (work stealing: master.stealing)."""
+    return b'{"task":%d,"lo":%d,"hi":%d}' % (root, lo, hi)
 
 
 def encode_assignment(a: Assignment, epoch: int, trainer_json: bytes | None = None) -> bytes:
@@ -478,13 +485,16 @@ class EtcdStore:
             case TaskReleased(task=task, attempt=attempt):
                 return Txn.of([mod_revision_is(k.assign(task), attempt)], [delete(k.assign(task))],
                               (k.assign(task),))
+            case TaskSplit():
+                return self._split_txn(event, state)
             case EpochAdvanced(epoch=epoch):
                 # ends the epoch before `epoch` only if no assignment is live; old marks go.
                 # The last one (epoch >= num_epochs: the data's end) leaves `phase` alone:
                 # Succeeded is the deployer's verdict, once the trainers are done too.
                 assign_prefix = k.kind_prefix("assign")
                 ops = [put(k.epoch, str(epoch)), delete_prefix(k.kind_prefix("done")),
-                       delete_prefix(k.kind_prefix("failures")), delete(self.restart_key)]
+                       delete_prefix(k.kind_prefix("failures")), delete(self.restart_key),
+                       delete_prefix(k.kind_prefix("extents"))]
                 return Txn.of([value_is(k.epoch, str(epoch - 1)),
                                version_is(assign_prefix, 0, prefix_range_end(assign_prefix))],
                               ops, exclusive=True)
@@ -503,13 +513,31 @@ class EtcdStore:
                     marks = [delete_prefix(self._done_prefix),
                              put(self.restart_key, json.dumps({"epoch": epoch, "done": list(done)},
                                                               separators=(",", ":")))]
+                # the epoch in progress keeps its cuts (JobState._restart), others' go
+                cuts = [] if state.restart_units(epoch) > state.num_tasks else [
+                    delete_prefix(k.kind_prefix("extents"))]
                 return Txn.of([], [put(k.epoch, str(epoch)), put(k.phase, Phase.RUNNING.value),
                                    *marks,
-                                   delete_prefix(k.kind_prefix("failures")),
+                                   delete_prefix(k.kind_prefix("failures")), *cuts,
                                    delete_prefix(k.kind_prefix("assign")), delete(k.save_model)],
                               exclusive=True)
             case _:
                 assert_never(event)
+
+    def _split_txn(self, e: TaskSplit, state: JobState) -> Txn:
+        """Cuts live assignment `attempt` of `task` short at `at` and makes the rest piece
+        `piece`, iff the assignment is still that one (its holder agreed to stop there) and the
+        epoch has not moved. The assignment's key is not written: its revision, the holder's
+        fencing token, stays, so the holder's finish counts its own part done."""
+        k, epoch = self.keys, state.epoch
+        cut, piece = k.extent(epoch, e.task), k.extent(epoch, e.piece)
+        before = state.extent(e.task)
+        return Txn.of([mod_revision_is(k.assign(e.task), e.attempt), value_is(k.epoch, str(epoch)),
+                       version_is(piece, 0),
+                       value_is(cut, encode_extent(*before)) if before else version_is(cut, 0)],
+                      [put(cut, encode_extent(e.root, e.lo, e.at)),
+                       put(piece, encode_extent(e.root, e.at, e.end))],
+                      (cut, piece))
 
     def _restart_done_ops(self, epoch: int, done: tuple[int, ...]) -> list[rpc.RequestOp]:
         """Every done mark deleted but those of `done`, which are kept or written.
@@ -709,6 +737,7 @@ class EtcdStore:
         plen = len(prefix)
         pieces: list[tuple[bytes, bytes]] = []
         restart: dict | None = None
+        extents: list[tuple[int, int, tuple[int, int, int]]] = []  # (epoch, unit, extent)
         marks: list = []  # failures keys: up to one per task, read below without decoding
         epoch_revision = phase_revision = 0  # the keys' mod revisions (0: absent)
         for kv in (*head, *tail):
@@ -740,12 +769,16 @@ class EtcdStore:
                 snap.pservers[int(parts[1])] = kv.value.decode()
             elif kind == "restart":
                 restart = json.loads(kv.value)
+            elif kind == "extents":
+                raw = json.loads(kv.value)
+                extents.append((int(parts[1]), int(parts[2]), (raw["task"], raw["lo"], raw["hi"])))
         if snap.phase is Phase.SUCCEEDED and phase_revision == epoch_revision:
             # Written in the data's end's own transaction, as older masters did: the data's end,
             # not a deployer's verdict (a verdict is a write of its own); trainers may still run.
             snap.phase = None
         for _, value in sorted(pieces):
             snap.files.extend(FileEntry(p, s) for p, s in json.loads(value))
+        snap.extents = {unit: extent for epoch, unit, extent in extents if epoch == snap.epoch}
         if snap.epoch is not None:
             failures = prefix + b"failures/%d/" % snap.epoch
             flen = len(failures)

@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from master import metrics
@@ -32,6 +32,7 @@ from master.state import (
     TaskFinished,
     TaskReleased,
 )
+from master.stealing import unit_chunks
 from master.trainers import Trainers
 
 logger = logging.getLogger(__name__)
@@ -78,9 +79,12 @@ class GetTaskResult:
 
 
 class Tasks:
-    def __init__(self, core: Core, trainers: Trainers) -> None:
+    def __init__(self, core: Core, trainers: Trainers,
+                 on_idle: Callable[[int, JobState], None] | None = None) -> None:
         self.core = core
         self.trainers = trainers
+        # told of a session that asked in vain at the epoch's end (work stealing: master.stealing)
+        self.on_idle = on_idle
 
     def check_finished_count(self, count: int) -> None:
         """Refuses a GetTask carrying more `finished` refs than a session could owe, before any
@@ -140,6 +144,8 @@ class Tasks:
                 if decision.outcome is Outcome.WAIT:
                     # The epoch's end is being written: the next epoch is a moment away.
                     retry = EPOCH_END_RETRY if state.epoch_complete else WAIT_RETRY
+                    if self.on_idle is not None and epoch == state.epoch:
+                        self.on_idle(session, state)
                 return GetTaskResult(decision.outcome, state.epoch, retry_after=retry,
                                      finished_results=results)
             if decision.held is not None:
@@ -156,7 +162,7 @@ class Tasks:
     def _view(self, task: int, epoch: int, attempt: int) -> TaskView:
         core = self.core
         assert core.partition is not None and core.spec is not None
-        return TaskView(task, epoch, attempt, core.partition.task_chunks(task), core.spec.format)
+        return TaskView(task, epoch, attempt, unit_chunks(core.partition, core.state, task), core.spec.format)
 
     async def _dispatched(self, state: JobState, session: int,
                           dispatches: list[tuple[int, Awaitable[int | None]]]) -> list[tuple[int, int]]:

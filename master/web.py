@@ -208,6 +208,8 @@ class JobModel(BaseModel):
     failed_tasks: list[FailedTaskModel] = Field(default_factory=list)
     finished_total: float = 0
     requeues_total: dict[str, float] = Field(default_factory=dict)
+    splits_this_epoch: int = Field(0, description="tasks split by work stealing in the current epoch")
+    splits_total: int = Field(0, description="tasks split by work stealing since this master leads")
     viewer_role: Literal["operator", "viewer"]
     at: float
 
@@ -454,7 +456,8 @@ class StatusPage:
             pservers=status.pservers,
             epochs=[EpochModel(**vars(bar)) for bar in inspection.epoch_bars(d)],
             trainers=trainers, trainers_omitted=omitted, trainer_restarts=sum(rec.restarts.values()),
-            failed_tasks=failed, **common)
+            failed_tasks=failed, splits_this_epoch=status.splits_this_epoch, splits_total=status.splits,
+            **common)
 
 
 async def _secure_headers(request: web.Request, response: web.StreamResponse) -> None:
