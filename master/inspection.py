@@ -92,7 +92,7 @@ async def status(d: Dispatcher) -> Status:
     return Status(
         job=d.config.job, namespace=d.config.namespace, phase=phase.value, leader=d.advertise,
         epoch=state.epoch if state else 0, num_epochs=core.spec.num_epochs if core.spec else 0,
-        counts=counts, num_tasks=state.num_tasks if state else 0,
+        counts=counts, num_tasks=state.units if state else 0,  # pieces too: the counts add up
         trainers_alive=len(core.sessions.by_session), pservers=pservers,
         has_dataset=state is not None, requeued=core.requeued, **_trainer_size(d),
         trainer_seconds=d.accounting.meter.figures(),

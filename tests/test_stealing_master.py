@@ -1,0 +1,94 @@
+"""Work stealing against real master processes, a real etcd and real stub trainers
+(docs/design.md section 5a): the split is agreed, durable across a failover, and fenced;
+a job with one slowed trainer finishes with every record read exactly once."""
+
+from __future__ import annotations
+
+import grpc
+from masters import pb, stub, wait_for, wait_serving
+from trainers import read_log, reads_per_epoch
+
+from trainer_agent.readers import read_chunk
+
+
+def lines_of(chunks) -> list[str]:
+    return [record for chunk in chunks for record in read_chunk(chunk, "lines")]
+
+
+async def test_a_split_is_agreed_survives_a_failover_and_fences_the_stragglers_reports(
+        tmp_path, start_master):
+    data = tmp_path / "data.csv"
+    records = [f"record-{i:03d}" for i in range(20)]
+    data.write_text("".join(f"{r}\n" for r in records))
+    first = start_master("--input", str(data))
+    await wait_serving(first.address, process=first)
+    async with grpc.aio.insecure_channel(first.address) as channel:
+        master = stub(channel)
+        slow = (await master.RegisterTrainer(pb.RegisterTrainerRequest(trainer_id="slow"))).session_id
+        idle = (await master.RegisterTrainer(pb.RegisterTrainerRequest(trainer_id="idle"))).session_id
+        held = (await master.GetTask(pb.GetTaskRequest(session_id=slow, epoch=0))).task
+        assert (await master.GetTask(pb.GetTaskRequest(session_id=idle, epoch=0))).outcome == pb.WAIT
+        asked = (await master.KeepAlive(pb.KeepAliveRequest(session_id=slow))).split_requests
+        assert [(r.task_id, r.attempt) for r in asked] == [(held.id, held.attempt)]
+        position = sum(len(r) + 1 for r in records[:5])  # read 5 records: stop before the 6th
+        split = pb.SplitTaskRequest(session_id=slow, task_id=held.id, epoch=0, attempt=held.attempt,
+                                    position=position)
+        assert (await master.SplitTask(split)).answer == pb.STOP
+        assert (await master.GetStatus(pb.GetStatusRequest())).splits_this_epoch == 1
+    first.stop()
+
+    second = start_master("--input", str(data), name="second")  # a new leader, from etcd alone
+    await wait_serving(second.address, process=second)
+    async with grpc.aio.insecure_channel(second.address) as channel:
+        master = stub(channel)
+        piece = (await master.GetTask(pb.GetTaskRequest(session_id=idle, epoch=0))).task
+        assert piece.id == 1  # the job's one task is 0; the piece is the next id
+        assert lines_of(piece.chunks) == records[5:]
+        assert (await master.GetStatus(pb.GetStatusRequest())).splits_this_epoch == 1
+        # the straggler may not claim more than its part: the rest is the piece's
+        past = pb.SplitTaskRequest(session_id=slow, task_id=held.id, epoch=0, attempt=held.attempt,
+                                   position=position + 30)
+        assert (await master.SplitTask(past)).answer == pb.STOP
+        stale = pb.TaskReport(session_id=slow, task_id=piece.id, epoch=0, attempt=held.attempt)
+        assert (await master.TaskFinished(stale)).result == pb.STALE
+        theirs = pb.SplitTaskRequest(session_id=idle, task_id=held.id, epoch=0, attempt=held.attempt,
+                                     position=0)
+        assert (await master.SplitTask(theirs)).answer == pb.NOT_HELD
+        status = await master.GetStatus(pb.GetStatusRequest())
+        assert status.counts.done == 0 and status.counts.pending == 2
+        for session, task in ((slow, held), (idle, piece)):
+            report = pb.TaskReport(session_id=session, task_id=task.id, epoch=0, attempt=task.attempt)
+            assert (await master.TaskFinished(report)).result == pb.ACCEPTED
+        async def epoch_ended() -> bool:
+            return (await master.GetStatus(pb.GetStatusRequest())).current_epoch == 1
+
+        await wait_for(epoch_ended, timeout=60, message="the epoch did not end with both parts done")
+
+
+async def test_a_job_with_a_slowed_trainer_reads_every_record_once_with_splits(
+        tmp_path, start_master, start_trainer, etcd_endpoint, job_name):
+    directory = tmp_path / "data"
+    directory.mkdir()
+    expected = set()
+    for f in range(6):
+        lines = [f"{f}-{i:03d}" for i in range(40)]
+        expected.update(lines)
+        (directory / f"part-{f}.csv").write_text("".join(f"{line}\n" for line in lines))
+    proc = start_master("--input", str(directory / "*.csv"), "--epochs", "2", "--session-ttl", "3s")
+    await wait_serving(proc.address, process=proc)
+    log = tmp_path / "records.tsv"
+    trainers = [start_trainer(f"fast-{n}", log=log, master=proc.address, args=("--delay", "0.01"))
+                for n in range(2)]
+    trainers.append(start_trainer("slow", log=log, master=proc.address, args=("--delay", "0.1")))
+    for trainer in trainers:
+        assert trainer.wait(timeout=110) == 0, trainer.output_text()[-2000:]
+    per_epoch = reads_per_epoch(read_log(log))
+    assert sorted(per_epoch) == [0, 1]
+    for epoch, counts in per_epoch.items():
+        assert set(counts) == expected, epoch
+        assert set(counts.values()) == {1}, (epoch, [r for r, n in counts.items() if n > 1][:5])
+    async with grpc.aio.insecure_channel(proc.address) as channel:
+        status = await stub(channel).GetStatus(pb.GetStatusRequest())
+    assert status.splits >= 1
+    pieces = {task for _, _, task, _ in read_log(log) if task >= 6}
+    assert pieces, "no trainer read a piece split off a task"
