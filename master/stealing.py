@@ -12,7 +12,8 @@ twice; cutting a task without its holder's word races its reader. So the cut is 
    starting there was), holds its reader there, and answers `SplitTask(position)`.
 3. `split` cuts the task there in one etcd transaction (`master.state.TaskSplit`: the
    assignment must still be that attempt) and answers STOP; the rest is a new unit, a
-   *piece*, dealt first. Or it answers CONTINUE (no cut: the request is gone, the rest
+   *piece*, dealt at once to the idle trainer that asked (its next GetTask brings it), else
+   first to whoever asks. Or it answers CONTINUE (no cut: the request is gone, the rest
    too small, stealing off) and the reader reads on. Only after STOP does the holder stop;
    its finish then counts its part done, fenced by its attempt as every finish is.
 
@@ -27,14 +28,23 @@ ignores `split_requests` is never cut), or cut inside a chunk that cannot be spl
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import time
 from dataclasses import dataclass
 
 from master import metrics
 from master.core import Core, InvalidArgument
 from master.partition import ChunkRange, Partition
 from master.sessions import SessionExpired, SessionSuperseded
-from master.state import JobState, TaskSplit, TaskStatus
+from master.state import (
+    Assignment,
+    InvalidTransition,
+    JobState,
+    TaskAssigned,
+    TaskSplit,
+    TaskStatus,
+)
 from master.trainers import Trainers
 
 logger = logging.getLogger(__name__)
@@ -103,7 +113,7 @@ class Stealing:
         self.core = core
         self.trainers = trainers
         self.splits = 0  # since this master leads
-        self._wanted: dict[int, int] = {}  # unit -> the attempt asked to split
+        self._wanted: dict[int, tuple[int, int]] = {}  # unit -> (attempt asked to split, idle session)
         self._asked_for: dict[int, int] = {}  # idle session -> the unit asked on its behalf
         self._lock = asyncio.Lock()  # one split at a time: each takes the next piece id
 
@@ -122,7 +132,7 @@ class Stealing:
             return  # its request is still out
         victim = self._pick(state, session)
         if victim is not None:
-            self._wanted[victim] = state.pending[victim].attempt
+            self._wanted[victim] = (state.pending[victim].attempt, session)
             self._asked_for[session] = victim
 
     def _pick(self, state: JobState, idle: int) -> int | None:
@@ -140,7 +150,7 @@ class Stealing:
 
     def _forget_ended(self, state: JobState) -> None:
         """Drops the requests whose assignment ended (finished, released, a new epoch)."""
-        for unit, attempt in list(self._wanted.items()):
+        for unit, (attempt, _) in list(self._wanted.items()):
             live = state.pending.get(unit)
             if live is None or live.attempt != attempt:
                 del self._wanted[unit]
@@ -153,7 +163,7 @@ class Stealing:
         found = []
         for unit in state.held_by(session):
             live = state.pending.get(unit)
-            if live is not None and self._wanted.get(unit) == live.attempt:
+            if live is not None and self._wanted.get(unit, (0, 0))[0] == live.attempt:
                 found.append(SplitRequest(unit, state.epoch, live.attempt))
         return found
 
@@ -176,7 +186,8 @@ class Stealing:
             at = lo + position
             if at >= hi:
                 return SplitAnswer.STOP  # nothing lies past it: stop where the task ends anyway
-            if self._wanted.pop(task, None) != attempt or not self.enabled or hi - at < MIN_STEAL_BYTES:
+            attempt_asked, idle = self._wanted.pop(task, (0, 0))
+            if attempt_asked != attempt or not self.enabled or hi - at < MIN_STEAL_BYTES:
                 return SplitAnswer.CONTINUE
             if inside_whole_chunk(partition, root, at):
                 raise InvalidArgument(f"split position {position} of task {task} lies inside a chunk "
@@ -189,4 +200,19 @@ class Stealing:
             metrics.SPLITS.inc()
             logger.info("task %d (attempt %d) split at byte %d of task %d: bytes [%d, %d) are piece %d",
                         task, attempt, at, root, at, hi, event.piece)
+            await self._hand(event.piece, idle)
             return SplitAnswer.STOP
+
+    async def _hand(self, piece: int, session: int) -> None:
+        """Deals `piece` to the idle `session` that asked for it, if it is still there and
+        idle: else the piece waits in todo, first, for whoever asks (the straggler itself
+        would otherwise take it with its next prefetch)."""
+        state = self.core.state
+        info = self.core.sessions.by_session.get(session)
+        if state is None or info is None or state.held_by(session):
+            return
+        timeout = self.core.policy.task_timeout
+        assignment = Assignment(session, info.trainer, 0, time.time() + timeout if timeout else 0.0)
+        with contextlib.suppress(InvalidTransition):  # taken meanwhile: it is dealt already
+            if await self.core.commit(TaskAssigned(piece, assignment)) is not None:
+                metrics.DISPATCHES.inc()
