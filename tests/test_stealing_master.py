@@ -45,6 +45,8 @@ async def test_a_split_is_agreed_survives_a_failover_and_fences_the_stragglers_r
         assert piece.id == 1  # the job's one task is 0; the piece is the next id
         assert lines_of(piece.chunks) == records[5:]
         assert (await master.GetStatus(pb.GetStatusRequest())).splits_this_epoch == 1
+        listed = {t.id: lines_of(t.chunks) for t in (await master.ListTasks(pb.ListTasksRequest())).tasks}
+        assert listed == {0: records[:5], 1: records[5:]}
         # the straggler may not claim more than its part: the rest is the piece's
         past = pb.SplitTaskRequest(session_id=slow, task_id=held.id, epoch=0, attempt=held.attempt,
                                    position=position + 30)
