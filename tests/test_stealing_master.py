@@ -5,6 +5,7 @@ a job with one slowed trainer finishes with every record read exactly once."""
 from __future__ import annotations
 
 import grpc
+from datasets import write_records
 from masters import pb, stub, wait_for, wait_serving
 from trainers import read_log, reads_per_epoch
 
@@ -94,3 +95,21 @@ async def test_a_job_with_a_slowed_trainer_reads_every_record_once_with_splits(
     assert status.splits >= 1
     pieces = {task for _, _, task, _ in read_log(log) if task >= 6}
     assert pieces, "no trainer read a piece split off a task"
+
+
+def test_a_local_job_with_a_straggler_splits_its_tasks_and_reads_each_record_once(tmp_path, local_run):
+    """`paddlecloud local train` with three stub trainers, trainer 0 five times slower: its
+    tasks' unread rests go to the others (pieces: task ids past the job's tasks), and every
+    record is read exactly once in each epoch."""
+    write_records(tmp_path / "data", files=6, records_per_file=60)
+    run = local_run("--module", "trainer_agent.stub", "--input", str(tmp_path / "data"), "--trainers", "3",
+                    "--epochs", "2", "--session-ttl", "3s", "-e", "PADDLECLOUD_STUB_SLOW_IDS=0",
+                    "--", "--delay", "0.01", "--slowdown", "5")
+    assert run.wait() == 0, run.text()
+    rows = read_log(run.records)
+    expected = {f"{f}-{i},{(f * 31 + i) % 97}" for f in range(6) for i in range(60)}
+    for epoch, counts in reads_per_epoch(rows).items():
+        assert set(counts) == expected, epoch
+        assert set(counts.values()) == {1}, (epoch, [r for r, n in counts.items() if n > 1][:5])
+    assert sorted(reads_per_epoch(rows)) == [0, 1]
+    assert {task for _, _, task, _ in rows if task >= 6}, "no piece of a split task was read"
