@@ -5,6 +5,7 @@ a job with one slowed trainer finishes with every record read exactly once."""
 from __future__ import annotations
 
 import grpc
+import pytest
 from datasets import write_records
 from masters import pb, stub, wait_for, wait_serving
 from trainers import read_log, reads_per_epoch
@@ -16,26 +17,42 @@ def lines_of(chunks) -> list[str]:
     return [record for chunk in chunks for record in read_chunk(chunk, "lines")]
 
 
-async def test_a_split_is_agreed_survives_a_failover_and_fences_the_stragglers_reports(
-        tmp_path, start_master):
+def one_task_of_20_records(tmp_path):
     data = tmp_path / "data.csv"
     records = [f"record-{i:03d}" for i in range(20)]
     data.write_text("".join(f"{r}\n" for r in records))
+    return data, records
+
+
+async def split_after_five_records(master, records: list[str]) -> tuple[int, int, pb.Task, int]:
+    """Trainer "slow" holds the job's one task; "idle" asks in vain, so the master asks "slow"
+    (in its KeepAlive answer) to split; it agrees at its sixth record. (slow, idle, task, position)."""
+    slow = (await master.RegisterTrainer(pb.RegisterTrainerRequest(trainer_id="slow"))).session_id
+    idle = (await master.RegisterTrainer(pb.RegisterTrainerRequest(trainer_id="idle"))).session_id
+    held = (await master.GetTask(pb.GetTaskRequest(session_id=slow, epoch=0))).task
+    assert (await master.GetTask(pb.GetTaskRequest(session_id=idle, epoch=0))).outcome == pb.WAIT
+    asked = (await master.KeepAlive(pb.KeepAliveRequest(session_id=slow))).split_requests
+    assert [(r.task_id, r.attempt) for r in asked] == [(held.id, held.attempt)]
+    position = sum(len(r) + 1 for r in records[:5])  # read 5 records: stop before the 6th
+    split = pb.SplitTaskRequest(session_id=slow, task_id=held.id, epoch=0, attempt=held.attempt,
+                                position=position)
+    assert (await master.SplitTask(split)).answer == pb.STOP
+    assert (await master.GetStatus(pb.GetStatusRequest())).splits_this_epoch == 1
+    return slow, idle, held, position
+
+
+async def listed(master) -> dict[int, tuple[int, list[str]]]:
+    tasks = (await master.ListTasks(pb.ListTasksRequest())).tasks
+    return {t.id: (t.state, lines_of(t.chunks)) for t in tasks}
+
+
+async def test_a_split_is_agreed_survives_a_failover_and_fences_the_stragglers_reports(
+        tmp_path, start_master):
+    data, records = one_task_of_20_records(tmp_path)
     first = start_master("--input", str(data))
     await wait_serving(first.address, process=first)
     async with grpc.aio.insecure_channel(first.address) as channel:
-        master = stub(channel)
-        slow = (await master.RegisterTrainer(pb.RegisterTrainerRequest(trainer_id="slow"))).session_id
-        idle = (await master.RegisterTrainer(pb.RegisterTrainerRequest(trainer_id="idle"))).session_id
-        held = (await master.GetTask(pb.GetTaskRequest(session_id=slow, epoch=0))).task
-        assert (await master.GetTask(pb.GetTaskRequest(session_id=idle, epoch=0))).outcome == pb.WAIT
-        asked = (await master.KeepAlive(pb.KeepAliveRequest(session_id=slow))).split_requests
-        assert [(r.task_id, r.attempt) for r in asked] == [(held.id, held.attempt)]
-        position = sum(len(r) + 1 for r in records[:5])  # read 5 records: stop before the 6th
-        split = pb.SplitTaskRequest(session_id=slow, task_id=held.id, epoch=0, attempt=held.attempt,
-                                    position=position)
-        assert (await master.SplitTask(split)).answer == pb.STOP
-        assert (await master.GetStatus(pb.GetStatusRequest())).splits_this_epoch == 1
+        slow, idle, held, position = await split_after_five_records(stub(channel), records)
     first.stop()
 
     second = start_master("--input", str(data), name="second")  # a new leader, from etcd alone
@@ -46,8 +63,7 @@ async def test_a_split_is_agreed_survives_a_failover_and_fences_the_stragglers_r
         assert piece.id == 1  # the job's one task is 0; the piece is the next id
         assert lines_of(piece.chunks) == records[5:]
         assert (await master.GetStatus(pb.GetStatusRequest())).splits_this_epoch == 1
-        listed = {t.id: lines_of(t.chunks) for t in (await master.ListTasks(pb.ListTasksRequest())).tasks}
-        assert listed == {0: records[:5], 1: records[5:]}
+        assert await listed(master) == {0: (pb.PENDING, records[:5]), 1: (pb.PENDING, records[5:])}
         # the straggler may not claim more than its part: the rest is the piece's
         past = pb.SplitTaskRequest(session_id=slow, task_id=held.id, epoch=0, attempt=held.attempt,
                                    position=position + 30)
@@ -113,3 +129,25 @@ def test_a_local_job_with_a_straggler_splits_its_tasks_and_reads_each_record_onc
         assert set(counts.values()) == {1}, (epoch, [r for r, n in counts.items() if n > 1][:5])
     assert sorted(reads_per_epoch(rows)) == [0, 1]
     assert {task for _, _, task, _ in rows if task >= 6}, "no piece of a split task was read"
+
+
+async def test_a_restart_of_the_epoch_keeps_its_cuts_so_a_checkpoint_may_name_a_piece(
+        tmp_path, start_master):
+    data, records = one_task_of_20_records(tmp_path)
+    first = start_master("--input", str(data))
+    await wait_serving(first.address, process=first)
+    async with grpc.aio.insecure_channel(first.address) as channel:
+        master = stub(channel)
+        await split_after_five_records(master, records)
+        restart = pb.RestartEpochRequest(epoch=0, done_tasks=[1])  # the model consumed the piece
+        assert (await master.RestartEpoch(restart)).current_epoch == 0
+        assert await listed(master) == {0: (pb.TODO, records[:5]), 1: (pb.DONE, records[5:])}
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await master.RestartEpoch(pb.RestartEpochRequest(epoch=0, done_tasks=[2]))
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "done task 2 is outside 0..1" in refused.value.details()
+    first.stop()
+    second = start_master("--input", str(data), name="second")  # the cuts are etcd's
+    await wait_serving(second.address, process=second)
+    async with grpc.aio.insecure_channel(second.address) as channel:
+        assert await listed(stub(channel)) == {0: (pb.TODO, records[:5]), 1: (pb.DONE, records[5:])}

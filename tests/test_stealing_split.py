@@ -111,3 +111,43 @@ def assert_restores(state: JobState, partition: Partition) -> None:
                                 epoch=0, failed_job=False, done=done, failures={}, assignments={},
                                 extents=extents)
     assert restored == state
+
+
+def split_state() -> JobState:
+    """Two tasks of 100 bytes; task 0 (attempt 5) split at byte 40: piece 2 owns [40, 100)."""
+    state = JobState.new(num_tasks=2, num_epochs=2, seed=0, max_failures=3)
+    state.begin(TaskAssigned(0, Assignment(1, "t", 0, 0.0)))
+    state.apply(TaskAssigned(0, Assignment(1, "t", 5, 0.0)))
+    split = TaskSplit(0, 5, root=0, lo=0, at=40, end=100, piece=2)
+    state.begin(split)
+    state.apply(split)
+    return state
+
+
+def test_a_restart_of_the_epoch_in_progress_keeps_its_cuts_and_another_drops_them():
+    from master.state import EpochRestarted
+
+    state = split_state()
+    assert state.restart_units(0) == 3 and state.restart_units(1) == 2
+    state.apply(EpochRestarted(0, done=(2,)))  # a checkpoint consumed the piece, not task 0's part
+    assert (state.units, state.extent(0), state.extent(2)) == (3, (0, 0, 40), (0, 40, 100))
+    assert [TaskStatus(s) for s in state.status] == [TaskStatus.TODO, TaskStatus.TODO, TaskStatus.DONE]
+    other = split_state()
+    other.apply(EpochRestarted(1))
+    assert (other.units, other.extent(0)) == (2, None)
+
+
+def test_a_split_needs_the_live_attempt_and_the_next_piece_id():
+    from master.state import InvalidTransition
+
+    state = split_state()
+    for wrong in (TaskSplit(0, 4, root=0, lo=0, at=10, end=40, piece=3),    # not the live attempt
+                  TaskSplit(0, 5, root=0, lo=0, at=10, end=40, piece=7),    # not the next piece id
+                  TaskSplit(0, 5, root=0, lo=0, at=10, end=100, piece=3),   # not what task 0 owns now
+                  TaskSplit(0, 5, root=0, lo=0, at=40, end=40, piece=3)):   # nothing past the cut
+        try:
+            state.apply(wrong)
+        except InvalidTransition:
+            continue
+        raise AssertionError(f"{wrong} applied")
+    assert state.units == 3
