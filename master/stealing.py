@@ -28,7 +28,6 @@ ignores `split_requests` is never cut), or cut inside a chunk that cannot be spl
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from dataclasses import dataclass
@@ -52,6 +51,7 @@ logger = logging.getLogger(__name__)
 # The least rest worth a split: a smaller one costs the idle trainer a dispatch for a
 # record or two, and the holder a stop, for nothing it would not finish at once itself.
 MIN_STEAL_BYTES = 64
+PICK_AMONG = 64  # pending units an idle trainer's request looks at, at most
 
 
 class SplitAnswer:
@@ -127,8 +127,8 @@ class Stealing:
             return
         if state.counts[TaskStatus.TODO] or state.reserved:
             return
-        self._forget_ended(state)
-        if self._asked_for.get(session) in self._wanted:
+        asked = self._asked_for.get(session)
+        if asked is not None and self._still_wanted(asked, state):
             return  # its request is still out
         victim = self._pick(state, session)
         if victim is not None:
@@ -136,24 +136,32 @@ class Stealing:
             self._asked_for[session] = victim
 
     def _pick(self, state: JobState, idle: int) -> int | None:
-        """The pending unit of another session with the most bytes, not asked yet."""
+        """Of the first PICK_AMONG pending units of other sessions not asked yet, the one
+        with the most bytes (a bounded look: thousands of trainers idle at once at an
+        epoch's end each ask, every half second)."""
         partition = self.core.partition
         assert partition is not None
-        best, best_size = None, 0
+        best, best_size, seen = None, 0, 0
         for unit, assignment in state.pending.items():
-            if assignment.session == idle or unit in self._wanted or state.writing(unit):
+            if assignment.session == idle or state.writing(unit) or (
+                    unit in self._wanted and self._still_wanted(unit, state)):
                 continue
             _, lo, hi = extent_of(partition, state, unit)
             if hi - lo > best_size:
                 best, best_size = unit, hi - lo
+            seen += 1
+            if seen >= PICK_AMONG:
+                break
         return best if best_size >= MIN_STEAL_BYTES else None
 
-    def _forget_ended(self, state: JobState) -> None:
-        """Drops the requests whose assignment ended (finished, released, a new epoch)."""
-        for unit, (attempt, _) in list(self._wanted.items()):
-            live = state.pending.get(unit)
-            if live is None or live.attempt != attempt:
-                del self._wanted[unit]
+    def _still_wanted(self, unit: int, state: JobState) -> bool:
+        """The request on `unit` stands: the assignment asked is still live; else it is dropped."""
+        asked = self._wanted.get(unit)
+        live = state.pending.get(unit)
+        if asked is not None and live is not None and live.attempt == asked[0]:
+            return True
+        self._wanted.pop(unit, None)
+        return False
 
     def requests_for(self, session: int) -> list[SplitRequest]:
         """The splits asked of `session`'s tasks, for its KeepAlive answer."""
@@ -213,6 +221,10 @@ class Stealing:
             return
         timeout = self.core.policy.task_timeout
         assignment = Assignment(session, info.trainer, 0, time.time() + timeout if timeout else 0.0)
-        with contextlib.suppress(InvalidTransition):  # taken meanwhile: it is dealt already
+        try:
             if await self.core.commit(TaskAssigned(piece, assignment)) is not None:
                 metrics.DISPATCHES.inc()
+        except InvalidTransition:
+            pass  # taken meanwhile: it is dealt already
+        except Exception as error:  # the split stands: its answer must still be STOP
+            logger.warning("piece %d not dealt to session %d (%s): it waits in todo", piece, session, error)
