@@ -4,10 +4,14 @@ a job with one slowed trainer finishes with every record read exactly once."""
 
 from __future__ import annotations
 
+import asyncio
+import json
+import urllib.request
+
 import grpc
 import pytest
 from datasets import write_records
-from masters import pb, stub, wait_for, wait_serving
+from masters import metric, pb, stub, wait_for, wait_serving
 from trainers import read_log, reads_per_epoch
 
 from trainer_agent.readers import read_chunk
@@ -15,6 +19,11 @@ from trainer_agent.readers import read_chunk
 
 def lines_of(chunks) -> list[str]:
     return [record for chunk in chunks for record in read_chunk(chunk, "lines")]
+
+
+def page_json(port: int) -> dict:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/job", timeout=10) as reply:
+        return json.loads(reply.read())
 
 
 def one_task_of_20_records(tmp_path):
@@ -49,10 +58,14 @@ async def listed(master) -> dict[int, tuple[int, list[str]]]:
 async def test_a_split_is_agreed_survives_a_failover_and_fences_the_stragglers_reports(
         tmp_path, start_master):
     data, records = one_task_of_20_records(tmp_path)
-    first = start_master("--input", str(data))
+    first = start_master("--input", str(data), metrics=True)
     await wait_serving(first.address, process=first)
     async with grpc.aio.insecure_channel(first.address) as channel:
         slow, idle, held, position = await split_after_five_records(stub(channel), records)
+    # the status page's JSON and the metrics count it
+    page = await asyncio.to_thread(page_json, first.metrics_port)
+    assert (page["splits_this_epoch"], page["splits_total"]) == (1, 1)
+    assert await asyncio.to_thread(metric, first.metrics_port, "paddlecloud_master_task_splits_total") == 1
     first.stop()
 
     second = start_master("--input", str(data), name="second")  # a new leader, from etcd alone
