@@ -76,7 +76,7 @@ def main() -> int:
     parser.add_argument("--delay", type=float, default=0.005, help="seconds per record of a fast trainer")
     parser.add_argument("--files", type=int, default=6, help="input files (one task each)")
     parser.add_argument("--records", type=int, default=400, help="records per file")
-    parser.add_argument("--session-ttl", default="3s", help="the masters' --session-ttl (KeepAlive every ttl/3)")
+    parser.add_argument("--session-ttl", default="30s", help="the masters' --session-ttl (the default)")
     parser.add_argument("--timeout", type=float, default=600)
     parser.add_argument("--quick", action="store_true", help="a small run, for the smoke test")
     args = parser.parse_args()

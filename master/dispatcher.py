@@ -55,7 +55,7 @@ class Dispatcher:
         self.core = Core(store=self.store, config=config, standby_marks=mirror)
         self.trainers = Trainers(self.core)
         self.stealing = Stealing(self.core, self.trainers)
-        self.tasks = Tasks(self.core, self.trainers, on_idle=self.stealing.idle)
+        self.tasks = Tasks(self.core, self.trainers, stealing=self.stealing)
         self.epochs = Epochs(self.core)
         self.dataset = DatasetAdoption(self.core)
         self.save_model = SaveModel(self.core, self.trainers)

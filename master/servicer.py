@@ -264,6 +264,8 @@ class MasterServicer(pb_grpc.MasterServicer):
                     add(path=c.path, begin=c.begin, end=c.end)
         if r.retry_after:
             reply.retry_after.CopyFrom(duration(r.retry_after))
+        if r.split_poll:
+            reply.split_poll.CopyFrom(duration(r.split_poll))
         return reply
 
     GetTask = _rpc(_get_task, name="GetTask")

@@ -52,6 +52,11 @@ logger = logging.getLogger(__name__)
 # record or two, and the holder a stop, for nothing it would not finish at once itself.
 MIN_STEAL_BYTES = 64
 PICK_AMONG = 64  # pending units an idle trainer's request looks at, at most
+# How often a holder of the epoch's last tasks is asked to call KeepAlive (`split_poll`), so a
+# split request reaches it within about that long, not ttl/3: every SPLIT_POLL seconds, slower
+# when more trainers hold tasks, so that their KeepAlives stay near POLLS_PER_SECOND.
+SPLIT_POLL = 1.0
+POLLS_PER_SECOND = 200
 
 
 class SplitAnswer:
@@ -162,6 +167,13 @@ class Stealing:
             return True
         self._wanted.pop(unit, None)
         return False
+
+    def split_poll(self, state: JobState) -> float:
+        """Seconds between a tail holder's KeepAlives while nothing is left to deal; 0 otherwise."""
+        if not self.enabled or state.counts[TaskStatus.TODO] or state.epoch_complete:
+            return 0.0
+        poll = max(SPLIT_POLL, len(state.pending) / POLLS_PER_SECOND)
+        return poll if poll < self.core.policy.session_ttl / 3 else 0.0
 
     def requests_for(self, session: int) -> list[SplitRequest]:
         """The splits asked of `session`'s tasks, for its KeepAlive answer."""

@@ -14,6 +14,9 @@ from datasets import write_records
 from masters import metric, pb, stub, wait_for, wait_serving
 from trainers import read_log, reads_per_epoch
 
+from paddlecloud.wire import seconds
+from trainer_agent.client import TaskClient
+from trainer_agent.discovery import MasterLocator
 from trainer_agent.readers import read_chunk
 
 
@@ -38,8 +41,12 @@ async def split_after_five_records(master, records: list[str]) -> tuple[int, int
     (in its KeepAlive answer) to split; it agrees at its sixth record. (slow, idle, task, position)."""
     slow = (await master.RegisterTrainer(pb.RegisterTrainerRequest(trainer_id="slow"))).session_id
     idle = (await master.RegisterTrainer(pb.RegisterTrainerRequest(trainer_id="idle"))).session_id
-    held = (await master.GetTask(pb.GetTaskRequest(session_id=slow, epoch=0))).task
-    assert (await master.GetTask(pb.GetTaskRequest(session_id=idle, epoch=0))).outcome == pb.WAIT
+    dealt = await master.GetTask(pb.GetTaskRequest(session_id=slow, epoch=0))
+    held = dealt.task
+    waiting = await master.GetTask(pb.GetTaskRequest(session_id=idle, epoch=0))
+    assert waiting.outcome == pb.WAIT
+    # nothing is left to deal: the holders of the epoch's tail are asked to call every second
+    assert seconds(dealt.split_poll) == seconds(waiting.split_poll) == 1.0
     asked = (await master.KeepAlive(pb.KeepAliveRequest(session_id=slow))).split_requests
     assert [(r.task_id, r.attempt) for r in asked] == [(held.id, held.attempt)]
     position = sum(len(r) + 1 for r in records[:5])  # read 5 records: stop before the 6th
@@ -164,3 +171,23 @@ async def test_a_restart_of_the_epoch_keeps_its_cuts_so_a_checkpoint_may_name_a_
     await wait_serving(second.address, process=second)
     async with grpc.aio.insecure_channel(second.address) as channel:
         assert await listed(stub(channel)) == {0: (pb.TODO, records[:5]), 1: (pb.DONE, records[5:])}
+
+
+async def test_a_trainer_holding_the_epochs_tail_keeps_alive_every_second(tmp_path, start_master):
+    """With the default 30 s session, a reader calls every 10 s; once the master deals the
+    last task it says `split_poll`, and the client keeps alive that often (so a split
+    request reaches it within a second), until an answer says otherwise."""
+    write_records(tmp_path / "data", files=2, records_per_file=5)
+    proc = start_master("--input", str(tmp_path / "data" / "*.csv"))
+    await wait_serving(proc.address, process=proc)
+
+    def intervals_after_two_deals() -> list[float]:
+        client = TaskClient(trainer_id="t", locator=MasterLocator(master_endpoint=proc.address))
+        with client:
+            intervals = []
+            for _ in range(2):  # the first leaves a task to deal, the second none
+                assert client.fetch(0).result(timeout=60).outcome == pb.TASK
+                intervals.append(client.session.beat_interval)
+            return intervals
+
+    assert await asyncio.to_thread(intervals_after_two_deals) == [10.0, 1.0]

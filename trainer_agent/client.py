@@ -528,6 +528,7 @@ class Session:
         self._keepalive: threading.Thread | None = None
         # sees each KeepAlive answer, in the keep-alive thread (work stealing's requests)
         self.on_keep_alive: Callable[[pb.KeepAliveResponse], None] | None = None
+        self._split_poll = 0.0  # the master's `split_poll`: KeepAlive this often (0: ttl/3)
 
     @property
     def id(self) -> int:
@@ -624,18 +625,33 @@ class Session:
         self._closed.set()
         termination.untrack(self)
 
+    def beat_every(self, interval: float) -> None:
+        """KeepAlive at least this often (the master's `split_poll` at an epoch's tail: its
+        answers bring work stealing's split requests); 0: every ttl/3, as usual."""
+        with self._lock:
+            self._split_poll = interval
+
+    @property
+    def beat_interval(self) -> float:
+        """Seconds between KeepAlives when no other call carries the session."""
+        with self._lock:
+            return min(self._ttl / 3, self._split_poll or self._ttl)
+
     def _next_beat(self) -> float:
-        """Seconds until a KeepAlive is due: ttl/3 after the last answered call (or try); while
-        a call is under way, none is due (looked at again in BEAT_RECHECK seconds)."""
+        """Seconds until a KeepAlive is due: ttl/3 (or sooner, `beat_every`) after the last
+        answered call (or try); while a call is under way, none is due (looked at again in
+        BEAT_RECHECK seconds)."""
         with self._lock:
             if self._under_way:
                 return min(BEAT_RECHECK, self._ttl / 30)
-            return max(self._last_call, self._last_beat) + self._ttl / 3 - time.monotonic()
+            interval = min(self._ttl / 3, self._split_poll or self._ttl)  # as `beat_interval`
+            return max(self._last_call, self._last_beat) + interval - time.monotonic()
 
     def _keep_alive(self) -> None:
-        while not self._closed.wait(max(0.0, self._next_beat())):
+        # looked at again at least every BEAT_RECHECK seconds: `beat_every` may shorten the beat
+        while not self._closed.wait(min(BEAT_RECHECK, max(0.0, self._next_beat()))):
             if self._next_beat() > 0:
-                continue  # a call carrying the session went out meanwhile
+                continue  # not due yet: a call carrying the session went out meanwhile
             with self._lock:
                 self._last_beat = time.monotonic()
                 self.keepalives += 1
@@ -831,6 +847,7 @@ class TaskClient:
             self.tasks.restore_acks(acks)  # not known to be delivered: send them again
             raise
         self._count_results(reply.finished_results)
+        self.session.beat_every(seconds(reply.split_poll))  # work stealing's tail, or back to usual
         if self.reply_filter is not None:
             reply = self.reply_filter(reply)
         return reply

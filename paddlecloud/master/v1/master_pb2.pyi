@@ -197,20 +197,22 @@ class GetTaskRequest(_message.Message):
     def __init__(self, session_id: _Optional[int] = ..., epoch: _Optional[int] = ..., finished: _Optional[_Iterable[_Union[TaskRef, _Mapping]]] = ..., max_tasks: _Optional[int] = ...) -> None: ...
 
 class GetTaskResponse(_message.Message):
-    __slots__ = ("outcome", "task", "current_epoch", "retry_after", "finished_results", "more_tasks")
+    __slots__ = ("outcome", "task", "current_epoch", "retry_after", "finished_results", "more_tasks", "split_poll")
     OUTCOME_FIELD_NUMBER: _ClassVar[int]
     TASK_FIELD_NUMBER: _ClassVar[int]
     CURRENT_EPOCH_FIELD_NUMBER: _ClassVar[int]
     RETRY_AFTER_FIELD_NUMBER: _ClassVar[int]
     FINISHED_RESULTS_FIELD_NUMBER: _ClassVar[int]
     MORE_TASKS_FIELD_NUMBER: _ClassVar[int]
+    SPLIT_POLL_FIELD_NUMBER: _ClassVar[int]
     outcome: Outcome
     task: Task
     current_epoch: int
     retry_after: _duration_pb2.Duration
     finished_results: _containers.RepeatedScalarFieldContainer[ReportResult]
     more_tasks: _containers.RepeatedCompositeFieldContainer[Task]
-    def __init__(self, outcome: _Optional[_Union[Outcome, str]] = ..., task: _Optional[_Union[Task, _Mapping]] = ..., current_epoch: _Optional[int] = ..., retry_after: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., finished_results: _Optional[_Iterable[_Union[ReportResult, str]]] = ..., more_tasks: _Optional[_Iterable[_Union[Task, _Mapping]]] = ...) -> None: ...
+    split_poll: _duration_pb2.Duration
+    def __init__(self, outcome: _Optional[_Union[Outcome, str]] = ..., task: _Optional[_Union[Task, _Mapping]] = ..., current_epoch: _Optional[int] = ..., retry_after: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., finished_results: _Optional[_Iterable[_Union[ReportResult, str]]] = ..., more_tasks: _Optional[_Iterable[_Union[Task, _Mapping]]] = ..., split_poll: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
 
 class RestartEpochRequest(_message.Message):
     __slots__ = ("epoch", "done_tasks", "reopen")
