@@ -503,8 +503,9 @@ class Session:
     says it was superseded (SESSION_SUPERSEDED) every `run` raises `TrainerSuperseded`.
     `on_register(reply)` runs after each registration, under this session's lock.
     The keep-alive thread starts with the first registration and stops at `close()`;
-    it calls `KeepAlive` only when no call through `run` was answered for ttl/3 (any
-    call carrying the session refreshes it at the master) and none is under way. A call
+    it calls `KeepAlive` only when no call through `run` was answered for ttl/3 (or for
+    the master's `split_poll` at an epoch's tail: `beat_every`; any call carrying the
+    session refreshes it at the master) and none is under way. A call
     under way refreshes the session when the master takes it up, and a KeepAlive sent
     now would pass the same gate after it: under load (calls queued at the master for
     longer than ttl/3), such KeepAlives would only lengthen the queue that delays them.
