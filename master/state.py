@@ -18,7 +18,8 @@ Work stealing (docs/design.md section 5a, `master.stealing`): `TaskSplit` cuts t
 unread rest off a pending task at a byte position its holder agreed to stop at; the
 rest becomes a *piece*, a unit of this epoch with the next free id from `num_tasks`
 up, dealt, finished, failed and released like a task. `extent(unit)` is the byte
-range of its root task a unit owns; the pieces and the cut extents end with the epoch.
+range of its root task a unit owns; the pieces and the cut extents end with the epoch
+(a restart of the epoch in progress keeps them: `EpochRestarted`).
 
 A write in flight is a status of the machine, marked by `begin(event)` and ended by
 `apply(event)` (etcd took it) or `abandon(event)` (it did not): a dispatch holds its
