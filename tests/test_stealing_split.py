@@ -25,6 +25,7 @@ from master.state import (
     MarksLoaded,
     Outcome,
     TaskAssigned,
+    TaskFailed,
     TaskFinished,
     TaskReleased,
     TaskSplit,
@@ -160,3 +161,28 @@ def test_a_split_needs_the_live_attempt_and_the_next_piece_id():
             continue
         raise AssertionError(f"{wrong} applied")
     assert state.units == 3
+
+
+def apply_written(state: JobState, event) -> None:
+    state.begin(event)
+    state.apply(event)
+
+
+def test_a_piece_is_dealt_before_every_task_the_newest_first_and_after_a_failure_with_the_failed():
+    """The deal order rule for pieces (master.partition.DealQueue), and a state rebuilt from
+    what etcd holds (marks, live assignments, extents) deals in the same order."""
+    state = JobState.new(num_tasks=6, num_epochs=1, seed=3, max_failures=3)
+    tasks = list(state.todo)
+    for attempt, task in enumerate(tasks[:2], start=10):
+        apply_written(state, TaskAssigned(task, Assignment(1, "t", attempt, 0.0)))
+    apply_written(state, TaskSplit(tasks[0], 10, root=tasks[0], lo=0, at=4, end=9, piece=6))
+    apply_written(state, TaskSplit(tasks[1], 11, root=tasks[1], lo=0, at=2, end=9, piece=7))
+    assert list(state.todo) == [7, 6, *tasks[2:]]
+    apply_written(state, TaskAssigned(7, Assignment(2, "u", 12, 0.0)))
+    apply_written(state, TaskFailed(7, 12, "failure", revision=13))
+    assert list(state.todo) == [6, *tasks[2:], 7]
+    rebuilt = JobState.new(num_tasks=6, num_epochs=1, seed=3, max_failures=3)
+    rebuilt.apply(MarksLoaded(failures={7: 1}, failed_at={7: 13},
+                              assignments={t: state.pending[t] for t in state.pending},
+                              extents={u: state.extent(u) for u in range(state.units) if state.extent(u)}))
+    assert list(rebuilt.todo) == list(state.todo) and rebuilt == state
