@@ -57,7 +57,7 @@ class Accounting:
             pending=counts[TaskStatus.PENDING] + counts[TaskStatus.RESERVED],
             holding=holding, saving=self.save_model.saving,
             done=frozenset(t for t in credited if status[t] == TaskStatus.DONE),
-            done_count=counts[TaskStatus.DONE], num_tasks=state.num_tasks)
+            done_count=counts[TaskStatus.DONE], num_tasks=state.units)  # pieces too: a share of the units
 
     def sample(self) -> None:
         """One look at the cache; a fault here is logged (once a term) and never stops the

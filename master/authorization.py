@@ -6,7 +6,7 @@ A call's `authorization: Bearer <token>` metadata becomes a `Principal` through
 | RPC | who |
 | --- | --- |
 | RegisterTrainer | the trainer token, the operator token |
-| KeepAlive, LeaveTrainer, GetTask, GetTaskStream, TaskFinished, TaskFailed, ReturnTask, RequestSaveModel | the session token of the request's `session_id` only (of a stream's every request) |
+| KeepAlive, LeaveTrainer, GetTask, GetTaskStream, TaskFinished, TaskFailed, ReturnTask, RequestSaveModel, SplitTask | the session token of the request's `session_id` only (of a stream's every request) |
 | GetStatus, ListTasks, ListTrainers | any token of the job (session ids and attempts shown to the operator only) |
 | RestartEpoch, SetDataset, ScaleTrainers, EvictTrainer, and any Master RPC not named here | the operator token |
 | GetStatus, ScaleTrainers | also the scaler token (the cluster autoscaler's; nothing else) |
@@ -47,7 +47,7 @@ from paddlecloud.untrusted import quote
 logger = logging.getLogger(__name__)
 
 SESSION_RPCS = frozenset({"KeepAlive", "LeaveTrainer", "GetTask", "GetTaskStream", "TaskFinished", "TaskFailed",
-                          "ReturnTask", "RequestSaveModel"})
+                          "ReturnTask", "RequestSaveModel", "SplitTask"})
 READ_RPCS = frozenset({"GetStatus", "ListTasks", "ListTrainers"})
 SCALER_RPCS = frozenset({"GetStatus", "ScaleTrainers"})  # all the scaler token may call
 REGISTER_RPCS = frozenset({"RegisterTrainer"})

@@ -87,6 +87,7 @@ class Policy:
     task_timeout: float = default_of("task_timeout")  # 0 = off
     max_task_failures: int = default_of("max_task_failures")
     max_tasks_per_trainer: int = default_of("max_tasks_per_trainer")
+    work_stealing: bool = default_of("work_stealing")  # split a straggler's task for an idle trainer (master.stealing)
 
     def __post_init__(self) -> None:
         check_fields(self, "policy")

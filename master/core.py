@@ -38,6 +38,7 @@ from master.state import (
     TaskFailed,
     TaskFinished,
     TaskReleased,
+    TaskSplit,
     committed,
 )
 from master.store import EtcdStore
@@ -250,7 +251,7 @@ class Core:
         """etcd refused a report (finish, failure, return) on a task the cache holds live: its
         session lapsed (the watch may not have told yet: the task goes back now), or the cache
         is out of step. A refused deal or epoch end is its caller's to explain."""
-        if not isinstance(event, (TaskFinished, TaskFailed, TaskReleased)):
+        if not isinstance(event, (TaskFinished, TaskFailed, TaskReleased, TaskSplit)):
             return
         state = self.state
         assignment = state.assignment(event.task)

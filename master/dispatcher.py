@@ -10,6 +10,7 @@
     deploy_adapter.py    what the deployer reads of the job and writes of its phase
     scaling.py           the trainer range and desired size (ScaleTrainers)
     accounting.py        goodput: the job's trainer-seconds, productive or lost by cause
+    stealing.py          work stealing: a straggler's task split for an idle trainer
 
 Each RPC becomes one call into a room; the servicer translates protobufs at the
 edge, so nothing here sees one. Every room reads and writes etcd only through
@@ -36,6 +37,7 @@ from master.epochs import Epochs
 from master.save_model import SaveModel
 from master.scaling import Scaling
 from master.snapshot import MarkMirror
+from master.stealing import Stealing
 from master.store import EtcdStore
 from master.tasks import Tasks
 from master.trainers import Trainers
@@ -58,7 +60,8 @@ class Dispatcher:
                                keeper=self.keeper)
         self.core = Core(store=self.store, config=config, standby_marks=mirror)
         self.trainers = Trainers(self.core)
-        self.tasks = Tasks(self.core, self.trainers)
+        self.stealing = Stealing(self.core, self.trainers)
+        self.tasks = Tasks(self.core, self.trainers, stealing=self.stealing)
         self.epochs = Epochs(self.core)
         self.dataset = DatasetAdoption(self.core)
         self.save_model = SaveModel(self.core, self.trainers)

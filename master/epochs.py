@@ -104,6 +104,15 @@ class Epochs:
             self.ended[event.epoch - 1] = EndedEpoch(counts[TaskStatus.DONE], counts[TaskStatus.FAILED])
             logger.info("epoch %d complete", event.epoch - 1)
 
+    @staticmethod
+    def _check_done(state: JobState, epoch: int, done: tuple[int, ...]) -> None:
+        """The done tasks are ids of `epoch`: its pieces too when it is the epoch in progress
+        (work stealing keeps its cuts over such a restart: JobState.restart_units)."""
+        units = state.restart_units(epoch)
+        bad = [t for t in done if not 0 <= t < units]
+        if bad:
+            raise InvalidArgument(f"done task {bad[0]} is outside 0..{units - 1}")
+
     async def restart(self, epoch: int, *, done: Iterable[int] = (), reopen: bool = False) -> int:
         """Starts `epoch` afresh with the tasks `done` (a checkpoint's consumed tasks) done;
         with `reopen`, also when the job's data is all consumed (see the module's docstring).
@@ -124,9 +133,7 @@ class Epochs:
             if not 0 <= epoch < state.num_epochs:
                 raise InvalidArgument(f"epoch {epoch} is outside 0..{state.num_epochs - 1}")
             self._check_restartable(state, reopen=reopen)
-            bad = [t for t in done if not 0 <= t < state.num_tasks]
-            if bad:
-                raise InvalidArgument(f"done task {bad[0]} is outside 0..{state.num_tasks - 1}")
+            self._check_done(state, epoch, done)
             if len(done) > MAX_RESTART_LIST:
                 raise InvalidArgument(f"{len(done)} done tasks: a restart takes at most "
                                       f"{MAX_RESTART_LIST} (the list is one etcd value)")
@@ -136,6 +143,7 @@ class Epochs:
             if core.state is None:  # a rebuild that found no dataset: as the check above
                 raise FailedPrecondition("the job has no dataset yet: nothing to restart")
             self._check_restartable(core.state, reopen=reopen)
+            self._check_done(core.state, epoch, done)  # the epoch may have ended meanwhile
             revision = await core.commit(EpochRestarted(epoch, done))  # sessions stay; assignments go
             for later in [e for e in self.ended if e >= epoch]:
                 del self.ended[later]  # they will be read again

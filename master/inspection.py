@@ -25,6 +25,7 @@ from master.dispatcher import Dispatcher
 from master.partition import ChunkRange
 from master.sessions import SessionInfo
 from master.state import TaskStatus
+from master.stealing import unit_chunks
 from master.trainers import is_trainer_id
 from paddlecloud.phase import Phase
 from paddlecloud.untrusted import quote
@@ -52,6 +53,8 @@ class Status:
     desired_trainers: int = 0
     trainer_seconds: dict[str, float] | None = None  # goodput: by cause (master.goodput)
     tasks_assigned: bool = False  # a trainer ever took a task (JobState.tasks_assigned)
+    splits_this_epoch: int = 0  # work stealing: tasks split in the current epoch (etcd's)
+    splits: int = 0             # ... since this master leads
 
 
 @dataclass(frozen=True)
@@ -90,11 +93,12 @@ async def status(d: Dispatcher) -> Status:
     return Status(
         job=d.config.job, namespace=d.config.namespace, phase=phase.value, leader=d.advertise,
         epoch=state.epoch if state else 0, num_epochs=core.spec.num_epochs if core.spec else 0,
-        counts=counts, num_tasks=state.num_tasks if state else 0,
+        counts=counts, num_tasks=state.units if state else 0,  # pieces too: the counts add up
         trainers_alive=len(core.sessions.by_session), pservers=pservers,
         has_dataset=state is not None, requeued=core.requeued, **_trainer_size(d),
         trainer_seconds=d.accounting.meter.figures(),
         tasks_assigned=state is not None and state.tasks_assigned,
+        splits_this_epoch=state.splits if state is not None else 0, splits=d.stealing.splits,
     )
 
 
@@ -135,7 +139,8 @@ def _task_token(page_token: str, num_tasks: int) -> int:
 
 def list_tasks(d: Dispatcher, *, status: TaskStatus | None, epoch: int | None, page_size: int,
                page_token: str, reveal_sessions: bool = True) -> tuple[list[TaskInfo], str]:
-    """The current epoch's tasks in id order from `page_token`, optionally of one state;
+    """The current epoch's tasks (and pieces, with the bytes they own) in id order from
+    `page_token`, optionally of one state;
     session ids and attempts are 0 unless `reveal_sessions` (the operator's view)."""
     state, partition = d.core.state, d.core.partition
     if state is None or partition is None:
@@ -145,11 +150,12 @@ def list_tasks(d: Dispatcher, *, status: TaskStatus | None, epoch: int | None, p
             f"epoch {epoch}: only the current epoch {state.epoch} is kept (done marks of "
             "an epoch are deleted when it ends)")
     size = _page_size(page_size)
-    start = _task_token(page_token, state.num_tasks)
+    units = state.units  # the tasks, then this epoch's pieces (work stealing)
+    start = _task_token(page_token, units)
     statuses, failures = state.status, state.failures
     found: list[TaskInfo] = []
     task = start
-    while task < state.num_tasks and len(found) < size:
+    while task < units and len(found) < size:
         raw = TaskStatus(statuses[task])
         shown = TaskStatus.PENDING if raw is TaskStatus.RESERVED else raw
         if status is None or shown is status:
@@ -157,9 +163,9 @@ def list_tasks(d: Dispatcher, *, status: TaskStatus | None, epoch: int | None, p
             secret = a is None or not reveal_sessions
             found.append(TaskInfo(task, shown, state.epoch, a.trainer if a else "",
                                   0 if secret else a.session, 0 if secret else a.attempt,
-                                  failures[task], partition.task_chunks(task)))
+                                  failures[task], unit_chunks(partition, state, task)))
         task += 1
-    return found, (str(task) if task < state.num_tasks else "")
+    return found, (str(task) if task < units else "")
 
 
 def list_trainers(d: Dispatcher, *, page_size: int, page_token: str,

@@ -67,6 +67,7 @@ class Snapshot:
     trainer_range: TrainerRange | None = None
     trainers_desired: int | None = None
     save_model: str | None = None                                 # the grant's holder
+    extents: dict[int, tuple[int, int, int]] = field(default_factory=dict)  # the epoch's cut units
 
 
 @dataclass(frozen=True)
@@ -160,8 +161,8 @@ Durable = (tasks.Durable | DatasetAdopted | PhaseRecorded | TrainerRangeSet | Tr
            | SessionOpened | SaveModelGranted | SaveModelReleased)
 Event = (tasks.Event | Loaded | SessionMarked | SessionCalled | SessionEnded | Durable)
 TASK_EVENTS = (tasks.TaskReserved, tasks.ReservationCancelled, tasks.TaskAssigned, tasks.TaskFinished,
-               tasks.TaskFailed, tasks.TaskReleased, tasks.EpochAdvanced, tasks.EpochRestarted,
-               tasks.JobFailed)
+               tasks.TaskFailed, tasks.TaskReleased, tasks.TaskSplit, tasks.EpochAdvanced,
+               tasks.EpochRestarted, tasks.JobFailed)
 Callback = Callable[[Event], None]
 
 
@@ -256,7 +257,7 @@ class MasterMachine:
             case SessionCalled(session=session, at=at, refreshed=refreshed):  # first: every call's
                 self.sessions.called(session, at=at, refreshed=refreshed)
             case tasks.TaskReserved() | tasks.ReservationCancelled() | tasks.TaskAssigned() \
-                    | tasks.TaskFinished() | tasks.TaskFailed() | tasks.TaskReleased() \
+                    | tasks.TaskFinished() | tasks.TaskFailed() | tasks.TaskReleased() | tasks.TaskSplit() \
                     | tasks.EpochAdvanced() | tasks.JobFailed() | tasks.MarksLoaded():
                 self._tasks().apply(event)
                 if isinstance(event, tasks.JobFailed):
@@ -319,7 +320,7 @@ class MasterMachine:
         live = self.sessions.by_session
         self._tasks().apply(tasks.MarksLoaded(
             failed_job=snap.phase is Phase.FAILED, done=snap.done, failures=snap.failures,
-            failed_at=snap.failed_at,
+            failed_at=snap.failed_at, extents=snap.extents,
             assignments={t: a for t, a in snap.assignments.items() if a.session in live}))
 
     def _adopt(self, e: DatasetAdopted, *, reload: bool = False) -> None:

@@ -33,6 +33,9 @@ STALE_REPORTS = Counter("paddlecloud_master_stale_reports",
 REQUEUES = Counter("paddlecloud_master_requeues", "Tasks put back to todo or failed, by cause",
                    ["cause"], registry=REGISTRY)
 EPOCHS = Counter("paddlecloud_master_epochs_completed", "Epochs completed", registry=REGISTRY)
+SPLITS = Counter("paddlecloud_master_task_splits",
+                 "Tasks split by work stealing: the unread rest of a straggler's task handed to an idle trainer",
+                 registry=REGISTRY)
 RPC_LATENCY = Histogram(
     "paddlecloud_master_rpc_duration_seconds", "Time to answer an RPC", ["method"], registry=REGISTRY,
     buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),

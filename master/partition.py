@@ -72,6 +72,14 @@ class Partition:
         last = min(first + self.chunks_per_task, self.num_chunks)
         return [self.chunk(i) for i in range(first, last)]
 
+    def task_chunks_splittable(self, task: int) -> list[tuple[ChunkRange, bool]]:
+        """`task_chunks(task)`, each with whether a reader may start inside it (work stealing
+        cuts tasks only where one may: master.stealing)."""
+        chunks = self.task_chunks(task)
+        first = task * self.chunks_per_task
+        return [(chunk, self._splits[bisect.bisect_right(self._first_chunk, first + i) - 1])
+                for i, chunk in enumerate(chunks)]
+
 
 _MASK64 = (1 << 64) - 1
 _ROUNDS = 4
@@ -148,7 +156,8 @@ class DealQueue:
 
     The order is a function of the epoch's state alone, so a master that rebuilds its
     cache from etcd deals in the same order as the one that ran (docs/design.md
-    section 5): first every healthy task left, by its position in the epoch's
+    section 5): first the pieces work stealing split off (ids past the permutation's,
+    the newest first: docs/design.md section 5a), then every healthy task left, by its position in the epoch's
     permutation (a task given back returns to its own place, which lies before every
     task not dealt yet: given back, it holds the epoch's end back); then the tasks
     that failed in this epoch, by the etcd revision of their last failure (the mod
@@ -233,14 +242,20 @@ class DealQueue:
         # else: a task from the permutation's middle; its status skips it there
 
     def push_front(self, task: int) -> None:
-        """`task` was given back: it is dealt again at its position in the permutation."""
-        heapq.heappush(self._front, (self._order.index(task), task))
+        """`task` was given back, or is a new piece: it is dealt at its position."""
+        heapq.heappush(self._front, (self._position(task), task))
         self._queued.add(task)
 
     def push_back(self, task: int, revision: int) -> None:
         """`task` failed (last at etcd `revision`): it is dealt after every healthy task."""
-        heapq.heappush(self._back, (revision, self._order.index(task), task))
+        heapq.heappush(self._back, (revision, self._position(task), task))
         self._queued.add(task)
+
+    def _position(self, task: int) -> int:
+        """A task's place in the permutation; a piece (work stealing: an id past the
+        permutation's, docs/design.md section 5a) lies before every task, the newest
+        first: it holds the epoch's end back, and an idle trainer is waiting for it."""
+        return self._order.index(task) if task < self._order.n else -1 - task
 
     def __iter__(self) -> Iterator[int]:
         """Every task left, in deal order (O(n): for inspection and tests)."""

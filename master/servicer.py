@@ -224,7 +224,16 @@ class MasterServicer(pb_grpc.MasterServicer):
 
     @_rpc
     async def KeepAlive(self, d: Dispatcher, request):
-        return pb.KeepAliveResponse(ttl=duration(await d.trainers.keep_alive(request.session_id)))
+        ttl = await d.trainers.keep_alive(request.session_id)
+        asked = [pb.TaskRef(task_id=r.task, epoch=r.epoch, attempt=r.attempt)
+                 for r in d.stealing.requests_for(request.session_id)]
+        return pb.KeepAliveResponse(ttl=duration(ttl), split_requests=asked)
+
+    @_rpc
+    async def SplitTask(self, d: Dispatcher, request):
+        answer = await d.stealing.split(request.session_id, request.task_id, request.epoch, request.attempt,
+                                        request.position)
+        return pb.SplitTaskResponse(answer=pb.SplitAnswer.Value(answer))
 
     @_rpc
     async def LeaveTrainer(self, d: Dispatcher, request):
@@ -255,6 +264,8 @@ class MasterServicer(pb_grpc.MasterServicer):
                     add(path=c.path, begin=c.begin, end=c.end)
         if r.retry_after:
             reply.retry_after.CopyFrom(duration(r.retry_after))
+        if r.split_poll:
+            reply.split_poll.CopyFrom(duration(r.split_poll))
         return reply
 
     GetTask = _rpc(_get_task, name="GetTask")
@@ -325,6 +336,7 @@ class MasterServicer(pb_grpc.MasterServicer):
             pserver_endpoints=s.pservers, has_dataset=s.has_dataset, requeued=s.requeued,
             min_trainers=s.min_trainers, max_trainers=s.max_trainers,
             desired_trainers=s.desired_trainers, tasks_assigned=s.tasks_assigned,
+            splits_this_epoch=s.splits_this_epoch, splits=s.splits,
             trainer_seconds=[pb.TrainerSeconds(cause=c, seconds=v)
                              for c, v in (s.trainer_seconds or {}).items()],
         )

@@ -89,6 +89,7 @@ async def load(client: aetcd.Client, keys: JobKeys, leadership: Leadership,
     plen = len(prefix)
     pieces: list[tuple[bytes, bytes]] = []
     restart: dict | None = None
+    extents: list[tuple[int, int, tuple[int, int, int]]] = []  # (epoch, unit, its cut: work stealing)
     marks: list = []  # failures keys: up to one per task, read below without decoding
     epoch_revision = phase_revision = 0  # the keys' mod revisions (0: absent)
     for kv in (*head, *tail):
@@ -120,6 +121,9 @@ async def load(client: aetcd.Client, keys: JobKeys, leadership: Leadership,
             snap.pservers[int(parts[1])] = kv.value.decode()
         elif kind == "restart":
             restart = json.loads(kv.value)
+        elif kind == "extents":
+            raw = json.loads(kv.value)
+            extents.append((int(parts[1]), int(parts[2]), (raw["task"], raw["lo"], raw["hi"])))
         elif kind == "trainers-range":
             snap.trainer_range = TrainerRange.from_json(kv.value)
         elif kind == "trainers-desired":
@@ -132,6 +136,7 @@ async def load(client: aetcd.Client, keys: JobKeys, leadership: Leadership,
         snap.phase = None
     for _, value in sorted(pieces):
         snap.files.extend(FileEntry(p, s) for p, s in json.loads(value))
+    snap.extents = {unit: extent for epoch, unit, extent in extents if epoch == snap.epoch}
     if snap.epoch is not None:
         failures = prefix + b"failures/%d/" % snap.epoch
         flen = len(failures)

@@ -15,6 +15,14 @@ Life cycle of a task within an epoch (docs/design.md section 5):
     reserved --cancel--> todo                  (the dispatch write failed)
     pending --fail (data or deadline)--> todo, or failed past max_task_failures
     pending --release (expiry, leave, supersede, return, restart)--> todo
+    pending --split--> pending (its data cut short) + a new piece in todo
+
+Work stealing (docs/design.md section 5a, `master.stealing`): `TaskSplit` cuts the
+unread rest off a pending task at a byte position its holder agreed to stop at; the
+rest becomes a *piece*, a unit of this epoch with the next free id from `num_tasks`
+up, dealt, finished, failed and released like a task. `extent(unit)` is the byte
+range of its root task a unit owns; the pieces and the cut extents end with the epoch
+(a restart of the epoch in progress keeps them: `EpochRestarted`).
 
 A write in flight is a status of the machine, marked by `begin(event)` and ended by
 `apply(event)` (etcd took it) or `abandon(event)` (it did not): a dispatch holds its
@@ -117,6 +125,20 @@ class TaskReleased:
 
 
 @dataclass(frozen=True)
+class TaskSplit:
+    """Pending `task` (live `attempt`) keeps bytes [lo, at) of its root task; [at, end)
+    becomes the new todo unit `piece`."""
+
+    task: int
+    attempt: int
+    root: int
+    lo: int
+    at: int
+    end: int
+    piece: int
+
+
+@dataclass(frozen=True)
 class EpochAdvanced:
     epoch: int  # the new epoch
 
@@ -142,11 +164,12 @@ class MarksLoaded:
     failures: Mapping[int, int] = field(default_factory=dict)        # task -> failures this epoch
     failed_at: Mapping[int, int] = field(default_factory=dict)       # task -> revision of the last
     assignments: Mapping[int, Assignment] = field(default_factory=dict)  # of live sessions only
+    extents: Mapping[int, tuple[int, int, int]] = field(default_factory=dict)  # unit -> its cut
 
 
 # Events that stand for an etcd transaction (`master.transactions`); the others only
 # mark a write in flight (a reservation), end one that failed, or load etcd's marks.
-Durable = (TaskAssigned | TaskFinished | TaskFailed | TaskReleased | EpochAdvanced
+Durable = (TaskAssigned | TaskFinished | TaskFailed | TaskReleased | TaskSplit | EpochAdvanced
            | EpochRestarted | JobFailed)
 Event = TaskReserved | ReservationCancelled | MarksLoaded | Durable
 
@@ -186,7 +209,7 @@ class JobState:
 
     __slots__ = ("_num_tasks", "_num_epochs", "_seed", "_max_failures", "_epoch", "_failed_job",
                  "_status", "_failures", "_todo", "_reserved", "_pending", "_held", "_counts",
-                 "_writing", "_ending", "_tasks_assigned", "_failed_at")
+                 "_writing", "_ending", "_tasks_assigned", "_failed_at", "_extents")
 
     def __init__(self, *, num_tasks: int, num_epochs: int, seed: int, max_failures: int) -> None:
         self._num_tasks = num_tasks
@@ -206,6 +229,7 @@ class JobState:
         self._ending = False                             # the epoch's end is being written
         self._tasks_assigned = False                     # a trainer ever took a task (see property)
         self._failed_at: dict[int, int] = {}             # task -> revision of its last failure
+        self._extents: dict[int, tuple[int, int, int]] = {}  # unit -> (root, lo, hi), once cut
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, JobState):
@@ -225,6 +249,23 @@ class JobState:
         state = cls(num_tasks=num_tasks, num_epochs=num_epochs, seed=seed, max_failures=max_failures)
         state._begin_epoch(epoch)
         return state
+
+    def _deal_pieces(self) -> None:
+        """The healthy pieces left to do back in the deal queue's front, where a split or a
+        release puts them (`master.partition.DealQueue`: before every task, the newest
+        first); a piece that failed in this epoch is queued with the failed tasks."""
+        for piece in range(self._num_tasks, len(self._status)):
+            if self._status[piece] == _TODO and not self._failures[piece]:
+                self._todo.push_front(piece)
+
+    def _add_pieces(self, extents: Mapping[int, tuple[int, int, int]]) -> None:
+        """Restores the cut extents; the pieces among them (ids `num_tasks` up) are todo."""
+        pieces = sorted(unit for unit in extents if unit >= self._num_tasks)
+        if pieces != list(range(self._num_tasks, self._num_tasks + len(pieces))):
+            raise IndexError(f"pieces {pieces[:5]} are not numbered from {self._num_tasks} on without a gap")
+        self._extents.update(extents)
+        for piece in pieces:
+            self._add_unit(piece, deal=False)  # queued once its marks are in (`_deal_pieces`)
 
     # -- queries (read-only) --
 
@@ -283,6 +324,21 @@ class JobState:
         return {session: tuple(tasks) for session, tasks in self._held.items()}
 
     @property
+    def units(self) -> int:
+        """Tasks and pieces of this epoch (the pieces' ids: `num_tasks` up to this)."""
+        return len(self._status)
+
+    @property
+    def splits(self) -> int:
+        """Splits in this epoch: each made one piece."""
+        return len(self._status) - self._num_tasks
+
+    def extent(self, unit: int) -> tuple[int, int, int] | None:
+        """(root task, lo, hi): the bytes of its root task a unit owns, once a split cut it;
+        None for a task no split touched (it owns the whole of itself)."""
+        return self._extents.get(unit)
+
+    @property
     def job_over(self) -> bool:
         return self._failed_job or self._epoch >= self._num_epochs
 
@@ -294,7 +350,7 @@ class JobState:
 
     @property
     def all_failed(self) -> bool:
-        return self._counts[TaskStatus.FAILED] == self._num_tasks
+        return self._counts[TaskStatus.FAILED] == len(self._status)
 
     @property
     def epoch_ending(self) -> bool:
@@ -320,7 +376,7 @@ class JobState:
 
     def live_assignment(self, task: int, epoch: int, attempt: int) -> Assignment | None:
         """The assignment a report names, if it is still the live one and no write on it is in flight."""
-        if epoch != self._epoch or not 0 <= task < self._num_tasks or task in self._writing:
+        if epoch != self._epoch or not 0 <= task < len(self._status) or task in self._writing:
             return None
         assignment = self._pending.get(task)
         return assignment if assignment is not None and assignment.attempt == attempt else None
@@ -372,7 +428,7 @@ class JobState:
             case TaskAssigned(task=task, assignment=assignment):
                 self.apply(TaskReserved(task, assignment.session))
             case TaskFinished(task=task, attempt=attempt) | TaskFailed(task=task, attempt=attempt) \
-                    | TaskReleased(task=task, attempt=attempt):
+                    | TaskReleased(task=task, attempt=attempt) | TaskSplit(task=task, attempt=attempt):
                 self._expect_live(task, attempt, event)
                 if task in self._writing:
                     raise InvalidTransition(f"{event}: a write on task {task} is in flight already")
@@ -392,7 +448,8 @@ class JobState:
             case TaskAssigned(task=task):
                 if self._status[task] == TaskStatus.RESERVED:
                     self.apply(ReservationCancelled(task))
-            case TaskFinished(task=task) | TaskFailed(task=task) | TaskReleased(task=task):
+            case TaskFinished(task=task) | TaskFailed(task=task) | TaskReleased(task=task) \
+                    | TaskSplit(task=task):
                 self._writing.discard(task)
             case EpochAdvanced() | JobFailed():
                 self._ending = False
@@ -418,6 +475,8 @@ class JobState:
                 self._fail(event)
             case TaskReleased():
                 self._release(event)
+            case TaskSplit():
+                self._split(event)
             case EpochAdvanced():
                 self._advance(event)
             case EpochRestarted():
@@ -472,6 +531,26 @@ class JobState:
         self._unhold(assignment.session, e.task)
         self._requeue(e.task)
 
+    def _split(self, e: TaskSplit) -> None:
+        self._expect_live(e.task, e.attempt, e)
+        if e.piece != len(self._status):
+            raise InvalidTransition(f"{e}: the next piece is {len(self._status)}")
+        if self._extents.get(e.task, (e.task, 0, e.end)) != (e.root, e.lo, e.end) \
+                or not e.lo <= e.at < e.end:
+            raise InvalidTransition(f"{e}: task {e.task} owns {self._extents.get(e.task)}")
+        self._writing.discard(e.task)
+        self._extents[e.task] = (e.root, e.lo, e.at)
+        self._extents[e.piece] = (e.root, e.at, e.end)
+        self._add_unit(e.piece)
+
+    def _add_unit(self, piece: int, *, deal: bool = True) -> None:
+        """A new todo unit, dealt before any other: it holds the epoch's end back."""
+        self._status.append(_TODO)
+        self._failures.append(0)
+        self._counts[TaskStatus.TODO] += 1
+        if deal:
+            self._todo.push_front(piece)
+
     def _advance(self, e: EpochAdvanced) -> None:
         if e.epoch != self._epoch + 1 or not self.epoch_complete:
             raise InvalidTransition(f"{e}: epoch {self._epoch} is not complete")
@@ -480,13 +559,27 @@ class JobState:
     def _restart(self, e: EpochRestarted) -> None:
         if not 0 <= e.epoch < self._num_epochs:
             raise InvalidTransition(f"{e}: outside 0..{self._num_epochs - 1}")
-        bad = [t for t in e.done if not 0 <= t < self._num_tasks]
+        # A restart of the epoch in progress keeps its cuts: a checkpoint names the units
+        # (tasks and pieces) the model consumed, and the others are read again, each once.
+        extents = dict(self._extents) if self.keeps_cuts(e.epoch) else {}
+        units = self.restart_units(e.epoch)
+        bad = [t for t in e.done if not 0 <= t < units]
         if bad or len(set(e.done)) != len(e.done):
-            raise InvalidTransition(f"{e}: done tasks must be distinct ids in 0..{self._num_tasks - 1}")
+            raise InvalidTransition(f"{e}: done tasks must be distinct ids in 0..{units - 1}")
         self._failed_job = False
         self._begin_epoch(e.epoch)
+        self._add_pieces(extents)
         for task in e.done:  # the deal queue skips them lazily: their status says done
             self._set(task, TaskStatus.DONE)
+        self._deal_pieces()
+
+    def keeps_cuts(self, epoch: int) -> bool:
+        """A restart of `epoch` keeps the splits' cuts and pieces: it is the epoch in progress."""
+        return epoch == self._epoch
+
+    def restart_units(self, epoch: int) -> int:
+        """The ids a restart of `epoch` may name done: its pieces too when it is this epoch."""
+        return len(self._status) if self.keeps_cuts(epoch) else self._num_tasks
 
     def _load_marks(self, e: MarksLoaded) -> None:
         """etcd's marks of the epoch onto a state just begun at it (`JobState.new`)."""
@@ -499,10 +592,12 @@ class JobState:
         self._tasks_assigned = bool(self._epoch > 0 or e.failed_job or done or failures or e.assignments)
         if self._epoch >= self._num_epochs:
             return  # a finished job: every task counts done
+        self._add_pieces(e.extents)
+        units = len(self._status)
         status = self._status  # all TODO here: one pass, then one count (a late epoch: ~1M marks)
         for task in done:
-            if not 0 <= task < num_tasks:
-                raise InvalidTransition(f"done mark of task {task} outside 0..{num_tasks - 1}")
+            if not 0 <= task < units:
+                raise InvalidTransition(f"done mark of task {task} outside 0..{units - 1}")
             status[task] = TaskStatus.DONE
         marked = status.count(TaskStatus.DONE)
         self._counts[TaskStatus.TODO] -= marked
@@ -523,6 +618,7 @@ class JobState:
                 self._todo.push_back(task, self._failed_at[task])
         if self._counts[TaskStatus.TODO] * 4 < num_tasks:  # late in the epoch: skip the done at once
             self._todo.restrict([t for t in range(num_tasks) if status[t] == _TODO])
+        self._deal_pieces()
 
     def _fail_job(self, e: JobFailed) -> None:
         if e.epoch != self._epoch or not (self.epoch_complete and self.all_failed):
@@ -542,6 +638,7 @@ class JobState:
         self._held.clear()
         self._writing.clear()
         self._failed_at.clear()
+        self._extents.clear()
         self._ending = False
         self._todo = DealQueue(task_order(0 if over else self._num_tasks, seed=self._seed, epoch=epoch),
                                self._is_todo)
@@ -559,8 +656,8 @@ class JobState:
         self._status[task] = status
 
     def _expect(self, task: int, status: TaskStatus, event: Event) -> None:
-        if not 0 <= task < self._num_tasks or self._status[task] != status:
-            actual = TaskStatus(self._status[task]).name if 0 <= task < self._num_tasks else "unknown"
+        if not 0 <= task < len(self._status) or self._status[task] != status:
+            actual = TaskStatus(self._status[task]).name if 0 <= task < len(self._status) else "unknown"
             raise InvalidTransition(f"{event}: task is {actual}, expected {status.name}")
 
     def _expect_live(self, task: int, attempt: int, event: Event) -> Assignment:

@@ -32,6 +32,7 @@ from master.state import (
     TaskFinished,
     TaskReleased,
 )
+from master.stealing import Stealing, unit_chunks
 from master.trainers import Trainers
 
 logger = logging.getLogger(__name__)
@@ -76,12 +77,16 @@ class GetTaskResult:
     retry_after: float = 0.0
     finished_results: list[bool] = field(default_factory=list)
     more_tasks: list[TaskView] = field(default_factory=list)  # dealt besides `task` (max_tasks > 1)
+    split_poll: float = 0.0  # work stealing: KeepAlive this often while holding the epoch's tail
 
 
 class Tasks:
-    def __init__(self, core: Core, trainers: Trainers) -> None:
+    def __init__(self, core: Core, trainers: Trainers, stealing: Stealing | None = None) -> None:
         self.core = core
         self.trainers = trainers
+        # told of a session that asked in vain at the epoch's end; says how often a holder of
+        # the epoch's last tasks should call (work stealing: master.stealing)
+        self.stealing = stealing
 
     def check_finished_count(self, count: int) -> None:
         """Refuses a GetTask carrying more `finished` refs than a session could owe, before any
@@ -141,8 +146,10 @@ class Tasks:
                 if decision.outcome is Outcome.WAIT:
                     # The epoch's end is being written: the next epoch is a moment away.
                     retry = EPOCH_END_RETRY if state.epoch_complete else WAIT_RETRY
+                    if self.stealing is not None and epoch == state.epoch:
+                        self.stealing.idle(session, state)
                 return GetTaskResult(decision.outcome, state.epoch, retry_after=retry,
-                                     finished_results=results)
+                                     finished_results=results, split_poll=self._split_poll(state, epoch))
             if decision.held is not None:
                 views = [self._view(decision.task, state.epoch, decision.held.attempt)]
             else:
@@ -152,12 +159,15 @@ class Tasks:
                     return GetTaskResult(Outcome.WAIT, state.epoch, retry_after=DISPATCH_RETRY,
                                          finished_results=results)
             return GetTaskResult(Outcome.TASK, state.epoch, task=views[0], more_tasks=views[1:],
-                                 finished_results=results)
+                                 finished_results=results, split_poll=self._split_poll(state, epoch))
+
+    def _split_poll(self, state: JobState, epoch: int) -> float:
+        return self.stealing.split_poll(state) if self.stealing is not None and epoch == state.epoch else 0.0
 
     def _view(self, task: int, epoch: int, attempt: int) -> TaskView:
         core = self.core
         assert core.partition is not None and core.spec is not None
-        return TaskView(task, epoch, attempt, core.partition.task_chunks(task), core.spec.format)
+        return TaskView(task, epoch, attempt, unit_chunks(core.partition, core.state, task), core.spec.format)
 
     async def _dispatched(self, state: JobState, session: int,
                           dispatches: list[tuple[int, Awaitable[int | None]]]) -> list[tuple[int, int]]:

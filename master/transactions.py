@@ -50,10 +50,12 @@ from master.state import (
     EpochAdvanced,
     EpochRestarted,
     JobFailed,
+    JobState,
     TaskAssigned,
     TaskFailed,
     TaskFinished,
     TaskReleased,
+    TaskSplit,
 )
 from paddlecloud.keys import JobKeys, prefix_range_end
 from paddlecloud.phase import Phase
@@ -64,6 +66,11 @@ MAX_RESTART_LIST = 100_000  # done tasks a restart lists in its marker (about 0.
 MAX_FILES_PIECE = 512 * 1024  # bytes of file list per `files/<n>` value (etcd values stay < 1 MiB)
 _VALUE, _VERSION, _MOD, _EQUAL = (rpc.Compare.VALUE, rpc.Compare.VERSION, rpc.Compare.MOD,
                                   rpc.Compare.EQUAL)
+
+
+def encode_extent(root: int, lo: int, hi: int) -> bytes:
+    """The `extents/<epoch>/<unit>` value (work stealing: master.stealing)."""
+    return b'{"task":%d,"lo":%d,"hi":%d}' % (root, lo, hi)
 
 
 def encode_assignment(a: Assignment, epoch: int, trainer_json: bytes | None = None) -> bytes:
@@ -119,13 +126,16 @@ class Transactions:
             case TaskReleased(task=task, attempt=attempt):
                 return Txn.of([mod_revision_is(k.assign(task), attempt)], [delete(k.assign(task))],
                               (k.assign(task),))
+            case TaskSplit():
+                return self._split_txn(event, state)
             case EpochAdvanced(epoch=epoch):
                 # ends the epoch before `epoch` only if no assignment is live; old marks go.
                 # The last one (epoch >= num_epochs: the data's end) leaves `phase` alone:
                 # Succeeded is the deployer's verdict, once the trainers are done too.
                 assign_prefix = k.kind_prefix("assign")
                 ops = [put(k.epoch, str(epoch)), delete_prefix(k.kind_prefix("done")),
-                       delete_prefix(k.kind_prefix("failures")), delete(self.restart_key)]
+                       delete_prefix(k.kind_prefix("failures")), delete(self.restart_key),
+                       delete_prefix(k.kind_prefix("extents"))]
                 return Txn.of([value_is(k.epoch, str(epoch - 1)),
                                version_is(assign_prefix, 0, prefix_range_end(assign_prefix))],
                               ops, exclusive=True)
@@ -133,7 +143,7 @@ class Transactions:
                 return Txn.of([value_is(k.epoch, str(epoch))], [put(k.phase, Phase.FAILED.value)],
                               exclusive=True)
             case EpochRestarted(epoch=epoch, done=done):
-                return self._restart_txn(epoch, done)
+                return self._restart_txn(epoch, done, keep_cuts=state.keeps_cuts(epoch))
             case DatasetAdopted(spec=spec, epoch=epoch):
                 # the commit point of a freeze: its file list was staged before (`file_list_txns`)
                 return Txn.of([version_is(k.spec, 0)],
@@ -163,12 +173,13 @@ class Transactions:
             case _:
                 assert_never(event)
 
-    def _restart_txn(self, epoch: int, done: tuple[int, ...]) -> Txn:
+    def _restart_txn(self, epoch: int, done: tuple[int, ...], *, keep_cuts: bool) -> Txn:
         """Sessions stay; their assignments and the save-model grant (the old group's: its
         holder may be stopped and never leave) are gone; the checkpoint's tasks are done:
         their marks kept or written here, or (more than one transaction holds) every mark
         deleted and the list put in the restart marker, whose marks `restart_mark_txns`
-        then writes in follow-up transactions."""
+        then writes in follow-up transactions. The epoch in progress keeps its splits' cuts
+        (`JobState.keeps_cuts`), another's go."""
         k = self.keys
         if len(done) <= MAX_RESTART_DONE:
             marks = [*self._restart_done_ops(epoch, done), delete(self.restart_key)]
@@ -176,10 +187,26 @@ class Transactions:
             marks = [delete_prefix(self._done_prefix),
                      put(self.restart_key, json.dumps({"epoch": epoch, "done": list(done)},
                                                       separators=(",", ":")))]
+        cuts = [] if keep_cuts else [delete_prefix(k.kind_prefix("extents"))]
         return Txn.of([], [put(k.epoch, str(epoch)), put(k.phase, Phase.RUNNING.value), *marks,
-                           delete_prefix(k.kind_prefix("failures")),
+                           delete_prefix(k.kind_prefix("failures")), *cuts,
                            delete_prefix(k.kind_prefix("assign")), delete(k.save_model)],
                       exclusive=True)
+
+    def _split_txn(self, e: TaskSplit, state: JobState) -> Txn:
+        """Cuts live assignment `attempt` of `task` short at `at` and makes the rest piece
+        `piece`, iff the assignment is still that one (its holder agreed to stop there) and the
+        epoch has not moved. The assignment's key is not written: its revision, the holder's
+        fencing token, stays, so the holder's finish counts its own part done."""
+        k, epoch = self.keys, state.epoch
+        cut, piece = k.extent(epoch, e.task), k.extent(epoch, e.piece)
+        before = state.extent(e.task)
+        return Txn.of([mod_revision_is(k.assign(e.task), e.attempt), value_is(k.epoch, str(epoch)),
+                       version_is(piece, 0),
+                       value_is(cut, encode_extent(*before)) if before else version_is(cut, 0)],
+                      [put(cut, encode_extent(e.root, e.lo, e.at)),
+                       put(piece, encode_extent(e.root, e.at, e.end))],
+                      (cut, piece))
 
     def _restart_done_ops(self, epoch: int, done: tuple[int, ...]) -> list[rpc.RequestOp]:
         """Every done mark deleted but those of `done`, which are kept or written.

@@ -225,6 +225,8 @@ class JobModel(BaseModel):
     goodput: GoodputModel | None = Field(None, description="None on a standby")
     finished_total: float = 0
     requeues_total: dict[str, float] = Field(default_factory=dict)
+    splits_this_epoch: int = Field(0, description="tasks split by work stealing in the current epoch")
+    splits_total: int = Field(0, description="tasks split by work stealing since this master leads")
     viewer_role: Literal["operator", "viewer"]
     at: float
 
@@ -483,7 +485,8 @@ class StatusPage:
             pservers=status.pservers,
             epochs=[EpochModel(**vars(bar)) for bar in inspection.epoch_bars(d)],
             trainers=trainers, trainers_omitted=omitted, trainer_restarts=sum(rec.restarts.values()),
-            failed_tasks=failed, goodput=goodput_model(status.trainer_seconds or {}), **common)
+            failed_tasks=failed, goodput=goodput_model(status.trainer_seconds or {}),
+            splits_this_epoch=status.splits_this_epoch, splits_total=status.splits, **common)
 
 
 def goodput_model(figures: Mapping[str, float]) -> GoodputModel:

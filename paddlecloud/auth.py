@@ -27,7 +27,7 @@ the trainer token says "a pod of this job", not "trainer 3". A per-session
 secret closes that gap: `RegisterTrainer` (authenticated with the trainer token)
 answers with `session_token = "s.<session id>.<HMAC(operator token, job, session id)>"`,
 and every call that names a session (KeepAlive, GetTask, TaskFinished, TaskFailed,
-ReturnTask, LeaveTrainer, RequestSaveModel) must present *that* token, whose
+ReturnTask, LeaveTrainer, RequestSaveModel, SplitTask) must present *that* token, whose
 session must be the request's `session_id`. Session ids and attempts are visible in
 listings and etcd lease ids are guessable, but without the operator token nobody can
 compute another session's HMAC: a forged finish is PERMISSION_DENIED. The token

@@ -92,6 +92,11 @@ class JobKeys:
     def failures(self, epoch: int, task: int) -> bytes:
         return self._key("failures", epoch, task)
 
+    def extent(self, epoch: int, unit: int) -> bytes:
+        """The bytes of its root task a unit owns in `epoch` once work stealing cut it (a split
+        task, or a piece split off one: master.stealing); JSON `{"task", "lo", "hi"}`."""
+        return self._key("extents", epoch, unit)
+
     def pserver(self, index: int) -> bytes:
         """A pserver's registration: on its agent's lease, value `HOST:PORT`; present = alive."""
         return self._key("pservers", index)

@@ -251,6 +251,11 @@ SECTIONS: Mapping[Section, tuple[Setting, ...]] = {Section.SERVER: (
     Setting("max_tasks_per_trainer", "--max-tasks-per-trainer", "policy.max_tasks_per_trainer",
             "Tasks a trainer may hold at once (the one it reads and those it prefetched).",
             type=POSITIVE, default=2),
+    Setting("work_stealing", "--work-stealing/--no-work-stealing", "policy.work_stealing",
+            "At an epoch's end, cut the unread rest off a straggler's task (at the record its "
+            "trainer reached, with its agreement) and hand it to an idle trainer; every record "
+            "is still read once (docs/design.md section 5a).",
+            default=True),
 ), Section.ELASTICITY: (
     Setting("deployer", "--deployer", "deployer",
             "kubernetes: the leader creates the job's pservers and trainers (needs --job-spec); "

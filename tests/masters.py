@@ -149,10 +149,11 @@ def sizing_flags(trainer_size) -> dict:
 
 @contextlib.asynccontextmanager
 async def in_process_master(data: Path, etcd_endpoint: str, job_name: str, *, session_ttl: float = 10,
-                            trainer_size=None):
+                            trainer_size=None, chunks_per_task: int = 1):
     """A real Dispatcher on a real etcd behind the real servicer on a real gRPC server, in this
     process, so a test can reach behind the machine's back: (dispatcher, servicer, stub).
-    `trainer_size`: the job's (TrainerRange, desired), as the master's flags give it."""
+    `trainer_size`: the job's (TrainerRange, desired), as the master's flags give it; each
+    task is `chunks_per_task` chunks of one byte."""
     from master.config import DatasetSpec, MasterConfig, Policy
     from master.dispatcher import Dispatcher
     from master.servicer import MasterServicer
@@ -161,7 +162,8 @@ async def in_process_master(data: Path, etcd_endpoint: str, job_name: str, *, se
 
     config = MasterConfig(job=job_name, namespace="local", etcd_endpoints=etcd_endpoint,
                           policy=Policy(session_ttl=session_ttl, task_timeout=0),
-                          dataset=DatasetSpec(paths=(str(data),), chunk_bytes=1),
+                          dataset=DatasetSpec(paths=(str(data),), chunk_bytes=1,
+                                              chunks_per_task=chunks_per_task),
                           **sizing_flags(trainer_size))
     client = await etcd.connect(etcd_endpoint)
     session = await etcd.Session(client, ttl=10).open()

@@ -466,6 +466,9 @@ async def test_every_session_rpc_takes_the_token_of_its_own_session_only(secured
             "TaskFinished": lambda: s.stub.TaskFinished(report, metadata=metadata),
             "LeaveTrainer": lambda: s.stub.LeaveTrainer(pb.LeaveTrainerRequest(session_id=victim),
                                                         metadata=metadata),
+            "SplitTask": lambda: s.stub.SplitTask(pb.SplitTaskRequest(
+                session_id=victim, task_id=task.id, epoch=task.epoch, attempt=task.attempt, position=0),
+                metadata=metadata),
         }
 
     own = auth_metadata(victim_token)
@@ -480,8 +483,8 @@ async def test_every_session_rpc_takes_the_token_of_its_own_session_only(secured
     # the own token, for each RPC, on a task the session holds where it names one
     served: dict[str, grpc.StatusCode] = {}
     task = held
-    for rpc in ("KeepAlive", "RequestSaveModel", "ReturnTask", "GetTask", "TaskFailed", "GetTaskStream",
-                "TaskFinished", "LeaveTrainer"):
+    for rpc in ("KeepAlive", "RequestSaveModel", "SplitTask", "ReturnTask", "GetTask", "TaskFailed",
+                "GetTaskStream", "TaskFinished", "LeaveTrainer"):
         call = calls(own, task)[rpc]
         if rpc in ("GetTask", "GetTaskStream"):
             reply = await call()

@@ -85,6 +85,8 @@ def calls_of(s: pb_grpc.MasterStub, m, *, session: int, task: int, epoch: int, a
         # within the master's range, outside it, and any int32
         "ScaleTrainers": lambda: s.ScaleTrainers(pb.ScaleTrainersRequest(trainers=epoch), metadata=m),
         "EvictTrainer": lambda: s.EvictTrainer(pb.EvictTrainerRequest(trainer_id=text), metadata=m),
+        "SplitTask": lambda: s.SplitTask(pb.SplitTaskRequest(
+            session_id=session, task_id=task, epoch=epoch, attempt=attempt, position=page_size), metadata=m),
     }
 
 

@@ -38,7 +38,9 @@ from master.state import (
     TaskFailed,
     TaskFinished,
     TaskReleased,
+    TaskSplit,
 )
+from master.stealing import extent_of
 from master.store import EtcdStore
 from master.tasks import TaskRef
 from master.transactions import Transactions
@@ -81,9 +83,11 @@ async def step(dispatcher, rng: random.Random, trainers: dict[str, int]) -> str:
     trainer = rng.choice(sorted(trainers))
     session = trainers[trainer]
     held = [(t, state.pending[t]) for t in state.held_by(session) if t in state.pending]
-    kind = rng.choice(["get", "get", "get", "finish", "finish", "fail", "return", "leave", "supersede",
-                       "scale", "save", "phase"])
-    if kind in ("finish", "fail", "return") and held:
+    kind = rng.choice(["get", "get", "get", "finish", "finish", "fail", "return", "split", "leave",
+                       "supersede", "scale", "save", "phase"])
+    if kind == "split" and held and await split(d, *rng.choice(held), rng):
+        pass
+    elif kind in ("finish", "fail", "return") and held:
         task, assignment = rng.choice(held)
         ref = TaskRef(task, state.epoch, assignment.attempt)
         if kind == "finish":
@@ -110,12 +114,25 @@ async def step(dispatcher, rng: random.Random, trainers: dict[str, int]) -> str:
     return kind
 
 
+async def split(dispatcher, task: int, assignment: Assignment, rng: random.Random) -> bool:
+    """Work stealing's cut of a held task at a random byte (what `SplitTask` commits once the
+    holder agreed): the piece is a unit of the epoch, read back from etcd's extents."""
+    core = dispatcher.core
+    state = core.state
+    root, lo, hi = extent_of(core.partition, state, task)
+    if hi - lo < 2:
+        return False
+    event = TaskSplit(task, assignment.attempt, root, lo, rng.randrange(lo + 1, hi), hi, piece=state.units)
+    assert await core.commit(event) is not None
+    return True
+
+
 async def test_a_master_recovered_after_any_number_of_events_holds_the_machine_that_ran(
         tmp_path, etcd_endpoint, job_name):
     write_records(tmp_path / "data", files=2, records_per_file=30)
     async with in_process_master(tmp_path / "data", etcd_endpoint, job_name,
-                                 trainer_size=(TrainerRange(1, 4), 2)) as (d, _, _):
-        rng = random.Random(30)
+                                 trainer_size=(TrainerRange(1, 4), 2), chunks_per_task=8) as (d, _, _):
+        rng = random.Random(31)
         trainers = {f"t{i}": (await d.trainers.register(f"t{i}")).session for i in range(3)}
         kinds, granted = set(), False
         for n in range(60):
@@ -129,7 +146,8 @@ async def test_a_master_recovered_after_any_number_of_events_holds_the_machine_t
             granted |= live.save_grant is not None
         state = d.core.state
         # the walk went through every kind of event, failures that requeue among them
-        assert kinds == {"get", "finish", "fail", "return", "leave", "supersede", "scale", "save", "phase"}
+        assert kinds == {"get", "finish", "fail", "return", "split", "leave", "supersede", "scale", "save",
+                         "phase"}
         assert any(state.failures) and state.counts[0] > 0
         assert granted and d.core.machine.phase is not None
 
@@ -170,7 +188,7 @@ def test_every_durable_event_is_one_transaction():
         TrainersScaled(span, 3), SessionOpened("a", 11, 10, at=1.0), SaveModelGranted("a", 12, until=2.0),
         SaveModelReleased("a"), TaskAssigned(1, Assignment(11, "a", 0, 0.0)), TaskFinished(1, 5),
         TaskFailed(1, 5, "failure"), TaskReleased(1, 5, "return"), EpochAdvanced(1), JobFailed(0),
-        EpochRestarted(0, (1, 2)),
+        EpochRestarted(0, (1, 2)), TaskSplit(1, 5, root=1, lo=0, at=1, end=2, piece=8),
     ]
     assert {type(e) for e in samples} == set(typing.get_args(Durable)), "an event without a sample here"
     machine = MasterMachine(max_failures=3)

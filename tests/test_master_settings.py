@@ -63,6 +63,7 @@ def samples(tmp_path) -> dict[str, object]:
         "inputs": ("/data/a*.csv", "s3://bucket/b"), "data_format": "file", "chunk_bytes": 4096,
         "chunks_per_task": 3, "epochs": 4, "shuffle_seed": 11, "start_epoch": 2,
         "session_ttl": 45.0, "task_timeout": 90.0, "max_task_failures": 5, "max_tasks_per_trainer": 4,
+        "work_stealing": False,
         "deployer": "local", "trainers": 3, "min_trainers": 2, "max_trainers": 5,
     }
 

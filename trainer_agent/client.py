@@ -43,6 +43,10 @@ Each piece of state has one owner that guards it with its own lock:
   replaced under the client's lock by registrations and by the main thread at the
   ends of epochs) and the counters.
 
+The keep-alive thread also answers the master's work-stealing requests (`Steals`,
+trainer_agent.stealing: a KeepAlive's `split_requests`), holding the reader of the
+task in question at its position until the master's word is in.
+
 Locks nest only in that order (a Session's, then a connection's, ledger's or
 client's). Held across a call to the network: the Session's lock while it registers
 (one registration at a time; the other threads wait for its id), the connection's
@@ -88,7 +92,8 @@ from paddlecloud.auth import ClientCredentials
 from paddlecloud.wire import Reason, duration, error_info, seconds
 from trainer_agent import termination
 from trainer_agent.discovery import DiscoveryError, MasterLocator
-from trainer_agent.readers import DataError, read_chunk
+from trainer_agent.readers import DataError
+from trainer_agent.stealing import Steals
 
 logger = logging.getLogger(__name__)
 
@@ -296,9 +301,16 @@ class MasterConnection:
                 self._session_tokens[reply.session_id] = reply.session_token
         return reply
 
-    def keep_alive(self, session: int) -> None:
-        self._call(lambda stub, wait: stub.KeepAlive(pb.KeepAliveRequest(session_id=session), timeout=wait,
-                                               metadata=self._as(session)))
+    def keep_alive(self, session: int) -> pb.KeepAliveResponse:
+        return self._call(lambda stub, wait: stub.KeepAlive(pb.KeepAliveRequest(session_id=session),
+                                                            timeout=wait, metadata=self._as(session)))
+
+    def split_task(self, session: int, ref: pb.TaskRef, position: int) -> int:
+        """SplitTask (work stealing: trainer_agent.stealing): the master's SplitAnswer."""
+        request = pb.SplitTaskRequest(session_id=session, task_id=ref.task_id, epoch=ref.epoch,
+                                      attempt=ref.attempt, position=position)
+        return self._call(lambda stub, wait: stub.SplitTask(request, timeout=wait,
+                                                            metadata=self._as(session))).answer
 
     def leave_trainer(self, session: int, *, timeout: float) -> None:
         self._call(lambda stub, wait: stub.LeaveTrainer(pb.LeaveTrainerRequest(session_id=session),
@@ -491,8 +503,9 @@ class Session:
     says it was superseded (SESSION_SUPERSEDED) every `run` raises `TrainerSuperseded`.
     `on_register(reply)` runs after each registration, under this session's lock.
     The keep-alive thread starts with the first registration and stops at `close()`;
-    it calls `KeepAlive` only when no call through `run` was answered for ttl/3 (any
-    call carrying the session refreshes it at the master) and none is under way. A call
+    it calls `KeepAlive` only when no call through `run` was answered for ttl/3 (or for
+    the master's `split_poll` at an epoch's tail: `beat_every`; any call carrying the
+    session refreshes it at the master) and none is under way. A call
     under way refreshes the session when the master takes it up, and a KeepAlive sent
     now would pass the same gate after it: under load (calls queued at the master for
     longer than ttl/3), such KeepAlives would only lengthen the queue that delays them.
@@ -514,6 +527,9 @@ class Session:
         self.reregistrations = 0  # how often an expired session was registered again
         self._closed = threading.Event()
         self._keepalive: threading.Thread | None = None
+        # sees each KeepAlive answer, in the keep-alive thread (work stealing's requests)
+        self.on_keep_alive: Callable[[pb.KeepAliveResponse], None] | None = None
+        self._split_poll = 0.0  # the master's `split_poll`: KeepAlive this often (0: ttl/3)
 
     @property
     def id(self) -> int:
@@ -610,23 +626,40 @@ class Session:
         self._closed.set()
         termination.untrack(self)
 
+    def beat_every(self, interval: float) -> None:
+        """KeepAlive at least this often (the master's `split_poll` at an epoch's tail: its
+        answers bring work stealing's split requests); 0: every ttl/3, as usual."""
+        with self._lock:
+            self._split_poll = interval
+
+    @property
+    def beat_interval(self) -> float:
+        """Seconds between KeepAlives when no other call carries the session."""
+        with self._lock:
+            return min(self._ttl / 3, self._split_poll or self._ttl)
+
     def _next_beat(self) -> float:
-        """Seconds until a KeepAlive is due: ttl/3 after the last answered call (or try); while
-        a call is under way, none is due (looked at again in BEAT_RECHECK seconds)."""
+        """Seconds until a KeepAlive is due: ttl/3 (or sooner, `beat_every`) after the last
+        answered call (or try); while a call is under way, none is due (looked at again in
+        BEAT_RECHECK seconds)."""
         with self._lock:
             if self._under_way:
                 return min(BEAT_RECHECK, self._ttl / 30)
-            return max(self._last_call, self._last_beat) + self._ttl / 3 - time.monotonic()
+            interval = min(self._ttl / 3, self._split_poll or self._ttl)  # as `beat_interval`
+            return max(self._last_call, self._last_beat) + interval - time.monotonic()
 
     def _keep_alive(self) -> None:
-        while not self._closed.wait(max(0.0, self._next_beat())):
+        # looked at again at least every BEAT_RECHECK seconds: `beat_every` may shorten the beat
+        while not self._closed.wait(min(BEAT_RECHECK, max(0.0, self._next_beat()))):
             if self._next_beat() > 0:
-                continue  # a call carrying the session went out meanwhile
+                continue  # not due yet: a call carrying the session went out meanwhile
             with self._lock:
                 self._last_beat = time.monotonic()
                 self.keepalives += 1
             try:
-                self.run(self.connection.keep_alive)
+                reply = self.run(self.connection.keep_alive)
+                if self.on_keep_alive is not None and reply is not None:
+                    self.on_keep_alive(reply)
             except TrainerSuperseded:
                 return
             except Exception as error:  # the main loop sees the same problem on its next call
@@ -736,6 +769,10 @@ class TaskClient:
         self.connection = MasterConnection(locator, deadline=deadline)
         self.tasks = TaskLedger()
         self.session = Session(self.connection, trainer_id=trainer_id, on_register=self._registered)
+        # work stealing: the master's split requests ride on KeepAlive answers
+        self.steals = Steals(held=self.tasks.held, split=lambda ref, position: self.session.run(
+            lambda s: self.connection.split_task(s, ref, position)))
+        self.session.on_keep_alive = lambda reply: self.steals.answer(list(reply.split_requests))
         termination.install()  # here, in the main thread, before any thread registers
         self._lock = threading.Lock()  # for writers of `progress` and the counters
         self.progress = Progress()
@@ -811,6 +848,7 @@ class TaskClient:
             self.tasks.restore_acks(acks)  # not known to be delivered: send them again
             raise
         self._count_results(reply.finished_results)
+        self.session.beat_every(seconds(reply.split_poll))  # work stealing's tail, or back to usual
         if self.reply_filter is not None:
             reply = self.reply_filter(reply)
         return reply
@@ -970,14 +1008,19 @@ class Epoch:
             self.finished.append(task.id)
             self.client.tasks.acknowledge(task)
             return
+        cursor = self.client.steals.cursor(task)  # stops where a split was agreed
         try:
-            for chunk in task.chunks:
-                for raw in read_chunk(chunk, task.format or "lines"):
-                    record = parse(raw) if parse is not None else raw
-                    yield record
+            for raw in cursor.read(task.format or "lines"):
+                record = parse(raw) if parse is not None else raw
+                yield record
         except (DataError, ValueError, KeyError, TypeError, UnicodeError) as error:
             # The data is at fault (a reader or parse error): count a failure for the task.
             self.client.fail(task, f"{type(error).__name__}: {error}")
+            return
+        finally:
+            self.client.steals.done(task)
+        if cursor.give_back:  # a split's outcome is unknown: the master must not count it done
+            self.client.give_back(task)
             return
         self.tasks_read += 1
         self.finished.append(task.id)

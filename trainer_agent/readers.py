@@ -12,6 +12,10 @@ Formats are looked up in an open registry (``register_reader``); built in are
 one ``str`` per line without its ``\\n`` or ``\\r\\n``) and ``file`` (the file's
 stored bytes as one ``bytes`` record, not decompressed).
 
+``read_chunk_at`` also says, after each record, the file offset where the next record
+starts, for readers that know it (``lines``): a trainer asked to split its task for an
+idle one (work stealing, docs/design.md section 5a) stops there, at a record boundary.
+
 Every failure to read (missing file, I/O error, corrupt compressed stream, invalid
 UTF-8, missing fsspec driver) raises ``DataError`` with a one-line message naming the
 path and, where known, the byte offset; the task client reports it as ``TaskFailed``.
@@ -128,6 +132,8 @@ class Reader:
     fn: ReaderFn
     splittable: bool
     decompress: bool = True
+    # yields (offset of the next record, record): where a reader of this chunk may stop
+    positioned: Callable[[IO[bytes], ChunkRef], Iterator[tuple[int, Record]]] | None = None
 
 
 _REGISTRY: dict[str, Reader] = {}
@@ -141,13 +147,14 @@ def register_reader(
     aliases: tuple[str, ...] | list[str] = (),
     decompress: bool = True,
     replace: bool = False,
+    positioned: Callable[[IO[bytes], ChunkRef], Iterator[tuple[int, Record]]] | None = None,
 ) -> Reader:
     """Registers ``fn`` under ``name`` and ``aliases`` (case-insensitive).
 
     ``decompress=False`` hands the reader the stored bytes of compressed files.
     Raises ValueError naming the clash when a name is taken and ``replace`` is false.
     """
-    reader = Reader(name.lower(), fn, splittable, decompress)
+    reader = Reader(name.lower(), fn, splittable, decompress, positioned)
     keys = [name.lower(), *(a.lower() for a in aliases)]
     taken = [k for k in keys if k in _REGISTRY and not replace]
     if taken:
@@ -211,7 +218,18 @@ def read_chunk(chunk: ChunkRef | ChunkLike | Mapping[str, Any], fmt: str) -> Ite
     return _read(reader, ref)
 
 
-def _read(reader: Reader, ref: ChunkRef) -> Iterator[Record]:
+def read_chunk_at(chunk: ChunkRef | ChunkLike | Mapping[str, Any], fmt: str,
+                  ) -> Iterator[tuple[int | None, Record]]:
+    """``read_chunk`` with, before each record, the file offset where the record after it
+    starts (None where the reader cannot say: unsplittable files, readers without it)."""
+    reader = get_reader(fmt)
+    ref = ChunkRef.of(chunk)
+    if reader.positioned is None or not reader.splittable or is_compressed(ref.path):
+        return ((None, record) for record in _read(reader, ref))
+    return _read(reader, ref, positioned=True)
+
+
+def _read(reader: Reader, ref: ChunkRef, *, positioned: bool = False) -> Iterator[Any]:
     compressed = is_compressed(ref.path)
     whole = not reader.splittable or compressed
     if whole and ref.begin != 0:
@@ -225,7 +243,10 @@ def _read(reader: Reader, ref: ChunkRef) -> Iterator[Record]:
     effective = ChunkRef(ref.path, 0, _WHOLE) if whole else ref
     try:
         with _open(fs, fspath, ref.path, decompress=decompress) as stream:
-            yield from reader.fn(stream, effective)
+            if positioned and reader.positioned is not None:
+                yield from reader.positioned(stream, effective)
+            else:
+                yield from reader.fn(stream, effective)
     except RecordDecodeError as e:
         if not decompress:
             raise
@@ -291,6 +312,13 @@ def _decode_line(raw: bytes | bytearray, *, path: str, offset: int) -> str:
 
 def read_lines(stream: IO[bytes], chunk: ChunkRef) -> Iterator[str]:
     """The ``lines`` reader: every line starting in ``[chunk.begin, chunk.end)``, decoded."""
+    for _, line in read_lines_at(stream, chunk):
+        yield line
+
+
+def read_lines_at(stream: IO[bytes], chunk: ChunkRef) -> Iterator[tuple[int, str]]:
+    """``read_lines``, each line with the file offset just past it (its newline): where the
+    next line starts."""
     buf, offset = _skip_partial_record(stream, chunk.begin)
     start = 0  # index in buf of the current record's first byte
     scan = 0  # index in buf from which no newline has been searched yet
@@ -300,7 +328,7 @@ def read_lines(stream: IO[bytes], chunk: ChunkRef) -> Iterator[str]:
             block = stream.read(BLOCK_SIZE)
             if not block:
                 if start < len(buf):
-                    yield _decode_line(buf[start:], path=chunk.path, offset=offset + start)
+                    yield offset + len(buf), _decode_line(buf[start:], path=chunk.path, offset=offset + start)
                 return
             del buf[:start]
             offset += start
@@ -309,7 +337,7 @@ def read_lines(stream: IO[bytes], chunk: ChunkRef) -> Iterator[str]:
             buf += block
             continue
         end = newline - 1 if newline > start and buf[newline - 1] == 0x0D else newline
-        yield _decode_line(buf[start:end], path=chunk.path, offset=offset + start)
+        yield offset + newline + 1, _decode_line(buf[start:end], path=chunk.path, offset=offset + start)
         start = scan = newline + 1
 
 
@@ -321,5 +349,6 @@ def read_file(stream: IO[bytes], chunk: ChunkRef) -> Iterator[bytes]:
     yield out.getvalue()
 
 
-register_reader("lines", read_lines, splittable=True, aliases=("csv", "tsv", "jsonl", "text"))
+register_reader("lines", read_lines, splittable=True, aliases=("csv", "tsv", "jsonl", "text"),
+                positioned=read_lines_at)
 register_reader("file", read_file, splittable=False, decompress=False)

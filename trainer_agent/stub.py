@@ -51,6 +51,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--log", default=os.environ.get("PADDLECLOUD_RECORD_LOG"),
                         help="append every record read here [$PADDLECLOUD_RECORD_LOG]")
     parser.add_argument("--delay", type=float, default=0.0, help="seconds to 'train' on each record")
+    parser.add_argument("--slow-ids", default=os.environ.get("PADDLECLOUD_STUB_SLOW_IDS", ""),
+                        help="comma-separated trainer ids that train --slowdown times slower: a straggler "
+                             "[$PADDLECLOUD_STUB_SLOW_IDS]")
+    parser.add_argument("--slowdown", type=float, default=5.0, help="the --slow-ids' factor on --delay")
     parser.add_argument("--broken", action="store_true",
                         help="fail every task it takes for reasons of its own (not the data's): each "
                              "is given back and the trainer goes on")
@@ -61,6 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     fd = os.open(args.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644) if args.log else None
     client = TaskClient.from_env(parse=parse_record)
     broken = args.broken or client.trainer_id in args.broken_ids.split(",")
+    delay = args.delay * (args.slowdown if client.trainer_id in args.slow_ids.split(",") else 1)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))  # `with` leaves
     try:
         with client:
@@ -72,8 +77,8 @@ def main(argv: list[str] | None = None) -> int:
                     if fd is not None:
                         line = f"{epoch.number}\t{client.trainer_id}\t{epoch.current_task.id}\t{record}\n"
                         os.write(fd, line.encode())
-                    if args.delay:
-                        time.sleep(args.delay)
+                    if delay:
+                        time.sleep(delay)
                 logging.info("epoch %d done: %d tasks read; %s", epoch.number, epoch.tasks_read, client.stats)
     except TrainerSuperseded as error:
         print(f"error: {error}", file=sys.stderr)

@@ -152,6 +152,8 @@ function renderJob(job) {
   const causes = Object.entries(job.requeues_total).filter(([, n]) => n > 0).map(([c, n]) => `${c} ${n}`);
   setText("requeue-causes", causes.length ? "(" + causes.join(", ") + ")" : "");
   setText("restarts", job.trainer_restarts);
+  setText("splits", job.splits_this_epoch ?? 0);
+  setText("splits-total", job.splits_total ? `(${job.splits_total} since this master leads)` : "");
   setText("this-master", job.this_master);
   setText("master-role", job.role);
   setText("leader", job.leader || "unknown");

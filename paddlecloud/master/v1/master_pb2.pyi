@@ -32,6 +32,13 @@ class TaskState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     PENDING: _ClassVar[TaskState]
     DONE: _ClassVar[TaskState]
     FAILED: _ClassVar[TaskState]
+
+class SplitAnswer(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    SPLIT_ANSWER_UNSPECIFIED: _ClassVar[SplitAnswer]
+    STOP: _ClassVar[SplitAnswer]
+    CONTINUE: _ClassVar[SplitAnswer]
+    NOT_HELD: _ClassVar[SplitAnswer]
 REPORT_RESULT_UNSPECIFIED: ReportResult
 ACCEPTED: ReportResult
 STALE: ReportResult
@@ -46,6 +53,10 @@ TODO: TaskState
 PENDING: TaskState
 DONE: TaskState
 FAILED: TaskState
+SPLIT_ANSWER_UNSPECIFIED: SplitAnswer
+STOP: SplitAnswer
+CONTINUE: SplitAnswer
+NOT_HELD: SplitAnswer
 
 class DatasetSpec(_message.Message):
     __slots__ = ("paths", "format", "chunk_bytes", "chunks_per_task", "num_epochs", "shuffle_seed")
@@ -124,10 +135,12 @@ class KeepAliveRequest(_message.Message):
     def __init__(self, session_id: _Optional[int] = ...) -> None: ...
 
 class KeepAliveResponse(_message.Message):
-    __slots__ = ("ttl",)
+    __slots__ = ("ttl", "split_requests")
     TTL_FIELD_NUMBER: _ClassVar[int]
+    SPLIT_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     ttl: _duration_pb2.Duration
-    def __init__(self, ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+    split_requests: _containers.RepeatedCompositeFieldContainer[TaskRef]
+    def __init__(self, ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., split_requests: _Optional[_Iterable[_Union[TaskRef, _Mapping]]] = ...) -> None: ...
 
 class LeaveTrainerRequest(_message.Message):
     __slots__ = ("session_id",)
@@ -184,20 +197,22 @@ class GetTaskRequest(_message.Message):
     def __init__(self, session_id: _Optional[int] = ..., epoch: _Optional[int] = ..., finished: _Optional[_Iterable[_Union[TaskRef, _Mapping]]] = ..., max_tasks: _Optional[int] = ...) -> None: ...
 
 class GetTaskResponse(_message.Message):
-    __slots__ = ("outcome", "task", "current_epoch", "retry_after", "finished_results", "more_tasks")
+    __slots__ = ("outcome", "task", "current_epoch", "retry_after", "finished_results", "more_tasks", "split_poll")
     OUTCOME_FIELD_NUMBER: _ClassVar[int]
     TASK_FIELD_NUMBER: _ClassVar[int]
     CURRENT_EPOCH_FIELD_NUMBER: _ClassVar[int]
     RETRY_AFTER_FIELD_NUMBER: _ClassVar[int]
     FINISHED_RESULTS_FIELD_NUMBER: _ClassVar[int]
     MORE_TASKS_FIELD_NUMBER: _ClassVar[int]
+    SPLIT_POLL_FIELD_NUMBER: _ClassVar[int]
     outcome: Outcome
     task: Task
     current_epoch: int
     retry_after: _duration_pb2.Duration
     finished_results: _containers.RepeatedScalarFieldContainer[ReportResult]
     more_tasks: _containers.RepeatedCompositeFieldContainer[Task]
-    def __init__(self, outcome: _Optional[_Union[Outcome, str]] = ..., task: _Optional[_Union[Task, _Mapping]] = ..., current_epoch: _Optional[int] = ..., retry_after: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., finished_results: _Optional[_Iterable[_Union[ReportResult, str]]] = ..., more_tasks: _Optional[_Iterable[_Union[Task, _Mapping]]] = ...) -> None: ...
+    split_poll: _duration_pb2.Duration
+    def __init__(self, outcome: _Optional[_Union[Outcome, str]] = ..., task: _Optional[_Union[Task, _Mapping]] = ..., current_epoch: _Optional[int] = ..., retry_after: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., finished_results: _Optional[_Iterable[_Union[ReportResult, str]]] = ..., more_tasks: _Optional[_Iterable[_Union[Task, _Mapping]]] = ..., split_poll: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
 
 class RestartEpochRequest(_message.Message):
     __slots__ = ("epoch", "done_tasks", "reopen")
@@ -232,7 +247,7 @@ class TaskCounts(_message.Message):
     def __init__(self, todo: _Optional[int] = ..., pending: _Optional[int] = ..., done: _Optional[int] = ..., failed: _Optional[int] = ...) -> None: ...
 
 class GetStatusResponse(_message.Message):
-    __slots__ = ("job", "namespace", "phase", "leader", "current_epoch", "num_epochs", "counts", "num_tasks", "trainers_alive", "pserver_endpoints", "has_dataset", "requeued", "min_trainers", "max_trainers", "desired_trainers", "trainer_seconds", "tasks_assigned")
+    __slots__ = ("job", "namespace", "phase", "leader", "current_epoch", "num_epochs", "counts", "num_tasks", "trainers_alive", "pserver_endpoints", "has_dataset", "requeued", "min_trainers", "max_trainers", "desired_trainers", "trainer_seconds", "tasks_assigned", "splits_this_epoch", "splits")
     JOB_FIELD_NUMBER: _ClassVar[int]
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     PHASE_FIELD_NUMBER: _ClassVar[int]
@@ -250,6 +265,8 @@ class GetStatusResponse(_message.Message):
     DESIRED_TRAINERS_FIELD_NUMBER: _ClassVar[int]
     TRAINER_SECONDS_FIELD_NUMBER: _ClassVar[int]
     TASKS_ASSIGNED_FIELD_NUMBER: _ClassVar[int]
+    SPLITS_THIS_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    SPLITS_FIELD_NUMBER: _ClassVar[int]
     job: str
     namespace: str
     phase: str
@@ -267,7 +284,9 @@ class GetStatusResponse(_message.Message):
     desired_trainers: int
     trainer_seconds: _containers.RepeatedCompositeFieldContainer[TrainerSeconds]
     tasks_assigned: bool
-    def __init__(self, job: _Optional[str] = ..., namespace: _Optional[str] = ..., phase: _Optional[str] = ..., leader: _Optional[str] = ..., current_epoch: _Optional[int] = ..., num_epochs: _Optional[int] = ..., counts: _Optional[_Union[TaskCounts, _Mapping]] = ..., num_tasks: _Optional[int] = ..., trainers_alive: _Optional[int] = ..., pserver_endpoints: _Optional[_Iterable[str]] = ..., has_dataset: _Optional[bool] = ..., requeued: _Optional[int] = ..., min_trainers: _Optional[int] = ..., max_trainers: _Optional[int] = ..., desired_trainers: _Optional[int] = ..., trainer_seconds: _Optional[_Iterable[_Union[TrainerSeconds, _Mapping]]] = ..., tasks_assigned: _Optional[bool] = ...) -> None: ...
+    splits_this_epoch: int
+    splits: int
+    def __init__(self, job: _Optional[str] = ..., namespace: _Optional[str] = ..., phase: _Optional[str] = ..., leader: _Optional[str] = ..., current_epoch: _Optional[int] = ..., num_epochs: _Optional[int] = ..., counts: _Optional[_Union[TaskCounts, _Mapping]] = ..., num_tasks: _Optional[int] = ..., trainers_alive: _Optional[int] = ..., pserver_endpoints: _Optional[_Iterable[str]] = ..., has_dataset: _Optional[bool] = ..., requeued: _Optional[int] = ..., min_trainers: _Optional[int] = ..., max_trainers: _Optional[int] = ..., desired_trainers: _Optional[int] = ..., trainer_seconds: _Optional[_Iterable[_Union[TrainerSeconds, _Mapping]]] = ..., tasks_assigned: _Optional[bool] = ..., splits_this_epoch: _Optional[int] = ..., splits: _Optional[int] = ...) -> None: ...
 
 class TrainerSeconds(_message.Message):
     __slots__ = ("cause", "seconds")
@@ -374,6 +393,26 @@ class ScaleTrainersResponse(_message.Message):
     max_trainers: int
     desired_trainers: int
     def __init__(self, min_trainers: _Optional[int] = ..., max_trainers: _Optional[int] = ..., desired_trainers: _Optional[int] = ...) -> None: ...
+
+class SplitTaskRequest(_message.Message):
+    __slots__ = ("session_id", "task_id", "epoch", "attempt", "position")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    POSITION_FIELD_NUMBER: _ClassVar[int]
+    session_id: int
+    task_id: int
+    epoch: int
+    attempt: int
+    position: int
+    def __init__(self, session_id: _Optional[int] = ..., task_id: _Optional[int] = ..., epoch: _Optional[int] = ..., attempt: _Optional[int] = ..., position: _Optional[int] = ...) -> None: ...
+
+class SplitTaskResponse(_message.Message):
+    __slots__ = ("answer",)
+    ANSWER_FIELD_NUMBER: _ClassVar[int]
+    answer: SplitAnswer
+    def __init__(self, answer: _Optional[_Union[SplitAnswer, str]] = ...) -> None: ...
 
 class EvictTrainerRequest(_message.Message):
     __slots__ = ("trainer_id",)

@@ -114,6 +114,11 @@ class MasterStub:
                 request_serializer=paddlecloud_dot_master_dot_v1_dot_master__pb2.EvictTrainerRequest.SerializeToString,
                 response_deserializer=paddlecloud_dot_master_dot_v1_dot_master__pb2.EvictTrainerResponse.FromString,
                 _registered_method=True)
+        self.SplitTask = channel.unary_unary(
+                '/paddlecloud.master.v1.Master/SplitTask',
+                request_serializer=paddlecloud_dot_master_dot_v1_dot_master__pb2.SplitTaskRequest.SerializeToString,
+                response_deserializer=paddlecloud_dot_master_dot_v1_dot_master__pb2.SplitTaskResponse.FromString,
+                _registered_method=True)
 
 
 class MasterServicer:
@@ -236,6 +241,18 @@ class MasterServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SplitTask(self, request, context):
+        """Work stealing (docs/design.md section 5a): the holder of a task that a
+        KeepAlive answer named in `split_requests` names the point it has read up
+        to and will stop at if told so. STOP: the rest of the task from `position` on
+        is another trainer's now (or nothing lies past it): read no record starting
+        at or past it, then report the task finished as usual. CONTINUE: no split,
+        read on. NOT_HELD: the task is not this session's live assignment.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MasterServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -318,6 +335,11 @@ def add_MasterServicer_to_server(servicer, server):
                     servicer.EvictTrainer,
                     request_deserializer=paddlecloud_dot_master_dot_v1_dot_master__pb2.EvictTrainerRequest.FromString,
                     response_serializer=paddlecloud_dot_master_dot_v1_dot_master__pb2.EvictTrainerResponse.SerializeToString,
+            ),
+            'SplitTask': grpc.unary_unary_rpc_method_handler(
+                    servicer.SplitTask,
+                    request_deserializer=paddlecloud_dot_master_dot_v1_dot_master__pb2.SplitTaskRequest.FromString,
+                    response_serializer=paddlecloud_dot_master_dot_v1_dot_master__pb2.SplitTaskResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -752,6 +774,33 @@ class Master:
             '/paddlecloud.master.v1.Master/EvictTrainer',
             paddlecloud_dot_master_dot_v1_dot_master__pb2.EvictTrainerRequest.SerializeToString,
             paddlecloud_dot_master_dot_v1_dot_master__pb2.EvictTrainerResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SplitTask(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/paddlecloud.master.v1.Master/SplitTask',
+            paddlecloud_dot_master_dot_v1_dot_master__pb2.SplitTaskRequest.SerializeToString,
+            paddlecloud_dot_master_dot_v1_dot_master__pb2.SplitTaskResponse.FromString,
             options,
             channel_credentials,
             insecure,
