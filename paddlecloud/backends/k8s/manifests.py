@@ -1287,11 +1287,12 @@ def master_rules(spec: JobSpec) -> list[dict[str, Any]]:
     """The rules of a job's master: exactly the calls of `paddlecloud.backends.k8s.deployer`, and every
     `get`/`patch`/`delete` limited by `resourceNames` to this job's own objects.
 
-    Unscoped, because the API cannot scope them by name: `create` (the object's name is
-    in the body, unknown when the request is authorized) and `list` (the trainer pods are
-    found by label; a list is authorized before any selector is applied). A `create` of
-    another job's name is refused by the API server (409) and never adopted by the
-    deployer (it checks the job label). No rule may ever carry an empty `resourceNames`:
+    The deployer creates by server-side apply: a `patch` of the object's name, which the
+    API server also authorizes as a `create` when the object is absent. Unscoped, because
+    the API cannot scope them by name: `create` and `list` (the trainer pods are found by
+    label; a list is authorized before any selector is applied). An object of another
+    job's name is never applied to nor adopted by the deployer (it reads the job label
+    first). No rule may ever carry an empty `resourceNames`:
     that would mean every name.
     """
     most = _most_trainers(spec)
@@ -1309,10 +1310,10 @@ def master_rules(spec: JobSpec) -> list[dict[str, Any]]:
         # its own Deployment: the owner uid, and the phase annotation
         named("apps", "deployments", ["get", "patch"], [master_name(spec.name)]),
         anonymous("apps", "statefulsets", ["create"]),
-        named("apps", "statefulsets", ["get", "delete"],
+        named("apps", "statefulsets", ["get", "patch", "delete"],
               [pserver_name(spec.name), heter_name(spec.name)]),
         anonymous("", "services", ["create"]),
-        named("", "services", ["get", "delete"], services),
+        named("", "services", ["get", "patch", "delete"], services),
         # the trainers: patch resizes a PS job's Indexed Job; a collective job's group
         # restart deletes and recreates it, after listing the group's pods
         anonymous("batch", "jobs", ["create"]),
