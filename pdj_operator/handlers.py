@@ -104,6 +104,8 @@ _now = utc_now
 
 # On a PaddleJob: the etcd user made for it (its password is in the Secret NAME-etcd only)
 ETCD_USER_ANNOTATION = "paddlecloud.org/etcd-user"
+# what the operator records on a PaddleJob by its applies (`JobObjects._record`)
+RECORDED_ANNOTATIONS = (manifests.MASTER_CA_ANNOTATION, ETCD_USER_ANNOTATION)
 
 
 def _recorded_etcd_user(body: Mapping[str, Any]) -> str | None:
@@ -305,10 +307,16 @@ class JobObjects:
             f"{what} for it ({annotation}): delete that Secret and the operator makes a new one")
 
     async def _record(self, spec: JobSpec, annotation: str, value: str) -> None:
-        """Records `annotation: value` on the PaddleJob (public: no secret goes there)."""
+        """Records `annotation: value` on the PaddleJob (public: no secret goes there), with
+        what the operator recorded there before: an apply states every field its manager
+        keeps (one that omitted the CA would remove it)."""
+        stored = await self.read(self.custom.get_namespaced_custom_object, crd.GROUP,
+                                 crd.VERSION, spec.namespace, crd.PLURAL, spec.name) or {}
+        known = (stored.get("metadata") or {}).get("annotations") or {}
+        recorded = {key: known[key] for key in RECORDED_ANNOTATIONS if key in known}
         await call(self.retry, self.custom.patch_namespaced_custom_object, crd.GROUP, crd.VERSION,
                    spec.namespace, crd.PLURAL, spec.name,
-                   apply_body({"metadata": {"annotations": {annotation: value}}},
+                   apply_body({"metadata": {"annotations": {**recorded, annotation: value}}},
                               api_version=PADDLEJOB_API_VERSION, kind=crd.KIND, name=spec.name,
                               namespace=spec.namespace),
                    **applied(OPERATOR_MANAGER))

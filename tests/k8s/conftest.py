@@ -26,8 +26,8 @@ server, the gap is filled HERE, in `_fill_kmock_gaps`, and nowhere else:
    them), and a field another manager owns that the apply would change is a 409 naming the
    manager and the field, unless `force=true` takes it over. An update (`PUT`) replaces the
    object with what it sends (kmock serves none). Every other write (a create, a merge patch) makes its manager (`?fieldManager=`, else the client's user agent, as the
-   API server defaults it) the owner of the fields it changed (operation Update). Kept
-   simple: a list is one field (the API server merges some lists by key), and the managers
+   API server defaults it) the owner of the fields it changed (operation Update); a JSON
+   patch (Kopf's) changes no owner. Kept simple: a list is one field (the API server merges some lists by key), and the managers
    are kept beside the objects (`Cluster.managers`), not in their `metadata.managedFields`.
 """
 
@@ -188,12 +188,14 @@ class ServerSideApply(kmocklib.KubernetesEmulator):
                 await self._apply(request)
             # the object is written: reactions (a test's injected error) and the answer
             return await kmocklib.RawHandler._handle(self, request)
-        meta = (request.data or {}).get("metadata") or {}
+        if not isinstance(request.data, dict):  # a JSON patch (Kopf's): not kept, kept simple
+            return await super()._handle(request)
+        meta = request.data.get("metadata") or {}
         key = (request.resource, request.namespace or meta.get("namespace"),
                request.name or meta.get("name"))
         before = self._current(key)
         response = await super()._handle(request)
-        if response.status < 300 and isinstance(request.data, dict) and request.subresource is None:
+        if response.status < 300 and request.subresource is None:
             self._updated(key, before or {}, request.data, self._manager(request))
         return response
 

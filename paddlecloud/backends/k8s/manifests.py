@@ -1349,15 +1349,16 @@ SUBMITTER_ROLE = "paddlecloud-submitter"
 # master's own verbs: the API server lets a user create a Role only with rights the user holds.
 SUBMITTER_RULES: list[tuple[str, str, list[str]]] = [
     ("", "configmaps", ["get", "create", "patch", "delete"]),
-    ("apps", "deployments", ["get", "list", "create", "delete"]),
-    ("", "services", ["create"]),
-    # create only: `job status` reads the job's viewer token where a user may read Secrets,
+    # every object is created by a server-side apply: a patch, and a create where it is absent
+    ("apps", "deployments", ["get", "list", "create", "patch", "delete"]),
+    ("", "services", ["create", "patch"]),
+    # no get: `job status` reads the job's viewer token where a user may read Secrets,
     # which this Role does not grant (else PADDLE_JOB_TOKEN_FILE names a token)
-    ("", "secrets", ["create"]),
-    ("networking.k8s.io", "networkpolicies", ["create"]),
-    ("", "serviceaccounts", ["create"]),
-    ("rbac.authorization.k8s.io", "roles", ["create"]),
-    ("rbac.authorization.k8s.io", "rolebindings", ["create"]),
+    ("", "secrets", ["create", "patch"]),
+    ("networking.k8s.io", "networkpolicies", ["create", "patch"]),
+    ("", "serviceaccounts", ["create", "patch"]),
+    ("rbac.authorization.k8s.io", "roles", ["create", "patch"]),
+    ("rbac.authorization.k8s.io", "rolebindings", ["create", "patch"]),
     ("", "pods", ["list"]),
     ("", "pods/log", ["get"]),
 ]
