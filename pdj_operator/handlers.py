@@ -182,8 +182,10 @@ class JobObjects:
             ours = apply_body({"metadata": {"ownerReferences": body["metadata"]["ownerReferences"]}},
                               api_version=body["apiVersion"], kind=body["kind"], name=name,
                               namespace=ns)
+            # forced: the operator set them (its create: a manager of its own to an apply) on
+            # an object of this job (its label)
             return self._dict(await call(self.retry, patch, name, ns, ours,
-                                         **applied(OPERATOR_MANAGER))), False
+                                         **applied(OPERATOR_MANAGER, force=True))), False
         if owner_uid not in owners:
             raise kopf.PermanentError(
                 f"{body['kind']} {name} already exists in namespace {ns} and is not this "

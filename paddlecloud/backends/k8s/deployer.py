@@ -278,11 +278,17 @@ class KubernetesDeployer(Deployer):
         )
         min_member = body["spec"]["minMember"]  # capped by the user's minMember, if any
         if (existing.get("spec") or {}).get("minMember") != min_member:
-            # the whole PodGroup again: an apply states every field its manager keeps (one that
-            # stated only minMember would remove the labels and owner its create applied). Not
-            # forced: a PodGroup applied with the PaddleJob is the user's, who may own it
+            # The whole PodGroup again where the master made it: an apply states every field its
+            # manager keeps (one that stated only minMember would remove the labels and owner its
+            # create applied); only minMember on one it adopted (applied with the PaddleJob: the
+            # user's, owned by the PaddleJob). Not forced: the user may own minMember
+            made = owner["uid"] in {o.get("uid") for o in
+                                    (existing.get("metadata") or {}).get("ownerReferences") or []}
+            stated = body if made else apply_body(
+                {"spec": {"minMember": min_member}}, api_version=manifests.VOLCANO_API_VERSION,
+                kind="PodGroup", name=name, namespace=self.namespace)
             await self._call(self._custom.patch_namespaced_custom_object, *group_args, name,
-                             body, **applied(MASTER_MANAGER),
+                             stated, **applied(MASTER_MANAGER),
                              verb="apply", resource=PODGROUPS, target=name)
             logger.info("PodGroup %s/%s: minMember=%d", self.namespace, name, min_member)
 
