@@ -106,8 +106,6 @@ _now = utc_now
 
 # On a PaddleJob: the etcd user made for it (its password is in the Secret NAME-etcd only)
 ETCD_USER_ANNOTATION = "paddlecloud.org/etcd-user"
-
-
 # What the operator records on a PaddleJob: its CA, its etcd user, the master's last word on
 # a workload it created again (told as an Event once)
 RECORDS = (manifests.MASTER_CA_ANNOTATION, ETCD_USER_ANNOTATION, manifests.RECREATED_ANNOTATION)
@@ -163,32 +161,40 @@ class JobObjects:
                 return None
             raise
 
-    async def _create(self, fn: Any, body: dict[str, Any], *, read: Any, owner_uid: str,
-                      patch: Any = None) -> tuple[dict[str, Any], bool]:
-        """Creates `body`, or returns the existing object when `owner_uid` owns it; and whether
-        this call created it (two handlers may race to create the same object: one wins).
+    async def _create(self, body: dict[str, Any], *, read: Any, owner_uid: str, patch: Any,
+                      create: Any = None, adopt: bool = False) -> tuple[dict[str, Any], bool]:
+        """Creates `body` by a server-side apply of the operator's (`patch`), or returns the
+        existing object when `owner_uid` owns it; and whether this call created it. Read first:
+        an apply would merge into an object of that name that is not this job's. With `create`,
+        by a create instead (the master Deployment: two handlers may race to create it, and
+        the API server's 409 tells the one that lost; docs/kubernetes.md, "Server-side apply").
 
-        With `patch`, an existing object of the same job owned by an earlier master
-        Deployment (one deleted by hand, not yet collected) is given to the new one.
+        With `adopt`, an existing object of the same job owned by an earlier master
+        Deployment (one deleted by hand, not yet collected) is given to the new one: the
+        whole object again, its owner now the new master.
         """
         ns, name = body["metadata"]["namespace"], body["metadata"]["name"]
-        try:
-            return self._dict(await call(self.retry, fn, ns, body,
-                                         field_manager=OPERATOR_MANAGER)), True
-        except Exception as error:
-            if api_status(error) != 409:
-                raise
-        existing = await self.read(read, name, ns) or {}
+        existing = await self.read(read, name, ns)
+        if existing is None:
+            try:
+                if create is not None:
+                    return self._dict(await call(self.retry, create, ns, body,
+                                                 field_manager=OPERATOR_MANAGER)), True
+                return self._dict(await call(self.retry, patch, name, ns, body,
+                                             **applied(OPERATOR_MANAGER))), True
+            except Exception as error:
+                if api_status(error) != 409:
+                    raise
+            existing = await self.read(read, name, ns) or {}
         meta = existing.get("metadata") or {}
         owners = {o.get("uid") for o in meta.get("ownerReferences") or []}
         same_job = (meta.get("labels") or {}).get(manifests.JOB_LABEL) == \
             body["metadata"]["labels"][manifests.JOB_LABEL]
-        if owner_uid not in owners and patch is not None and same_job:
-            ours = apply_body({"metadata": {"ownerReferences": body["metadata"]["ownerReferences"]}},
-                              api_version=body["apiVersion"], kind=body["kind"], name=name,
-                              namespace=ns)
-            return self._dict(await call(self.retry, patch, name, ns, ours,
-                                         **applied(OPERATOR_MANAGER))), False
+        if owner_uid not in owners and adopt and same_job:
+            # forced: the operator made it (a create of an earlier version is another manager
+            # to its apply) for this job (its label)
+            return self._dict(await call(self.retry, patch, name, ns, body,
+                                         **applied(OPERATOR_MANAGER, force=True))), False
         if owner_uid not in owners:
             raise kopf.PermanentError(
                 f"{body['kind']} {name} already exists in namespace {ns} and is not this "
@@ -218,36 +224,34 @@ class JobObjects:
                         manifests.COMPANION_PODGROUP_ANNOTATION] = group["metadata"]["uid"]
             if obj["kind"] == "ConfigMap":
                 obj["metadata"]["ownerReferences"] = [owner]
-                await self._create(self.core.create_namespaced_config_map, obj,
-                                   read=self.core.read_namespaced_config_map, owner_uid=owner["uid"])
+                await self._create(obj, read=self.core.read_namespaced_config_map,
+                                   patch=self.core.patch_namespaced_config_map,
+                                   owner_uid=owner["uid"])
             elif obj["kind"] == "Deployment":
                 obj["metadata"]["ownerReferences"] = [owner]
-                deployment, created = await self._create(self.apps.create_namespaced_deployment, obj,
-                                                read=self.apps.read_namespaced_deployment,
-                                                owner_uid=owner["uid"])
+                deployment, created = await self._create(
+                    obj, read=self.apps.read_namespaced_deployment,
+                    patch=self.apps.patch_namespaced_deployment,
+                    create=self.apps.create_namespaced_deployment, owner_uid=owner["uid"])
         uid = (deployment.get("metadata") or {}).get("uid")
         if not uid:
             raise kopf.TemporaryError(f"Deployment {manifests.master_name(spec.name)} has no uid yet",
                                       delay=1)
         service = manifests.master_service(spec, manifests.owner_reference(spec.name, uid))
-        await self._create(self.core.create_namespaced_service, service,
-                           read=self.core.read_namespaced_service, owner_uid=uid,
-                           patch=self.core.patch_namespaced_service)
-        rbac = {"ServiceAccount": (self.core.create_namespaced_service_account,
-                                   self.core.read_namespaced_service_account,
+        await self._create(service, read=self.core.read_namespaced_service, owner_uid=uid,
+                           patch=self.core.patch_namespaced_service, adopt=True)
+        rbac = {"ServiceAccount": (self.core.read_namespaced_service_account,
                                    self.core.patch_namespaced_service_account),
-                "Role": (self.rbac.create_namespaced_role, self.rbac.read_namespaced_role,
-                         self.rbac.patch_namespaced_role),
-                "RoleBinding": (self.rbac.create_namespaced_role_binding,
-                                self.rbac.read_namespaced_role_binding,
+                "Role": (self.rbac.read_namespaced_role, self.rbac.patch_namespaced_role),
+                "RoleBinding": (self.rbac.read_namespaced_role_binding,
                                 self.rbac.patch_namespaced_role_binding)}
         for obj in manifests.master_rbac(spec, manifests.owner_reference(spec.name, uid)):
-            create, read, patch = rbac[obj["kind"]]
-            await self._create(create, obj, read=read, owner_uid=uid, patch=patch)
+            read, patch = rbac[obj["kind"]]
+            await self._create(obj, read=read, owner_uid=uid, patch=patch, adopt=True)
         for policy in manifests.network_policies(spec, manifests.owner_reference(spec.name, uid)):
-            await self._create(self.networking.create_namespaced_network_policy, policy,
-                               read=self.networking.read_namespaced_network_policy, owner_uid=uid,
-                               patch=self.networking.patch_namespaced_network_policy)
+            await self._create(policy, read=self.networking.read_namespaced_network_policy,
+                               owner_uid=uid, patch=self.networking.patch_namespaced_network_policy,
+                               adopt=True)
         return created
 
     async def _ensure_tokens(self, spec: JobSpec, owner: Mapping[str, Any],
@@ -364,10 +368,10 @@ class JobObjects:
         if existing is not None:
             return existing
         wl, _ = await self._create(
-            lambda ns, obj, **kw: self.custom.create_namespaced_custom_object(*args[:2], ns,
-                                                                              args[3], obj, **kw),
             kueue.workload(spec, pdj_owner(body)),
             read=lambda n, ns: self.custom.get_namespaced_custom_object(*args[:2], ns, args[3], n),
+            patch=lambda n, ns, obj, **kw: self.custom.patch_namespaced_custom_object(
+                *args[:2], ns, args[3], n, obj, **kw),
             owner_uid=body["metadata"]["uid"])
         return wl
 

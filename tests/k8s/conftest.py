@@ -18,10 +18,22 @@ server, the gap is filled HERE, in `_fill_kmock_gaps`, and nowhere else:
 6. one Namespace: kmock takes `GET /api/v1/namespaces/NAME` for that namespace's root,
    not for the Namespace object; it is answered here, with the labels a test gives in
    `Cluster.namespace_labels` (and the API server's own `kubernetes.io/metadata.name`).
+9. server-side apply: kmock takes an apply (`PATCH`, `application/apply-patch+yaml`) for
+   a merge patch, answers 404 when the object is absent, and keeps no field managers.
+   `ServerSideApply` (the class the `kmock` fixture runs) plays the API server's part:
+   an apply to an absent object creates it; otherwise the fields the apply states are set,
+   those its manager stated before and omits now are removed (unless another manager holds
+   them), and a field another manager owns that the apply would change is a 409 naming the
+   manager and the field, unless `force=true` takes it over. An update (`PUT`) replaces the
+   object with what it sends (kmock serves none). Every other write (a create, a merge patch) makes its manager (`?fieldManager=`, else the client's user agent, as the
+   API server defaults it) the owner of the fields it changed (operation Update); a JSON
+   patch (Kopf's) changes no owner. Kept simple: a list is one field (the API server merges some lists by key), and the managers
+   are kept beside the objects (`Cluster.managers`), not in their `metadata.managedFields`.
 """
 
 from __future__ import annotations
 
+import copy
 import re
 import uuid
 from collections.abc import Callable
@@ -32,6 +44,7 @@ import pytest
 import waiting
 
 from paddlecloud.backends.k8s import manifests
+from paddlecloud.backends.k8s.client import APPLY_PATCH
 from paddlecloud.jobspec import JobSpec
 
 RESOURCES = {
@@ -96,6 +109,202 @@ def _fill_kmock_gaps(kmock: Any, namespace_labels: dict[str, dict[str, str]]) ->
     (kmock ** -1)[kmocklib.action.LIST] << listed
 
 
+# ---- 9. server-side apply ------------------------------------------------------------------------
+Path = tuple[str, ...]
+IDENTITY: frozenset[Path] = frozenset({("apiVersion",), ("kind",), ("metadata", "name"),
+                                       ("metadata", "namespace"), ("metadata", "uid"),
+                                       ("metadata", "resourceVersion")})
+ABSENT = object()
+
+
+def _leaves(obj: dict[str, Any], prefix: Path = ()) -> dict[Path, Any]:
+    """The fields an object states, by path: a non-empty dict is its fields, anything else
+    (a list included: kept simple, see gap 9) is one field."""
+    out: dict[Path, Any] = {}
+    for key, value in obj.items():
+        path = (*prefix, key)
+        if isinstance(value, dict) and value:
+            out.update(_leaves(value, path))
+        elif path not in IDENTITY:
+            out[path] = value
+    return out
+
+
+def _at(obj: Any, path: Path) -> Any:
+    for key in path:
+        if not isinstance(obj, dict) or key not in obj:
+            return ABSENT
+        obj = obj[key]
+    return obj
+
+
+def _put(obj: dict[str, Any], path: Path, value: Any) -> None:
+    for key in path[:-1]:
+        obj = obj.setdefault(key, {})
+    obj[path[-1]] = copy.deepcopy(value)
+
+
+def _remove(obj: dict[str, Any], path: Path) -> None:
+    for key in path[:-1]:
+        obj = obj.get(key)
+        if not isinstance(obj, dict):
+            return
+    obj.pop(path[-1], None)
+
+
+def _overlap(a: Path, b: Path) -> bool:
+    return a[:len(b)] == b or b[:len(a)] == a
+
+
+def _dotted(path: Path) -> str:
+    return "." + ".".join(path)
+
+
+class ServerSideApply(kmocklib.KubernetesEmulator):
+    """kmock's emulator, with the API server's server-side apply and field managers (gap 9)."""
+
+    def __attrs_post_init__(self) -> None:
+        super().__attrs_post_init__()
+        # (resource, namespace, name) -> (manager, operation) -> the fields it owns
+        self.managed: dict[Any, dict[tuple[str, str], set[Path]]] = {}
+        self.creating: set[int] = set()  # the ids of the applies that created their object
+        self.fallback[kmocklib.method.PUT] << self._serve_replace
+
+    async def _serve_replace(self, request: Any) -> dict[str, Any]:
+        async with self._lock:
+            return self._objects[request.resource, request.namespace, request.name].raw
+
+    async def _handle(self, request: Any) -> Any:
+        method = str(request.method.value).upper() if request.method else ""
+        if method == "PUT" and request.resource is not None and request.name:
+            async with self._lock:
+                await self._replace(request)
+            return await kmocklib.RawHandler._handle(self, request)
+        if request.resource is None or method not in ("POST", "PATCH"):
+            return await super()._handle(request)
+        if method == "PATCH" and request.name and str(
+                request.headers.get("Content-Type", "")).startswith(APPLY_PATCH):
+            async with self._lock:
+                await self._apply(request)
+            # the object is written: reactions (a test's injected error) and the answer
+            return await kmocklib.RawHandler._handle(self, request)
+        if not isinstance(request.data, dict):  # a JSON patch (Kopf's): not kept, kept simple
+            return await super()._handle(request)
+        meta = request.data.get("metadata") or {}
+        key = (request.resource, request.namespace or meta.get("namespace"),
+               request.name or meta.get("name"))
+        before = self._current(key)
+        response = await super()._handle(request)
+        if response.status < 300 and request.subresource is None:
+            self._updated(key, before or {}, request.data, self._manager(request))
+        return response
+
+    def _current(self, key: Any) -> dict[str, Any] | None:
+        if key not in self._objects or self._objects[key].deleted:
+            return None
+        return copy.deepcopy(self._objects[key].raw)
+
+    @staticmethod
+    def _manager(request: Any) -> str:
+        """`?fieldManager=`, else the user agent's product, as the API server defaults it."""
+        agent = str(request.headers.get("User-Agent", "unknown"))
+        return request.params.get("fieldManager") or agent.split("/", 1)[0]
+
+    def _updated(self, key: Any, before: dict[str, Any], written: dict[str, Any],
+                 manager: str) -> None:
+        """A create or a merge patch: its manager now owns the fields it changed."""
+        owners = self.managed.setdefault(key, {})
+        changed = {path for path, value in _leaves(written).items()
+                   if value is not None and _at(before, path) != value}
+        removed = {path for path, value in _leaves(written).items() if value is None}
+        for fields in owners.values():
+            fields -= {f for f in fields if any(_overlap(f, p) for p in changed | removed)}
+        owners.setdefault((manager, "Update"), set()).update(changed)
+
+    async def _apply(self, request: Any) -> None:
+        manager = request.params.get("fieldManager")
+        if not manager:
+            raise kmocklib.KubernetesError(status=422, reason="Invalid",
+                                           message="fieldManager is required for apply patch")
+        force = str(request.params.get("force", "")).lower() == "true"
+        body = request.data or {}
+        key = (request.resource, request.namespace, request.name)
+        current = self._current(key)
+        applied = _leaves(body)
+        uid = (body.get("metadata") or {}).get("uid")
+        if current is None:
+            if uid:
+                raise kmocklib.KubernetesError(status=409, reason="Conflict", message=(
+                    f"uid mismatch: the provided object specified uid {uid}, and no existing "
+                    "object was found"))
+            created = copy.deepcopy(body)
+            created.setdefault("metadata", {}).update(
+                name=request.name, uid=str(uuid.uuid4()), resourceVersion="1",
+                creationTimestamp="2026-01-01T00:00:00Z",
+                **({"namespace": request.namespace} if request.namespace else {}))
+            self.managed[key] = {(manager, "Apply"): set(applied)}
+            self.creating.add(request.id)
+            self._store(key, created)
+            await self._buses[request.resource].put({"type": "ADDED", "object": created})
+            return
+        if uid and uid != (current.get("metadata") or {}).get("uid"):
+            raise kmocklib.KubernetesError(status=422, reason="Invalid",
+                                           message=f'metadata.uid: Invalid value: "{uid}": field is immutable')
+        owners = self.managed.setdefault(key, {})
+        mine = (manager, "Apply")
+        conflicts = [(other[0], field) for other, fields in owners.items() if other != mine
+                     for field in sorted(fields) for path, value in applied.items()
+                     if _overlap(field, path) and _at(current, path) != value]
+        if conflicts and not force:
+            raise kmocklib.KubernetesError(status=409, reason="Conflict", message=(
+                f"Apply failed with {len(conflicts)} conflict{'s' if len(conflicts) > 1 else ''}: "
+                + "; ".join(f'conflict with "{who}" using {body.get("apiVersion")}: {_dotted(field)}'
+                            for who, field in conflicts)))
+        for other, fields in owners.items():  # forced: taken over
+            if other != mine:
+                fields -= {f for f in fields if any(_overlap(f, p) for p in applied)}
+        merged = copy.deepcopy(current)
+        for path in owners.get(mine, set()) - set(applied):  # stated before, omitted now
+            if not any(_overlap(path, f) for other, fs in owners.items() if other != mine
+                       for f in fs):
+                _remove(merged, path)
+        for path, value in applied.items():
+            _put(merged, path, value)
+        owners[mine] = set(applied)
+        self._store(key, merged)
+        await self._buses[request.resource].put({"type": "MODIFIED", "object": merged})
+
+    async def _replace(self, request: Any) -> None:
+        """An update (PUT): the object becomes the body as sent, what it omits is gone."""
+        key = (request.resource, request.namespace, request.name)
+        current = self._current(key)
+        if current is None:
+            raise kmocklib.KubernetesError(status=404, reason="NotFound",
+                                           message=f"{request.resource.plural} {request.name!r} not found")
+        replaced = copy.deepcopy(request.data or {})
+        replaced.setdefault("metadata", {}).update(
+            {k: current["metadata"][k] for k in ("uid", "creationTimestamp")
+             if k in current.get("metadata", {})})
+        kept = set(_leaves(replaced))
+        for fields in self.managed.setdefault(key, {}).values():
+            fields &= kept
+        self._updated(key, current, replaced, self._manager(request))
+        self._store(key, replaced)
+        await self._buses[request.resource].put({"type": "MODIFIED", "object": replaced})
+
+    def _store(self, key: Any, raw: dict[str, Any]) -> None:
+        if key in self._objects:
+            self._objects[key].create(raw)
+        else:
+            self._objects[key] = raw
+
+
+@pytest.fixture
+def kmock_options(kmock_options: dict[str, Any]) -> dict[str, Any]:
+    """Every test's kmock is `ServerSideApply` (gap 9)."""
+    return {**kmock_options, "cls": ServerSideApply}
+
+
 class Cluster:
     """The emulated API server and what tests do with it beyond the client's calls."""
 
@@ -114,12 +323,20 @@ class Cluster:
             return None
         return self.kmock.objects[key].raw
 
+    def managers(self, resource: str, namespace: str, name: str) -> dict[str, set[str]]:
+        """The field managers of an object (gap 9): "MANAGER (Apply|Update)" -> its fields."""
+        owners = self.kmock.managed.get((RESOURCES[resource], namespace, name), {})
+        return {f"{manager} ({operation})": {_dotted(f) for f in fields}
+                for (manager, operation), fields in owners.items() if fields}
+
     def posted(self) -> list[tuple[str, str]]:
-        """(resource plural, object name) of every create the emulator saw, in order."""
+        """(resource plural, object name) of every create the emulator saw, in order: a POST,
+        or an apply that found no object (gap 9)."""
         out = []
-        for request in self.kmock[kmocklib.action.CREATE]:
-            meta = (request.data or {}).get("metadata") or {}
-            out.append((request.resource.plural, meta.get("name")))
+        for request in self.kmock:
+            if request.action == kmocklib.action.CREATE or request.id in self.kmock.creating:
+                meta = (request.data or {}).get("metadata") or {}
+                out.append((request.resource.plural, meta.get("name")))
         return out
 
     def requests(self) -> list[tuple[str, str | None, str | None]]:
@@ -138,6 +355,8 @@ class Cluster:
             else:
                 verb = {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}[method]
             out.add((request.resource.group, request.resource.plural, verb, request.name or None))
+            if request.id in self.kmock.creating:  # an apply that creates is a create too (gap 9)
+                out.add((request.resource.group, request.resource.plural, "create", None))
         return out
 
     def rbac_verbs(self, since: int = 0) -> set[tuple[str, str, str]]:

@@ -225,9 +225,9 @@ def test_the_job_server_manifest_is_strictly_valid_and_namespace_scoped():
     assert "ClusterRole" not in kinds and "ClusterRoleBinding" not in kinds
     role = next(d for d in docs if d["kind"] == "Role")
     assert not any("*" in rule["verbs"] for rule in role["rules"])
-    # Secrets: it creates each job's tokens, and reads one by name (a job's viewer token, for
-    # its proxied page); it lists and watches none
-    assert [rule["verbs"] for rule in role["rules"] if "secrets" in rule["resources"]] == [["create", "get"]]
+    # Secrets: it creates each job's tokens (by apply: create and patch), and reads one by
+    # name (a job's viewer token, for its proxied page); it lists and watches none
+    assert [rule["verbs"] for rule in role["rules"] if "secrets" in rule["resources"]] == [["create", "patch", "get"]]
 
 
 async def test_where_the_operator_runs_a_job_goes_in_as_a_paddlejob(k8s_crds, api_client, tmp_path):

@@ -108,18 +108,18 @@ async def test_a_name_in_use_is_refused(k8s, kubeconfig):
     again = await run(*submit_args("twice", kubeconfig, "--trainers", "5"))
     assert again.exit_code == 1
     assert "job twice already exists in namespace ml" in again.output
-    assert len(k8s.posted()) == before + 1  # it tried the spec ConfigMap and stopped there
+    assert len(k8s.posted()) == before  # it read the spec ConfigMap and stopped there
     spec = JobSpec.from_yaml(k8s.stored("configmaps", "ml", "twice-spec")["data"]["job.yaml"])
     assert spec.trainers == 2  # the first job's spec is untouched
 
 
 async def test_forbidden_submit_says_what_is_missing_and_leaves_nothing(k8s, kubeconfig):
-    k8s.fail("post", "deployments", status=403, times=10,
+    k8s.fail("patch", "deployments", status=403, times=10,
              message='deployments.apps is forbidden: User "alice" cannot create resource '
                      '"deployments" in the namespace "ml"')
     result = await run(*submit_args("nope", kubeconfig))
     assert result.exit_code == 1
-    assert "forbidden to create deployments nope-master in namespace ml" in result.output
+    assert "forbidden to apply deployments nope-master in namespace ml" in result.output
     assert 'User "alice" cannot create' in result.output
     assert "Ask your cluster's admin" in result.output
     assert k8s.stored("configmaps", "ml", "nope-spec") is None  # rolled back

@@ -288,6 +288,7 @@ async def test_a_new_leader_adopts_what_the_old_one_created(k8s, api_client, etc
     await first.create_pservers()
     await first.create_trainers()
     creates = len(k8s.posted())
+    reads = k8s.requests().count(("GET", "jobs", None))
 
     # the old leader died; a new one runs the whole supervision again from Running
     rec = Recorder(etcd, keys)
@@ -296,7 +297,9 @@ async def test_a_new_leader_adopts_what_the_old_one_created(k8s, api_client, etc
         second, num_pservers=2, registered_pservers=rec.registered, set_phase=rec.set_phase,
         master_state=no_dataset, poll_interval=0.01, initial_phase=RUNNING))
     try:
-        await k8s.wait_for(lambda: len(k8s.posted()) >= creates + 3, what="the new leader's creates")
+        await k8s.wait_for(lambda: k8s.requests().count(("GET", "jobs", None)) > reads,
+                           what="the new leader's read of the trainer Job")
+        assert len(k8s.posted()) == creates  # found, and adopted: nothing created again
         k8s.set_job_status(NS, manifests.trainer_name(spec.name), {
             "succeeded": 3, "conditions": [{"type": "Complete", "status": "True"}]})
         assert (await asyncio.wait_for(task, 20)).phase == SUCCEEDED
@@ -328,7 +331,7 @@ async def test_each_jobs_role_allows_every_call_its_master_makes_and_nothing_unu
     await deployer.create_pservers()
     await deployer.create_trainers()
     successor = KubernetesDeployer(spec, api_client=api_client, retry=FAST_RETRY)
-    await successor.create_pservers()  # a new leader adopts: 409, then get
+    await successor.create_pservers()  # a new leader adopts: a get
     await deployer.trainer_status()
     await deployer.scale(4)  # PS: the Job patched
     from conftest import RESOURCES
@@ -392,11 +395,13 @@ async def test_an_object_of_another_job_is_not_adopted(k8s, api_client):
 async def test_a_500_on_create_is_retried_and_the_object_adopted(k8s, api_client):
     spec = make_spec("retry")
     await create_master(api_client, spec)
-    answered = k8s.fail("post", "statefulsets", status=500)
+    answered = k8s.fail("patch", "statefulsets", status=500)
     deployer = KubernetesDeployer(spec, api_client=api_client, retry=FAST_RETRY)
     await deployer.create_pservers()
     assert answered == [1]
-    assert k8s.posted().count(("statefulsets", "retry-ps")) == 2  # the first try, then the retry
+    # the first try, then the retry (an apply again, of what the first try wrote)
+    assert k8s.requests().count(("PATCH", "statefulsets", None)) == 2
+    assert k8s.posted().count(("statefulsets", "retry-ps")) == 1
     assert k8s.stored("statefulsets", NS, "retry-ps")["metadata"]["labels"][manifests.JOB_LABEL] == "retry"
 
 
@@ -418,7 +423,7 @@ async def test_a_503_that_persists_gives_up_with_a_clear_error(k8s, api_client):
 async def test_a_403_names_the_verb_the_resource_and_the_rbac(k8s, api_client):
     spec = make_spec("denied")
     await create_master(api_client, spec)
-    k8s.fail("post", "jobs", status=403, times=100,
+    k8s.fail("patch", "jobs", status=403, times=100,
              message='jobs.batch is forbidden: User "system:serviceaccount:team-a:default" '
                      'cannot create resource "jobs"')
     deployer = KubernetesDeployer(spec, api_client=api_client, retry=FAST_RETRY)
@@ -426,7 +431,7 @@ async def test_a_403_names_the_verb_the_resource_and_the_rbac(k8s, api_client):
     with pytest.raises(KubernetesPermissionError) as caught:
         await deployer.create_trainers()
     message = str(caught.value)
-    assert "forbidden to create jobs denied-trainer in namespace team-a" in message
+    assert "forbidden to apply jobs denied-trainer in namespace team-a" in message
     assert "JOB-master" in message and "cannot create resource" in message
     assert k8s.posted().count(("jobs", "denied-trainer")) == 1  # a 403 is not retried
 

@@ -138,6 +138,8 @@ async def test_the_operator_makes_the_jobs_etcd_user_once_and_removes_it_with_th
         secret = k8s.stored("secrets", NS, "pdj-etcd")
         assert [r["uid"] for r in secret["metadata"]["ownerReferences"]] == [pdj["metadata"]["uid"]]
         assert pdj["metadata"]["annotations"][ETCD_USER_ANNOTATION] == "paddlecloud.ml.pdj"
+        # recorded after the CA, by the same field manager: the CA stays recorded
+        assert pdj["metadata"]["annotations"][manifests.MASTER_CA_ANNOTATION].startswith("-----BEGIN")
         user, password = _stored_user(k8s, "pdj")
         job_user = EtcdCredentials(ca_file=env["PADDLE_ETCD_CA_FILE"], cert_file=env["PADDLE_ETCD_CERT_FILE"],
                                    key_file=env["PADDLE_ETCD_KEY_FILE"], user=user, password=password)

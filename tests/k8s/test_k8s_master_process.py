@@ -91,7 +91,7 @@ async def test_master_creates_pservers_then_trainers_once_pservers_register(
 async def test_a_permanent_deploy_error_fails_the_job_with_its_reason(
         tmp_path, k8s, api_client, kubeconfig, etcd_endpoint, job_name, monkeypatch, start_master):
     name = short(job_name)
-    k8s.fail("post", "jobs", status=403, times=1000,
+    k8s.fail("patch", "jobs", status=403, times=1000,
              message='jobs.batch is forbidden: cannot create resource "jobs"')
     spec, proc = await start_deploying_master(tmp_path, api_client, kubeconfig, etcd_endpoint,
                                               monkeypatch, start_master, name=name,
@@ -108,7 +108,7 @@ async def test_a_permanent_deploy_error_fails_the_job_with_its_reason(
         assert (await client.get(JobKeys("team-c", name).phase)).value == b"Failed"
     finally:
         await client.close()
-    assert "forbidden to create jobs" in annotations()[manifests.PHASE_REASON_ANNOTATION]
+    assert "forbidden to apply jobs" in annotations()[manifests.PHASE_REASON_ANNOTATION]
     assert k8s.posted().count(("jobs", manifests.trainer_name(name))) == 1  # not retried
     # the leader stays: it reports the failure, no other master would do better
     async with grpc.aio.insecure_channel(proc.address) as channel:
@@ -119,9 +119,9 @@ async def test_a_permanent_deploy_error_fails_the_job_with_its_reason(
 async def test_a_transient_deploy_error_past_its_retries_steps_the_master_down(
         tmp_path, k8s, api_client, kubeconfig, etcd_endpoint, job_name, monkeypatch, start_master):
     name = short(job_name)
-    # The deployer's first read (its owner, the master Deployment) fails for one whole
+    # The deployer's read of the trainer Job (before it applies one) fails for one whole
     # round of retries (5 tries), then the API server recovers.
-    answered = k8s.fail("get", "deployments", status=503, times=5, message="etcdserver: timeout")
+    answered = k8s.fail("get", "jobs", status=503, times=5, message="etcdserver: timeout")
     spec, proc = await start_deploying_master(tmp_path, api_client, kubeconfig, etcd_endpoint,
                                               monkeypatch, start_master, name=name,
                                               namespace="team-c")

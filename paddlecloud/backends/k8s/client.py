@@ -36,6 +36,10 @@ APPLY_PATCH = "application/apply-patch+yaml"
 MASTER_MANAGER = "paddlecloud-master"
 OPERATOR_MANAGER = "paddlecloud-operator"
 CLI_MANAGER = "paddlecloud-cli"
+# a user's labels and annotations carried over into a Job the master made again (a group
+# restart): applied by a manager of their own, so the master's later applies, which never
+# state them, leave them be
+KEPT_USER_FIELDS_MANAGER = "paddlecloud-kept-user-fields"
 
 
 class KubernetesApiError(RuntimeError):
@@ -155,8 +159,10 @@ def explain(error: BaseException, *, verb: str, resource: str, namespace: str,
             "The master's rights come from its job's own Role JOB-master, made at submit "
             "(paddlecloud.backends.k8s.manifests.master_rules)"
         )
+        # an apply is a patch, and also a create where the object is absent (RBAC's verbs)
+        lacks = "'patch' (and 'create', for a new object)" if verb == "apply" else f"'{verb}'"
         return KubernetesPermissionError(
-            f"forbidden to {what}: the account lacks '{verb}' on '{resource}'. {rights}; "
+            f"forbidden to {what}: the account lacks {lacks} on '{resource}'. {rights}; "
             f"the API said: {api_message(error)}",
             status=403,
         )

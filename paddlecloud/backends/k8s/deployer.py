@@ -7,11 +7,13 @@ removes what the clean-pod policy says when the job ends, and records the job's
 phase as an annotation on the Deployment.
 
 Every call is made off the event loop (`asyncio.to_thread`: the client blocks).
-Creation is idempotent: an object that already exists and carries the job's label
-is adopted (a master that took over calls everything again). Answers that may pass
-are retried per `paddlecloud.backends.k8s.client`; that is safe for every call made here (a
-create whose first try went through answers 409 on the retry and is adopted; gets,
-merge patches and deletes are idempotent). A 403 is a `KubernetesPermissionError`
+Every object is created, and changed, by a server-side apply of the `paddlecloud-master`
+field manager (docs/kubernetes.md, "Server-side apply"), so a field another manager set
+(a user's annotation) stays theirs. Creation is idempotent: an object that already
+exists and carries the job's label is adopted (a master that took over calls everything
+again). Answers that may pass are retried per `paddlecloud.backends.k8s.client`; that
+is safe for every call made here (an apply states the same fields again; gets and
+deletes are idempotent). A 403 is a `KubernetesPermissionError`
 naming the verb, the resource and the job's master Role (`manifests.master_rules`). The Job and the
 StatefulSet controllers replace failed pods, so in PS mode `reconcile` has nothing
 to do here.
@@ -53,6 +55,7 @@ from typing import Any, TypeVar
 
 from paddlecloud.backends.k8s import manifests
 from paddlecloud.backends.k8s.client import (
+    KEPT_USER_FIELDS_MANAGER,
     MASTER_MANAGER,
     KubernetesApiError,
     KubernetesConflictError,
@@ -77,6 +80,11 @@ PODGROUPS = "podgroups"
 DEFAULT_RETRY = RetryPolicy()
 GROUP_DELETE_TIMEOUT = 300.0   # seconds the trainer Job's pods get to go in a group restart
 GROUP_DELETE_POLL = 0.5
+# the master Deployment's annotations the master applies (docs/kubernetes.md, "Server-side apply")
+SHOWN_ANNOTATIONS = (manifests.PHASE_ANNOTATION, manifests.PHASE_REASON_ANNOTATION,
+                     manifests.EPOCH_ANNOTATION, manifests.TASKS_ANNOTATION,
+                     manifests.GOODPUT_ANNOTATION, manifests.RESTARTING_ANNOTATION,
+                     manifests.RESUME_ANNOTATION)
 
 
 def should_clean(policy: str, *, succeeded: bool) -> bool:
@@ -146,6 +154,18 @@ def users_metadata(existing: dict[str, Any] | None,
     return kept
 
 
+def template_size(job: dict[str, Any], *, default: int) -> int:
+    """The trainers' number the Job's pods' template was rendered for (PADDLE_TRAINERS_NUM):
+    an adopted PS Job scaled since keeps the template it was created with."""
+    containers = (((job.get("spec") or {}).get("template") or {}).get("spec") or {}).get(
+        "containers") or []
+    for container in containers:
+        for env in container.get("env") or []:
+            if env.get("name") == "PADDLE_TRAINERS_NUM" and str(env.get("value", "")).isdigit():
+                return int(env["value"])
+    return default
+
+
 class KubernetesDeployer(Deployer):
     """Deploys one job's pservers and trainers; owned by the job's master Deployment.
 
@@ -182,6 +202,7 @@ class KubernetesDeployer(Deployer):
         self._users_metadata: dict[str, dict[str, str]] = {}  # kept across a group restart
         self._shown: dict[str, str] = {}  # the annotations this master applied to its Deployment
         self._started_size = self.size   # the size the running group was started at
+        self._template_size = self.size  # the size its pods' template was rendered for
 
     @property
     def namespace(self) -> str:
@@ -212,26 +233,19 @@ class KubernetesDeployer(Deployer):
             raise self._explain(error, verb="get", resource=resource, target=target) from error
         return self._to_dict(obj)
 
-    async def _ensure(self, body: dict[str, Any], *, resource: str, create: Callable[..., Any],
-                      read: Callable[..., Any], create_args: tuple[Any, ...] = (),
-                      read_args: tuple[Any, ...] = ()) -> dict[str, Any]:
-        """Creates `body`, or adopts the object of that name when it is this job's."""
+    async def _ensure(self, body: dict[str, Any], *, resource: str, patch: Callable[..., Any],
+                      read: Callable[..., Any], target_args: tuple[Any, ...] = ()) -> dict[str, Any]:
+        """Creates `body` by a server-side apply of the master's, or adopts the object of that
+        name when it is this job's, as it is (a master that took over keeps the size its trainers
+        were scaled to). Read first: an apply would merge into another's object of that name."""
         name = body["metadata"]["name"]
-        create_args = create_args or (self.namespace,)
-        try:
-            created = await call(self.retry, create, *create_args, body,
-                                 field_manager=MASTER_MANAGER)
+        target_args = target_args or (name, self.namespace)
+        existing = await self._read(read, *target_args, resource=resource, target=name)
+        if existing is None:
+            created = await self._call(patch, *target_args, body, **applied(MASTER_MANAGER),
+                                       verb="apply", resource=resource, target=name)
             logger.info("created %s %s/%s", resource, self.namespace, name)
             return self._to_dict(created)
-        except Exception as error:
-            if api_status(error) != 409:
-                raise self._explain(error, verb="create", resource=resource, target=name) from error
-        existing = await self._read(read, *(read_args or (name, self.namespace)),
-                                    resource=resource, target=name)
-        if existing is None:  # deleted between our create and our read: try once more
-            return self._to_dict(await self._call(create, *create_args, body, verb="create",
-                                                  resource=resource, target=name,
-                                                  field_manager=MASTER_MANAGER))
         owner_job = ((existing.get("metadata") or {}).get("labels") or {}).get(manifests.JOB_LABEL)
         if owner_job != self.spec.name:
             raise KubernetesConflictError(
@@ -278,6 +292,10 @@ class KubernetesDeployer(Deployer):
             annotations = (deployment.get("metadata") or {}).get("annotations") or {}
             self._resume = annotations.get(manifests.RESUME_ANNOTATION) == manifests.RESUME_PENDING
             self._companion_uid = annotations.get(manifests.COMPANION_PODGROUP_ANNOTATION) or ""
+            # what an earlier leader showed stays shown: this master's applies state it again (an
+            # apply that omitted a field its manager applied before would remove it)
+            self._shown = {key: annotations[key] for key in SHOWN_ANNOTATIONS
+                           if key in annotations} | self._shown
         return self._owner
 
     async def _master_annotations(self) -> dict[str, str]:
@@ -288,7 +306,7 @@ class KubernetesDeployer(Deployer):
 
     # ---- Deployer -------------------------------------------------------------------------
     async def _ensure_service(self, body: dict[str, Any]) -> None:
-        await self._ensure(body, resource="services", create=self._core.create_namespaced_service,
+        await self._ensure(body, resource="services", patch=self._core.patch_namespaced_service,
                            read=self._core.read_namespaced_service)
 
     async def _ensure_podgroup(self, min_member: int) -> None:
@@ -299,18 +317,22 @@ class KubernetesDeployer(Deployer):
         if self._companion_uid:
             await self._adopt_companion_podgroup(group_args, name, owner)
         existing = await self._ensure(
-            body, resource=PODGROUPS, create=self._custom.create_namespaced_custom_object,
-            read=self._custom.get_namespaced_custom_object,
-            create_args=group_args, read_args=(*group_args, name),
+            body, resource=PODGROUPS, patch=self._custom.patch_namespaced_custom_object,
+            read=self._custom.get_namespaced_custom_object, target_args=(*group_args, name),
         )
         min_member = body["spec"]["minMember"]  # capped by the user's minMember, if any
         if (existing.get("spec") or {}).get("minMember") != min_member:
-            # not forced: a PodGroup applied with the PaddleJob is the user's, who may own it
+            # The whole PodGroup again where the master made it: an apply states every field its
+            # manager keeps (one that stated only minMember would remove the labels and owner its
+            # create applied); only minMember on one it adopted (applied with the PaddleJob: the
+            # user's, owned by the PaddleJob). Not forced: the user may own minMember
+            made = owner["uid"] in {o.get("uid") for o in
+                                    (existing.get("metadata") or {}).get("ownerReferences") or []}
+            stated = body if made else apply_body(
+                {"spec": {"minMember": min_member}}, api_version=manifests.VOLCANO_API_VERSION,
+                kind="PodGroup", name=name, namespace=self.namespace)
             await self._call(self._custom.patch_namespaced_custom_object, *group_args, name,
-                             apply_body({"spec": {"minMember": min_member}},
-                                        api_version=manifests.VOLCANO_API_VERSION,
-                                        kind="PodGroup", name=name, namespace=self.namespace),
-                             **applied(MASTER_MANAGER),
+                             stated, **applied(MASTER_MANAGER),
                              verb="apply", resource=PODGROUPS, target=name)
             logger.info("PodGroup %s/%s: minMember=%d", self.namespace, name, min_member)
 
@@ -364,7 +386,7 @@ class KubernetesDeployer(Deployer):
             for service in manifests.role_services(self.spec, role, owner=owner):
                 await self._ensure_service(service)
             await self._ensure(render(self.spec, owner), resource="statefulsets",
-                               create=self._apps.create_namespaced_stateful_set,
+                               patch=self._apps.patch_namespaced_stateful_set,
                                read=self._apps.read_namespaced_stateful_set)
 
     async def create_trainers(self) -> None:
@@ -377,12 +399,10 @@ class KubernetesDeployer(Deployer):
         if manifests.needs_trainer_service(sized):
             for service in manifests.role_services(sized, manifests.TRAINER, owner=owner):
                 await self._ensure_service(service)
-        body = manifests.trainer_job(sized, owner)
-        for field, users in self._users_metadata.items():  # a user's, from the Job before
-            body["metadata"][field] = {**users, **(body["metadata"].get(field) or {})}
-        job = await self._ensure(body, resource="jobs", create=self._batch.create_namespaced_job,
+        job = await self._ensure(manifests.trainer_job(sized, owner), resource="jobs",
+                                 patch=self._batch.patch_namespaced_job,
                                  read=self._batch.read_namespaced_job)
-        self._users_metadata = {}
+        await self._restore_users_metadata(manifests.trainer_name(self.spec.name))
         if self._resume:  # the group runs again: the resume is done
             await self._annotate_master({manifests.RESUME_ANNOTATION: manifests.RESUME_DONE,
                                          manifests.SUSPENDED_ANNOTATION: ""})
@@ -390,6 +410,7 @@ class KubernetesDeployer(Deployer):
         # an adopted Job (a master that took over) keeps the size it was scaled to
         self.size = int((job.get("spec") or {}).get("parallelism") or self.size)
         self._started_size = self.size
+        self._template_size = template_size(job, default=sized.trainers)
 
     async def _resume_at_checkpoint(self) -> None:
         """A collective group that starts again after a suspend (its master was stopped, the
@@ -423,11 +444,13 @@ class KubernetesDeployer(Deployer):
         name = manifests.trainer_name(self.spec.name)
         if self.spec.uses_volcano:
             await self._ensure_podgroup(self._trainer_gang())
-        # forced: the master owns the trainers' number (docs/kubernetes.md, "Server-side apply")
-        await self._call(self._batch.patch_namespaced_job, name, self.namespace,
-                         apply_body({"spec": {"parallelism": trainers, "completions": trainers}},
-                                    api_version="batch/v1", kind="Job", name=name,
-                                    namespace=self.namespace),
+        # The Job as it was created, at its new size: an apply states every field its manager
+        # keeps, and the pods' template cannot change. Forced: the master owns the trainers'
+        # number (docs/kubernetes.md, "Server-side apply")
+        job = manifests.trainer_job(self.spec.replace(trainers=self._template_size),
+                                    await self.owner())
+        job["spec"].update(parallelism=trainers, completions=trainers)
+        await self._call(self._batch.patch_namespaced_job, name, self.namespace, job,
                          **applied(MASTER_MANAGER, force=True),
                          verb="apply", resource="jobs", target=name)
 
@@ -470,6 +493,18 @@ class KubernetesDeployer(Deployer):
                 raise KubernetesApiError(f"the trainer Job {self.namespace}/{name} was not gone "
                                          f"{GROUP_DELETE_TIMEOUT:g}s after its deletion", status=504)
             await asyncio.sleep(GROUP_DELETE_POLL)
+
+    async def _restore_users_metadata(self, name: str) -> None:
+        """Gives the trainer Job made again the labels and annotations a user had put on the
+        one before (by their own field manager: see KEPT_USER_FIELDS_MANAGER)."""
+        kept, self._users_metadata = self._users_metadata, {}
+        if not kept:
+            return
+        body = apply_body({"metadata": dict(kept)}, api_version="batch/v1", kind="Job", name=name,
+                          namespace=self.namespace)
+        await self._call(self._batch.patch_namespaced_job, name, self.namespace, body,
+                         **applied(KEPT_USER_FIELDS_MANAGER, force=True),
+                         verb="apply", resource="jobs", target=name)
 
     async def _stop_and_restart_group(self) -> None:
         name = manifests.trainer_name(self.spec.name)
@@ -643,6 +678,7 @@ class KubernetesDeployer(Deployer):
         """Applies `annotations` to the master Deployment's, with every annotation this master
         showed before (an apply states all its manager keeps; "" is "none"), forced: the
         master owns them (the Deployment's creator wrote the first phase)."""
+        await self.owner()  # what earlier leaders showed, read once
         self._shown.update(annotations)
         name = manifests.master_name(self.spec.name)
         await self._call(self._apps.patch_namespaced_deployment, name, self.namespace,

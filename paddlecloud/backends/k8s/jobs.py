@@ -5,7 +5,8 @@ PaddleJob instead (`create_paddlejob`); with `paddlejobs=True`, reads and delete
 see both kinds.
 
 `create_job` is the one path from rendered objects (`manifests.submit_objects`) to the
-API server: the ConfigMaps, then the master Deployment, then (the name now the job's)
+API server, every object created by a server-side apply of `paddlecloud-cli`
+(docs/kubernetes.md, "Server-side apply"): the ConfigMaps, then the master Deployment, then (the name now the job's)
 its own etcd user (`paddlecloud.etcd_users`, where this process holds etcd's root
 credentials), its Service, its ServiceAccount, Role and RoleBinding, its tokens and etcd
 user Secrets and NetworkPolicies, and the
@@ -144,7 +145,7 @@ def create_job(api: Any, *, spec: JobSpec, objects: list[dict[str, Any]],
     Kueue queue is refused: only the operator runs one (as a PaddleJob)."""
     from kubernetes import client
 
-    from paddlecloud.backends.k8s.client import CLI_MANAGER, applied, apply_body
+    from paddlecloud.backends.k8s.client import CLI_MANAGER, applied
     from paddlecloud.tls import issue_master_certificate
 
     if spec.local_queue:
@@ -162,25 +163,30 @@ def create_job(api: Any, *, spec: JobSpec, objects: list[dict[str, Any]],
     # CA certificate goes on the Deployment (public), the master's key into the Secret only.
     certificate = issue_master_certificate(manifests.master_certificate_hosts(spec.name, ns), job=spec.name)
 
-    def create(fn: Callable[..., Any], body: dict[str, Any], resource: str, *,
-               adopt: bool = False) -> Any:
-        """The created object; None when it existed and `adopt` says that is fine."""
+    def create(patch: Callable[..., Any], body: dict[str, Any], resource: str, *,
+               read: Callable[..., Any] | None = None) -> Any:
+        """The object, created by a server-side apply of `paddlecloud-cli`. With `read`, a name
+        in use is refused (read first: an apply would merge into the object of that name);
+        without, one left by an earlier try is taken over (what it held is stated anew)."""
         name = body["metadata"]["name"]
-        made = call(fn, ns, body, verb="create", resource=resource, namespace=ns, name=name,
-                    tolerate=(409,), rights=rights, field_manager=CLI_MANAGER)
-        if made is None and not adopt:
+        if read is not None and call(read, name, ns, verb="get", resource=resource, namespace=ns,
+                                     name=name, tolerate=(404,), rights=rights) is not None:
             raise JobCreateError(
                 f"job {spec.name} already exists in namespace {ns} ({resource} {name} exists)",
                 status=409)
-        return made
+        return call(patch, name, ns, body, verb="apply", resource=resource, namespace=ns,
+                    name=name, rights=rights, **applied(CLI_MANAGER))
 
+    configmaps = [o for o in objects if o["kind"] == "ConfigMap"]
     try:
-        for cm in (o for o in objects if o["kind"] == "ConfigMap"):
-            create(core.create_namespaced_config_map, cm, "configmaps")
+        for cm in configmaps:
+            create(core.patch_namespaced_config_map, cm, "configmaps",
+                   read=core.read_namespaced_config_map)
             created.append(cm["metadata"]["name"])
         deployment = manifests.publish_master_ca(
             next(o for o in objects if o["kind"] == "Deployment"), certificate.ca)
-        made = to_dict(api, create(apps.create_namespaced_deployment, deployment, "deployments"))
+        made = to_dict(api, create(apps.patch_namespaced_deployment, deployment, "deployments",
+                                   read=apps.read_namespaced_deployment))
         # Only now, the name ours: an etcd user of that name is no running job's (a leftover
         # of one deleted without etcd's root credentials), so a new password harms nobody.
         etcd_user = provision_etcd_user(spec)
@@ -198,36 +204,34 @@ def create_job(api: Any, *, spec: JobSpec, objects: list[dict[str, Any]],
     if not uid:
         raise JobCreateError(f"the API server gave Deployment {deployment['metadata']['name']} no uid")
     owner = manifests.owner_reference(spec.name, uid)
-    create(core.create_namespaced_service, manifests.master_service(spec, owner), "services",
-           adopt=True)
+    create(core.patch_namespaced_service, manifests.master_service(spec, owner), "services")
     # The master's own account and rights (its pods start once the ServiceAccount exists).
     rbac = client.RbacAuthorizationV1Api(api)
-    creators = {"ServiceAccount": (core.create_namespaced_service_account, "serviceaccounts"),
-                "Role": (rbac.create_namespaced_role, "roles"),
-                "RoleBinding": (rbac.create_namespaced_role_binding, "rolebindings")}
+    appliers = {"ServiceAccount": (core.patch_namespaced_service_account, "serviceaccounts"),
+                "Role": (rbac.patch_namespaced_role, "roles"),
+                "RoleBinding": (rbac.patch_namespaced_role_binding, "rolebindings")}
     for obj in manifests.master_rbac(spec, owner):
-        fn, resource = creators[obj["kind"]]
-        create(fn, obj, resource, adopt=True)
+        fn, resource = appliers[obj["kind"]]
+        create(fn, obj, resource)
     # The job's tokens and the master's key, made here and nowhere stored but in the Secret
-    # (the master's pods wait for it to mount); owned, so it goes with the job.
+    # (the master's pods wait for it to mount); owned, so it goes with the job. A Secret of
+    # that name left by an earlier try holds another CA's certificate: stated anew.
     from paddlecloud.auth import JobTokens
 
-    create(core.create_namespaced_secret,
+    create(core.patch_namespaced_secret,
            manifests.tokens_secret(spec, JobTokens.generate().as_mapping(), owner,
-                                   certificate=certificate), "secrets", adopt=True)
-    if etcd_user is not None:  # its password is new: a Secret left by another try is refused
-        create(core.create_namespaced_secret,
+                                   certificate=certificate), "secrets")
+    if etcd_user is not None:  # its password is new: one left by an earlier try is replaced
+        create(core.patch_namespaced_secret,
                manifests.etcd_user_secret(spec, user=etcd_user.name, password=etcd_user.password,
                                           owner=owner), "secrets")
     networking = client.NetworkingV1Api(api)
     for policy in manifests.network_policies(spec, owner):
-        create(networking.create_namespaced_network_policy, policy, "networkpolicies", adopt=True)
-    for cm in created:  # owned too, so deleting the Deployment alone removes the whole job
-        call(core.patch_namespaced_config_map, cm, ns,
-             apply_body({"metadata": {"ownerReferences": [owner]}}, api_version="v1",
-                        kind="ConfigMap", name=cm, namespace=ns),
-             verb="apply", resource="configmaps", namespace=ns, name=cm, rights=rights,
-             **applied(CLI_MANAGER))
+        create(networking.patch_namespaced_network_policy, policy, "networkpolicies")
+    for cm in configmaps:  # owned too, so deleting the Deployment alone removes the whole job;
+        # the whole ConfigMap again: an apply states every field its manager keeps
+        owned = {**cm, "metadata": {**cm["metadata"], "ownerReferences": [owner]}}
+        create(core.patch_namespaced_config_map, owned, "configmaps")
 
 
 ETCD_TIMEOUT_S = 5.0

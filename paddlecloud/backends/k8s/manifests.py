@@ -1300,11 +1300,12 @@ def master_rules(spec: JobSpec) -> list[dict[str, Any]]:
     """The rules of a job's master: exactly the calls of `paddlecloud.backends.k8s.deployer`, and every
     `get`/`patch`/`delete` limited by `resourceNames` to this job's own objects.
 
-    Unscoped, because the API cannot scope them by name: `create` (the object's name is
-    in the body, unknown when the request is authorized) and `list` (the trainer pods are
-    found by label; a list is authorized before any selector is applied). A `create` of
-    another job's name is refused by the API server (409) and never adopted by the
-    deployer (it checks the job label). No rule may ever carry an empty `resourceNames`:
+    The deployer creates by server-side apply: a `patch` of the object's name, which the
+    API server also authorizes as a `create` when the object is absent. Unscoped, because
+    the API cannot scope them by name: `create` and `list` (the trainer pods are found by
+    label; a list is authorized before any selector is applied). An object of another
+    job's name is never applied to nor adopted by the deployer (it reads the job label
+    first). No rule may ever carry an empty `resourceNames`:
     that would mean every name.
     """
     most = _most_trainers(spec)
@@ -1325,10 +1326,10 @@ def master_rules(spec: JobSpec) -> list[dict[str, Any]]:
         # the pservers and heters: created (again, after a deletion by hand), read, deleted
         # at the end (cleanPodPolicy) and on a suspend
         anonymous("apps", "statefulsets", ["create"]),
-        named("apps", "statefulsets", ["get", "delete"],
+        named("apps", "statefulsets", ["get", "patch", "delete"],
               [pserver_name(spec.name), heter_name(spec.name)]),
         anonymous("", "services", ["create"]),
-        named("", "services", ["get", "delete"], services),
+        named("", "services", ["get", "patch", "delete"], services),
         # the trainers: patch resizes a PS job's Indexed Job; a collective job's group
         # restart and a suspend delete it (a restart recreates it, after listing the
         # group's pods)
@@ -1365,15 +1366,16 @@ SUBMITTER_ROLE = "paddlecloud-submitter"
 # master's own verbs: the API server lets a user create a Role only with rights the user holds.
 SUBMITTER_RULES: list[tuple[str, str, list[str]]] = [
     ("", "configmaps", ["get", "create", "patch", "delete"]),
-    ("apps", "deployments", ["get", "list", "create", "delete"]),
-    ("", "services", ["create"]),
-    # create only: `job status` reads the job's viewer token where a user may read Secrets,
+    # every object is created by a server-side apply: a patch, and a create where it is absent
+    ("apps", "deployments", ["get", "list", "create", "patch", "delete"]),
+    ("", "services", ["create", "patch"]),
+    # no get: `job status` reads the job's viewer token where a user may read Secrets,
     # which this Role does not grant (else PADDLE_JOB_TOKEN_FILE names a token)
-    ("", "secrets", ["create"]),
-    ("networking.k8s.io", "networkpolicies", ["create"]),
-    ("", "serviceaccounts", ["create"]),
-    ("rbac.authorization.k8s.io", "roles", ["create"]),
-    ("rbac.authorization.k8s.io", "rolebindings", ["create"]),
+    ("", "secrets", ["create", "patch"]),
+    ("networking.k8s.io", "networkpolicies", ["create", "patch"]),
+    ("", "serviceaccounts", ["create", "patch"]),
+    ("rbac.authorization.k8s.io", "roles", ["create", "patch"]),
+    ("rbac.authorization.k8s.io", "rolebindings", ["create", "patch"]),
     ("", "pods", ["list"]),
     ("", "pods/log", ["get"]),
 ]
