@@ -28,7 +28,7 @@ from paddlecloud.wire import (
     client_keepalive,
 )
 from trainer_agent.client import MasterConnection, MasterUnavailable
-from trainer_agent.discovery import MasterLocator
+from paddlecloud.master_client.discovery import MasterLocator
 
 HOLD_SERVER = Path(__file__).with_name("hold_server.py")
 FAST_PINGS = client_keepalive(time_ms=MIN_PING_INTERVAL_MS, timeout_ms=1_000)  # a test's seconds

@@ -25,7 +25,7 @@ from paddlecloud.etcd_server import free_port
 from paddlecloud.keys import JobKeys
 from paddlecloud.wire import duration
 from trainer_agent.client import MasterConnection, Session, TaskClient, retry_delay
-from trainer_agent.discovery import MasterLocator
+from paddlecloud.master_client.discovery import MasterLocator
 
 # ---- load shedding -------------------------------------------------------------------------
 
@@ -199,14 +199,18 @@ async def test_the_client_s_backoff_counts_the_attempts_since_its_last_wait(hold
     attempt after it (the dead leader a standby names), so a trainer cycling between a standby
     and a dead leader through a failover is never one backoff late. Attempts refused at once,
     one after the other, still back off."""
-    from trainer_agent import client
+    from paddlecloud.master_client import connection as client
     monkeypatch.setattr(client, "RETRY_CAP", 0.2)  # below the hold
     waits: list[float] = []
 
-    class Recording(client.Retrying):
+    async def sleep(seconds: float) -> None:
+        waits.append(seconds)
+        await asyncio.sleep(seconds)
+
+    class Recording(client.AsyncRetrying):
         def __init__(self, *args, **kwargs) -> None:
-            super().__init__(*args, sleep=lambda s: (waits.append(s), time.sleep(s)), **kwargs)
-    monkeypatch.setattr(client, "Retrying", Recording)
+            super().__init__(*args, sleep=sleep, **kwargs)
+    monkeypatch.setattr(client, "AsyncRetrying", Recording)
     servicer = HeldThenRefused(holds)
     async with connected_to(servicer) as connection:
         await asyncio.to_thread(connection.keep_alive, 7)

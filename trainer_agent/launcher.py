@@ -46,7 +46,7 @@ import click
 from paddlecloud.api import pb
 from paddlecloud.exits import describe_exit, exit_code, signal_exit_code
 from trainer_agent.client import MasterConnection, MasterUnavailable
-from trainer_agent.discovery import DiscoveryError, MasterLocator
+from paddlecloud.master_client.discovery import DiscoveryError, MasterLocator
 
 logger = logging.getLogger(__name__)
 
