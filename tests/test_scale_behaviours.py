@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-import time
 from collections import Counter
 from collections.abc import AsyncIterator
 
@@ -23,9 +22,9 @@ from test_master_ha import Trainer, leader_and_standby
 from paddlecloud.api import pb_grpc
 from paddlecloud.etcd_server import free_port
 from paddlecloud.keys import JobKeys
+from paddlecloud.master_client.discovery import MasterLocator
 from paddlecloud.wire import duration
 from trainer_agent.client import MasterConnection, Session, TaskClient, retry_delay
-from paddlecloud.master_client.discovery import MasterLocator
 
 # ---- load shedding -------------------------------------------------------------------------
 
@@ -203,14 +202,10 @@ async def test_the_client_s_backoff_counts_the_attempts_since_its_last_wait(hold
     monkeypatch.setattr(client, "RETRY_CAP", 0.2)  # below the hold
     waits: list[float] = []
 
-    async def sleep(seconds: float) -> None:
+    async def recording(seconds: float) -> None:
         waits.append(seconds)
         await asyncio.sleep(seconds)
-
-    class Recording(client.AsyncRetrying):
-        def __init__(self, *args, **kwargs) -> None:
-            super().__init__(*args, sleep=sleep, **kwargs)
-    monkeypatch.setattr(client, "AsyncRetrying", Recording)
+    monkeypatch.setattr(client, "sleep", recording)
     servicer = HeldThenRefused(holds)
     async with connected_to(servicer) as connection:
         await asyncio.to_thread(connection.keep_alive, 7)

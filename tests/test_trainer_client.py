@@ -20,6 +20,7 @@ from trainers import read_log, reads_per_epoch
 
 from paddlecloud.etcd_server import free_port
 from paddlecloud.keys import JobKeys
+from paddlecloud.master_client.discovery import DiscoveryError, MasterLocator
 from paddlecloud.wire import Reason, error_info
 from trainer_agent.client import (
     MasterConnection,
@@ -28,7 +29,6 @@ from trainer_agent.client import (
     TaskClient,
     TrainerSuperseded,
 )
-from paddlecloud.master_client.discovery import DiscoveryError, MasterLocator
 
 
 def serving(proc):

@@ -228,6 +228,8 @@ class Session:
 
     def ensure(self) -> int:
         """The session id, registering first when there is no session."""
+        if self.aio.active:  # the common case, read without a trip to the loop
+            return self.aio.id
         registered = self.aio.id
         session = self.connection.wait(self.aio.ensure())
         if session != registered:

@@ -45,8 +45,8 @@ import click
 
 from paddlecloud.api import pb
 from paddlecloud.exits import describe_exit, exit_code, signal_exit_code
-from trainer_agent.client import MasterConnection, MasterUnavailable
 from paddlecloud.master_client.discovery import DiscoveryError, MasterLocator
+from trainer_agent.client import MasterConnection, MasterUnavailable
 
 logger = logging.getLogger(__name__)
 

@@ -10,10 +10,11 @@ from paddlecloud.master_client.connection import (
     ConnectionClosed,
     MasterConnection,
     MasterUnavailable,
+    ask_master,
     retry_delay,
 )
 from paddlecloud.master_client.discovery import DiscoveryError, MasterLocator
 from paddlecloud.master_client.session import Session, TrainerSuperseded
 
 __all__ = ["ConnectionClosed", "DiscoveryError", "MasterConnection", "MasterLocator", "MasterUnavailable",
-           "Session", "TrainerSuperseded", "retry_delay"]
+           "Session", "TrainerSuperseded", "ask_master", "retry_delay"]
