@@ -52,6 +52,7 @@ import math
 import os
 import platform
 import random
+import re
 import resource
 import shutil
 import signal
@@ -802,9 +803,12 @@ def late_failover(bench: Bench, say) -> dict:
     out["late_first_task_s"] = out["late_serving_s"] + time.perf_counter() - started
     out["late_rss_mb"] = rss_mb(standby.pid)
     out["late_mirrored"] = "(the standby's mirror)" in standby.log_path.read_text(errors="replace")
-    # side by side: the same load reading the marks from etcd, as one without the mirror does
-    out["late_read_load_s"] = asyncio.run(_timed_load(bench.etcd.endpoint, job))
     standby.stop()
+    # side by side: the same load reading the marks from etcd, by a master without the mirror
+    reader, _ = bench.master(job, data, 1, *flags, name="late-reader")
+    reader.wait_serving(timeout=300)
+    out["late_read_load_s"] = logged_at(reader, "cache loaded") - logged_at(reader, "elected leader")
+    reader.stop()
     out["late_outcome"] = pb.Outcome.Name(reply.outcome)
     out["late_election_ttl_s"] = ttl
     say(f"  late failover: {args.late_tasks:,}-task epoch with {done:,} done marks (written in "
@@ -819,15 +823,20 @@ def late_failover(bench: Bench, say) -> dict:
 
 
 def election_ttl(flags: list[str]) -> float:
-    """The --election-ttl among master flags, in seconds (the master's default otherwise)."""
-    from master.cli import DEFAULT_ELECTION_TTL
+    """The --election-ttl among master flags, in seconds (else the default `paddlecloud master
+    --help` shows)."""
     from paddlecloud.units import parse_duration
     for i, flag in enumerate(flags):
         if flag == "--election-ttl" and i + 1 < len(flags):
             return parse_duration(flags[i + 1])
         if flag.startswith("--election-ttl="):
             return parse_duration(flag.split("=", 1)[1])
-    return parse_duration(DEFAULT_ELECTION_TTL)
+    shown = subprocess.run([sys.executable, "-m", "paddlecloud", "master", "--help"], capture_output=True,
+                           text=True, cwd=ROOT, timeout=120, check=True).stdout
+    default = re.search(r"^\s*--election-ttl DURATION\b[^\[]*\[default:\s*([^\]\s]+)\]", shown, re.M)
+    if default is None:
+        raise RuntimeError("paddlecloud master --help shows no default --election-ttl")
+    return parse_duration(default.group(1))
 
 
 def logged_at(master: Master, text: str) -> float:
@@ -844,21 +853,6 @@ def wait_logged(master: Master, text: str, timeout: float) -> None:
         if time.monotonic() > deadline or not master.alive():
             raise RuntimeError(f"{master.log_path}: no {text!r} after {timeout:g} s")
         time.sleep(0.05)
-
-
-async def _timed_load(endpoint: str, job: str) -> float:
-    """Seconds one load of the job's keys takes reading its done marks from etcd."""
-    from master.store import EtcdStore
-    from paddlecloud import etcd
-    from paddlecloud.keys import JobKeys
-    keys = JobKeys("local", job)
-    client = await etcd.connect(endpoint)
-    try:
-        started = time.perf_counter()
-        await EtcdStore(client, keys, etcd.Leadership(keys.leader, 1)).load()
-        return time.perf_counter() - started
-    finally:
-        await client.close()
 
 
 async def _mark_done(endpoint: str, job: str, count: int) -> None:
