@@ -59,6 +59,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import functools
 import logging
 import os
@@ -151,20 +152,28 @@ class MasterConnection:
         """Runs `coroutine` on the connection's loop and waits for it (Ctrl-C cancels it)."""
         if self._closed:
             coroutine.close()
-            raise ConnectionClosed(f"connection to {self.locator.describe()} is closed")
-        future = asyncio.run_coroutine_threadsafe(coroutine, self._loop)
+            raise self._closed_error()
+        try:
+            future = asyncio.run_coroutine_threadsafe(coroutine, self._loop)
+        except RuntimeError:  # its loop closed meanwhile
+            coroutine.close()
+            raise self._closed_error() from None
         try:
             return future.result()
-        except concurrent.futures.CancelledError:
-            raise ConnectionClosed(f"connection to {self.locator.describe()} closed during the call") from None
+        except concurrent.futures.CancelledError:  # closed during the call
+            raise self._closed_error() from None
         except BaseException:
             future.cancel()
             raise
 
+    def _closed_error(self) -> ConnectionClosed:
+        return ConnectionClosed(f"connection to {self.locator.describe()} is closed")
+
     def on_loop(self, callback: Callable[[], Any]) -> None:
         """Runs `callback` on the connection's loop soon (nothing once it is closed)."""
         if not self._closed:
-            self._loop.call_soon_threadsafe(callback)
+            with contextlib.suppress(RuntimeError):  # its loop closed meanwhile
+                self._loop.call_soon_threadsafe(callback)
 
     register_trainer = _waiting("register_trainer")
     keep_alive = _waiting("keep_alive")
