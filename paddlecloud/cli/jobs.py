@@ -484,7 +484,7 @@ def _viewer_token(core: Any, name: str, namespace: str) -> str | None:
 @click.option("--master", "master_address", metavar="HOST:PORT",
               help="The master's gRPC address (default: its Service, NAME-master.NS.svc:8080).")
 @click.option("--timeout", type=float, default=3.0, show_default=True,
-              help="Seconds to wait for the master.")
+              help="Seconds to wait for the master, retrying while it is away or busy.")
 @click.option("--web", is_flag=True,
               help="Print how to open the job's status page: a kubectl port-forward and its URL "
                    "with the job's viewer token (read from its Secret NAME-tokens).")
@@ -574,7 +574,7 @@ def status_command(name: str, namespace: str, master_address: str | None, timeou
 def _master_options(command: Callable[..., Any]) -> Callable[..., Any]:
     """--master and --timeout of a command that calls a job's master as its operator."""
     command = click.option("--timeout", type=float, default=10.0, show_default=True,
-                           help="Seconds to wait for the master.")(command)
+                           help="Seconds to wait for the master, retrying while it is away or busy.")(command)
     return click.option("--master", "master_address", metavar="HOST:PORT",
                         help="The master's gRPC address (default: its Service, NAME-master.NS.svc:8080; "
                              "a local job's leader is shown by `paddlecloud local train`).")(command)
