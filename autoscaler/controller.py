@@ -94,16 +94,11 @@ def scale_job(address: str, trainers: int, *, job: str, settings: Settings,
     published on its master Deployment (TLS)."""
     import grpc
 
-    from paddlecloud.master_client import MasterUnavailable
-
     wait = settings.retry_wait_s
     for attempt in range(1, settings.attempts + 1):
         try:
             scale_trainers(address, trainers, timeout=settings.rpc_timeout_s, token=token, ca=ca)
             return True
-        except MasterUnavailable as error:
-            logger.warning("job %s: scale to %d failed (attempt %d/%d): %s", job, trainers,
-                           attempt, settings.attempts, error)
         except grpc.RpcError as error:
             logger.warning("job %s: scale to %d failed (attempt %d/%d): %s %s", job, trainers,
                            attempt, settings.attempts, error.code(), error.details())
@@ -150,16 +145,11 @@ class Controller:
         job's CA); None when it cannot tell."""
         import grpc
 
-        from paddlecloud.master_client import MasterUnavailable
-
         address = self.master_address(name, namespace)
         key = job_key(namespace, name)
         try:
             reply = fetch_master_status(address, timeout=self.settings.rpc_timeout_s,
                                         token=self.settings.token_for(namespace), ca=ca)
-        except MasterUnavailable as error:
-            logger.info("job %s: its master at %s did not answer (%s): not planned", key, address, error)
-            return None
         except grpc.RpcError as error:
             if error.code().name in ("UNAUTHENTICATED", "PERMISSION_DENIED"):
                 if key not in self._refused:  # a warning once, until the master accepts us again

@@ -503,8 +503,6 @@ def status_command(name: str, namespace: str, master_address: str | None, timeou
     from rich.progress_bar import ProgressBar
     from rich.table import Table
 
-    from paddlecloud.master_client import MasterUnavailable
-
     api = _api(kubeconfig)
     core, apps = _clients(api)
     deployment = _get(apps.read_namespaced_deployment, manifests.master_name(name), namespace,
@@ -536,8 +534,8 @@ def status_command(name: str, namespace: str, master_address: str | None, timeou
         ca = master_ca(annotations)
         reply = fetch_master_status(address, timeout=timeout, token=_viewer_token(core, name, namespace),
                                     ca=ca)
-    except (grpc.RpcError, MasterUnavailable) as error:
-        code = error.code() if isinstance(error, grpc.RpcError) else None
+    except grpc.RpcError as error:
+        code = error.code() if hasattr(error, "code") else None
         if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
             console.print(
                 f"master: refused our token at {address} ({code.name}); showing the pods only. Give "
@@ -605,8 +603,6 @@ def scale_command(name: str, trainers: int, namespace: str, local_output: Path |
     """
     import grpc
 
-    from paddlecloud.master_client import MasterUnavailable
-
     if local_output is not None:
         if master_address:
             raise click.UsageError("give --output (a local job) or --master, not both")
@@ -618,8 +614,8 @@ def scale_command(name: str, trainers: int, namespace: str, local_output: Path |
     address, ca = _operator_target(name, namespace, master_address, kubeconfig)
     try:
         reply = scale_trainers(address, trainers, timeout=timeout, ca=ca)
-    except (grpc.RpcError, MasterUnavailable) as error:
-        raise _fail(f"cannot scale job {name} at {address}: {_why(error)}") from None
+    except grpc.RpcError as error:
+        raise _fail(f"cannot scale job {name} at {address}: {error.details()}") from None
     click.echo(f"job {name}: desired trainers {reply.desired_trainers} "
                f"(range {reply.min_trainers}..{reply.max_trainers})")
 
@@ -636,7 +632,6 @@ def _scale_local(name: str, trainers: int, output: Path, *, timeout: float) -> A
         master_ca,
         operator_token,
     )
-    from paddlecloud.master_client import MasterUnavailable
 
     try:
         handle = LocalJobHandle.read(output)
@@ -645,23 +640,16 @@ def _scale_local(name: str, trainers: int, output: Path, *, timeout: float) -> A
         raise _fail(str(error)) from None
     if handle.job != name:
         raise _fail(f"{str(output)[:200]} is local job {handle.job}'s output, not {name}'s")
-    error: Exception | None = None
+    error: grpc.RpcError | None = None
     for address in handle.addresses():
         try:
             return scale_trainers(address, trainers, timeout=timeout, credentials=credentials)
-        except (grpc.RpcError, MasterUnavailable) as failed:
+        except grpc.RpcError as failed:
             error = failed
-            if not isinstance(failed, MasterUnavailable):
+            if failed.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
                 break  # the leader answered: a refused size, a bad token
-    details = _why(error) if error is not None else "no master known yet; try again"
+    details = error.details() if error is not None else "no master known yet; try again"
     raise _fail(f"cannot scale local job {name}: {details}")
-
-
-def _why(error: Exception) -> str:
-    """A failed call to a master in a line: the master's details, else why none came."""
-    import grpc
-
-    return error.details() if isinstance(error, grpc.RpcError) else str(error)
 
 
 def _operator_target(name: str, namespace: str, master_address: str | None,
@@ -702,14 +690,14 @@ def evict_command(name: str, trainer_id: str, namespace: str, master_address: st
     import grpc
 
     from paddlecloud.auth import master_credentials
-    from paddlecloud.master_client import MasterUnavailable, ask_master
+    from paddlecloud.master_client import ask_master
 
     address, ca = _operator_target(name, namespace, master_address, kubeconfig)
     try:
         reply = ask_master(address, lambda master: master.evict_trainer(trainer_id), timeout=timeout,
                            credentials=master_credentials(None, ca=ca))
-    except (grpc.RpcError, MasterUnavailable) as error:
-        raise _fail(f"cannot evict trainer {trainer_id} of job {name} at {address}: {_why(error)}") from None
+    except grpc.RpcError as error:
+        raise _fail(f"cannot evict trainer {trainer_id} of job {name} at {address}: {error.details()}") from None
     click.echo(f"job {name}: trainer {trainer_id} evicted (session {reply.session_id}, "
                f"{reply.tasks_returned} task(s) back to todo)")
 

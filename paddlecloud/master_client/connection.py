@@ -68,8 +68,25 @@ T = TypeVar("T")
 Invoke = Callable[[pb_grpc.MasterStub, float], Awaitable[T]]
 
 
-class MasterUnavailable(RuntimeError):
-    """The master did not answer within the deadline; the message names where it looked."""
+class MasterUnavailable(grpc.RpcError):
+    """The master did not answer within the deadline; the message names where it looked.
+
+    A grpc.RpcError, so that a caller handles it as any failed call: `code()` is the last
+    attempt's (UNAVAILABLE, DEADLINE_EXCEEDED, ...), `details()` the message; it carries no
+    ErrorInfo."""
+
+    def __init__(self, message: str, code: grpc.StatusCode = grpc.StatusCode.UNAVAILABLE) -> None:
+        super().__init__(message)
+        self._code = code
+
+    def code(self) -> grpc.StatusCode:
+        return self._code
+
+    def details(self) -> str:
+        return str(self)
+
+    def trailing_metadata(self) -> None:
+        return None
 
 
 class ConnectionClosed(RuntimeError):
@@ -341,9 +358,7 @@ class MasterConnection:
                 if not self._transient(error):
                     raise
                 if time.monotonic() >= give_up:
-                    detail = error.details() if isinstance(error, grpc.RpcError) else str(error)
-                    raise MasterUnavailable(f"master unreachable at {self.address or self.locator.describe()} "
-                                            f"for {self.deadline:g}s: {detail}") from None
+                    raise _unavailable(error, self.address or self.locator.describe(), self.deadline) from None
                 failures += 1
                 credit += time.monotonic() - sent
                 delay, credit = _backoff(error, failures, credit)
@@ -407,6 +422,13 @@ class MasterConnection:
         await self.close()
 
 
+def _unavailable(last: BaseException, where: str, deadline: float) -> MasterUnavailable:
+    """What a call that ran out of its deadline at `where` raises, `last` its last failure."""
+    if isinstance(last, grpc.RpcError):
+        return MasterUnavailable(f"master unreachable at {where} for {deadline:g}s: {last.details()}", last.code())
+    return MasterUnavailable(f"master unreachable at {where} for {deadline:g}s: {last}")
+
+
 def _backoff(error: BaseException, failures: int, credit: float) -> tuple[float, float]:
     """(the wait before the next attempt, the credit left). A shedding master's RetryInfo,
     else full-jitter exponential backoff from 50 ms up to RETRY_CAP, less the time the
@@ -426,7 +448,7 @@ def ask_master(address: str, ask: Callable[[MasterConnection], Awaitable[T]], *,
                credentials: ClientCredentials) -> T:
     """`ask(connection)` from synchronous code (the CLI, the autoscaler): a connection of its own
     to the master at `address`, on an event loop of its own, retrying until `timeout`. Raises
-    grpc.RpcError when the master refused (a code that is not transient), MasterUnavailable
+    grpc.RpcError: the master's refusal (a code that is not transient), or MasterUnavailable
     when it did not answer in time."""
     async def asking() -> T:
         async with MasterConnection(MasterLocator(master_endpoint=address), deadline=timeout,

@@ -271,7 +271,7 @@ def master_ca(annotations: Mapping[str, str] | None) -> bytes | None:
 def fetch_master_status(address: str, *, timeout: float, token: str | None = None,
                         ca: bytes | None = None) -> Any:
     """The master's GetStatus answer (`paddlecloud.master_client.ask_master`: retried until
-    `timeout`); raises grpc.RpcError when it refused, MasterUnavailable when it did not answer.
+    `timeout`); raises grpc.RpcError when it refused, or did not answer in time (MasterUnavailable).
     Credentials as `paddlecloud.auth.master_credentials` finds them (`ca`: the job's CA,
     `master_ca` of its Deployment)."""
     from paddlecloud.auth import master_credentials
@@ -391,12 +391,10 @@ def master_progress(namespace: str, name: str, *, ca: bytes | None = None,
     job's viewer token); None when it does not answer."""
     import grpc
 
-    from paddlecloud.master_client import MasterUnavailable
-
     try:
         reply = fetch_master_status(manifests.master_address(name, namespace),
                                     timeout=MASTER_TIMEOUT_S, token=token, ca=ca)
-    except (grpc.RpcError, MasterUnavailable) as error:
+    except grpc.RpcError as error:
         logger.info("master of %s/%s unreachable: %s", namespace, name, error)
         return None
     if not reply.has_dataset:

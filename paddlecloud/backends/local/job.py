@@ -329,7 +329,7 @@ class LocalJob:
     async def _poll_status(self) -> None:
         try:
             status = await self._leader(POLL_DEADLINE).get_status()
-        except (grpc.RpcError, MasterUnavailable) as error:
+        except grpc.RpcError as error:  # MasterUnavailable too: no leader answered in time
             logger.debug("no status from the master: %s", error)
         else:
             self._status = status
@@ -370,17 +370,15 @@ class LocalJob:
             return
         try:
             await self._leader(OPERATOR_DEADLINE).restart_epoch(epoch, done_tasks=list(done), reopen=True)
-        except grpc.RpcError as error:
+        except grpc.RpcError as error:  # a refusal, or no leader in OPERATOR_DEADLINE
             raise JobFailed(f"could not restart epoch {epoch}: {error.details()}") from None
-        except MasterUnavailable as error:
-            raise JobFailed(f"could not restart epoch {epoch}: {error}") from None
         self._event(f"the master restarted epoch {epoch}"
                     + (f" with the checkpoint's {len(done)} tasks done" if done else ""))
         await self._poll_status()  # the phase the supervisor reads next is the reopened one
 
     async def scale(self, trainers: int) -> pb.ScaleTrainersResponse | None:
         """`ScaleTrainers` on the leader (None while no status poll named one yet); raises the
-        master's refusal (grpc.RpcError) or MasterUnavailable."""
+        master's refusal or MasterUnavailable (both grpc.RpcError)."""
         if not self.progress.leader:
             return None
         return await self._leader(OPERATOR_DEADLINE).scale_trainers(trainers)
