@@ -68,25 +68,30 @@ T = TypeVar("T")
 Invoke = Callable[[pb_grpc.MasterStub, float], Awaitable[T]]
 
 
-class MasterUnavailable(grpc.RpcError):
-    """The master did not answer within the deadline; the message names where it looked.
+class LocalStatus(grpc.RpcError):
+    """A failed call as this client tells it, the master having said nothing: a code and a
+    message, no ErrorInfo or RetryInfo. Handled as any failed call (a grpc.RpcError)."""
 
-    A grpc.RpcError, so that a caller handles it as any failed call: `code()` is the last
-    attempt's (UNAVAILABLE, DEADLINE_EXCEEDED, ...), `details()` the message; it carries no
-    ErrorInfo."""
-
-    def __init__(self, message: str, code: grpc.StatusCode = grpc.StatusCode.UNAVAILABLE) -> None:
-        super().__init__(message)
-        self._code = code
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(details)
+        self._code, self._details = code, details
 
     def code(self) -> grpc.StatusCode:
         return self._code
 
     def details(self) -> str:
-        return str(self)
+        return self._details
 
     def trailing_metadata(self) -> None:
         return None
+
+
+class MasterUnavailable(LocalStatus):
+    """The master did not answer within the deadline; the message names where it looked, the
+    code is the last attempt's (UNAVAILABLE, DEADLINE_EXCEEDED, ...)."""
+
+    def __init__(self, message: str, code: grpc.StatusCode = grpc.StatusCode.UNAVAILABLE) -> None:
+        super().__init__(code, message)
 
 
 class ConnectionClosed(RuntimeError):
@@ -113,23 +118,6 @@ def reason_of(error: BaseException) -> tuple[Reason | None, dict[str, str]]:
     """The ErrorInfo reason and metadata a failed call carries; (None, {}) when none."""
     found = error_info(error) if isinstance(error, grpc.RpcError) else None
     return found if found is not None else (None, {})
-
-
-class StreamError(grpc.RpcError):
-    """A task stream that ended without the master's status: no reply in time, or none at all."""
-
-    def __init__(self, code: grpc.StatusCode, details: str) -> None:
-        super().__init__(details)
-        self._code, self._details = code, details
-
-    def code(self) -> grpc.StatusCode:
-        return self._code
-
-    def details(self) -> str:
-        return self._details
-
-    def trailing_metadata(self) -> None:  # no ErrorInfo or RetryInfo: the master said nothing
-        return None
 
 
 _END = object()  # ends a task stream's requests
@@ -169,19 +157,21 @@ class TaskStream:
             try:
                 async with asyncio.timeout(wait):  # no task of its own, unlike wait_for
                     reply = await self._call.read()
-                if reply is grpc.aio.EOF:
-                    raise StreamError(grpc.StatusCode.UNAVAILABLE, "the master ended the task stream")
-                self._answered = True
             except (TimeoutError, asyncio.InvalidStateError):
-                self._end(StreamError(grpc.StatusCode.DEADLINE_EXCEEDED, f"no answer on the task stream in {wait:g}s"))
+                raise self._end(LocalStatus(grpc.StatusCode.DEADLINE_EXCEEDED,
+                                            f"no answer on the task stream in {wait:g}s")) from None
             except grpc.RpcError as error:
-                self._end(error)
+                raise self._end(error) from None
+            if reply is grpc.aio.EOF:
+                raise self._end(LocalStatus(grpc.StatusCode.UNAVAILABLE, "the master ended the task stream"))
+            self._answered = True
             return reply
 
-    def _end(self, error: BaseException) -> None:
+    def _end(self, error: grpc.RpcError) -> grpc.RpcError:
+        """`error` ends this stream: every later `ask` raises it."""
         self._ended = error
         self.close()
-        raise error
+        return error
 
     def close(self) -> None:
         self._requests.put_nowait(_END)
