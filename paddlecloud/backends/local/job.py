@@ -333,6 +333,11 @@ class LocalJob:
             logger.debug("no status from the master: %s", error)
         else:
             self._status = status
+            self._take_status(status)
+        self.progress.restarts = self._master_restarts + self.deployer.restarts
+        self.on_progress(self.progress)
+
+    def _take_status(self, status: pb.GetStatusResponse) -> None:
         p = self.progress
         p.phase, p.epoch, p.num_epochs = status.phase, status.current_epoch, status.num_epochs or p.num_epochs
         p.done, p.num_tasks = status.counts.done, status.num_tasks
@@ -343,8 +348,6 @@ class LocalJob:
         p.min_trainers, p.max_trainers = status.min_trainers, status.max_trainers
         p.desired_trainers = status.desired_trainers
         p.trainer_seconds = {e.cause: e.seconds for e in status.trainer_seconds}
-        self.progress.restarts = self._master_restarts + self.deployer.restarts
-        self.on_progress(self.progress)
 
     async def _restart_master(self, master: Child) -> None:
         why = f"exited with {master.returncode}"
