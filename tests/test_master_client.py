@@ -5,11 +5,10 @@ use it: one call from synchronous code (the CLI, the autoscaler), and the asynci
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator
 
 import grpc
 import pytest
+from masters import serving_servicer
 
 from paddlecloud.api import pb, pb_grpc
 from paddlecloud.auth import ClientCredentials
@@ -49,21 +48,9 @@ class Expiring(pb_grpc.MasterServicer):
         return pb.KeepAliveResponse(ttl=duration(30))
 
 
-@contextlib.asynccontextmanager
-async def serving(servicer: pb_grpc.MasterServicer) -> AsyncIterator[str]:
-    server = grpc.aio.server()
-    pb_grpc.add_MasterServicer_to_server(servicer, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    try:
-        yield f"127.0.0.1:{port}"
-    finally:
-        await server.stop(grace=None)
-
-
 async def test_one_call_from_synchronous_code_rides_out_a_master_that_is_away():
     servicer = AwayAtFirst(away=2)
-    async with serving(servicer) as address:
+    async with serving_servicer(servicer) as address:
         reply = await asyncio.to_thread(fetch_master_status, address, timeout=30)
     assert (reply.phase, servicer.calls) == ("Running", 3)
 
@@ -76,7 +63,7 @@ def test_a_master_that_never_answers_is_unavailable_by_the_timeout_naming_its_ad
 
 async def test_callers_that_hear_session_expired_together_register_again_once():
     servicer = Expiring()
-    async with serving(servicer) as address:
+    async with serving_servicer(servicer) as address:
         connection = MasterConnection(MasterLocator(master_endpoint=address), deadline=30,
                                       credentials=ClientCredentials())
         session = Session(connection, trainer_id="t")

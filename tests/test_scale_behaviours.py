@@ -16,7 +16,16 @@ import grpc
 import pytest
 from datasets import write_records
 from etcd_history import done_marks, per_epoch
-from masters import in_process_master, metric, pb, stub, wait_for, wait_serving, wait_until
+from masters import (
+    in_process_master,
+    metric,
+    pb,
+    serving_servicer,
+    stub,
+    wait_for,
+    wait_serving,
+    wait_until,
+)
 from test_master_ha import Trainer, leader_and_standby
 
 from paddlecloud.api import pb_grpc
@@ -97,16 +106,12 @@ def test_trainers_retry_shed_calls_until_every_one_is_served(tmp_path, start_mas
 @contextlib.asynccontextmanager
 async def connected_to(servicer: pb_grpc.MasterServicer) -> AsyncIterator[MasterConnection]:
     """`servicer` on a real gRPC server on a free port, and a trainer's connection to it."""
-    server = grpc.aio.server()
-    pb_grpc.add_MasterServicer_to_server(servicer, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    connection = MasterConnection(MasterLocator(master_endpoint=f"127.0.0.1:{port}"), deadline=30)
-    try:
-        yield connection
-    finally:
-        connection.close()
-        await server.stop(grace=None)
+    async with serving_servicer(servicer) as address:
+        connection = MasterConnection(MasterLocator(master_endpoint=address), deadline=30)
+        try:
+            yield connection
+        finally:
+            connection.close()
 
 
 class Flaky(pb_grpc.MasterServicer):
