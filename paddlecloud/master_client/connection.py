@@ -332,7 +332,8 @@ class MasterConnection:
     async def _call(self, invoke: Invoke[T]) -> T:
         """`invoke(stub, seconds)`, retried while the master is away or busy until `deadline`;
         one attempt waits at most CALL_TIMEOUT seconds, and never past that deadline. (A loop
-        of its own, not tenacity's AsyncRetrying: that costs a trainer ~85 us per call.)"""
+        of its own rather than tenacity's AsyncRetrying, whose set-up a trainer would pay on
+        every GetTask.)"""
         give_up = time.monotonic() + self.deadline
         credit = 0.0  # seconds the attempts took that no wait has counted yet
         failures = 0
