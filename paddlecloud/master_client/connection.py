@@ -29,7 +29,7 @@ import os
 import random
 import time
 from asyncio import sleep  # module-level: a test records the waits
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 import grpc
@@ -120,21 +120,16 @@ def reason_of(error: BaseException) -> tuple[Reason | None, dict[str, str]]:
     return found if found is not None else (None, {})
 
 
-_END = object()  # ends a task stream's requests
-
-
 class TaskStream:
     """One `GetTaskStream` of one session at one master: `ask` sends a GetTask and waits for
     its answer, at most `wait` seconds; one request at a time, so each answer is the one for
-    its request. gRPC takes the requests from a queue in a task of its own (a write of ours
-    would report a stream the master refused as INTERNAL, not as its status). A stream that
+    its request. A stream that
     failed is done: `ask` raises the master's status (or DEADLINE_EXCEEDED when no answer
     came in time), and the connection opens another."""
 
     def __init__(self, stub: pb_grpc.MasterStub, session: int, metadata: tuple[tuple[str, str], ...]) -> None:
         self.stub, self.session = stub, session
-        self._requests: asyncio.Queue = asyncio.Queue()
-        self._call = stub.GetTaskStream(self._sent(), metadata=metadata)
+        self._call = stub.GetTaskStream(metadata=metadata)
         self._asking = asyncio.Lock()
         self._ended: BaseException | None = None
         self._answered = False
@@ -145,17 +140,13 @@ class TaskStream:
         return error.code() is grpc.StatusCode.UNIMPLEMENTED or (
             not self._answered and error.code() is grpc.StatusCode.INTERNAL)
 
-    async def _sent(self) -> AsyncIterator[pb.GetTaskRequest]:
-        while (request := await self._requests.get()) is not _END:
-            yield request
-
     async def ask(self, request: pb.GetTaskRequest, wait: float) -> pb.GetTaskResponse:
         async with self._asking:
             if self._ended is not None:
                 raise self._ended
-            self._requests.put_nowait(request)
             try:
                 async with asyncio.timeout(wait):  # no task of its own, unlike wait_for
+                    await self._write(request)
                     reply = await self._call.read()
             except (TimeoutError, asyncio.InvalidStateError):
                 raise self._end(LocalStatus(grpc.StatusCode.DEADLINE_EXCEEDED,
@@ -167,6 +158,17 @@ class TaskStream:
             self._answered = True
             return reply
 
+    async def _write(self, request: pb.GetTaskRequest) -> None:
+        """Sends `request`. grpc.aio reports a write to a stream that already ended as INTERNAL,
+        its status lost: after an answer, that is a stream cut (retried on a new one); before
+        any, possibly the master's refusal of streams (`refused`)."""
+        try:
+            await self._call.write(request)
+        except grpc.aio.AioRpcError as error:
+            if self._answered and error.code() is grpc.StatusCode.INTERNAL:
+                raise LocalStatus(grpc.StatusCode.CANCELLED, f"the task stream ended: {error.details()}") from None
+            raise
+
     def _end(self, error: grpc.RpcError) -> grpc.RpcError:
         """`error` ends this stream: every later `ask` raises it."""
         self._ended = error
@@ -174,7 +176,6 @@ class TaskStream:
         return error
 
     def close(self) -> None:
-        self._requests.put_nowait(_END)
         self._call.cancel()
 
 
