@@ -99,6 +99,8 @@ def run_noop(config: dict) -> None:
             return acked if request.finished else plain
 
         async def GetTaskStream(self, requests, context):
+            if not config.get("streams", True):  # as a master with --no-task-streams
+                await context.abort(grpc.StatusCode.UNIMPLEMENTED, "GetTaskStream is off (--unary)")
             async for request in requests:
                 yield acked if request.finished else plain
 

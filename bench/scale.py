@@ -10,24 +10,19 @@ What runs, each in its own process:
   * `paddlecloud master`, default flags plus the dataset (`--chunk-bytes 1`: one byte of a
     sparse file is one task) and `--metrics-port`;
   * the no-op gRPC server of bench/dispatch.py (`--role noop`): the ceiling of the machine
-    for the same client loop, over the same transport as the master's trainers (a stream,
-    or unary with `--unary`);
+    for the same client, over the same transport as the master's trainers (a stream, or
+    unary with `--unary`);
   * optionally the master of another source tree (`--baseline TREE`, e.g. a `git worktree`
     of the commit before a change), same etcd, same client;
   * K client processes (`--role client`), each with its share of the N trainers, one gRPC
-    channel (TCP connection) per trainer. A trainer registers, then loops GetTask with the
-    previous task's ack piggybacked; on WAIT it sleeps retry_after x U(0.5, 1.5); on a
-    transient code (UNAVAILABLE, DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED, CANCELLED) it retries
-    after a full-jitter exponential backoff (0.05 s doubling, capped at trainer_agent's
-    RETRY_CAP, 1 s; counted from when the attempt was sent), and on UNAVAILABLE goes where trainer_agent would: to the leader a
-    standby names, stays on a standby that names none, else tries the other master; a KeepAlive runs beside it: `skip` (today's trainer_agent: only when
-    no call was answered for ttl/3, counted from when it was sent, and none is under way),
-    `always` (the old agent: every ttl/3), or none (no-op). Today's trainers also give each
-    call trainer_agent's deadline (`CALL_TIMEOUT`) and ping as its channel does
-    (`paddlecloud.wire.CLIENT_KEEPALIVE`); the others give 30 s and do not ping. Today's
-    trainers send their GetTasks over one `GetTaskStream` each, as trainer_agent does (a
-    failed stream is dropped and the next call opens another); `--unary` makes them call
-    GetTask unary, as trainer_agent does at a master without streams.
+    channel (TCP connection) per trainer. Each trainer is the client users run, not a copy
+    of it: a `paddlecloud.master_client` connection and session (what trainer_agent's
+    TaskClient runs on its event-loop thread), so its retries, backoff, leader following,
+    keep-alives and task stream are trainer_agent's. A trainer registers, then loops GetTask
+    with the previous task's ack piggybacked; on WAIT it sleeps retry_after x U(0.5, 1.5).
+    With two masters (failover) the trainers find the leader through etcd, as trainer_agent
+    does there. `--unary`: the masters (`--no-task-streams`) and the no-op server refuse
+    GetTaskStream, so the trainers call GetTask unary, as trainer_agent does there.
 
 Rows (the steady state, N = --ns): finished tasks/s (ACCEPTED acks in the window), latency
 of a GetTask that got a task (from its first attempt, retries included), calls shed,
@@ -89,7 +84,7 @@ from common import (  # noqa: E402  (after the sys.path line above)
 
 DISPATCH = Path(__file__).resolve().parent / "dispatch.py"
 PRIME_CAP = 120.0  # seconds after the start a steady row's window opens even if some trainer was never served
-TRANSIENT = ("UNAVAILABLE", "DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED", "CANCELLED")
+TRAINER_DEADLINE = 300.0  # seconds a trainer's call retries (trainer_agent's PADDLECLOUD_MASTER_DEADLINE default)
 GOALS = {"ratio_64": 2.0, "ceiling_share": 0.6, "expiry_cost": 0.20, "failover_over_ttl_s": 2.0,
          "start_s": 5.0, "rss_mb": 500.0, "turnover_s": 1.0}
 
@@ -102,114 +97,64 @@ def run_client(config: dict) -> None:
 
 
 async def _client(config: dict) -> dict:  # noqa: C901  (one loop, kept in one place to read)
+    """The client process's trainers: each a real `paddlecloud.master_client` connection and
+    session (the code trainer_agent runs), on one event loop; figures of the window."""
     import grpc
 
-    from paddlecloud.api import pb, pb_grpc
+    from paddlecloud.api import pb
+    from paddlecloud.auth import ClientCredentials
+    from paddlecloud.master_client import (
+        MasterConnection,
+        MasterLocator,
+        Session,
+    )
     from paddlecloud.wire import CLIENT_KEEPALIVE, seconds
-    from trainer_agent.client import CALL_TIMEOUT
 
-    n, targets, first = config["n"], config["targets"], config["first"]
-    options = [("grpc.use_local_subchannel_pool", 1)]  # one TCP connection per trainer
-    today = config["keepalive"] == "skip"  # trainers of today's trainer_agent, against today's master
-    if today:  # its deadline and keep-alive pings; the old agent's and the no-op's: 30 s, no pings
-        options += CLIENT_KEEPALIVE
-    timeout = CALL_TIMEOUT if today else 30
-    channels = [[grpc.aio.insecure_channel(t, options=options) for t in targets] for _ in range(n)]
-    stubs = [[pb_grpc.MasterStub(c) for c in pair] for pair in channels]
+    n, first = config["n"], config["first"]
+    options = [("grpc.use_local_subchannel_pool", 1), *CLIENT_KEEPALIVE]  # one TCP connection per trainer
+    # Two masters: found as trainer_agent finds them through etcd (the leader key, a standby's
+    # NOT_LEADER hint); one: at its address, as through a Service.
+    locator = (MasterLocator(etcd_endpoints=config["etcd"], job=config["job"]) if config.get("job")
+               else MasterLocator(master_endpoint=config["targets"][0]))
     transient: Counter = Counter()
     errors: Counter = Counter()
     counts: Counter = Counter()
-    reregistered = 0
     latencies: list[float] = []
     per_trainer = [0] * n
     buckets: Counter = Counter()          # whole wall-clock second -> ACCEPTED acks
-    last_ok = [0.0] * n                   # when the last answered call was sent (trainer_agent's Session)
-    under_way = [False] * n               # a GetTask sent and not answered yet
-    where = [0] * n
-    refused = [-1] * n                    # the target that last did not answer this trainer
+    epochs = [0] * n
     resumed: dict[int, float] = {}        # trainer -> first answer after the mark
     mark: list[float] = []
-    keepalives = [0]
+    keepalives: dict[str, int] = {}       # the sessions' KeepAlives when the window opened ("w0"), closed
     gate = asyncio.Semaphore(64)
     loop = asyncio.get_running_loop()
-
-    from paddlecloud.wire import Reason, error_info
-    from trainer_agent.client import RETRY_CAP, retry_delay
-
-    async def backoff(attempt: int, error: BaseException | None, sent: float) -> None:
-        """As trainer_agent: a shedding master's RetryInfo (jittered), else full-jitter backoff
-        less the time since the failed attempt was `sent` (a held call waited already)."""
-        delay = random.uniform(0, min(RETRY_CAP, 0.05 * 2 ** min(attempt, 6))) - (time.time() - sent)
-        await asyncio.sleep(retry_delay(error) or max(0.0, delay))
-
-    def redirect(i: int, error: grpc.aio.AioRpcError) -> None:
-        """After UNAVAILABLE: the leader a standby names, unless that one just did not answer (a
-        dead leader's key outlives it by its lease: trainer_agent's etcd locator then gives it
-        a standby, so it stays there; it tries the dead leader once per hold, refused at once
-        and without a backoff, which this skips); a standby naming none is the next leader
-        (stay); a master that did not answer at all (no ErrorInfo): the other one."""
-        if len(targets) < 2:
-            return
-        reason, metadata = error_info(error) or (None, {})
-        if reason is Reason.NOT_LEADER:
-            named = metadata.get("leader")
-            if named in targets and targets.index(named) != refused[i]:
-                where[i] = targets.index(named)
-            return
-        refused[i] = where[i]
-        where[i] ^= 1
-
-    async def register(i: int) -> tuple[int, int, float]:
-        attempt = 0
-        while True:
-            try:
-                sent = time.time()
-                async with gate:
-                    reply = await stubs[i][where[i]].RegisterTrainer(
-                        pb.RegisterTrainerRequest(trainer_id=f"{config['prefix']}{first + i}"), timeout=timeout)
-                last_ok[i] = sent
-                return reply.session_id, reply.current_epoch, seconds(reply.ttl) or 10.0
-            except grpc.aio.AioRpcError as e:
-                transient[f"RegisterTrainer:{e.code().name}"] += 1
-                if e.code() is grpc.StatusCode.UNAVAILABLE:
-                    redirect(i, e)
-                attempt += 1
-                await backoff(attempt, e, sent)
-
-    started = time.perf_counter()
-    registered = await asyncio.gather(*(register(i) for i in range(n)))
-    register_s = time.perf_counter() - started
-    sessions = [r[0] for r in registered]
-    epochs = [r[1] for r in registered]
-    ttl = registered[0][2] if registered else 10.0
     window = {"w0": math.inf, "w1": math.inf, "stop": math.inf}
 
     def in_window(when: float) -> bool:
         return window["w0"] <= when <= window["w1"]
 
-    async def keepalive(i: int) -> None:
-        mode = config["keepalive"]
-        period = ttl / 3
-        while True:
-            now = time.time()
-            due = (last_ok[i] if mode == "skip" else now) + period
-            await asyncio.sleep(max(0.0, due - now))
-            if time.time() >= window["stop"]:
-                return
-            if mode == "skip" and (under_way[i] or time.time() - last_ok[i] < period):
-                if under_way[i]:
-                    await asyncio.sleep(min(1.0, period / 10))  # as trainer_agent's BEAT_RECHECK
-                continue
-            with contextlib.suppress(grpc.aio.AioRpcError):
-                sent = time.time()
-                await stubs[i][where[i]].KeepAlive(pb.KeepAliveRequest(session_id=sessions[i]), timeout=timeout)
-                last_ok[i] = max(last_ok[i], sent)
-                if in_window(time.time()):
-                    keepalives[0] += 1
+    def observe(error: BaseException) -> None:
+        """Every failed attempt a connection retries (its code), in the window or after a kill."""
+        if in_window(time.time()) or mark:
+            transient[error.code().name if isinstance(error, grpc.RpcError) else type(error).__name__] += 1
 
-    # Sessions are kept while the trainers wait for the others to register, as trainer_agent
-    # keeps its own before its first call (a KeepAlive once no call was answered for ttl/3).
-    beats = [loop.create_task(keepalive(i)) for i in range(n)] if config["keepalive"] != "none" else []
+    def registered(i: int, reply: pb.RegisterTrainerResponse) -> None:
+        epochs[i] = reply.current_epoch
+
+    connections = [MasterConnection(locator, deadline=TRAINER_DEADLINE, credentials=ClientCredentials(),
+                                    open_channel=lambda address: grpc.aio.insecure_channel(address, options=options),
+                                    observe=observe) for _ in range(n)]
+    sessions = [Session(connections[i], trainer_id=f"{config['prefix']}{first + i}",
+                        on_register=lambda reply, i=i: registered(i, reply)) for i in range(n)]
+
+    async def register(session: Session) -> None:
+        async with gate:
+            await session.register()
+
+    started = time.perf_counter()
+    await asyncio.gather(*(register(s) for s in sessions))
+    register_s = time.perf_counter() - started
+    # Sessions are kept (the sessions' keep-alive tasks) while the trainers wait for the others.
     print(json.dumps({"registered": n, "register_s": register_s}), flush=True)
     go = json.loads(await loop.run_in_executor(None, sys.stdin.readline))
     # The window; with `prime`, it is not known yet: it starts once every trainer of every client
@@ -240,140 +185,77 @@ async def _client(config: dict) -> dict:  # noqa: C901  (one loop, kept in one p
             else:
                 mark.append(message["mark"])
 
-    class _LocalError(grpc.aio.AioRpcError):
-        """A GetTask over a stream that ended without the master's status: a timeout, or a new
-        stream the server cancelled before taking it up."""
-
-        def __init__(self, code: grpc.StatusCode) -> None:
-            super().__init__(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details=code.name)
-
-    streams: list = [None] * n  # trainer -> (target, its open GetTaskStream); None: open one when needed
-
-    async def get_task(i: int, request: pb.GetTaskRequest) -> pb.GetTaskResponse:
-        """One GetTask: a unary call, or (`stream`) a message on the trainer's stream, as
-        trainer_agent sends it; a stream that failed is dropped, the next call opens one."""
-        if not config.get("stream"):
-            return await stubs[i][where[i]].GetTask(request, timeout=timeout)
-        held = streams[i]
-        if held is None or held[0] != where[i]:
-            if held is not None:
-                held[1].cancel()
-            held = streams[i] = (where[i], stubs[i][where[i]].GetTaskStream())
-        call = held[1]
-        try:
-            await call.write(request)
-        except grpc.aio.AioRpcError as e:
-            streams[i] = None
-            if e.code() is grpc.StatusCode.INTERNAL and e.details().startswith("Internal error from Core"):
-                # the server cancelled the new stream before taking it up (the no-op's gRPC queue
-                # overflowed, as it cancels unary calls): grpc.aio's write says INTERNAL
-                raise _LocalError(grpc.StatusCode.CANCELLED) from None
-            raise
-        try:
-            reply = await asyncio.wait_for(call.read(), timeout)
-        except grpc.aio.AioRpcError:
-            streams[i] = None
-            raise
-        except (asyncio.TimeoutError, asyncio.InvalidStateError):
-            streams[i] = None
-            call.cancel()
-            raise _LocalError(grpc.StatusCode.DEADLINE_EXCEEDED) from None
-        if reply is grpc.aio.EOF:  # the master ended the stream with OK: it never does
-            streams[i] = None
-            raise _LocalError(grpc.StatusCode.UNAVAILABLE)
-        return reply
+    def took(i: int, reply: pb.GetTaskResponse, asked: float) -> list:
+        """Counts an answered GetTask; the acks the next one carries."""
+        now = time.time()
+        for edge in ("w0", "w1"):
+            if edge not in keepalives and now >= window[edge]:
+                keepalives[edge] = sum(s.keepalives for s in sessions)
+        if mark and i not in resumed and now > mark[-1]:
+            resumed[i] = now
+        measured = in_window(now)
+        for result in reply.finished_results:
+            accepted = result == pb.ACCEPTED
+            if accepted:
+                buckets[int(now)] += 1
+                if config.get("prime") and i not in primed:
+                    primed.add(i)
+                    if len(primed) == n:
+                        say_primed(now)
+            if measured:
+                counts["accepted" if accepted else "stale"] += 1
+                per_trainer[i] += accepted
+        counts["calls"] += measured
+        if reply.outcome == pb.TASK:
+            acks = [pb.TaskRef(task_id=t.id, epoch=t.epoch, attempt=t.attempt)
+                    for t in (reply.task, *reply.more_tasks)]
+            if measured:
+                counts["task"] += len(acks)
+                latencies.append(now - asked)  # from the first attempt, retries included
+            return acks
+        counts["wait"] += measured and reply.outcome == pb.WAIT
+        if reply.outcome == pb.EPOCH_DONE:
+            epochs[i] = reply.current_epoch
+        return []
 
     async def trainer(i: int) -> None:
-        nonlocal reregistered
-        previous: list = []
-        asked = 0.0
-        attempt = 0
-        while True:
-            now = time.time()
-            if now >= window["stop"]:
-                return
-            asked = asked or now
-            request = pb.GetTaskRequest(session_id=sessions[i], epoch=epochs[i], finished=previous,
-                                        max_tasks=config["max_tasks"])
-            under_way[i] = True  # until answered: trainer_agent's retries of one call included
+        """trainer_agent's loop: GetTask with the previous task's acks; on WAIT, sleep
+        retry_after x U(0.5, 1.5); the session's own retries and registrations."""
+        session, connection, previous = sessions[i], connections[i], []
+        while time.time() < window["stop"]:
+            asked = time.time()
             try:
-                reply = await get_task(i, request)
-            except grpc.aio.AioRpcError as e:
-                code = e.code().name
-                if code not in TRANSIENT:
-                    under_way[i] = False
-                if code == "NOT_FOUND":  # the session expired: register again
-                    reregistered += 1
-                    sessions[i], epochs[i], _ = await register(i)
-                    previous, asked = [], 0.0
-                    continue
-                if code in TRANSIENT:
-                    if in_window(now) or mark:
-                        transient[code] += 1
-                    if code == "UNAVAILABLE":
-                        redirect(i, e)
-                else:
-                    errors[code] += 1
-                attempt += 1
-                await backoff(attempt, e, now)
-                continue
-            attempt = 0
-            last_ok[i] = now  # when this attempt was sent
-            under_way[i] = False
-            now = time.time()
-            refused[i] = -1
-            if mark and i not in resumed and now > mark[-1]:
-                resumed[i] = now
-            measured = in_window(now)
-            for result in reply.finished_results:
-                accepted = result == pb.ACCEPTED
-                if accepted:
-                    buckets[int(now)] += 1
-                    if config.get("prime") and i not in primed:
-                        primed.add(i)
-                        if len(primed) == n:
-                            say_primed(now)
-                if measured:
-                    counts["accepted" if accepted else "stale"] += 1
-                    per_trainer[i] += accepted
-            if measured:
-                counts["calls"] += 1
-            previous = []
-            outcome = reply.outcome
-            if outcome == pb.TASK:
-                previous = [pb.TaskRef(task_id=t.id, epoch=t.epoch, attempt=t.attempt)
-                            for t in (reply.task, *reply.more_tasks)]
-                if measured:
-                    counts["task"] += len(previous)
-                    latencies.append(now - asked)
-                asked = 0.0
-            elif outcome == pb.WAIT:
-                counts["wait"] += measured
-                asked = 0.0
-                await asyncio.sleep(seconds(reply.retry_after) * random.uniform(0.5, 1.5))
-            elif outcome == pb.EPOCH_DONE:
-                epochs[i] = reply.current_epoch
-                asked = 0.0
-            else:
+                reply = await session.run(lambda s, acks=previous: connection.get_task(
+                    s, epoch=epochs[i], finished=acks, max_tasks=config["max_tasks"]))
+            except grpc.RpcError as error:  # (MasterUnavailable too) a trainer would stop here
+                errors[error.code().name] += 1
+                return
+            previous = took(i, reply, asked)
+            if reply.outcome == pb.JOB_DONE:
                 counts["job_done"] += 1
                 return
+            if reply.outcome == pb.WAIT:
+                await asyncio.sleep(seconds(reply.retry_after) * random.uniform(0.5, 1.5))
 
-    listener = loop.create_task(listen())
-    capper = loop.create_task(prime_cap()) if config.get("prime") else None
+    helpers = [loop.create_task(listen())]
+    if config.get("prime"):
+        helpers.append(loop.create_task(prime_cap()))
     workers = [loop.create_task(trainer(i)) for i in range(n)]
     await asyncio.wait(workers)
-    for task in beats + [listener] + ([capper] if capper else []):
+    for task in helpers:
         task.cancel()
     for task in workers:
         if task.exception() is not None:
             errors[f"trainer:{type(task.exception()).__name__}"] += 1
-    for pair in channels:
-        for channel in pair:
-            await channel.close()
+    for session in sessions:
+        session.close()
+    await asyncio.gather(*(c.close() for c in connections))
     return {"n": n, "counts": dict(counts), "transient": dict(transient), "errors": dict(errors),
-            "reregistered": reregistered, "latencies": latencies, "per_trainer": per_trainer,
-            "keepalives": keepalives[0], "buckets": {str(k): v for k, v in buckets.items()},
-            "resumed": list(resumed.values()), "register_s": register_s}
+            "reregistered": sum(s.reregistrations for s in sessions), "latencies": latencies,
+            "per_trainer": per_trainer,
+            "keepalives": keepalives.get("w1", sum(s.keepalives for s in sessions)) - keepalives.get("w0", 0),
+            "buckets": {str(k): v for k, v in buckets.items()}, "resumed": list(resumed.values()),
+            "register_s": register_s}
 
 
 # ---- the orchestrator --------------------------------------------------------------------
@@ -382,16 +264,16 @@ async def _client(config: dict) -> dict:  # noqa: C901  (one loop, kept in one p
 class Clients:
     """K client processes sharing N trainers; started, registered, then released together."""
 
-    def __init__(self, *, targets: list[str], n: int, k: int, prefix: str, keepalive: str,
+    def __init__(self, *, targets: list[str], n: int, k: int, prefix: str,
                  warmup: float, duration: float, stop: float | None = None, max_tasks: int = 1,
-                 prime: bool = False, stream: bool = False) -> None:
+                 prime: bool = False, etcd: str = "", job: str = "") -> None:
         k = max(1, min(k, n))
         shares = [n // k + (1 if i < n % k else 0) for i in range(k)]
         self.processes: list[subprocess.Popen] = []
         first = 0
         for share in shares:
             config = {"targets": targets, "n": share, "first": first, "prefix": prefix,
-                      "keepalive": keepalive, "stream": stream, "warmup": warmup,
+                      "etcd": etcd, "job": job, "warmup": warmup,
                       "duration": duration, "max_tasks": max_tasks, "prime": prime}
             first += share
             self.processes.append(subprocess.Popen(
@@ -487,7 +369,8 @@ class Bench:
 
     def start_noop(self, path: str) -> None:
         port = free_port()
-        config = {"port": port, "path": path, "task_id": 12345, "attempt": 123456}
+        config = {"port": port, "path": path, "task_id": 12345, "attempt": 123456,
+                  "streams": not self.args.unary}
         self.noop = subprocess.Popen([sys.executable, str(DISPATCH), "--role", "noop", "--config",
                                       json.dumps(config)], stdout=subprocess.PIPE, text=True)
         if self.noop.stdout.readline().strip() != "ready":
@@ -499,7 +382,8 @@ class Bench:
         metrics_port = free_port()
         m = Master(job=job, etcd=self.etcd.endpoint, log_dir=self.work, name=name, tree=tree,
                    args=["--input", str(data), "--chunk-bytes", "1", "--epochs", str(epochs),
-                         "--metrics-port", str(metrics_port), *flags]).start()
+                         "--metrics-port", str(metrics_port),
+                         *(["--no-task-streams"] if self.args.unary else []), *flags]).start()
         self.masters.append(m)
         return m, f"http://127.0.0.1:{metrics_port}/metrics"
 
@@ -561,16 +445,15 @@ class NewCalls:
                 "new_calls": len(ordered), "new_call_errors": dict(self.errors)}
 
 
-def measure(bench: Bench, *, targets: list[str], n: int, prefix: str, keepalive: str,
-            pids: dict[str, int], metrics: str | None, max_tasks: int = 1, stream: bool = False) -> dict:
+def measure(bench: Bench, *, targets: list[str], n: int, prefix: str,
+            pids: dict[str, int], metrics: str | None, max_tasks: int = 1) -> dict:
     """One steady-state run: K clients against `targets`, figures of the window. Against a
     master (`metrics`), the window opens once every trainer had a task accepted (see
     `Clients.window`), and not before the warm-up; against the no-op server, after the warm-up."""
     args = bench.args
     prime = metrics is not None
-    clients = Clients(targets=targets, n=n, k=args.clients, prefix=prefix, keepalive=keepalive,
-                      warmup=args.warmup, duration=args.duration, max_tasks=max_tasks, prime=prime,
-                      stream=stream)
+    clients = Clients(targets=targets, n=n, k=args.clients, prefix=prefix,
+                      warmup=args.warmup, duration=args.duration, max_tasks=max_tasks, prime=prime)
     unserved, new_calls = 0, None
     try:
         t0 = clients.go()
@@ -644,19 +527,18 @@ def steady_rows(bench: Bench, data: Path, say) -> list[dict]:
             master, metrics = bench.master(job, data, args.epochs, *args.steady_flags.split())
             master.wait_serving()
             runs["master"].append(measure(
-                bench, targets=[master.address], n=n, prefix=f"t{n}-", keepalive="skip",
+                bench, targets=[master.address], n=n, prefix=f"t{n}-",
                 pids={"master": master.pid, "etcd": bench.etcd.process.pid}, metrics=metrics,
-                max_tasks=args.max_tasks, stream=not args.unary))
+                max_tasks=args.max_tasks))
             master.stop()
             runs["noop"].append(measure(bench, targets=[bench.noop_address], n=n, prefix="noop-",
-                                        keepalive="none", pids={"master": bench.noop.pid}, metrics=None,
-                                        stream=not args.unary))
+                                        pids={"master": bench.noop.pid}, metrics=None))
             if args.baseline:
                 base, metrics = bench.master(f"{job}-base", data, args.epochs, *args.steady_flags.split(),
                                              tree=Path(args.baseline).resolve())
                 base.wait_serving()
                 runs["base"].append(measure(
-                    bench, targets=[base.address], n=n, prefix=f"b{n}-", keepalive="always",
+                    bench, targets=[base.address], n=n, prefix=f"b{n}-",
                     pids={"master": base.pid, "etcd": bench.etcd.process.pid}, metrics=metrics))
                 base.stop()
         row = {k: median_run(v) for k, v in runs.items() if v}
@@ -753,8 +635,8 @@ def failover(bench: Bench, say, *, versus: bool = False) -> dict:
     a.wait_serving()
     b, _ = bench.master(job, data, 1, *flags, name="b")
     masters = [a, b]
-    clients = Clients(targets=[a.address, b.address], n=n, k=args.clients, prefix="f-", keepalive="skip",
-                      warmup=0.0, duration=3600.0, stream=not args.unary)
+    clients = Clients(targets=[a.address, b.address], n=n, k=args.clients, prefix="f-",
+                      warmup=0.0, duration=3600.0, etcd=bench.etcd.endpoint, job=job)
     killed = serving_at = None
     try:
         clients.go()
@@ -810,10 +692,10 @@ def expiry(bench: Bench, say) -> dict:
     master.wait_serving()
     before = max(2.0, args.duration)
     run_s = args.warmup + before + ttl + 6.0
-    survivors = Clients(targets=[master.address], n=n - v, k=args.clients, prefix="s-", keepalive="skip",
-                        warmup=args.warmup, duration=run_s - args.warmup, stop=run_s, stream=not args.unary)
-    victim = Clients(targets=[master.address], n=v, k=1, prefix="v-", keepalive="skip",
-                     warmup=args.warmup, duration=run_s - args.warmup, stop=run_s, stream=not args.unary)
+    survivors = Clients(targets=[master.address], n=n - v, k=args.clients, prefix="s-",
+                        warmup=args.warmup, duration=run_s - args.warmup, stop=run_s)
+    victim = Clients(targets=[master.address], n=v, k=1, prefix="v-",
+                     warmup=args.warmup, duration=run_s - args.warmup, stop=run_s)
     requeued = 'paddlecloud_master_requeues_total{cause="expiry"}'
     try:
         t0 = survivors.go()
@@ -919,9 +801,12 @@ def late_failover(bench: Bench, say) -> dict:
     out["late_first_task_s"] = out["late_serving_s"] + time.perf_counter() - started
     out["late_rss_mb"] = rss_mb(standby.pid)
     out["late_mirrored"] = "(the standby's mirror)" in standby.log_path.read_text(errors="replace")
-    # side by side: the same load reading the marks from etcd, as one without the mirror does
-    out["late_read_load_s"] = asyncio.run(_timed_load(bench.etcd.endpoint, job))
     standby.stop()
+    # side by side: the same load reading the marks from etcd, by a master without the mirror
+    reader, _ = bench.master(job, data, 1, *flags, name="late-reader")
+    reader.wait_serving(timeout=300)
+    out["late_read_load_s"] = logged_at(reader, "cache loaded") - logged_at(reader, "elected leader")
+    reader.stop()
     out["late_outcome"] = pb.Outcome.Name(reply.outcome)
     out["late_election_ttl_s"] = ttl
     say(f"  late failover: {args.late_tasks:,}-task epoch with {done:,} done marks (written in "
@@ -963,21 +848,6 @@ def wait_logged(master: Master, text: str, timeout: float) -> None:
         time.sleep(0.05)
 
 
-async def _timed_load(endpoint: str, job: str) -> float:
-    """Seconds one load of the job's keys takes reading its done marks from etcd."""
-    from master.store import EtcdStore
-    from paddlecloud import etcd
-    from paddlecloud.keys import JobKeys
-    keys = JobKeys("local", job)
-    client = await etcd.connect(endpoint)
-    try:
-        started = time.perf_counter()
-        await EtcdStore(client, keys, etcd.Leadership(keys.leader, 1)).load()
-        return time.perf_counter() - started
-    finally:
-        await client.close()
-
-
 async def _mark_done(endpoint: str, job: str, count: int) -> None:
     """Puts `done/0/<task>` for the first `count` tasks, as finished tasks leave them."""
     from paddlecloud import etcd
@@ -1016,10 +886,10 @@ def run(args: argparse.Namespace) -> int:
             f"{args.warmup:g} s (against a master: and until every trainer had a task accepted), "
             f"window {args.duration:g} s; master: {args.steady_flags or 'default flags'} + --input <sparse "
             f"file> --chunk-bytes 1 --epochs {args.epochs} --metrics-port; its trainers ask max_tasks "
-            f"{args.max_tasks}, {'unary (--unary)' if args.unary else 'over one GetTaskStream each'}, and so do the no-op "
-            f"server's; the baseline's call GetTask unary; each row the median of {args.repeat} interleaved runs"
-            + (f"; baseline tree {args.baseline} (its trainers KeepAlive every ttl/3, as its agent did)"
-               if args.baseline else ""))
+            f"{args.max_tasks}, {'unary (--unary: the servers refuse GetTaskStream)' if args.unary else 'over one GetTaskStream each'}, "
+            f"and so do the no-op server's and the baseline's; every trainer is paddlecloud.master_client's connection "
+            f"and session, as trainer_agent runs them; each row the median of {args.repeat} interleaved runs"
+            + (f"; baseline tree {args.baseline}" if args.baseline else ""))
         data = sparse_file(bench.work / "main.dat", args.chunks)
         bench.start_noop(str(data))
         say()
@@ -1066,8 +936,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                         help="max_tasks the new master's trainers ask per GetTask (prefetch) [2 = the "
                              "default --max-tasks-per-trainer]; the baseline's ask one")
     parser.add_argument("--unary", action="store_true",
-                        help="the new master's trainers call GetTask unary, as trainer_agent does at a master "
-                             "without GetTaskStream [off: over one stream per trainer, as trainer_agent does]")
+                        help="the masters and the no-op server refuse GetTaskStream (--no-task-streams), so the "
+                             "trainers call GetTask unary, as trainer_agent does there [off: over one stream "
+                             "per trainer]")
     parser.add_argument("--steady-flags", default="", metavar="FLAGS",
                         help="more master flags for the steady rows, the baseline's too (e.g. '--session-ttl "
                              "10s') [none: the defaults]")

@@ -27,7 +27,7 @@ DOMAIN = "paddlecloud.org"
 
 # Keep-alive pings on a client's connection to a master, while a call is under way. A
 # trainer's call may wait in a busy master's queue longer than a short deadline allows, so
-# it gets a long one (`trainer_agent.client.CALL_TIMEOUT`); a master gone without closing
+# it gets a long one (`paddlecloud.master_client.connection.CALL_TIMEOUT`); a master gone without closing
 # the connection (its node lost, its process stopped) is noticed instead when a ping goes
 # unanswered: within KEEPALIVE_TIME_MS + KEEPALIVE_TIMEOUT_MS.
 KEEPALIVE_TIME_MS = 10_000

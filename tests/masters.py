@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import urllib.request
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import grpc
@@ -189,3 +190,16 @@ async def in_process_master(data: Path, etcd_endpoint: str, job_name: str, *, se
 # wait_for and wait_until live in tests/waiting.py; re-exported for the tests that import them here.
 __all__ = ["MasterProcess", "wait_serving", "wait_for", "wait_until", "stub", "serving_stub",
            "in_process_master", "pb"]
+
+
+@contextlib.asynccontextmanager
+async def serving_servicer(servicer: pb_grpc.MasterServicer) -> AsyncIterator[str]:
+    """`servicer` (a stand-in master) on a real gRPC server on a free port: its address."""
+    server = grpc.aio.server()
+    pb_grpc.add_MasterServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        await server.stop(grace=None)

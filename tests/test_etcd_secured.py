@@ -179,7 +179,7 @@ def tls_only(tmp_path_factory):
 def test_trainers_find_the_leader_over_tls_with_a_ca_only(tls_only, tmp_path, job_name, monkeypatch):
     """A real master publishes its address in the https:// etcd; a trainer's locator reads it
     with the CA alone (no etcd user, no client certificate), and trusts no other CA."""
-    from trainer_agent.discovery import DiscoveryError, MasterLocator
+    from paddlecloud.master_client.discovery import DiscoveryError, MasterLocator
 
     etcd, ca_file = tls_only
     monkeypatch.setenv("PADDLE_ETCD_CA_FILE", ca_file)  # the master's (and only that)
@@ -202,7 +202,7 @@ def test_trainers_find_the_leader_over_tls_with_a_ca_only(tls_only, tmp_path, jo
 
 
 def test_an_etcd_asking_for_credentials_tells_trainers_to_use_the_master_endpoint(secured, job_name):
-    from trainer_agent.discovery import DiscoveryError, MasterLocator
+    from paddlecloud.master_client.discovery import DiscoveryError, MasterLocator
 
     etcd, env = secured
     locator = MasterLocator.from_env({"PADDLE_ETCD_ENDPOINTS": etcd.endpoint, "PADDLE_JOB_NAME": job_name,

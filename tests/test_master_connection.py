@@ -21,6 +21,7 @@ import paddlecloud.auth
 from master.server import SERVER_OPTIONS
 from paddlecloud.api import pb, pb_grpc
 from paddlecloud.auth import ClientCredentials
+from paddlecloud.master_client.discovery import MasterLocator
 from paddlecloud.wire import (
     KEEPALIVE_TIME_MS,
     MIN_PING_INTERVAL_MS,
@@ -28,7 +29,6 @@ from paddlecloud.wire import (
     client_keepalive,
 )
 from trainer_agent.client import MasterConnection, MasterUnavailable
-from trainer_agent.discovery import MasterLocator
 
 HOLD_SERVER = Path(__file__).with_name("hold_server.py")
 FAST_PINGS = client_keepalive(time_ms=MIN_PING_INTERVAL_MS, timeout_ms=1_000)  # a test's seconds

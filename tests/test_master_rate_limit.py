@@ -61,8 +61,8 @@ async def test_registrations_past_the_burst_are_shed_with_retry_info(tmp_path, s
 
 
 def test_the_trainer_client_waits_the_retry_delay_then_registers(start_master, job_name):
+    from paddlecloud.master_client.discovery import MasterLocator
     from trainer_agent.client import MasterConnection
-    from trainer_agent.discovery import MasterLocator
 
     proc = start_master("--register-rate", "0.5", "--register-burst", "1", metrics=True)
     asyncio.run(wait_serving(proc.address, process=proc))

@@ -21,9 +21,9 @@ import numpy as np  # noqa: E402
 from masters import pb, stub, wait_serving  # noqa: E402
 
 from paddlecloud.etcd_server import free_port  # noqa: E402
+from paddlecloud.master_client.discovery import MasterLocator  # noqa: E402
 from trainer_agent.checkpoint import TrainStatus, latest_train_status  # noqa: E402
 from trainer_agent.client import TaskClient  # noqa: E402
-from trainer_agent.discovery import MasterLocator  # noqa: E402
 from trainer_agent.paddle import (  # noqa: E402
     MasterDataset,
     load_paddle_checkpoint,

@@ -20,8 +20,16 @@ from test_master_bounds import refused
 from waiting import wait_for
 
 from paddlecloud import etcd
-from paddlecloud.backends.local.job import JobFailed, LocalJob, LocalJobSpec
+from paddlecloud.auth import ClientCredentials
+from paddlecloud.backends.local.job import (
+    OPERATOR_DEADLINE,
+    POLL_DEADLINE,
+    JobFailed,
+    LocalJob,
+    LocalJobSpec,
+)
 from paddlecloud.keys import JobKeys
+from paddlecloud.master_client import MasterConnection, MasterLocator
 
 
 async def phase_of(m) -> str:
@@ -176,9 +184,15 @@ async def supervisor_of(tmp_path, job: str, address: str):
     supervisor = LocalJob(spec, on_line=lambda *_: None)
     supervisor.progress.leader = address
     counting = _Counting()
-    async with grpc.aio.insecure_channel(address, interceptors=[counting]) as channel:
-        supervisor._channels[address] = channel
+    for deadline in (POLL_DEADLINE, OPERATOR_DEADLINE):  # its clients of the leader, at `address`
+        supervisor._masters[deadline] = MasterConnection(
+            MasterLocator(master_endpoint=address), deadline=deadline, credentials=ClientCredentials(),
+            open_channel=lambda where: grpc.aio.insecure_channel(where, interceptors=[counting]))
+    try:
         yield supervisor, counting
+    finally:
+        for connection in supervisor._masters.values():
+            await connection.close()
 
 
 async def test_the_local_supervisor_s_group_restart_reopens_a_job_that_ended_meanwhile(

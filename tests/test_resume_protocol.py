@@ -21,9 +21,9 @@ from masters import pb, stub, wait_serving, wait_until
 
 paddle = pytest.importorskip("paddle")
 
+from paddlecloud.master_client.discovery import MasterLocator  # noqa: E402
 from trainer_agent.checkpoint import CheckpointEvery, TrainStatus  # noqa: E402
 from trainer_agent.client import TaskClient  # noqa: E402
-from trainer_agent.discovery import MasterLocator  # noqa: E402
 from trainer_agent.paddle import MasterDataset, SessionLapsed  # noqa: E402
 
 pytestmark = pytest.mark.paddle

@@ -14,9 +14,9 @@ from datasets import write_records
 from masters import metric, pb, stub, wait_for, wait_serving
 from trainers import read_log, reads_per_epoch
 
+from paddlecloud.master_client.discovery import MasterLocator
 from paddlecloud.wire import seconds
 from trainer_agent.client import TaskClient
-from trainer_agent.discovery import MasterLocator
 from trainer_agent.readers import read_chunk
 
 

@@ -49,8 +49,8 @@ import click
 from paddlecloud.api import pb
 from paddlecloud.deployer import START_GATE_ENV
 from paddlecloud.exits import describe_exit, exit_code, signal_exit_code
+from paddlecloud.master_client.discovery import DiscoveryError, MasterLocator
 from trainer_agent.client import MasterConnection, MasterUnavailable
-from trainer_agent.discovery import DiscoveryError, MasterLocator
 
 logger = logging.getLogger(__name__)
 

@@ -407,7 +407,7 @@ def _viewer_token(core: Any, name: str, namespace: str) -> str | None:
 @click.option("--master", "master_address", metavar="HOST:PORT",
               help="The master's gRPC address (default: its Service, NAME-master.NS.svc:8080).")
 @click.option("--timeout", type=float, default=3.0, show_default=True,
-              help="Seconds to wait for the master.")
+              help="Seconds to wait for the master, retrying while it is away or busy.")
 @click.option("--web", is_flag=True,
               help="Print how to open the job's status page: a kubectl port-forward and its URL "
                    "with the job's viewer token (read from its Secret NAME-tokens).")
@@ -495,7 +495,7 @@ def status_command(name: str, namespace: str, master_address: str | None, timeou
 def _master_options(command: Callable[..., Any]) -> Callable[..., Any]:
     """--master and --timeout of a command that calls a job's master as its operator."""
     command = click.option("--timeout", type=float, default=10.0, show_default=True,
-                           help="Seconds to wait for the master.")(command)
+                           help="Seconds to wait for the master, retrying while it is away or busy.")(command)
     return click.option("--master", "master_address", metavar="HOST:PORT",
                         help="The master's gRPC address (default: its Service, NAME-master.NS.svc:8080; "
                              "a local job's leader is shown by `paddlecloud local train`).")(command)
@@ -612,16 +612,13 @@ def evict_command(name: str, trainer_id: str, namespace: str, master_address: st
     """
     import grpc
 
-    from paddlecloud.api import pb, pb_grpc
     from paddlecloud.auth import master_credentials
+    from paddlecloud.master_client import ask_master
 
     address, ca = _operator_target(name, namespace, master_address, kubeconfig)
-    credentials = master_credentials(None, ca=ca)
     try:
-        with credentials.channel(address) as channel:
-            reply = pb_grpc.MasterStub(channel).EvictTrainer(
-                pb.EvictTrainerRequest(trainer_id=trainer_id), timeout=timeout,
-                metadata=credentials.metadata())
+        reply = ask_master(address, lambda master: master.evict_trainer(trainer_id), timeout=timeout,
+                           credentials=master_credentials(None, ca=ca))
     except grpc.RpcError as error:
         raise _fail(f"cannot evict trainer {trainer_id} of job {name} at {address}: {error.details()}") from None
     click.echo(f"job {name}: trainer {trainer_id} evicted (session {reply.session_id}, "

@@ -274,16 +274,15 @@ def master_ca(annotations: Mapping[str, str] | None) -> bytes | None:
 
 def fetch_master_status(address: str, *, timeout: float, token: str | None = None,
                         ca: bytes | None = None) -> Any:
-    """The master's GetStatus answer; raises grpc.RpcError when it cannot be reached.
+    """The master's GetStatus answer (`paddlecloud.master_client.ask_master`: retried until
+    `timeout`); raises grpc.RpcError when it refused, or did not answer in time (MasterUnavailable).
     Credentials as `paddlecloud.auth.master_credentials` finds them (`ca`: the job's CA,
     `master_ca` of its Deployment)."""
-    from paddlecloud.api import pb, pb_grpc
     from paddlecloud.auth import master_credentials
+    from paddlecloud.master_client import ask_master
 
-    credentials = master_credentials(token, ca=ca)
-    with credentials.channel(address) as channel:
-        return pb_grpc.MasterStub(channel).GetStatus(pb.GetStatusRequest(), timeout=timeout,
-                                                     metadata=credentials.metadata())
+    return ask_master(address, lambda master: master.get_status(), timeout=timeout,
+                      credentials=master_credentials(token, ca=ca))
 
 
 def scale_trainers(address: str, trainers: int, *, timeout: float, token: str | None = None,
@@ -291,16 +290,13 @@ def scale_trainers(address: str, trainers: int, *, timeout: float, token: str | 
     """Asks the job's master at `address` to set its trainers to `trainers` (its
     `ScaleTrainers` RPC, the operator's; the master's deployer converges): the answer (min,
     max, desired). Credentials as `fetch_master_status`, unless given whole (`credentials`: a
-    local job's, from its output directory). Raises grpc.RpcError.
+    local job's, from its output directory). Raises as `fetch_master_status`.
     The one scale call of `paddlecloud job scale` and of the autoscaler."""
-    from paddlecloud.api import pb, pb_grpc
     from paddlecloud.auth import master_credentials
+    from paddlecloud.master_client import ask_master
 
-    credentials = credentials or master_credentials(token, ca=ca)
-    with credentials.channel(address) as channel:
-        return pb_grpc.MasterStub(channel).ScaleTrainers(
-            pb.ScaleTrainersRequest(trainers=trainers), timeout=timeout,
-            metadata=credentials.metadata())
+    return ask_master(address, lambda master: master.scale_trainers(trainers), timeout=timeout,
+                      credentials=credentials or master_credentials(token, ca=ca))
 
 
 # ---- reading and deleting a job (the job server and the Python API) ---------------------------

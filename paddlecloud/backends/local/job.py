@@ -25,7 +25,6 @@ import shutil
 import signal
 import sys
 import tempfile
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,7 +33,7 @@ import grpc
 
 from paddlecloud import checkpoints, etcd
 from paddlecloud.aio import cancel_and_wait
-from paddlecloud.api import pb, pb_grpc
+from paddlecloud.api import pb
 from paddlecloud.auth import ClientCredentials, JobTokens, Role
 from paddlecloud.backends.local.children import Child
 from paddlecloud.backends.local.container import ContainerSpec, remove_containers
@@ -43,6 +42,7 @@ from paddlecloud.backends.local.handle import SECRETS_DIR, LocalJobHandle
 from paddlecloud.etcd_server import EtcdServer, free_ports, server_version, version_warning
 from paddlecloud.exits import signal_exit_code
 from paddlecloud.keys import JobKeys, prefix_range_end
+from paddlecloud.master_client import MasterConnection, MasterLocator, MasterUnavailable
 from paddlecloud.master_flags import master_flags
 from paddlecloud.phase import Phase
 from paddlecloud.supervision import Graces, MasterState, supervise
@@ -53,11 +53,9 @@ logger = logging.getLogger(__name__)
 NAMESPACE = "local"
 TRAINERS_EXITED_GRACE = 5.0  # seconds the master's phase may lag the trainers' exit
 POLL_INTERVAL = 0.5          # seconds between two looks at the master and the children
+POLL_DEADLINE = 2.0          # seconds a look at the master may take, retries included
+OPERATOR_DEADLINE = 60.0     # seconds RestartEpoch and ScaleTrainers retry while no leader answers
 PAGE_LINGER = 2.0            # seconds the masters serve their status page after the job's end
-# Answers to RestartEpoch that no retry changes (the others: no leader serving yet).
-_PERMANENT = frozenset({grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.INVALID_ARGUMENT,
-                        grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED})
-
 
 @dataclass(frozen=True)
 class LocalJobSpec:
@@ -139,7 +137,10 @@ class LocalJob:
         self._status: pb.GetStatusResponse | None = None
         self._master_restarts = 0
         self._etcd_dir: str | None = None
-        self._channels: dict[str, grpc.aio.Channel] = {}
+        # The leader's clients (paddlecloud.master_client), found as the trainers find it
+        # (etcd): one for the polls (a poll gives up in POLL_DEADLINE), one for the operator's
+        # calls (RestartEpoch, ScaleTrainers: retried while no leader answers, 60 s).
+        self._masters: dict[float, MasterConnection] = {}
         self.page_urls: list[str] = []   # each master's status page (its --metrics-port)
 
     @property
@@ -329,28 +330,27 @@ class LocalJob:
         return (self._status.desired_trainers or None) if self._status is not None else None
 
     async def _poll_status(self) -> None:
-        for master in self.masters:
-            if not master.running:
-                continue
-            try:
-                status = await self._master(master_address(master)).GetStatus(pb.GetStatusRequest(), timeout=2,
-                                                                                  metadata=self.credentials.metadata())
-            except grpc.aio.AioRpcError:
-                continue
+        try:
+            status = await self._leader(POLL_DEADLINE).get_status()
+        except grpc.RpcError as error:  # MasterUnavailable too: no leader answered in time
+            logger.debug("no status from the master: %s", error)
+        else:
             self._status = status
-            p = self.progress
-            p.phase, p.epoch, p.num_epochs = status.phase, status.current_epoch, status.num_epochs or p.num_epochs
-            p.done, p.num_tasks = status.counts.done, status.num_tasks
-            if status.leader != p.leader:
-                p.leader = status.leader
-                self._write_handle()
-            p.trainers_alive, p.requeued = status.trainers_alive, status.requeued
-            p.min_trainers, p.max_trainers = status.min_trainers, status.max_trainers
-            p.desired_trainers = status.desired_trainers
-            p.trainer_seconds = {e.cause: e.seconds for e in status.trainer_seconds}
-            break
+            self._take_status(status)
         self.progress.restarts = self._master_restarts + self.deployer.restarts
         self.on_progress(self.progress)
+
+    def _take_status(self, status: pb.GetStatusResponse) -> None:
+        p = self.progress
+        p.phase, p.epoch, p.num_epochs = status.phase, status.current_epoch, status.num_epochs or p.num_epochs
+        p.done, p.num_tasks = status.counts.done, status.num_tasks
+        if status.leader != p.leader:
+            p.leader = status.leader
+            self._write_handle()
+        p.trainers_alive, p.requeued = status.trainers_alive, status.requeued
+        p.min_trainers, p.max_trainers = status.min_trainers, status.max_trainers
+        p.desired_trainers = status.desired_trainers
+        p.trainer_seconds = {e.cause: e.seconds for e in status.trainer_seconds}
 
     async def _restart_master(self, master: Child) -> None:
         why = f"exited with {master.returncode}"
@@ -374,31 +374,20 @@ class LocalJob:
         if epoch >= self.progress.num_epochs:
             self._event("the checkpoint holds the whole job: no epoch to restart")
             return
-        address = self.progress.leader
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                await self._master(address).RestartEpoch(
-                    pb.RestartEpochRequest(epoch=epoch, done_tasks=done, reopen=True), timeout=10,
-                    metadata=self.credentials.metadata())
-                self._event(f"the master restarted epoch {epoch}"
-                            + (f" with the checkpoint's {len(done)} tasks done" if done else ""))
-                await self._poll_status()  # the phase the supervisor reads next is the reopened one
-                return
-            except grpc.aio.AioRpcError as error:
-                if error.code() in _PERMANENT or time.monotonic() > deadline:
-                    raise JobFailed(f"could not restart epoch {epoch}: {error.details()}") from None
-                await asyncio.sleep(POLL_INTERVAL)
-                await self._poll_status()
-                address = self.progress.leader
+        try:
+            await self._leader(OPERATOR_DEADLINE).restart_epoch(epoch, done_tasks=list(done), reopen=True)
+        except grpc.RpcError as error:  # a refusal, or no leader in OPERATOR_DEADLINE
+            raise JobFailed(f"could not restart epoch {epoch}: {error.details()}") from None
+        self._event(f"the master restarted epoch {epoch}"
+                    + (f" with the checkpoint's {len(done)} tasks done" if done else ""))
+        await self._poll_status()  # the phase the supervisor reads next is the reopened one
 
     async def scale(self, trainers: int) -> pb.ScaleTrainersResponse | None:
-        """`ScaleTrainers` on the leader the last status poll named (None while none is known);
-        raises its AioRpcError."""
+        """`ScaleTrainers` on the leader (None while no status poll named one yet); raises the
+        master's refusal or MasterUnavailable (both grpc.RpcError)."""
         if not self.progress.leader:
             return None
-        return await self._master(self.progress.leader).ScaleTrainers(
-            pb.ScaleTrainersRequest(trainers=trainers), timeout=10, metadata=self.credentials.metadata())
+        return await self._leader(OPERATOR_DEADLINE).scale_trainers(trainers)
 
     async def _follow_schedule(self) -> None:
         """`--resize-schedule`: ScaleTrainers at each step's time since the job started, on the
@@ -413,7 +402,9 @@ class LocalJob:
                         self._event(f"resize schedule: {size} trainers at {at:g}s")
                         break
                     await asyncio.sleep(POLL_INTERVAL)  # no leader known yet
-                except grpc.aio.AioRpcError as error:
+                except MasterUnavailable:
+                    await asyncio.sleep(POLL_INTERVAL)  # no leader serving yet
+                except grpc.RpcError as error:
                     if error.code() == grpc.StatusCode.INVALID_ARGUMENT:  # e.g. etcd's range differs
                         self._event(f"resize schedule: {size} trainers at {at:g}s refused: "
                                     f"{error.details()}")
@@ -432,11 +423,12 @@ class LocalJob:
         self.progress.events.append(text)
         self.on_line("local", text)
 
-    def _master(self, address: str) -> pb_grpc.MasterStub:
-        """A stub on one long-lived channel per master address (polled every half second)."""
-        if address not in self._channels:
-            self._channels[address] = self.credentials.aio_channel(address)
-        return pb_grpc.MasterStub(self._channels[address])
+    def _leader(self, deadline: float) -> MasterConnection:
+        """The client of the leader whose calls give up after `deadline` seconds (made on first use)."""
+        if deadline not in self._masters:
+            self._masters[deadline] = MasterConnection(MasterLocator.from_env(self._env()), deadline=deadline,
+                                                       credentials=self.credentials)
+        return self._masters[deadline]
 
     def _write_secrets(self) -> None:
         """This run's tokens and (with `tls`) a CA and the masters' certificate, under
@@ -461,9 +453,9 @@ class LocalJob:
             if left:
                 self._event(f"removed the containers left running: {', '.join(left)}")
         await asyncio.gather(*(c.stop(grace=10) for c in self.masters), return_exceptions=True)
-        for channel in self._channels.values():
-            await channel.close()
-        self._channels.clear()
+        for connection in self._masters.values():
+            await connection.close()
+        self._masters.clear()
         if self.etcd_server is not None:
             await asyncio.to_thread(self.etcd_server.stop)
         if self._etcd_dir is not None:
