@@ -122,12 +122,7 @@ def test_the_check_sees_imports_and_package_files(tmp_path):
 
 # bench/ measures what users run: the master as a process (its CLI), the core (its client,
 # `paddlecloud.master_client`), the trainer's library; never the master's internals, or
-# a benchmark measures a copy of the code users run, not that code. Two measurements still
-# build master internals in their own process (not yet moved to a master process: issue 30).
-BENCH_IN_PROCESS = {
-    "bench/scale.py": {"master.state"},  # big(): the state machine's epoch turnover, in-process
-    "bench/status_page.py": {"master.inspection", "master.config", "master.dispatcher", "master.web"},
-}
+# a benchmark measures a copy of the code users run, not that code.
 
 
 def source_module(name: str) -> str:
@@ -142,9 +137,9 @@ def source_module(name: str) -> str:
 def test_the_benchmarks_import_no_internals_of_the_master():
     found = {}
     for path in sorted((ROOT / "bench").glob("*.py")):
-        reached = {source_module(name) for name in imported(path) if room(name) == "master"} - {"master"}
-        if extra := reached - BENCH_IN_PROCESS.get(str(path.relative_to(ROOT)), set()):
-            found[str(path.relative_to(ROOT))] = sorted(extra)
+        reached = {source_module(name) for name in imported(path) if room(name) == "master"}
+        if reached:
+            found[str(path.relative_to(ROOT))] = sorted(reached)
     assert found == {}
     scale = imported(ROOT / "bench" / "scale.py")
     assert "paddlecloud.master_client" in scale  # its trainers are the client users run
