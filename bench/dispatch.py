@@ -14,8 +14,9 @@ What runs, each in its own process:
     and size as the master's, on the master's event loop (`paddlecloud.aio.run`: uvloop);
   * one client process (`--role client`) running N asyncio trainers over real gRPC,
     one channel (TCP connection) each, as separate trainer processes would have. Each
-    trainer registers once, then loops GetTask with the previous task piggybacked in
-    `finished`; on WAIT it sleeps retry_after x U(0.5, 1.5) as trainer_agent does; on
+    trainer is the client trainer_agent runs (`paddlecloud.master_client`: a connection, a
+    session, its task stream): it registers once, then loops GetTask with the previous
+    task piggybacked in `finished`; on WAIT it sleeps retry_after x U(0.5, 1.5); on
     EPOCH_DONE it moves on. The same client runs against the master and the no-op server,
     so the ratio compares the servers. One client process, not several: the box has 2
     cores; a second client process would take CPU from the master and etcd, not add any.
@@ -129,36 +130,37 @@ def run_client(config: dict) -> None:
 
 
 async def _client(config: dict) -> dict:
+    """N trainers, each a real `paddlecloud.master_client` connection and session (the code
+    trainer_agent runs: its task stream, retries and re-registration), on one event loop."""
     import grpc
 
-    from paddlecloud.api import pb, pb_grpc
+    from paddlecloud.api import pb
+    from paddlecloud.auth import ClientCredentials
+    from paddlecloud.master_client import MasterConnection, MasterLocator, Session
     from paddlecloud.wire import seconds
 
     n, target = config["n"], config["target"]
     options = [("grpc.use_local_subchannel_pool", 1)]  # one TCP connection per trainer
-    channels = [grpc.aio.insecure_channel(target, options=options) for _ in range(n)]
-    stubs = [pb_grpc.MasterStub(c) for c in channels]
     errors: dict[str, int] = {}
 
-    def error(kind: str) -> None:
+    def error(problem: BaseException) -> None:
+        """Every failed attempt a connection retries, by its code."""
+        kind = problem.code().name if isinstance(problem, grpc.RpcError) else type(problem).__name__
         errors[kind] = errors.get(kind, 0) + 1
 
+    locator = MasterLocator(master_endpoint=target)
+    connections = [MasterConnection(locator, deadline=60, credentials=ClientCredentials(), observe=error,
+                                    open_channel=lambda address: grpc.aio.insecure_channel(address, options=options))
+                   for _ in range(n)]
+    sessions = [Session(connections[i], trainer_id=f"{config['prefix']}{i}") for i in range(n)]
     gate = asyncio.Semaphore(16)
 
-    async def register(i: int) -> int:
+    async def register(session: Session) -> None:
         async with gate:
-            for _ in range(20):
-                try:
-                    reply = await stubs[i].RegisterTrainer(
-                        pb.RegisterTrainerRequest(trainer_id=f"{config['prefix']}{i}"), timeout=30)
-                    return reply.session_id
-                except grpc.aio.AioRpcError as e:
-                    error(f"RegisterTrainer:{e.code().name}")
-                    await asyncio.sleep(0.2)
-            raise RuntimeError(f"trainer {i} could not register")
+            await session.register()
 
     started = time.perf_counter()
-    sessions = await asyncio.gather(*(register(i) for i in range(n)))
+    await asyncio.gather(*(register(s) for s in sessions))
     register_s = time.perf_counter() - started
 
     loop = asyncio.get_running_loop()
@@ -171,21 +173,14 @@ async def _client(config: dict) -> dict:
     sizes: list[int] = []
 
     async def trainer(i: int) -> None:
-        stub, session, epoch, previous = stubs[i], sessions[i], 0, []
+        connection, session, epoch, previous = connections[i], sessions[i], 0, []
         while True:
             sent = time.perf_counter()
             if sent >= end:
                 return
-            request = pb.GetTaskRequest(session_id=session, epoch=epoch, finished=previous)
-            try:
-                reply = await stub.GetTask(request, timeout=30)
-            except grpc.aio.AioRpcError as e:
-                error(f"GetTask:{e.code().name}")
-                if e.code() == grpc.StatusCode.NOT_FOUND:
-                    session = await register(i)
-                    previous = []
-                await asyncio.sleep(0.05)
-                continue
+            acks = previous
+            reply = await session.run(
+                lambda s, acks=acks, epoch=epoch: connection.get_task(s, epoch=epoch, finished=acks))
             received = time.perf_counter()
             measured = warm_end <= received <= end
             if measured:
@@ -239,9 +234,10 @@ async def _client(config: dict) -> dict:
         task.cancel()
     for task in done:
         if task.exception() is not None:
-            error(f"trainer:{type(task.exception()).__name__}")
-    for channel in channels:
-        await channel.close()
+            error(task.exception())
+    for session in sessions:
+        session.close()
+    await asyncio.gather(*(c.close() for c in connections))
 
     window = last["t"] - first["t"]
     latencies.sort()

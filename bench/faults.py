@@ -12,7 +12,7 @@ What runs, each a real process on this machine:
   * trainers: a *victim* is its own Python process (registers, takes 2 tasks — the default
     per-trainer cap — then calls KeepAlive every ttl/3 as trainer_agent does and does
     nothing else); the *poller* and the failover trainers are asyncio clients in this
-    process, over real gRPC, one channel each.
+    process, over real gRPC, one channel each (the failover trainers: `paddlecloud.master_client`).
 
 Re-queue after SIGKILL: the victim is SIGKILLed right after a KeepAlive answered (so its
 lease has the whole TTL to run: the worst case), and the poller, a live trainer, calls
@@ -26,8 +26,9 @@ LeaveTrainer call's return and from its start.
 
 Failover: two masters for one job; N trainers loop GetTask with the previous task
 piggybacked as finished (a few ms of "work" per task); the leader is SIGKILLed when a
-quarter of the job is done. A trainer whose call fails switches to the other master's
-address and retries after 10 ms. Measured: kill -> standby health SERVING, kill -> the
+quarter of the job is done. Each trainer is the client trainer_agent runs
+(`paddlecloud.master_client`): it finds the leader through etcd's leader key and a
+standby's NOT_LEADER hint, and retries with its own backoff. Measured: kill -> standby health SERVING, kill -> the
 first GetTask answered TASK by the standby, kill -> every trainer got a TASK again. After
 the job ended, every PUT/DELETE of its `done/<epoch>/<task>` keys is read back from etcd's
 history: a task counted twice in an epoch, or an epoch whose last pass misses a task, is
@@ -398,67 +399,50 @@ async def current_revision(endpoint: str) -> int:
 
 
 class FailoverTrainers:
-    """N trainers over real gRPC, each with a channel to both masters; on a failed call they
-    switch to the other address and retry after `retry` seconds."""
+    """N trainers, each the client trainer_agent runs (`paddlecloud.master_client`: a
+    connection, a session, its task stream), finding the leader as trainer_agent does:
+    through etcd's leader key and a standby's NOT_LEADER hint, retrying with its backoff."""
 
-    def __init__(self, addresses: list[str], n: int, work_s: float, retry: float) -> None:
-        import grpc
-
-        from paddlecloud.api import pb_grpc
+    def __init__(self, addresses: list[str], n: int, work_s: float, *, etcd: str, job: str) -> None:
+        from paddlecloud.auth import ClientCredentials
+        from paddlecloud.master_client import MasterConnection, MasterLocator, Session
+        locator = MasterLocator(etcd_endpoints=etcd, job=job, namespace="local")
         self.addresses = addresses
-        self.channels = [[grpc.aio.insecure_channel(a) for a in addresses] for _ in range(n)]
-        self.stubs = [[pb_grpc.MasterStub(c) for c in pair] for pair in self.channels]
-        self.n, self.work_s, self.retry = n, work_s, retry
+        self.connections = [MasterConnection(locator, deadline=600, credentials=ClientCredentials(),
+                                             observe=self._failed) for _ in range(n)]
+        self.sessions = [Session(c, trainer_id=f"trainer-{i}") for i, c in enumerate(self.connections)]
+        self.n, self.work_s = n, work_s
         self.accepted: Counter = Counter()       # (epoch, task) -> ACCEPTED answers
         self.stale = 0
         self.errors: Counter = Counter()
-        self.reregistered = 0
         self.killed_at: float | None = None
         self.standby = -1
         self.first_task: dict[int, float] = {}   # trainer -> first TASK from the standby after the kill
         self.first_answer: dict[int, float] = {}  # trainer -> first answer (any outcome) from it
         self.done = 0
 
-    async def _register(self, i: int, where: list[int]) -> tuple[int, int]:
-        import grpc
+    @property
+    def reregistered(self) -> int:
+        """Sessions registered again after the master said they expired."""
+        return sum(s.reregistrations for s in self.sessions)
 
-        from paddlecloud.api import pb
-        while True:
-            try:
-                reply = await self.stubs[i][where[0]].RegisterTrainer(
-                    pb.RegisterTrainerRequest(trainer_id=f"trainer-{i}"), timeout=5)
-                return reply.session_id, reply.current_epoch
-            except grpc.aio.AioRpcError as e:
-                self.errors[f"RegisterTrainer:{e.code().name}"] += 1
-                where[0] ^= 1
-                await asyncio.sleep(self.retry)
+    def _failed(self, error: BaseException) -> None:
+        """Every failed attempt a connection retries, by its code."""
+        import grpc
+        self.errors[error.code().name if isinstance(error, grpc.RpcError) else type(error).__name__] += 1
 
     async def trainer(self, i: int) -> None:
-        import grpc
-
         from paddlecloud.api import pb
-        where = [0]
-        session, epoch = await self._register(i, where)
+        from paddlecloud.wire import seconds
+        connection, session = self.connections[i], self.sessions[i]
+        epoch = (await session.register()).current_epoch
         previous: list = []
         while True:
-            try:
-                reply = await self.stubs[i][where[0]].GetTask(
-                    pb.GetTaskRequest(session_id=session, epoch=epoch, finished=previous), timeout=5)
-            except grpc.aio.AioRpcError as e:
-                code = e.code()
-                self.errors[f"GetTask:{code.name}"] += 1
-                if code == grpc.StatusCode.NOT_FOUND:  # session expired: register again
-                    self.reregistered += 1
-                    session, epoch = await self._register(i, where)
-                    previous = []
-                    continue
-                if code not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-                    raise
-                where[0] ^= 1
-                await asyncio.sleep(self.retry)
-                continue
+            reply = await session.run(lambda s, acks=previous, epoch=epoch: connection.get_task(
+                s, epoch=epoch, finished=acks))
             now = time.monotonic()
-            if self.killed_at is not None and where[0] == self.standby and i not in self.first_answer:
+            at_standby = self.killed_at is not None and connection.address == self.addresses[self.standby]
+            if at_standby and i not in self.first_answer:
                 self.first_answer[i] = now
             for ref, result in zip(previous, reply.finished_results, strict=False):
                 if result == pb.ACCEPTED:
@@ -468,14 +452,13 @@ class FailoverTrainers:
                     self.stale += 1
             previous = []
             if reply.outcome == pb.TASK:
-                if self.killed_at is not None and where[0] == self.standby and i not in self.first_task:
+                if at_standby and i not in self.first_task:
                     self.first_task[i] = now
                 t = reply.task
                 previous = [pb.TaskRef(task_id=t.id, epoch=t.epoch, attempt=t.attempt)]
                 await asyncio.sleep(self.work_s)
             elif reply.outcome == pb.WAIT:
-                await asyncio.sleep((reply.retry_after.seconds + reply.retry_after.nanos / 1e9)
-                                    * random.uniform(0.5, 1.5))
+                await asyncio.sleep(seconds(reply.retry_after) * random.uniform(0.5, 1.5))
             elif reply.outcome == pb.EPOCH_DONE:
                 epoch = reply.current_epoch
             elif reply.outcome == pb.JOB_DONE:
@@ -484,9 +467,9 @@ class FailoverTrainers:
                 raise RuntimeError(f"trainer-{i}: {pb.Outcome.Name(reply.outcome)}")
 
     async def close(self) -> None:
-        for pair in self.channels:
-            for channel in pair:
-                await channel.close()
+        for session in self.sessions:
+            session.close()
+        await asyncio.gather(*(c.close() for c in self.connections))
 
 
 async def failover_run(bench: Bench, election_ttl: float, session_ttl: float, run: int) -> dict:
@@ -514,7 +497,7 @@ async def failover_run(bench: Bench, election_ttl: float, session_ttl: float, ru
     await asyncio.sleep(0.3)  # let it campaign and watch the leader key
     masters = [first, second]
     trainers = FailoverTrainers([m.address for m in masters], args.failover_trainers, args.work_ms / 1e3,
-                                args.poll)
+                                etcd=bench.etcd.endpoint, job=job)
     total = args.failover_tasks * args.failover_epochs
     workers = [asyncio.create_task(trainers.trainer(i)) for i in range(trainers.n)]
     leader_watch = None
@@ -645,8 +628,8 @@ def report(results: dict, say) -> None:
     say()
     say(f"Failover: two masters, {args['failover_trainers']} trainers looping GetTask + finish "
         f"({args['work_ms']:g} ms of work per task) over {args['failover_tasks']} tasks x "
-        f"{args['failover_epochs']} epochs; the leader SIGKILLed a quarter into the job; a failed call "
-        f"switches address and retries after {args['poll'] * 1e3:g} ms")
+        f"{args['failover_epochs']} epochs; the leader SIGKILLed a quarter into the job; each trainer "
+        f"the client trainer_agent runs (paddlecloud.master_client: the leader from etcd, its backoff)")
     rows = []
     for f in results["failover"]:
         rows.append([f"{f['election_ttl_s']:g}", f"{f['session_ttl_s']:g}", str(len(f["runs"])),

@@ -93,36 +93,39 @@ async def db_status(client) -> dict:
 
 
 class Trainers:
-    """N trainers over real gRPC, one channel each, looping GetTask + piggybacked finish."""
+    """N trainers, each the client trainer_agent runs (`paddlecloud.master_client`: a
+    connection, a session, its task stream), looping GetTask + piggybacked finish."""
 
     def __init__(self, target: str, n: int, prefix: str) -> None:
         import grpc
 
-        from paddlecloud.api import pb_grpc
-        self.channels = [grpc.aio.insecure_channel(target) for _ in range(n)]
-        self.stubs = [pb_grpc.MasterStub(c) for c in self.channels]
-        self.n, self.prefix = n, prefix
+        from paddlecloud.auth import ClientCredentials
+        from paddlecloud.master_client import MasterConnection, MasterLocator, Session
+        locator = MasterLocator(master_endpoint=target)
+        self.connections = [MasterConnection(locator, deadline=60, credentials=ClientCredentials(),
+                                             observe=self._failed) for _ in range(n)]
+        self.sessions = [Session(c, trainer_id=f"{prefix}{i}") for i, c in enumerate(self.connections)]
+        self.n = n
         self.accepted: Counter = Counter()   # epoch -> finishes ACCEPTED
         self.errors: Counter = Counter()
         self.stop_when = None                # callable(): stop, holding a task, before the next call
+        self._grpc = grpc
+
+    def _failed(self, error: BaseException) -> None:
+        """Every failed attempt a connection retries, by its code."""
+        self.errors[error.code().name if isinstance(error, self._grpc.RpcError) else type(error).__name__] += 1
 
     async def trainer(self, i: int) -> None:
-        import grpc
-
         from paddlecloud.api import pb
-        stub = self.stubs[i]
-        reply = await stub.RegisterTrainer(pb.RegisterTrainerRequest(trainer_id=f"{self.prefix}{i}"), timeout=30)
-        session, epoch, previous = reply.session_id, reply.current_epoch, []
+        from paddlecloud.wire import seconds
+        connection, session = self.connections[i], self.sessions[i]
+        epoch = (await session.register()).current_epoch
+        previous: list = []
         while True:
             if previous and self.stop_when is not None and self.stop_when():
                 return  # holding the task it got last: its assignment stays in etcd
-            try:
-                reply = await stub.GetTask(pb.GetTaskRequest(session_id=session, epoch=epoch,
-                                                             finished=previous), timeout=30)
-            except grpc.aio.AioRpcError as e:
-                self.errors[f"GetTask:{e.code().name}"] += 1
-                await asyncio.sleep(0.05)
-                continue
+            reply = await session.run(lambda s, acks=previous, epoch=epoch: connection.get_task(
+                s, epoch=epoch, finished=acks))
             for ref, result in zip(previous, reply.finished_results, strict=False):
                 if result == pb.ACCEPTED:
                     self.accepted[ref.epoch] += 1
@@ -131,8 +134,7 @@ class Trainers:
                 t = reply.task
                 previous = [pb.TaskRef(task_id=t.id, epoch=t.epoch, attempt=t.attempt)]
             elif reply.outcome == pb.WAIT:
-                await asyncio.sleep((reply.retry_after.seconds + reply.retry_after.nanos / 1e9)
-                                    * random.uniform(0.5, 1.5))
+                await asyncio.sleep(seconds(reply.retry_after) * random.uniform(0.5, 1.5))
             elif reply.outcome == pb.EPOCH_DONE:
                 epoch = reply.current_epoch
             else:
@@ -142,8 +144,9 @@ class Trainers:
         await asyncio.gather(*(self.trainer(i) for i in range(self.n)))
 
     async def close(self) -> None:
-        for c in self.channels:
-            await c.close()
+        for session in self.sessions:
+            session.close()
+        await asyncio.gather(*(c.close() for c in self.connections))
 
 
 # ---- the two parts ------------------------------------------------------------------
