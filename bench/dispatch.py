@@ -59,6 +59,7 @@ from common import (  # noqa: E402  (after the sys.path line above)
     free_ports,
     machine_busy_seconds,
     percentile,
+    register_all,
     rss_mb,
     scrape,
     sparse_file,
@@ -153,15 +154,7 @@ async def _client(config: dict) -> dict:
                                     open_channel=lambda address: grpc.aio.insecure_channel(address, options=options))
                    for _ in range(n)]
     sessions = [Session(connections[i], trainer_id=f"{config['prefix']}{i}") for i in range(n)]
-    gate = asyncio.Semaphore(16)
-
-    async def register(session: Session) -> None:
-        async with gate:
-            await session.register()
-
-    started = time.perf_counter()
-    await asyncio.gather(*(register(s) for s in sessions))
-    register_s = time.perf_counter() - started
+    register_s = await register_all(sessions, at_once=16)
 
     loop = asyncio.get_running_loop()
     begin = time.perf_counter()

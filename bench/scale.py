@@ -75,6 +75,7 @@ from common import (  # noqa: E402  (after the sys.path line above)
     machine_lines,
     percentile,
     refuse_tmpfs,
+    register_all,
     rss_mb,
     scrape,
     sparse_file,
@@ -126,7 +127,6 @@ async def _client(config: dict) -> dict:  # noqa: C901  (one loop, kept in one p
     resumed: dict[int, float] = {}        # trainer -> first answer after the mark
     mark: list[float] = []
     keepalives: dict[str, int] = {}       # the sessions' KeepAlives when the window opened ("w0"), closed
-    gate = asyncio.Semaphore(64)
     loop = asyncio.get_running_loop()
     window = {"w0": math.inf, "w1": math.inf, "stop": math.inf}
 
@@ -147,13 +147,7 @@ async def _client(config: dict) -> dict:  # noqa: C901  (one loop, kept in one p
     sessions = [Session(connections[i], trainer_id=f"{config['prefix']}{first + i}",
                         on_register=lambda reply, i=i: registered(i, reply)) for i in range(n)]
 
-    async def register(session: Session) -> None:
-        async with gate:
-            await session.register()
-
-    started = time.perf_counter()
-    await asyncio.gather(*(register(s) for s in sessions))
-    register_s = time.perf_counter() - started
+    register_s = await register_all(sessions, at_once=64)
     # Sessions are kept (the sessions' keep-alive tasks) while the trainers wait for the others.
     print(json.dumps({"registered": n, "register_s": register_s}), flush=True)
     go = json.loads(await loop.run_in_executor(None, sys.stdin.readline))

@@ -519,29 +519,29 @@ def _own_host(spec: JobSpec, role: str) -> str:
     return f"$(POD_NAME).{role_name(spec.name, role)}.{spec.namespace}.svc"
 
 
-def pserver_env(spec: JobSpec) -> list[dict[str, Any]]:
-    """A pserver's POD_IP is its stable DNS name, so POD_IP:PADDLE_PORT is in the list once."""
+def _stateful_role_env(spec: JobSpec, role: str, training_role: str, id_variable: str,
+                       *extra: dict[str, Any]) -> list[dict[str, Any]]:
+    """A StatefulSet role's pod: its training role, its index from the pod's label, and its
+    stable DNS name as POD_IP (so POD_IP:PADDLE_PORT is in the role's list once)."""
     return [
-        _value("TRAINING_ROLE", "PSERVER"),
-        _value("PADDLE_TRAINING_ROLE", "PSERVER"),
+        _value("TRAINING_ROLE", training_role),
+        _value("PADDLE_TRAINING_ROLE", training_role),
         _field("POD_NAME", "metadata.name"),
-        _field("PADDLE_PSERVER_ID", f"metadata.labels['{POD_INDEX_LABEL}']"),
-        _value("POD_IP", _own_host(spec, PSERVER)),
-        *_common_env(spec, PSERVER),
+        _field(id_variable, f"metadata.labels['{POD_INDEX_LABEL}']"),
+        _value("POD_IP", _own_host(spec, role)),
+        *extra,
+        *_common_env(spec, role),
     ]
+
+
+def pserver_env(spec: JobSpec) -> list[dict[str, Any]]:
+    return _stateful_role_env(spec, PSERVER, "PSERVER", "PADDLE_PSERVER_ID")
 
 
 def heter_env(spec: JobSpec) -> list[dict[str, Any]]:
     """A heter trainer: HETER_TRAINER, its own endpoint once in the heter list."""
-    return [
-        _value("TRAINING_ROLE", "HETER_TRAINER"),
-        _value("PADDLE_TRAINING_ROLE", "HETER_TRAINER"),
-        _field("POD_NAME", "metadata.name"),
-        _field("PADDLE_HETER_TRAINER_ID", f"metadata.labels['{POD_INDEX_LABEL}']"),
-        _value("POD_IP", _own_host(spec, HETER)),
-        _value("PADDLE_CURRENT_ENDPOINT", f"$(POD_IP):{paddle_port(spec)}"),
-        *_common_env(spec, HETER),
-    ]
+    return _stateful_role_env(spec, HETER, "HETER_TRAINER", "PADDLE_HETER_TRAINER_ID",
+                              _value("PADDLE_CURRENT_ENDPOINT", f"$(POD_IP):{paddle_port(spec)}"))
 
 
 def trainer_env(spec: JobSpec) -> list[dict[str, Any]]:
