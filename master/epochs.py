@@ -51,10 +51,17 @@ EPOCH_COMPLETING = (TaskFinished, TaskFailed, TaskReleased, SessionEnded, EpochR
 
 @dataclass(frozen=True)
 class EndedEpoch:
-    """An epoch's tasks when it ended: each done or failed for good (none left to do)."""
+    """An epoch's tasks when it ended: each done or failed for good (none left to do). A
+    task split by work stealing counts once, by its own status (its pieces are its parts)."""
 
     done: int
     failed: int
+
+
+def _ended_tasks(state: JobState) -> EndedEpoch:
+    """The done and failed counts of the epoch's tasks (not its pieces)."""
+    tasks = bytes(state.status[:state.num_tasks])
+    return EndedEpoch(tasks.count(TaskStatus.DONE.value), tasks.count(TaskStatus.FAILED.value))
 
 
 class Epochs:
@@ -87,7 +94,9 @@ class Epochs:
             async with core.admitted():
                 if core.state is not state or self._end_of(state) != event or not state.epoch_ending:
                     return  # rebuilt or restarted meanwhile: the cache decides afresh
-                counts = state.counts  # final: the epoch is complete and its end is in flight
+                # final: the epoch is complete and its end is in flight; the tasks', not
+                # their pieces' (ids from num_tasks up), so a past epoch's bar adds up
+                ended = _ended_tasks(state)
                 revision = await core.write(event)
         except BaseException:
             if core.state is state and state.epoch_ending:
@@ -101,7 +110,7 @@ class Epochs:
             logger.error("every task of epoch %d failed: the job failed", event.epoch)
         else:
             metrics.EPOCHS.inc()
-            self.ended[event.epoch - 1] = EndedEpoch(counts[TaskStatus.DONE], counts[TaskStatus.FAILED])
+            self.ended[event.epoch - 1] = ended
             logger.info("epoch %d complete", event.epoch - 1)
 
     @staticmethod

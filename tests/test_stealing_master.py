@@ -113,7 +113,8 @@ async def test_a_job_with_a_slowed_trainer_reads_every_record_once_with_splits(
         lines = [f"{f}-{i:03d}" for i in range(40)]
         expected.update(lines)
         (directory / f"part-{f}.csv").write_text("".join(f"{line}\n" for line in lines))
-    proc = start_master("--input", str(directory / "*.csv"), "--epochs", "2", "--session-ttl", "3s")
+    proc = start_master("--input", str(directory / "*.csv"), "--epochs", "2", "--session-ttl", "3s",
+                        metrics=True)
     await wait_serving(proc.address, process=proc)
     log = tmp_path / "records.tsv"
     trainers = [start_trainer(f"fast-{n}", log=log, master=proc.address, args=("--delay", "0.01"))
@@ -131,6 +132,9 @@ async def test_a_job_with_a_slowed_trainer_reads_every_record_once_with_splits(
     assert status.splits >= 1
     pieces = {task for _, _, task, _ in read_log(log) if task >= 6}
     assert pieces, "no trainer read a piece split off a task"
+    # the page tells the truth of a past epoch: its 6 tasks done, the pieces as parts of them
+    page = await asyncio.to_thread(page_json, proc.metrics_port)
+    assert [(e["stage"], e["done"], e["failed"]) for e in page["epochs"]] == [("past", 6, 0)] * 2
 
 
 def test_a_local_job_with_a_straggler_splits_its_tasks_and_reads_each_record_once(tmp_path, local_run):
