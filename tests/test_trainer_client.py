@@ -250,9 +250,7 @@ def test_moving_to_another_leader_keeps_calls_on_the_old_channel_alive(tmp_path,
     try:
         in_use, _ = connection._connect(proc.address)
         connection._connect(f"127.0.0.1:{free_port()}")  # another thread moves on
-        async def status_on_the_old_channel():
-            return await in_use.GetStatus(pb.GetStatusRequest(), timeout=5)
-        assert connection.wait(status_on_the_old_channel()).phase == "Running"
+        assert in_use.GetStatus(pb.GetStatusRequest(), timeout=5).phase == "Running"
     finally:
         connection.close()
 
@@ -301,18 +299,17 @@ class _Withheld(grpc.RpcError, grpc.Call):
         return False
 
 
-class WithholdMessages(grpc.aio.UnaryUnaryClientInterceptor):
-    async def intercept_unary_unary(self, continuation, client_call_details, request):
-        call = await continuation(client_call_details, request)
-        try:
-            await call
-        except grpc.RpcError as error:
-            raise _Withheld(error) from None
-        return call
+class WithholdMessages(grpc.UnaryUnaryClientInterceptor):
+    def intercept_unary_unary(self, continuation, client_call_details, request):
+        outcome = continuation(client_call_details, request)
+        error = outcome.exception()
+        if isinstance(error, grpc.RpcError):
+            raise _Withheld(error)
+        return outcome
 
 
-def without_messages(address: str) -> grpc.aio.Channel:
-    return grpc.aio.insecure_channel(address, interceptors=[WithholdMessages()])
+def without_messages(address: str) -> grpc.Channel:
+    return grpc.intercept_channel(grpc.insecure_channel(address), WithholdMessages())
 
 
 @dataclass(frozen=True)
