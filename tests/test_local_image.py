@@ -164,6 +164,8 @@ def test_a_container_its_killed_wrapper_left_is_replaced_and_the_run_s_leftovers
     # the group restarts once; trainer 0's new wrapper removes the container of the same name
     # first (else its run fails on the name, and the group restarts again)
     wait_for_lines(run, tmp_path, "[trainer 0] stubborn started", 2, at_most=("restarting the trainer group", 1))
+    # the new group's rank 0 starts first (a head start: paddlecloud.backends.local.deployer)
+    wait_for_lines(run, tmp_path, "[trainer 1] stubborn started", 2, at_most=("restarting the trainer group", 1))
     assert sorted(job_containers(job)) == [f"paddlecloud-{job}-trainer-0", f"paddlecloud-{job}-trainer-1"]
     run.send_signal(signal.SIGTERM)
     assert run.wait(timeout=120) == 128 + signal.SIGTERM, console(tmp_path)[-3000:]
