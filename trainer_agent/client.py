@@ -76,8 +76,6 @@ from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 import grpc
-from google.rpc import error_details_pb2
-from grpc_status import rpc_status
 from tenacity import (
     RetryCallState,
     RetryError,
@@ -89,8 +87,10 @@ from tenacity import (
 
 from paddlecloud.api import pb, pb_grpc
 from paddlecloud.auth import ClientCredentials
+from paddlecloud.master_client.connection import reason_of as _reason
+from paddlecloud.master_client.connection import retry_delay
 from paddlecloud.master_client.discovery import DiscoveryError, MasterLocator
-from paddlecloud.wire import Reason, duration, error_info, seconds
+from paddlecloud.wire import Reason, duration, seconds
 from trainer_agent import termination
 from trainer_agent.readers import DataError
 from trainer_agent.stealing import Steals
@@ -141,28 +141,6 @@ def default_trainer_id() -> str:
     return os.environ.get("PADDLE_TRAINER_ID") or f"{socket.gethostname()}-{os.getpid()}"
 
 
-
-
-def retry_delay(error: BaseException | None) -> float:
-    """The delay a shedding master asks for (`google.rpc.RetryInfo`), jittered; 0 if none."""
-    if not isinstance(error, grpc.RpcError) or error.code() is not grpc.StatusCode.RESOURCE_EXHAUSTED:
-        return 0.0
-    try:
-        status = rpc_status.from_call(error)  # type: ignore[arg-type]
-    except (ValueError, AttributeError):
-        return 0.0
-    for detail in status.details if status is not None else ():
-        if detail.Is(error_details_pb2.RetryInfo.DESCRIPTOR):
-            info = error_details_pb2.RetryInfo()
-            detail.Unpack(info)
-            return info.retry_delay.ToNanoseconds() / 1e9 * random.uniform(0.5, 1.5)
-    return 0.0
-
-
-def _reason(error: BaseException) -> tuple[Reason | None, dict[str, str]]:
-    """The ErrorInfo reason and metadata a failed call carries; (None, {}) when none."""
-    found = error_info(error) if isinstance(error, grpc.RpcError) else None
-    return found if found is not None else (None, {})
 
 
 def _report(session: int, task: pb.Task, reason: str = "") -> pb.TaskReport:
