@@ -163,7 +163,7 @@ def test_group_mode_restarts_every_trainer_and_the_epoch(tmp_path, local_run, jo
     run = local_run("--module", STUB, "--input", str(tmp_path / "data"), "--trainers", "2",
                     "--epochs", "2", "--chunk-bytes", "300", "--etcd-endpoints", etcd_endpoint,
                     "--", "--delay", "0.01")
-    registered = "INFO trainer_agent.client: trainer 1 registered"
+    registered = "INFO paddlecloud.master_client.session: trainer 1 registered"
     wait_until(lambda: registered in run.text() and len(read_log(run.records)) >= 30, timeout=90,
                message="no progress")
     victim = find(job_name, module=STUB, PADDLE_TRAINER_ID="0")[0]

@@ -197,6 +197,37 @@ def test_loader_workers_read_through_sessions_of_their_own(tmp_path, start_maste
     assert status(proc).phase == "Succeeded"
 
 
+def test_loader_workers_fork_from_a_parent_whose_client_is_open(tmp_path, start_master):
+    """The parent holds an open client (registered, its keep-alive running: a save-model
+    grant asked, an epoch read with num_workers=0) when the DataLoader forks its workers;
+    each worker opens a client of its own and reads. (The trainer's client on grpc.aio
+    left such a worker waiting for ever on its first call: grpc.aio does not survive a
+    fork. The loader's timeout turns a hang into a failure here.)"""
+    total = write_linear_data(tmp_path / "data", files=4, rows=100)
+    proc = serving(start_master("--input", str(tmp_path / "data"), "--epochs", "1",
+                                "--chunk-bytes", "2000"))
+    parent = factory_for(proc)(trainer_id="parent")
+    try:
+        assert parent.request_save_model(block=1.0)  # a call, and a session kept alive
+        dataset = MasterDataset(parse=parse_row_with_origin, client_factory=factory_for(proc),
+                                trainer_id="7")
+        loader = paddle.io.DataLoader(dataset, batch_size=16, num_workers=2, timeout=120)
+        rows: Counter = Counter()
+        workers: Counter = Counter()
+        try:
+            for ids, origin, _x, _y in loader:
+                rows.update(ids.numpy().tolist())
+                workers.update(origin.numpy().tolist())
+        finally:
+            dataset.close()
+        assert parent.session.active  # the parent's client still works after the forks
+        assert parent.connection.get_status().counts.done == parent.connection.get_status().num_tasks
+    finally:
+        parent.close()
+    assert len(rows) == total and set(rows.values()) == {1}
+    assert set(workers) == {0, 1}
+
+
 def test_the_package_exports_the_paddle_integration():
     import trainer_agent
     import trainer_agent.paddle

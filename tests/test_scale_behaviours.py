@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-import time
 from collections import Counter
 from collections.abc import AsyncIterator
 
@@ -17,7 +16,16 @@ import grpc
 import pytest
 from datasets import write_records
 from etcd_history import done_marks, per_epoch
-from masters import in_process_master, metric, pb, stub, wait_for, wait_serving, wait_until
+from masters import (
+    in_process_master,
+    metric,
+    pb,
+    serving_servicer,
+    stub,
+    wait_for,
+    wait_serving,
+    wait_until,
+)
 from test_master_ha import Trainer, leader_and_standby
 
 from paddlecloud.api import pb_grpc
@@ -98,16 +106,12 @@ def test_trainers_retry_shed_calls_until_every_one_is_served(tmp_path, start_mas
 @contextlib.asynccontextmanager
 async def connected_to(servicer: pb_grpc.MasterServicer) -> AsyncIterator[MasterConnection]:
     """`servicer` on a real gRPC server on a free port, and a trainer's connection to it."""
-    server = grpc.aio.server()
-    pb_grpc.add_MasterServicer_to_server(servicer, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    connection = MasterConnection(MasterLocator(master_endpoint=f"127.0.0.1:{port}"), deadline=30)
-    try:
-        yield connection
-    finally:
-        connection.close()
-        await server.stop(grace=None)
+    async with serving_servicer(servicer) as address:
+        connection = MasterConnection(MasterLocator(master_endpoint=address), deadline=30)
+        try:
+            yield connection
+        finally:
+            connection.close()
 
 
 class Flaky(pb_grpc.MasterServicer):
@@ -199,14 +203,14 @@ async def test_the_client_s_backoff_counts_the_attempts_since_its_last_wait(hold
     attempt after it (the dead leader a standby names), so a trainer cycling between a standby
     and a dead leader through a failover is never one backoff late. Attempts refused at once,
     one after the other, still back off."""
-    from trainer_agent import client
+    from paddlecloud.master_client import connection as client
     monkeypatch.setattr(client, "RETRY_CAP", 0.2)  # below the hold
     waits: list[float] = []
 
-    class Recording(client.Retrying):
-        def __init__(self, *args, **kwargs) -> None:
-            super().__init__(*args, sleep=lambda s: (waits.append(s), time.sleep(s)), **kwargs)
-    monkeypatch.setattr(client, "Retrying", Recording)
+    async def recording(seconds: float) -> None:
+        waits.append(seconds)
+        await asyncio.sleep(seconds)
+    monkeypatch.setattr(client, "sleep", recording)
     servicer = HeldThenRefused(holds)
     async with connected_to(servicer) as connection:
         await asyncio.to_thread(connection.keep_alive, 7)

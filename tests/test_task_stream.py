@@ -16,9 +16,9 @@ from waiting import wait_until
 
 from paddlecloud.api import pb_grpc
 from paddlecloud.etcd_server import free_port
+from paddlecloud.master_client import connection as trainer_client
 from paddlecloud.master_client.discovery import MasterLocator
 from paddlecloud.wire import Reason, error_info, seconds
-from trainer_agent import client as trainer_client
 from trainer_agent.client import MasterConnection, Session
 
 

@@ -250,7 +250,9 @@ def test_moving_to_another_leader_keeps_calls_on_the_old_channel_alive(tmp_path,
     try:
         in_use, _ = connection._connect(proc.address)
         connection._connect(f"127.0.0.1:{free_port()}")  # another thread moves on
-        assert in_use.GetStatus(pb.GetStatusRequest(), timeout=5).phase == "Running"
+        async def status_on_the_old_channel():
+            return await in_use.GetStatus(pb.GetStatusRequest(), timeout=5)
+        assert connection.wait(status_on_the_old_channel()).phase == "Running"
     finally:
         connection.close()
 
@@ -299,13 +301,28 @@ class _Withheld(grpc.RpcError, grpc.Call):
         return False
 
 
+class _Withholding:
+    """A call's future whose failure comes without its message (`_Withheld`)."""
+
+    def __init__(self, outcome) -> None:
+        self._outcome = outcome
+
+    def add_done_callback(self, callback) -> None:
+        self._outcome.add_done_callback(lambda _: callback(self))
+
+    def cancel(self) -> bool:
+        return self._outcome.cancel()
+
+    def result(self, timeout=None):
+        try:
+            return self._outcome.result(timeout)
+        except grpc.RpcError as error:
+            raise _Withheld(error) from None
+
+
 class WithholdMessages(grpc.UnaryUnaryClientInterceptor):
     def intercept_unary_unary(self, continuation, client_call_details, request):
-        outcome = continuation(client_call_details, request)
-        error = outcome.exception()
-        if isinstance(error, grpc.RpcError):
-            raise _Withheld(error)
-        return outcome
+        return _Withholding(continuation(client_call_details, request))
 
 
 def without_messages(address: str) -> grpc.Channel:

@@ -15,44 +15,47 @@ gives the open and prefetched tasks back with `ReturnTask` and lets the exceptio
 While a task is consumed the next one is fetched in a background thread, so the
 trainer does not idle on the network. With `max_tasks` > 1 one GetTask may bring up to
 that many tasks (never past the master's --max-tasks-per-trainer); they are read in
-turn, the next fetch starts with the last of them, and it carries all their acks. The client acts on the reason the master gives
-in the error's `google.rpc.ErrorInfo` (`paddlecloud.wire`), never on its text: a
-session expired (SESSION_EXPIRED) is registered again; a superseded one
-(SESSION_SUPERSEDED) stops this client with `TrainerSuperseded`: another process uses
-the same trainer id. UNAVAILABLE (a standby, a failover, a restart) retries with
-backoff, keeping the session, until `deadline` seconds have passed: at the leader a
-standby names (NOT_LEADER's `leader`), else at a freshly resolved one.
+turn, the next fetch starts with the last of them, and it carries all their acks.
+
+The calls themselves are the core's asyncio client (`paddlecloud.master_client`, the one
+every caller of a master uses): retries with backoff until `deadline` seconds have passed
+(UNAVAILABLE, a shedding master's RetryInfo), the leader a standby names (NOT_LEADER's
+`leader`) else a freshly resolved one, a session expired (SESSION_EXPIRED) registered
+again, a superseded one (SESSION_SUPERSEDED) ending this client with `TrainerSuperseded`.
+This module is its synchronous facade: `MasterConnection` runs the asyncio connection on
+an event-loop thread of its own and each method waits for its coroutine there; `Session`
+runs a call of the caller's thread between the steps of the asyncio session. The calls
+travel over gRPC's synchronous stack (`paddlecloud.master_client.threaded_channel`), not
+grpc.aio, which does not survive a fork: a trainer's DataLoader forks its workers, and
+each worker opens a client of its own (`trainer_agent.paddle`).
 
 Threads, and who owns what. Three threads use a client: the main thread (the training
-loop: `epochs()`, `Epoch.records()`, `flush()`, `close()`), the keep-alive thread
-(`KeepAlive` when no call carrying the session was answered for ttl/3, so a trainer
-that calls GetTask more often sends none; it registers again when the session expired) and the
-prefetch thread (the next `GetTask` while a task is read; it may register again too).
-Each piece of state has one owner that guards it with its own lock:
+loop: `epochs()`, `Epoch.records()`, `flush()`, `close()`), the prefetch thread (the next
+`GetTask` while a task is read; it may register again too) and the connection's
+event-loop thread, which runs every call, the registrations and the session's keep-alive
+task (`KeepAlive` when no call carrying the session was answered for ttl/3, so a trainer
+that calls GetTask more often sends none; it registers again when the session expired).
+Each piece of state has one owner:
 
-* `MasterConnection`: the channels, one per address and kept until `close()` (a thread
-  may still be calling on the old one when another moves to a new leader), and which
-  one is current.
-* `Session`: the session id and TTL, the supersession, the keep-alive thread. The
-  first thread to hear SESSION_EXPIRED registers again; the others use the new id.
+* the asyncio `MasterConnection` and `Session` (`paddlecloud.master_client`): the
+  channels, the current master, the task stream, the session id and TTL, the
+  supersession; touched on the event-loop thread only, so they need no lock (but the
+  session's two counters of calls under way, guarded by its own lock).
 * `TaskLedger`: the tasks held (being read or prefetched), those let go of lately, and
   the acknowledgements not yet delivered. The main thread holds and lets go; the
   prefetch thread takes the acks for its GetTask (and puts them back when the call
-  failed); a registration, from any thread, forgets what the old session held.
+  failed); a registration, on the loop, forgets what the old session held.
 * `TaskClient`: where the job is as last heard (`progress`: an immutable snapshot,
   replaced under the client's lock by registrations and by the main thread at the
   ends of epochs) and the counters.
 
-The keep-alive thread also answers the master's work-stealing requests (`Steals`,
-trainer_agent.stealing: a KeepAlive's `split_requests`), holding the reader of the
-task in question at its position until the master's word is in.
+Work stealing's split requests ride on KeepAlive answers: the keep-alive task hands them to
+the client's one `steals` thread (`Steals`, trainer_agent.stealing), which holds the reader
+of the task in question at its position until the master's word is in.
 
-Locks nest only in that order (a Session's, then a connection's, ledger's or
-client's). Held across a call to the network: the Session's lock while it registers
-(one registration at a time; the other threads wait for its id), the connection's
-while it resolves the leader in etcd, and a `TaskStream`'s while one GetTask on it is
-answered (taken last, under none of the others); no other.
-`Epoch` owns nothing shared: it uses the client's and the ledger's public methods.
+No lock is held across a call to the network: a thread waiting for a call waits on its
+future only. `Epoch` owns nothing shared: it uses the client's and the ledger's public
+methods.
 
 What this does NOT guarantee: that a record is *read* once. A trainer that dies after
 reading part of a task has those records read again by whoever takes the task next;
@@ -61,75 +64,48 @@ what is exactly once is the master's count of finished tasks per epoch.
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
+import contextlib
 import functools
 import logging
 import os
-import queue
 import random
 import socket
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 import grpc
-from tenacity import (
-    RetryCallState,
-    RetryError,
-    Retrying,
-    retry_if_exception,
-    stop_after_delay,
-    wait_random_exponential,
-)
 
-from paddlecloud.api import pb, pb_grpc
+from paddlecloud import master_client
+from paddlecloud.api import pb
 from paddlecloud.auth import ClientCredentials
-from paddlecloud.master_client.connection import reason_of as _reason
-from paddlecloud.master_client.connection import retry_delay
-from paddlecloud.master_client.discovery import DiscoveryError, MasterLocator
-from paddlecloud.wire import Reason, duration, seconds
+from paddlecloud.master_client import (
+    ConnectionClosed,
+    MasterUnavailable,
+    TrainerSuperseded,
+    retry_delay,
+)
+from paddlecloud.master_client.connection import CALL_TIMEOUT
+from paddlecloud.master_client.discovery import MasterLocator
+from paddlecloud.master_client.session import EXPIRED_RETRIES
+from paddlecloud.master_client.threaded_channel import ThreadedChannel
+from paddlecloud.wire import seconds
 from trainer_agent import termination
 from trainer_agent.readers import DataError
 from trainer_agent.stealing import Steals
 
 logger = logging.getLogger(__name__)
 
-# How long one attempt of a call may take. Long: a call waits its turn in a busy master's
-# queue (about N / throughput: over 10 s with 10,000 trainers on a small master), and one
-# cut off there goes to the back of it again. A master gone without closing the connection (its
-# node lost, its process stopped) is noticed sooner, by keep-alive pings that go
-# unanswered (`paddlecloud.wire.CLIENT_KEEPALIVE`: within 15 s).
-CALL_TIMEOUT = 60.0
-LAST_ATTEMPT = 1.0  # the least time one attempt is given, however little of `deadline` is left
-BEAT_RECHECK = 1.0  # seconds between looks at a session whose call is under way (Session)
-# The longest wait between two attempts of a call (full-jitter exponential backoff from 50 ms):
-# a new leader is noticed within about this long of serving (the failover goal of
-# docs/benchmarks.md is the election TTL + 2 s), while a standby, cheap to answer, takes at
-# most ~1 call per trainer per second until then.
-RETRY_CAP = 1.0
-EXPIRED_RETRIES = 3  # registrations again within one call whose session keeps expiring
-# Codes a call is retried on: the master is away (UNAVAILABLE), slow (DEADLINE_EXCEEDED),
-# shedding load on purpose (RESOURCE_EXHAUSTED), or the call was cancelled on the way
-# (CANCELLED: gRPC's own queues, a connection reset) while this client did not cancel it.
-_TRANSIENT = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
-                        grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.CANCELLED})
+__all__ = ["AllTasksFailed", "ConnectionClosed", "Epoch", "MasterConnection", "MasterUnavailable", "Session",
+           "TaskClient", "TaskLedger", "TrainerSuperseded", "default_trainer_id", "retry_delay"]
 
 T = TypeVar("T")
-
-
-class MasterUnavailable(RuntimeError):
-    """The master did not answer within the deadline; the message names where it looked."""
-
-
-class ConnectionClosed(RuntimeError):
-    """A call on a `MasterConnection` after its `close()`."""
-
-
-class TrainerSuperseded(RuntimeError):
-    """Another process registered the same trainer id: this one must stop."""
 
 
 class AllTasksFailed(RuntimeError):
@@ -141,99 +117,27 @@ def default_trainer_id() -> str:
     return os.environ.get("PADDLE_TRAINER_ID") or f"{socket.gethostname()}-{os.getpid()}"
 
 
+def _waiting(name: str) -> Callable[..., Any]:
+    """The facade's method `name`: the asyncio connection's coroutine of that name, waited for."""
+    coroutine = getattr(master_client.MasterConnection, name)
 
-
-def _report(session: int, task: pb.Task, reason: str = "") -> pb.TaskReport:
-    return pb.TaskReport(session_id=session, task_id=task.id, epoch=task.epoch,
-                         attempt=task.attempt, reason=reason)
-
-
-class _StreamError(grpc.RpcError):
-    """A task stream that ended without the master's status: no reply in time, or none at all."""
-
-    def __init__(self, code: grpc.StatusCode, details: str) -> None:
-        super().__init__(details)
-        self._code, self._details = code, details
-
-    def code(self) -> grpc.StatusCode:
-        return self._code
-
-    def details(self) -> str:
-        return self._details
-
-    def trailing_metadata(self) -> None:  # no ErrorInfo or RetryInfo: the master said nothing
-        return None
-
-
-_END = object()  # ends a task stream's requests
-
-
-class TaskStream:
-    """One `GetTaskStream` of one session at one master: `ask` sends a GetTask and waits for
-    its answer, at most `wait` seconds; answers come in the order of the requests.
-
-    A message on an open stream costs the master a fraction of a unary call
-    (docs/benchmarks.md). gRPC's synchronous stack reads the requests in a thread of its own;
-    one more thread reads the answers into a queue, so that `ask` can give up in time. A
-    stream that failed is done: `ask` raises the master's status (or DEADLINE_EXCEEDED when
-    no answer came in time), and the connection opens another for the next call.
-    """
-
-    def __init__(self, stub: pb_grpc.MasterStub, session: int, metadata: tuple[tuple[str, str], ...]) -> None:
-        self.stub, self.session = stub, session
-        self._requests: queue.SimpleQueue = queue.SimpleQueue()
-        self._replies: queue.SimpleQueue = queue.SimpleQueue()
-        self._ended: BaseException | None = None
-        self._asking = threading.Lock()
-        self._call = stub.GetTaskStream(iter(self._requests.get, _END), metadata=metadata)
-        threading.Thread(target=self._read, name=f"task-stream-{session}", daemon=True).start()
-
-    def _read(self) -> None:
-        try:
-            for reply in self._call:
-                self._replies.put(reply)
-            self._replies.put(_StreamError(grpc.StatusCode.UNAVAILABLE, "the master ended the task stream"))
-        except grpc.RpcError as error:
-            self._replies.put(error)
-        finally:
-            self._requests.put(_END)  # gRPC's request thread stops too
-
-    def ask(self, request: pb.GetTaskRequest, wait: float) -> pb.GetTaskResponse:
-        with self._asking:  # one request at a time: each answer is the one for this request
-            if self._ended is not None:
-                raise self._ended
-            self._requests.put(request)
-            try:
-                item = self._replies.get(timeout=wait)
-            except queue.Empty:
-                item = _StreamError(grpc.StatusCode.DEADLINE_EXCEEDED,
-                                    f"no answer on the task stream in {wait:g}s")
-            if isinstance(item, BaseException):
-                self._ended = item
-                self.close()
-                raise item
-            return item
-
-    def close(self) -> None:
-        self._requests.put(_END)
-        self._call.cancel()
+    @functools.wraps(coroutine)
+    def method(self: MasterConnection, *args: Any, **kwargs: Any) -> Any:
+        return self.wait(getattr(self.aio, name)(*args, **kwargs))
+    return method
 
 
 class MasterConnection:
-    """Calls to the job's leading master: one typed method per RPC a trainer makes.
+    """The synchronous facade of `paddlecloud.master_client.MasterConnection` (retries, leader
+    following, credentials, task streams: see there), with the same methods. It runs that
+    connection on an event-loop thread of its own; any thread may call it, each call waits
+    for its coroutine there. Thread-safe.
 
-    Each call retries UNAVAILABLE, DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED (a saturated
-    master sheds load: it waits the RetryInfo delay the master gives, jittered) and
-    CANCELLED unless this connection was closed (and a leader not found in etcd) with
-    jittered backoff until `deadline` seconds have passed, then raises
-    `MasterUnavailable`; between attempts it follows a standby's NOT_LEADER hint
-    (unless the locator is a fixed endpoint, e.g. a Service), else resolves the leader
-    again (a master that did not answer at all is avoided while etcd still names it: a
-    standby holds the call instead). The backoff is spent by the time the attempts took
-    since the last wait, so a call a master held goes again at once. `credentials`
-    (default: `ClientCredentials.from_env()`) open the channels (TLS with the master's CA)
-    and authenticate the calls: the job's token, and for a session the session token its
-    registration returned. Thread-safe.
+    The calls go over gRPC's synchronous stack (`ThreadedChannel`), never grpc.aio, so that
+    the process may fork (a Paddle DataLoader's workers) and a child may open a client of
+    its own. A connection is of the process that made it: in a forked child its calls raise
+    `ConnectionClosed` (its loop thread was not copied) instead of waiting for ever.
+    `open_channel(address)` makes the synchronous grpc.Channel (default: the credentials').
     """
 
     def __init__(self, locator: MasterLocator, *, deadline: float,
@@ -241,408 +145,165 @@ class MasterConnection:
                  open_channel: Callable[[str], grpc.Channel] | None = None) -> None:
         self.locator = locator
         self.deadline = deadline
-        self.credentials = credentials if credentials is not None else ClientCredentials.from_env()
-        self._open_channel = open_channel or self.credentials.channel
-        self._session_tokens: dict[int, str] = {}  # session id -> its token (RegisterTrainer's reply)
-        self._lock = threading.Lock()
-        # One channel per address, kept until close(): the keep-alive and prefetch threads
-        # may still be calling on a channel when another thread moves to a new leader.
-        self._channels: dict[str, grpc.Channel] = {}
-        self._address: str | None = None
-        self._unanswered: str | None = None  # a master that did not answer the last attempt at it
-        self._stub: pb_grpc.MasterStub | None = None
+        credentials = credentials if credentials is not None else ClientCredentials.from_env()
+        synchronous = open_channel or credentials.channel
+        self._pid = os.getpid()
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="master-connection", daemon=True)
+        self._thread.start()
+        self._closing = threading.Lock()
         self._closed = False
-        # GetTask goes over one stream of the current session at the current master; unary
-        # once a master answered UNIMPLEMENTED (one from before GetTaskStream).
-        self._stream: TaskStream | None = None
-        self._streaming = True
+        self.aio = master_client.MasterConnection(
+            locator, deadline=deadline, credentials=credentials,
+            open_channel=lambda address: ThreadedChannel(synchronous(address)))
 
     @property
     def address(self) -> str | None:
         """The master's address the next call goes to (None before the first)."""
-        with self._lock:
-            return self._address
+        return self.aio.address
 
-    # ---- the RPCs ------------------------------------------------------------------
+    @property
+    def credentials(self) -> ClientCredentials:
+        return self.aio.credentials
 
-    def _as(self, session: int | None = None) -> tuple[tuple[str, str], ...]:
-        """The call's metadata: the session's token, else the job's token."""
-        with self._lock:
-            token = self._session_tokens.get(session) if session else None
-        return self.credentials.metadata(token)
-
-    def register_trainer(self, trainer_id: str) -> pb.RegisterTrainerResponse:
-        request = pb.RegisterTrainerRequest(trainer_id=trainer_id)
-        reply = self._call(lambda stub, wait: stub.RegisterTrainer(request, timeout=wait, metadata=self._as()))
-        if reply.session_token:
-            with self._lock:
-                self._session_tokens[reply.session_id] = reply.session_token
-        return reply
-
-    def keep_alive(self, session: int) -> pb.KeepAliveResponse:
-        return self._call(lambda stub, wait: stub.KeepAlive(pb.KeepAliveRequest(session_id=session),
-                                                            timeout=wait, metadata=self._as(session)))
-
-    def split_task(self, session: int, ref: pb.TaskRef, position: int) -> int:
-        """SplitTask (work stealing: trainer_agent.stealing): the master's SplitAnswer."""
-        request = pb.SplitTaskRequest(session_id=session, task_id=ref.task_id, epoch=ref.epoch,
-                                      attempt=ref.attempt, position=position)
-        return self._call(lambda stub, wait: stub.SplitTask(request, timeout=wait,
-                                                            metadata=self._as(session))).answer
-
-    def leave_trainer(self, session: int, *, timeout: float) -> None:
-        self._call(lambda stub, wait: stub.LeaveTrainer(pb.LeaveTrainerRequest(session_id=session),
-                                                        timeout=min(timeout, wait), metadata=self._as(session)))
-
-    def get_task(self, session: int, *, epoch: int, finished: list[pb.TaskRef],
-                 max_tasks: int = 1) -> pb.GetTaskResponse:
-        """The next task of `epoch` (up to `max_tasks`: `task` and `more_tasks`), or why there
-        is none; `finished` acknowledges tasks read."""
-        request = pb.GetTaskRequest(session_id=session, epoch=epoch, finished=finished,
-                                    max_tasks=max_tasks)
-        return self._call(lambda stub, wait: self._get_task(stub, session, request, wait))
-
-    def _get_task(self, stub: pb_grpc.MasterStub, session: int, request: pb.GetTaskRequest,
-                  wait: float) -> pb.GetTaskResponse:
-        """One GetTask over the session's task stream, else (a master without one) unary."""
-        stream = self._task_stream(stub, session)
-        if stream is not None:
-            try:
-                return stream.ask(request, wait)
-            except grpc.RpcError as error:
-                with self._lock:
-                    if self._stream is stream:
-                        self._stream = None
-                    if error.code() is not grpc.StatusCode.UNIMPLEMENTED:
-                        raise
-                    self._streaming = False
-                logger.info("the master at %s has no GetTaskStream: GetTask goes unary", self.address)
-        return stub.GetTask(request, timeout=wait, metadata=self._as(session))
-
-    def _task_stream(self, stub: pb_grpc.MasterStub, session: int) -> TaskStream | None:
-        """The open stream of `session` at `stub`'s master; a new one when the master or the
-        session changed (the old one is closed); None once streams are not served."""
-        with self._lock:
-            current = self._stream
-            if not self._streaming or self._closed:
-                return None
-            if current is not None and current.stub is stub and current.session == session:
-                return current
-        metadata = self._as(session)  # only for a new stream: not on every GetTask
-        with self._lock:
-            if self._closed:
-                return None
-            old, self._stream = self._stream, TaskStream(stub, session, metadata)
-            stream = self._stream
-        if old is not None:
-            old.close()
-        return stream
-
-    def task_finished(self, session: int, ref: pb.TaskRef) -> pb.ReportResult:
-        request = pb.TaskReport(session_id=session, task_id=ref.task_id, epoch=ref.epoch, attempt=ref.attempt)
-        return self._call(lambda stub, wait: stub.TaskFinished(request, timeout=wait,
-                                                         metadata=self._as(session))).result
-
-    def task_failed(self, session: int, task: pb.Task, *, reason: str) -> None:
-        self._call(lambda stub, wait: stub.TaskFailed(_report(session, task, reason), timeout=wait,
-                                                metadata=self._as(session)))
-
-    def return_task(self, session: int, task: pb.Task, *, timeout: float) -> None:
-        self._call(lambda stub, wait: stub.ReturnTask(_report(session, task), timeout=min(timeout, wait),
-                                                metadata=self._as(session)))
-
-    def request_save_model(self, session: int, *, block: float) -> bool:
-        """True when this session's trainer is granted the save for `block` seconds."""
-        request = pb.RequestSaveModelRequest(session_id=session, block=duration(block))
-        return self._call(lambda stub, wait: stub.RequestSaveModel(request, timeout=wait,
-                                                             metadata=self._as(session))).granted
-
-    def get_status(self) -> pb.GetStatusResponse:
-        return self._call(lambda stub, wait: stub.GetStatus(pb.GetStatusRequest(), timeout=wait,
-                                                      metadata=self._as()))
-
-    # ---- retries and the leader -----------------------------------------------------
-
-    def _transient(self, error: BaseException) -> bool:
-        """Worth another attempt: see the class docstring. A call cancelled because this
-        connection closed is not (the client caused it)."""
-        if isinstance(error, DiscoveryError):
-            return True
-        if not isinstance(error, grpc.RpcError) or error.code() not in _TRANSIENT:
-            return False
-        if error.code() is grpc.StatusCode.CANCELLED:
-            with self._lock:
-                return not self._closed
-        return True
-
-    def _call(self, invoke: Callable[[pb_grpc.MasterStub, float], T]) -> T:
-        """`invoke(stub, seconds)`, retried while the master is away or busy until `deadline`;
-        one attempt waits at most CALL_TIMEOUT seconds, and never past that deadline."""
-        backoff = wait_random_exponential(multiplier=0.05, max=RETRY_CAP)
-        give_up = time.monotonic() + self.deadline
-        credit = 0.0  # seconds the attempts took that no wait has counted yet
-        sent = time.monotonic()  # when the last attempt was sent
-        used: str | None = None  # the address of the last attempt
-
-        def wait(state: RetryCallState) -> float:
-            """A shedding master's RetryInfo, else the backoff less the time the attempts took
-            that no earlier wait counted (gRPC counts its backoff from an attempt's start,
-            too): a call a master held (`--failover-hold`) has waited already, and so has the
-            quick attempt after it (the leader it named, dead: refused). The credit is spent
-            as it is counted, so attempts refused at once, one after another, back off."""
-            nonlocal credit
-            error = state.outcome.exception() if state.outcome is not None else None
-            credit += time.monotonic() - sent
-            asked = retry_delay(error)
-            if asked:
-                return asked
-            delay = backoff(state)
-            spent = min(credit, delay)
-            credit -= spent
-            return delay - spent
-
-        retrying = Retrying(
-            retry=retry_if_exception(self._transient), stop=stop_after_delay(self.deadline),
-            wait=wait, reraise=False,
-            before_sleep=lambda state: self._after_failure(state, used),
-        )
+    def wait(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        """Runs `coroutine` on the connection's loop and waits for it (Ctrl-C cancels it)."""
+        if self._closed or self.forked:
+            coroutine.close()
+            raise self._closed_error()
         try:
-            for attempt in retrying:
-                sent = time.monotonic()
-                with attempt:
-                    with self._lock:
-                        stub, used = self._stub, self._address
-                    if stub is None:
-                        stub, used = self._connect()
-                    wait_s = min(CALL_TIMEOUT, max(LAST_ATTEMPT, give_up - time.monotonic()))
-                    reply = invoke(stub, wait_s)
-                    if self._unanswered is not None:
-                        with self._lock:
-                            self._unanswered = None
-                    return reply
-        except RetryError as error:
-            last = error.last_attempt.exception()
-            detail = last.details() if isinstance(last, grpc.RpcError) else str(last)
-            raise MasterUnavailable(
-                f"master unreachable at {self.address or self.locator.describe()} for "
-                f"{self.deadline:g}s: {detail}") from None
-        raise AssertionError("unreachable")
+            future = asyncio.run_coroutine_threadsafe(coroutine, self._loop)
+        except RuntimeError:  # its loop closed meanwhile
+            coroutine.close()
+            raise self._closed_error() from None
+        try:
+            return future.result()
+        except concurrent.futures.CancelledError:  # closed during the call
+            raise self._closed_error() from None
+        except BaseException:
+            future.cancel()
+            raise
 
-    def _connect(self, address: str | None = None) -> tuple[pb_grpc.MasterStub, str]:
-        """Makes `address` (default: the leader the locator resolves, avoiding a master that
-        did not answer while etcd still names it) the current master."""
-        with self._lock:
-            if self._closed:
-                raise ConnectionClosed(f"connection to {self.locator.describe()} is closed")
-            address = address or self.locator.resolve(avoid=self._unanswered)
-            if address not in self._channels:
-                self._channels[address] = self._open_channel(address)
-            self._address = address
-            self._stub = pb_grpc.MasterStub(self._channels[address])
-            return self._stub, address
+    @property
+    def forked(self) -> bool:
+        """This is a copy in a forked child: the parent's loop thread is not here."""
+        return os.getpid() != self._pid
 
-    def _after_failure(self, attempt: RetryCallState, address: str | None) -> None:
-        """Points the next attempt at the leader a standby named, or lets it re-resolve. A
-        master at `address` that did not answer at all (UNAVAILABLE with no reason: every
-        UNAVAILABLE a master answers itself says why) is avoided while etcd's leader key
-        still names it: the next attempt goes to a standby, which holds it until the
-        election is decided."""
-        error = attempt.outcome.exception() if attempt.outcome is not None else None
-        reason, metadata = _reason(error) if error is not None else (None, {})
-        leader = metadata.get("leader") if reason is Reason.NOT_LEADER else None
-        silent = (reason is None and isinstance(error, grpc.RpcError)
-                  and error.code() is grpc.StatusCode.UNAVAILABLE)
-        with self._lock:
-            self._stub = None
-            if silent:
-                self._unanswered = address
-        if leader and not self.locator.master_endpoint:
-            self._connect(leader)
+    def _closed_error(self) -> ConnectionClosed:
+        if self.forked:
+            return ConnectionClosed(
+                f"connection to {self.locator.describe()} was opened in process {self._pid}, "
+                f"not in this forked child ({os.getpid()}): open a client in the child")
+        return ConnectionClosed(f"connection to {self.locator.describe()} is closed")
+
+    def on_loop(self, callback: Callable[[], Any]) -> None:
+        """Runs `callback` on the connection's loop soon (nothing once it is closed)."""
+        if not self._closed:
+            with contextlib.suppress(RuntimeError):  # its loop closed meanwhile
+                self._loop.call_soon_threadsafe(callback)
+
+    register_trainer = _waiting("register_trainer")
+    keep_alive = _waiting("keep_alive")
+    split_task = _waiting("split_task")
+    leave_trainer = _waiting("leave_trainer")
+    get_task = _waiting("get_task")
+    task_finished = _waiting("task_finished")
+    task_failed = _waiting("task_failed")
+    return_task = _waiting("return_task")
+    request_save_model = _waiting("request_save_model")
+    get_status = _waiting("get_status")
+    _connect = _waiting("_connect")
 
     def close(self) -> None:
-        """Closes every channel; later calls raise ConnectionClosed."""
-        with self._lock:
+        """Closes every channel (calls under way end CANCELLED), then the loop; later calls
+        raise ConnectionClosed."""
+        with self._closing:
+            if self._closed:
+                return
+            if self.forked:  # the parent's loop and channels are the parent's to close
+                self._closed = True
+                return
+            asyncio.run_coroutine_threadsafe(self._shut(), self._loop).result()
             self._closed = True
-            channels = list(self._channels.values())
-            self._channels.clear()
-            self._stub = None
-            stream, self._stream = self._stream, None
-        if stream is not None:
-            stream.close()
-        for channel in channels:
-            channel.close()
+            self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()
+        self._loop.close()
+
+    async def _shut(self) -> None:
+        await self.aio.close()
+        others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for task in others:  # a call in its backoff, a keep-alive: its caller hears ConnectionClosed
+            task.cancel()
+        await asyncio.gather(*others, return_exceptions=True)
 
 
 class Session:
-    """A trainer's session at the master (`RegisterTrainer`) and the thread that keeps it alive.
+    """The synchronous facade of `paddlecloud.master_client.Session`, on a facade connection.
 
-    `run(call)` calls `call(session_id)`, registering first when there is no session
-    and once more when the master says it expired (SESSION_EXPIRED); once the master
-    says it was superseded (SESSION_SUPERSEDED) every `run` raises `TrainerSuperseded`.
-    `on_register(reply)` runs after each registration, under this session's lock.
-    The keep-alive thread starts with the first registration and stops at `close()`;
-    it calls `KeepAlive` only when no call through `run` was answered for ttl/3 (or for
-    the master's `split_poll` at an epoch's tail: `beat_every`; any call carrying the
-    session refreshes it at the master) and none is under way. A call
-    under way refreshes the session when the master takes it up, and a KeepAlive sent
-    now would pass the same gate after it: under load (calls queued at the master for
-    longer than ttl/3), such KeepAlives would only lengthen the queue that delays them.
+    `run(call)` calls `call(session_id)` in the caller's thread (a call of the facade
+    connection's, typically), registering first when there is no session and again when
+    the master says it expired (SESSION_EXPIRED, up to EXPIRED_RETRIES times); once the
+    master says it was superseded (SESSION_SUPERSEDED) every `run` raises
+    `TrainerSuperseded`. `on_register(reply)` runs after each registration, on the
+    connection's loop. The keep-alive task starts with the first registration and stops at
+    `close()`.
     """
 
     def __init__(self, connection: MasterConnection, *, trainer_id: str,
                  on_register: Callable[[pb.RegisterTrainerResponse], None] | None = None) -> None:
         self.connection = connection
         self.trainer_id = trainer_id
-        self._on_register = on_register
-        self._lock = threading.RLock()  # held while registering: one registration at a time
-        self._id = 0
-        self._ttl = 10.0
-        self._superseded: TrainerSuperseded | None = None
-        self._last_call = 0.0   # monotonic time the last answered call carrying the session was sent
-        self._last_beat = 0.0   # ... the keep-alive thread last tried a KeepAlive
-        self._under_way = 0     # calls through `run` sent and not yet answered (or failed)
-        self.keepalives = 0     # KeepAlive calls sent
-        self.reregistrations = 0  # how often an expired session was registered again
-        self._closed = threading.Event()
-        self._keepalive: threading.Thread | None = None
-        # sees each KeepAlive answer, in the keep-alive thread (work stealing's requests)
-        self.on_keep_alive: Callable[[pb.KeepAliveResponse], None] | None = None
-        self._split_poll = 0.0  # the master's `split_poll`: KeepAlive this often (0: ttl/3)
+        self.aio = master_client.Session(connection.aio, trainer_id=trainer_id, on_register=on_register)
 
-    @property
-    def id(self) -> int:
-        """The session id; 0 before the first registration."""
-        with self._lock:
-            return self._id
-
-    @property
-    def active(self) -> bool:
-        """Registered and not superseded."""
-        with self._lock:
-            return bool(self._id) and self._superseded is None
+    id = property(lambda self: self.aio.id, doc="The session id; 0 before the first registration.")
+    active = property(lambda self: self.aio.active, doc="Registered and not superseded.")
+    keepalives = property(lambda self: self.aio.keepalives, doc="KeepAlive calls sent.")
+    beat_interval = property(lambda self: self.aio.beat_interval,
+                             doc="Seconds between KeepAlives when no other call carries the session.")
+    reregistrations = property(lambda self: self.aio.reregistrations,
+                               doc="How often an expired session was registered again.")
 
     def register(self) -> None:
         """Registers a new session now (the master drops an older one of this trainer id)."""
-        with self._lock:
-            sent = time.monotonic()
-            reply = self.connection.register_trainer(self.trainer_id)
-            self._id = reply.session_id
-            self._last_call = sent
-            self._ttl = seconds(reply.ttl) or 10.0
-            if self._on_register is not None:
-                self._on_register(reply)
-            termination.track(self)  # stopped with SIGTERM, the process leaves first
-            if self._keepalive is None:
-                self._keepalive = threading.Thread(target=self._keep_alive, name="session-keepalive",
-                                                   daemon=True)
-                self._keepalive.start()
-        logger.info("trainer %s registered (session %d, epoch %d)", self.trainer_id,
-                    reply.session_id, reply.current_epoch)
+        self.connection.wait(self.aio.register())
+        termination.track(self)  # stopped with SIGTERM, the process leaves first
 
     def ensure(self) -> int:
         """The session id, registering first when there is no session."""
-        with self._lock:
-            if self._superseded is not None:
-                raise self._superseded
-            if not self._id:
-                self.register()
-            return self._id
+        if self.aio.active:  # the common case, read without a trip to the loop
+            return self.aio.id
+        registered = self.aio.id
+        session = self.connection.wait(self.aio.ensure())
+        if session != registered:
+            termination.track(self)
+        return session
 
     def run(self, call: Callable[[int], T]) -> T:
-        """`call(session_id)`; registers again when the session expired meanwhile, up to
-        EXPIRED_RETRIES times (a session can lapse again before the retry lands: a pause, a
-        master failover between the two calls)."""
+        """`call(session_id)`; registers again when the session expired meanwhile (the steps of
+        `paddlecloud.master_client.Session.run`, the call in this thread)."""
         for attempt in range(EXPIRED_RETRIES + 1):
             session = self.ensure()
-            sent = time.monotonic()
-            self._begin()
+            sent = self.aio.begin()
             try:
                 result = call(session)
-                self._answered(sent)
+                self.aio.answered(sent)
                 return result
             except grpc.RpcError as error:
-                reason, metadata = _reason(error)
-                if reason is Reason.SESSION_SUPERSEDED:
-                    with self._lock:
-                        self._superseded = TrainerSuperseded(
-                            f"trainer {self.trainer_id}: session {session} superseded by a newer "
-                            f"session of trainer {metadata.get('trainer', self.trainer_id)}; another "
-                            "process uses this trainer id")
-                        raise self._superseded from None
-                if reason is not Reason.SESSION_EXPIRED or attempt == EXPIRED_RETRIES:
-                    raise
+                self.aio.judge(session, error, attempt)
             finally:
-                self._end()
-            with self._lock:
-                if self._id == session:  # not yet registered again by another thread
-                    logger.warning("session %d expired; registering again", session)
-                    self.reregistrations += 1
-                    self.register()
+                self.aio.end()
+            self.connection.wait(self.aio.renew(session))
         raise AssertionError("unreachable")
-
-    def _begin(self) -> None:
-        with self._lock:
-            self._under_way += 1
-
-    def _end(self) -> None:
-        with self._lock:
-            self._under_way -= 1
-
-    def _answered(self, sent: float) -> None:
-        with self._lock:
-            self._last_call = max(self._last_call, sent)
 
     def leave(self, *, timeout: float = 5.0) -> None:
         """Ends the session at the master (its tasks return at once)."""
-        session = self._id  # no lock: a stopping process leaves while its main thread may hold it
-        if session:
-            self.connection.leave_trainer(session, timeout=timeout)
+        self.connection.wait(self.aio.leave(timeout=timeout))
 
     def close(self) -> None:
-        """Stops the keep-alive thread: it starts no call after this (one under way ends
-        when the connection closes)."""
-        self._closed.set()
+        """Stops the keep-alive task: it starts no call after this (one under way ends when the
+        connection closes)."""
+        self.connection.on_loop(self.aio.close)
         termination.untrack(self)
-
-    def beat_every(self, interval: float) -> None:
-        """KeepAlive at least this often (the master's `split_poll` at an epoch's tail: its
-        answers bring work stealing's split requests); 0: every ttl/3, as usual."""
-        with self._lock:
-            self._split_poll = interval
-
-    @property
-    def beat_interval(self) -> float:
-        """Seconds between KeepAlives when no other call carries the session."""
-        with self._lock:
-            return min(self._ttl / 3, self._split_poll or self._ttl)
-
-    def _next_beat(self) -> float:
-        """Seconds until a KeepAlive is due: ttl/3 (or sooner, `beat_every`) after the last
-        answered call (or try); while a call is under way, none is due (looked at again in
-        BEAT_RECHECK seconds)."""
-        with self._lock:
-            if self._under_way:
-                return min(BEAT_RECHECK, self._ttl / 30)
-            interval = min(self._ttl / 3, self._split_poll or self._ttl)  # as `beat_interval`
-            return max(self._last_call, self._last_beat) + interval - time.monotonic()
-
-    def _keep_alive(self) -> None:
-        # looked at again at least every BEAT_RECHECK seconds: `beat_every` may shorten the beat
-        while not self._closed.wait(min(BEAT_RECHECK, max(0.0, self._next_beat()))):
-            if self._next_beat() > 0:
-                continue  # not due yet: a call carrying the session went out meanwhile
-            with self._lock:
-                self._last_beat = time.monotonic()
-                self.keepalives += 1
-            try:
-                reply = self.run(self.connection.keep_alive)
-                if self.on_keep_alive is not None and reply is not None:
-                    self.on_keep_alive(reply)
-            except TrainerSuperseded:
-                return
-            except Exception as error:  # the main loop sees the same problem on its next call
-                if not self._closed.is_set():
-                    logger.warning("keep-alive failed: %s", error)
 
 
 class TaskLedger:
@@ -747,10 +408,12 @@ class TaskClient:
         self.connection = MasterConnection(locator, deadline=deadline)
         self.tasks = TaskLedger()
         self.session = Session(self.connection, trainer_id=trainer_id, on_register=self._registered)
-        # work stealing: the master's split requests ride on KeepAlive answers
+        # work stealing: the master's split requests ride on KeepAlive answers; they are
+        # answered in a thread of their own (the answer waits for a call: not on the loop)
         self.steals = Steals(held=self.tasks.held, split=lambda ref, position: self.session.run(
             lambda s: self.connection.split_task(s, ref, position)))
-        self.session.on_keep_alive = lambda reply: self.steals.answer(list(reply.split_requests))
+        self._stealer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="steals")
+        self.session.aio.on_keep_alive = self._split_requests
         termination.install()  # here, in the main thread, before any thread registers
         self._lock = threading.Lock()  # for writers of `progress` and the counters
         self.progress = Progress()
@@ -760,6 +423,12 @@ class TaskClient:
         # Sees every GetTask reply first, in the prefetch thread, and may replace it (e.g.
         # a loader worker that leaves its epoch to a sibling: trainer_agent.paddle).
         self.reply_filter: Callable[[pb.GetTaskResponse], pb.GetTaskResponse] | None = None
+
+    def _split_requests(self, reply: pb.KeepAliveResponse) -> None:
+        """On the loop: hands a KeepAlive's split requests to the steals thread."""
+        if reply.split_requests and not self._closed:
+            with contextlib.suppress(RuntimeError):  # shut down meanwhile
+                self._stealer.submit(self.steals.answer, list(reply.split_requests))
 
     @classmethod
     def from_env(cls, *, trainer_id: str | None = None, parse: Callable[[Any], Any] | None = None,
@@ -826,7 +495,7 @@ class TaskClient:
             self.tasks.restore_acks(acks)  # not known to be delivered: send them again
             raise
         self._count_results(reply.finished_results)
-        self.session.beat_every(seconds(reply.split_poll))  # work stealing's tail, or back to usual
+        self.session.aio.beat_every(seconds(reply.split_poll))  # work stealing's tail, or as usual
         if self.reply_filter is not None:
             reply = self.reply_filter(reply)
         return reply
@@ -884,6 +553,7 @@ class TaskClient:
         finally:
             self.session.close()
             self._fetcher.shutdown(wait=False, cancel_futures=True)
+            self._stealer.shutdown(wait=False, cancel_futures=True)
             self.connection.close()
 
     def __enter__(self) -> TaskClient:

@@ -2,10 +2,10 @@
 
 `MasterConnection` makes the calls (retries, leader following, credentials, task
 streams); `Session` keeps a trainer's session on one; `MasterLocator` finds the master.
-The CLI, the backends, the autoscaler and the benchmarks use them; the trainer's library
-(`trainer_agent.client`) keeps a synchronous client of its own on gRPC's synchronous API
-(a Paddle DataLoader forks its workers, and grpc.aio does not survive a fork: see
-docs/architecture.md, "The master client"), sharing `MasterLocator` with this one.
+The trainer's library wraps them in a synchronous facade (`trainer_agent.client`) whose
+calls travel over gRPC's synchronous stack (`threaded_channel`: a trainer's DataLoader
+forks, and grpc.aio does not survive a fork); the CLI, the backends, the autoscaler and
+the benchmarks use them as they are, on grpc.aio.
 """
 
 from paddlecloud.master_client.connection import (

@@ -1,9 +1,10 @@
 """Calls to a job's leading master, asyncio end to end: the one client of the master API.
 
-The callers of a master go through `MasterConnection`: the CLI (`job status`, `job scale`,
-`job evict`), the local backend, the autoscaler and the benchmarks' simulated trainers (the
-trainer's library keeps its synchronous client: see `paddlecloud.master_client`). So the
-retries, the leader following and the credentials are written once for them.
+Every caller of a master goes through `MasterConnection`: the trainer's library (through
+the synchronous facade in `trainer_agent.client`), the CLI (`job status`, `job scale`,
+`job evict`), the local backend, the autoscaler and the scale benchmark's simulated
+trainers. So the retries, the leader following and the credentials are written once and
+the benchmark measures the client users run.
 
 What it does: each call retries UNAVAILABLE, DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED (a
 saturated master sheds load and says how long to wait: `google.rpc.RetryInfo`) and

@@ -15,8 +15,8 @@ gate after it; under load (calls queued at the master for longer than ttl/3) suc
 KeepAlives would only lengthen the queue that delays them.
 
 The steps of `run` (`ensure`, `begin`, `answered`, `end`, `judge`, `renew`) are public so
-that a caller in another thread can run a call between them; the counters they touch are
-guarded by a small lock for that reason.
+that `trainer_agent.client`'s synchronous facade runs a call of the caller's thread
+between them; the counters they touch are guarded by a small lock for that reason.
 """
 
 from __future__ import annotations
@@ -67,6 +67,9 @@ class Session:
         self.reregistrations = 0  # how often an expired session was registered again
         self._closed = False
         self._keepalive: asyncio.Task | None = None
+        # sees each KeepAlive answer, on the loop (work stealing's split requests ride on them)
+        self.on_keep_alive: Callable[[pb.KeepAliveResponse], None] | None = None
+        self._split_poll = 0.0  # the master's `split_poll`: KeepAlive this often (0: ttl/3)
 
     @property
     def id(self) -> int:
@@ -173,23 +176,40 @@ class Session:
         if self._keepalive is not None:
             self._keepalive.cancel()
 
+    def beat_every(self, interval: float) -> None:
+        """KeepAlive at least this often (the master's `split_poll` at an epoch's tail: its
+        answers bring work stealing's split requests); 0: every ttl/3, as usual."""
+        with self._counters:
+            self._split_poll = interval
+
+    @property
+    def beat_interval(self) -> float:
+        """Seconds between KeepAlives when no other call carries the session."""
+        with self._counters:
+            return min(self._ttl / 3, self._split_poll or self._ttl)
+
     def _next_beat(self) -> float:
-        """Seconds until a KeepAlive is due: ttl/3 after the last answered call (or try); while
-        a call is under way, none is due (looked at again in BEAT_RECHECK seconds)."""
+        """Seconds until a KeepAlive is due: ttl/3 (or sooner, `beat_every`) after the last
+        answered call (or try); while a call is under way, none is due (looked at again in
+        BEAT_RECHECK seconds)."""
         with self._counters:
             if self._under_way:
                 return min(BEAT_RECHECK, self._ttl / 30)
-            return max(self._last_call, self._last_beat) + self._ttl / 3 - time.monotonic()
+            interval = min(self._ttl / 3, self._split_poll or self._ttl)  # as `beat_interval`
+            return max(self._last_call, self._last_beat) + interval - time.monotonic()
 
     async def _keep_alive(self) -> None:
         while not self._closed:
-            await asyncio.sleep(max(0.0, self._next_beat()))
+            # looked at again at least every BEAT_RECHECK seconds: `beat_every` may shorten it
+            await asyncio.sleep(min(BEAT_RECHECK, max(0.0, self._next_beat())))
             if self._closed or self._next_beat() > 0:
-                continue  # a call carrying the session went out meanwhile
+                continue  # not due yet: a call carrying the session went out meanwhile
             self._last_beat = time.monotonic()
             self.keepalives += 1
             try:
-                await self.run(self.connection.keep_alive)
+                reply = await self.run(self.connection.keep_alive)
+                if self.on_keep_alive is not None and reply is not None:
+                    self.on_keep_alive(reply)
             except TrainerSuperseded:
                 return
             except Exception as error:  # the caller's next call meets the same problem
