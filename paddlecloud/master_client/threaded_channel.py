@@ -23,7 +23,7 @@ import asyncio
 import contextlib
 import queue
 import threading
-from collections.abc import Callable, Coroutine
+from collections.abc import Coroutine
 from typing import Any
 
 import grpc
@@ -37,19 +37,12 @@ class ThreadedChannel:
     def __init__(self, channel: grpc.Channel) -> None:
         self._channel = channel
 
-    def unary_unary(self, method: str, request_serializer: Callable | None = None,
-                    response_deserializer: Callable | None = None,
-                    _registered_method: bool = False) -> _UnaryUnary:
-        return _UnaryUnary(self._channel.unary_unary(
-            method, request_serializer=request_serializer,
-            response_deserializer=response_deserializer, _registered_method=_registered_method))
+    # the generated stub passes the (de)serializers and `_registered_method` through as they are
+    def unary_unary(self, method: str, **options: Any) -> _UnaryUnary:
+        return _UnaryUnary(self._channel.unary_unary(method, **options))
 
-    def stream_stream(self, method: str, request_serializer: Callable | None = None,
-                      response_deserializer: Callable | None = None,
-                      _registered_method: bool = False) -> _StreamStream:
-        return _StreamStream(self._channel.stream_stream(
-            method, request_serializer=request_serializer,
-            response_deserializer=response_deserializer, _registered_method=_registered_method))
+    def stream_stream(self, method: str, **options: Any) -> _StreamStream:
+        return _StreamStream(self._channel.stream_stream(method, **options))
 
     async def close(self) -> None:
         """Closes the channel: calls under way end CANCELLED."""
