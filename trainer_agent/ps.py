@@ -46,6 +46,12 @@ Any failure of the stop (a trainer that does not leave within the grace,
 last checkpoint stands, and the resume restarts there, with the pservers restoring it,
 which is still exactly once, only with more to read again.
 
+The trainer reads through ``PsStop.epochs()`` of a ``TaskClient`` in its own process (one
+session, no loader workers, records pushed as they come or in batches it builds itself):
+``MasterDataset`` (``trainer_agent.paddle``) is the collective path, and its drain's stall
+rule (a loop that made no collective step) does not apply to PS trainers, which ``PsStop``
+turns off.
+
 Not guaranteed: a trainer killed after it acknowledged a task but before its last
 update reached the pservers (SIGKILL, its grace spent) leaves the task counted without
 its whole update; a trainer killed in a task's middle leaves part of the task in the
