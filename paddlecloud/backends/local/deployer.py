@@ -1,7 +1,8 @@
 """`LocalDeployer`: the `Deployer` of `paddlecloud local train` — pservers and trainers as child processes.
 
 What a StatefulSet and an Indexed Job are on Kubernetes, child processes are here:
-`create_pservers` starts the pserver agents, `create_trainers` the trainer launchers
+`create_pservers` starts the pserver agents (told to have their pservers restore the
+checkpoint when the output holds one: a job resumed), `create_trainers` the trainer launchers
 (ids 0..N-1; for collective jobs with the group's endpoints), and `reconcile`
 plays the controllers: a dead pserver is started again, and a dead trainer too — in
 `trainer` restart mode alone, with the same id (it rejoins the master); in `group`
