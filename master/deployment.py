@@ -90,7 +90,9 @@ async def deploy_job(dispatcher: Dispatcher, spec_path: Path, *, poll_interval: 
 
 
 def epoch_restarter(dispatcher: Dispatcher, spec: JobSpec) -> Callable[[], Awaitable[None]]:
-    """RestartEpoch at the position of the job's last checkpoint, for a collective group restart.
+    """RestartEpoch at the position of the job's last checkpoint: for a collective group restart,
+    and for the resume after a suspend (collective or PS: a PS job's pservers restore that
+    same checkpoint, docs/kubernetes.md "spec.suspend").
 
     The checkpoint is read where the trainers write it (`spec.output`, a path the
     master mounts or an fsspec URL); one saved inside an epoch resumes it with the tasks

@@ -46,6 +46,7 @@ from pserver_agent.supervisor import PserverSupervisor, RestartPolicy
 logger = logging.getLogger(__name__)
 
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+RESTORE_ENV = "PADDLECLOUD_PSERVER_RESTORE"  # set for the agent: the job resumes from a checkpoint
 ETCD_CREDENTIAL_ENV = frozenset({"PADDLE_ETCD_CERT_FILE", "PADDLE_ETCD_KEY_FILE", "PADDLE_ETCD_USER",
                                  "PADDLE_ETCD_PASSWORD", "PADDLE_ETCD_PASSWORD_FILE"})
 
@@ -154,7 +155,7 @@ class PserverAgent:
             env = pserver_env(self.config, claim=claim, endpoints=endpoints, base=os.environ)
             self.supervisor = PserverSupervisor(
                 command=self.config.command, env=env, grace=self.config.grace,
-                restore_first=not claim.first,
+                restore_first=not claim.first or os.environ.get(RESTORE_ENV) == "1",
                 policy=RestartPolicy(limit=self.config.restart_limit, backoff=self.config.restart_backoff,
                                      max_backoff=self.config.max_backoff))
             logger.info("every pserver slot is registered (%s): starting pserver %d",
@@ -178,7 +179,9 @@ class PserverAgent:
                     self.config.job, how, self.session.lease_id)
         claim = await table.claim(index=self.config.index)
         logger.info("claimed pserver slot %d at %s%s", claim.index, claim.endpoint,
-                    "" if claim.first else " (served before: the pserver will restore)")
+                    " (served before: the pserver will restore)" if not claim.first
+                    else " (the job resumes: the pserver will restore)"
+                    if os.environ.get(RESTORE_ENV) == "1" else "")
         return claim, await table.wait_all_registered()
 
     def _reason(self, ends: dict[asyncio.Task, str]) -> str:

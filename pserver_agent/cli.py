@@ -48,8 +48,9 @@ def pserver_command(etcd_endpoints, job, namespace, restart_limit, restart_backo
 
     The pserver starts once every slot is registered, with TRAINING_ROLE=PSERVER,
     PADDLE_PSERVER_ID, POD_IP, PADDLE_PORT and PADDLE_PSERVERS_IP_PORT_LIST set; it is
-    restarted with PADDLECLOUD_PSERVER_RESTORE=1 after a crash, and stopped when the
-    job is done.
+    restarted with PADDLECLOUD_PSERVER_RESTORE=1 after a crash (and started with it
+    when the slot was served before, or when this agent's own environment sets it: a
+    job resumed from a checkpoint), and stopped when the job is done.
     """
     import asyncio
 

@@ -6,8 +6,13 @@ The restart contract, what a pserver program can rely on:
   the pserver, then 1, 2, ... for each restart after a crash.
 * `PADDLECLOUD_PSERVER_RESTORE=1` tells the pserver to load its last checkpoint,
   if it has one, before serving: it is set on every restart, and also on the first
-  start when the slot was served before (another agent held it and went away);
-  otherwise it is `0`. A pserver told to restore that finds no checkpoint must start
+  start when the slot was served before (another agent held it and went away), or
+  when the agent itself was started with `PADDLECLOUD_PSERVER_RESTORE=1` (a job resumed
+  from a checkpoint: `paddlecloud local train` run again on its output); otherwise it
+  is `0`. The checkpoint is the job's newest complete version under
+  `$PADDLECLOUD_OUTPUT/checkpoints` (`trainer_agent.checkpoint.load_checkpoint`): the one
+  the master restarts the epoch at after a suspend, which a PS job's trainer 0 saves
+  with the pservers' model (`trainer_agent.ps`). A pserver told to restore that finds no checkpoint must start
   fresh: a slot can be claimed and lose its agent before any checkpoint was written.
 * A crash is an exit with a non-zero code or by a signal. The n-th restart waits
   `backoff * 2**(n-1)` seconds (at most `max_backoff`); past `limit` restarts the

@@ -35,7 +35,8 @@ checkpoint stands, and the log says so. It leaves sooner when the group stopped 
 a training loop that calls `note_progress()` each step (`trainer_agent.paddle.join_batches`
 does) and made none for `$PADDLECLOUD_STOP_STALL` seconds (default 3) since the stop is
 stuck in a collective with a member that is gone, and can never reach the boundary; once
-the group agreed to stop (`saving()`), only the grace bounds the save.
+the group agreed to stop (`saving()`), only the grace bounds the save. A PS trainer
+(`trainer_agent.ps`) waits on no peer: only the grace bounds its drain (`stall=False`).
 """
 
 from __future__ import annotations
@@ -109,11 +110,14 @@ def saving() -> None:
     _saving.set()
 
 
-def drain_on_stop(enabled: bool = True) -> None:
+def drain_on_stop(enabled: bool = True, *, stall: bool = True) -> None:
     """On SIGTERM, set `stop_requested()` and start the watchdog instead of leaving at once
-    (False: leave at once again). See the module docstring."""
+    (False: leave at once again). See the module docstring. `stall=False` (a PS trainer,
+    which waits on no peer in a collective) bounds the drain by the grace alone."""
     global _draining
     _draining = enabled
+    if not stall:
+        saving()
     install()
 
 

@@ -413,14 +413,17 @@ class KubernetesDeployer(Deployer):
         self._template_size = template_size(job, default=sized.trainers)
 
     async def _resume_at_checkpoint(self) -> None:
-        """A collective group that starts again after a suspend (its master was stopped, the
-        group too, and the operator marked the master it started again) resumes where the
-        checkpoint is: the epoch is restarted there first, as in a group restart, so no task
-        the model never consumed stays counted done. A master that takes over a group that
-        still runs (its trainer Job exists) restarts nothing. The mark is removed once the
-        group runs again; a master lost in between restarts the epoch there again (the same
-        position: nothing changes)."""
-        if not (self.spec.collective and self._resume and self._restart_epoch is not None):
+        """A job whose trainers start again after a suspend (its master was stopped, the
+        group and the pservers too, and the operator marked the master it started again)
+        resumes where the checkpoint is: the epoch is restarted there first, as in a group
+        restart, so no task the model never consumed stays counted done. That holds for a
+        PS job too: its pservers, started again on their slots, restore that same checkpoint
+        (`PADDLECLOUD_PSERVER_RESTORE=1`, pserver_agent/supervisor.py), so what they learnt
+        after it is read again, once. A master that takes over a group that still runs (its
+        trainer Job exists) restarts nothing. The mark is removed once the group runs again;
+        a master lost in between restarts the epoch there again (the same position: nothing
+        changes)."""
+        if not (self._resume and self._restart_epoch is not None):
             return
         name = manifests.trainer_name(self.spec.name)
         if await self._read(self._batch.read_namespaced_job, name, self.namespace,

@@ -1,7 +1,8 @@
 """`LocalDeployer`: the `Deployer` of `paddlecloud local train` — pservers and trainers as child processes.
 
 What a StatefulSet and an Indexed Job are on Kubernetes, child processes are here:
-`create_pservers` starts the pserver agents, `create_trainers` the trainer launchers
+`create_pservers` starts the pserver agents (told to have their pservers restore the
+checkpoint when the output holds one: a job resumed), `create_trainers` the trainer launchers
 (ids 0..N-1; for collective jobs with the group's endpoints), and `reconcile`
 plays the controllers: a dead pserver is started again, and a dead trainer too — in
 `trainer` restart mode alone, with the same id (it rejoins the master); in `group`
@@ -66,6 +67,9 @@ STOP_GRACE = DRAIN_GRACE + 5.0
 # 3 s later (paddle/phi/core/distributed/store/tcp_utils.cc), and ranks that start at once
 # finish importing Paddle together, the peers' connect a moment before rank 0's listen.
 PEER_HEAD_START = 0.5
+# Tells the pserver agents of a job resumed from a checkpoint to have their pservers load
+# it from their first start (pserver_agent/supervisor.py's contract)
+RESTORE_ENV = "PADDLECLOUD_PSERVER_RESTORE"
 
 
 class JobFailed(RuntimeError):
@@ -110,10 +114,17 @@ class LocalDeployer(Deployer):
     async def create_pservers(self) -> None:
         if self.pservers:
             return
+        env = self._user_env()
+        if self._has_checkpoint():  # a job resumed: its pservers load the model it saved
+            env[RESTORE_ENV] = "1"
         for index in range(self.num_pservers):
-            child = self._spawn("pserver", index, self.pserver_command, self._user_env())
+            child = self._spawn("pserver", index, self.pserver_command, dict(env))
             await child.start()
             self.pservers.append(child)
+
+    def _has_checkpoint(self) -> bool:
+        directory = checkpoints.CheckpointDir.of(checkpoints.checkpoints_dir(str(self.output)))
+        return next(checkpoints.complete_versions(directory), None) is not None
 
     async def create_trainers(self) -> None:
         if not self.trainers:
