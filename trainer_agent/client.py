@@ -212,6 +212,7 @@ class MasterConnection:
     return_task = _waiting("return_task")
     request_save_model = _waiting("request_save_model")
     get_status = _waiting("get_status")
+    list_tasks = _waiting("list_tasks")
     _connect = _waiting("_connect")
 
     def close(self) -> None:

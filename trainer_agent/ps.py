@@ -65,7 +65,7 @@ import logging
 import time
 from collections.abc import Callable, Iterator
 
-from paddlecloud.api import pb, pb_grpc
+from paddlecloud.api import pb
 from paddlecloud.phase import Phase
 from trainer_agent import termination
 from trainer_agent.checkpoint import TrainStatus
@@ -75,8 +75,6 @@ logger = logging.getLogger(__name__)
 
 SAVER = "0"          # the trainer id that saves the model at a stop
 POLL = 0.2           # seconds between two looks at the trainers the master counts alive
-CALL_TIMEOUT = 10.0  # seconds one ListTasks page may take
-PAGE_SIZE = 1000
 
 
 class PsStop:
@@ -144,22 +142,8 @@ class PsStop:
 
     def _done_tasks(self, epoch: int) -> tuple[int, ...]:
         """The tasks of ``epoch`` the master counts done (ListTasks, every page)."""
-        connection = self.client.connection
-        address = connection.address
-        if address is None:
-            raise RuntimeError("no master answered yet")
-        done: list[int] = []
-        token = ""
-        with connection.credentials.channel(address) as channel:
-            stub = pb_grpc.MasterStub(channel)
-            while True:
-                reply = stub.ListTasks(pb.ListTasksRequest(state=pb.DONE, epoch=epoch,
-                                                           page_size=PAGE_SIZE, page_token=token),
-                                       timeout=CALL_TIMEOUT, metadata=connection.credentials.metadata())
-                done.extend(task.id for task in reply.tasks if task.epoch == epoch)
-                token = reply.next_page_token
-                if not token:
-                    return tuple(done)
+        tasks = self.client.connection.list_tasks(state=pb.DONE, epoch=epoch)
+        return tuple(task.id for task in tasks if task.epoch == epoch)
 
 
 def _describe(status: TrainStatus) -> str:

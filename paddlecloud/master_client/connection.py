@@ -316,6 +316,19 @@ class MasterConnection:
         return await self._call(lambda stub, wait: stub.GetStatus(pb.GetStatusRequest(), timeout=wait,
                                                                   metadata=self._as()))
 
+    async def list_tasks(self, *, state: pb.TaskState, epoch: int, page_size: int = 1000) -> list[pb.TaskInfo]:
+        """Every task of `epoch` in `state` (ListTasks, page after page; any token of the job)."""
+        tasks: list[pb.TaskInfo] = []
+        token = ""
+        while True:
+            request = pb.ListTasksRequest(state=state, epoch=epoch, page_size=page_size, page_token=token)
+            reply = await self._call(lambda stub, wait, request=request: stub.ListTasks(
+                request, timeout=wait, metadata=self._as()))
+            tasks.extend(reply.tasks)
+            token = reply.next_page_token
+            if not token:
+                return tasks
+
     async def scale_trainers(self, trainers: int) -> pb.ScaleTrainersResponse:
         request = pb.ScaleTrainersRequest(trainers=trainers)
         return await self._call(lambda stub, wait: stub.ScaleTrainers(request, timeout=wait, metadata=self._as()))
