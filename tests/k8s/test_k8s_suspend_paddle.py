@@ -1,0 +1,269 @@
+"""A suspend mid-epoch on "Kubernetes", with real PaddlePaddle trainers: nothing lost, nothing twice.
+
+tests/k8s/test_k8s_resume.py pins the master's part of a suspend with no trainer running;
+tests/test_preemption_paddle.py pins the trainers' drain on the local backend. Here they
+meet as on a cluster: a real `paddlecloud master --deployer kubernetes` (its Deployment's
+own command, with the host's paths) deploys a collective fit-a-line job into kmock, and
+the pods of the trainer Job it creates run on podman (tests/k8s/pod_runner.py), real
+Paddle in paddlecloud's image, the data, the checkpoints and the consumed log on one
+claim the pods share with the host. Mid-epoch the suspend is asked on the master
+Deployment as the operator asks it (docs/kubernetes.md, "spec.suspend"); the test plays
+the kubelet (the Job's pods stopped with SIGTERM and their termination grace) and the
+garbage collector (the foreground deletion finished once they are gone). A second master
+resumes, and its group runs to the end. The records are then checked as the local test
+checks them (`chaos.lineage`): each epoch's records in the model's lineage once each.
+
+What this does NOT cover: the operator itself (its part is the two annotations), pods in
+the API (the master sees none, so it never takes them for lost members), the Job
+controller's status beyond what the test writes, and anything pod_runner does not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pod_runner
+import pytest
+from chaos.lineage import lineage, off_by_epoch
+from test_k8s_deployer import create_master, short
+from test_run_rendered_pods import start_etcd, the_job_s_secret
+
+from examples.fit_a_line.consumed import read_entries
+from paddlecloud.backends.k8s import manifests
+from paddlecloud.etcd_server import free_port
+from paddlecloud.jobspec import JobSpec
+from paddlecloud.jobspec.sections import DataVolume
+from tests import containers
+
+pytest.importorskip("paddle")
+pytestmark = [pytest.mark.container, pytest.mark.paddle, pytest.mark.timeout(1500)]
+
+STOPPED = 128 + signal.SIGTERM
+EPOCHS = 3
+PROGRAM = "trainer"  # the trainer pod's container that runs fit-a-line
+CLAIM = "shared"
+STARTED = 600  # seconds for a group to start (Paddle's import, gloo) and run, on a busy machine
+
+
+@pytest.fixture(scope="module")
+def paddle_image() -> str:
+    return containers.paddlecloud_image(with_paddle=True)
+
+
+def steps_in_epoch(log: Path, epoch: int) -> int:
+    if not log.exists():
+        return 0
+    return sum(1 for entry in read_entries(log) if entry.get("epoch") == epoch and "ids" in entry)
+
+
+def fit_a_line_job(name: str, namespace: str, *, image: str, shared: Path, etcd: str) -> JobSpec:
+    """Two collective trainers of fit-a-line, the data, checkpoints and consumed log on the
+    claim; small chunks and a step delay, so the suspend lands well inside an epoch."""
+    command = [manifests.PYTHON, "-m", "examples.fit_a_line.train", "--step-delay", "0.05"]
+    worker = {"spec": {"containers": [{"name": PROGRAM, "image": image, "command": command}]}}
+    return JobSpec(name=name, namespace=namespace, image=image, paddlecloud_image=image,
+                   trainers=2, worker_template=worker, inputs=(f"{shared}/data/*.csv",),
+                   output=str(shared / "out"), epochs=EPOCHS, chunk_bytes=64 * 1024,
+                   data_volume=DataVolume(claim=CLAIM, mount_path=str(shared)),
+                   env=(("FIT_A_LINE_CONSUMED_LOG", str(shared / "consumed.jsonl")),),
+                   etcd_endpoints=etcd).validate()
+
+
+class Master:
+    """`paddlecloud master` on the host as its Deployment runs it (`manifests.master_command`),
+    with the host's paths for the mounted files, listening where the master Service's name
+    resolves in the pods."""
+
+    def __init__(self, spec: JobSpec, spec_file: Path, tokens: Path, *, host: str, log: Path) -> None:
+        flags = manifests.master_command(spec)[2:] + [
+            "--host", host, "--advertise", f"{host}:{manifests.MASTER_PORT}",
+            "--metrics-port", str(free_port()), "--tokens-dir", str(tokens),
+            "--tls-cert", str(tokens / manifests.TLS_CERT_KEY),
+            "--tls-key", str(tokens / manifests.TLS_KEY_KEY),
+            "--scaler-token-file", str(tokens / "no-scaler-token"), "--job-spec", str(spec_file)]
+        self.log_path = log
+        with open(log, "wb") as out:
+            self.process = subprocess.Popen([sys.executable, "-m", "paddlecloud", "master", *flags],
+                                            stdout=out, stderr=subprocess.STDOUT,
+                                            env=dict(os.environ, PYTHONUNBUFFERED="1"))
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=30)
+
+
+@contextlib.asynccontextmanager
+async def a_node(workdir: Path) -> AsyncIterator[pod_runner.Node]:
+    """pod_runner's node; its engine calls run in threads (kmock answers on this loop)."""
+    node = await asyncio.to_thread(pod_runner.Node, workdir)
+    try:
+        yield node
+    finally:
+        await asyncio.to_thread(node.close)
+
+
+def start_group(node: pod_runner.Node, k8s, spec: JobSpec, secret: dict[str, bytes],
+                shared: Path) -> list[pod_runner.Pod]:
+    """The pods of the trainer Job the master created (as the Job controller makes them),
+    started on the node, with the DNS of the job's Services."""
+    trainers = manifests.trainer_name(spec.name)
+    docs = [copy.deepcopy(k8s.stored("jobs", spec.namespace, trainers)),
+            copy.deepcopy(k8s.stored("services", spec.namespace, trainers)),
+            manifests.master_service(spec, None)]
+    pods = pod_runner.pods_of(docs)
+    node.assign(pods)
+    hosts = pod_runner.dns_names(docs, pods, host_ip=node.gateway)
+    for pod in pods:
+        node.start(pod, hosts=hosts, secrets={manifests.tokens_secret_name(spec.name): secret},
+                   claims={CLAIM: shared})
+    return pods
+
+
+async def exits(node: pod_runner.Node, pods: list[pod_runner.Pod], *, timeout: float) -> list[int]:
+    """The exit code of each pod's program, once it ended."""
+    async def one(pod: pod_runner.Pod) -> int:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while PROGRAM not in [name.rsplit("-", 1)[-1] for name in pod.started]:  # not started yet
+            if pod.error is not None:
+                raise pod.error
+            assert loop.time() < deadline, f"pod {pod.name} never started its program"
+            await asyncio.sleep(0.5)
+        return await asyncio.to_thread(node.wait_exit, pod, PROGRAM, timeout=timeout)
+    return list(await asyncio.gather(*(one(pod) for pod in pods)))
+
+
+async def until_running(condition, node: pod_runner.Node, pods: list[pod_runner.Pod],
+                        master: Master, *, timeout: float, what: str) -> None:
+    """Polls `condition` (every second: the group shares two cores) while the pods run; a pod
+    that failed, or the deadline, fails the test with what the pods and the master said."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not condition():
+        failed = await asyncio.to_thread(node.failed, pods)
+        errors = [repr(pod.error) for pod in pods if pod.error is not None]
+        if failed or errors or loop.time() > deadline:
+            raise AssertionError(f"{what}: {failed or errors or f'not after {timeout:g}s'}\n"
+                                 f"the master's log ends:\n{master.log()[-3000:]}")
+        await asyncio.sleep(1)
+
+
+async def trainers_log(node: pod_runner.Node, pods: list[pod_runner.Pod]) -> str:
+    return "".join([await asyncio.to_thread(node.logs, pod, PROGRAM) for pod in pods])
+
+
+async def test_a_suspend_mid_epoch_drains_saves_and_the_resume_trains_each_record_once(
+        tmp_path, k8s, api_client, kubeconfig, job_name, monkeypatch, paddle_image):
+    from kubernetes import client
+
+    name, ns = short(job_name), "team-s"
+    trainers = manifests.trainer_name(name)
+    k8s.hold_foreground_deletions("jobs")  # the test is the kubelet and the garbage collector
+    monkeypatch.setenv("KUBECONFIG", kubeconfig)
+    shared = tmp_path / CLAIM
+    shared.mkdir()
+    shared.chmod(0o777)  # the pods' user (the image's) writes checkpoints and the log here
+    await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "examples.fit_a_line.data",
+                                             str(shared / "data")], check=True, capture_output=True,
+                            timeout=120)
+    log = shared / "consumed.jsonl"
+    apps = client.AppsV1Api(api_client)
+
+    def master_says(key: str) -> str | None:
+        return k8s.stored("deployments", ns, manifests.master_name(name))["metadata"][
+            "annotations"].get(key)
+
+    async with a_node(tmp_path) as node:
+        etcd = await asyncio.to_thread(start_etcd, node.gateway, tmp_path)
+        masters: list[Master] = []
+        try:
+            spec = fit_a_line_job(name, ns, image=paddle_image, shared=shared,
+                                  etcd=etcd.endpoint.replace("127.0.0.1", node.gateway))
+            await create_master(api_client, spec)
+            spec_file = tmp_path / "job.yaml"
+            spec_file.write_text(spec.to_yaml())
+            secret = the_job_s_secret(spec)
+            tokens = tmp_path / "master-tokens"
+            tokens.mkdir(mode=0o700)
+            for key, value in secret.items():
+                (tokens / key).write_bytes(value)
+
+            def start_master(label: str) -> Master:
+                masters.append(Master(spec, spec_file, tokens, host=node.gateway,
+                                      log=tmp_path / f"{label}.log"))
+                return masters[-1]
+
+            first = start_master("master-1")
+            await k8s.wait_for(lambda: k8s.stored("jobs", ns, trainers), timeout=120,
+                               what="the trainer Job")
+            pods = await asyncio.to_thread(start_group, node, k8s, spec, secret, shared)
+
+            await until_running(lambda: steps_in_epoch(log, 1) >= 20, node, pods, first,
+                                timeout=STARTED, what="the group well into epoch 1")
+
+            # the suspend, as the operator asks it; the master deletes its group (foreground)
+            await asyncio.to_thread(apps.patch_namespaced_deployment, manifests.master_name(name), ns,
+                                    {"metadata": {"annotations": {
+                                        manifests.SUSPEND_ANNOTATION: "true",
+                                        manifests.RESUME_ANNOTATION: manifests.RESUME_PENDING}}})
+            await k8s.wait_for(lambda: k8s.deleting("jobs", ns, trainers), timeout=60,
+                               what="the trainer Job deleted")
+            # the kubelet: every pod of the Job stopped with its grace; then the garbage collector
+            await asyncio.gather(*(asyncio.to_thread(node.stop, pod) for pod in pods))
+            codes = await exits(node, pods, timeout=60)
+            stopped = await trainers_log(node, pods)
+            assert codes == [STOPPED, STOPPED], stopped[-4000:]
+            assert master_says(manifests.SUSPENDED_ANNOTATION) != "true"  # not before its pods went
+            k8s.collect_garbage("jobs", ns, trainers)
+            await k8s.wait_for(lambda: master_says(manifests.SUSPENDED_ANNOTATION) == "true",
+                               timeout=60, what="the master suspended")
+            assert stopped.count("stopped at step") == 2, stopped[-4000:]  # one boundary, both
+            entries = read_entries(log)
+            saves = [e for e in entries if "saved" in e]
+            last_step = max(e["step"] for e in entries if "ids" in e)
+            # the stop's checkpoint holds every step taken, inside the epoch: nothing to redo
+            assert saves and saves[-1]["saved"] == last_step, (saves[-3:], last_step)
+            stopped_in = saves[-1]["epoch"]
+            assert saves[-1]["tasks_done"], saves[-1]
+            # no failure counted: the master drained its group, it lost none
+            assert "restarting the trainer group" not in first.log(), first.log()[-4000:]
+            await asyncio.to_thread(first.stop)  # kmock answers its last calls meanwhile
+            await asyncio.to_thread(apps.patch_namespaced_deployment, manifests.master_name(name), ns,
+                                    {"metadata": {"annotations": {manifests.SUSPEND_ANNOTATION: "false"}}})
+
+            # the resume: a master again, which restarts the epoch at the checkpoint first
+            second = start_master("master-2")
+            await k8s.wait_for(lambda: k8s.stored("jobs", ns, trainers), timeout=120,
+                               what="the trainer Job again")
+            pods = await asyncio.to_thread(start_group, node, k8s, spec, secret, shared)
+            codes = await exits(node, pods, timeout=STARTED)
+            resumed_log = await trainers_log(node, pods)
+            assert codes == [0, 0], resumed_log[-4000:]
+            assert master_says(manifests.RESUME_ANNOTATION) == manifests.RESUME_DONE
+            assert f"restarted epoch {stopped_in}" in second.log(), second.log()[-4000:]
+        finally:
+            for master in masters:
+                await asyncio.to_thread(master.stop)
+            await asyncio.to_thread(etcd.stop)
+
+    assert f"resumed from the checkpoint inside epoch {stopped_in}" in resumed_log, resumed_log[-4000:]
+    resumed = [e["resumed"] for e in read_entries(log) if "resumed" in e]
+    assert resumed and resumed[0] == last_step
+    assert sorted(lineage(log)) == list(range(EPOCHS))
+    assert off_by_epoch(log, shared / "data") == {}
