@@ -315,11 +315,12 @@ class Node:
             args += ["--privileged"]
         return args
 
-    def stop(self, pod: Pod) -> None:
+    def stop(self, pod: Pod, *, grace: int | None = None) -> None:
         """The kubelet's part of a pod's deletion: SIGTERM to its containers, SIGKILL after the
-        pod's termination grace, and only then the pod's sandbox (its network); returns once
-        they are stopped."""
-        grace = int(pod.spec.get("terminationGracePeriodSeconds", DEFAULT_GRACE))
+        pod's termination grace (or `grace`: 0 kills at once, as a forced delete), and only
+        then the pod's sandbox (its network); returns once they are stopped."""
+        if grace is None:
+            grace = int(pod.spec.get("terminationGracePeriodSeconds", DEFAULT_GRACE))
         if pod.started:
             containers.run_engine("stop", "--time", str(grace), *pod.started, timeout=grace + 120)
         containers.run_engine("pod", "stop", "--time", "0", pod.name, timeout=120)

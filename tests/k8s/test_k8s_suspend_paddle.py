@@ -24,10 +24,12 @@ import asyncio
 import contextlib
 import copy
 import os
+import re
 import signal
 import subprocess
 import sys
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pod_runner
@@ -47,6 +49,7 @@ pytest.importorskip("paddle")
 pytestmark = [pytest.mark.container, pytest.mark.paddle, pytest.mark.timeout(1500)]
 
 STOPPED = 128 + signal.SIGTERM
+KILLED = 128 + signal.SIGKILL
 EPOCHS = 3
 PROGRAM = "trainer"  # the trainer pod's container that runs fit-a-line
 CLAIM = "shared"
@@ -168,14 +171,29 @@ async def trainers_log(node: pod_runner.Node, pods: list[pod_runner.Pod]) -> str
     return "".join([await asyncio.to_thread(node.logs, pod, PROGRAM) for pod in pods])
 
 
-async def test_a_suspend_mid_epoch_drains_saves_and_the_resume_trains_each_record_once(
-        tmp_path, k8s, api_client, kubeconfig, job_name, monkeypatch, paddle_image):
+@dataclass
+class SuspendedAndResumed:
+    """What a run of `suspend_and_resume` saw."""
+
+    log: Path             # the consumed log
+    data: Path
+    stopped_codes: list[int]
+    stopped_log: str      # the first group's programs' output
+    suspended_early: bool  # the master said suspended while its Job's pods still ran
+    stopped_at: int       # the last step the first group took
+    first_master: str
+    second_master: str
+    resumed_log: str      # the second group's programs' output
+
+
+async def suspend_and_resume(tmp_path: Path, k8s, api_client, *, name: str, image: str,
+                             grace: int | None) -> SuspendedAndResumed:
+    """The job run, suspended well inside epoch 1 (the kubelet stops each pod with `grace`,
+    None: the pod's own), resumed and run to its end."""
     from kubernetes import client
 
-    name, ns = short(job_name), "team-s"
-    trainers = manifests.trainer_name(name)
+    ns, trainers = "team-s", manifests.trainer_name(name)
     k8s.hold_foreground_deletions("jobs")  # the test is the kubelet and the garbage collector
-    monkeypatch.setenv("KUBECONFIG", kubeconfig)
     shared = tmp_path / CLAIM
     shared.mkdir()
     shared.chmod(0o777)  # the pods' user (the image's) writes checkpoints and the log here
@@ -193,7 +211,7 @@ async def test_a_suspend_mid_epoch_drains_saves_and_the_resume_trains_each_recor
         etcd = await asyncio.to_thread(start_etcd, node.gateway, tmp_path)
         masters: list[Master] = []
         try:
-            spec = fit_a_line_job(name, ns, image=paddle_image, shared=shared,
+            spec = fit_a_line_job(name, ns, image=image, shared=shared,
                                   etcd=etcd.endpoint.replace("127.0.0.1", node.gateway))
             await create_master(api_client, spec)
             spec_file = tmp_path / "job.yaml"
@@ -213,7 +231,6 @@ async def test_a_suspend_mid_epoch_drains_saves_and_the_resume_trains_each_recor
             await k8s.wait_for(lambda: k8s.stored("jobs", ns, trainers), timeout=120,
                                what="the trainer Job")
             pods = await asyncio.to_thread(start_group, node, k8s, spec, secret, shared)
-
             await until_running(lambda: steps_in_epoch(log, 1) >= 20, node, pods, first,
                                 timeout=STARTED, what="the group well into epoch 1")
 
@@ -224,25 +241,15 @@ async def test_a_suspend_mid_epoch_drains_saves_and_the_resume_trains_each_recor
                                         manifests.RESUME_ANNOTATION: manifests.RESUME_PENDING}}})
             await k8s.wait_for(lambda: k8s.deleting("jobs", ns, trainers), timeout=60,
                                what="the trainer Job deleted")
-            # the kubelet: every pod of the Job stopped with its grace; then the garbage collector
-            await asyncio.gather(*(asyncio.to_thread(node.stop, pod) for pod in pods))
+            # the kubelet: every pod of the Job stopped; then the garbage collector
+            await asyncio.gather(*(asyncio.to_thread(node.stop, pod, grace=grace) for pod in pods))
             codes = await exits(node, pods, timeout=60)
-            stopped = await trainers_log(node, pods)
-            assert codes == [STOPPED, STOPPED], stopped[-4000:]
-            assert master_says(manifests.SUSPENDED_ANNOTATION) != "true"  # not before its pods went
+            suspended_early = master_says(manifests.SUSPENDED_ANNOTATION) == "true"
             k8s.collect_garbage("jobs", ns, trainers)
             await k8s.wait_for(lambda: master_says(manifests.SUSPENDED_ANNOTATION) == "true",
                                timeout=60, what="the master suspended")
-            assert stopped.count("stopped at step") == 2, stopped[-4000:]  # one boundary, both
-            entries = read_entries(log)
-            saves = [e for e in entries if "saved" in e]
-            last_step = max(e["step"] for e in entries if "ids" in e)
-            # the stop's checkpoint holds every step taken, inside the epoch: nothing to redo
-            assert saves and saves[-1]["saved"] == last_step, (saves[-3:], last_step)
-            stopped_in = saves[-1]["epoch"]
-            assert saves[-1]["tasks_done"], saves[-1]
-            # no failure counted: the master drained its group, it lost none
-            assert "restarting the trainer group" not in first.log(), first.log()[-4000:]
+            stopped_log = await trainers_log(node, pods)
+            stopped_at = max(e["step"] for e in read_entries(log) if "ids" in e)
             await asyncio.to_thread(first.stop)  # kmock answers its last calls meanwhile
             await asyncio.to_thread(apps.patch_namespaced_deployment, manifests.master_name(name), ns,
                                     {"metadata": {"annotations": {manifests.SUSPEND_ANNOTATION: "false"}}})
@@ -252,18 +259,61 @@ async def test_a_suspend_mid_epoch_drains_saves_and_the_resume_trains_each_recor
             await k8s.wait_for(lambda: k8s.stored("jobs", ns, trainers), timeout=120,
                                what="the trainer Job again")
             pods = await asyncio.to_thread(start_group, node, k8s, spec, secret, shared)
-            codes = await exits(node, pods, timeout=STARTED)
+            resumed_codes = await exits(node, pods, timeout=STARTED)
             resumed_log = await trainers_log(node, pods)
-            assert codes == [0, 0], resumed_log[-4000:]
+            assert resumed_codes == [0, 0], resumed_log[-4000:]
             assert master_says(manifests.RESUME_ANNOTATION) == manifests.RESUME_DONE
-            assert f"restarted epoch {stopped_in}" in second.log(), second.log()[-4000:]
+            assert master_says(manifests.SUSPENDED_ANNOTATION) == ""
         finally:
             for master in masters:
                 await asyncio.to_thread(master.stop)
             await asyncio.to_thread(etcd.stop)
+    return SuspendedAndResumed(log=log, data=shared / "data", stopped_codes=codes,
+                               stopped_log=stopped_log, suspended_early=suspended_early,
+                               stopped_at=stopped_at, first_master=first.log(),
+                               second_master=second.log(), resumed_log=resumed_log)
 
-    assert f"resumed from the checkpoint inside epoch {stopped_in}" in resumed_log, resumed_log[-4000:]
-    resumed = [e["resumed"] for e in read_entries(log) if "resumed" in e]
-    assert resumed and resumed[0] == last_step
-    assert sorted(lineage(log)) == list(range(EPOCHS))
-    assert off_by_epoch(log, shared / "data") == {}
+
+def assert_each_record_once(run: SuspendedAndResumed) -> None:
+    """What the model trained on (`chaos.lineage`: the steps a resume undid dropped): each
+    epoch's records once each."""
+    assert sorted(lineage(run.log)) == list(range(EPOCHS))
+    assert off_by_epoch(run.log, run.data) == {}
+
+
+async def test_a_suspend_mid_epoch_drains_saves_and_the_resume_trains_each_record_once(
+        tmp_path, k8s, api_client, kubeconfig, job_name, monkeypatch, paddle_image):
+    monkeypatch.setenv("KUBECONFIG", kubeconfig)
+    run = await suspend_and_resume(tmp_path, k8s, api_client, name=short(job_name),
+                                   image=paddle_image, grace=None)
+    assert run.stopped_codes == [STOPPED, STOPPED], run.stopped_log[-4000:]
+    assert not run.suspended_early  # the master said so once its pods were gone, not before
+    assert run.stopped_log.count("stopped at step") == 2, run.stopped_log[-4000:]  # one boundary
+    saves = [e for e in read_entries(run.log) if "saved" in e and e["saved"] <= run.stopped_at]
+    # the stop's checkpoint holds every step taken, inside the epoch: nothing to train again
+    assert saves and saves[-1]["saved"] == run.stopped_at, (saves, run.stopped_at)
+    stopped_in, tasks_done = saves[-1]["epoch"], saves[-1]["tasks_done"]
+    assert tasks_done, saves[-1]
+    # no failure counted: the master drained its group, it lost none
+    assert "restarting the trainer group" not in run.first_master, run.first_master[-4000:]
+    assert f"restarted epoch {stopped_in} with the checkpoint's {tasks_done} tasks done" \
+        in run.second_master, run.second_master[-4000:]
+    assert (f"resumed from the checkpoint inside epoch {stopped_in} (step {run.stopped_at})"
+            in run.resumed_log), run.resumed_log[-4000:]
+    assert_each_record_once(run)
+
+
+async def test_a_suspend_whose_drain_is_cut_short_resumes_at_the_last_checkpoint_exactly(
+        tmp_path, k8s, api_client, kubeconfig, job_name, monkeypatch, paddle_image):
+    """The kubelet kills the pods at once (a forced delete, a node going down): no drain,
+    the epoch-end checkpoint stands, and the resume restarts epoch 1 from scratch, so the
+    tasks the master counted done in it, which the model never kept, are read again."""
+    monkeypatch.setenv("KUBECONFIG", kubeconfig)
+    run = await suspend_and_resume(tmp_path, k8s, api_client, name=short(job_name),
+                                   image=paddle_image, grace=0)
+    assert run.stopped_codes == [KILLED, KILLED], run.stopped_log[-4000:]
+    assert "stopped at step" not in run.stopped_log
+    assert re.search(r"the master restarted epoch 1$", run.second_master, re.MULTILINE), \
+        run.second_master[-4000:]  # the whole epoch: the checkpoint holds none of it
+    assert "resumed from the checkpoint of epoch 0" in run.resumed_log, run.resumed_log[-4000:]
+    assert_each_record_once(run)
