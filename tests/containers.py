@@ -126,10 +126,15 @@ def build_image(tag: str, *, containerfile: str, files: Mapping[str, bytes | str
                 path.write_text(content)
             else:
                 path.write_bytes(content)
-        (Path(context) / "Containerfile").write_text(containerfile)
-        run_engine("build", "--quiet", "--network", "none", "-t", tag, "-f",
-                   str(Path(context) / "Containerfile"), context)
+        _build(Path(context), tag, containerfile)
     return tag
+
+
+def _build(context: Path, tag: str, containerfile: str) -> None:
+    """`tag` from `containerfile` and the files already in `context`, with no network."""
+    (context / "Containerfile").write_text(containerfile)
+    run_engine("build", "--quiet", "--network", "none", "-t", tag, "-f",
+               str(context / "Containerfile"), str(context))
 
 
 def source_digest() -> str:
@@ -197,13 +202,11 @@ def paddle_base_image() -> str:
             (Path(context) / "debs").mkdir()
             subprocess.run(["apt-get", "download", "libgomp1"], cwd=Path(context) / "debs",
                            check=True, capture_output=True, timeout=BUILD_TIMEOUT)
-            (Path(context) / "Containerfile").write_text(
-                f"FROM {BASE_IMAGE}\nCOPY wheels /tmp/wheels\nCOPY debs /tmp/debs\n"
-                "RUN dpkg -i /tmp/debs/*.deb && python3 -m pip install --quiet --no-index "
-                "--no-cache-dir --break-system-packages --find-links /tmp/wheels paddlepaddle "
-                "&& rm -rf /tmp/wheels /tmp/debs\n")
-            run_engine("build", "--quiet", "--network", "none", "-t", tag, "-f",
-                       str(Path(context) / "Containerfile"), context)
+            _build(Path(context), tag,
+                   f"FROM {BASE_IMAGE}\nCOPY wheels /tmp/wheels\nCOPY debs /tmp/debs\n"
+                   "RUN dpkg -i /tmp/debs/*.deb && python3 -m pip install --quiet --no-index "
+                   "--no-cache-dir --break-system-packages --find-links /tmp/wheels paddlepaddle "
+                   "&& rm -rf /tmp/wheels /tmp/debs\n")
     return tag
 
 
@@ -222,20 +225,6 @@ def paddlecloud_image(*, with_paddle: bool = False) -> str:
             shutil.copytree(built, Path(context) / "wheels")
             shutil.copytree(ROOT / "examples", Path(context) / "examples",
                             ignore=shutil.ignore_patterns("__pycache__"))
-            (Path(context) / "Containerfile").write_text(
-                _PADDLECLOUD_CONTAINERFILE.replace(f"FROM {BASE_IMAGE}", f"FROM {base}", 1))
-            run_engine("build", "--quiet", "--network", "none", "-t", tag, "-f",
-                       str(Path(context) / "Containerfile"), context)
-    return tag
-    built = wheels()
-    with _building():
-        if image_exists(tag):
-            return tag
-        with tempfile.TemporaryDirectory(prefix="paddlecloud-image-") as context:
-            shutil.copytree(built, Path(context) / "wheels")
-            shutil.copytree(ROOT / "examples", Path(context) / "examples",
-                            ignore=shutil.ignore_patterns("__pycache__"))
-            (Path(context) / "Containerfile").write_text(_PADDLECLOUD_CONTAINERFILE)
-            run_engine("build", "--quiet", "--network", "none", "-t", tag, "-f",
-                       str(Path(context) / "Containerfile"), context)
+            _build(Path(context), tag,
+                   _PADDLECLOUD_CONTAINERFILE.replace(f"FROM {BASE_IMAGE}", f"FROM {base}", 1))
     return tag

@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
-import os
 import re
 import signal
 import subprocess
@@ -35,6 +34,7 @@ from pathlib import Path
 import pod_runner
 import pytest
 from chaos.lineage import lineage, off_by_epoch
+from masters import MasterProcess
 from test_k8s_deployer import create_master, short
 from test_run_rendered_pods import start_etcd, the_job_s_secret
 
@@ -80,35 +80,17 @@ def fit_a_line_job(name: str, namespace: str, *, image: str, shared: Path, etcd:
                    etcd_endpoints=etcd).validate()
 
 
-class Master:
-    """`paddlecloud master` on the host as its Deployment runs it (`manifests.master_command`),
+def master_on_the_host(spec: JobSpec, spec_file: Path, tokens: Path, *, host: str) -> tuple[str, ...]:
+    """The flags of `paddlecloud master` as its Deployment runs it (`manifests.master_command`),
     with the host's paths for the mounted files, listening where the master Service's name
-    resolves in the pods."""
-
-    def __init__(self, spec: JobSpec, spec_file: Path, tokens: Path, *, host: str, log: Path) -> None:
-        flags = manifests.master_command(spec)[2:] + [
-            "--host", host, "--advertise", f"{host}:{manifests.MASTER_PORT}",
+    resolves in the pods (given last: they win)."""
+    return (*manifests.master_command(spec)[2:],
+            "--host", host, "--port", str(manifests.MASTER_PORT),
+            "--advertise", f"{host}:{manifests.MASTER_PORT}",
             "--metrics-port", str(free_port()), "--tokens-dir", str(tokens),
             "--tls-cert", str(tokens / manifests.TLS_CERT_KEY),
             "--tls-key", str(tokens / manifests.TLS_KEY_KEY),
-            "--scaler-token-file", str(tokens / "no-scaler-token"), "--job-spec", str(spec_file)]
-        self.log_path = log
-        with open(log, "wb") as out:
-            self.process = subprocess.Popen([sys.executable, "-m", "paddlecloud", "master", *flags],
-                                            stdout=out, stderr=subprocess.STDOUT,
-                                            env=dict(os.environ, PYTHONUNBUFFERED="1"))
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=30)
+            "--scaler-token-file", str(tokens / "no-scaler-token"), "--job-spec", str(spec_file))
 
 
 @contextlib.asynccontextmanager
@@ -153,7 +135,7 @@ async def exits(node: pod_runner.Node, pods: list[pod_runner.Pod], *, timeout: f
 
 
 async def until_running(condition, node: pod_runner.Node, pods: list[pod_runner.Pod],
-                        master: Master, *, timeout: float, what: str) -> None:
+                        master: MasterProcess, *, timeout: float, what: str) -> None:
     """Polls `condition` (every second: the group shares two cores) while the pods run; a pod
     that failed, or the deadline, fails the test with what the pods and the master said."""
     loop = asyncio.get_running_loop()
@@ -209,7 +191,7 @@ async def suspend_and_resume(tmp_path: Path, k8s, api_client, *, name: str, imag
 
     async with a_node(tmp_path) as node:
         etcd = await asyncio.to_thread(start_etcd, node.gateway, tmp_path)
-        masters: list[Master] = []
+        masters: list[MasterProcess] = []
         try:
             spec = fit_a_line_job(name, ns, image=image, shared=shared,
                                   etcd=etcd.endpoint.replace("127.0.0.1", node.gateway))
@@ -222,9 +204,10 @@ async def suspend_and_resume(tmp_path: Path, k8s, api_client, *, name: str, imag
             for key, value in secret.items():
                 (tokens / key).write_bytes(value)
 
-            def start_master(label: str) -> Master:
-                masters.append(Master(spec, spec_file, tokens, host=node.gateway,
-                                      log=tmp_path / f"{label}.log"))
+            def start_master(label: str) -> MasterProcess:
+                flags = master_on_the_host(spec, spec_file, tokens, host=node.gateway)
+                masters.append(MasterProcess(job=name, etcd=spec.etcd_endpoints, tmp=tmp_path,
+                                             args=flags, name=label).start())
                 return masters[-1]
 
             first = start_master("master-1")
