@@ -12,6 +12,9 @@ the kubelet (the Job's pods stopped with SIGTERM and their termination grace) an
 garbage collector (the foreground deletion finished once they are gone). A second master
 resumes, and its group runs to the end. The records are then checked as the local test
 checks them (`chaos.lineage`): each epoch's records in the model's lineage once each.
+A drained suspend leaves the master's done marks equal to the checkpoint's tasks, so the
+resume's RestartEpoch changes nothing there; the second test cuts the drain short (the
+kubelet kills at once), where only that RestartEpoch keeps each record once.
 
 What this does NOT cover: the operator itself (its part is the two annotations), pods in
 the API (the master sees none, so it never takes them for lost members), the Job
