@@ -7,6 +7,8 @@ No image can be pulled here, so every image is built on this machine:
 - **paddlecloud's image** (`localhost/paddlecloud:test-<digest of the source>`): the base
   with this tree's wheel and its dependencies' wheels installed, built again only when the
   source changes (what `deploy/Dockerfile` builds, from a base that needs no registry);
+  `paddlecloud_image(with_paddle=True)` builds the same on a base that also holds the
+  PaddlePaddle (CPU) of the tests' own environment, for pods that train for real;
 - **users' images**: `build_image` with a Containerfile and files, shaped as a test wants
   (built as root, files in `WORKDIR`, an `ENTRYPOINT`, no paddlecloud inside).
 
@@ -37,6 +39,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 BASE_IMAGE = "localhost/paddlecloud-test-base:bookworm-1"
 PADDLECLOUD_IMAGE = "localhost/paddlecloud"
+PADDLE_BASE_IMAGE = "localhost/paddlecloud-test-paddle-base"
 SOURCE_DIRS = ("paddlecloud", "master", "trainer_agent", "pserver_agent", "autoscaler",
                "pdj_operator", "job_server", "examples")
 LOCK = Path(tempfile.gettempdir()) / "paddlecloud-test-images.lock"
@@ -123,10 +126,15 @@ def build_image(tag: str, *, containerfile: str, files: Mapping[str, bytes | str
                 path.write_text(content)
             else:
                 path.write_bytes(content)
-        (Path(context) / "Containerfile").write_text(containerfile)
-        run_engine("build", "--quiet", "--network", "none", "-t", tag, "-f",
-                   str(Path(context) / "Containerfile"), context)
+        _build(Path(context), tag, containerfile)
     return tag
+
+
+def _build(context: Path, tag: str, containerfile: str) -> None:
+    """`tag` from `containerfile` and the files already in `context`, with no network."""
+    (context / "Containerfile").write_text(containerfile)
+    run_engine("build", "--quiet", "--network", "none", "-t", tag, "-f",
+               str(context / "Containerfile"), str(context))
 
 
 def source_digest() -> str:
@@ -174,11 +182,39 @@ def wheels() -> Path:
     return folder
 
 
-def paddlecloud_image() -> str:
-    """paddlecloud's own image, built from this tree (no PaddlePaddle: the seeds' users bring
-    theirs in their own images), again only when the source changed."""
+def paddle_base_image() -> str:
+    """The base with the PaddlePaddle version the tests run (its wheels and their
+    dependencies, and the OpenMP runtime its core links), once per machine and version: the
+    wheels come from pip's cache or the package index and libgomp1 from Debian's (`apt-get
+    download`), on this machine; the build itself has no network."""
+    from importlib.metadata import version
+
     base_image()
-    tag = f"{PADDLECLOUD_IMAGE}:test-{source_digest()}"
+    wanted = version("paddlepaddle")
+    tag = f"{PADDLE_BASE_IMAGE}:{wanted}"
+    with _building():
+        if image_exists(tag):
+            return tag
+        with tempfile.TemporaryDirectory(prefix="paddlecloud-paddle-") as context:
+            subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "-d",
+                            str(Path(context) / "wheels"), f"paddlepaddle=={wanted}"],
+                           check=True, capture_output=True, timeout=BUILD_TIMEOUT)
+            (Path(context) / "debs").mkdir()
+            subprocess.run(["apt-get", "download", "libgomp1"], cwd=Path(context) / "debs",
+                           check=True, capture_output=True, timeout=BUILD_TIMEOUT)
+            _build(Path(context), tag,
+                   f"FROM {BASE_IMAGE}\nCOPY wheels /tmp/wheels\nCOPY debs /tmp/debs\n"
+                   "RUN dpkg -i /tmp/debs/*.deb && python3 -m pip install --quiet --no-index "
+                   "--no-cache-dir --break-system-packages --find-links /tmp/wheels paddlepaddle "
+                   "&& rm -rf /tmp/wheels /tmp/debs\n")
+    return tag
+
+
+def paddlecloud_image(*, with_paddle: bool = False) -> str:
+    """paddlecloud's own image, built from this tree, again only when the source changed; no
+    PaddlePaddle (the seeds' users bring theirs in their own images) unless `with_paddle`."""
+    base = paddle_base_image() if with_paddle else base_image()
+    tag = f"{PADDLECLOUD_IMAGE}:test-{source_digest()}{'-paddle' if with_paddle else ''}"
     if image_exists(tag):
         return tag
     built = wheels()
@@ -189,7 +225,6 @@ def paddlecloud_image() -> str:
             shutil.copytree(built, Path(context) / "wheels")
             shutil.copytree(ROOT / "examples", Path(context) / "examples",
                             ignore=shutil.ignore_patterns("__pycache__"))
-            (Path(context) / "Containerfile").write_text(_PADDLECLOUD_CONTAINERFILE)
-            run_engine("build", "--quiet", "--network", "none", "-t", tag, "-f",
-                       str(Path(context) / "Containerfile"), context)
+            _build(Path(context), tag,
+                   _PADDLECLOUD_CONTAINERFILE.replace(f"FROM {BASE_IMAGE}", f"FROM {base}", 1))
     return tag

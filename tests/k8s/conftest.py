@@ -29,6 +29,12 @@ server, the gap is filled HERE, in `_fill_kmock_gaps`, and nowhere else:
    API server defaults it) the owner of the fields it changed (operation Update); a JSON
    patch (Kopf's) changes no owner. Kept simple: a list is one field (the API server merges some lists by key), and the managers
    are kept beside the objects (`Cluster.managers`), not in their `metadata.managedFields`.
+10. foreground deletion: kmock removes a deleted object at once, whatever the propagation.
+   A test that plays the kubelet and the garbage collector (`Cluster.hold_foreground_deletions`)
+   gets the API server's behaviour for the resources it names: a delete with
+   `propagationPolicy: Foreground` gives the object the `foregroundDeletion` finalizer and a
+   deletionTimestamp, so it stays readable until the test, once the dependents are gone,
+   finishes the deletion (`Cluster.collect_garbage`).
 """
 
 from __future__ import annotations
@@ -115,6 +121,7 @@ IDENTITY: frozenset[Path] = frozenset({("apiVersion",), ("kind",), ("metadata", 
                                        ("metadata", "namespace"), ("metadata", "uid"),
                                        ("metadata", "resourceVersion")})
 ABSENT = object()
+FOREGROUND_FINALIZER = "foregroundDeletion"  # what the API server adds for a foreground delete
 
 
 def _leaves(obj: dict[str, Any], prefix: Path = ()) -> dict[Path, Any]:
@@ -168,6 +175,7 @@ class ServerSideApply(kmocklib.KubernetesEmulator):
         # (resource, namespace, name) -> (manager, operation) -> the fields it owns
         self.managed: dict[Any, dict[tuple[str, str], set[Path]]] = {}
         self.creating: set[int] = set()  # the ids of the applies that created their object
+        self.held_deletions: set[str] = set()  # resource plurals deleted in the foreground (gap 10)
         self.fallback[kmocklib.method.PUT] << self._serve_replace
 
     async def _serve_replace(self, request: Any) -> dict[str, Any]:
@@ -180,6 +188,8 @@ class ServerSideApply(kmocklib.KubernetesEmulator):
             async with self._lock:
                 await self._replace(request)
             return await kmocklib.RawHandler._handle(self, request)
+        if method == "DELETE" and request.resource is not None and request.name:
+            await self._hold_for_foreground(request)
         if request.resource is None or method not in ("POST", "PATCH"):
             return await super()._handle(request)
         if method == "PATCH" and request.name and str(
@@ -198,6 +208,21 @@ class ServerSideApply(kmocklib.KubernetesEmulator):
         if response.status < 300 and request.subresource is None:
             self._updated(key, before or {}, request.data, self._manager(request))
         return response
+
+    async def _hold_for_foreground(self, request: Any) -> None:
+        """A foreground delete of a held resource (gap 10): the API server's finalizer, so
+        kmock marks the object deleting instead of removing it."""
+        if (request.resource.plural not in self.held_deletions
+                or (request.data or {}).get("propagationPolicy") != "Foreground"):
+            return
+        key = (request.resource, request.namespace, request.name)
+        async with self._lock:
+            current = self._current(key)
+            if current is None or current["metadata"].get("deletionTimestamp"):
+                return
+            finalizers = current["metadata"].get("finalizers") or []
+            if FOREGROUND_FINALIZER not in finalizers:
+                self._objects[key].patch({"metadata": {"finalizers": [*finalizers, FOREGROUND_FINALIZER]}})
 
     def _current(self, key: Any) -> dict[str, Any] | None:
         if key not in self._objects or self._objects[key].deleted:
@@ -387,6 +412,25 @@ class Cluster:
     def set_job_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
         """Plays the Job controller (gap 4): writes the status a real one would."""
         self.kmock.objects[RESOURCES["jobs"], namespace, name].patch({"status": status})
+
+    def hold_foreground_deletions(self, resource: str) -> None:
+        """Foreground deletes of `resource` leave the object deleting until `collect_garbage`
+        (gap 10): the test plays the kubelet and the garbage collector."""
+        self.kmock.held_deletions.add(resource)
+
+    def deleting(self, resource: str, namespace: str, name: str) -> bool:
+        """Whether the object is marked for deletion (a deletionTimestamp), still stored."""
+        stored = self.stored(resource, namespace, name)
+        return bool(stored and stored["metadata"].get("deletionTimestamp"))
+
+    def collect_garbage(self, resource: str, namespace: str, name: str) -> None:
+        """The garbage collector's end of a foreground deletion (gap 10): the dependents are
+        gone, so the finalizer goes and the object with it."""
+        obj = self.kmock.objects[RESOURCES[resource], namespace, name]
+        finalizers = [f for f in obj["metadata"].get("finalizers") or [] if f != FOREGROUND_FINALIZER]
+        obj.patch({"metadata": {"finalizers": finalizers or None}})
+        if not finalizers:
+            obj.delete()
 
     def add_pod(self, spec: JobSpec, role: str, name: str, *, phase: str = "Running",
                 annotations: dict[str, str] | None = None, ready: bool = False) -> None:

@@ -14,7 +14,8 @@ each pod as a podman pod on one bridge network of its own, with a fixed address:
   expanded the same way; command replaces the image's ENTRYPOINT (and its CMD), args
   its CMD;
 - volumes as host directories: Secrets and ConfigMaps written out (items, defaultMode),
-  emptyDir a directory (`medium: Memory` a tmpfs), a claim a directory the test gives;
+  emptyDir a directory (`medium: Memory` a tmpfs), a claim a directory the test gives
+  (shared by the pods that mount it, its modes the test's, as a volume's own);
 - securityContext as the kubelet applies it: runAsUser/runAsGroup as `--user`, fsGroup
   as a supplementary group owning the volumes, capabilities dropped and added,
   allowPrivilegeEscalation false as no-new-privileges, and runAsNonRoot refused, as
@@ -22,7 +23,10 @@ each pod as a podman pod on one bridge network of its own, with a fixed address:
 - cluster DNS from the rendered Services: a headless Service's pods as
   `HOSTNAME.SERVICE.NS.svc` (with the pod's subdomain or the StatefulSet's serviceName)
   and a per-pod Service as `SERVICE.NS.svc`, given to every pod with `--add-host`; the
-  job's master Service names the host, where the test runs the master and etcd.
+  job's master Service names the host, where the test runs the master and etcd;
+- a deleted pod stopped as the kubelet stops it (`Node.stop`): SIGTERM to its containers,
+  SIGKILL once the pod's terminationGracePeriodSeconds (default 30) have passed, then its
+  sandbox (the pod's network).
 
 What this does NOT cover: scheduling (schedulerName, PodGroups, nodeSelector, resources
 and GPUs are ignored), probes, restarts (a failed container fails the run), Services'
@@ -51,6 +55,7 @@ COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
 POD_INDEX = "apps.kubernetes.io/pod-index"
 STS_POD_NAME = "statefulset.kubernetes.io/pod-name"
 RUN_TIMEOUT = 300
+DEFAULT_GRACE = 30  # a pod's terminationGracePeriodSeconds when its spec gives none
 
 
 class PodFailed(AssertionError):
@@ -260,7 +265,8 @@ class Node:
             elif "emptyDir" not in volume:
                 raise PodFailed(f"pod {pod.name}: volume {name} of kind {sorted(volume)} is not one "
                                 "this harness mounts")
-            path.chmod(0o777 if "emptyDir" in volume else 0o755)
+            if "persistentVolumeClaim" not in volume:  # a volume's own modes are kept
+                path.chmod(0o777 if "emptyDir" in volume else 0o755)
             if group is not None:  # the kubelet gives the volumes to the fsGroup
                 subprocess.run(["chgrp", "-R", str(group), str(path)], check=True)
             out[name] = ("bind", str(path))
@@ -308,6 +314,16 @@ class Node:
         if context.get("privileged"):
             args += ["--privileged"]
         return args
+
+    def stop(self, pod: Pod, *, grace: int | None = None) -> None:
+        """The kubelet's part of a pod's deletion: SIGTERM to its containers, SIGKILL after the
+        pod's termination grace (or `grace`: 0 kills at once, as a forced delete), and only
+        then the pod's sandbox (its network); returns once they are stopped."""
+        if grace is None:
+            grace = int(pod.spec.get("terminationGracePeriodSeconds", DEFAULT_GRACE))
+        if pod.started:
+            containers.run_engine("stop", "--time", str(grace), *pod.started, timeout=grace + 120)
+        containers.run_engine("pod", "stop", "--time", "0", pod.name, timeout=120)
 
     # ---- what ran --------------------------------------------------------------------------------
     def failed(self, pods: list[Pod]) -> str:
