@@ -117,6 +117,9 @@ class MasterNode:
         self.fatal: Exception | None = None
         self._change = asyncio.Event()  # set, and replaced, when what a held call waits for changes
         self._other_terms = 0  # terms of other masters seen begin: a held call then goes there
+        # The leader key's create revision last seen: a campaign started again (this master's
+        # etcd session lost under load) sees the same term again, which is not a new one
+        self._term_seen = 0
 
     def _changed(self) -> None:
         """Wakes the calls held in `serving_dispatcher`."""
@@ -152,12 +155,15 @@ class MasterNode:
         for service in ("", SERVICE_NAME):
             await self.health.set(service, status)
 
-    def _seen_leader(self, address: str) -> None:
-        """The campaign saw another master's term begin (once per term)."""
+    def _seen_leader(self, address: str, term: int) -> None:
+        """The campaign saw another master's term (`term`: the leader key's create revision)
+        begin; one seen before (a campaign started again) changes nothing for held calls."""
         if address != self.leader_hint:
             logger.info("standby: the leader is %s", address)
         self.leader_hint = address
-        self._other_terms += 1
+        if term != self._term_seen:
+            self._term_seen = term
+            self._other_terms += 1
         self._changed()
 
     async def run(self) -> None:

@@ -292,3 +292,25 @@ async def test_calls_held_at_the_standbys_follow_the_failover(three_masters):
     finally:
         for channel in channels.values():
             await channel.close()
+
+
+async def test_a_held_call_is_released_by_a_new_term_not_by_the_same_term_seen_again():
+    """A standby whose campaign starts again (its etcd session lost under load) reads the
+    leader key again: the same term, which must not release its held calls toward a leader
+    that may be dead (seen in CI: the elected master had answered its held call NOT_LEADER
+    naming the killed one). A new term does release them, at once."""
+    from master.config import MasterConfig
+    from master.server import MasterNode
+
+    node = MasterNode(MasterConfig(job="j", namespace="local", etcd_endpoints="127.0.0.1:2379"), client=None)
+    node._seen_leader("127.0.0.1:1", 7)  # the term the standby first saw
+    held = asyncio.ensure_future(node.serving_dispatcher(60))
+    for _ in range(3):
+        await asyncio.sleep(0)
+    node._seen_leader("127.0.0.1:1", 7)  # the campaign again: the same term
+    for _ in range(3):
+        await asyncio.sleep(0)
+    assert not held.done()
+    node._seen_leader("127.0.0.1:2", 12)  # a new leader's term
+    assert await asyncio.wait_for(held, timeout=5) is None
+    assert node.leader_hint == "127.0.0.1:2"

@@ -122,7 +122,10 @@ async def test_a_campaign_revokes_only_a_lease_it_was_told_holds_its_own_address
         await old.close(revoke=False)  # abandoned: its lease lives on in etcd, with the key
         new = await session()
         seen: list[str] = []
-        waiting = asyncio.create_task(etcd.Election(new, key).campaign("me:1", on_leader=seen.append))
+
+        def saw(address: str, _term: int) -> None:
+            seen.append(address)
+        waiting = asyncio.create_task(etcd.Election(new, key).campaign("me:1", on_leader=saw))
         await wait_for(lambda: seen == ["me:1"], timeout=30)  # not told: it waits the lease out
         waiting.cancel()
         await asyncio.gather(waiting, return_exceptions=True)
@@ -135,7 +138,7 @@ async def test_a_campaign_revokes_only_a_lease_it_was_told_holds_its_own_address
         mine = await session()
         seen.clear()
         waiting = asyncio.create_task(etcd.Election(mine, key).campaign(
-            "me:1", on_leader=seen.append, reclaim={other.lease_id}))
+            "me:1", on_leader=saw, reclaim={other.lease_id}))
         await wait_for(lambda: seen == ["other:2"], timeout=30)
         waiting.cancel()
         await asyncio.gather(waiting, return_exceptions=True)

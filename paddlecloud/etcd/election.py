@@ -43,9 +43,11 @@ class Election:
         self.session = session
         self.key = key
 
-    async def campaign(self, value: str, *, on_leader: Callable[[str], None] | None = None,
+    async def campaign(self, value: str, *, on_leader: Callable[[str, int], None] | None = None,
                        reclaim: Iterable[int] = ()) -> Leadership:
-        """Waits until this session holds the key; calls `on_leader` with each other leader seen.
+        """Waits until this session holds the key; calls `on_leader(value, term)` with each other
+        leader seen, `term` the key's create revision (a campaign started again may see one
+        term twice).
 
         `reclaim`: leases the caller has proved dead or abandoned (a dead predecessor's:
         `master.presence.dead_predecessor`; its own earlier sessions'): the key holding
@@ -76,7 +78,7 @@ class Election:
                         await client.revoke_lease(meta.lease)
                     continue
                 if on_leader is not None:
-                    on_leader(value_now.decode())
+                    on_leader(value_now.decode(), meta.create_revision)
                 await self._wait_deleted(meta.mod_revision)
 
     async def _wait_deleted(self, seen_revision: int) -> None:
