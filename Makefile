@@ -40,6 +40,7 @@ demo: $(call stamp,$(DEMO_EXTRAS))
 # well; the suite takes about 15 minutes on CI's 2 cores (1,906 tests, measured this phase).
 test: $(call stamp,$(TEST_EXTRAS)) $(CHECKOV_VENV)/bin/checkov
 	$(BIN)/ruff check .
+	$(BIN)/python -m tests.containers
 	$(BIN)/pytest -n 2
 
 lint: $(call stamp,$(TEST_EXTRAS))
