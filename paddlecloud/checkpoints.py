@@ -145,6 +145,11 @@ def resume_epoch(path: str) -> int:
     return resume_point(path)[0]
 
 
+def has_checkpoint(path: str) -> bool:
+    """Whether `path` holds a complete checkpoint (a job started on it resumes there)."""
+    return next(complete_versions(CheckpointDir.of(path)), None) is not None
+
+
 def resume_point(path: str) -> tuple[int, tuple[int, ...]]:
     """(epoch, tasks of it already consumed) where a group restart resumes: a checkpoint saved
     inside an epoch (its meta has `tasks_done`) resumes that epoch with those tasks done; one

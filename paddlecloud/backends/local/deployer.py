@@ -123,8 +123,7 @@ class LocalDeployer(Deployer):
             self.pservers.append(child)
 
     def _has_checkpoint(self) -> bool:
-        directory = checkpoints.CheckpointDir.of(checkpoints.checkpoints_dir(str(self.output)))
-        return next(checkpoints.complete_versions(directory), None) is not None
+        return checkpoints.has_checkpoint(checkpoints.checkpoints_dir(str(self.output)))
 
     async def create_trainers(self) -> None:
         if not self.trainers:
