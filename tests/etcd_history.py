@@ -16,6 +16,7 @@ was read is the trainers' logs' to say).
 from __future__ import annotations
 
 import asyncio
+import json
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -73,21 +74,24 @@ class MarkAudit:
 
 
 def audit_done_marks(done: Iterable[MarkEvent], *, epochs: int, tasks: int | None = None,
-                     failed: Iterable[tuple[int, int]] = ()) -> MarkAudit:
+                     failed: Iterable[tuple[int, int]] = (), pieces: Iterable[int] = ()) -> MarkAudit:
     """Replays the done marks of epochs `0..epochs-1` in order.
 
     A PUT of a mark that is still there counts the task twice. When an epoch's last mark
     is deleted (its end, or a RestartEpoch) and its pass did not cover every task, the
     pass was restarted unfinished and does not count: the next pass must. `tasks` is the
-    number of tasks per epoch (default: every task seen marked or failed); `failed` are
-    the (epoch, task) pairs that ended the epoch failed, which a pass need not count.
+    number of tasks per epoch (default: every task seen marked or failed, but `pieces`);
+    `failed` are the (epoch, task) pairs that ended the epoch failed, which a pass need
+    not count. `pieces` (`piece_ids`) are the units work stealing split off a task: one
+    pass has them, the next may not (a pass is complete when every task is done, a split
+    task by its own mark), so they are no task a pass must count.
     """
     done = list(done)
     failed_in: dict[int, set[int]] = {}
     for epoch, task in failed:
         failed_in.setdefault(epoch, set()).add(task)
     every = (set(range(tasks)) if tasks is not None
-             else {m.task for m in done} | {t for ts in failed_in.values() for t in ts})
+             else ({m.task for m in done} | {t for ts in failed_in.values() for t in ts}) - set(pieces))
     live: dict[int, set[int]] = {}
     passes: dict[int, set[int]] = {}
     double: list[tuple[int, int]] = []
@@ -114,6 +118,13 @@ async def done_events(endpoint: str, keys: JobKeys) -> list[tuple[str, int, int]
     return [(e.kind, e.epoch, e.task) for e in await mark_history(endpoint, keys, "done")]
 
 
+async def piece_ids(endpoint: str, keys: JobKeys) -> frozenset[int]:
+    """The units work stealing split off a task, over the whole history: an `extents/<epoch>/<unit>`
+    whose root task is another unit (a split task's own extent names itself)."""
+    return frozenset(e.task for e in await mark_history(endpoint, keys, "extents")
+                     if e.kind == "PUT" and json.loads(e.value)["task"] != e.task)
+
+
 async def done_marks(endpoint: str, keys: JobKeys) -> Counter:
     """How many times each `done/<epoch>/<task>` key was created, over the whole history."""
     return Counter(f"{epoch}/{task}" for kind, epoch, task in await done_events(endpoint, keys)
@@ -129,11 +140,28 @@ def per_epoch(counts: Counter) -> dict[int, Counter]:
     return epochs
 
 
-def check_exactly_once(events: list[tuple[str, int, int]], *, num_tasks: int, num_epochs: int) -> None:
+def check_exactly_once(events: list[tuple[str, int, int]], *, num_tasks: int, num_epochs: int,
+                       pieces: frozenset[int] = frozenset()) -> None:
     """No done mark is created twice without being cleared in between (an epoch's end or a
-    RestartEpoch clears them), and every epoch's last pass counted every task."""
-    audit = audit_done_marks([MarkEvent(*event) for event in events], epochs=num_epochs, tasks=num_tasks)
+    RestartEpoch clears them), and every epoch's last pass counted every task (`pieces`,
+    work stealing's, aside: `audit_done_marks`)."""
+    audit = audit_done_marks([MarkEvent(*event) for event in events], epochs=num_epochs, tasks=num_tasks,
+                             pieces=pieces)
     assert not audit.double_counted, f"(epoch, task) counted twice: {audit.double_counted}"
     assert sorted(audit.passes) == list(range(num_epochs)), f"epochs completed: {sorted(audit.passes)}"
     for epoch, tasks in audit.passes.items():
+        tasks = tasks - pieces
         assert tasks == set(range(num_tasks)), f"epoch {epoch} lost tasks {set(range(num_tasks)) - tasks}"
+
+
+def check_job_exactly_once(endpoint: str, keys: JobKeys, *, num_epochs: int,
+                           num_tasks: int | None = None) -> None:
+    """`check_exactly_once` on the job's history in etcd; `num_tasks` defaults to every task
+    marked done in it (work stealing's pieces aside)."""
+    async def read() -> tuple[list[tuple[str, int, int]], frozenset[int]]:
+        return await done_events(endpoint, keys), await piece_ids(endpoint, keys)
+
+    events, pieces = asyncio.run(read())
+    if num_tasks is None:
+        num_tasks = len({task for _, _, task in events} - pieces)
+    check_exactly_once(events, num_tasks=num_tasks, num_epochs=num_epochs, pieces=pieces)

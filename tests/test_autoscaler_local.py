@@ -22,7 +22,7 @@ from pathlib import Path
 import grpc
 import pytest
 from datasets import write_records
-from etcd_history import check_exactly_once, done_events, mark_history
+from etcd_history import check_job_exactly_once, mark_history
 from local_runs import LocalRun, leader_of
 from waiting import wait_until
 
@@ -184,8 +184,7 @@ def test_three_local_jobs_share_a_simulated_cluster_and_each_counts_every_task_o
     assert all(sum(seen.values()) <= 6 for seen in scaler.seen)
     for job, run in runs.items():
         keys = JobKeys("local", run.job)
-        events = asyncio.run(done_events(etcd_endpoint, keys))
-        check_exactly_once(events, num_tasks=scaler.tasks[job], num_epochs=epochs[job])
+        check_job_exactly_once(etcd_endpoint, keys, num_tasks=scaler.tasks[job], num_epochs=epochs[job])
         assert asyncio.run(mark_history(etcd_endpoint, keys, "failures")) == [], job
     text = tmp_a.text()
     assert "scaling the trainers 2 -> 3" in text

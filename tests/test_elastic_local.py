@@ -11,7 +11,7 @@ import sys
 import grpc
 import pytest
 from datasets import write_records
-from etcd_history import check_exactly_once, done_events, mark_history
+from etcd_history import check_job_exactly_once, mark_history
 from local_runs import leader_of
 from processes import find
 from trainers import read_log
@@ -87,8 +87,7 @@ def test_ps_job_scaled_2_4_1_3_counts_every_task_once_and_no_failure(tmp_path, l
     assert "scaling the trainers 1 -> 3" in text and "restarting it" not in text
     # trainers 2 and 3 joined and read records; every task counted once per epoch
     assert {"0", "1", "2", "3"} <= {t for _, t, _, _ in read_log(run.records)}
-    events = asyncio.run(done_events(etcd_endpoint, keys))
-    check_exactly_once(events, num_tasks=len({t for _, _, t in events}), num_epochs=3)
+    check_job_exactly_once(etcd_endpoint, keys, num_epochs=3)
     # the trainers that left gave their tasks back: no failure was ever counted
     assert asyncio.run(mark_history(etcd_endpoint, keys, "failures")) == []
 
@@ -108,8 +107,7 @@ def test_collective_resize_schedule_restarts_the_group_at_each_size(tmp_path, lo
     # the group of 3 ran with ids 0..2 and PADDLE_TRAINERS_NUM=3
     assert "resize schedule: 3 trainers at 12s" in text
     assert (run.output / "logs" / "trainer-2.log").read_text().count("registered") >= 1
-    events = asyncio.run(done_events(etcd_endpoint, keys))
-    check_exactly_once(events, num_tasks=len({t for _, _, t in events}), num_epochs=2)
+    check_job_exactly_once(etcd_endpoint, keys, num_epochs=2)
 
 
 @pytest.mark.parametrize("schedule, fragment", [
@@ -172,8 +170,7 @@ def test_a_group_restart_resumes_the_epoch_with_the_checkpoints_tasks_done(tmp_p
     for task in consumed:  # read once in epoch 0: before the checkpoint, never after the restart
         records = [r for e, _, t, r in rows if e == 0 and t == task]
         assert records and len(records) == len(set(records)), (task, records)
-    events = asyncio.run(done_events(etcd_endpoint, keys))
-    check_exactly_once(events, num_tasks=len({t for _, _, t in events}), num_epochs=2)
+    check_job_exactly_once(etcd_endpoint, keys, num_epochs=2)
 
 
 # A trainer that crashes once, after the job's data is done: the stub reads to the end,
@@ -228,5 +225,4 @@ def test_a_group_that_loses_a_member_after_the_data_s_end_is_restarted_from_its_
     else:
         assert "the master restarted epoch 0" in text
         assert reads == [2 * records, 2 * records]  # the whole job read again, once more
-    events = asyncio.run(done_events(etcd_endpoint, keys))
-    check_exactly_once(events, num_tasks=len({t for _, _, t in events}), num_epochs=2)
+    check_job_exactly_once(etcd_endpoint, keys, num_epochs=2)

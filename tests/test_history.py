@@ -55,6 +55,36 @@ def test_without_a_task_count_every_task_seen_is_expected_in_every_epoch():
     assert audit_done_marks(history, epochs=2).lost == {1: {0, 1, 2}}
 
 
+def test_a_piece_of_a_split_task_is_no_task_a_pass_must_count():
+    """Work stealing split task 2 in epoch 0 (its rest is piece 3) and nothing in epoch 1: both
+    are complete, and the piece is no task epoch 1 lost."""
+    split = [put(0, 0), put(0, 3), put(0, 2), put(0, 1)] + [delete(0, t) for t in range(4)]
+    history = split + epoch_of(1, 3)
+    assert sorted(audit_done_marks(history, epochs=2).passes) == [0]  # without knowing the piece
+    audit = audit_done_marks(history, epochs=2, pieces=[3])
+    assert audit.lost == {} and audit.passes == {0: {0, 1, 2, 3}, 1: {0, 1, 2}}
+
+
+async def test_piece_ids_are_the_units_whose_extent_names_another_root(etcd_endpoint, job_name):
+    """`piece_ids` reads them from the `extents/` history, as the master writes a split: the
+    cut task's extent names itself, the piece's its root."""
+    from etcd_history import piece_ids
+
+    from master.transactions import encode_extent
+    from paddlecloud import etcd
+    from paddlecloud.keys import JobKeys
+
+    keys = JobKeys("local", job_name)
+    client = await etcd.connect(etcd_endpoint)
+    try:
+        await client.put(keys.extent(0, 2), encode_extent(2, 0, 40))
+        await client.put(keys.extent(0, 8), encode_extent(2, 40, 90))
+        await client.delete(keys.extent(0, 8))  # an epoch's end clears them: history keeps them
+    finally:
+        await client.close()
+    assert await piece_ids(etcd_endpoint, keys) == {8}
+
+
 async def test_a_history_larger_than_one_grpc_message_is_read_whole(etcd_endpoint, job_name):
     """A watch that catches up sends up to 1,000 revisions in one message: 50 transactions of
     100 marks of 1 KiB (a master's large group commits) are 5 MB in one, past gRPC's default

@@ -77,13 +77,11 @@ def test_ps_job_restarts_only_the_killed_trainer(tmp_path, local_run, job_name, 
     assert trainers == {"0", "1", "2"}
     # Only trainer 1 was restarted; and the master counted every task once per epoch.
     assert "trainer 0 exited" not in run.text() and "trainer 2 exited" not in run.text()
-    import asyncio
 
-    from etcd_history import check_exactly_once, done_events
+    from etcd_history import check_job_exactly_once
 
     from paddlecloud.keys import JobKeys
-    events = asyncio.run(done_events(etcd_endpoint, JobKeys("local", job_name)))
-    check_exactly_once(events, num_tasks=len({t for _, _, t in events}), num_epochs=2)
+    check_job_exactly_once(etcd_endpoint, JobKeys("local", job_name), num_epochs=2)
 
 
 @pytest.mark.parametrize("args, fragment", [
@@ -132,9 +130,8 @@ def leader_pid(job: str, etcd_endpoint: str) -> int:
 
 
 def test_two_masters_survive_the_leader_sigkill(tmp_path, local_run, job_name, etcd_endpoint):
-    import asyncio
 
-    from etcd_history import check_exactly_once, done_events
+    from etcd_history import check_job_exactly_once
 
     from paddlecloud.keys import JobKeys
 
@@ -145,17 +142,14 @@ def test_two_masters_survive_the_leader_sigkill(tmp_path, local_run, job_name, e
     wait_until(lambda: len(read_log(run.records)) >= 30, timeout=90, message="no progress")
     os.kill(leader_pid(job_name, etcd_endpoint), signal.SIGKILL)
     assert run.wait() == 0, run.text()
-    events = asyncio.run(done_events(etcd_endpoint, JobKeys("local", job_name)))
-    num_tasks = len({t for _, _, t in events})
-    check_exactly_once(events, num_tasks=num_tasks, num_epochs=2)
+    check_job_exactly_once(etcd_endpoint, JobKeys("local", job_name), num_epochs=2)
     reads = reads_per_epoch(read_log(run.records))
     assert all(set(c) == all_records(4, 60) for c in reads.values())
 
 
 def test_group_mode_restarts_every_trainer_and_the_epoch(tmp_path, local_run, job_name, etcd_endpoint):
-    import asyncio
 
-    from etcd_history import check_exactly_once, done_events
+    from etcd_history import check_job_exactly_once
 
     from paddlecloud.keys import JobKeys
 
@@ -171,9 +165,7 @@ def test_group_mode_restarts_every_trainer_and_the_epoch(tmp_path, local_run, jo
     assert run.wait() == 0, run.text()
     text = run.text()
     assert "restarting the trainer group" in text and "the master restarted epoch 0" in text
-    events = asyncio.run(done_events(etcd_endpoint, JobKeys("local", job_name)))
-    num_tasks = len({t for _, _, t in events})
-    check_exactly_once(events, num_tasks=num_tasks, num_epochs=2)
+    check_job_exactly_once(etcd_endpoint, JobKeys("local", job_name), num_epochs=2)
     # The survivor was restarted with the group, not left running: it registered twice.
     assert text.count(registered) == 2
 

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import re
 import signal
 
 import pytest
-from etcd_history import check_exactly_once, done_events
+from etcd_history import check_job_exactly_once
 from local_runs import LocalRun
 from masters import wait_until
 from processes import find, job_processes
@@ -70,6 +69,5 @@ def test_a_killed_trainer_restarts_the_group_from_the_checkpoint(example_run, jo
     assert "restarting the trainer group" in text
     assert re.search(r"the master restarted epoch [12]", text)
     assert "resumed from the checkpoint of epoch" in text
-    events = asyncio.run(done_events(etcd_endpoint, JobKeys("local", job_name)))
-    check_exactly_once(events, num_tasks=4, num_epochs=4)
+    check_job_exactly_once(etcd_endpoint, JobKeys("local", job_name), num_tasks=4, num_epochs=4)
     assert (run.output / "model" / "model.pdparams").exists()

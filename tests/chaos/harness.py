@@ -87,7 +87,7 @@ import grpc
 from paddlecloud.backends.local.job import POLL_INTERVAL, LocalJob, LocalJobSpec, master_address
 from paddlecloud.etcd_server import EtcdServer
 from paddlecloud.keys import JobKeys
-from tests.etcd_history import MarkEvent, audit_done_marks, mark_history
+from tests.etcd_history import MarkEvent, audit_done_marks, mark_history, piece_ids
 
 from .lineage import EpochLineage, audit_lineage, lineage, record_ids
 
@@ -256,11 +256,12 @@ class Chaos:
             keys = JobKeys("local", job_name)
             done = await mark_history(self.etcd.endpoint, keys, "done")
             failures = await mark_history(self.etcd.endpoint, keys, "failures")
+            pieces = await piece_ids(self.etcd.endpoint, keys)
             result.goodput = await _goodput_total(self.etcd.endpoint, keys)
         finally:
             await asyncio.to_thread(self.etcd.stop)
         self._audit_goodput(result)
-        self._audit_marks(result, job, done, failures)
+        self._audit_marks(result, job, done, failures, pieces)
         if self.mode == "collective":
             self._audit_lineage(result, progress_log, expected)
         else:
@@ -384,12 +385,12 @@ class Chaos:
             child.signal(signal.SIGCONT)
 
     def _audit_marks(self, result: ChaosResult, job: LocalJob, done: list[MarkEvent],
-                     failures: list[MarkEvent]) -> None:
+                     failures: list[MarkEvent], pieces: frozenset[int]) -> None:
         """Both modes: every task counted done exactly once per epoch (or failed), the job done."""
         failed = {(f.epoch, f.task) for f in failures
                   if f.kind == "PUT" and int(f.value or 0) > MAX_TASK_FAILURES}
         result.failed_tasks = len(failed)
-        marks = audit_done_marks(done, epochs=self.epochs, failed=failed)
+        marks = audit_done_marks(done, epochs=self.epochs, failed=failed, pieces=pieces)
         result.double_counted = len(marks.double_counted)
         result.epochs_completed = len(marks.passes)
         result.tasks_lost = marks.lost_count
