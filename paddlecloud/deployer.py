@@ -49,6 +49,9 @@ from paddlecloud.phase import Phase
 # file exists. The local backend's group restart starts the new launchers while the old group
 # stops, and creates the file once the old group is gone and the master restarted the epoch.
 START_GATE_ENV = "PADDLECLOUD_START_GATE"
+# "1" tells a pserver (its agent, and through the agent the pserver) to load the job's last
+# checkpoint from its first start: a job resumed from one (pserver_agent/supervisor.py)
+PSERVER_RESTORE_ENV = "PADDLECLOUD_PSERVER_RESTORE"
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,7 @@ from collections.abc import Mapping
 import aetcd
 
 from paddlecloud.aio import cancel_and_wait
+from paddlecloud.deployer import PSERVER_RESTORE_ENV
 from paddlecloud.etcd import Session, connect
 from paddlecloud.exits import signal_exit_code
 from paddlecloud.keys import JobKeys
@@ -46,7 +47,6 @@ from pserver_agent.supervisor import PserverSupervisor, RestartPolicy
 logger = logging.getLogger(__name__)
 
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT)
-RESTORE_ENV = "PADDLECLOUD_PSERVER_RESTORE"  # set for the agent: the job resumes from a checkpoint
 ETCD_CREDENTIAL_ENV = frozenset({"PADDLE_ETCD_CERT_FILE", "PADDLE_ETCD_KEY_FILE", "PADDLE_ETCD_USER",
                                  "PADDLE_ETCD_PASSWORD", "PADDLE_ETCD_PASSWORD_FILE"})
 
@@ -155,7 +155,7 @@ class PserverAgent:
             env = pserver_env(self.config, claim=claim, endpoints=endpoints, base=os.environ)
             self.supervisor = PserverSupervisor(
                 command=self.config.command, env=env, grace=self.config.grace,
-                restore_first=not claim.first or os.environ.get(RESTORE_ENV) == "1",
+                restore_first=not claim.first or os.environ.get(PSERVER_RESTORE_ENV) == "1",
                 policy=RestartPolicy(limit=self.config.restart_limit, backoff=self.config.restart_backoff,
                                      max_backoff=self.config.max_backoff))
             logger.info("every pserver slot is registered (%s): starting pserver %d",
@@ -181,7 +181,7 @@ class PserverAgent:
         logger.info("claimed pserver slot %d at %s%s", claim.index, claim.endpoint,
                     " (served before: the pserver will restore)" if not claim.first
                     else " (the job resumes: the pserver will restore)"
-                    if os.environ.get(RESTORE_ENV) == "1" else "")
+                    if os.environ.get(PSERVER_RESTORE_ENV) == "1" else "")
         return claim, await table.wait_all_registered()
 
     def _reason(self, ends: dict[asyncio.Task, str]) -> str:

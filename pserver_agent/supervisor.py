@@ -44,6 +44,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from paddlecloud.deployer import PSERVER_RESTORE_ENV
 from paddlecloud.exits import exit_code
 
 logger = logging.getLogger(__name__)
@@ -111,7 +112,7 @@ class PserverSupervisor:
     def env_for(self, restarts: int) -> dict[str, str]:
         restore = restarts > 0 or self.restore_first
         return {**self.env, "PADDLECLOUD_RESTART_COUNT": str(restarts),
-                "PADDLECLOUD_PSERVER_RESTORE": "1" if restore else "0"}
+                PSERVER_RESTORE_ENV: "1" if restore else "0"}
 
     async def run(self) -> int | None:
         """Runs the pserver until it exits 0, is stopped, or crashes past the limit.

@@ -46,7 +46,7 @@ from pathlib import Path
 
 from paddlecloud import checkpoints
 from paddlecloud.backends.local.children import Child
-from paddlecloud.deployer import START_GATE_ENV, Deployer, RoleStatus
+from paddlecloud.deployer import PSERVER_RESTORE_ENV, START_GATE_ENV, Deployer, RoleStatus
 from paddlecloud.etcd_server import free_ports
 from paddlecloud.exits import STOP_GRACE_ENV, signal_exit_code
 from paddlecloud.phase import Phase
@@ -67,9 +67,6 @@ STOP_GRACE = DRAIN_GRACE + 5.0
 # 3 s later (paddle/phi/core/distributed/store/tcp_utils.cc), and ranks that start at once
 # finish importing Paddle together, the peers' connect a moment before rank 0's listen.
 PEER_HEAD_START = 0.5
-# Tells the pserver agents of a job resumed from a checkpoint to have their pservers load
-# it from their first start (pserver_agent/supervisor.py's contract)
-RESTORE_ENV = "PADDLECLOUD_PSERVER_RESTORE"
 
 
 class JobFailed(RuntimeError):
@@ -116,7 +113,7 @@ class LocalDeployer(Deployer):
             return
         env = self._user_env()
         if self._has_checkpoint():  # a job resumed: its pservers load the model it saved
-            env[RESTORE_ENV] = "1"
+            env[PSERVER_RESTORE_ENV] = "1"
         for index in range(self.num_pservers):
             child = self._spawn("pserver", index, self.pserver_command, dict(env))
             await child.start()
