@@ -369,7 +369,7 @@ class JobObjects:
             return existing
         wl, _ = await self._create(
             kueue.workload(spec, pdj_owner(body)),
-            read=lambda n, ns: self.custom.get_namespaced_custom_object(*args[:2], ns, args[3], n),
+            read=lambda n, ns, **kw: self.custom.get_namespaced_custom_object(*args[:2], ns, args[3], n, **kw),
             patch=lambda n, ns, obj, **kw: self.custom.patch_namespaced_custom_object(
                 *args[:2], ns, args[3], n, obj, **kw),
             owner_uid=body["metadata"]["uid"])

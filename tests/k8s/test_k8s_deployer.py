@@ -8,6 +8,7 @@ pserver agent would.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any
 
 import pytest
@@ -418,6 +419,40 @@ async def test_a_503_that_persists_gives_up_with_a_clear_error(k8s, api_client):
     assert "cannot get jobs broken-trainer in namespace team-a" in message
     assert "503" in message and "etcdserver: leader changed" in message
     assert k8s.requests().count(("GET", "jobs", None)) == FAST_RETRY.attempts
+
+
+async def test_an_api_server_that_never_answers_fails_each_try_at_its_request_timeout(tmp_path):
+    """A stalled API server (it takes the connection, answers nothing) costs each try its
+    request timeout, then the call fails naming it: the master's thread is not held for ever
+    (its stop waits for that thread). One connection a try: the client makes no retries of
+    its own beside the policy's."""
+    import socket
+
+    from paddlecloud.backends.k8s.client import load_api_client
+
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(8)
+        kubeconfig = tmp_path / "kubeconfig"
+        kubeconfig.write_text(
+            "apiVersion: v1\nkind: Config\n"
+            f"clusters:\n- name: stalled\n  cluster:\n    server: http://127.0.0.1:{server.getsockname()[1]}\n"
+            "users:\n- name: u\n  user:\n    token: t\n"
+            "contexts:\n- name: c\n  context:\n    cluster: stalled\n    user: u\ncurrent-context: c\n")
+        stalled = KubernetesDeployer(make_spec("stalled", pservers=0), api_client=load_api_client(str(kubeconfig)),
+                                     retry=RetryPolicy(attempts=2, initial_wait=0.01, max_wait=0.01,
+                                                       request_timeout=(5.0, 0.5)))
+        with pytest.raises(KubernetesApiError) as caught:
+            await asyncio.wait_for(stalled.trainer_status(), 30)
+        accepted = 0
+        server.setblocking(False)
+        with contextlib.suppress(BlockingIOError):
+            while True:
+                server.accept()[0].close()
+                accepted += 1
+    assert "cannot get jobs stalled-trainer in namespace team-a" in str(caught.value)
+    assert "timed out" in str(caught.value).lower(), caught.value
+    assert accepted == 2  # both tries reached the server
 
 
 async def test_a_403_names_the_verb_the_resource_and_the_rbac(k8s, api_client):

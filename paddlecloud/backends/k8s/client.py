@@ -76,6 +76,10 @@ class RetryPolicy:
     """Seconds before the second try; each next wait doubles..."""
     max_wait: float = 8.0
     """...up to this many seconds."""
+    request_timeout: tuple[float, float] = (10.0, 60.0)
+    """Seconds to connect, and to wait for the answer's next bytes: an API server that stalls
+    fails the try (a transient error: the next try goes) instead of holding its thread for
+    ever, and the master's stop, which waits for its threads, with it."""
 
     def tenacity_kwargs(self) -> dict[str, Any]:
         """The arguments of a `tenacity.Retrying` that retries transient errors per this policy."""
@@ -195,7 +199,9 @@ def _before_sleep(state: tenacity.RetryCallState) -> None:
 
 
 def call_sync(policy: RetryPolicy, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
-    """A blocking client call, retried per `policy` (for the CLI)."""
+    """A blocking client call (a method of the Kubernetes client's APIs), retried per `policy`,
+    each try within its request timeout (for the CLI)."""
+    kwargs.setdefault("_request_timeout", policy.request_timeout)
     for attempt in tenacity.Retrying(**policy.tenacity_kwargs()):
         with attempt:
             return fn(*args, **kwargs)
@@ -203,7 +209,8 @@ def call_sync(policy: RetryPolicy, fn: Callable[..., T], /, *args: Any, **kwargs
 
 
 async def call(policy: RetryPolicy, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
-    """A blocking client call run in a thread, retried per `policy` (for the master)."""
+    """`call_sync`'s call run in a thread (for the master and the operator)."""
+    kwargs.setdefault("_request_timeout", policy.request_timeout)
     async for attempt in tenacity.AsyncRetrying(**policy.tenacity_kwargs()):
         with attempt:
             return await asyncio.to_thread(fn, *args, **kwargs)
@@ -211,20 +218,25 @@ async def call(policy: RetryPolicy, fn: Callable[..., T], /, *args: Any, **kwarg
 
 
 def load_api_client(kubeconfig: str | None = None) -> Any:
-    """An `ApiClient`: `kubeconfig` if given, else in-cluster, else ~/.kube/config ($KUBECONFIG)."""
+    """An `ApiClient`: `kubeconfig` if given, else in-cluster, else ~/.kube/config ($KUBECONFIG).
+
+    Its connections make one try each: `RetryPolicy` is the one retry policy (urllib3's own
+    retries of a read would multiply each try's request timeout by four, unseen)."""
     from kubernetes import client, config
 
+    configuration = client.Configuration()
     if kubeconfig:
-        return config.new_client_from_config(config_file=kubeconfig)
-    try:
-        config.load_incluster_config()
-        return client.ApiClient()
-    except config.ConfigException:
-        pass
-    try:
-        return config.new_client_from_config()
-    except (config.ConfigException, FileNotFoundError) as error:
-        raise KubernetesApiError(
-            f"no Kubernetes configuration: not in a cluster and no kubeconfig ({error}); "
-            "pass --kubeconfig or set KUBECONFIG"
-        ) from None
+        config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
+    else:
+        try:
+            config.load_incluster_config(client_configuration=configuration)
+        except config.ConfigException:
+            try:
+                config.load_kube_config(client_configuration=configuration)
+            except (config.ConfigException, FileNotFoundError) as error:
+                raise KubernetesApiError(
+                    f"no Kubernetes configuration: not in a cluster and no kubeconfig ({error}); "
+                    "pass --kubeconfig or set KUBECONFIG"
+                ) from None
+    configuration.retries = False
+    return client.ApiClient(configuration)
