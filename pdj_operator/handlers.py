@@ -488,6 +488,9 @@ def spec_of(body: Mapping[str, Any], config: OperatorConfig, *,
                      image=config.image, paddlecloud_image=config.image).validate()
 
 
+TIMER_EXIT_POLL = 1.0  # seconds between Kopf's looks at a deleted job's timer still running
+
+
 def make_settings() -> kopf.OperatorSettings:
     """Kopf's settings for this operator (`kopf.run(settings=)`).
 
@@ -502,6 +505,10 @@ def make_settings() -> kopf.OperatorSettings:
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="paddlecloud.org")
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix="paddlecloud.org")
     settings.watching.server_timeout = 60
+    # A job deleted while one of its timers runs keeps its finalizer until the timer is out:
+    # Kopf looks again after this many seconds (its default, a minute, is a minute more the
+    # object lingers deleting; a timer's run is an API read or two)
+    settings.background.cancellation_polling = TIMER_EXIT_POLL
     return settings
 
 

@@ -39,6 +39,7 @@ server, the gap is filled HERE, in `_fill_kmock_gaps`, and nowhere else:
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import re
 import uuid
@@ -408,6 +409,29 @@ class Cluster:
 
         self.kmock[method, RESOURCES[resource]] << react
         return answered
+
+    def slow(self, method: str, resource: str, seconds: float, *, times: int | None = None,
+             status: int | None = None) -> list[int]:
+        """Makes the next `times` requests (all: None) of `method` on `resource` wait `seconds`,
+        then the emulator answers them, or `status` does (an API server under load). Returns
+        a one-item list counting the requests waiting now."""
+        waiting, taken = [0], [0]
+
+        async def react(request: Any) -> Any:
+            if times is not None and taken[0] >= times:
+                return NotImplemented
+            taken[0] += 1
+            waiting[0] += 1
+            try:
+                await asyncio.sleep(seconds)
+            finally:
+                waiting[0] -= 1
+            if status is None:
+                return NotImplemented  # the emulator answers it
+            raise kmocklib.KubernetesError(status=status, reason="Slow", message="injected by the test")
+
+        self.kmock[method, RESOURCES[resource]] << react
+        return waiting
 
     def set_job_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
         """Plays the Job controller (gap 4): writes the status a real one would."""

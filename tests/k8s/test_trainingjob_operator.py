@@ -142,6 +142,23 @@ async def test_deleting_the_trainingjob_deletes_its_paddlejob(k8s_crds, api, api
     assert_operator_rights(k8s)
 
 
+async def test_a_trainingjob_deleted_while_its_timer_reads_is_gone_within_seconds(k8s_crds, api, config):
+    """Kopf keeps a deleted object's finalizer until its timers are out, and by default looks
+    again a minute later: with the API slow, the TrainingJob's status timer is mid-read when
+    the deletion comes, and the object must still go within seconds."""
+    k8s = k8s_crds
+    async with running_operator(config, settings=quick_retries()):
+        await apply(api, trainingjob(name="busy"))
+        await wait_for_master(k8s, "busy")
+        # the timer's next read of the PaddleJob is slow, and finds none: it changes nothing
+        # (a change would wake Kopf early), and is still running when the deletion comes
+        reading = k8s.slow("get", "paddlejobs", 3.0, times=1, status=404)
+        await k8s.wait_for(lambda: reading[0] > 0, what="the status timer mid-read")
+        await asyncio.to_thread(api.delete_namespaced_custom_object, GROUP, VERSION, NS, PLURAL, "busy")
+        await k8s.wait_for(lambda: k8s.stored("trainingjobs", NS, "busy") is None, timeout=30,
+                           what="the TrainingJob gone (its finalizer released)")
+
+
 async def test_a_paddlejob_of_the_name_that_is_not_the_trainingjob_s_is_left_alone(k8s_crds, api, config):
     k8s = k8s_crds
     theirs = to_paddlejob(trainingjob(name="taken"))
