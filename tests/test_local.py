@@ -156,11 +156,12 @@ def test_group_mode_restarts_every_trainer_and_the_epoch(tmp_path, local_run, jo
     write_records(tmp_path / "data", files=4, records_per_file=60)
     run = local_run("--module", STUB, "--input", str(tmp_path / "data"), "--trainers", "2",
                     "--epochs", "2", "--chunk-bytes", "300", "--etcd-endpoints", etcd_endpoint,
-                    "--", "--delay", "0.01")
+                    "--", "--delay", "0.05")  # ~12 s of reading: trainer 0 is still at it when killed
     registered = "INFO paddlecloud.master_client.session: trainer 1 registered"
     wait_until(lambda: registered in run.text() and len(read_log(run.records)) >= 30, timeout=90,
                message="no progress")
-    victim = find(job_name, module=STUB, PADDLE_TRAINER_ID="0")[0]
+    victim = wait_until(lambda: find(job_name, module=STUB, PADDLE_TRAINER_ID="0"), timeout=30,
+                        message="trainer 0 not running")[0]
     os.kill(victim, signal.SIGKILL)
     assert run.wait() == 0, run.text()
     text = run.text()
