@@ -54,6 +54,9 @@ from paddlecloud.backends.k8s import manifests
 from paddlecloud.backends.k8s.client import APPLY_PATCH
 from paddlecloud.jobspec import JobSpec
 
+# The `reason` of an error status the tests inject (Cluster.fail, Cluster.slow).
+REASONS = {403: "Forbidden", 404: "NotFound", 409: "AlreadyExists", 429: "TooManyRequests",
+           500: "InternalError", 503: "ServiceUnavailable"}
 RESOURCES = {
     "configmaps": kmocklib.resource("", "v1", "configmaps"),
     "services": kmocklib.resource("", "v1", "services"),
@@ -397,14 +400,12 @@ class Cluster:
         Returns a one-item list counting the errors answered so far.
         """
         answered = [0]
-        reasons = {403: "Forbidden", 409: "AlreadyExists", 500: "InternalError",
-                   503: "ServiceUnavailable", 429: "TooManyRequests"}
 
         def react(request: Any) -> Any:
             if answered[0] >= times:
                 return NotImplemented  # exhausted: the request goes on to the emulator
             answered[0] += 1
-            raise kmocklib.KubernetesError(status=status, reason=reasons.get(status, "Error"),
+            raise kmocklib.KubernetesError(status=status, reason=REASONS.get(status, "Error"),
                                            message=message)
 
         self.kmock[method, RESOURCES[resource]] << react
@@ -428,7 +429,8 @@ class Cluster:
                 waiting[0] -= 1
             if status is None:
                 return NotImplemented  # the emulator answers it
-            raise kmocklib.KubernetesError(status=status, reason="Slow", message="injected by the test")
+            raise kmocklib.KubernetesError(status=status, reason=REASONS.get(status, "Error"),
+                                           message="injected by the test")
 
         self.kmock[method, RESOURCES[resource]] << react
         return waiting
