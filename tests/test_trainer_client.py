@@ -90,6 +90,34 @@ def test_break_gives_the_open_and_prefetched_tasks_back(tmp_path, start_master):
     assert len(todo) == 4 and all(t.failures == 0 for t in todo)
 
 
+def test_a_fetch_in_flight_that_fails_at_a_break_is_logged(tmp_path, start_master, caplog):
+    """The loop's end waits for the prefetch in flight to give its task back; when that fetch
+    failed, the exit goes on (the task returns with the lease) and the log says why."""
+    import concurrent.futures
+    write_records(tmp_path / "data", files=4, records_per_file=3)
+    proc = serving(start_master("--input", str(tmp_path / "data"), "--session-ttl", "60s"))
+    with client_for(proc, "unlucky") as client:
+        real_fetch, calls = client.fetch, []
+
+        def fetch(epoch):  # the first fetch is real; the prefetch after it fails
+            calls.append(epoch)
+            if len(calls) == 1:
+                return real_fetch(epoch)
+            failed = concurrent.futures.Future()
+            failed.set_exception(MasterUnavailable("the master went away mid-fetch"))
+            return failed
+
+        client.fetch = fetch
+        with caplog.at_level("WARNING", logger="trainer_agent.client"):
+            for epoch in client.epochs():
+                for _ in epoch.records():
+                    break
+                break
+    assert len(calls) >= 2, f"no prefetch was in flight at the break: {calls}"
+    assert any("fetch in flight" in r.getMessage() and "the master went away" in r.getMessage()
+               for r in caplog.records), [r.getMessage() for r in caplog.records]
+
+
 def test_exception_in_user_code_gives_tasks_back_and_propagates(tmp_path, start_master):
     write_records(tmp_path / "data", files=3, records_per_file=3)
     proc = serving(start_master("--input", str(tmp_path / "data"), "--session-ttl", "60s"))

@@ -643,8 +643,12 @@ class Epoch:
                                 continue
                             tasks.hold(task)
                             client.give_back(task)
-                except Exception:
-                    pass
+                except Exception as lost:
+                    # The fetch in flight failed or timed out: whatever it may have dealt us
+                    # returns to todo with our lease, so the exit goes on; say why.
+                    logger.warning("epoch %d: the task fetch in flight at the loop's end failed "
+                                   "(%s: %s); its task returns with the lease",
+                                   self.number, type(lost).__name__, lost)
             if not isinstance(error, _Stopped):
                 raise
 
