@@ -33,7 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import assert_never
 
-from master import state as tasks
+from master import state as task_state
 from master.config import DatasetSpec
 from master.partition import FileEntry, Partition
 from master.sessions import SessionRegistry
@@ -157,12 +157,13 @@ class SaveModelReleased:
     trainer: str   # the write deletes the grant only if this trainer holds it
 
 
-Durable = (tasks.Durable | DatasetAdopted | PhaseRecorded | TrainerRangeSet | TrainersScaled
+Durable = (task_state.Durable | DatasetAdopted | PhaseRecorded | TrainerRangeSet | TrainersScaled
            | SessionOpened | SaveModelGranted | SaveModelReleased)
-Event = (tasks.Event | Loaded | SessionMarked | SessionCalled | SessionEnded | Durable)
-TASK_EVENTS = (tasks.TaskReserved, tasks.ReservationCancelled, tasks.TaskAssigned, tasks.TaskFinished,
-               tasks.TaskFailed, tasks.TaskReleased, tasks.TaskSplit, tasks.EpochAdvanced,
-               tasks.EpochRestarted, tasks.JobFailed)
+Event = (task_state.Event | Loaded | SessionMarked | SessionCalled | SessionEnded | Durable)
+TASK_EVENTS = (task_state.TaskReserved, task_state.ReservationCancelled, task_state.TaskAssigned,
+               task_state.TaskFinished, task_state.TaskFailed, task_state.TaskReleased,
+               task_state.TaskSplit, task_state.EpochAdvanced, task_state.EpochRestarted,
+               task_state.JobFailed)
 Callback = Callable[[Event], None]
 
 
@@ -256,13 +257,14 @@ class MasterMachine:
         match event:
             case SessionCalled(session=session, at=at, refreshed=refreshed):  # first: every call's
                 self.sessions.called(session, at=at, refreshed=refreshed)
-            case tasks.TaskReserved() | tasks.ReservationCancelled() | tasks.TaskAssigned() \
-                    | tasks.TaskFinished() | tasks.TaskFailed() | tasks.TaskReleased() | tasks.TaskSplit() \
-                    | tasks.EpochAdvanced() | tasks.JobFailed() | tasks.MarksLoaded():
+            case task_state.TaskReserved() | task_state.ReservationCancelled() \
+                    | task_state.TaskAssigned() | task_state.TaskFinished() | task_state.TaskFailed() \
+                    | task_state.TaskReleased() | task_state.TaskSplit() | task_state.EpochAdvanced() \
+                    | task_state.JobFailed() | task_state.MarksLoaded():
                 self._tasks().apply(event)
-                if isinstance(event, tasks.JobFailed):
+                if isinstance(event, task_state.JobFailed):
                     self.phase = Phase.FAILED  # written in the same transaction
-            case tasks.EpochRestarted():
+            case task_state.EpochRestarted():
                 self._tasks().apply(event)
                 self.phase, self.save_grant = Phase.RUNNING, None  # as its transaction writes
             case Loaded():
@@ -318,7 +320,7 @@ class MasterMachine:
         self._adopt(DatasetAdopted(snap.spec, partition_of(snap.spec, snap.files), snap.epoch or 0),
                     reload=True)
         live = self.sessions.by_session
-        self._tasks().apply(tasks.MarksLoaded(
+        self._tasks().apply(task_state.MarksLoaded(
             failed_job=snap.phase is Phase.FAILED, done=snap.done, failures=snap.failures,
             failed_at=snap.failed_at, extents=snap.extents,
             assignments={t: a for t, a in snap.assignments.items() if a.session in live}))
@@ -340,4 +342,4 @@ class MasterMachine:
         state = self.tasks
         for task in released:
             assignment = state.assignment(task)
-            state.apply(tasks.TaskReleased(task, assignment.attempt, e.cause))
+            state.apply(task_state.TaskReleased(task, assignment.attempt, e.cause))
