@@ -3,6 +3,8 @@
 #                fit-a-line example with 2 trainers, locally
 #   make test    what CI runs (.ci/run adds CI=true): set up .venv with the test extras and
 #                .venv-checkov, then ruff and the whole test suite
+#   make unit    the inner loop: the `unit` tier alone (pure tests: no etcd, no process, no
+#                socket; tests/conftest.py enforces it), ~1,300 tests in a few minutes
 #   make chaos   longer chaos schedules than CI's (tests/chaos/harness.py): five PS seeds of
 #                stub trainers, then five collective seeds of fit-a-line (~2 min each)
 #   make bench   the benchmark report: dispatch, re-queue, failover, footprint (docs/benchmarks.md)
@@ -32,7 +34,7 @@ $(CHECKOV_VENV)/bin/checkov:
 	($(PYTHON) -m venv $(CHECKOV_VENV) && $(CHECKOV_VENV)/bin/pip install -q "checkov==3.3.30") \
 	  || echo "warning: installing checkov into $(CHECKOV_VENV) failed: its test will skip" >&2
 
-.PHONY: demo test lint chaos bench proto
+.PHONY: demo test unit lint chaos bench proto
 demo: $(call stamp,$(DEMO_EXTRAS))
 	$(BIN)/paddlecloud local train --example fit-a-line --epochs 5 --output output/fit-a-line --fresh
 
@@ -42,6 +44,9 @@ test: $(call stamp,$(TEST_EXTRAS)) $(CHECKOV_VENV)/bin/checkov
 	$(BIN)/ruff check .
 	$(BIN)/python -m tests.containers
 	$(BIN)/pytest -n 2
+
+unit: $(call stamp,$(TEST_EXTRAS))
+	$(BIN)/pytest -n 2 -m unit
 
 lint: $(call stamp,$(TEST_EXTRAS))
 	$(BIN)/ruff check .

@@ -8,6 +8,8 @@ import pytest
 
 from paddlecloud.aio import cancel_and_wait
 
+pytestmark = pytest.mark.unit
+
 
 async def _deaf_once(heard: list[str]) -> None:
     """Swallows the first cancellation, as 3.11's wait_for can, then runs on until asked again."""

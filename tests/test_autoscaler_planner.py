@@ -11,6 +11,8 @@ import pytest
 
 from autoscaler import Cluster, Job, Node, plan
 
+pytestmark = pytest.mark.unit
+
 GIB = 2**30
 
 

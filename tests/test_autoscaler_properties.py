@@ -5,10 +5,13 @@ its own rules (planning again on the cluster with the plan applied changes nothi
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from autoscaler import Cluster, Job, Node, Plan, plan
+
+pytestmark = pytest.mark.unit
 
 GIB = 2**30
 EXAMPLES = settings(max_examples=150, deadline=None)  # the box is shared: keep it light

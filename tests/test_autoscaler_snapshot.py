@@ -9,6 +9,8 @@ import pytest
 from autoscaler.snapshot import JobRange, build_cluster, pod_requests
 from paddlecloud.backends.k8s import manifests
 
+pytestmark = pytest.mark.unit
+
 GI = 1024**3
 
 

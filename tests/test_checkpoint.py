@@ -55,11 +55,13 @@ def _put(path: str, name: str, files: dict[str, bytes]) -> None:
 # --- TrainStatus -----------------------------------------------------------------------
 
 
+@pytest.mark.unit
 def test_train_status_next_is_the_epoch_to_resume_at():
     assert TrainStatus(3).next() == 4
     assert TrainStatus(0).next() == 1
 
 
+@pytest.mark.unit
 def test_train_status_without_an_epoch_starts_at_epoch_0(tmp_path):
     assert TrainStatus().next() == 0  # as EDL's users write it
     assert TrainStatus().epoch is None
@@ -68,6 +70,7 @@ def test_train_status_without_an_epoch_starts_at_epoch_0(tmp_path):
     assert not (tmp_path / "ckpt").exists() or not any((tmp_path / "ckpt").iterdir())
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("bad", [-1, True, 1.5, "2"])
 def test_train_status_rejects_bad_epochs(bad):
     with pytest.raises(ValueError, match=f"epoch {bad!r}"):
@@ -77,6 +80,7 @@ def test_train_status_rejects_bad_epochs(bad):
 # --- round trips and pruning -----------------------------------------------------------
 
 
+@pytest.mark.unit
 def test_round_trip(ckpt_dir):
     state = {"weights": [1.5, 2.5], "blob": b"\x00" * 1000, "nested": {"step": 7}}
     version = save_checkpoint(ckpt_dir, state, TrainStatus(2))
@@ -88,6 +92,7 @@ def test_round_trip(ckpt_dir):
     assert _names(ckpt_dir) == ["checkpoint-00000002"]  # no temp dir left behind
 
 
+@pytest.mark.unit
 def test_the_newest_epoch_wins_and_keep_prunes(ckpt_dir):
     for epoch in range(5):
         save_checkpoint(ckpt_dir, {"epoch": epoch}, TrainStatus(epoch), keep=2)
@@ -95,6 +100,7 @@ def test_the_newest_epoch_wins_and_keep_prunes(ckpt_dir):
     assert load_checkpoint(ckpt_dir) == ({"epoch": 4}, TrainStatus(4))
 
 
+@pytest.mark.unit
 def test_saving_an_older_epoch_keeps_it_but_loads_the_newest(ckpt_dir):
     save_checkpoint(ckpt_dir, {"epoch": 5}, TrainStatus(5), keep=1)
     version = save_checkpoint(ckpt_dir, {"epoch": 2}, TrainStatus(2), keep=1)
@@ -103,6 +109,7 @@ def test_saving_an_older_epoch_keeps_it_but_loads_the_newest(ckpt_dir):
     assert load_checkpoint(ckpt_dir) == ({"epoch": 5}, TrainStatus(5))
 
 
+@pytest.mark.unit
 def test_resaving_an_epoch_replaces_it(ckpt_dir):
     save_checkpoint(ckpt_dir, {"v": "old"}, TrainStatus(1))
     save_checkpoint(ckpt_dir, {"v": "new"}, TrainStatus(1))
@@ -110,6 +117,7 @@ def test_resaving_an_epoch_replaces_it(ckpt_dir):
     assert _names(ckpt_dir) == ["checkpoint-00000001"]
 
 
+@pytest.mark.unit
 def test_bad_arguments_name_the_value(ckpt_dir):
     with pytest.raises(ValueError, match="keep=0"):
         save_checkpoint(ckpt_dir, {}, TrainStatus(1), keep=0)
@@ -123,6 +131,7 @@ def test_bad_arguments_name_the_value(ckpt_dir):
 # --- what load must never pick ---------------------------------------------------------
 
 
+@pytest.mark.unit
 def test_missing_or_empty_dir_has_no_checkpoint(ckpt_dir):
     assert load_checkpoint(ckpt_dir) is None
     assert latest_train_status(ckpt_dir) is None
@@ -132,6 +141,7 @@ def test_missing_or_empty_dir_has_no_checkpoint(ckpt_dir):
     assert latest_train_status(ckpt_dir) is None
 
 
+@pytest.mark.unit
 def test_temp_and_torn_versions_are_ignored(ckpt_dir):
     save_checkpoint(ckpt_dir, {"good": True}, TrainStatus(1))
     state = b"\x80\x05}\x94."  # a pickled {} of 5 bytes
@@ -150,6 +160,7 @@ def test_temp_and_torn_versions_are_ignored(ckpt_dir):
     assert latest_train_status(ckpt_dir) == TrainStatus(1)
 
 
+@pytest.mark.unit
 def test_stale_temp_dirs_are_deleted_fresh_ones_kept(ckpt_dir):
     now_ms = int(time.time() * 1000)
     stale = f".tmp-{now_ms - int(checkpoint.STALE_TMP_SECONDS * 1000) - 1000}-dead"
@@ -160,6 +171,7 @@ def test_stale_temp_dirs_are_deleted_fresh_ones_kept(ckpt_dir):
     assert _names(ckpt_dir) == [fresh, "checkpoint-00000000"]
 
 
+@pytest.mark.unit
 def test_a_crash_between_the_renames_keeps_the_old_version_loadable(ckpt_dir, monkeypatch):
     save_checkpoint(ckpt_dir, {"v": "older"}, TrainStatus(3))
     save_checkpoint(ckpt_dir, {"v": "old"}, TrainStatus(4))
@@ -188,6 +200,7 @@ def test_a_crash_between_the_renames_keeps_the_old_version_loadable(ckpt_dir, mo
     assert load_checkpoint(ckpt_dir) == ({"v": "new"}, TrainStatus(4))
 
 
+@pytest.mark.unit
 def test_an_unloadable_newest_version_is_an_error_not_a_fallback(ckpt_dir):
     save_checkpoint(ckpt_dir, {"v": 1}, TrainStatus(1))
     version = save_checkpoint(ckpt_dir, {"v": 2}, TrainStatus(2))
@@ -199,6 +212,7 @@ def test_an_unloadable_newest_version_is_an_error_not_a_fallback(ckpt_dir):
         load_checkpoint(ckpt_dir)
 
 
+@pytest.mark.unit
 def test_a_newer_format_version_is_refused(ckpt_dir):
     save_checkpoint(ckpt_dir, {}, TrainStatus(1))
     meta = {"format_version": 99, "epoch": 1, "time": 0, "state_bytes": 1}

@@ -18,6 +18,8 @@ from fsspec.implementations.local import LocalFileSystem
 import trainer_agent as fleet  # the seed calls them as fleet.save_checkpoint / fleet.load_checkpoint
 from trainer_agent.checkpoint import TrainStatus
 
+pytestmark = pytest.mark.unit
+
 REPO = Path(__file__).resolve().parents[1]
 
 

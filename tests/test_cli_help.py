@@ -14,6 +14,8 @@ from click.testing import CliRunner
 
 from paddlecloud.cli.main import main
 
+pytestmark = pytest.mark.unit
+
 
 def commands(group: click.Group = main, path: tuple[str, ...] = ()):
     context = click.Context(group)

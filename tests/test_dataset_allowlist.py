@@ -10,6 +10,8 @@ import pytest
 from master.config import MasterConfig, SpecError
 from master.dataset_allowlist import AllowList, NotAllowed
 
+pytestmark = pytest.mark.unit
+
 
 @pytest.mark.parametrize("prefixes, path, why", [
     (["/allowed"], "/allowedX/a.csv", "not under an allowed prefix"),

@@ -3,6 +3,8 @@ exactly once per epoch, whatever was restored, released or failed on the way."""
 
 from __future__ import annotations
 
+import pytest
+
 from master.partition import task_order
 from master.state import (
     Assignment,
@@ -15,6 +17,8 @@ from master.state import (
     TaskReserved,
 )
 from tests.test_state import from_etcd
+
+pytestmark = pytest.mark.unit
 
 S1, S2 = 0x51, 0x52
 

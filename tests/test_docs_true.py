@@ -10,6 +10,8 @@ import re
 import tokenize
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
 PACKAGES = ("paddlecloud", "master", "trainer_agent", "pserver_agent", "job_server", "autoscaler",
@@ -47,6 +49,7 @@ def _comments_and_docstrings(path: Path) -> list[tuple[int, str]]:
     return found
 
 
+@pytest.mark.unit
 def test_architecture_names_every_module_of_the_tree():
     page = (DOCS / "architecture.md").read_text(encoding="utf-8")
     unnamed = [path.relative_to(ROOT).as_posix() for path in _modules()
@@ -70,6 +73,7 @@ def test_every_cited_section_of_docs_design_md_exists():
     assert not wrong, f"docs/design.md has no such section: {wrong}"
 
 
+@pytest.mark.unit
 def test_benchmarks_page_opens_with_todays_figures_each_with_its_command_and_machine():
     page = (DOCS / "benchmarks.md").read_text(encoding="utf-8")
     first = re.search(r"^## (.+)$", page, re.M)
@@ -84,6 +88,7 @@ def test_benchmarks_page_opens_with_todays_figures_each_with_its_command_and_mac
         assert scripts and all((ROOT / "bench" / script).is_file() for script in scripts), row
 
 
+@pytest.mark.unit
 def test_every_benchmark_in_bench_has_its_section():
     headings = re.findall(r"^## (.+)$", (DOCS / "benchmarks.md").read_text(encoding="utf-8"), re.M)
     missing = [path.name for path in sorted((ROOT / "bench").glob("*.py"))

@@ -10,6 +10,7 @@ from importlib.metadata import version
 from pathlib import Path
 
 import aetcd
+import pytest
 import tomllib
 from aetcd import watcher
 from packaging.requirements import Requirement
@@ -20,6 +21,7 @@ from paddlecloud.etcd.aetcd_client import AuthToken, Client
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.unit
 def test_the_installed_aetcd_is_within_the_bound_this_contract_was_checked_for():
     dependencies = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
     bound = next(Requirement(d) for d in dependencies if Requirement(d).name == "aetcd")
@@ -27,6 +29,7 @@ def test_the_installed_aetcd_is_within_the_bound_this_contract_was_checked_for()
     assert "1.1" not in bound.specifier, "a minor release may change the internals checked here"
 
 
+@pytest.mark.unit
 def test_aetcd_keeps_its_watcher_in_the_attribute_the_client_fills():
     fresh = aetcd.Client()
     assert fresh._watcher is None and fresh.channel is None and fresh.metadata is None
@@ -35,12 +38,14 @@ def test_aetcd_keeps_its_watcher_in_the_attribute_the_client_fills():
     assert "self._watcher.shutdown()" in close and "self._init_channel_attrs()" in close
 
 
+@pytest.mark.unit
 def test_aetcd_s_watcher_takes_the_metadata_it_sends_when_a_stream_opens():
     parameters = inspect.signature(watcher.Watcher).parameters
     assert {"watchstub", "timeout", "metadata"} <= set(parameters)
     assert "self._handle_request(self._metadata)" in inspect.getsource(watcher.Watcher.setup)
 
 
+@pytest.mark.unit
 def test_the_token_is_metadata_that_follows_each_renewal():
     token = AuthToken("first")
     sent_before = tuple(token)  # what gRPC copies when a call starts

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import signal
 
+import pytest
+
 from paddlecloud.exits import describe_exit, exit_code, signal_exit_code
+
+pytestmark = pytest.mark.unit
 
 
 def test_a_death_by_signal_is_128_plus_n_as_a_shell_reports_it():

@@ -41,6 +41,7 @@ def drive(meter: GoodputMeter, steps: list[tuple[float, Observation]]) -> None:
         meter.sample(o, now=now)
 
 
+@pytest.mark.unit
 def test_the_causes_add_up_to_the_slots_times_the_wall_time():
     meter = GoodputMeter(now=0.0)
     drive(meter, [
@@ -62,12 +63,14 @@ def test_the_causes_add_up_to_the_slots_times_the_wall_time():
     assert meter.productive + meter.lost == 2 * 9.0
 
 
+@pytest.mark.unit
 def test_a_finished_job_counts_no_more_seconds():
     meter = GoodputMeter(now=0.0)
     drive(meter, [(1.0, obs(holding={"0": (1,), "1": (2,)})), (5.0, obs(running=False, holding={}))])
     assert meter.productive + meter.lost == 2.0
 
 
+@pytest.mark.unit
 def test_loader_workers_count_as_their_trainer():
     holding = holding_by_trainer([("0/0", 11), ("0/1", 12), ("1", 13)], {11: (4,), 13: ()})
     assert holding == {"0": (4,), "1": ()}
@@ -76,6 +79,7 @@ def test_loader_workers_count_as_their_trainer():
     assert meter.figures()["productive"] == 1.0 and meter.figures()["starting"] == 1.0
 
 
+@pytest.mark.unit
 def test_work_a_restart_undid_becomes_recomputed():
     meter = GoodputMeter(now=0.0)
     drive(meter, [
@@ -90,6 +94,7 @@ def test_work_a_restart_undid_becomes_recomputed():
     assert meter.productive + meter.lost == 7.0
 
 
+@pytest.mark.unit
 def test_a_restart_at_an_earlier_epoch_undoes_the_later_epochs():
     meter = GoodputMeter(now=0.0)
     drive(meter, [
@@ -102,6 +107,7 @@ def test_a_restart_at_an_earlier_epoch_undoes_the_later_epochs():
     assert figures["productive"] == pytest.approx(5.0)
 
 
+@pytest.mark.unit
 def test_a_next_leader_goes_on_and_counts_the_gap_as_failover():
     meter = GoodputMeter(now=0.0)
     meter.sample(obs(holding={"0": (1,), "1": (2,)}), now=3.0)
@@ -114,6 +120,7 @@ def test_a_next_leader_goes_on_and_counts_the_gap_as_failover():
     assert json.loads(saved)["capacity"] == 2
 
 
+@pytest.mark.unit
 def test_the_history_spans_the_whole_life_thinned_and_a_next_leader_keeps_it():
     meter = GoodputMeter(now=0.0)
     for second in range(1, 3 * HISTORY_POINTS):
@@ -188,6 +195,7 @@ async def test_a_master_accounts_its_slots_and_a_new_leader_goes_on(tmp_path, st
     assert sum(after[c] for c in LOST_CAUSES) + after["productive"] >= sum(figures.values())
 
 
+@pytest.mark.unit
 def test_job_status_says_the_productive_share_and_the_lost_seconds_by_cause():
     from paddlecloud.goodput_text import summarize_trainer_seconds
 

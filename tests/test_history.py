@@ -4,6 +4,7 @@ audit and the fault benchmark rely on."""
 
 from __future__ import annotations
 
+import pytest
 from etcd_history import MarkEvent, audit_done_marks
 
 
@@ -20,6 +21,7 @@ def epoch_of(epoch: int, tasks: int) -> list[MarkEvent]:
     return [put(epoch, t) for t in range(tasks)] + [delete(epoch, t) for t in range(tasks)]
 
 
+@pytest.mark.unit
 def test_clean_epochs_count_every_task_once():
     audit = audit_done_marks(epoch_of(0, 3) + epoch_of(1, 3), epochs=2, tasks=3)
     assert audit.double_counted == ()
@@ -27,12 +29,14 @@ def test_clean_epochs_count_every_task_once():
     assert audit.lost == {} and audit.lost_count == 0
 
 
+@pytest.mark.unit
 def test_a_mark_put_again_while_it_lives_is_double_counted():
     history = [put(0, 0), put(0, 1), put(0, 1), put(0, 2)] + [delete(0, t) for t in range(3)]
     audit = audit_done_marks(history, epochs=1, tasks=3)
     assert audit.double_counted == ((0, 1),)
 
 
+@pytest.mark.unit
 def test_a_restarted_unfinished_pass_does_not_count_and_the_next_must():
     restarted = [put(0, 0), put(0, 1), delete(0, 0), delete(0, 1)]  # RestartEpoch cleared them
     assert audit_done_marks(restarted + epoch_of(0, 3), epochs=1, tasks=3).passes == {0: {0, 1, 2}}
@@ -41,6 +45,7 @@ def test_a_restarted_unfinished_pass_does_not_count_and_the_next_must():
     assert audit.lost == {0: {0, 1, 2}} and audit.lost_count == 3
 
 
+@pytest.mark.unit
 def test_an_epoch_cleared_without_a_task_is_not_a_pass_unless_the_task_failed():
     history = [put(0, 0), put(0, 1), delete(0, 0), delete(0, 1)]
     assert audit_done_marks(history, epochs=1, tasks=3).lost == {0: {0, 1, 2}}
@@ -48,6 +53,7 @@ def test_an_epoch_cleared_without_a_task_is_not_a_pass_unless_the_task_failed():
     assert failed.lost == {} and failed.passes == {0: {0, 1}}
 
 
+@pytest.mark.unit
 def test_without_a_task_count_every_task_seen_is_expected_in_every_epoch():
     history = epoch_of(0, 3) + [put(1, 0), put(1, 1), delete(1, 0), delete(1, 1)]
     audit = audit_done_marks(history, epochs=2, failed=[(1, 2)])
@@ -55,6 +61,7 @@ def test_without_a_task_count_every_task_seen_is_expected_in_every_epoch():
     assert audit_done_marks(history, epochs=2).lost == {1: {0, 1, 2}}
 
 
+@pytest.mark.unit
 def test_a_piece_of_a_split_task_is_no_task_a_pass_must_count():
     """Work stealing split task 2 in epoch 0 (its rest is piece 3) and nothing in epoch 1: both
     are complete, and the piece is no task epoch 1 lost."""

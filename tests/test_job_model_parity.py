@@ -27,6 +27,8 @@ from paddlecloud.jobfields import API, CLI, DOORS, LOCAL, PADDLEJOB, SERVER, doo
 from paddlecloud.jobspec import DataVolume, job_fields
 from paddlecloud.sdk import PaddleJob
 
+pytestmark = pytest.mark.unit
+
 PACKAGE = Path(__file__).resolve().parent  # a directory that exists, for --package-path
 TEMPLATE = {"spec": {"containers": [{"name": "paddle", "image": "paddle:2.5"}]}}
 VOLCANO = {"spec": {"schedulerName": "volcano", "containers": [{"name": "paddle", "image": "p"}]}}

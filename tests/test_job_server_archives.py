@@ -106,6 +106,7 @@ def test_a_header_bomb_at_the_upload_limit_is_refused_within_the_memory_bound(tm
     assert measured["grew"] < BOMB_MEMORY_BOUND, measured
 
 
+@pytest.mark.unit
 def test_every_header_and_folder_counts_against_the_limits():
     # PAX headers of ~60 KiB each, holding nothing but padding: 150 KB of headers, 0 of files
     padding = {"comment": "p" * 60_000}
@@ -146,6 +147,7 @@ LONG_PATH = "/".join(["d" * 200] * 30)  # 6,029 bytes, each component fine
     ([("requirements.txt", b""), (LONG_PATH, b"x")], tarfile.GNU_FORMAT,
      "a GNU long-name header of 6030 bytes"),
 ], ids=["file-and-folder", "long-component", "long-path-pax", "long-path-gnu"])
+@pytest.mark.unit
 def test_names_are_checked_and_refused_naming_the_entry(members, fmt, says):
     with pytest.raises(PackageError, match=says) as caught:
         unpack(tar_of(members, fmt=fmt), filename="p.tar.gz", limits=Limits())
@@ -156,6 +158,7 @@ def test_names_are_checked_and_refused_naming_the_entry(members, fmt, says):
     (tarfile.GNU_FORMAT, "gz"), (tarfile.PAX_FORMAT, "gz"), (tarfile.USTAR_FORMAT, "bz2"),
     (tarfile.PAX_FORMAT, "xz"), (tarfile.GNU_FORMAT, ""),
 ], ids=["gnu-gz", "pax-gz", "ustar-bz2", "pax-xz", "gnu-plain"])
+@pytest.mark.unit
 def test_tars_of_every_format_read_back_exactly(fmt, compression):
     deep = "pkg/" + "/".join(f"level{i:02d}" for i in range(25)) + "/mod.py"  # > 100 bytes
     files = {"requirements.txt": b"numpy\n", deep: b"x = 1\n", "pkg/données/ü.txt": "é".encode(),
@@ -168,6 +171,7 @@ def test_tars_of_every_format_read_back_exactly(fmt, compression):
                   filename="p.tar", limits=Limits()) == files
 
 
+@pytest.mark.unit
 def test_a_zip64_directory_is_found_and_counted(monkeypatch):
     def zip64_of(names: list[str]) -> bytes:
         out = io.BytesIO()
@@ -185,6 +189,7 @@ def test_a_zip64_directory_is_found_and_counted(monkeypatch):
         unpack(zip64_of([f"f{i}" for i in range(60)]), filename="p.zip", limits=SMALL)
 
 
+@pytest.mark.unit
 def test_a_package_is_stored_all_or_nothing(tmp_path, monkeypatch):
     store = PackageStore(str(tmp_path / "store"))
     files = {"requirements.txt": b"", **{f"m{i}.py": b"%d" % i for i in range(5)}}
@@ -264,6 +269,7 @@ def written_archives(draw) -> bytes:
 COMPRESS = {"none": lambda b: b, "gz": gzip.compress, "bz2": bz2.compress, "xz": lzma.compress}
 
 
+@pytest.mark.unit
 @settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.one_of(raw_tars(), written_archives()), compression=st.sampled_from(list(COMPRESS)))
 def test_fuzzed_archives_are_taken_or_refused_never_a_500_and_the_limits_hold(data, compression):

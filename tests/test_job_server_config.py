@@ -6,6 +6,8 @@ import pytest
 
 from job_server.config import ConfigError, load_config
 
+pytestmark = pytest.mark.unit
+
 
 def test_a_full_config_loads_with_its_tokens(tmp_path):
     tokens = tmp_path / "tokens.yaml"

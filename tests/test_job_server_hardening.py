@@ -44,6 +44,7 @@ def client_of(**config) -> TestClient:
 
 
 # ---- a package never shadows paddlecloud ---------------------------------------------------
+@pytest.mark.unit
 def test_the_reserved_names_are_exactly_paddlecloud_s_top_level_packages():
     found = re.search(r"include = \[([^\]]*)\]", (REPO / "pyproject.toml").read_text()).group(1)
     assert {name.strip(' "*') for name in found.split(",")} == RESERVED_MODULES
@@ -51,6 +52,7 @@ def test_the_reserved_names_are_exactly_paddlecloud_s_top_level_packages():
 
 @pytest.mark.parametrize("entry", ["master/__init__.py", "paddlecloud.py", "pkg/trainer_agent/x.py",
                                    "job_server.cpython-311-x86_64-linux-gnu.so"])
+@pytest.mark.unit
 def test_an_upload_that_would_shadow_paddlecloud_is_refused_naming_the_entry(entry):
     shadowed = entry.removeprefix("pkg/")  # one top folder is stripped: what is left counts
     with client_of() as client:
@@ -62,6 +64,7 @@ def test_an_upload_that_would_shadow_paddlecloud_is_refused_naming_the_entry(ent
     assert f"package entry {shadowed!r} would shadow paddlecloud's module" in response.json()["detail"]
 
 
+@pytest.mark.unit
 def test_job_submit_refuses_a_package_path_that_would_shadow_paddlecloud(tmp_path):
     (tmp_path / "fit").mkdir()
     (tmp_path / "fit" / "train.py").write_text("print(1)\n")
@@ -77,6 +80,7 @@ def test_job_submit_refuses_a_package_path_that_would_shadow_paddlecloud(tmp_pat
                                     str(tmp_path), "--dry-run"]).exit_code == 0
 
 
+@pytest.mark.unit
 def test_the_shipped_server_pins_its_own_image_as_the_masters(tmp_path):
     documents = list(yaml.safe_load_all((REPO / "deploy" / "components" / "job-server" / "job-server.yaml").read_text()))
     config_map = next(d for d in documents if d["kind"] == "ConfigMap"
@@ -89,6 +93,7 @@ def test_the_shipped_server_pins_its_own_image_as_the_masters(tmp_path):
 
 
 # ---- etcd endpoints and quotas ------------------------------------------------------------
+@pytest.mark.unit
 def test_a_job_naming_etcd_endpoints_the_server_does_not_allow_is_refused():
     with client_of() as client:
         response = client.post("/v1/trainer/job", headers=TOKEN,
@@ -102,12 +107,14 @@ def test_a_job_naming_etcd_endpoints_the_server_does_not_allow_is_refused():
     ({"use_gpu": True, "gpu_num": 100_000}, "100000 GPUs asked (1 trainers x 100000), the limit "
                                             "max_gpus_per_job is 64"),
 ], ids=["trainers", "gpus"])
+@pytest.mark.unit
 def test_the_default_config_has_quotas_on_trainers_and_gpus(tmp_path, asked, says):
     with client_of(quotas=load_config(None).quotas) as client:
         response = client.post("/v1/trainer/job", headers=TOKEN, json={**JOB, **asked})
     assert response.status_code == 403 and says in response.json()["detail"], response.text
 
 
+@pytest.mark.unit
 def test_the_new_settings_load_and_bad_ones_are_refused_naming_the_key(tmp_path):
     path = tmp_path / "server.yaml"
     path.write_text("paddlecloud_image: reg.example/pc:2\netcd_endpoints: [https://a:2379, "
@@ -126,6 +133,7 @@ def test_the_new_settings_load_and_bad_ones_are_refused_naming_the_key(tmp_path)
 @pytest.mark.parametrize(("base_url", "proxy", "secure"), [
     ("http://server", False, False), ("https://server", False, True), ("http://server", True, True),
 ], ids=["plain-http", "served-with-tls", "behind-a-tls-proxy"])
+@pytest.mark.unit
 def test_the_session_cookie_is_secure_whenever_the_browser_speaks_tls(base_url, proxy, secure):
     with client_of(behind_tls_proxy=proxy) as client:
         client.base_url = base_url
@@ -135,6 +143,7 @@ def test_the_session_cookie_is_secure_whenever_the_browser_speaks_tls(base_url, 
 
 
 # ---- /docs without the internet -----------------------------------------------------------
+@pytest.mark.unit
 def test_docs_reference_no_external_host_and_its_assets_are_served():
     with client_of() as client:
         page = client.get("/docs")

@@ -14,6 +14,8 @@ from fastapi.testclient import TestClient
 from job_server.app import create_app
 from job_server.config import Limits, ServerConfig
 
+pytestmark = pytest.mark.unit
+
 TOKEN = {"Authorization": "Bearer token-a"}
 
 

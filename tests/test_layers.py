@@ -19,6 +19,8 @@ from pathlib import Path
 import pytest
 import tomllib
 
+pytestmark = pytest.mark.unit
+
 ROOT = Path(__file__).resolve().parent.parent
 COMPONENTS = ("master", "trainer_agent", "pserver_agent", "job_server", "autoscaler", "pdj_operator")
 BACKENDS = ("paddlecloud.backends.k8s", "paddlecloud.backends.local")

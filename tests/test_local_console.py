@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import io
 
+import pytest
 from rich.console import Console
 
 from paddlecloud.backends.local.job import Progress
 from paddlecloud.backends.local.noise import PaddleNoise
 from paddlecloud.backends.local.view import ConsoleView
+
+pytestmark = pytest.mark.unit
 
 BANNER = ["======================= Modified FLAGS detected =======================",
           "FLAGS(name='FLAGS_enable_pir_in_executor', current_value=True, default_value=False)",

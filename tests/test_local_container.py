@@ -9,7 +9,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from paddlecloud.backends.local.container import ContainerSpec, Mount, job_mounts
+
+pytestmark = pytest.mark.unit
 
 
 def test_seed_002_s_mounts_one_input_root_output_and_package(tmp_path):

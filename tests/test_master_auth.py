@@ -103,6 +103,7 @@ async def code_of(call) -> grpc.StatusCode:
     return OK
 
 
+@pytest.mark.unit
 def test_token_files_are_private(tmp_path):
     directory = JobTokens.generate().write(tmp_path / "tokens")
     assert oct(directory.stat().st_mode & 0o777) == "0o700"
@@ -111,6 +112,7 @@ def test_token_files_are_private(tmp_path):
     assert JobTokens.load(directory).trainer == (directory / "trainer").read_text().strip()
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("host", ["bad host!", "", "a..b", "-edge.example", "x" * 300])
 def test_credentials_refuse_a_tls_host_that_is_no_host_writing_nothing(tmp_path, host):
     result = CliRunner().invoke(credentials_command, [str(tmp_path / "creds"), "--tls-host", "127.0.0.1",
@@ -120,6 +122,7 @@ def test_credentials_refuse_a_tls_host_that_is_no_host_writing_nothing(tmp_path,
     assert not (tmp_path / "creds").exists()
 
 
+@pytest.mark.unit
 def test_credentials_in_a_place_that_cannot_be_written_say_where(tmp_path):
     (tmp_path / "file").write_text("not a directory\n")
     result = CliRunner().invoke(credentials_command, [str(tmp_path / "file" / "creds")])
@@ -127,6 +130,7 @@ def test_credentials_in_a_place_that_cannot_be_written_say_where(tmp_path):
     assert f"cannot write the credentials into {tmp_path / 'file' / 'creds'}: Not a directory" in result.output
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("hosts", [("10.1.2.3", "::1"), ("master.ns.svc.cluster.local", "*.ns.svc", "localhost")])
 def test_credentials_mint_a_certificate_naming_each_host(tmp_path, hosts):
     result = CliRunner().invoke(credentials_command, [str(tmp_path), *(a for h in hosts for a in ("--tls-host", h))])
@@ -221,6 +225,7 @@ async def test_authorization_matrix(secured, etcd_endpoint, job_name):
                                           metadata=auth_metadata(attacker_token))) == grpc.StatusCode.FAILED_PRECONDITION
 
 
+@pytest.mark.unit
 def test_the_scaler_token_is_denied_every_master_rpc_but_getstatus_and_scaletrainers():
     """Over the Master service as it is (an RPC added later is the operator's, not the scaler's)."""
     rpcs = {method.name for method in pb.DESCRIPTOR.services_by_name["Master"].methods}
@@ -230,6 +235,7 @@ def test_the_scaler_token_is_denied_every_master_rpc_but_getstatus_and_scaletrai
     assert "operator" in denial("ScaleTrainers", Principal(Role.VIEWER))
 
 
+@pytest.mark.unit
 def test_a_session_token_has_one_spelling():
     """Leading zeros (or other digits than ASCII's) name the same session but are not its token."""
     from paddlecloud.auth import TokenRoles
@@ -242,6 +248,7 @@ def test_a_session_token_has_one_spelling():
         assert roles.principal_of(f"s.{spelling}.{mac}") is None, spelling
 
 
+@pytest.mark.unit
 def test_a_scaler_token_is_not_one_of_a_jobs_tokens(tmp_path):
     tokens = JobTokens.generate()
     assert set(tokens.as_mapping()) == {"trainer", "operator", "viewer"} == {r.value for r in JOB_ROLES}
@@ -337,6 +344,7 @@ async def test_a_scaler_token_of_another_namespace_is_refused(tmp_path, start_ma
         await wait_for(lambda: "its token names no namespace" in proc.log(), message="the bare token said")
 
 
+@pytest.mark.unit
 def test_a_scaler_token_names_its_namespace_and_depends_on_the_key():
     assert scaler_token_namespace(scaler_token("k", "team-a")) == "team-a"
     assert scaler_token("k", "team-a") != scaler_token("other-key", "team-a")
@@ -345,6 +353,7 @@ def test_a_scaler_token_names_its_namespace_and_depends_on_the_key():
         assert scaler_token_namespace(bare) is None, bare
 
 
+@pytest.mark.unit
 def test_a_scaler_token_file_without_tokens_is_a_usage_error():
     from click.testing import CliRunner
 
@@ -422,6 +431,7 @@ async def test_open_master_says_so_and_names_its_event_loop_at_start(tmp_path, s
     assert "event loop: uvloop)" in proc.log()  # the master's loop (paddlecloud.aio.run)
 
 
+@pytest.mark.unit
 def test_job_token_of_the_file_is_what_the_client_sends(tmp_path, monkeypatch):
     from paddlecloud.auth import ClientCredentials
 

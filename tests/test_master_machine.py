@@ -9,6 +9,8 @@ import random
 import typing
 from pathlib import Path
 
+import pytest
+
 from master.config import DatasetSpec
 from master.core import Core
 from master.machine import (
@@ -152,6 +154,7 @@ async def test_a_master_recovered_after_any_number_of_events_holds_the_machine_t
         assert granted and d.core.machine.phase is not None
 
 
+@pytest.mark.unit
 def test_a_snapshot_loads_through_the_same_apply_as_the_events_it_stands_for():
     """The trainer range, the sessions: `Loaded` leaves the machine the events did."""
     span = TrainerRange(1, 3)
@@ -167,6 +170,7 @@ def test_a_snapshot_loads_through_the_same_apply_as_the_events_it_stands_for():
     assert loaded != live
 
 
+@pytest.mark.unit
 def test_subscribers_hear_the_events_they_asked_for_after_the_machine_changed():
     machine = MasterMachine(max_failures=3)
     heard = []
@@ -179,6 +183,7 @@ def test_subscribers_hear_the_events_they_asked_for_after_the_machine_changed():
     assert heard == [(opened, 7), (SessionEnded(7, "leave"), False)]
 
 
+@pytest.mark.unit
 def test_every_durable_event_is_one_transaction():
     spec = DatasetSpec(paths=("/data",), chunk_bytes=1).filled()
     partition = partition_of(spec, [FileEntry("/data/a", 8)])
@@ -199,6 +204,7 @@ def test_every_durable_event_is_one_transaction():
         assert txn.op.WhichOneof("request") == "request_txn" and txn.width >= 1, event
 
 
+@pytest.mark.unit
 def test_the_machine_reads_no_clock():
     """Times enter as event data (`SessionOpened.at`, `SessionCalled.at`, ...), never read inside."""
     root = Path(__file__).resolve().parent.parent / "master"

@@ -16,6 +16,8 @@ from paddlecloud.jobspec import JobSpec
 from paddlecloud.master_flags import master_flags
 from paddlecloud.master_settings import SECTIONS, SETTING, SETTINGS, default_of
 
+pytestmark = pytest.mark.unit
+
 # Settings read at start into another value, with where that value is.
 READ_INTO = {"resume_from": "start_epoch", "etcd_password_file": "etcd_credentials.password"}
 

@@ -15,6 +15,8 @@ import pytest
 
 from master import metrics
 
+pytestmark = pytest.mark.unit
+
 TABLE = Path(__file__).resolve().parents[1] / "docs" / "metrics.md"
 ROW = re.compile(r"^\| `(?P<name>[a-z_:]+)` \| (?P<type>\w+) \|(?P<labels>[^|]*)\| (?P<meaning>[^|]+) \|$")
 UNITS = ("seconds", "bytes", "transactions", "ratio")

@@ -20,6 +20,8 @@ from master.partition import (
     task_order,
 )
 
+pytestmark = pytest.mark.unit
+
 
 def part(files, *, chunk_bytes=10, chunks_per_task=1, splits_files=True) -> Partition:
     entries = [f if isinstance(f, FileEntry) else FileEntry(*f) for f in files]

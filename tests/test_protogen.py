@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
+
 from paddlecloud import protogen
+
+pytestmark = pytest.mark.unit
 
 
 def test_generated_code_is_up_to_date(tmp_path):

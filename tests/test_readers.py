@@ -78,6 +78,7 @@ def _text_files(draw) -> tuple[bytes, list[str]]:
     return text.encode("utf-8"), records
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("where", ["local", "memory"])
 @settings(max_examples=200, deadline=None)
 @given(data=st.data(), file=_text_files())
@@ -103,6 +104,7 @@ def test_any_cut_yields_every_record_exactly_once(where, data, file, tmp_path_fa
 # --- the split rule, case by case ------------------------------------------------------
 
 
+@pytest.mark.unit
 def test_file_without_trailing_newline(tmp_path):
     path = _write(tmp_path, b"alpha\nbeta")
     assert _read(path, 0, 10) == ["alpha", "beta"]
@@ -112,6 +114,7 @@ def test_file_without_trailing_newline(tmp_path):
     assert _read(path, 7, 10) == []
 
 
+@pytest.mark.unit
 def test_chunk_at_a_record_start_and_one_byte_after(tmp_path):
     path = _write(tmp_path, b"aa\nbb\ncc\n")  # records start at 0, 3, 6
     assert _read(path, 3, 6) == ["bb"]
@@ -122,23 +125,27 @@ def test_chunk_at_a_record_start_and_one_byte_after(tmp_path):
     assert _read(path, 9, 9) == []
 
 
+@pytest.mark.unit
 def test_empty_file(tmp_path):
     path = _write(tmp_path, b"")
     assert _read(path, 0, 0) == []
     assert _read(path, 0, 0, "file") == [b""]
 
 
+@pytest.mark.unit
 def test_empty_lines_are_records_and_crlf_is_stripped(tmp_path):
     path = _write(tmp_path, b"\n\r\nx\r\n\n")
     assert _read(path, 0, 8) == ["", "", "x", ""]
     assert _read_cut(path, 8, 1) == ["", "", "x", ""]
 
 
+@pytest.mark.unit
 def test_a_lone_carriage_return_is_data(tmp_path):
     path = _write(tmp_path, b"a\rb\nc\r")
     assert _read(path, 0, 7) == ["a\rb", "c\r"]
 
 
+@pytest.mark.unit
 def test_multibyte_utf8_split_inside_a_character(tmp_path):
     raw = "é€\n😀x\n".encode()
     path = _write(tmp_path, raw)
@@ -146,6 +153,7 @@ def test_multibyte_utf8_split_inside_a_character(tmp_path):
         assert _read(path, 0, cut) + _read(path, cut, len(raw)) == ["é€", "😀x"], cut
 
 
+@pytest.mark.unit
 def test_records_longer_than_the_read_block(tmp_path):
     lines = ["x" * 2_500_000, "", "y" * 1_200_000]
     raw = "\n".join(lines).encode()
@@ -153,6 +161,7 @@ def test_records_longer_than_the_read_block(tmp_path):
     assert _read_cut(path, len(raw), 1 << 20) == lines
 
 
+@pytest.mark.unit
 def test_accepts_mappings_and_proto_like_chunks(tmp_path):
     path = _write(tmp_path, b"a\nb\n")
     assert list(read_chunk({"path": path, "begin": 2, "end": 4}, "csv")) == ["b"]
@@ -160,6 +169,7 @@ def test_accepts_mappings_and_proto_like_chunks(tmp_path):
     assert list(read_chunk(chunk, "tsv")) == ["a"]
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("begin,end", [(-1, 3), (5, 4)])
 def test_chunk_ref_rejects_bad_ranges(begin, end):
     with pytest.raises(ValueError, match=rf"\[{begin}, {end}\)"):
@@ -169,6 +179,7 @@ def test_chunk_ref_rejects_bad_ranges(begin, end):
 # --- formats and compression -----------------------------------------------------------
 
 
+@pytest.mark.unit
 def test_file_format_yields_the_whole_file_as_bytes(tmp_path):
     raw = b"\x00\xffbinary\nstuff"
     path = _write(tmp_path, raw, "blob.bin")
@@ -180,6 +191,7 @@ def test_file_format_yields_the_whole_file_as_bytes(tmp_path):
 
 @pytest.mark.parametrize("suffix,compress", [(".gz", gzip.compress), (".bz2", bz2.compress),
                                              (".xz", lzma.compress)])
+@pytest.mark.unit
 def test_compressed_files_are_read_whole(tmp_path, suffix, compress):
     lines = [f"row {i},é" for i in range(2000)] + [""]
     stored = compress(("\r\n".join(lines) + "\n").encode())
@@ -193,6 +205,7 @@ def test_compressed_files_are_read_whole(tmp_path, suffix, compress):
 
 @pytest.mark.skipif(importlib.util.find_spec("zstandard") is None,
                     reason="zstandard missing: pip install -e '.[zstd]' (the test extra has it)")
+@pytest.mark.unit
 def test_zstd_file_is_read_whole(tmp_path):
     import zstandard
 
@@ -201,6 +214,7 @@ def test_zstd_file_is_read_whole(tmp_path):
     assert _read(path, 0, len(stored)) == ["a", "b"]
 
 
+@pytest.mark.unit
 def test_zstd_without_zstandard_names_the_package(tmp_path, monkeypatch):
     import fsspec.utils
 
@@ -210,6 +224,7 @@ def test_zstd_without_zstandard_names_the_package(tmp_path, monkeypatch):
         _read(path, 0, 10)
 
 
+@pytest.mark.unit
 def test_splittable_and_is_compressed():
     assert splittable("csv", "/d/a.csv") and splittable("lines", "memory://x/a.jsonl")
     assert not splittable("file", "/d/a.csv")
@@ -218,6 +233,7 @@ def test_splittable_and_is_compressed():
     assert not is_compressed("/d/gz.csv")
 
 
+@pytest.mark.unit
 def test_unknown_format_names_it_and_lists_known():
     with pytest.raises(UnknownFormatError, match=r"'parquet'.*csv.*file.*lines") as e:
         read_chunk(ChunkRef("/x", 0, 1), "parquet")
@@ -232,6 +248,7 @@ def registry():
     readers._REGISTRY.update(saved)
 
 
+@pytest.mark.unit
 def test_register_a_custom_format(tmp_path, registry):
     def words(stream, chunk):
         yield from stream.read().split()
@@ -247,6 +264,7 @@ def test_register_a_custom_format(tmp_path, registry):
 # --- errors ----------------------------------------------------------------------------
 
 
+@pytest.mark.unit
 def test_a_vanished_file_names_the_path(tmp_path):
     path = _write(tmp_path, b"a\n")
     os.remove(path)
@@ -254,6 +272,7 @@ def test_a_vanished_file_names_the_path(tmp_path):
         _read(path, 0, 2)
 
 
+@pytest.mark.unit
 def test_invalid_utf8_names_path_and_offset(tmp_path):
     path = _write(tmp_path, b"ok\nab\xff\xfe\nlater\n")
     records = read_chunk(ChunkRef(path, 0, 20), "lines")
@@ -264,6 +283,7 @@ def test_invalid_utf8_names_path_and_offset(tmp_path):
     assert "\n" not in str(e.value)
 
 
+@pytest.mark.unit
 def test_corrupt_gzip_names_the_path(tmp_path):
     stored = gzip.compress("".join(f"{i}\n" for i in range(10_000)).encode())
     path = _write(tmp_path, stored[: len(stored) // 2], "cut.csv.gz")
@@ -278,12 +298,14 @@ def test_missing_hdfs_driver_names_the_package():
         _read("hdfs://nn/data/a.csv", 0, 10)
 
 
+@pytest.mark.unit
 @pytest.mark.skipif(importlib.util.find_spec("s3fs") is not None, reason="s3fs installed")
 def test_missing_s3_driver_names_the_package():
     with pytest.raises(MissingDriverError, match="s3fs"):
         _read("s3://bucket/a.csv", 0, 10)
 
 
+@pytest.mark.unit
 def test_unknown_url_scheme_is_a_data_error():
     with pytest.raises(DataError, match=r"nosuch://x/a\.csv.*nosuch"):
         _read("nosuch://x/a.csv", 0, 10)

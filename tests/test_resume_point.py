@@ -12,6 +12,8 @@ from trainer_agent.checkpoint import (
     save_checkpoint,
 )
 
+pytestmark = pytest.mark.unit
+
 
 def test_a_checkpoint_inside_an_epoch_resumes_that_epoch_with_its_tasks_done(tmp_path):
     path = str(tmp_path / "checkpoints")

@@ -34,6 +34,8 @@ from master.state import (
 )
 from paddlecloud.phase import Phase
 
+pytestmark = pytest.mark.unit
+
 S1, S2, S3 = 0x11, 0x22, 0x33
 RELEASE_CAUSES = ("expiry", "leave", "superseded", "return")
 FAIL_CAUSES = ("failure", "deadline")

@@ -8,6 +8,8 @@ import pytest
 from master import metrics
 from master.web import Recorder
 
+pytestmark = pytest.mark.unit
+
 
 def test_failure_reasons_keep_the_last_few_of_the_most_recent_tasks():
     reasons = metrics.FailureReasons(per_task=2, tasks=3, reason_chars=10)

@@ -15,6 +15,7 @@ import tempfile
 from collections import Counter
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -35,6 +36,8 @@ from master.stealing import extent_of, unit_chunks
 from paddlecloud.api import pb
 from paddlecloud.datasets import FileEntry
 from trainer_agent.stealing import _READ_ON, _STOP, TaskCursor
+
+pytestmark = pytest.mark.unit
 
 files_strategy = st.lists(
     st.tuples(st.lists(st.integers(0, 12), min_size=0, max_size=12), st.booleans()),

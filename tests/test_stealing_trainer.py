@@ -7,8 +7,12 @@ from __future__ import annotations
 
 import threading
 
+import pytest
+
 from paddlecloud.api import pb
 from trainer_agent.stealing import Steals
+
+pytestmark = pytest.mark.unit
 
 
 def a_task(tmp_path, records: list[str]) -> pb.Task:

@@ -8,6 +8,8 @@ from paddlecloud.deployer import RoleStatus
 from paddlecloud.phase import Phase
 from paddlecloud.supervision import Graces, MasterState, decide_phase
 
+pytestmark = pytest.mark.unit
+
 GRACES = Graces(done=30.0, exited=5.0)
 RUNNING = RoleStatus(desired=2, active=2)
 ONE_EXITED = RoleStatus(desired=2, active=1, succeeded=1)

@@ -175,6 +175,7 @@ def test_unreachable_master_fails_after_the_deadline_naming_the_endpoint():
         list(client.epochs())
 
 
+@pytest.mark.unit
 def test_missing_discovery_settings_are_named(monkeypatch):
     for name in ("PADDLE_MASTER_ENDPOINT", "PADDLE_ETCD_ENDPOINTS", "PADDLE_JOB_NAME"):
         monkeypatch.delenv(name, raising=False)
@@ -182,6 +183,7 @@ def test_missing_discovery_settings_are_named(monkeypatch):
         TaskClient.from_env(trainer_id="x")
 
 
+@pytest.mark.unit
 def test_a_deadline_that_is_no_number_is_named(monkeypatch):
     monkeypatch.setenv("PADDLE_MASTER_ENDPOINT", "127.0.0.1:1")
     monkeypatch.setenv("PADDLECLOUD_MASTER_DEADLINE", "5 minutes")
@@ -532,6 +534,7 @@ def test_a_session_that_expires_again_before_the_retry_lands_is_registered_again
 # ---- the package ------------------------------------------------------------------------
 
 
+@pytest.mark.unit
 def test_locator_from_the_environment():
     assert MasterLocator.from_env({"PADDLE_MASTER_ENDPOINT": "10.0.0.1:8080"}) == MasterLocator(
         master_endpoint="10.0.0.1:8080")

@@ -8,6 +8,8 @@ import pytest
 
 from paddlecloud.units import parse_duration, parse_size
 
+pytestmark = pytest.mark.unit
+
 # ---- parse_duration -------------------------------------------------------------------
 
 

@@ -7,6 +7,8 @@ import itertools
 import pytest
 from waiting import wait_for, wait_until
 
+pytestmark = pytest.mark.unit
+
 
 async def test_wait_for_returns_the_first_truthy_value_of_a_sync_or_async_predicate():
     calls = itertools.count()

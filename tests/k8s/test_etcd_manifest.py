@@ -21,6 +21,8 @@ from rendered_objects import DEPLOY, pod_spec, rendered
 from paddlecloud.backends.k8s import manifests
 from paddlecloud.jobspec import JobSpec
 
+pytestmark = pytest.mark.unit
+
 ETCD = {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all((DEPLOY / "etcd.yaml").read_text()) if d}
 MEMBERS = ETCD[("StatefulSet", "paddlecloud-etcd")]
 PDB = ETCD[("PodDisruptionBudget", "paddlecloud-etcd")]

@@ -139,6 +139,7 @@ def build_config(tmp_path: Any) -> image_build.BuildConfig:
                                    timeout_s=60, poll_s=0.02)
 
 
+@pytest.mark.unit
 def test_the_build_job_is_strictly_valid():
     config = build_config(None)
     job = image_build.build_job(config, tag="ab" * 16, context="contexts/x.tar.gz")
@@ -149,6 +150,7 @@ def test_the_build_job_is_strictly_valid():
     assert f"--destination=registry.example.com/pc/runtime:{'ab' * 16}" in args
 
 
+@pytest.mark.unit
 def test_the_image_tag_is_the_hash_of_the_package_and_the_base_image():
     assert image_build.image_tag("p1", "base:1") == image_build.image_tag("p1", "base:1")
     assert image_build.image_tag("p1", "base:1") != image_build.image_tag("p1", "base:2")
@@ -211,6 +213,7 @@ def k8s_resource(plural: str) -> Any:
     return RESOURCES[plural]
 
 
+@pytest.mark.unit
 def test_the_job_server_manifest_is_strictly_valid_and_namespace_scoped():
     from pathlib import Path
 

@@ -368,6 +368,7 @@ async def test_each_jobs_role_allows_every_call_its_master_makes_and_nothing_unu
          for v in verbs} for job in (spec, collective_spec)))
 
 
+@pytest.mark.unit
 def test_another_jobs_objects_are_out_of_a_masters_role():
     spec = make_spec("mine")
     rules = manifests.master_rules(spec)
@@ -487,6 +488,7 @@ async def test_trainer_status_reads_the_job(k8s, api_client):
     assert await deployer.trainer_status() == RoleStatus(desired=3, active=2, succeeded=1)
 
 
+@pytest.mark.unit
 def test_role_status_of_a_job_follows_its_terminal_conditions():
     running = {"status": {"active": 0, "failed": 2, "succeeded": 1}}
     assert role_status_of_job(running, desired=3).active == 1  # replacements are coming
@@ -567,6 +569,7 @@ async def _supervise_until_the_data(
     return deployer, phases, verdict.phase
 
 
+@pytest.mark.unit
 async def test_a_done_dataset_ends_the_job_once_the_trainers_are_out_of_grace():
     deployer, phases, final = await _supervise_until_the_data("done")
     assert final == SUCCEEDED  # the trainers hung: the grace ran out
@@ -575,6 +578,7 @@ async def test_a_done_dataset_ends_the_job_once_the_trainers_are_out_of_grace():
     assert phases == ["Pending", "Starting", "Running", "Succeeded"]
 
 
+@pytest.mark.unit
 async def test_a_failed_dataset_fails_the_job_and_cleans_up_as_failed():
     deployer, phases, final = await _supervise_until_the_data("failed")
     assert final == FAILED  # every task of an epoch failed: the master's job is over, failed
@@ -582,6 +586,7 @@ async def test_a_failed_dataset_fails_the_job_and_cleans_up_as_failed():
     assert phases == ["Pending", "Starting", "Running", "Failed"]
 
 
+@pytest.mark.unit
 async def test_trainers_that_exit_before_the_master_knows_the_data_is_done_succeed():
     # The master's view may lag the trainers' exit (a poll, a failover): the exited
     # grace lets it catch up instead of failing the job that did consume its data.
@@ -590,6 +595,7 @@ async def test_trainers_that_exit_before_the_master_knows_the_data_is_done_succe
     assert final == SUCCEEDED and phases[-1] == "Succeeded"
 
 
+@pytest.mark.unit
 async def test_supervise_refuses_bad_arguments():
     with pytest.raises(ValueError, match="initial_phase='Done'"):
         await supervise(FakeDeployer([RoleStatus(desired=1)]), num_pservers=0,
@@ -597,6 +603,7 @@ async def test_supervise_refuses_bad_arguments():
                         master_state=no_dataset, initial_phase="Done")  # type: ignore[arg-type]
 
 
+@pytest.mark.unit
 async def test_a_suspend_stops_the_job_in_place_and_its_lift_deploys_it_again_phases_unmoved():
     """The supervisor's part of a suspend: asked while it waits for pservers or watches the
     trainers, it has the deployer stop the job, creates nothing while the suspend holds, and

@@ -15,6 +15,8 @@ import pytest
 from paddlecloud.backends.k8s import manifests
 from paddlecloud.jobspec import JobSpec
 
+pytestmark = pytest.mark.unit
+
 NS = "ml"
 OUTSIDE = None  # an address that is no pod's (the API server, a store, the internet)
 

@@ -70,6 +70,7 @@ async def delete_pod(api_client: Any, name: str) -> None:
     await asyncio.to_thread(client.CoreV1Api(api_client).delete_namespaced_pod, name, NS)
 
 
+@pytest.mark.unit
 def test_a_range_outside_min_max_is_refused_naming_it():
     with pytest.raises(JobSpecError, match=r"5 trainers is outside the job's range 1\.\.4"):
         make_spec("bad", trainers=5, min_trainers=1, max_trainers=4)
@@ -222,6 +223,7 @@ async def test_a_deploying_master_restarts_a_collective_group_on_scale_and_on_a_
     assert f"trainer pod(s) {pods[2]} lost: restarting the trainer group" in proc.log()
 
 
+@pytest.mark.unit
 def test_submit_takes_a_trainer_range_and_refuses_a_size_outside_it():
     import yaml
     from click.testing import CliRunner
@@ -244,6 +246,7 @@ def test_submit_takes_a_trainer_range_and_refuses_a_size_outside_it():
     assert refused.exit_code == 1 and "6 trainers is outside the job's range" in refused.output
 
 
+@pytest.mark.unit
 async def test_supervise_hands_the_desired_size_to_the_deployer_until_the_data_is_done():
     from test_k8s_deployer import BUSY, FakeDeployer
 

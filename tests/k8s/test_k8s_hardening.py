@@ -15,6 +15,8 @@ from rendered_objects import DEPLOY, DEPLOY_FILES, pod_spec, rendered
 from paddlecloud.backends.k8s import manifests
 from paddlecloud.paddlejob import translate
 
+pytestmark = pytest.mark.unit
+
 RENDERED = rendered()
 # kinds of CRDs (ours, Kopf's, Volcano's, Kueue's): tests/k8s/test_kustomize.py checks them
 THIRD_PARTY_KINDS = ("CustomResourceDefinition", "KopfPeering", "ClusterKopfPeering", "Queue",

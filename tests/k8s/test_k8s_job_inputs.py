@@ -18,6 +18,8 @@ from paddlecloud.cli.jobs import job
 from paddlecloud.jobspec import JobSpec, JobSpecError
 from paddlecloud.paddlejob import translate
 
+pytestmark = pytest.mark.unit
+
 
 def submit(*args: str) -> Any:
     return CliRunner().invoke(job, ["submit", *args, "--dry-run"], catch_exceptions=False)

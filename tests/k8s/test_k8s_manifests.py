@@ -21,6 +21,8 @@ from paddlecloud.backends.k8s import manifests
 from paddlecloud.jobspec import DataVolume, JobSpec, JobSpecError
 from paddlecloud.paddlejob import translate
 
+pytestmark = pytest.mark.unit
+
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
 EXAMPLES = sorted((DEPLOY / "examples").glob("*.yaml"))

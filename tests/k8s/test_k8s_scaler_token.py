@@ -20,6 +20,8 @@ import yaml
 from paddlecloud.backends.k8s import manifests
 from paddlecloud.jobspec import JobSpec
 
+pytestmark = pytest.mark.unit
+
 REPO = Path(__file__).resolve().parents[2]
 
 

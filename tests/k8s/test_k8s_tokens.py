@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 
 import kubernetes_validate
+import pytest
 
 from paddlecloud.auth import JobTokens
 from paddlecloud.backends.k8s import manifests
@@ -17,6 +18,7 @@ def _container_env(pod: dict) -> dict:
     return {e["name"]: e.get("value", e.get("valueFrom")) for e in pod["containers"][0]["env"]}
 
 
+@pytest.mark.unit
 def test_trainers_and_pservers_mount_only_the_trainer_token_and_trainers_get_no_etcd_secret():
     spec = JobSpec(name="sec", namespace="ml", module="m", trainers=2, pservers=1)
     trainer = manifests.trainer_job(spec, None)["spec"]["template"]["spec"]
@@ -38,6 +40,7 @@ def test_trainers_and_pservers_mount_only_the_trainer_token_and_trainers_get_no_
     assert user["valueFrom"]["secretKeyRef"]["optional"] is True
 
 
+@pytest.mark.unit
 def test_tokens_secret_is_valid_and_holds_the_three_roles_and_the_masters_tls_files():
     spec = JobSpec(name="sec", namespace="ml", module="m")
     tokens = JobTokens.generate()
@@ -61,6 +64,7 @@ def test_tokens_secret_is_valid_and_holds_the_three_roles_and_the_masters_tls_fi
     assert {"name": "metrics", "containerPort": manifests.METRICS_PORT} in container["ports"]
 
 
+@pytest.mark.unit
 def test_the_certificate_names_the_master_service_and_its_ca_signs_nothing_else():
     from cryptography import x509
 

@@ -483,6 +483,7 @@ async def test_of_two_handlers_racing_to_create_the_master_one_creates_it(
     assert k8s_crds.stored("deployments", NS, manifests.master_name("race")) is not None
 
 
+@pytest.mark.unit
 def test_the_operator_manifest_is_strictly_valid_and_least_privilege():
     import kubernetes_validate
 
@@ -511,6 +512,7 @@ def test_the_operator_manifest_is_strictly_valid_and_least_privilege():
     assert peering["metadata"]["name"] == "paddlecloud-operator"
 
 
+@pytest.mark.unit
 def test_the_operator_command_needs_a_scope():
     from click.testing import CliRunner
 
@@ -546,6 +548,7 @@ async def test_epoch_progress_comes_from_the_masters_deployment_annotation(k8s_c
     assert k8s.stored("paddlejobs", NS, name)["status"]["phase"] == "Succeeded"
 
 
+@pytest.mark.unit
 def test_conditions_move_their_transition_time_only_when_they_change():
     from pdj_operator.status import Observed, conditions
 
@@ -566,6 +569,7 @@ def test_conditions_move_their_transition_time_only_when_they_change():
 @pytest.mark.parametrize("phase, annotation, shown", [
     ("Running", "1/3", "1/3"), ("Succeeded", "2/3", "3/3"), ("Running", "0/0", None),
     ("Running", None, None), ("Running", "one/3", None), ("Running", "-1/3", None)])
+@pytest.mark.unit
 def test_epoch_progress_counts_the_epochs_done(phase, annotation, shown):
     from pdj_operator.status import epoch_progress, master_epochs
 

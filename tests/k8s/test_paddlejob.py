@@ -25,6 +25,8 @@ from paddlecloud.jobspec import JobSpec, JobSpecError
 from paddlecloud.paddlejob import SPEC_FIELDS, load_documents, translate, translate_documents
 from pdj_operator import crd as crdlib
 
+pytestmark = pytest.mark.unit
+
 REPO = Path(__file__).resolve().parents[2]
 CRD_FILE = REPO / "deploy" / "crd-paddlejob.yaml"
 EXAMPLES = sorted((REPO / "deploy" / "examples").glob("*.yaml"))

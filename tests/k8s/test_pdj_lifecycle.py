@@ -143,6 +143,7 @@ async def test_conditions_move_through_a_jobs_life_with_reasons_and_generation(
     assert_operator_rights(k8s)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("text", ["productive=1.5", "productive", "x y=3", "productive=-2"])
 def test_a_malformed_goodput_annotation_is_ignored(text, caplog):
     deployment = {"metadata": {"annotations": {manifests.GOODPUT_ANNOTATION: text}}}
@@ -150,11 +151,13 @@ def test_a_malformed_goodput_annotation_is_ignored(text, caplog):
     assert "ignoring annotation" in caplog.text
 
 
+@pytest.mark.unit
 def test_no_goodput_before_a_second_counted():
     assert goodput({"metadata": {"annotations": {manifests.GOODPUT_ANNOTATION: "productive=0"}}}) is None
     assert goodput(None) is None
 
 
+@pytest.mark.unit
 def test_the_eta_extrapolates_the_jobs_own_rate():
     from pdj_operator.status import eta, percent_done
 
@@ -452,6 +455,7 @@ async def test_a_queued_job_is_one_workload_admitted_by_kueue_and_stopped_when_e
     assert_operator_rights(k8s)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("queue", ["Team_A", "a" * 64, "-team", "team a"])
 def test_a_queue_name_that_is_not_a_label_value_is_refused_by_name(queue):
     doc = paddlejob(name="bad")
@@ -460,6 +464,7 @@ def test_a_queue_name_that_is_not_a_label_value_is_refused_by_name(queue):
         translate(doc).validate()
 
 
+@pytest.mark.unit
 def test_suspend_must_be_a_boolean():
     with pytest.raises(JobSpecError, match="invalid spec.suspend 'yes'"):
         translate(paddlejob(name="bad", suspend="yes"))
@@ -497,6 +502,7 @@ async def test_submit_with_a_queue_creates_the_labelled_paddlejob_for_the_operat
     assert create.params["fieldManager"] == "paddlecloud-cli"
 
 
+@pytest.mark.unit
 def test_submit_with_a_queue_dry_run_prints_the_labelled_paddlejob(job_file):
     result = submit("-f", job_file, "--queue", "team-a", "--dry-run")
     assert result.exit_code == 0, result.output
@@ -511,11 +517,13 @@ def test_submit_with_a_queue_dry_run_prints_the_labelled_paddlejob(job_file):
      "--module cannot be combined with --queue"),
     (["--queue", "Team_A", "-f", "FILE"], "invalid Kueue queue name 'Team_A'"),
 ])
+@pytest.mark.unit
 def test_submit_with_a_queue_refuses_contradictions_by_name(job_file, args, words):
     result = submit(*[job_file if a == "FILE" else a for a in args])
     assert result.exit_code != 0 and words in result.output, result.output
 
 
+@pytest.mark.unit
 def test_a_queue_on_the_command_line_and_another_in_the_file_contradict(tmp_path):
     doc = paddlejob(name="twice")
     doc["metadata"]["labels"] = {KUEUE_QUEUE_LABEL: "team-b"}
@@ -526,6 +534,7 @@ def test_a_queue_on_the_command_line_and_another_in_the_file_contradict(tmp_path
     assert "--queue 'team-a' contradicts the file's label" in result.output
 
 
+@pytest.mark.unit
 def test_a_queued_job_is_never_created_directly():
     from paddlecloud.backends.k8s.jobs import create_job
 
@@ -555,6 +564,7 @@ async def test_the_python_api_queues_a_job_as_a_labelled_paddlejob(k8s_crds, kub
     ({manifests.PHASE_ANNOTATION: "Succeeded",
       manifests.RESUME_ANNOTATION: "pending"}, 0, "Succeeded"),
 ])
+@pytest.mark.unit
 def test_job_status_shows_a_held_job_suspended(annotations, replicas, shown):
     from paddlecloud.backends.k8s.jobs import shown_phase
 

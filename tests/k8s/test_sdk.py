@@ -25,6 +25,7 @@ from paddlecloud.jobspec import JobSpec, JobSpecError
 from paddlecloud.sdk import JobHandle, _progress_view, _shows_bar
 
 
+@pytest.mark.unit
 def test_a_bad_value_is_refused_at_construction_naming_it():
     with pytest.raises(JobSpecError, match="'lots'"):
         PaddleJob(job_name="fit", module="fit.train", memory="lots")
@@ -93,6 +94,7 @@ def _console(**kwargs):
     ({"force_jupyter": True}, False, False),  # a notebook without ipywidgets: rich only warns
     ({"force_jupyter": False}, True, False),  # a log file or a pipe
 ])
+@pytest.mark.unit
 def test_wait_draws_a_bar_in_a_terminal_or_a_notebook_and_plain_lines_elsewhere(
         monkeypatch, console, widgets, bar):
     for variable in ("FORCE_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE"):  # rich's overrides
@@ -105,6 +107,7 @@ def test_wait_draws_a_bar_in_a_terminal_or_a_notebook_and_plain_lines_elsewhere(
     ({"force_terminal": False, "force_jupyter": False},
      ["fit: Running, epoch 0 of 0..1, tasks 2/4\n"]),
 ])
+@pytest.mark.unit
 def test_the_progress_view_writes_to_its_console(console, shown):
     out = _console(**console)
     show = _progress_view(out)

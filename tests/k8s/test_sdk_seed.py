@@ -44,6 +44,7 @@ def quick_start(tmp_path, requirements: str = "") -> str:
     return str(package)
 
 
+@pytest.mark.unit
 def test_the_seeds_example_is_a_valid_job_whose_claim_holds_its_paths():
     job = seed_job()
     assert (job.input, job.output) == (("/quickstart/input",), "/quickstart/output")
@@ -53,6 +54,7 @@ def test_the_seeds_example_is_a_valid_job_whose_claim_holds_its_paths():
         job.submit(kubeconfig="/nonexistent")
 
 
+@pytest.mark.unit
 def test_trainer_package_is_the_entry_point_and_the_volume_is_mounted_where_the_paths_point(tmp_path):
     job = seed_job(trainer_package=quick_start(tmp_path))
     assert job.module == "trainer"
@@ -75,6 +77,7 @@ def test_trainer_package_is_the_entry_point_and_the_volume_is_mounted_where_the_
     ({"memory": "lots"}, "'lots'"),
     ({"trainer_package": "/nonexistent/train.py"}, "no such script"),
 ])
+@pytest.mark.unit
 def test_a_bad_parameter_is_one_error_naming_it(change, message):
     with pytest.raises(JobSpecError, match=message):
         seed_job(**change)
@@ -111,6 +114,7 @@ class V2Trainer:
         return "trained"
 
 
+@pytest.mark.unit
 def test_dist_train_without_a_notebook_calls_the_trainer_as_the_seeds_pseudo_code(monkeypatch):
     monkeypatch.delenv("PADDLE_NOTEBOOK", raising=False)
     trainer, reader, handler = V2Trainer(), object(), print
@@ -119,6 +123,7 @@ def test_dist_train_without_a_notebook_calls_the_trainer_as_the_seeds_pseudo_cod
     assert trainer.calls == [(reader, 3, handler, {"x": 0})]
 
 
+@pytest.mark.unit
 def test_dist_train_fits_a_paddle_model_with_v2_events(monkeypatch):
     import numpy as np
     import paddle

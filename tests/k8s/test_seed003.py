@@ -38,6 +38,7 @@ def env_of(container: dict) -> dict[str, str]:
     return {e["name"]: e.get("value") for e in container.get("env") or []}
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
 def test_examples_1_to_4_are_accepted_as_written(path):
     result = CliRunner().invoke(job, ["submit", "-f", str(path), "--dry-run"], catch_exceptions=False)
@@ -46,12 +47,14 @@ def test_examples_1_to_4_are_accepted_as_written(path):
     assert "Job" in kinds and "Deployment" in kinds
 
 
+@pytest.mark.unit
 def test_example_5_s_typo_is_refused_with_its_suggestion():
     result = CliRunner().invoke(job, ["submit", "-f", str(SEEDS / "example5_data_demo.yaml"), "--dry-run"])
     assert result.exit_code != 0
     assert "unknown field spec.cleanPolicy: did you mean spec.cleanPodPolicy?" in result.output
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
 def test_every_user_container_keeps_its_image_command_args_and_user(path):
     paddlejob = next(d for d in load_documents(path.read_text()) if d["kind"] == "PaddleJob")
@@ -74,6 +77,7 @@ def test_every_user_container_keeps_its_image_command_args_and_user(path):
             assert helper["securityContext"]["runAsUser"] == manifests.RUN_AS_USER
 
 
+@pytest.mark.unit
 def test_example_3_s_intranet_service_gives_every_pod_of_every_role_its_service():
     spec = spec_of("example3_wide_and_deep_gpu.yaml")
     services = {d["metadata"]["name"]: d for d in manifests.master_objects(spec, None) if d["kind"] == "Service"}
@@ -93,6 +97,7 @@ def test_example_3_s_intranet_service_gives_every_pod_of_every_role_its_service(
     assert set(services) - {"wide-ande-deep-master"} <= set(names)
 
 
+@pytest.mark.unit
 def test_example_4_s_podgroup_gangs_every_pod_of_the_job():
     spec = spec_of("example4_wide_and_deep_volcano.yaml")
     assert spec.min_member == 4 and manifests.gang_size(spec) == 4
@@ -104,6 +109,7 @@ def test_example_4_s_podgroup_gangs_every_pod_of_the_job():
     assert group["metadata"]["name"] == "wide-ande-deep" and group["spec"]["minMember"] == 4
 
 
+@pytest.mark.unit
 def test_a_template_s_capabilities_and_own_user_are_kept():
     doc = yaml.safe_load((SEEDS / "example1_wide_and_deep.yaml").read_text())
     worker = doc["spec"]["worker"]["template"]["spec"]
@@ -115,6 +121,7 @@ def test_a_template_s_capabilities_and_own_user_are_kept():
     assert pod["securityContext"]["runAsUser"] == 1000 and "fsGroup" not in pod["securityContext"]
 
 
+@pytest.mark.unit
 def test_the_restricted_profile_runs_the_programs_as_the_uid_the_job_names():
     doc = yaml.safe_load((SEEDS / "example1_wide_and_deep.yaml").read_text())
     doc["spec"].update(securityProfile="restricted", runAsUser=4242)
@@ -129,6 +136,7 @@ def test_the_restricted_profile_runs_the_programs_as_the_uid_the_job_names():
         translate(doc).validate()
 
 
+@pytest.mark.unit
 def test_a_template_container_named_as_paddlecloud_s_own_is_refused():
     doc = yaml.safe_load((SEEDS / "example1_wide_and_deep.yaml").read_text())
     doc["spec"]["worker"]["template"]["spec"]["initContainers"] = [{"name": "wait-master", "image": "x"}]
@@ -136,6 +144,7 @@ def test_a_template_container_named_as_paddlecloud_s_own_is_refused():
         manifests.master_objects(translate(doc).validate(), None)
 
 
+@pytest.mark.unit
 def test_no_agent_is_refused_saying_it_is_not_needed():
     doc = yaml.safe_load((SEEDS / "example1_wide_and_deep.yaml").read_text())
     doc["spec"]["noAgent"] = True
@@ -173,6 +182,7 @@ async def test_a_namespace_without_the_restricted_label_takes_the_job(k8s, kubec
     assert accepted.exit_code == 0, accepted.output
 
 
+@pytest.mark.unit
 def test_a_restricted_job_keeps_its_profile_through_the_operator_s_paddlejob():
     from paddlecloud.backends.k8s.jobs import paddlejob_document
 
@@ -181,6 +191,7 @@ def test_a_restricted_job_keeps_its_profile_through_the_operator_s_paddlejob():
     assert (back.security_profile, back.run_as_user) == ("restricted", 3000)
 
 
+@pytest.mark.unit
 def test_the_operator_s_image_runs_paddlecloud_s_containers_beside_the_programs():
     from pdj_operator.handlers import OperatorConfig, spec_of
 

@@ -3,10 +3,13 @@ its `--image:` typo and the placeholders), and its `-e=` / `--e=` spellings."""
 
 from __future__ import annotations
 
+import pytest
 import yaml
 from click.testing import CliRunner
 
 from paddlecloud.cli.jobs import job as job_cli
+
+pytestmark = pytest.mark.unit
 
 
 def _trainer_env(output: str) -> dict[str, str]:

@@ -22,6 +22,8 @@ from paddlecloud.jobspec import JobSpec, JobSpecError
 from paddlecloud.paddlejob import translate
 from paddlecloud.trainingjob import to_paddlejob
 
+pytestmark = pytest.mark.unit
+
 EXAMPLE = Path(__file__).parent / "edl" / "examplejob.yaml"
 
 
