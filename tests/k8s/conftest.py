@@ -41,18 +41,26 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import functools
 import re
 import uuid
 from collections.abc import Callable
 from typing import Any
 
 import kmock as kmocklib
+import kubernetes_validate.utils
 import pytest
 import waiting
 
 from paddlecloud.backends.k8s import manifests
 from paddlecloud.backends.k8s.client import APPLY_PATCH
 from paddlecloud.jobspec import JobSpec
+
+# kubernetes-validate reads and parses its schema files (a `_definitions.json` of megabytes)
+# on every call: 0.11 s a manifest here, most of the k8s tests' time. The files never change
+# and jsonschema does not mutate a schema, so each is read once per process (0.012 s a call).
+kubernetes_validate.utils.schema_contents = functools.lru_cache(maxsize=None)(
+    kubernetes_validate.utils.schema_contents)
 
 # The `reason` of an error status the tests inject (Cluster.fail, Cluster.slow).
 REASONS = {403: "Forbidden", 404: "NotFound", 409: "AlreadyExists", 429: "TooManyRequests",
