@@ -43,7 +43,7 @@ demo: $(call stamp,$(DEMO_EXTRAS))
 test: $(call stamp,$(TEST_EXTRAS)) $(CHECKOV_VENV)/bin/checkov
 	$(BIN)/ruff check .
 	$(BIN)/python -m tests.containers
-	$(BIN)/pytest -n 2
+	$(BIN)/pytest -n 2 --durations=30
 
 unit: $(call stamp,$(TEST_EXTRAS))
 	$(BIN)/pytest -n 2 -m unit
