@@ -545,20 +545,49 @@ def heter_env(spec: JobSpec) -> list[dict[str, Any]]:
 
 
 def trainer_env(spec: JobSpec) -> list[dict[str, Any]]:
+    """A trainer: its id from the completion index; named trainers (collective, gloo, heter,
+    intranet Service) get the endpoints, and a `POD_IP` that is their own name in them, as a
+    pserver's is: Paddle's launcher decides who serves its rendezvous by comparing the two."""
+    named = needs_trainer_service(spec)
     env = [
         _value("TRAINING_ROLE", "TRAINER"),
         _value("PADDLE_TRAINING_ROLE", "TRAINER"),
         _field("PADDLE_TRAINER_ID", f"metadata.annotations['{COMPLETION_INDEX_ANNOTATION}']"),
         _field("POD_NAME", "metadata.name"),
-        _field("POD_IP", "status.podIP"),
+        _value("POD_IP", trainer_host(spec, "$(PADDLE_TRAINER_ID)")) if named
+        else _field("POD_IP", "status.podIP"),
     ]
-    if needs_trainer_service(spec):
+    if named:
         env += [
             _value("PADDLE_TRAINER_ENDPOINTS", ",".join(trainer_endpoints(spec))),
-            _value("PADDLE_CURRENT_ENDPOINT",
-                   f"{trainer_host(spec, '$(PADDLE_TRAINER_ID)')}:{paddle_port(spec)}"),
+            _value("PADDLE_CURRENT_ENDPOINT", f"$(POD_IP):{paddle_port(spec)}"),
         ]
+    if spec.collective:
+        env += launcher_env(spec)
     return env + _common_env(spec, TRAINER)
+
+
+def launcher_env(spec: JobSpec) -> list[dict[str, Any]]:
+    """What `python -m paddle.distributed.launch` reads in a collective trainer's pod, so that
+    a user's command of it rendezvouses as written (docs/kubernetes.md, "Paddle's launcher").
+
+    Paddle >= 2.3 (`paddle/distributed/launch`): the pod whose `POD_IP` is the host of
+    `PADDLE_MASTER` (the first trainer endpoint, which the launcher also takes from
+    `PADDLE_TRAINER_ENDPOINTS`) serves the rendezvous on that port; `PADDLE_NNODES` pods
+    meet there; `PADDLE_RANK` keeps each pod's rank its trainer id (else the launcher
+    ranks the pods by a random name and gives the programs its own `PADDLE_TRAINER_ID`).
+    Paddle 2.0-2.2's launcher (`paddle/distributed/fleet/launch.py`, `--legacy=true`
+    since 2.3): only with `PADDLE_TRAINERS` (the pods' hosts, `POD_IP` among them) and
+    `TRAINER_PORTS_NUM` does it build the job of all pods; else each pod is a job of one.
+    """
+    endpoints = trainer_endpoints(spec)
+    return [
+        _value("PADDLE_MASTER", endpoints[0]),
+        _value("PADDLE_NNODES", spec.trainers),
+        _value("PADDLE_RANK", "$(PADDLE_TRAINER_ID)"),
+        _value("PADDLE_TRAINERS", ",".join(e.rsplit(":", 1)[0] for e in endpoints)),
+        _value("TRAINER_PORTS_NUM", 1),  # one endpoint per pod: PADDLE_PORT
+    ]
 
 
 # ---- pods -------------------------------------------------------------------------------------
