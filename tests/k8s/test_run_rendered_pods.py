@@ -38,13 +38,12 @@ from paddlecloud.etcd_server import EtcdServer
 from paddlecloud.jobspec import JobSpec
 from paddlecloud.master_flags import master_flags
 from paddlecloud.tls import issue_master_certificate
-from tests import containers
+from tests import containers, seed003_resnet
 
 pytestmark = [pytest.mark.container, pytest.mark.timeout(900)]
 
 SEEDS = Path(__file__).resolve().parent / "seed003"
 WIDE_AND_DEEP = "registry.baidubce.com/paddle-operator/demo-wide-and-deep:v1"
-RESNET = "registry.baidubce.com/paddle-operator/demo-resnet:v1"
 STARTED = 240  # seconds for a pod's init containers and its program to start, on a busy machine
 
 # wide_and_deep/train.py: a pserver finds itself in the pserver list (as PaddleCloudRoleMaker
@@ -89,52 +88,6 @@ WORKDIR /wide_and_deep
 ENTRYPOINT ["python3", "train.py"]
 """
 
-# resnet/train_fleet.py: real collective training (Paddle's fleet, gloo on CPU instead of
-# NCCL on a GPU), run by Paddle's own launcher as Example 2's command says: a small regression
-# on synthetic data, each rank its own shard, the loss averaged over the ranks at every step.
-RESNET_TRAIN = r'''
-import json, os
-import numpy as np
-import paddle
-import paddle.distributed as dist
-from paddle.distributed import fleet
-
-fleet.init(is_collective=True)
-rank, world = dist.get_rank(), dist.get_world_size()
-paddle.seed(7)
-true_w = np.random.RandomState(0).normal(size=(8, 1)).astype("float32")
-model = paddle.nn.Sequential(paddle.nn.Linear(8, 16), paddle.nn.Tanh(), paddle.nn.Linear(16, 1))
-model = fleet.distributed_model(model)
-opt = fleet.distributed_optimizer(paddle.optimizer.Adam(learning_rate=0.05, parameters=model.parameters()))
-data = np.random.RandomState(100 + rank)
-losses = []
-for step in range(40):
-    x = data.normal(size=(32, 8)).astype("float32")
-    loss = paddle.nn.functional.mse_loss(model(paddle.to_tensor(x)), paddle.to_tensor(x @ true_w))
-    loss.backward()
-    opt.step()
-    opt.clear_grad()
-    mean = loss.detach().clone()
-    dist.all_reduce(mean)
-    losses.append(float(mean) / world)
-os.makedirs("out", exist_ok=True)
-report = {"rank": rank, "world": world, "trainer_id": os.environ["PADDLE_TRAINER_ID"],
-          "uid": os.getuid(), "cwd": os.getcwd(), "losses": losses, "paddle": paddle.__version__,
-          "digest": sum(float(p.sum()) for p in model.parameters())}
-open(f"out/trainer.{rank}.json", "w").write(json.dumps(report))
-print(json.dumps(report), flush=True)
-'''
-# Example 2's Dockerfile, on a base with Paddle (CPU) instead of paddle-base-gpu
-RESNET_CONTAINERFILE = """\
-FROM {base}
-RUN ln -s /usr/bin/python3 /usr/local/bin/python
-ADD resnet /resnet
-WORKDIR /resnet
-CMD ["python","-m","paddle.distributed.launch","train_fleet.py"]
-"""
-# The same image on Paddle 2.6.2, for a job whose command is Paddle 2.x's launcher
-RESNET_PADDLE2 = "registry.baidubce.com/paddle-operator/demo-resnet:paddle-2.6.2"
-
 # EDL's job image: `python train.py` in its workspace, as the TrainingJob's entrypoint says.
 EDL_IMAGE = "paddlepaddle/paddlecloud-job"
 EDL_TRAIN = r'''
@@ -164,8 +117,7 @@ def paddlecloud_image() -> str:
 @pytest.fixture(scope="module")
 def resnet_image(paddlecloud_image) -> str:
     """Example 2's image, with the Paddle the tests run (3.x)."""
-    return containers.build_image(RESNET, containerfile=RESNET_CONTAINERFILE.format(
-        base=containers.paddle_base_image()), files={"resnet/train_fleet.py": RESNET_TRAIN})
+    return seed003_resnet.build(seed003_resnet.IMAGE, containers.paddle_base_image())
 
 
 def render(submit: list[str], *, etcd: str, paddlecloud_image: str) -> list[dict]:
@@ -281,17 +233,6 @@ def test_a_ps_example_runs_as_written_as_root_in_its_workdir(example, paddleclou
             assert report["gloo"] == ("1" if "example3" not in example else None)  # withGloo: 1
 
 
-def assert_trained_as_one_job(found: list[dict], *, paddle: str) -> None:
-    """Two ranks of one job, each its trainer id, that trained one model: the same averaged
-    losses and weights on both, and the loss fell."""
-    assert sorted((r["rank"], r["world"], r["trainer_id"]) for r in found) == [(0, 2, "0"), (1, 2, "1")]
-    for report in found:  # the image's user in its WORKDIR, the image's Paddle
-        assert (report["uid"], report["cwd"], report["paddle"]) == (0, "/resnet", paddle)
-    assert found[0]["losses"] == found[1]["losses"] and found[0]["digest"] == found[1]["digest"]
-    losses = found[0]["losses"]
-    assert sum(losses[-5:]) / 5 < losses[0] / 4, losses
-
-
 def test_example2_runs_paddle_s_own_launcher_as_written(paddlecloud_image, resnet_image, tmp_path):
     """Example 2's `python -m paddle.distributed.launch train_fleet.py`, the real launcher of
     the tests' Paddle (3.x): trainer 0's launcher serves the rendezvous (its POD_IP is the host
@@ -300,7 +241,7 @@ def test_example2_runs_paddle_s_own_launcher_as_written(paddlecloud_image, resne
 
     reports = run_job(["-f", str(SEEDS / "example2_resnet.yaml")], paddlecloud_image=paddlecloud_image,
                       tmp_path=tmp_path, reports="out")
-    assert_trained_as_one_job(report_files(reports), paddle=version("paddlepaddle"))
+    seed003_resnet.assert_trained_as_one_job(report_files(reports), paddle=version("paddlepaddle"))
     for report in reports.values():  # Paddle's launcher ran the program, as written
         assert "LAUNCH INFO" in report["log"], report["log"][-2000:]
 
@@ -311,18 +252,17 @@ def test_a_paddle_2_launcher_command_runs_as_written(paddlecloud_image, tmp_path
     builds a job of all pods only from PADDLE_TRAINERS, POD_IP among them, and
     TRAINER_PORTS_NUM (else each pod trains alone). Its 2.3+ default launcher is the code the
     3.x test runs (the same collective controller and plugins)."""
-    containers.build_image(RESNET_PADDLE2, containerfile=RESNET_CONTAINERFILE.format(
-        base=containers.paddle2_base_image()), files={"resnet/train_fleet.py": RESNET_TRAIN})
+    image = seed003_resnet.build(seed003_resnet.IMAGE_PADDLE2, containers.paddle2_base_image())
     job = yaml.safe_load((SEEDS / "example2_resnet.yaml").read_text())
     job["metadata"]["name"] = "resnet2"
     paddle = job["spec"]["worker"]["template"]["spec"]["containers"][0]
-    paddle.update(image=RESNET_PADDLE2, args=["-m", "paddle.distributed.launch", "--legacy=true",
+    paddle.update(image=image, args=["-m", "paddle.distributed.launch", "--legacy=true",
                                               "train_fleet.py"])
     written = tmp_path / "resnet2.yaml"
     written.write_text(yaml.safe_dump(job))
     reports = run_job(["-f", str(written)], paddlecloud_image=paddlecloud_image, tmp_path=tmp_path,
                       reports="out")
-    assert_trained_as_one_job(report_files(reports), paddle=containers.PADDLE_2_VERSION)
+    seed003_resnet.assert_trained_as_one_job(report_files(reports), paddle=containers.PADDLE_2_VERSION)
     for report in reports.values():  # the legacy launcher started the program
         assert "launch proc_id" in report["log"], report["log"][-2000:]
 

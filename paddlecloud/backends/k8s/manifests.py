@@ -53,6 +53,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from paddlecloud import paddle_launcher
 from paddlecloud.checkpoints import checkpoints_dir
 from paddlecloud.exits import STOP_GRACE_ENV
 from paddlecloud.jobspec import HOST_PORT_RANGE, JobSpec, JobSpecError
@@ -568,26 +569,11 @@ def trainer_env(spec: JobSpec) -> list[dict[str, Any]]:
 
 
 def launcher_env(spec: JobSpec) -> list[dict[str, Any]]:
-    """What `python -m paddle.distributed.launch` reads in a collective trainer's pod, so that
-    a user's command of it rendezvouses as written (docs/kubernetes.md, "Paddle's launcher").
-
-    Paddle >= 2.3 (`paddle/distributed/launch`): the pod whose `POD_IP` is the host of
-    `PADDLE_MASTER` (the first trainer endpoint, which the launcher also takes from
-    `PADDLE_TRAINER_ENDPOINTS`) serves the rendezvous on that port; `PADDLE_NNODES` pods
-    meet there; `PADDLE_RANK` keeps each pod's rank its trainer id (else the launcher
-    ranks the pods by a random name and gives the programs its own `PADDLE_TRAINER_ID`).
-    Paddle 2.0-2.2's launcher (`paddle/distributed/fleet/launch.py`, `--legacy=true`
-    since 2.3): only with `PADDLE_TRAINERS` (the pods' hosts, `POD_IP` among them) and
-    `TRAINER_PORTS_NUM` does it build the job of all pods; else each pod is a job of one.
-    """
-    endpoints = trainer_endpoints(spec)
-    return [
-        _value("PADDLE_MASTER", endpoints[0]),
-        _value("PADDLE_NNODES", spec.trainers),
-        _value("PADDLE_RANK", "$(PADDLE_TRAINER_ID)"),
-        _value("PADDLE_TRAINERS", ",".join(e.rsplit(":", 1)[0] for e in endpoints)),
-        _value("TRAINER_PORTS_NUM", 1),  # one endpoint per pod: PADDLE_PORT
-    ]
+    """What `python -m paddle.distributed.launch` reads in a collective trainer's pod, for each
+    Paddle version (`paddlecloud.paddle_launcher`): trainer 0's endpoint as the master, the
+    trainers' hosts, each pod's rank its trainer id."""
+    env = paddle_launcher.launcher_env(trainer_endpoints(spec), "$(PADDLE_TRAINER_ID)")
+    return [_value(k, v) for k, v in env.items()]
 
 
 # ---- pods -------------------------------------------------------------------------------------

@@ -1,10 +1,11 @@
-"""What `python -m paddle.distributed.launch` reads in a trainer's pod, per Paddle version, from
-the env paddlecloud renders (docs/kubernetes.md, "Paddle's launcher").
+"""What `python -m paddle.distributed.launch` reads in a trainer, per Paddle version, from the
+env paddlecloud gives it: in the pods it renders and in `local train`'s trainers
+(docs/kubernetes.md, "Paddle's launcher").
 
 The pure tests follow each launcher's decisions on the rendered env, step by step as its code
 takes them (the files named below, in Paddle 2.6.2's and 3.3.1's wheels); the `paddle` test
 asks the installed Paddle's own launcher context. The podman runs of the same pods are in
-test_run_rendered_pods.py.
+k8s/test_run_rendered_pods.py.
 """
 
 from __future__ import annotations
@@ -13,11 +14,14 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from paddlecloud.backends.k8s import manifests
+from paddlecloud.backends.local.container import FORWARDED_PREFIXES
+from paddlecloud.backends.local.deployer import LocalDeployer
 from paddlecloud.jobspec import JobSpec, JobSpecError
 
 INTRANETS = ("PodIP", "Service", "HostNetwork")
@@ -77,7 +81,11 @@ def launcher_2(env: dict[str, str]) -> dict[str, Any]:
         return {"world": 1, "endpoints": None}
     hosts = env["PADDLE_TRAINERS"].split(",")
     port = int(env["PADDLE_PORT"]) if int(env["TRAINER_PORTS_NUM"]) >= 1 else LEGACY_START_PORT
-    return {"world": len(hosts), "endpoints": [f"{h}:{port}" for h in hosts],
+    endpoints = [f"{h}:{port}" for h in hosts]
+    if "DISTRIBUTED_TRAINER_ENDPOINTS" in env:  # taken as given, TRAINER_PORTS_NUM per host
+        endpoints = env["DISTRIBUTED_TRAINER_ENDPOINTS"].split(",")
+        assert len(hosts) * int(env["TRAINER_PORTS_NUM"]) == len(endpoints)
+    return {"world": len(hosts), "endpoints": endpoints,
             "place": hosts.index(env["POD_IP"]) if env["POD_IP"] in hosts else None,
             "rank": int(env["PADDLE_TRAINER_ID"])}
 
@@ -104,6 +112,37 @@ def test_paddle_2_s_launcher_builds_one_job_of_every_trainer(intranet):
         assert seen["endpoints"] == env["PADDLE_TRAINER_ENDPOINTS"].split(",")
         assert seen["place"] == seen["rank"] == i
         assert env["TRAINER_PORTS_NUM"] == "1"
+
+
+def local_trainer_envs(trainers: int, *, pservers: int = 0) -> list[dict[str, str]]:
+    """What `local train`'s deployer gives each trainer's launcher (and, with --image, its
+    container: every PADDLE*, POD_IP, TRAINER_PORTS_NUM, DISTRIBUTED_TRAINER_ENDPOINTS)."""
+    deployer = LocalDeployer(trainers=trainers, pservers=pservers, trainer_command=["true"],
+                             pserver_command=["true"], output=Path("/nonexistent"), restart_limit=0,
+                             restart_mode="group", spawn=None, user_env=lambda: {"POD_IP": "127.0.0.1"},
+                             restart_epoch=None, event=print)
+    ports = [41000 + 7 * i for i in range(trainers)]  # the ports differ: one machine
+    return [deployer._trainer_env(i, ports) for i in range(trainers)]
+
+
+def test_local_trainers_meet_at_trainer_0_with_either_launcher():
+    envs = local_trainer_envs(3)
+    seen = [launcher_3(env) for env in envs]
+    assert [s["serves"] for s in seen] == [True, False, False]
+    assert [(s["nnodes"], s["rank"]) for s in seen] == [(3, 0), (3, 1), (3, 2)]
+    assert len({s["master"] for s in seen}) == 1
+    for i, env in enumerate(envs):
+        legacy = launcher_2(env)
+        assert (legacy["world"], legacy["place"], legacy["rank"]) == (3, i, i)
+        assert legacy["endpoints"] == env["PADDLE_TRAINER_ENDPOINTS"].split(",")
+        assert env["PADDLE_CURRENT_ENDPOINT"] == f"{env['POD_IP']}:{env['PADDLE_PORT']}"
+        assert set(forwarded(env)) >= {"POD_IP", "TRAINER_PORTS_NUM", "DISTRIBUTED_TRAINER_ENDPOINTS",
+                                       "PADDLE_MASTER", "PADDLE_TRAINERS"}  # into an --image container
+    assert [env["POD_IP"] for env in local_trainer_envs(2, pservers=1)] == ["127.0.0.1"] * 2  # PS: as before
+
+
+def forwarded(env: dict[str, str]) -> list[str]:
+    return [name for name in env if name.startswith(FORWARDED_PREFIXES)]
 
 
 @pytest.mark.parametrize("intranet", INTRANETS)
