@@ -9,6 +9,8 @@ No image can be pulled here, so every image is built on this machine:
   source changes (what `deploy/Dockerfile` builds, from a base that needs no registry);
   `paddlecloud_image(with_paddle=True)` builds the same on a base that also holds the
   PaddlePaddle (CPU) of the tests' own environment, for pods that train for real;
+  `paddle2_base_image()` the base with Paddle 2.6.2 (the last with a parameter-server core),
+  for users' images of Paddle 2.x;
 - **users' images**: `build_image` with a Containerfile and files, shaped as a test wants
   (built as root, files in `WORKDIR`, an `ENTRYPOINT`, no paddlecloud inside).
 
@@ -182,32 +184,47 @@ def wheels() -> Path:
     return folder
 
 
-def paddle_base_image() -> str:
-    """The base with the PaddlePaddle version the tests run (its wheels and their
-    dependencies, and the OpenMP runtime its core links), once per machine and version: the
-    wheels come from pip's cache or the package index and libgomp1 from Debian's (`apt-get
-    download`), on this machine; the build itself has no network."""
-    from importlib.metadata import version
+# The last PaddlePaddle with a parameter-server core (3.1.1 and later have none,
+# ../shared/paddle-ps/README.md) and the pins it needs: protobuf 7 breaks its
+# DistributedStrategy, numpy 2 its C extension.
+PADDLE_2_VERSION = "2.6.2"
+PADDLE_PINS = {PADDLE_2_VERSION: ("numpy<2", "protobuf>=4.21,<5")}
+
+
+def paddle_base_image(version: str | None = None) -> str:
+    """The base with a PaddlePaddle (CPU): `version`, or the one the tests' own environment
+    runs (its wheels and their dependencies, with the pins that version needs, and the OpenMP
+    runtime its core links), once per machine and version: the wheels come from pip's cache or
+    the package index and libgomp1 from Debian's (`apt-get download`), on this machine; the
+    build itself has no network."""
+    from importlib.metadata import version as installed
 
     base_image()
-    wanted = version("paddlepaddle")
+    wanted = version or installed("paddlepaddle")
+    requirements = [f"paddlepaddle=={wanted}", *PADDLE_PINS.get(wanted, ())]
     tag = f"{PADDLE_BASE_IMAGE}:{wanted}"
     with _building():
         if image_exists(tag):
             return tag
         with tempfile.TemporaryDirectory(prefix="paddlecloud-paddle-") as context:
             subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "-d",
-                            str(Path(context) / "wheels"), f"paddlepaddle=={wanted}"],
+                            str(Path(context) / "wheels"), *requirements],
                            check=True, capture_output=True, timeout=BUILD_TIMEOUT)
             (Path(context) / "debs").mkdir()
             subprocess.run(["apt-get", "download", "libgomp1"], cwd=Path(context) / "debs",
                            check=True, capture_output=True, timeout=BUILD_TIMEOUT)
+            quoted = " ".join(f"'{r}'" for r in requirements)
             _build(Path(context), tag,
                    f"FROM {BASE_IMAGE}\nCOPY wheels /tmp/wheels\nCOPY debs /tmp/debs\n"
                    "RUN dpkg -i /tmp/debs/*.deb && python3 -m pip install --quiet --no-index "
-                   "--no-cache-dir --break-system-packages --find-links /tmp/wheels paddlepaddle "
+                   f"--no-cache-dir --break-system-packages --find-links /tmp/wheels {quoted} "
                    "&& rm -rf /tmp/wheels /tmp/debs\n")
     return tag
+
+
+def paddle2_base_image() -> str:
+    """The base with Paddle 2.6.2 (CPU, parameter-server core included), pinned as it needs."""
+    return paddle_base_image(PADDLE_2_VERSION)
 
 
 def paddlecloud_image(*, with_paddle: bool = False) -> str:
@@ -232,14 +249,15 @@ def paddlecloud_image(*, with_paddle: bool = False) -> str:
 
 if __name__ == "__main__":
     # `make test` builds the test images before pytest starts: built inside the suite, the
-    # Paddle image (1.3 GB) took a core from the timing-bound tests running beside it. A
+    # Paddle image (1.3 GB) took a core from the timing-bound tests running beside it (so does
+    # the Paddle 2.6.2 base, 1 GB, for users' images of Paddle 2.x). A
     # machine that cannot build them goes on: the container tests skip (or, under CI, fail)
     # on their own.
     if missing():
         print(f"test images not built: {missing()}")
     else:
         try:
-            for tag in (paddlecloud_image(), paddlecloud_image(with_paddle=True)):
+            for tag in (paddlecloud_image(), paddlecloud_image(with_paddle=True), paddle2_base_image()):
                 print(f"test image {tag}")
         except Exception as error:  # whatever it is, the container tests meet it and say so
             print(f"test images not built ({error}): the container tests build them")

@@ -23,7 +23,7 @@ from datasets import write_records
 from processes import job_processes
 
 from paddlecloud.backends.local.container import force_remove, remove_containers
-from tests import containers
+from tests import containers, seed003_resnet
 
 pytestmark = [pytest.mark.container, pytest.mark.timeout(900)]
 
@@ -232,3 +232,23 @@ def test_no_engine_on_the_machine_is_one_clear_error(tmp_path):
 def test_engine_without_image_is_refused(tmp_path):
     error = refused(tmp_path, "--module", "trainer_agent.stub", "--engine", "docker")
     assert "--engine chooses the container engine of --image" in error
+
+
+@pytest.mark.paddle
+def test_seed003_example2_s_image_runs_paddle_s_launcher_as_its_cmd_says(tmp_path):
+    """Example 2's image (its CMD `python -m paddle.distributed.launch train_fleet.py`, a real
+    Paddle): two trainers, each in its container, their launchers meet at trainer 0's and
+    fleet trains one model over gloo; the job ends by their exits."""
+    from importlib.metadata import version
+
+    image = seed003_resnet.build(seed003_resnet.IMAGE, containers.paddle_base_image())
+    job = "seed003-launch"
+    write_records(tmp_path / "data", files=1, records_per_file=5)  # which it does not read
+    run = local_train(tmp_path, "--job", job, "--image", image, "--trainers", "2",
+                      "--input", str(tmp_path / "data"))
+    code = run.wait(timeout=600)
+    found = [json.loads(path.read_text()) for path in sorted((tmp_path / "out").glob("trainer.*.json"))]
+    assert len(found) == 2, console(tmp_path)[-4000:]
+    seed003_resnet.assert_trained_as_one_job(found, paddle=version("paddlepaddle"))
+    assert code == 0, console(tmp_path)[-3000:]
+    assert job_containers(job) == []

@@ -21,6 +21,7 @@ from typing import Any
 
 from paddlecloud.elastic import RangeError, TrainerRange
 from paddlecloud.jobfields import API, CLI, LOCAL, PADDLEJOB, SERVER, JobSpecError, job_field
+from paddlecloud.paddle_launcher import LAUNCHER_ENV
 from paddlecloud.untrusted import quote
 
 logger = logging.getLogger(__name__)
@@ -56,7 +57,7 @@ RESERVED_ENV = frozenset({
     "PADDLE_JOB_NAME", "PADDLE_NAMESPACE", "PADDLE_MASTER_ENDPOINT", "PADDLE_ETCD_ENDPOINTS",
     "PADDLE_WITH_GLOO", "PADDLE_GLOO_RENDEZVOUS", "PADDLE_GLOO_HTTP_ENDPOINT",
     "PADDLECLOUD_INPUT", "PADDLECLOUD_OUTPUT", "PADDLECLOUD_PACKAGE",
-})
+}) | LAUNCHER_ENV  # what Paddle's launcher reads in collective trainers
 
 _DNS_1035 = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
 _DNS_1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")

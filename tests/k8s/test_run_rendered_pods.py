@@ -5,9 +5,11 @@ do their work.
 
 The images are built as the tutorial builds them (as root, the program in its WORKDIR, an
 ENTRYPOINT or a CMD, no paddlecloud inside) and tagged with the tutorial's names, so the YAML
-stays as written. Their program checks the environment PaddlePaddle's role maker reads,
-writes into its working directory (as Paddle's launcher writes log/ there), and talks to its
-peers by the names in that environment. paddlecloud's own containers run from paddlecloud's
+stays as written. The PS examples' program checks the environment PaddlePaddle's role maker
+reads, writes into its working directory, and talks to its peers by the names in that
+environment; Example 2's image holds a real Paddle (CPU) and its command runs Paddle's own
+launcher, which trains with fleet over gloo (3.x, and 2.6.2's legacy launcher: Paddle 2.x's
+`paddle.distributed.launch`). paddlecloud's own containers run from paddlecloud's
 image, built from this tree. A real etcd and a real master (TLS, the job's tokens) run on
 the host, at the address the master Service's name resolves to in the pods.
 
@@ -36,13 +38,12 @@ from paddlecloud.etcd_server import EtcdServer
 from paddlecloud.jobspec import JobSpec
 from paddlecloud.master_flags import master_flags
 from paddlecloud.tls import issue_master_certificate
-from tests import containers
+from tests import containers, seed003_resnet
 
 pytestmark = [pytest.mark.container, pytest.mark.timeout(900)]
 
 SEEDS = Path(__file__).resolve().parent / "seed003"
 WIDE_AND_DEEP = "registry.baidubce.com/paddle-operator/demo-wide-and-deep:v1"
-RESNET = "registry.baidubce.com/paddle-operator/demo-resnet:v1"
 STARTED = 240  # seconds for a pod's init containers and its program to start, on a busy machine
 
 # wide_and_deep/train.py: a pserver finds itself in the pserver list (as PaddleCloudRoleMaker
@@ -87,56 +88,6 @@ WORKDIR /wide_and_deep
 ENTRYPOINT ["python3", "train.py"]
 """
 
-# resnet/: a stand-in for paddle.distributed.launch (what it reads, the log/ it makes) and a
-# train_fleet.py whose trainers meet each other at the endpoints they were given.
-RESNET_LAUNCH = r'''
-import os, runpy, sys
-endpoints = os.environ["PADDLE_TRAINER_ENDPOINTS"].split(",")
-trainer_id = int(os.environ["PADDLE_TRAINER_ID"])
-assert len(endpoints) == int(os.environ["PADDLE_TRAINERS_NUM"])
-assert endpoints[trainer_id] == os.environ["PADDLE_CURRENT_ENDPOINT"], (endpoints, trainer_id)
-os.makedirs("log", exist_ok=True)
-sys.argv = sys.argv[1:]
-runpy.run_path(sys.argv[0], run_name="__main__")
-'''
-RESNET_TRAIN = r'''
-import json, os, socket, threading, time
-endpoints = os.environ["PADDLE_TRAINER_ENDPOINTS"].split(",")
-me = int(os.environ["PADDLE_TRAINER_ID"])
-port = int(os.environ["PADDLE_CURRENT_ENDPOINT"].rsplit(":", 1)[1])
-server = socket.create_server(("0.0.0.0", port))
-met = []
-def accept():
-    while len(met) < len(endpoints) - 1:
-        conn, _ = server.accept()
-        met.append(conn.makefile().readline().strip())
-        conn.close()
-listener = threading.Thread(target=accept)
-listener.start()
-deadline = time.monotonic() + 180
-for i, endpoint in enumerate(endpoints):  # NCCL's rendezvous: every peer, until it answers
-    host, peer_port = endpoint.rsplit(":", 1)
-    while i != me:
-        try:
-            with socket.create_connection((host, int(peer_port)), timeout=5) as conn:
-                conn.sendall(f"trainer {me}\n".encode())
-            break
-        except OSError:
-            assert time.monotonic() < deadline, f"trainer {endpoint} never answered"
-            time.sleep(0.2)
-listener.join()
-report = {"role": "TRAINER", "id": me, "uid": os.getuid(), "cwd": os.getcwd(), "met": sorted(met)}
-open(f"log/workerlog.{me}", "w").write(json.dumps(report))
-print(json.dumps(report), flush=True)
-'''
-RESNET_CONTAINERFILE = f"""\
-FROM {containers.BASE_IMAGE}
-RUN ln -s /usr/bin/python3 /usr/local/bin/python
-ADD resnet /resnet
-WORKDIR /resnet
-CMD ["python","-m","paddle.distributed.launch","train_fleet.py"]
-"""
-
 # EDL's job image: `python train.py` in its workspace, as the TrainingJob's entrypoint says.
 EDL_IMAGE = "paddlepaddle/paddlecloud-job"
 EDL_TRAIN = r'''
@@ -158,12 +109,15 @@ def paddlecloud_image() -> str:
     image = containers.paddlecloud_image()
     containers.build_image(WIDE_AND_DEEP, containerfile=WIDE_AND_DEEP_CONTAINERFILE,
                            files={"wide_and_deep/train.py": WIDE_AND_DEEP_TRAIN})
-    containers.build_image(RESNET, containerfile=RESNET_CONTAINERFILE, files={
-        "resnet/paddle/__init__.py": "", "resnet/paddle/distributed/__init__.py": "",
-        "resnet/paddle/distributed/launch.py": RESNET_LAUNCH, "resnet/train_fleet.py": RESNET_TRAIN})
     containers.build_image(EDL_IMAGE, containerfile=EDL_CONTAINERFILE,
                            files={"workspace/train.py": EDL_TRAIN})
     return image
+
+
+@pytest.fixture(scope="module")
+def resnet_image(paddlecloud_image) -> str:
+    """Example 2's image, with the Paddle the tests run (3.x)."""
+    return seed003_resnet.build(seed003_resnet.IMAGE, containers.paddle_base_image())
 
 
 def render(submit: list[str], *, etcd: str, paddlecloud_image: str) -> list[dict]:
@@ -208,9 +162,10 @@ def start_master(spec: JobSpec, secret: dict[str, bytes], *, address: str, etcd:
                                 stderr=subprocess.STDOUT, env=dict(os.environ, PYTHONUNBUFFERED="1"))
 
 
-def run_job(submit: list[str], *, paddlecloud_image: str, tmp_path: Path) -> dict[str, dict]:
+def run_job(submit: list[str], *, paddlecloud_image: str, tmp_path: Path,
+            reports: str = "log") -> dict[str, dict]:
     """Runs the pods of `job submit SUBMIT...` to the trainers' end; returns what each program
-    reported, by pod."""
+    reported (the files in its `reports` folder), by pod."""
     with pod_runner.node(tmp_path) as node:
         etcd = start_etcd(node.gateway, tmp_path)
         master = None
@@ -227,7 +182,7 @@ def run_job(submit: list[str], *, paddlecloud_image: str, tmp_path: Path) -> dic
             hosts = pod_runner.dns_names(docs, pods, host_ip=node.gateway)
             threads = [node.start(pod, hosts=hosts, secrets={manifests.tokens_secret_name(spec.name): secret},
                                   claims={}) for pod in pods]
-            return collect(node, pods, threads, tmp_path)
+            return collect(node, pods, threads, reports)
         finally:
             if master is not None:
                 master.terminate()
@@ -235,7 +190,7 @@ def run_job(submit: list[str], *, paddlecloud_image: str, tmp_path: Path) -> dic
             etcd.stop()
 
 
-def collect(node: pod_runner.Node, pods: list[pod_runner.Pod], threads: list, tmp_path: Path) -> dict[str, dict]:
+def collect(node: pod_runner.Node, pods: list[pod_runner.Pod], threads: list, reports_in: str) -> dict[str, dict]:
     deadline = time.monotonic() + STARTED
     while alive := [t for t in threads if t.is_alive()]:  # every pod started, or one failed
         failed = node.failed(pods)
@@ -254,7 +209,7 @@ def collect(node: pod_runner.Node, pods: list[pod_runner.Pod], threads: list, tm
             assert code == 0, f"trainer {pod.name} exited {code}:\n{node.logs(pod, main)}"
             wait_master = node.logs(pod, "wait-master")
             assert "the master serves and" in wait_master, wait_master
-        reports[pod.name] = {"log": node.logs(pod, main), "files": node.copy_out(pod, main, "log")}
+        reports[pod.name] = {"log": node.logs(pod, main), "files": node.copy_out(pod, main, reports_in)}
     return reports
 
 
@@ -278,14 +233,38 @@ def test_a_ps_example_runs_as_written_as_root_in_its_workdir(example, paddleclou
             assert report["gloo"] == ("1" if "example3" not in example else None)  # withGloo: 1
 
 
-def test_example2_collective_runs_its_command_in_its_image(paddlecloud_image, tmp_path):
+def test_example2_runs_paddle_s_own_launcher_as_written(paddlecloud_image, resnet_image, tmp_path):
+    """Example 2's `python -m paddle.distributed.launch train_fleet.py`, the real launcher of
+    the tests' Paddle (3.x): trainer 0's launcher serves the rendezvous (its POD_IP is the host
+    of PADDLE_MASTER), both meet there, and fleet trains over gloo to the end."""
+    from importlib.metadata import version
+
     reports = run_job(["-f", str(SEEDS / "example2_resnet.yaml")], paddlecloud_image=paddlecloud_image,
-                      tmp_path=tmp_path)
-    found = report_files(reports)
-    assert sorted(r["id"] for r in found) == [0, 1]
-    for report in found:
-        assert (report["uid"], report["cwd"]) == (0, "/resnet")
-        assert report["met"] == [f"trainer {1 - report['id']}"]
+                      tmp_path=tmp_path, reports="out")
+    seed003_resnet.assert_trained_as_one_job(report_files(reports), paddle=version("paddlepaddle"))
+    for report in reports.values():  # Paddle's launcher ran the program, as written
+        assert "LAUNCH INFO" in report["log"], report["log"][-2000:]
+
+
+def test_a_paddle_2_launcher_command_runs_as_written(paddlecloud_image, tmp_path):
+    """Example 2 on Paddle 2.6.2 with Paddle 2.x's launcher: `--legacy=true` reaches the code
+    that was `paddle.distributed.launch` up to 2.2 (paddle/distributed/fleet/launch.py), which
+    builds a job of all pods only from PADDLE_TRAINERS, POD_IP among them, and
+    TRAINER_PORTS_NUM (else each pod trains alone). Its 2.3+ default launcher is the code the
+    3.x test runs (the same collective controller and plugins)."""
+    image = seed003_resnet.build(seed003_resnet.IMAGE_PADDLE2, containers.paddle2_base_image())
+    job = yaml.safe_load((SEEDS / "example2_resnet.yaml").read_text())
+    job["metadata"]["name"] = "resnet2"
+    paddle = job["spec"]["worker"]["template"]["spec"]["containers"][0]
+    paddle.update(image=image, args=["-m", "paddle.distributed.launch", "--legacy=true",
+                                              "train_fleet.py"])
+    written = tmp_path / "resnet2.yaml"
+    written.write_text(yaml.safe_dump(job))
+    reports = run_job(["-f", str(written)], paddlecloud_image=paddlecloud_image, tmp_path=tmp_path,
+                      reports="out")
+    seed003_resnet.assert_trained_as_one_job(report_files(reports), paddle=containers.PADDLE_2_VERSION)
+    for report in reports.values():  # the legacy launcher started the program
+        assert "launch proc_id" in report["log"], report["log"][-2000:]
 
 
 def test_module_runs_in_the_job_s_image_which_holds_no_paddlecloud(paddlecloud_image, tmp_path):

@@ -53,6 +53,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from paddlecloud import paddle_launcher
 from paddlecloud.checkpoints import checkpoints_dir
 from paddlecloud.exits import STOP_GRACE_ENV
 from paddlecloud.jobspec import HOST_PORT_RANGE, JobSpec, JobSpecError
@@ -545,20 +546,34 @@ def heter_env(spec: JobSpec) -> list[dict[str, Any]]:
 
 
 def trainer_env(spec: JobSpec) -> list[dict[str, Any]]:
+    """A trainer: its id from the completion index; named trainers (collective, gloo, heter,
+    intranet Service) get the endpoints, and a `POD_IP` that is their own name in them, as a
+    pserver's is: Paddle's launcher decides who serves its rendezvous by comparing the two."""
+    named = needs_trainer_service(spec)
     env = [
         _value("TRAINING_ROLE", "TRAINER"),
         _value("PADDLE_TRAINING_ROLE", "TRAINER"),
         _field("PADDLE_TRAINER_ID", f"metadata.annotations['{COMPLETION_INDEX_ANNOTATION}']"),
         _field("POD_NAME", "metadata.name"),
-        _field("POD_IP", "status.podIP"),
+        _value("POD_IP", trainer_host(spec, "$(PADDLE_TRAINER_ID)")) if named
+        else _field("POD_IP", "status.podIP"),
     ]
-    if needs_trainer_service(spec):
+    if named:
         env += [
             _value("PADDLE_TRAINER_ENDPOINTS", ",".join(trainer_endpoints(spec))),
-            _value("PADDLE_CURRENT_ENDPOINT",
-                   f"{trainer_host(spec, '$(PADDLE_TRAINER_ID)')}:{paddle_port(spec)}"),
+            _value("PADDLE_CURRENT_ENDPOINT", f"$(POD_IP):{paddle_port(spec)}"),
         ]
+    if spec.collective:
+        env += launcher_env(spec)
     return env + _common_env(spec, TRAINER)
+
+
+def launcher_env(spec: JobSpec) -> list[dict[str, Any]]:
+    """What `python -m paddle.distributed.launch` reads in a collective trainer's pod, for each
+    Paddle version (`paddlecloud.paddle_launcher`): trainer 0's endpoint as the master, the
+    trainers' hosts, each pod's rank its trainer id."""
+    env = paddle_launcher.launcher_env(trainer_endpoints(spec), "$(PADDLE_TRAINER_ID)")
+    return [_value(k, v) for k, v in env.items()]
 
 
 # ---- pods -------------------------------------------------------------------------------------

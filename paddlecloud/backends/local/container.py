@@ -57,7 +57,7 @@ JOB_LABEL, RUN_LABEL = "paddlecloud.job", "paddlecloud.run"
 # What the launchers and the job give a program (docs/design.md section 8), plus the user's -e
 # names: everything else of the host's environment (PATH, HOME, PYTHONPATH) stays the image's.
 FORWARDED_PREFIXES = ("PADDLE", "TRAINING_ROLE", "POD_IP", "GLOG_", "FLAGS_", "PYTHONUNBUFFERED",
-                      "PYTHONWARNINGS")
+                      "PYTHONWARNINGS", "TRAINER_PORTS_NUM", "DISTRIBUTED_TRAINER_ENDPOINTS")
 # Top directories an input is never mounted over at its own path (the image's system is there).
 SYSTEM_DIRS = frozenset({"bin", "boot", "dev", "etc", "lib", "lib32", "lib64", "libx32", "proc", "run",
                          "sbin", "sys", "usr", "var"})

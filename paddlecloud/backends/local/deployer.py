@@ -36,6 +36,7 @@ whatever the clean-pod policy.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 import shutil
 import signal
@@ -49,6 +50,7 @@ from paddlecloud.backends.local.children import Child
 from paddlecloud.deployer import PSERVER_RESTORE_ENV, START_GATE_ENV, Deployer, RoleStatus
 from paddlecloud.etcd_server import free_ports
 from paddlecloud.exits import STOP_GRACE_ENV, signal_exit_code
+from paddlecloud.paddle_launcher import launcher_env
 from paddlecloud.phase import Phase
 
 logger = logging.getLogger(__name__)
@@ -290,10 +292,24 @@ class LocalDeployer(Deployer):
         env["PADDLE_TRAINERS_NUM"] = str(self.num_trainers)
         env.setdefault(STOP_GRACE_ENV, f"{DRAIN_GRACE:g}")
         if self.num_pservers == 0:  # collective training: the group's endpoints
-            endpoints = [f"127.0.0.1:{p}" for p in ports]
-            env.update(PADDLE_TRAINER_ENDPOINTS=",".join(endpoints),
-                       PADDLE_CURRENT_ENDPOINT=endpoints[index], PADDLE_PORT=str(ports[index]))
+            hosts = trainer_hosts(self.num_trainers)
+            endpoints = [f"{h}:{p}" for h, p in zip(hosts, ports, strict=True)]
+            env.update(PADDLE_TRAINER_ENDPOINTS=",".join(endpoints), POD_IP=hosts[index],
+                       PADDLE_CURRENT_ENDPOINT=endpoints[index], PADDLE_PORT=str(ports[index]),
+                       # Paddle 2.x's launcher: the trainers' ports differ here (one machine)
+                       DISTRIBUTED_TRAINER_ENDPOINTS=",".join(endpoints),
+                       **launcher_env(endpoints, str(index)))
         return env
+
+
+def trainer_hosts(count: int) -> list[str]:
+    """A loopback address of its own per trainer of a collective group (Linux routes all of
+    127.0.0.0/8 to loopback): Paddle's launcher counts the group's nodes by the endpoints'
+    distinct hosts, and the one whose POD_IP is the first endpoint's host serves its
+    rendezvous (`paddlecloud.paddle_launcher`). From 127.0.0.2: the launcher would also serve
+    on every node when that host were 127.0.0.1."""
+    first = ipaddress.IPv4Address("127.0.0.2")
+    return [str(first + i) for i in range(count)]
 
 
 def launcher_command(role: str, user_command: list[str]) -> list[str]:
