@@ -46,6 +46,7 @@ from master.state import InvalidTransition
 from master.store_errors import NotLeader
 from paddlecloud.aio import KeyedLocks, cancel_and_wait
 from paddlecloud.untrusted import quote
+from paddlecloud.wire import short_session
 
 logger = logging.getLogger(__name__)
 
@@ -113,8 +114,8 @@ class Trainers:
                     await store.leases.revoke(lease)
                 raise
             self._grace_later(lease, self.registry.by_session[lease].last_call, FIRST_CALL_GRACES)
-            logger.info("trainer %s registered: session %d%s", trainer, lease,
-                        f" (supersedes {old})" if old else "")
+            logger.info("trainer %s registered: session %s%s", trainer, short_session(lease),
+                        f" (supersedes {short_session(old)})" if old else "")
             state = core.state
             return Registration(
                 session=lease, ttl=core.policy.session_ttl,
@@ -248,7 +249,7 @@ class Trainers:
                 self._lapsed.popitem(last=False)
         for _ in released:
             self.core.count_requeue(cause)
-        logger.info("session %d of trainer %s ended (%s)", session, info.trainer, cause)
+        logger.info("session %s of trainer %s ended (%s)", short_session(session), info.trainer, cause)
 
     # ---- the watch of trainer keys --------------------------------------------------
 
