@@ -39,7 +39,7 @@ demo: $(call stamp,$(DEMO_EXTRAS))
 	$(BIN)/paddlecloud local train --example fit-a-line --epochs 5 --output output/fit-a-line --fresh
 
 # Two pytest workers (pytest-xdist): most tests wait on real processes, so two share two cores
-# well; the suite takes about 15 minutes on CI's 2 cores (1,906 tests, measured this phase).
+# well; the suite takes about 19 minutes on 2 cores (about 1,920 tests).
 test: $(call stamp,$(TEST_EXTRAS)) $(CHECKOV_VENV)/bin/checkov
 	$(BIN)/ruff check .
 	$(BIN)/python -m tests.containers

@@ -37,7 +37,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from autoscaler.lease import LeaseElector
-from autoscaler.planner import DEFAULT_MAX_LOAD_DESIRED, Change, Cluster, Plan, plan
+from autoscaler.planner import DEFAULT_MAX_LOAD_DESIRED, Change, Cluster, Plan, describe, plan
 from autoscaler.snapshot import JobRange, build_cluster, job_key
 from paddlecloud.auth import scaler_token
 from paddlecloud.backends.k8s import manifests
@@ -190,6 +190,10 @@ class Controller:
     def step(self) -> Plan:
         """Reads, plans and (unless dry run) applies; returns the plan."""
         cluster, deployments = self.snapshot()
+        seen = describe(cluster)
+        logger.debug("cluster inquiry: %s", seen)
+        if self.settings.dry_run:
+            print(f"dry run: {seen}", flush=True)
         result = plan(cluster, max_load_desired=self.settings.max_load_desired)
         self.last_plan = result
         if not result.changes:

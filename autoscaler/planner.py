@@ -181,6 +181,32 @@ class Cluster:
                                  f"gpu {gpu}: the snapshot is inconsistent.")
 
 
+MI = 1024**2
+
+
+def _mi(nbytes: int) -> str:
+    return f"{nbytes // MI}Mi"
+
+
+def describe(cluster: Cluster) -> str:
+    """What one inquiry saw, in one line (EDL's `Cluster.InquiryResource done` log, read by
+    people): the node count; CPU, memory and GPU totals and what is left of them; each node's
+    idle/total; each job's demand (size, range, one trainer's requests, placed trainers)."""
+    nodes = cluster.nodes
+    cpu, idle = sum(n.cpu_milli for n in nodes), sum(n.idle_cpu_milli or 0 for n in nodes)
+    memory, free = sum(n.memory_bytes for n in nodes), sum(n.free_memory_bytes or 0 for n in nodes)
+    gpu, free_gpu = sum(n.gpu for n in nodes), sum(n.free_gpu or 0 for n in nodes)
+    per_node = ", ".join(
+        f"{n.name} cpu {n.idle_cpu_milli}m/{n.cpu_milli}m mem {_mi(n.free_memory_bytes or 0)}/"
+        f"{_mi(n.memory_bytes)} gpu {n.free_gpu}/{n.gpu}" for n in nodes) or "none"
+    jobs = ", ".join(
+        f"{j.name} {j.trainers} trainers ({len(j.nodes)} placed, range {j.min_trainers}..{j.max_trainers}, "
+        f"each cpu {j.cpu_milli}m mem {_mi(j.memory_bytes)} gpu {j.gpu})" for j in cluster.jobs) or "none"
+    return (f"{len(nodes)} node(s): cpu idle {idle}m of {cpu}m, memory free {_mi(free)} of {_mi(memory)}, "
+            f"gpu free {free_gpu} of {gpu}; idle/total per node: {per_node}; "
+            f"{len(cluster.jobs)} job(s): {jobs}")
+
+
 @dataclass(frozen=True)
 class Change:
     """One job's size change, with the distinct reasons that led to it, in order."""

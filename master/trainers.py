@@ -18,7 +18,7 @@ refreshes keep no task from coming back; a trainer that died right after registe
 counts as alive for up to 3 TTLs instead of one.
 
 A session that lapsed and whose trainer then calls again was alive all along: either the
-master served it slower than its TTL (too many sessions for `--session-ttl`: the README's
+master served it slower than its TTL (too many sessions for `--session-ttl`: docs/performance.md's
 sizing) or the trainer was paused. Each is counted (`paddlecloud_master_sessions_lapsed_alive`)
 and, at most once a minute, named in a warning, so an operator sees the master past its
 capacity before the re-registrations it causes pile up.
@@ -46,6 +46,7 @@ from master.state import InvalidTransition
 from master.store_errors import NotLeader
 from paddlecloud.aio import KeyedLocks, cancel_and_wait
 from paddlecloud.untrusted import quote
+from paddlecloud.wire import short_session
 
 logger = logging.getLogger(__name__)
 
@@ -113,8 +114,8 @@ class Trainers:
                     await store.leases.revoke(lease)
                 raise
             self._grace_later(lease, self.registry.by_session[lease].last_call, FIRST_CALL_GRACES)
-            logger.info("trainer %s registered: session %d%s", trainer, lease,
-                        f" (supersedes {old})" if old else "")
+            logger.info("trainer %s registered: session %s%s", trainer, short_session(lease),
+                        f" (supersedes {short_session(old)})" if old else "")
             state = core.state
             return Registration(
                 session=lease, ttl=core.policy.session_ttl,
@@ -216,7 +217,7 @@ class Trainers:
             logger.warning(
                 "%d session(s) lapsed although their trainers still called: this master served them "
                 "slower than --session-ttl %gs (%d sessions now; idle trainers ask 3 x sessions / TTL "
-                "KeepAlives a second: see the README's sizing), or those trainers were paused",
+                "KeepAlives a second: see docs/performance.md), or those trainers were paused",
                 self._lapsed_alive, self.core.policy.session_ttl, len(self.registry.by_session))
             self._warned_at, self._lapsed_alive = now, 0
 
@@ -248,7 +249,7 @@ class Trainers:
                 self._lapsed.popitem(last=False)
         for _ in released:
             self.core.count_requeue(cause)
-        logger.info("session %d of trainer %s ended (%s)", session, info.trainer, cause)
+        logger.info("session %s of trainer %s ended (%s)", short_session(session), info.trainer, cause)
 
     # ---- the watch of trainer keys --------------------------------------------------
 

@@ -29,12 +29,24 @@ def exit_code(returncode: int) -> int:
     return signal_exit_code(-returncode) if returncode < 0 else returncode
 
 
+# Signals a process raises on itself: SIGABRT is abort() (a C++ `terminate called`, gloo's
+# IoException once a peer vanished), the others a crash. Nobody killed such a process, so its
+# end is not told as "killed by".
+ABORT_SIGNALS = frozenset({signal.SIGABRT})
+CRASH_SIGNALS = frozenset({signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGFPE})
+
+
 def describe_exit(returncode: int) -> str:
-    """`exited with 3`, or `killed by SIGKILL` for a `returncode` of -9."""
+    """`exited with 3`, `killed by SIGKILL` for a `returncode` of -9, `aborted (SIGABRT)` for
+    -6 and `crashed (SIGSEGV)` for -11: "killed by" only where something else sent the signal."""
     if returncode >= 0:
         return f"exited with {returncode}"
     try:
-        name = signal.Signals(-returncode).name
+        sig = signal.Signals(-returncode)
     except ValueError:
-        name = f"signal {-returncode}"
-    return f"killed by {name}"
+        return f"killed by signal {-returncode}"
+    if sig in ABORT_SIGNALS:
+        return f"aborted ({sig.name})"
+    if sig in CRASH_SIGNALS:
+        return f"crashed ({sig.name})"
+    return f"killed by {sig.name}"

@@ -260,8 +260,32 @@ def _role(resource: Any, *, role: str) -> tuple[int, dict[str, Any], tuple[int, 
             raise JobSpecError(f"{where}.template.spec.containers[{i}] needs a name")
     if pod.get("schedulerName") is not None:
         _string(pod["schedulerName"], where=f"{where}.template.spec.schedulerName")
+    _check_restart_policy(pod.get("restartPolicy"), role=role)
     template["spec"] = pod
     return replicas, template, (low, high)
+
+
+# The policies each role's workload takes (the API server refuses the others), and why
+RESTART_POLICIES = {
+    "worker": (("OnFailure", "Never"), "the trainers are an Indexed Job, whose pods take OnFailure "
+               "or Never (a trainer that ends by itself is replaced by the Job, and rejoins the master)"),
+    "ps": (("Always",), "paddlecloud runs the pservers as a StatefulSet, whose pods take Always "
+           "only (a pserver that dies is started again on its slot, and the job comes back from its "
+           "checkpoint): it cannot keep a pserver down as paddle-operator's bare pods did"),
+    "heter": (("Always",), "paddlecloud runs the heter trainers as a StatefulSet, whose pods take "
+              "Always only"),
+}
+
+
+def _check_restart_policy(policy: Any, *, role: str) -> None:
+    """A template's restartPolicy is kept as written, or refused naming why: never changed."""
+    if policy is None:
+        return
+    allowed, why = RESTART_POLICIES[role]
+    if policy not in allowed:
+        where = f"spec.{role}.template.spec.restartPolicy"
+        raise JobSpecError(f"{where} {policy!r:.20} cannot be kept: {why}; remove restartPolicy from "
+                           f"spec.{role}.template.spec, or write {' or '.join(allowed)}")
 
 
 def _scheduling(policy: Any, group: Mapping[str, Any] | None, *,

@@ -117,3 +117,14 @@ def error_info(error: grpc.RpcError) -> tuple[Reason, dict[str, str]] | None:
                 except ValueError:
                     return None
     return None
+
+
+SHORT_SESSION_DIGITS = 6
+
+
+def short_session(session_id: int) -> str:
+    """A session id as logs show it: the last 6 hex digits of its etcd lease id (`etcdctl
+    lease list` shows the whole id in hex). etcd numbers leases from a per-member counter, so
+    the low digits are what tells a job's sessions apart; the full 19-digit decimal id made
+    every registration line hard to read."""
+    return f"{session_id:x}"[-SHORT_SESSION_DIGITS:]

@@ -30,8 +30,11 @@ from paddlecloud.backends.k8s.client import api_status, call
 from paddlecloud.jobspec import JobSpecError
 from paddlecloud.phase import Phase
 from paddlecloud.trainingjob import (
+    MASTER_FIELDS,
     PASSES_ENV,
     PSERVER_FIELDS,
+    REFUSED,
+    TEMPLATE_OF,
     TRAINER_FIELDS,
     TRAININGJOB_API_VERSION,
     TRAININGJOB_KIND,
@@ -58,11 +61,21 @@ HEADER = """\
 
 
 # ---- the CRD ------------------------------------------------------------------------------------
-def _role_schema(fields: tuple[str, ...], *, minimum: int) -> dict[str, Any]:
+OPEN = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+OPEN_LIST = {"type": "array", "items": OPEN}
+
+
+def _cel_name(field: str) -> str:
+    """A field's name in a CEL rule (Kubernetes escapes `-` as `__dash__`)."""
+    return field.replace("-", "__dash__")
+
+
+def _role_schema(fields: tuple[str, ...], *, role: str, minimum: int) -> dict[str, Any]:
     count = {"type": "integer", "format": "int32", "minimum": minimum}
     described = {
         "entrypoint": {"type": "string", "minLength": 1,
-                       "description": "The command line, run by the image's `sh -c` in the workspace."},
+                       "description": "The command line, run by the image's `sh -c` in the workspace "
+                                      "(pservers: paddlecloud's, instead of `paddle_k8s start_pserver`)."},
         "workspace": {"type": "string", "description": "The containers' working directory."},
         "passes": {"type": "integer", "minimum": 1,
                    "description": f"The job's epochs; the program reads ${PASSES_ENV}."},
@@ -70,27 +83,53 @@ def _role_schema(fields: tuple[str, ...], *, minimum: int) -> dict[str, Any]:
                                                  "pservers: how many run."},
         "max-instance": {**count, "description": "Trainers: the elastic range's max; pservers: "
                                                  "a differing value is warned about."},
-        "resources": {"type": "object", "x-kubernetes-preserve-unknown-fields": True,
-                      "description": "The containers' resources (limits, requests), as given."},
+        "resources": {**OPEN, "description": "The containers' resources (limits, requests), as given "
+                                             "(master: warned about, not applied)."},
+        "etcd-endpoint": {"type": "string", "description": "Refused: paddlecloud's install gives the etcd."},
+        "replicaSpec": {**OPEN, "description": "Refused: EDL's controller generated it."},
     }
-    return {"type": "object", "required": ["min-instance"],
-            "properties": {name: described[name] for name in fields}}
+    schema: dict[str, Any] = {"type": "object", "properties": {name: described[name] for name in fields}}
+    if "min-instance" in fields:
+        schema["required"] = ["min-instance"]
+    # said at `kubectl apply`, in the words the conversion uses
+    refused = [f for f in fields if f in REFUSED]
+    if refused:
+        schema["x-kubernetes-validations"] = [
+            {"rule": f"!has(self.{_cel_name(f)})",
+             "message": f"spec.{role}.{f} is not taken: " + REFUSED[f].format(role=role, template=TEMPLATE_OF[role])}
+            for f in refused]
+    return schema
 
 
 def spec_schema() -> dict[str, Any]:
     port = {"type": "integer", "minimum": 0}
+    mounts = {**OPEN_LIST, "description": "The containers' volumeMounts ({name, mountPath})."}
+    selector = {"type": "object", "additionalProperties": {"type": "string"},
+                "description": "The pods' nodeSelector."}
     return {
         "type": "object",
         "required": ["image", "trainer"],
         "properties": {
             "image": {"type": "string", "minLength": 1},
-            "port": {**port, "minimum": 1, "description": "PADDLE_INIT_PORT for the program."},
-            "ports_num": {**port, "description": "PADDLE_INIT_PORTS_NUM for the program."},
-            "ports_num_for_sparse": {**port, "description": "PADDLE_INIT_PORTS_NUM_FOR_SPARSE."},
+            "port": {**port, "description": "PADDLE_INIT_PORT for the program (7164)."},
+            "ports_num": {**port, "description": "PADDLE_INIT_PORTS_NUM for the program (1)."},
+            "ports_num_for_sparse": {**port, "description": "PADDLE_INIT_PORTS_NUM_FOR_SPARSE (1)."},
             "fault_tolerant": {"type": "boolean",
-                               "description": "paddlecloud jobs always are (false is warned about)."},
-            "trainer": {**_role_schema(TRAINER_FIELDS, minimum=1), "required": ["entrypoint", "min-instance"]},
-            "pserver": _role_schema(PSERVER_FIELDS, minimum=0),
+                               "description": "paddlecloud jobs always are (false is warned about); "
+                                              "picks the pservers' paddle_k8s command."},
+            "passes": {"type": "integer", "minimum": 1,
+                       "description": f"The job's epochs; the program reads ${PASSES_ENV}."},
+            "host_network": {"type": "boolean", "description": "The pods on the node's network "
+                                                               "(PaddleJob intranet Host)."},
+            "volumes": {**OPEN_LIST, "description": "The pods' volumes."},
+            "VolumeMounts": mounts, "volumeMounts": mounts,
+            "NodeSelector": selector, "nodeSelector": selector,
+            "imagePullSecrets": {**OPEN_LIST, "description": "The pods' imagePullSecrets."},
+            "trainer": {**_role_schema(TRAINER_FIELDS, role="trainer", minimum=1),
+                        "required": ["entrypoint", "min-instance"]},
+            "pserver": _role_schema(PSERVER_FIELDS, role="pserver", minimum=0),
+            "master": {**_role_schema(MASTER_FIELDS, role="master", minimum=0),
+                       "description": "EDL's per-job master: paddlecloud's own master does its work."},
         },
     }
 

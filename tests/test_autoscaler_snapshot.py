@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from autoscaler.planner import describe
 from autoscaler.snapshot import JobRange, build_cluster, pod_requests
 from paddlecloud.backends.k8s import manifests
 
@@ -79,3 +80,24 @@ def test_init_containers_count_when_they_ask_more():
 def test_a_bad_quantity_is_refused_naming_it():
     with pytest.raises(ValueError, match=r"node n1 allocatable cpu: 'four-cores'"):
         build_cluster(nodes=[node("n1", cpu="four-cores")], pods=[], ranges=[])
+
+
+def test_an_inquiry_is_one_line_of_totals_idle_per_node_and_each_job_s_demand():
+    """What EDL's controller logged (`Cluster.InquiryResource done resource={NodeCount ...
+    CPUTotalMilli ... Nodes:{NodesCPUIdleMilli ...}}`), in one line people read."""
+    cluster = build_cluster(
+        nodes=[node("n1", cpu="2", memory="2Gi", gpu="1"), node("n2", cpu="4")],
+        pods=[pod("t0", on="n1", cpu="500m", memory="512Mi", job="a", index=0, gpu_limit="1"),
+              pod("t1", on=None, cpu="500m", memory="512Mi", job="a", index=1, phase="Pending"),
+              pod("web", on="n2", cpu="1", memory="1Gi")],
+        ranges=[JobRange(namespace="ml", name="a", min_trainers=1, max_trainers=4, desired=2)])
+    line = describe(cluster)
+    assert "\n" not in line
+    assert line.startswith("2 node(s): cpu idle 4500m of 6000m, memory free 16896Mi of 18432Mi, "
+                           "gpu free 0 of 1; "), line
+    assert ("idle/total per node: n1 cpu 1500m/2000m mem 1536Mi/2048Mi gpu 0/1, "
+            "n2 cpu 3000m/4000m mem 15360Mi/16384Mi gpu 0/0; ") in line
+    assert line.endswith("1 job(s): ml/a 2 trainers (1 placed, range 1..4, each cpu 500m mem 512Mi gpu 1)")
+    empty = describe(build_cluster(nodes=[node("n1")], pods=[], ranges=[]))
+    assert empty == ("1 node(s): cpu idle 4000m of 4000m, memory free 16384Mi of 16384Mi, gpu free 0 of 0; "
+                     "idle/total per node: n1 cpu 4000m/4000m mem 16384Mi/16384Mi gpu 0/0; 0 job(s): none")

@@ -22,3 +22,10 @@ def test_an_end_is_told_in_words():
     assert describe_exit(-signal.SIGTERM) == "killed by SIGTERM"
     assert describe_exit(3) == "exited with 3"
     assert describe_exit(-99) == "killed by signal 99"
+
+
+def test_a_process_that_aborted_or_crashed_itself_is_not_told_as_killed():
+    # gloo's abort once its peer vanished is the trainer's own abort(), not a kill
+    assert describe_exit(-signal.SIGABRT) == "aborted (SIGABRT)"
+    assert describe_exit(-signal.SIGSEGV) == "crashed (SIGSEGV)"
+    assert describe_exit(-signal.SIGBUS) == "crashed (SIGBUS)"

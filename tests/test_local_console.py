@@ -58,3 +58,23 @@ def test_a_member_that_aborted_beside_a_killed_one_is_named_as_its_consequence(t
         "trainer 0 died, and trainer 1 aborted without its gloo peer")
     assert group_loss([exited(1, 137)]) == "trainer 1 died"
     assert group_loss([exited(0, 134), exited(1, 134)]) == "trainer 0, trainer 1 died"  # no other cause
+
+
+def test_the_progress_line_counts_no_more_trainers_alive_than_trainer_processes_run(tmp_path):
+    """Both trainers SIGKILLed: the master still counts their sessions until the leases lapse
+    (seconds), and the progress line said "trainers alive 2" meanwhile."""
+    from types import SimpleNamespace
+
+    from paddlecloud.api import pb
+    from paddlecloud.backends.local.job import LocalJob, LocalJobSpec
+
+    job = LocalJob(LocalJobSpec(job="j", module="trainer_agent.stub", output=tmp_path, inputs=("x",),
+                                trainers=2), on_line=lambda *_: None)
+    status = pb.GetStatusResponse(phase="Running", trainers_alive=2, num_tasks=4)
+    job.deployer.trainers = [SimpleNamespace(running=True), SimpleNamespace(running=True)]
+    job._take_status(status)
+    assert job.progress.trainers_alive == 2
+    job.deployer.trainers = [SimpleNamespace(running=False), SimpleNamespace(running=False)]
+    job._take_status(status)
+    assert job.progress.trainers_alive == 0
+    assert "trainers alive 0" in ConsoleView.plain(job.progress)

@@ -101,3 +101,62 @@ async def test_a_death_restarts_the_group_at_once_with_launchers_started_beside_
 
 async def _const(value):
     return value
+
+
+# Trainer 0's first run is SIGKILLed; trainer 1's first run, stopped after that death, aborts
+# as a gloo peer does (its collective lost trainer 0) instead of ending on the SIGTERM.
+KILLED_AND_ABORTED = """
+import os, pathlib, signal, sys, time
+rank, first = os.environ["PADDLE_TRAINER_ID"], pathlib.Path(sys.argv[1]) / f"ran-{os.environ['PADDLE_TRAINER_ID']}"
+again = first.exists()
+first.touch()
+if not again and rank == "1":
+    signal.signal(signal.SIGTERM, lambda *_: os.abort())
+if not again and rank == "0":
+    time.sleep(1)
+    os.kill(os.getpid(), signal.SIGKILL)
+time.sleep(600)
+"""
+
+
+async def test_a_killed_member_and_the_peer_that_aborted_after_it_are_told_apart(
+        tmp_path, start_master, job_name):
+    """The README's kill recipe, told as it happened: trainer 0 died (first), trainer 1 aborted
+    as its consequence; the launcher says "aborted", not "killed by SIGABRT"."""
+    write_records(tmp_path / "data", files=1, records_per_file=1)
+    master = start_master("--input", str(tmp_path / "data"))
+    await wait_serving(master.address, process=master)
+    wake = asyncio.Event()
+    events: list[str] = []
+    lines: list[str] = []
+
+    def spawn(role: str, index: int, command: list[str], env: dict[str, str]) -> Child:
+        return Child(role=role, index=index, command=command, env=env, log_dir=tmp_path / "logs",
+                     on_line=lambda who, line: lines.append(f"[{who}] {line}"),
+                     on_exit=lambda child: wake.set())
+
+    async def restart_epoch(epoch: int, done: tuple[int, ...]) -> None:
+        return None
+
+    deployer = LocalDeployer(
+        trainers=2, pservers=0, output=tmp_path / "output", restart_limit=3, restart_mode="group",
+        trainer_command=launcher_command("trainer", [sys.executable, "-c", KILLED_AND_ABORTED, str(tmp_path)]),
+        pserver_command=[], spawn=spawn, restart_epoch=restart_epoch, event=events.append,
+        user_env=lambda: {**os.environ, "PADDLE_MASTER_ENDPOINT": master.address,
+                          "PADDLE_JOB_NAME": job_name})
+    job = asyncio.create_task(supervise(
+        deployer, num_pservers=0, registered_pservers=lambda: _const(0),
+        master_state=lambda: _const(MasterState(has_dataset=True)), poll_interval=POLL, wake=wake))
+    try:
+        await until(lambda: deployer.restarts == 1 or job.done(), timeout=POLL / 2)
+        assert not job.done(), job.exception()
+    finally:
+        job.cancel()
+        await asyncio.gather(job, return_exceptions=True)
+        await deployer.cleanup(succeeded=False)
+    said = [e for e in events if e.startswith("trainer")]  # not the job's phases
+    assert said == ["trainer 0 died: restarting the trainer group",
+                    "trainer 1 aborted without its gloo peer after trainer 0 died"], events
+    told = "\n".join(lines)
+    assert "trainer 1 aborted (SIGABRT)" in told and "killed by SIGABRT" not in told, told
+    assert "trainer 0 killed by SIGKILL" in told, told

@@ -53,7 +53,7 @@ def test_local_job_with_tls_and_tokens_trains_and_refuses_plaintext(tmp_path, jo
 
 
 def test_grpcurl_recipe_with_tls_and_a_token(tmp_path, start_master):
-    """The README's recipe: `paddlecloud credentials`, then grpcurl with -cacert and the token."""
+    """docs/master.md's recipe: `paddlecloud credentials`, then grpcurl with -cacert and the token."""
     import subprocess
     import sys
 

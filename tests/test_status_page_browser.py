@@ -151,3 +151,32 @@ async def test_past_its_limit_the_page_lists_the_stalest_trainers_and_says_how_m
             assert await tab.locator("#trainers tr").count() == 2
     finally:
         await status.stop()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("width", [900, 1400])
+async def test_plot_labels_are_readable_and_the_trainers_tasks_are_headed_as_ids(leader, job_name, tmp_path, width):
+    """The plots' labels were drawn in a 400-unit viewBox scaled to the figure (~6 px on a
+    laptop's screen); "tasks held" headed a list of task ids as if it were a count."""
+    require_browser()
+    status = StatusPage(job=job_name, namespace="local", advertise="me:1", dispatcher=lambda: leader,
+                        leader_hint=lambda: None)
+    await status.start(host="127.0.0.1", port=0)
+    try:
+        await leader.trainers.register("t0")
+        async with chromium_tab(width=width) as tab:
+            await tab.goto(f"http://127.0.0.1:{status.port}/")
+            await tab.locator("#plot-alive text").first.wait_for(timeout=PAGE_WAIT_MS)
+            await tab.locator("#trainers tr[data-trainer='t0']").wait_for(timeout=PAGE_WAIT_MS)
+            sizes = await tab.evaluate("""() => [...document.querySelectorAll('.plots svg text')].map(
+                (t) => ({plot: t.ownerSVGElement.id, height: t.getBoundingClientRect().height,
+                         font: parseFloat(getComputedStyle(t).fontSize), text: t.textContent}))""")
+            assert {s["plot"] for s in sizes} >= {"plot-finished", "plot-requeues", "plot-alive", "plot-restarts"}
+            # drawn at the CSS size (12 px), not scaled down with the figure
+            small = [s for s in sizes if s["height"] < 11]
+            assert not small, small
+            headers = await tab.locator("#trainers").locator("xpath=..").locator("th").all_inner_texts()
+            assert "task ids held" in headers and "tasks held" not in headers
+            await tab.screenshot(path=str(tmp_path / f"page-{width}.png"), full_page=True)
+    finally:
+        await status.stop()

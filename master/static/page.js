@@ -167,10 +167,21 @@ function renderJob(job) {
   renderMasters(job.masters, job.at);
 }
 
+// A plot's size in CSS pixels, with its viewBox set to it: one unit is one pixel, so labels are
+// drawn at their CSS size (page.css) whatever the figure's width. A fixed 400-wide viewBox
+// scaled them with the figure, to ~6 px in a narrow one.
+const PLOT_LEFT = 40, PLOT_BOTTOM = 16;
+function frame(svg) {
+  const box = svg.getBoundingClientRect();
+  const W = Math.round(box.width) || 400, H = Math.round(box.height) || 120;
+  svg.setAttribute("viewBox", `0 0 ${W} ${H}`);
+  return { W, H };
+}
+
 // A line plot of one or more series of equal length (one point per second, the last at the right).
 function plot(id, lines) {
   const svg = document.getElementById(id);
-  const W = 400, H = 120, left = 28, bottom = 12;
+  const { W, H } = frame(svg), left = PLOT_LEFT, bottom = PLOT_BOTTOM;
   const n = Math.max(1, ...lines.map((l) => l.values.length));
   const top = Math.max(1, ...lines.map((l) => Math.max(0, ...l.values)));
   const nodes = [];
@@ -184,10 +195,10 @@ function plot(id, lines) {
     t.textContent = text;
     nodes.push(t);
   };
-  label(left - 3, 10, Number.isInteger(top) ? top : top.toFixed(1), "end");
-  label(left - 3, H - bottom, "0", "end");
-  label(left, H - 1, "-" + ago(n - 1).replace(".0", ""), "start");
-  label(W, H - 1, "now", "end");
+  label(left - 4, 12, Number.isInteger(top) ? top : top.toFixed(1), "end");
+  label(left - 4, H - bottom, "0", "end");
+  label(left, H - 2, "-" + ago(n - 1).replace(".0", ""), "start");
+  label(W - 2, H - 2, "now", "end");
   lines.forEach((line, k) => {
     const step = (W - left) / Math.max(1, n - 1);
     const offset = n - line.values.length;
@@ -237,7 +248,7 @@ function renderGoodput(h) {
   const svg = document.getElementById("plot-goodput");
   const layers = goodputLayers(h).filter((l) => l.values.some((v) => v > 0.001));
   const n = layers.length ? layers[0].values.length : 0;
-  const W = 400, H = 120, left = 28, bottom = 12;
+  const { W, H } = frame(svg), left = PLOT_LEFT, bottom = PLOT_BOTTOM;
   const tops = Array.from({ length: n }, (_, i) => layers.reduce((sum, l) => sum + l.values[i], 0));
   const top = Math.max(1, ...tops);
   const x = (i) => (left + (n > 1 ? i / (n - 1) : 0) * (W - left)).toFixed(1);
@@ -260,7 +271,7 @@ function renderGoodput(h) {
     above.forEach((v, i) => { below[i] = v; });
   }
   const t = document.createElementNS(SVG_NS, "text");
-  t.setAttribute("x", left - 3); t.setAttribute("y", 10); t.setAttribute("text-anchor", "end");
+  t.setAttribute("x", left - 4); t.setAttribute("y", 12); t.setAttribute("text-anchor", "end");
   t.textContent = Number.isInteger(top) ? top : top.toFixed(1);
   nodes.push(t);
   svg.replaceChildren(...nodes);

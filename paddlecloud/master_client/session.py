@@ -32,7 +32,7 @@ import grpc
 
 from paddlecloud.api import pb
 from paddlecloud.master_client.connection import MasterConnection, reason_of
-from paddlecloud.wire import Reason, seconds
+from paddlecloud.wire import Reason, seconds, short_session
 
 logger = logging.getLogger(__name__)
 
@@ -97,8 +97,10 @@ class Session:
             self._on_register(reply)
         if self._keepalive is None and not self._closed:
             self._keepalive = asyncio.get_running_loop().create_task(self._keep_alive())
-        logger.info("trainer %s registered (session %d, epoch %d)", self.trainer_id,
-                    reply.session_id, reply.current_epoch)
+        # the master logs each registration (once: not here too, where a local job's console
+        # showed every one twice)
+        logger.debug("trainer %s registered (session %s, epoch %d)", self.trainer_id,
+                     short_session(reply.session_id), reply.current_epoch)
         return reply
 
     async def ensure(self) -> int:
@@ -159,7 +161,7 @@ class Session:
         """Registers again after `expired` lapsed, unless another caller already did."""
         async with self._registering:
             if self._id == expired:
-                logger.warning("session %d expired; registering again", expired)
+                logger.warning("session %s expired; registering again", short_session(expired))
                 self.reregistrations += 1
                 await self._register()
 

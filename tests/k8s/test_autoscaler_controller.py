@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -340,6 +341,9 @@ async def test_dry_run_prints_the_plan_and_changes_nothing(sim, api_client, kube
                                    "--master-address", master.address, "--max-load-desired", "1"])
     assert result.exit_code == 0, result.output
     assert "dry run: job ml/a 1 -> 4 trainers (room on the nodes and under max_load_desired)" in result.output
+    # what it saw, before what it would do: EDL's "Cluster.InquiryResource done" line
+    assert re.search(r"^dry run: 1 node\(s\): cpu idle \d+m of \d+m, .*; 1 job\(s\): ml/a 1 trainers "
+                     r"\(1 placed, range 1\.\.4, each cpu \d+m mem \d+Mi gpu 0\)$", result.output, re.M), result.output
     assert master.scaled_by == [] and master.size == 1 and sim.running("a") == 1
     assert sim.events("a") == []
     assert_autoscaler_rights(sim.k8s)

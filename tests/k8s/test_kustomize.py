@@ -87,8 +87,66 @@ def test_every_rendering_is_strictly_valid(target):
         elif key in FOREIGN_KINDS:
             assert doc["metadata"]["name"] and doc.get("spec", {}) is not None, doc
         else:
-            for version in ("1.28", kubernetes_validate.latest_version()):
+            for version in (since(doc), kubernetes_validate.latest_version()):
                 kubernetes_validate.validate(doc, version, strict=True)
+
+
+# admissionregistration.k8s.io/v1's ValidatingAdmissionPolicy came with Kubernetes 1.30
+NEWER_KINDS = {("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicy"): "1.30",
+               ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicyBinding"): "1.30"}
+
+
+def since(doc: dict[str, Any]) -> str:
+    """The oldest Kubernetes a rendered object is checked against (1.28, the oldest supported)."""
+    return NEWER_KINDS.get((doc["apiVersion"], doc["kind"]), "1.28")
+
+
+def served_namespaces(docs: tuple[dict[str, Any], ...]) -> set[str] | None:
+    """The namespaces the rendering's operator serves (None: every one), from its flags."""
+    operator = next(d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "paddlecloud-operator")
+    args = operator["spec"]["template"]["spec"]["containers"][0]["args"]
+    if "--all-namespaces" in args:
+        return None
+    assert "--namespace=$(POD_NAMESPACE)" in args, args
+    return {operator["metadata"]["namespace"]}
+
+
+def warning_for(docs: tuple[dict[str, Any], ...], namespace: str) -> str | None:
+    """What `kubectl -n NAMESPACE apply -f job.yaml` prints as the API server's warning for a
+    PaddleJob: the Warn binding's namespace selector (NotIn/In on the namespace's name label)
+    decides whether the policy's message is said."""
+    policies = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ValidatingAdmissionPolicy"}
+    for binding in (d for d in docs if d["kind"] == "ValidatingAdmissionPolicyBinding"):
+        policy = policies[binding["spec"]["policyName"]]
+        rules = policy["spec"]["matchConstraints"]["resourceRules"]
+        assert any(r["resources"] == ["paddlejobs"] and "CREATE" in r["operations"] for r in rules)
+        assert binding["spec"]["validationActions"] == ["Warn"]  # the job is still created
+        matched = True
+        for e in binding["spec"]["matchResources"]["namespaceSelector"]["matchExpressions"]:
+            assert e["key"] == "kubernetes.io/metadata.name" and e["operator"] in ("In", "NotIn")
+            matched &= (namespace in e["values"]) == (e["operator"] == "In")
+        if matched and policy["spec"]["validations"][0]["expression"] == "false":
+            return policy["spec"]["validations"][0]["message"]
+    return None
+
+
+@pytest.mark.parametrize("target", [REPO / "deploy", REPO / "overlays" / "namespace", REPO / "overlays" / "cluster-wide"],
+                         ids=lambda t: str(t.relative_to(REPO)))
+def test_a_job_applied_where_the_operator_does_not_serve_is_warned_about_naming_where_it_does(target):
+    """Seed 003's `kubectl -n paddlecloud apply -f wide_and_deep.yaml` against the default
+    install: the PaddleJob would sit unserved; kubectl prints the API server's warning."""
+    docs = render(target)
+    served = served_namespaces(docs)
+    for namespace in ("paddlecloud", "default", "team-a"):
+        said = warning_for(docs, namespace)
+        if served is None or namespace in served:
+            assert said is None, (namespace, said)
+        else:
+            (home,) = served
+            assert said is not None and f"serves the jobs of namespace '{home}' only" in said, (namespace, said)
+            assert "overlays/cluster-wide" in said
+    if target.name == "deploy":
+        assert "'default' only" in (warning_for(docs, "paddlecloud") or "")  # the seeds' namespace
 
 
 def test_each_overlay_adds_its_part_and_nothing_else():

@@ -20,7 +20,8 @@ from paddlecloud.jobspec import DEFAULT_IMAGE, JobSpec, JobSpecError
 from paddlecloud.paddlejob import load_documents, translate, translate_documents
 
 SEEDS = Path(__file__).resolve().parent / "seed003"
-EXAMPLES = sorted(SEEDS.glob("example[1-4]_*.yaml"))
+EXAMPLES = sorted(SEEDS.glob("example[1-3]_*.yaml"))
+EXAMPLE_4 = SEEDS / "example4_wide_and_deep_volcano.yaml"
 
 
 def spec_of(name: str) -> JobSpec:
@@ -38,23 +39,20 @@ def env_of(container: dict) -> dict[str, str]:
     return {e["name"]: e.get("value") for e in container.get("env") or []}
 
 
-@pytest.mark.unit
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
-def test_examples_1_to_4_are_accepted_as_written(path):
+def test_examples_1_to_3_are_accepted_as_written(path):
     result = CliRunner().invoke(job, ["submit", "-f", str(path), "--dry-run"], catch_exceptions=False)
     assert result.exit_code == 0, result.output
     kinds = [d["kind"] for d in yaml.safe_load_all(result.output) if d]
     assert "Job" in kinds and "Deployment" in kinds
 
 
-@pytest.mark.unit
 def test_example_5_s_typo_is_refused_with_its_suggestion():
     result = CliRunner().invoke(job, ["submit", "-f", str(SEEDS / "example5_data_demo.yaml"), "--dry-run"])
     assert result.exit_code != 0
     assert "unknown field spec.cleanPolicy: did you mean spec.cleanPodPolicy?" in result.output
 
 
-@pytest.mark.unit
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
 def test_every_user_container_keeps_its_image_command_args_and_user(path):
     paddlejob = next(d for d in load_documents(path.read_text()) if d["kind"] == "PaddleJob")
@@ -77,7 +75,6 @@ def test_every_user_container_keeps_its_image_command_args_and_user(path):
             assert helper["securityContext"]["runAsUser"] == manifests.RUN_AS_USER
 
 
-@pytest.mark.unit
 def test_example_3_s_intranet_service_gives_every_pod_of_every_role_its_service():
     spec = spec_of("example3_wide_and_deep_gpu.yaml")
     services = {d["metadata"]["name"]: d for d in manifests.master_objects(spec, None) if d["kind"] == "Service"}
@@ -97,19 +94,52 @@ def test_example_3_s_intranet_service_gives_every_pod_of_every_role_its_service(
     assert set(services) - {"wide-ande-deep-master"} <= set(names)
 
 
-@pytest.mark.unit
-def test_example_4_s_podgroup_gangs_every_pod_of_the_job():
-    spec = spec_of("example4_wide_and_deep_volcano.yaml")
+def example_4_with(tmp_path: Path, ps_restart_policy: str | None) -> Path:
+    """Example 4 with its pservers' restartPolicy changed (None: removed)."""
+    docs = load_documents(EXAMPLE_4.read_text())
+    pod = next(d for d in docs if d["kind"] == "PaddleJob")["spec"]["ps"]["template"]["spec"]
+    pod.pop("restartPolicy")
+    if ps_restart_policy is not None:
+        pod["restartPolicy"] = ps_restart_policy
+    path = tmp_path / EXAMPLE_4.name
+    path.write_text(yaml.safe_dump_all(docs))
+    return path
+
+
+def test_example_4_s_pserver_restart_policy_never_is_refused_naming_why_not_changed():
+    """Never was silently made Always; a StatefulSet takes Always only, so it is refused."""
+    result = CliRunner().invoke(job, ["submit", "-f", str(EXAMPLE_4), "--dry-run"])
+    assert result.exit_code != 0 and "Traceback" not in result.output
+    assert ("spec.ps.template.spec.restartPolicy 'Never' cannot be kept: paddlecloud runs the pservers "
+            "as a StatefulSet, whose pods take Always only") in result.output
+    assert "remove restartPolicy from spec.ps.template.spec, or write Always" in result.output
+
+
+@pytest.mark.parametrize("role, policy", [("worker", "Always"), ("ps", "OnFailure"), ("worker", "Sometimes")])
+def test_a_restart_policy_a_role_s_workload_cannot_take_is_refused(role, policy):
+    doc = yaml.safe_load((SEEDS / "example1_wide_and_deep.yaml").read_text())
+    doc["spec"][role]["template"]["spec"]["restartPolicy"] = policy
+    with pytest.raises(JobSpecError, match=f"spec.{role}.template.spec.restartPolicy '{policy}' cannot be kept"):
+        translate(doc)
+
+
+@pytest.mark.parametrize("ps_policy", [None, "Always"])
+def test_example_4_s_podgroup_gangs_every_pod_of_the_job_and_its_policies_are_kept(tmp_path, ps_policy):
+    path = example_4_with(tmp_path, ps_policy)
+    result = CliRunner().invoke(job, ["submit", "-f", str(path), "--dry-run"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    spec = translate_documents(load_documents(path.read_text()), source=str(path)).validate()
     assert spec.min_member == 4 and manifests.gang_size(spec) == 4
-    for role, template in workloads(spec).items():
+    pods = workloads(spec)
+    for role, template in pods.items():
         assert template["spec"]["schedulerName"] == "volcano", role
-        assert template["spec"]["restartPolicy"] in ("Never", "Always"), role
         assert template["metadata"]["annotations"][manifests.PODGROUP_ANNOTATION] == "wide-ande-deep", role
+    # as written: the trainers' Never (a Job's pod), the pservers' Always (a StatefulSet's)
+    assert (pods["trainer"]["spec"]["restartPolicy"], pods["pserver"]["spec"]["restartPolicy"]) == ("Never", "Always")
     (group,) = [d for d in manifests.master_objects(spec, None) if d["kind"] == "PodGroup"]
     assert group["metadata"]["name"] == "wide-ande-deep" and group["spec"]["minMember"] == 4
 
 
-@pytest.mark.unit
 def test_a_template_s_capabilities_and_own_user_are_kept():
     doc = yaml.safe_load((SEEDS / "example1_wide_and_deep.yaml").read_text())
     worker = doc["spec"]["worker"]["template"]["spec"]
@@ -121,7 +151,6 @@ def test_a_template_s_capabilities_and_own_user_are_kept():
     assert pod["securityContext"]["runAsUser"] == 1000 and "fsGroup" not in pod["securityContext"]
 
 
-@pytest.mark.unit
 def test_the_restricted_profile_runs_the_programs_as_the_uid_the_job_names():
     doc = yaml.safe_load((SEEDS / "example1_wide_and_deep.yaml").read_text())
     doc["spec"].update(securityProfile="restricted", runAsUser=4242)
@@ -136,7 +165,6 @@ def test_the_restricted_profile_runs_the_programs_as_the_uid_the_job_names():
         translate(doc).validate()
 
 
-@pytest.mark.unit
 def test_a_template_container_named_as_paddlecloud_s_own_is_refused():
     doc = yaml.safe_load((SEEDS / "example1_wide_and_deep.yaml").read_text())
     doc["spec"]["worker"]["template"]["spec"]["initContainers"] = [{"name": "wait-master", "image": "x"}]
@@ -144,7 +172,6 @@ def test_a_template_container_named_as_paddlecloud_s_own_is_refused():
         manifests.master_objects(translate(doc).validate(), None)
 
 
-@pytest.mark.unit
 def test_no_agent_is_refused_saying_it_is_not_needed():
     doc = yaml.safe_load((SEEDS / "example1_wide_and_deep.yaml").read_text())
     doc["spec"]["noAgent"] = True
@@ -182,7 +209,6 @@ async def test_a_namespace_without_the_restricted_label_takes_the_job(k8s, kubec
     assert accepted.exit_code == 0, accepted.output
 
 
-@pytest.mark.unit
 def test_a_restricted_job_keeps_its_profile_through_the_operator_s_paddlejob():
     from paddlecloud.backends.k8s.jobs import paddlejob_document
 
@@ -191,7 +217,6 @@ def test_a_restricted_job_keeps_its_profile_through_the_operator_s_paddlejob():
     assert (back.security_profile, back.run_as_user) == ("restricted", 3000)
 
 
-@pytest.mark.unit
 def test_the_operator_s_image_runs_paddlecloud_s_containers_beside_the_programs():
     from pdj_operator.handlers import OperatorConfig, spec_of
 

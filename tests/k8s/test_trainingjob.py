@@ -46,8 +46,9 @@ def edited(tmp_path: Path, change: Any) -> Path:
     return path
 
 
-def test_the_seed_s_trainingjob_is_submitted_as_written():
-    objects = rendered(EXAMPLE)
+def test_the_seed_s_trainingjob_is_submitted_as_written(caplog):
+    with caplog.at_level(logging.WARNING, logger="paddlecloud.trainingjob"):
+        objects = rendered(EXAMPLE)
     spec = JobSpec.from_yaml(objects["ConfigMap/example-spec"]["data"][manifests.SPEC_KEY])
     # min-instance..max-instance is the elastic range the autoscaler and `job scale` act on
     assert (spec.trainers, spec.min_trainers, spec.max_trainers, spec.pservers) == (2, 2, 6, 2)
@@ -55,17 +56,55 @@ def test_the_seed_s_trainingjob_is_submitted_as_written():
     trainer = objects["Job/example-trainer"]["spec"]["template"]["spec"]["containers"][0]
     pserver = objects["StatefulSet/example-ps"]["spec"]["template"]["spec"]["containers"][0]
     assert objects["StatefulSet/example-ps"]["spec"]["replicas"] == 2
+    # the trainers' entrypoint runs unwrapped, as EDL's `sh -c "$ENTRY"`, in the workspace; the
+    # pservers run what EDL's controller ran in them: the image's `paddle_k8s start_new_pserver`
+    assert trainer["command"] == ["sh", "-c", "python train.py"] and trainer["workingDir"] == "/workspace"
+    assert pserver["command"] == ["paddle_k8s", "start_new_pserver"] and "workingDir" not in pserver
     for container, role in ((trainer, "TRAINER"), (pserver, "PSERVER")):
-        # the entrypoint runs unwrapped, as EDL's `sh -c "$ENTRY"`, in the workspace
         assert container["image"] == "paddlepaddle/paddlecloud-job"
-        assert container["command"] == ["sh", "-c", "python train.py"]
-        assert "args" not in container and container["workingDir"] == "/workspace"
+        assert "args" not in container
         assert container["resources"] == {"limits": {"cpu": "800m", "memory": "1Gi"},
                                           "requests": {"cpu": "500m", "memory": "600Mi"}}
         env = {e["name"]: e.get("value") for e in container["env"]}
         assert env["PADDLE_INIT_NUM_PASSES"] == "10" and env["TRAINING_ROLE"] == role
         assert (env["PADDLE_INIT_PORT"], env["PADDLE_INIT_PORTS_NUM"],
                 env["PADDLE_INIT_PORTS_NUM_FOR_SPARSE"]) == ("7164", "1", "1")
+        assert (env["ENTRY"], env["TRAINER_PACKAGE"], env["TRAINERS"], env["PSERVERS"]) == (
+            "python train.py", "/workspace", "2", "2")
+    # `master:` is EDL's per-job master, paddlecloud's own here: said, not silently dropped
+    assert "spec.master.resources is not applied" in caplog.text
+
+
+def test_edl_s_volumes_mounts_node_selector_and_host_network_reach_every_pod(tmp_path):
+    """EDL's TrainingJobSpec fields beyond the example's (types.go): Volumes, VolumeMounts
+    (`mountPath`; Go read the key in any case), NodeSelector, imagePullSecrets, host_network,
+    passes in `spec`; a pserver entrypoint of one's own."""
+    def change(doc: dict) -> None:
+        doc["spec"].update(
+            volumes=[{"name": "data", "persistentVolumeClaim": {"claimName": "nfs-pvc"}}],
+            volumeMounts=[{"name": "data", "mountPath": "/nas"}],
+            NodeSelector={"accelerator": "nvidia-tesla-p100"},
+            imagePullSecrets=[{"name": "myregistrykey"}], host_network=True, passes=10,
+            fault_tolerant=False)
+        doc["spec"]["pserver"]["entrypoint"] = "python pserver.py"
+    objects = rendered(edited(tmp_path, change))
+    trainer = objects["Job/example-trainer"]["spec"]["template"]["spec"]
+    pserver = objects["StatefulSet/example-ps"]["spec"]["template"]["spec"]
+    for pod in (trainer, pserver):
+        assert {"name": "data", "persistentVolumeClaim": {"claimName": "nfs-pvc"}} in pod["volumes"]
+        assert {"name": "data", "mountPath": "/nas"} in pod["containers"][0]["volumeMounts"]
+        assert pod["nodeSelector"] == {"accelerator": "nvidia-tesla-p100"}
+        assert pod["imagePullSecrets"] == [{"name": "myregistrykey"}]
+        assert pod["hostNetwork"] is True  # paddle-operator's intranet Host
+    assert pserver["containers"][0]["command"] == ["sh", "-c", "python pserver.py"]
+    assert pserver["containers"][0]["workingDir"] == "/workspace"
+    without = objects_of(tmp_path, lambda d: d["spec"].update(fault_tolerant=False))
+    ps = without["StatefulSet/example-ps"]["spec"]["template"]["spec"]["containers"][0]
+    assert ps["command"] == ["paddle_k8s", "start_pserver"]  # EDL's pserver without fault tolerance
+
+
+def objects_of(tmp_path: Path, change: Any) -> dict[str, dict[str, Any]]:
+    return rendered(edited(tmp_path, change))
 
 
 def test_a_trainingjob_is_the_paddlejob_it_converts_to():
@@ -100,6 +139,18 @@ def test_a_pserver_range_runs_min_instance_pservers_with_a_warning(tmp_path, cap
     (lambda d: d["spec"]["trainer"].pop("entrypoint"), "no spec.trainer.entrypoint"),
     (lambda d: d.update({"apiVersion": "paddlepaddle.org/v2"}),
      "TrainingJob apiVersion 'paddlepaddle.org/v2' is not supported: use paddlepaddle.org/v1"),
+    (lambda d: d["spec"]["master"].update({"etcd-endpoint": "http://etcd:2379"}),
+     "spec.master.etcd-endpoint is not taken: the job's master uses the etcd of paddlecloud's "
+     "install, not one per job: give it with `paddlecloud job submit --etcd-endpoints`"),
+    (lambda d: d["spec"]["pserver"].update({"replicaSpec": {"spec": {}}}),
+     "spec.pserver.replicaSpec is not taken: EDL's controller generated the pserver's workload itself "
+     "and replaced this one; for pods of your own write a PaddleJob (batch.paddlepaddle.org/v1) "
+     "with `spec.ps.template`"),
+    (lambda d: d["spec"].update({"passes": 3}),
+     "spec.passes 3 and spec.trainer.passes 10 differ: give the job's passes once"),
+    (lambda d: d["spec"].update({"VolumeMounts": [], "volumeMounts": []}),
+     "spec.VolumeMounts and spec.volumeMounts are the same field"),
+    (lambda d: d["spec"].update({"VolumeMounts": [{"name": "data"}]}), "spec.VolumeMounts[0] has no mountPath"),
 ])
 def test_bad_trainingjobs_are_one_error_naming_the_field(tmp_path, change, fragment):
     code, output = submit(edited(tmp_path, change))

@@ -177,7 +177,7 @@ class LocalDeployer(Deployer):
                 return
             # also once the data is done: the master reopens the job at the checkpoint
             self._event(f"{group_loss(dead)}: restarting the trainer group")
-            await self.restart_trainers()
+            await self._restart_group(counted=True, lost=dead)
 
     async def finishing(self) -> None:
         """No more resizes nor replacements, but a group restart (see `Deployer.finishing`)."""
@@ -213,8 +213,10 @@ class LocalDeployer(Deployer):
         """Collective training: stop the group, restart the checkpoint's epoch, start all again."""
         await self._restart_group(counted=True)
 
-    async def _restart_group(self, *, counted: bool) -> None:
+    async def _restart_group(self, *, counted: bool, lost: list[Child] | None = None) -> None:
         """The group restart; `counted` (a death, not a resize) counts against the limit.
+        `lost`: the members whose death caused it (already told); a survivor that aborted
+        before its stop ended it is told as that death's consequence.
 
         The new launchers start first, held at a start gate that opens once the old group is
         gone and the master restarted the checkpoint's epoch (see the module's docstring)."""
@@ -225,6 +227,8 @@ class LocalDeployer(Deployer):
         self._next = []
         await self._spawn_trainers(range(self.num_trainers), gate=gate, into=self._next)
         await asyncio.gather(*(t.stop(grace=grace) for t in self.trainers))
+        if lost and (followers := aborted_after(self.trainers, lost)):
+            self._event(followers)
         epoch, done = checkpoints.resume_point(checkpoints.checkpoints_dir(str(self.output)))
         await self._restart_epoch(epoch, done)
         await self._open(gate)
@@ -317,12 +321,24 @@ def launcher_command(role: str, user_command: list[str]) -> list[str]:
     return [sys.executable, "-m", "paddlecloud", role, "--", *user_command]
 
 
+ABORTED = signal_exit_code(signal.SIGABRT)  # a launcher's code for a trainer that aborted
+
+
+def aborted_after(group: list[Child], lost: list[Child]) -> str:
+    """The survivors of `group` that aborted (gloo's abort once its peer vanished) after the
+    `lost` members died, told as that death's consequence; "" when none did."""
+    followers = [t for t in group if t not in lost and t.returncode == ABORTED]
+    if not followers:
+        return ""
+    return (f"{', '.join(t.name for t in followers)} aborted without its gloo peer "
+            f"after {', '.join(t.name for t in lost)} died")
+
+
 def group_loss(dead: list[Child]) -> str:
     """Which members of a collective group died: a member that aborted (SIGABRT: gloo's
     IoException once a peer vanished) beside one that died otherwise is its consequence,
     named as such, not a second cause."""
-    aborted = signal_exit_code(signal.SIGABRT)
-    causes = [t for t in dead if t.returncode != aborted] or dead
+    causes = [t for t in dead if t.returncode != ABORTED] or dead
     followers = [t for t in dead if t not in causes]
     text = f"{', '.join(t.name for t in causes)} died"
     if followers:

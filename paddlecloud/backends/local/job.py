@@ -347,7 +347,10 @@ class LocalJob:
         if status.leader != p.leader:
             p.leader = status.leader
             self._write_handle()
-        p.trainers_alive, p.requeued = status.trainers_alive, status.requeued
+        # the master counts a session alive until its lease lapses (seconds after a SIGKILL):
+        # no more trainers are alive than trainer processes run here
+        p.trainers_alive = min(status.trainers_alive, sum(t.running for t in self.trainers))
+        p.requeued = status.requeued
         p.min_trainers, p.max_trainers = status.min_trainers, status.max_trainers
         p.desired_trainers = status.desired_trainers
         p.trainer_seconds = {e.cause: e.seconds for e in status.trainer_seconds}
