@@ -81,3 +81,19 @@ def test_example_refuses_package_path_beside_it(tmp_path, job_name):
     result = run_cli(tmp_path, f"--job {job_name} --example fit-a-line --package-path .")
     assert_refused_before_starting(tmp_path, job_name, result, "drop --module and --package-path")
     assert not (tmp_path / "out" / "data").exists()  # the example's data was not generated
+
+
+def test_a_finished_job_run_again_without_fresh_says_it_is_complete_and_starts_nothing(tmp_path, job_name):
+    from trainer_agent.checkpoint import TrainStatus, save_checkpoint
+
+    write_records(tmp_path / "data", files=1, records_per_file=2)
+    # what the trainers of a job of epochs 0..1 leave behind: the checkpoint of epoch 1's end
+    save_checkpoint(str(tmp_path / "out" / "checkpoints"), {"w": 1}, TrainStatus(1))
+    result = run_cli(tmp_path, f"--job {job_name} --input 'data/*.csv' --epochs 2")
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    assert f"job {job_name} is complete" in result.stdout
+    assert "epochs are 0..1" in result.stdout and "with --fresh" in result.stdout
+    assert "resuming" not in result.stdout + result.stderr
+    assert list((tmp_path / "tmpdir").iterdir()) == []  # no private etcd was started
+    assert not (tmp_path / "out" / "logs").exists()
+    assert job_processes(job_name) == []

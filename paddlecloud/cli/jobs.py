@@ -41,10 +41,10 @@ from paddlecloud.backends.k8s.jobs import (
     scale_trainers,
 )
 from paddlecloud.cli.spec_options import submit_options, values_of
-from paddlecloud.clitypes import POSITIVE
+from paddlecloud.clitypes import POSITIVE, SeedSpellings
 from paddlecloud.epoch_text import epoch_of
 from paddlecloud.goodput_text import summarize_trainer_seconds
-from paddlecloud.jobspec import SECTION_OF, JobSpec, JobSpecError
+from paddlecloud.jobspec import PADDLEJOB_KIND, SECTION_OF, JobSpec, JobSpecError
 from paddlecloud.paddlejob import load_documents, translate_documents
 from paddlecloud.trainingjob import is_trainingjob, to_paddlejob
 
@@ -209,7 +209,7 @@ def _job_name_of(words: tuple[str, ...]) -> str | None:
     return words[0] if words else None
 
 
-@job.command("submit")
+@job.command("submit", cls=SeedSpellings)
 @click.argument("words", nargs=-1, metavar="[train] NAME")
 @click.option("-f", "--file", "paddlejob", type=click.Path(exists=True, dir_okay=False),
               help="A paddle-operator PaddleJob YAML (batch.paddlepaddle.org/v1), or an EDL "
@@ -233,6 +233,8 @@ def submit_command(words: tuple[str, ...], paddlejob: str | None, dry_run: bool,
     the job's keys (docs/kubernetes.md, "etcd").
     """
     name = _job_name_of(words)
+    if options["queue"] is None and paddlejob is not None:
+        options["queue"] = _file_queue(paddlejob)
     if options["queue"] is not None:
         _submit_queued(name, paddlejob, dry_run=dry_run, server=server, kubeconfig=kubeconfig,
                        options=options)
@@ -261,6 +263,22 @@ def submit_command(words: tuple[str, ...], paddlejob: str | None, dry_run: bool,
                f"paddlecloud job status {spec.name} -n {spec.namespace}")
 
 
+def _file_queue(path: str) -> str | None:
+    """The Kueue queue a PaddleJob file's label names (None: none): such a job is submitted
+    queued, as with --queue, by the dry run and the real submit alike."""
+    from paddlecloud.paddlejob import KUEUE_QUEUE_LABEL
+
+    try:
+        docs = _load_paddlejob(path)
+    except JobSpecError as error:
+        raise _fail(str(error)) from None
+    metas = [d.get("metadata") for d in docs if d.get("kind") == PADDLEJOB_KIND]
+    labels = [m.get("labels") for m in metas if isinstance(m, Mapping)]
+    queues = [str(ls[KUEUE_QUEUE_LABEL]) for ls in labels
+              if isinstance(ls, Mapping) and ls.get(KUEUE_QUEUE_LABEL)]
+    return queues[0] if queues else None
+
+
 def _submit_queued(name: str | None, paddlejob: str | None, *, dry_run: bool, server: str | None,
                    kubeconfig: str | None, options: dict[str, Any]) -> None:
     """`--queue`: the PaddleJob, labelled for Kueue, for the operator to run once admitted."""
@@ -268,7 +286,8 @@ def _submit_queued(name: str | None, paddlejob: str | None, *, dry_run: bool, se
 
     queue = options.pop("queue")
     if server:
-        raise _fail("--queue cannot be combined with --server: the Job Server creates jobs "
+        raise _fail("--queue (or the file's kueue.x-k8s.io/queue-name label) cannot be combined "
+                    "with --server: the Job Server creates jobs "
                     "straight away; a queued job is a PaddleJob the operator runs once Kueue "
                     "admits it")
     if paddlejob is None:

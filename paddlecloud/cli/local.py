@@ -36,7 +36,7 @@ from paddlecloud.backends.local.container import (
     job_mounts,
 )
 from paddlecloud.cli.spec_options import local_options
-from paddlecloud.clitypes import DURATION, ENV_PAIR, POSITIVE, SIZE
+from paddlecloud.clitypes import DURATION, ENV_PAIR, POSITIVE, SIZE, SeedSpellings
 from paddlecloud.datasets import FORMATS, SpecError, list_files
 from paddlecloud.etcd import MIN_LEASE_TTL
 from paddlecloud.goodput_text import summarize_trainer_seconds
@@ -79,7 +79,7 @@ _AFTER_DASHES = "paddlecloud.after_dashes"
 _GLOB_CHARS = re.compile(r"[*?\[]")
 
 
-class _TrainCommand(click.Command):
+class _TrainCommand(SeedSpellings):
     """Remembers the arguments after `--`: only those are the module's (click drops the `--`)."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
@@ -209,6 +209,14 @@ def _example_data(name: str, *, root: Path, output: Path) -> tuple[str, ...]:
     return (str(data / "*.csv"),)
 
 
+def _say_complete(job: str, *, checkpoints: Path, start_epoch: int, epochs: int) -> None:
+    """What `local train` says of a job its checkpoint shows finished (it starts nothing)."""
+    click.echo(f"job {job} is complete: the checkpoint in {checkpoints} is at the end of epoch "
+               f"{start_epoch - 1}, and the job's epochs are 0..{epochs - 1}; nothing to train. "
+               f"Run it again from the start with --fresh (which discards that checkpoint), or "
+               f"train on with --epochs {start_epoch + 1} or more.")
+
+
 # local train's take on the job model's fields where one machine differs from a cluster:
 # local paths and types, an output directory of its own, a private etcd, processes not pods
 LOCAL_DIFFERENCES: dict[str, dict[str, Any]] = {
@@ -319,6 +327,10 @@ def train(module, package_path, inputs, output, trainers, min_trainers, max_trai
         shutil.rmtree(output / CHECKPOINTS_DIR, ignore_errors=True)
     start_epoch = resume_epoch(output)
     job_name = job or _job_name(module or image.rsplit("/", 1)[-1].split(":", 1)[0])
+    if start_epoch >= epochs:  # nothing left to train: say so rather than run a job that does nothing
+        _say_complete(job_name, checkpoints=output / CHECKPOINTS_DIR, start_epoch=start_epoch,
+                      epochs=epochs)
+        sys.exit(0)
     if container is not None:
         container = dataclasses.replace(container, job=job_name, env_names=tuple(k for k, _ in env),
                                         mounts=job_mounts(inputs=inputs, output=output,

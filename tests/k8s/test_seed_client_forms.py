@@ -52,3 +52,22 @@ def test_bad_forms_are_one_usage_error_naming_them():
     assert extra.exit_code == 2 and "got 'train a b'" in extra.output
     bad_env = CliRunner().invoke(job_cli, ["submit", "q", "--module=m", "-e=NUM_PASS", "--dry-run"])
     assert bad_env.exit_code == 2 and "'=NUM_PASS' is not KEY=VALUE" in bad_env.output
+
+
+def test_the_seeds_image_colon_is_answered_with_did_you_mean_image():
+    # seed 002's `--image:<your image>`, beside its `-e=NUM_PASS=5` (which keeps working)
+    result = CliRunner().invoke(job_cli, [
+        "submit", "train", "quickstart", "--module=quick_start.train", "--input=/quickstart/input",
+        "--image:registry.example/paddle_dist_example", "-e=NUM_PASS=5", "--dry-run"])
+    assert result.exit_code == 2, result.output
+    assert "No such option: --image:registry.example/paddle_dist_example" in result.output
+    assert "Did you mean '--image'?" in result.output
+
+
+def test_local_train_answers_the_image_colon_with_did_you_mean_image():
+    from paddlecloud.cli.local import local
+
+    result = CliRunner().invoke(local, ["train", "--module=demo.train", "--input=in",
+                                        "--image:paddlepaddle/paddle", "--e=NUM_PASS=4"])
+    assert result.exit_code == 2, result.output
+    assert "Did you mean '--image'?" in result.output
