@@ -39,7 +39,7 @@ from typing import Any
 
 from paddlecloud.epoch_text import epoch_of
 from paddlecloud.jobrequest import TrainerJob
-from paddlecloud.jobspec import JobSpec, JobSpecError
+from paddlecloud.jobspec import DEFAULT_ETCD_ENDPOINTS, JobSpec, JobSpecError
 from paddlecloud.phase import TERMINAL
 
 logger = logging.getLogger(__name__)
@@ -135,6 +135,8 @@ class PaddleJob(TrainerJob):
     def _submit_to_server(self, client: _Client, *, timeout: float) -> JobHandle:
         body = {f.name: getattr(self, f.name) for f in dataclasses.fields(TrainerJob)}
         body["input"], body["env"] = list(self.input), dict(self.env)
+        if body["etcd_endpoints"] == DEFAULT_ETCD_ENDPOINTS:  # not chosen: the server's own
+            del body["etcd_endpoints"]  # (a server with other etcd refuses any it does not allow)
         if self.trainer_package:
             body["trainer_package"] = client.upload(self.package_archive())["digest"]
         made = client.request("POST", "/v1/trainer/job", body, timeout=timeout)

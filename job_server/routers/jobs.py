@@ -22,7 +22,7 @@ from job_server.models import (
     TrainerJobRequest,
 )
 from paddlecloud.backends.k8s import image_build
-from paddlecloud.backends.k8s.jobs import JobCreateError
+from paddlecloud.backends.k8s.jobs import JobCreateError, JobStateLeft
 from paddlecloud.jobrequest import TrainerJob
 from paddlecloud.jobspec import MAX_NAME_LENGTH, JobSpecError
 from paddlecloud.untrusted import quote
@@ -35,6 +35,7 @@ NAMESPACE = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 JOB_NAME = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
 Namespace = Annotated[str | None, Query(max_length=63, pattern=NAMESPACE,
                                         description="Default: the token's first namespace.")]
+RETRY_DELETE_AFTER_S = 10  # a delete whose etcd did not answer: when to try again
 JobName = Annotated[str, Path(max_length=MAX_NAME_LENGTH, pattern=JOB_NAME)]
 
 
@@ -127,6 +128,7 @@ def submit_job(request: Request, caller: Caller, body: TrainerJobRequest) -> Sub
 
 
 @router.get("/jobs", response_model=JobList)
+@router.get("/jobs/", response_model=JobList, include_in_schema=False)  # seed 001's path, answered as is
 def list_jobs(request: Request, caller: Caller, namespace: Namespace = None,
               limit: Annotated[int, Query(ge=1, le=500)] = 100,
               after: Annotated[str | None, Query(max_length=MAX_NAME_LENGTH,
@@ -157,12 +159,20 @@ def get_job(request: Request, caller: Caller, name: JobName, namespace: Namespac
     return JobStatus(**found)
 
 
-@router.delete("/jobs/{name}", response_model=Deleted, responses={404: {"description": "No such job"}})
+@router.delete("/jobs/{name}", response_model=Deleted, responses={
+    404: {"description": "No such job"},
+    503: {"description": "The job's objects went but its etcd keys could not be cleared (its "
+                         "etcd did not answer): the message says what went; delete it again"}})
 def delete_job(request: Request, caller: Caller, name: JobName, namespace: Namespace = None) -> Deleted:
-    """Delete a job: its master (and so everything it owns), its ConfigMaps, its etcd keys."""
+    """Delete a job: its master (and so everything it owns), its ConfigMaps, its etcd keys.
+    Until its etcd keys are gone (503 while its etcd does not answer) the job's spec ConfigMap
+    stays, so the delete can be retried and the name is not reused over the old keys."""
     ns = caller.namespace(namespace)
     try:
         deleted = request.app.state.cluster.delete(ns, name)
+    except JobStateLeft as error:
+        raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, str(error),
+                            headers={"Retry-After": str(RETRY_DELETE_AFTER_S)}) from None
     except JobCreateError as error:
         raise _api_error(error) from None
     if not deleted:

@@ -74,8 +74,9 @@ async def test_submit_creates_exactly_what_job_submit_creates(k8s, api_client, t
     assert k8s.stored("roles", "team-a", "fit-master")["rules"] == expected["Role", "fit-master"]["rules"]
 
 
-async def test_a_token_sees_reads_and_deletes_nothing_of_another_namespace(k8s, api_client, tmp_path):
-    async with server(api_client, tmp_path) as client:
+async def test_a_token_sees_reads_and_deletes_nothing_of_another_namespace(
+        k8s, api_client, tmp_path, etcd_endpoint):
+    async with server(api_client, tmp_path, etcd_endpoints=(etcd_endpoint,)) as client:
         assert (await client.post("/v1/trainer/job", headers=A, json=JOB)).status_code == 201
         listed_a = (await client.get("/v1/jobs", headers=A)).json()
         assert [j["name"] for j in listed_a["items"]] == ["fit"]
@@ -310,3 +311,54 @@ async def test_a_job_gets_the_servers_etcd_endpoints_or_one_it_allows(k8s, api_c
 
     assert (etcd_of("fit"), etcd_of("other")) == allowed
     assert k8s.stored("configmaps", "team-a", "third-spec") is None
+
+
+# ---- seed 001's paths, and a delete that could not clear the job's etcd keys ---------------------
+async def test_the_seeds_job_list_path_answers_the_list_directly(k8s, api_client, tmp_path):
+    async with server(api_client, tmp_path) as client:
+        assert (await client.post("/v1/trainer/job", headers=A, json=JOB)).status_code == 201
+        listed = await client.get("/v1/jobs/", headers=A)  # seed 001: `GET /v1/jobs/`, no -L
+    assert listed.status_code == 200, listed.text
+    assert [j["name"] for j in listed.json()["items"]] == ["fit"]
+
+
+async def test_a_delete_whose_etcd_does_not_answer_says_so_and_is_finished_by_a_retry(
+        k8s, api_client, tmp_path, etcd_endpoint):
+    from tcp_proxy import TcpProxy
+
+    from paddlecloud.etcd import connect
+    from paddlecloud.keys import JobKeys
+
+    host, port = etcd_endpoint.removeprefix("http://").rsplit(":", 1)
+    proxy = await TcpProxy(host, int(port)).start()  # the job's etcd, cut and back at will
+    keys = JobKeys("team-a", "kept")
+    etcd = await connect(etcd_endpoint)
+    try:
+        async with server(api_client, tmp_path,
+                          etcd_endpoints=(f"http://127.0.0.1:{proxy.port}",)) as client:
+            assert (await client.post("/v1/trainer/job", headers=A,
+                                      json={**JOB, "job_name": "kept"})).status_code == 201
+            await etcd.put(keys.phase, b"Running")  # what the job's master wrote
+            await proxy.pause()
+            refused = await client.delete("/v1/jobs/kept", headers=A)
+            assert refused.status_code == 503, refused.text
+            assert refused.headers["retry-after"].isdigit()
+            detail = refused.json()["detail"]
+            assert "etcd keys under /paddlecloud/team-a/kept/" in detail
+            assert "deployments/kept-master" in detail and "delete the job again" in detail
+            assert k8s.stored("deployments", "team-a", "kept-master") is None
+            kept = k8s.stored("configmaps", "team-a", "kept-spec")  # the retry's way to the keys
+            assert kept is not None and not kept["metadata"].get("ownerReferences")
+            assert (await etcd.get(keys.phase)).value == b"Running"
+            again = await client.post("/v1/trainer/job", headers=A, json={**JOB, "job_name": "kept"})
+            assert again.status_code == 409, again.text  # not over the old keys
+            await proxy.resume()
+            retried = await client.delete("/v1/jobs/kept", headers=A)
+            assert retried.status_code == 200, retried.text
+            assert retried.json()["deleted"] == ["configmaps/kept-spec"]
+            assert (await etcd.get(keys.phase)) is None
+            assert k8s.stored("configmaps", "team-a", "kept-spec") is None
+            assert (await client.delete("/v1/jobs/kept", headers=A)).status_code == 404
+    finally:
+        await etcd.close()
+        await proxy.close()
