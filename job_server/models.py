@@ -71,6 +71,9 @@ class PackageInfo(BaseModel):
     files: list[str]
     size: int = Field(description="Bytes of all its files.")
     reused: bool = Field(description="True when this package was stored before.")
+    warnings: list[str] = Field(default_factory=list, description=(
+        "What was taken other than as written, e.g. seed 001's requirments.txt read as "
+        "requirements.txt."))
 
 
 class SubmittedJob(BaseModel):

@@ -59,6 +59,10 @@ def _fail(message: str) -> click.ClickException:
     return click.ClickException(message)
 
 
+def _warn(message: str) -> None:
+    click.echo(f"warning: {message}", err=True)
+
+
 def _kubeconfig_option(fn: Callable[..., Any]) -> Callable[..., Any]:
     fn = click.option("--kubeconfig", type=click.Path(dir_okay=False),
                       help="Kubeconfig file (default: in-cluster, then ~/.kube/config).")(fn)
@@ -241,7 +245,7 @@ def submit_command(words: tuple[str, ...], paddlejob: str | None, dry_run: bool,
         return
     options = _with_checkpoint_every(options)
     try:
-        package = read_package(Path(options["package_path"])) if options["package_path"] else None
+        package = read_package(Path(options["package_path"]), warn=_warn) if options["package_path"] else None
         spec = build_spec(name=name, paddlejob=paddlejob, package=package, options=options)
         spec.validate()
         objects = manifests.submit_objects(spec, package)

@@ -32,6 +32,7 @@ from paddlecloud.jobspec import PADDLEJOB_API_VERSION, PADDLEJOB_KIND, JobSpec, 
 from paddlecloud.package_names import check_package_names
 from paddlecloud.paddlejob import KUEUE_QUEUE_LABEL, own_keys
 from paddlecloud.phase import Phase
+from paddlecloud.trainer_package import with_requirements
 
 if TYPE_CHECKING:
     from paddlecloud.etcd_users import JobEtcdUser
@@ -72,8 +73,9 @@ def call(fn: Callable[..., Any], *args: Any, verb: str, resource: str, namespace
         raise JobCreateError(str(clear), status=status) from None
 
 
-def read_package(path: Path) -> dict[str, bytes]:
-    """The files of a package directory by relative path (hidden files and caches skipped)."""
+def read_package(path: Path, *, warn: Callable[[str], None] = logger.warning) -> dict[str, bytes]:
+    """The files of a package directory by relative path (hidden files and caches skipped),
+    seed 001's requirments.txt read as requirements.txt (`warn` hears it)."""
     if not path.is_dir():
         raise JobSpecError(f"package path {str(path)!r} is not a directory")
     files: dict[str, bytes] = {}
@@ -86,7 +88,7 @@ def read_package(path: Path) -> dict[str, bytes]:
     if not files:
         raise JobSpecError(f"package path {str(path)!r} holds no files")
     check_package_names(files)
-    return files
+    return with_requirements(files, where=f"package {str(path)[:200]!r}", warn=warn)
 
 
 def to_dict(api: Any, obj: Any) -> dict[str, Any]:
