@@ -27,6 +27,7 @@ import logging
 import re
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 from paddlecloud.jobfields import JobSpecError
 
@@ -35,7 +36,21 @@ logger = logging.getLogger(__name__)
 REQUIREMENTS = "requirements.txt"
 SEED_SPELLING = "requirments.txt"  # seed 001's "You need to provide requirments.txt"
 ENTRY_SCRIPTS = ("train.py", "trainer.py")  # seed 002's train.py; seed 001's trainer.py
+SKIPPED_PARTS = ("__pycache__",)  # besides hidden files and folders, and .pyc files
 _MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+
+
+def package_paths(folder: Path) -> list[str]:
+    """The files of a package folder, relative and '/'-separated, as every door ships them:
+    hidden files and folders, caches and .pyc files left out."""
+    out = []
+    for file in sorted(folder.rglob("*")):
+        rel = file.relative_to(folder)
+        if any(part.startswith(".") or part in SKIPPED_PARTS for part in rel.parts):
+            continue
+        if file.is_file() and file.suffix != ".pyc":
+            out.append(rel.as_posix())
+    return out
 
 
 def with_requirements(files: Mapping[str, bytes], *, where: str,

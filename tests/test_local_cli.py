@@ -97,3 +97,29 @@ def test_a_finished_job_run_again_without_fresh_says_it_is_complete_and_starts_n
     assert list((tmp_path / "tmpdir").iterdir()) == []  # no private etcd was started
     assert not (tmp_path / "out" / "logs").exists()
     assert job_processes(job_name) == []
+
+
+def test_the_seeds_package_folder_runs_as_the_modules_top_package(tmp_path, job_name):
+    # seed 002: paddle local train --package-path=./demo --module=demo.train --input=... --output=...
+    (tmp_path / "demo").mkdir()
+    (tmp_path / "demo" / "train.py").write_text("from demo import dataset\nprint('trained', dataset.NAME)\n")
+    (tmp_path / "demo" / "dataset.py").write_text("NAME = 'on demo'\n")
+    write_records(tmp_path / "data", files=1, records_per_file=2)
+    tmpdir = tmp_path / "tmpdir"
+    tmpdir.mkdir()
+    result = subprocess.run(  # the console script, as a user types it (`python -m` would put . on the path)
+        [str(Path(sys.executable).parent / "paddlecloud"), "local", "train", "--package-path=./demo",
+         "--module=demo.train", "--input=data", "--output=out", f"--job={job_name}"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120, env=dict(os.environ, TMPDIR=str(tmpdir)))
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    logs = "".join(p.read_text() for p in (tmp_path / "out" / "logs").rglob("*") if p.is_file())
+    assert "trained on demo" in logs
+
+
+def test_a_module_the_package_does_not_hold_is_refused_before_anything_starts(tmp_path, job_name):
+    (tmp_path / "demo").mkdir()
+    (tmp_path / "demo" / "train.py").write_text("print('trained')\n")
+    write_records(tmp_path / "data", files=1, records_per_file=2)
+    # run_cli gives --module first: the later one wins, as click takes the last
+    missing = run_cli(tmp_path, f"--job {job_name} --package-path=./demo --module=demo.nope --input=data")
+    assert_refused_before_starting(tmp_path, job_name, missing, "module 'demo.nope' is not in --package-path")

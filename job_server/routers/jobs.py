@@ -25,6 +25,7 @@ from paddlecloud.backends.k8s import image_build
 from paddlecloud.backends.k8s.jobs import JobCreateError, JobStateLeft
 from paddlecloud.jobrequest import TrainerJob
 from paddlecloud.jobspec import MAX_NAME_LENGTH, JobSpecError
+from paddlecloud.trainer_package import entry_point
 from paddlecloud.untrusted import quote
 
 logger = logging.getLogger(__name__)
@@ -66,6 +67,18 @@ def allowed_etcd_endpoints(body: BaseModel, allowed: tuple[str, ...]) -> str:
     raise HTTPException(status.HTTP_403_FORBIDDEN,
                         f"etcd_endpoints {quote(given)} is not one this server allows (its "
                         f"configuration's etcd_endpoints: {', '.join(allowed)}): leave it out")
+
+
+def entry_module(job: TrainerJob, files: Mapping[str, bytes]) -> str:
+    """The module the job's trainers run: `module` found in the package, or the package's
+    train.py or trainer.py (seed 001's trainer_package as the entry point); a 422 naming what
+    was looked for otherwise (the base image is PaddlePaddle's, seed 001: the trainer's code is
+    the package's)."""
+    try:
+        return entry_point(job.module, files, folder="",
+                           where=f"trainer_package {job.trainer_package[:12]}").module
+    except JobSpecError as error:
+        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, str(error)) from None
 
 
 def _api_error(error: JobCreateError) -> HTTPException:
@@ -114,6 +127,8 @@ def submit_job(request: Request, caller: Caller, body: TrainerJobRequest) -> Sub
             raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT,
                                 f"unknown trainer_package {job.trainer_package[:16]!r}: upload it "
                                 "with POST /v1/package and give its digest") from None
+    if files is not None:
+        job = dataclasses.replace(job, module=entry_module(job, files))
     try:
         if files is not None and state.config.build is not None:
             image = runtime_image(state, job, files)

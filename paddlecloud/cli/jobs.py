@@ -246,6 +246,8 @@ def submit_command(words: tuple[str, ...], paddlejob: str | None, dry_run: bool,
     options = _with_checkpoint_every(options)
     try:
         package = read_package(Path(options["package_path"]), warn=_warn) if options["package_path"] else None
+        if package is not None and paddlejob is None:
+            package = _placed_package(package, options)
         spec = build_spec(name=name, paddlejob=paddlejob, package=package, options=options)
         spec.validate()
         objects = manifests.submit_objects(spec, package)
@@ -281,6 +283,25 @@ def _file_queue(path: str) -> str | None:
     queues = [str(ls[KUEUE_QUEUE_LABEL]) for ls in labels
               if isinstance(ls, Mapping) and ls.get(KUEUE_QUEUE_LABEL)]
     return queues[0] if queues else None
+
+
+def _placed_package(package: dict[str, bytes], options: dict[str, Any]) -> dict[str, bytes]:
+    """The package as the pods import it, `options["module"]` its entry point: --module in
+    either form (the folder as the import root, or as the module's top package: seed 002's
+    --package-path=./demo --module=demo.train), or its train.py / trainer.py without one.
+    A module not in the package is refused, unless --image may hold it."""
+    from paddlecloud.trainer_package import entry_point
+
+    folder = Path(options["package_path"]).absolute()
+    try:
+        entry = entry_point(options["module"] or "", package, folder=folder.name,
+                            where=f"--package-path {str(folder)[:200]}")
+    except JobSpecError:
+        if options["module"] and options["image"]:
+            return package  # the image's own module, maybe: only its pods can tell
+        raise
+    options["module"] = entry.module
+    return entry.placed(package)
 
 
 def _submit_queued(name: str | None, paddlejob: str | None, *, dry_run: bool, server: str | None,

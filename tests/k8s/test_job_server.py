@@ -15,6 +15,7 @@ from job_server.app import create_app
 from job_server.config import Quotas, ServerConfig
 from paddlecloud.backends.k8s import image_build, manifests
 from paddlecloud.jobrequest import TrainerJob
+from paddlecloud.jobspec import JobSpec
 
 TOKENS = {"token-a": ("team-a",), "token-b": ("team-b",)}
 A = {"Authorization": "Bearer token-a"}
@@ -294,8 +295,6 @@ async def test_a_jobs_progress_comes_from_its_master_over_tls_with_its_viewer_to
 
 
 async def test_a_job_gets_the_servers_etcd_endpoints_or_one_it_allows(k8s, api_client, tmp_path):
-    from paddlecloud.jobspec import JobSpec
-
     allowed = ("https://etcd-a:2379", "https://etcd-b:2379,https://etcd-c:2379")
     async with server(api_client, tmp_path, etcd_endpoints=allowed) as client:
         plain = await client.post("/v1/trainer/job", headers=A, json=JOB)
@@ -362,3 +361,30 @@ async def test_a_delete_whose_etcd_does_not_answer_says_so_and_is_finished_by_a_
     finally:
         await etcd.close()
         await proxy.close()
+
+
+# ---- seed 001's own fields ---------------------------------------------------------------------
+SEED_PACKAGE = {"trainer.py": b"print('quick start')\n", "dataset.py": b"",
+                "requirements.txt": b""}  # seed 001's quick_start project
+
+
+async def test_the_seeds_own_fields_submit_a_job_whose_package_is_its_entry_point(k8s, api_client, tmp_path):
+    async with server(api_client, tmp_path) as client:
+        uploaded = await client.post("/v1/package", headers=A,
+                                     files={"file": ("quick_start.zip", zipped(SEED_PACKAGE))})
+        digest = uploaded.json()["digest"]
+        # seed 001's table: job_name, trainer_package (the entry point), input (one directory),
+        # output, pservers, base-image, memory, use_gpu, cpu_num, gpu_num; no module
+        response = await client.post("/v1/trainer/job", headers=A, json={
+            "job_name": "quickstart", "trainer_package": digest, "input": "/quickstart/input",
+            "output": "/quickstart/output", "pservers": 4, "base-image": "paddlepaddle/paddle:0.10.rc2",
+            "memory": "512M", "use_gpu": False, "cpu_num": 1, "gpu_num": 1})
+        assert response.status_code == 201, response.text
+        stored = JobSpec.from_yaml(k8s.stored("configmaps", "team-a", "quickstart-spec")["data"][manifests.SPEC_KEY])
+        assert (stored.module, stored.inputs, stored.image) == (
+            "trainer", ("/quickstart/input",), "paddlepaddle/paddle:0.10.rc2")
+        missing = await client.post("/v1/trainer/job", headers=A, json={
+            "job_name": "other", "trainer_package": digest, "module": "quick_start.train",
+            "input": "/quickstart/input"})
+    assert missing.status_code == 422
+    assert "module 'quick_start.train' is not in trainer_package" in missing.json()["detail"]

@@ -98,8 +98,9 @@ async def test_submit_creates_the_master_its_service_and_the_spec(k8s, kubeconfi
 
     spec = JobSpec.from_yaml(k8s.stored("configmaps", "ml", "ctr-spec")["data"]["job.yaml"])
     assert (spec.name, spec.trainers, spec.pservers, spec.epochs) == ("ctr", 2, 1, 3)
-    assert spec.env == (("GLOG_v", "1"),) and spec.package_files == ("train.py",)
-    assert k8s.stored("configmaps", "ml", "ctr-package")["data"] == {"train.py": "print('training')\n"}
+    # ./ctr is ctr.train's top package: its files ship under ctr/, where `python -m ctr.train` finds them
+    assert spec.env == (("GLOG_v", "1"),) and spec.package_files == ("ctr/train.py",)
+    assert k8s.stored("configmaps", "ml", "ctr-package")["data"] == {"ctr__train.py": "print('training')\n"}
 
 
 async def test_a_name_in_use_is_refused(k8s, kubeconfig):
@@ -294,8 +295,10 @@ async def test_dry_run_is_stable_valid_yaml_and_touches_nothing(k8s, kubeconfig)
 
 
 async def test_a_package_too_large_for_a_configmap_is_refused(k8s, kubeconfig, tmp_path):
-    (tmp_path / "big.bin").write_bytes(bytes(range(256)) * 4096)  # 1 MiB, base64 grows it
-    result = await run(*submit_args("big", kubeconfig, "--package-path", str(tmp_path)))
+    (tmp_path / "ctr").mkdir()
+    (tmp_path / "ctr" / "train.py").write_text("")
+    (tmp_path / "ctr" / "big.bin").write_bytes(bytes(range(256)) * 4096)  # 1 MiB, base64 grows it
+    result = await run(*submit_args("big", kubeconfig, "--package-path", str(tmp_path / "ctr")))
     assert result.exit_code == 1
     assert "bake the package into the image" in result.output
     assert list(k8s.kmock) == []

@@ -178,3 +178,15 @@ def test_dist_train_fits_a_paddle_model_with_v2_events(monkeypatch):
     assert "loss" in events[0].metrics
     with pytest.raises(ValueError, match="drop feeding"):
         dist_train(trainer=model, reader=None, feeding={"x": 0})
+
+
+def test_the_package_folder_may_be_the_modules_top_package(tmp_path):
+    # seed 002's form at the Python API: trainer_package ./demo, module demo.train
+    package = tmp_path / "demo"
+    package.mkdir()
+    (package / "train.py").write_text("print('demo')\n")
+    job = seed_job(trainer_package=str(package), module="demo.train")
+    archive = zipfile.ZipFile(io.BytesIO(job.package_archive()))
+    assert "demo/train.py" in archive.namelist()  # importable as demo.train where it lands
+    with pytest.raises(JobSpecError, match=r"module 'demo\.nope' is not in trainer_package"):
+        seed_job(trainer_package=str(package), module="demo.nope").submit(kubeconfig="/nonexistent")

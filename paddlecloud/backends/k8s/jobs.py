@@ -32,7 +32,7 @@ from paddlecloud.jobspec import PADDLEJOB_API_VERSION, PADDLEJOB_KIND, JobSpec, 
 from paddlecloud.package_names import check_package_names
 from paddlecloud.paddlejob import KUEUE_QUEUE_LABEL, own_keys
 from paddlecloud.phase import Phase
-from paddlecloud.trainer_package import with_requirements
+from paddlecloud.trainer_package import package_paths, with_requirements
 
 if TYPE_CHECKING:
     from paddlecloud.etcd_users import JobEtcdUser
@@ -40,7 +40,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 ROLES = (manifests.TRAINER, manifests.PSERVER, manifests.MASTER)
-SKIPPED_PACKAGE_PARTS = ("__pycache__",)
 RETRY_ATTEMPTS, RETRY_WAIT = 3, 0.5
 
 
@@ -78,13 +77,7 @@ def read_package(path: Path, *, warn: Callable[[str], None] = logger.warning) ->
     seed 001's requirments.txt read as requirements.txt (`warn` hears it)."""
     if not path.is_dir():
         raise JobSpecError(f"package path {str(path)!r} is not a directory")
-    files: dict[str, bytes] = {}
-    for file in sorted(path.rglob("*")):
-        rel = file.relative_to(path)
-        if any(part.startswith(".") or part in SKIPPED_PACKAGE_PARTS for part in rel.parts):
-            continue
-        if file.is_file() and file.suffix != ".pyc":
-            files[rel.as_posix()] = file.read_bytes()
+    files = {rel: (path / rel).read_bytes() for rel in package_paths(path)}
     if not files:
         raise JobSpecError(f"package path {str(path)!r} holds no files")
     check_package_names(files)
