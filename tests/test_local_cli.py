@@ -123,3 +123,16 @@ def test_a_module_the_package_does_not_hold_is_refused_before_anything_starts(tm
     # run_cli gives --module first: the later one wins, as click takes the last
     missing = run_cli(tmp_path, f"--job {job_name} --package-path=./demo --module=demo.nope --input=data")
     assert_refused_before_starting(tmp_path, job_name, missing, "module 'demo.nope' is not in --package-path")
+
+
+def test_a_package_path_without_a_module_runs_its_train_py_or_says_it_has_none(tmp_path):
+    from click.testing import CliRunner
+
+    from paddlecloud.cli.local import local
+
+    (tmp_path / "quick_start").mkdir()
+    (tmp_path / "quick_start" / "dataset.py").write_text("")
+    result = CliRunner().invoke(local, ["train", f"--package-path={tmp_path / 'quick_start'}",
+                                        f"--input={tmp_path}", f"--output={tmp_path / 'out'}"])
+    assert result.exit_code == 2, result.output
+    assert "holds neither train.py nor trainer.py at its root" in result.output
