@@ -18,7 +18,6 @@ and pass `--master` (the command says so when it cannot reach the master).
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import sys
@@ -727,47 +726,23 @@ async def clear_etcd_prefix(endpoints: str, *, namespace: str, job_name: str, ti
 def delete_command(name: str, namespace: str, etcd_endpoints: str | None,
                    kubeconfig: str | None) -> None:
     """Delete job NAME: its master (and so everything it owns), its ConfigMaps, its etcd keys
-    (and its etcd user, with etcd's root credentials in the environment)."""
-    from kubernetes import client
+    (and its etcd user, with etcd's root credentials in the environment). When its etcd does
+    not answer, everything but its spec ConfigMap goes and the command fails saying so: run it
+    again once that etcd answers (the Job Server's DELETE does the same)."""
+    from paddlecloud.backends.k8s.jobs import delete_job
 
     api = _api(kubeconfig)
-    core, apps = _clients(api)
-    spec_cm = _get(core.read_namespaced_config_map, manifests.spec_configmap_name(name), namespace,
-                   resource="configmaps")
-    endpoints_from_spec = None
-    if spec_cm is not None and (spec_cm.data or {}).get(manifests.SPEC_KEY):
-        try:
-            endpoints_from_spec = JobSpec.from_yaml(spec_cm.data[manifests.SPEC_KEY]).etcd_endpoints
-        except JobSpecError as error:
-            logger.warning("cannot read the job spec of %s: %s", name, error)
-    options = client.V1DeleteOptions(propagation_policy="Background")
-    deleted = []
-    for resource, fn, obj in (
-        ("deployments", apps.delete_namespaced_deployment, manifests.master_name(name)),
-        ("configmaps", core.delete_namespaced_config_map, manifests.spec_configmap_name(name)),
-        ("configmaps", core.delete_namespaced_config_map, manifests.package_configmap_name(name)),
-    ):
-        if _call(fn, obj, namespace, body=options, verb="delete", resource=resource,
-                 namespace=namespace, name=obj, tolerate=(404,)) is not None:
-            deleted.append(f"{resource}/{obj}")
+    cleared: list[int] = []
+    try:
+        deleted = delete_job(api, namespace=namespace, name=name, rights=USER_RIGHTS,
+                             etcd_endpoints=etcd_endpoints, on_cleared=cleared.append)
+    except JobCreateError as error:
+        raise _fail(str(error)) from None
     if not deleted:
         raise _fail(f"job {name} not found in namespace {namespace}")
     click.echo(f"deleted {', '.join(deleted)} (the pservers, trainers and Services go with the "
                "Deployment)")
-    endpoints = etcd_endpoints or endpoints_from_spec
-    if not endpoints:
+    if cleared:
+        click.echo(f"etcd: cleared /paddlecloud/{namespace}/{name}/ ({cleared[0]} keys)")
+    else:
         click.echo("etcd: no endpoints known; pass --etcd-endpoints to clear the job's keys")
-        return
-    try:
-        count = asyncio.run(clear_etcd_prefix(endpoints, namespace=namespace, job_name=name,
-                                              timeout=5.0))
-    except Exception as error:
-        message = (f"could not clear the job's etcd keys at {endpoints}: {error}; "
-                   "run again with --etcd-endpoints of a reachable etcd")
-        if etcd_endpoints:
-            raise _fail(message) from None
-        click.echo(f"warning: {message}", err=True)
-        return
-    prefix = f"/paddlecloud/{namespace}/{name}/"
-    click.echo(f"etcd: cleared {prefix} ({count} keys)")
-

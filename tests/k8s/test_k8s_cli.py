@@ -281,6 +281,28 @@ async def test_delete_removes_the_master_the_configmaps_and_the_etcd_keys(
     assert again.exit_code == 1 and "job gone not found in namespace ml" in again.output
 
 
+async def test_a_delete_whose_etcd_does_not_answer_fails_saying_so_and_a_retry_finishes_it(
+        k8s, kubeconfig, etcd_endpoint):
+    unreachable = "http://127.0.0.1:1"  # the job spec's etcd, not answering
+    assert (await run(*submit_args("kept", kubeconfig, "--etcd-endpoints", unreachable))).exit_code == 0
+    client = await connect(etcd_endpoint)
+    try:
+        keys = JobKeys("ml", "kept")
+        await client.put(keys.phase, b"Running")
+        failed = await run("delete", "kept", "-n", "ml", "--kubeconfig", kubeconfig)
+        assert failed.exit_code == 1, failed.output
+        assert f"its etcd keys under /paddlecloud/ml/kept/ at {unreachable} could not be cleared" in failed.output
+        assert k8s.stored("deployments", "ml", "kept-master") is None
+        assert k8s.stored("configmaps", "ml", "kept-spec") is not None  # the retry's way back
+        retried = await run("delete", "kept", "-n", "ml", "--kubeconfig", kubeconfig,
+                            "--etcd-endpoints", etcd_endpoint)
+        assert retried.exit_code == 0, retried.output
+        assert "deleted configmaps/kept-spec" in retried.output
+        assert (await client.get(keys.phase)) is None
+    finally:
+        await client.close()
+
+
 async def test_dry_run_is_stable_valid_yaml_and_touches_nothing(k8s, kubeconfig):
     args = submit_args("dry", kubeconfig, "--input", "/data/*.csv", "--dry-run")
     first, second = await run(*args), await run(*args)

@@ -414,11 +414,12 @@ class JobStateLeft(JobCreateError):
 
 
 def delete_job(api: Any, *, namespace: str, name: str, rights: str | None = None,
-               paddlejobs: bool = False) -> list[str]:
-    """Deletes the master (and so what it owns), the ConfigMaps and the etcd keys; returns
-    what went, [] when there was no such job. Raises `JobStateLeft` when the etcd of the job's
-    spec does not answer: everything but the spec ConfigMap is gone then, and a retry
-    finishes the delete."""
+               paddlejobs: bool = False, etcd_endpoints: str | None = None,
+               on_cleared: Callable[[int], None] | None = None) -> list[str]:
+    """Deletes the master (and so what it owns), the ConfigMaps and the etcd keys (at
+    `etcd_endpoints`, default the job spec's; `on_cleared` hears how many went); returns what
+    went, [] when there was no such job. Raises `JobStateLeft` when that etcd does not answer: everything but the spec
+    ConfigMap is gone then, and a retry finishes the delete."""
     from kubernetes import client
 
     core, apps = _clients(api)
@@ -439,8 +440,11 @@ def delete_job(api: Any, *, namespace: str, name: str, rights: str | None = None
     doomed = [("deployments", apps.delete_namespaced_deployment, manifests.master_name(name)),
               ("configmaps", core.delete_namespaced_config_map, manifests.package_configmap_name(name))]
     deleted += _delete_each(doomed, namespace, options, rights=rights)
-    if spec is not None:
-        _clear_etcd(spec, deleted=deleted)
+    if spec is not None or (etcd_endpoints and deleted):
+        count = _clear_etcd(etcd_endpoints or spec.etcd_endpoints, namespace=namespace,
+                            name=name, deleted=deleted)
+        if on_cleared is not None:
+            on_cleared(count)
     return deleted + _delete_each([("configmaps", core.delete_namespaced_config_map, spec_name)],
                                   namespace, options, rights=rights)
 
@@ -481,7 +485,7 @@ def _release_spec_configmap(api: Any, spec: JobSpec, *, rights: str | None) -> N
          rights=rights, **applied(CLI_MANAGER))
 
 
-def _clear_etcd(spec: JobSpec, *, deleted: list[str]) -> None:
+def _clear_etcd(endpoints: str, *, namespace: str, name: str, deleted: list[str]) -> int:
     """The job's keys, and its etcd user, gone (`paddlecloud.etcd_users.forget_job`);
     `JobStateLeft` naming what went and what stays when its etcd does not answer."""
     import asyncio
@@ -489,17 +493,18 @@ def _clear_etcd(spec: JobSpec, *, deleted: list[str]) -> None:
     from paddlecloud.etcd_users import forget_job
 
     try:
-        asyncio.run(forget_job(spec.etcd_endpoints, namespace=spec.namespace, job=spec.name,
-                               timeout=3.0))
+        count = asyncio.run(forget_job(endpoints, namespace=namespace, job=name, timeout=3.0))
     except Exception as error:  # noqa: BLE001 - whatever etcd said, the keys stay: say so
         went = f" ({', '.join(deleted)} deleted)" if deleted else ""
         raise JobStateLeft(
-            f"job {spec.name}'s pods and objects are going{went}, but its etcd keys under "
-            f"/paddlecloud/{spec.namespace}/{spec.name}/ at {spec.etcd_endpoints} could not be "
+            f"job {name}'s pods and objects are going{went}, but its etcd keys under "
+            f"/paddlecloud/{namespace}/{name}/ at {endpoints} could not be "
             f"cleared ({type(error).__name__}: {str(error)[:200]}): delete the job again once "
-            f"that etcd answers (its ConfigMap {manifests.spec_configmap_name(spec.name)} stays "
+            f"that etcd answers (its ConfigMap {manifests.spec_configmap_name(name)} stays "
             "until then, and a job of that name cannot be submitted meanwhile)",
             deleted=deleted) from None
+    logger.info("cleared /paddlecloud/%s/%s/ at %s (%d keys)", namespace, name, endpoints, count)
+    return count
 
 
 def pick_pod(api: Any, *, name: str, namespace: str, role: str, index: int,
