@@ -17,7 +17,7 @@ import logging
 import typing
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, create_model, model_validator
 
 from paddlecloud import jobrequest
 from paddlecloud.jobrequest import TrainerJob
@@ -26,23 +26,32 @@ from paddlecloud.jobspec import JobSpecError
 logger = logging.getLogger(__name__)
 
 # JSON-friendly field types of TrainerJob (tuples as lists, mappings as objects)
-_JSON_TYPES: dict[str, Any] = {"input": list[str], "env": dict[str, str]}
+_JSON_TYPES: dict[str, Any] = {"input": list[str] | str, "env": dict[str, str]}
+# seed 001's table spells it `base-image`; its example (and Python) `base_image`
+_ALIASES: dict[str, AliasChoices] = {"base_image": AliasChoices("base_image", "base-image")}
+# Stands in for the module while the rest is validated: the package's train.py or trainer.py
+# gives it once the route has the package (a job with neither is refused there).
+ENTRY_POINT_LATER = "entry_point_later"
 
 
 class _TrainerJobBase(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
     @model_validator(mode="after")
     def _valid_as_a_job_spec(self) -> _TrainerJobBase:
+        job = self.to_job()
+        if not job.module and job.trainer_package:
+            job = dataclasses.replace(job, module=ENTRY_POINT_LATER)
         try:
-            self.to_job().to_spec()
+            job.to_spec()
         except JobSpecError as error:
             raise ValueError(str(error)) from None
         return self
 
     def to_job(self) -> TrainerJob:
         values = self.model_dump()
-        values["input"] = tuple(values["input"])
+        given = values["input"]
+        values["input"] = (given,) if isinstance(given, str) else tuple(given)
         return TrainerJob(**values)
 
 
@@ -54,7 +63,8 @@ def _request_model() -> type[BaseModel]:
         kind = _JSON_TYPES.get(f.name, hints[f.name])
         if f.default is not dataclasses.MISSING:
             value = list(f.default) if isinstance(f.default, tuple) else f.default
-            default = Field(default=value, description=docs[f.name])
+            default = Field(default=value, description=docs[f.name],
+                            validation_alias=_ALIASES.get(f.name))
         elif f.default_factory is not dataclasses.MISSING:
             default = Field(default_factory=f.default_factory, description=docs[f.name])
         else:
@@ -71,6 +81,9 @@ class PackageInfo(BaseModel):
     files: list[str]
     size: int = Field(description="Bytes of all its files.")
     reused: bool = Field(description="True when this package was stored before.")
+    warnings: list[str] = Field(default_factory=list, description=(
+        "What was taken other than as written, e.g. seed 001's requirments.txt read as "
+        "requirements.txt."))
 
 
 class SubmittedJob(BaseModel):

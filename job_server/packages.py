@@ -8,7 +8,8 @@ count), and more than `max_unpacked_bytes` in all (headers count,
 and it is counted while decompressing, so a bomb stops at the limit whatever its
 headers claim; job_server.archives reads it). A refusal over a limit is a 413,
 any other a 422 (`PackageError.status`). One top folder holding everything is
-stripped; `requirements.txt` must be at the package's root; no top-level name may
+stripped; `requirements.txt` must be at the package's root (seed 001's `requirments.txt`
+is read as it, with a warning: paddlecloud.trainer_package); no top-level name may
 shadow one of paddlecloud's modules (paddlecloud.package_names). Nothing is written
 before every check passed.
 
@@ -36,7 +37,7 @@ import os
 import posixpath
 import uuid
 import zipfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,10 +47,10 @@ from job_server import archives
 from job_server.config import Limits
 from paddlecloud.jobspec import JobSpecError
 from paddlecloud.package_names import check_package_names
+from paddlecloud.trainer_package import REQUIREMENTS, with_requirements
 
 logger = logging.getLogger(__name__)
 
-REQUIREMENTS = "requirements.txt"
 CHUNK = archives.CHUNK
 MANIFEST = "manifest.json"
 TEMPORARY = ".incoming"  # packages being written, renamed into packages/ once whole
@@ -100,8 +101,10 @@ def _collect(entries: Iterator[tuple[str, bytes | None]]) -> dict[str, bytes]:
     return files
 
 
-def unpack(data: bytes | bytearray, *, filename: str, limits: Limits) -> dict[str, bytes]:
-    """The files of a zip or tar package (see the module doc for what is refused)."""
+def unpack(data: bytes | bytearray, *, filename: str, limits: Limits,
+           warn: Callable[[str], None] = logger.warning) -> dict[str, bytes]:
+    """The files of a zip or tar package (see the module doc for what is refused); `warn`
+    hears what is taken other than as written (seed 001's requirments.txt)."""
     budget = archives.Budget(limits)
     try:
         files = _collect(_entries(data, filename=filename, budget=budget))
@@ -118,6 +121,10 @@ def unpack(data: bytes | bytearray, *, filename: str, limits: Limits) -> dict[st
     if len(tops) == 1 and all("/" in p for p in files):  # one folder zipped: its contents
         top = tops.pop() + "/"
         files = {p[len(top):]: c for p, c in files.items()}
+    try:
+        files = with_requirements(files, where=archives.shown(filename), warn=warn)
+    except JobSpecError as error:
+        raise PackageError(str(error)) from None
     if REQUIREMENTS not in files:
         raise PackageError(f"{archives.shown(filename)} has no {REQUIREMENTS} at its root "
                            "(an empty one will do)")

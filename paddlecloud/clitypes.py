@@ -50,6 +50,23 @@ ENV_PAIR = ParsedType("key=value", lambda text: parse_key_value(env_pair(text)))
 ENV_STRING = ParsedType("key=value", env_pair)  # KEY=VALUE kept as one string
 
 
+class SeedSpellings(click.Command):
+    """A command that answers the `paddle` client's `--image:<your image>` (seed 002: a colon
+    where click takes `=` or a space) with click's "Did you mean --image?" instead of a bare
+    "No such option": click suggests only names close to the whole word, image included."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        try:
+            return super().parse_args(ctx, args)
+        except click.NoSuchOption as error:
+            name, colon, _ = error.option_name.partition(":")
+            if colon and any(name in p.opts for p in self.get_params(ctx) if isinstance(p, click.Option)):
+                error.message = (f"No such option: {error.option_name[:80]} (a value follows '=' or "
+                                 "a space, not ':').")
+                error.possibilities = [name]
+            raise
+
+
 class Count(click.IntRange):
     """A whole number with bounds: "'abc' is not a valid integer." (click's own says "integer
     range", which names no mistake), shown as INTEGER with its range in --help."""

@@ -4,7 +4,9 @@ The Job Server's `POST /v1/trainer/job` body and the Python API's `PaddleJob` ar
 both this one value, and it is generated from the job model: one parameter for every
 field whose `Doors.api` names one (with the field's help), so a field added to the
 model is a parameter of both without a line here. PaddlePaddle cloud's names and
-meanings stay: `job_name`, `base_image`, `trainer_package`, `input`; `memory` and
+meanings stay: `job_name`, `base_image`, `trainer_package` (the entry point: its `train.py`
+or `trainer.py` unless `module` names one, `paddlecloud.trainer_package`), `input` (one
+directory, path or URL, or a list of them); `memory` and
 `cpu_num` size every trainer and, unless `pserver_memory`/`pserver_cpu` are given,
 every pserver; `use_gpu` gives each trainer `gpu_num` GPUs; `min_trainers` and
 `max_trainers` 0 mean `trainers`; `volume` is a claim mounted at `/VOLUME` (seed
@@ -55,6 +57,10 @@ _API_DIFFERENCES: dict[str, dict[str, Any]] = {
     "base_image": {"help": "The image the package runs on (the runtime image is built FROM it)."},
     "data_volume": {"default": "", "help": "A PersistentVolumeClaim as CLAIM:PATH, mounted at PATH "
                                            "in the master (read-only) and every trainer."},
+    "module": {"help": "Trainers run `python3 -m MODULE` (default: the trainer_package's train.py "
+                       "or trainer.py)."},
+    "input": {"help": "The input: a directory, path, glob or URL (seed 001: one input directory), "
+                      "or a list of them."},
 }
 # PaddlePaddle cloud's parameters that are no field of the model by themselves
 _EXTRA: dict[str, dict[str, Any]] = {
@@ -66,7 +72,7 @@ _EXTRA: dict[str, dict[str, Any]] = {
         "A PersistentVolumeClaim mounted at /VOLUME in the master (read-only) and every trainer, "
         "where input and output point (e.g. volume quickstart, input /quickstart/input).")},
 }
-_REQUIRED = ("job_name", "module")
+_REQUIRED = ("job_name",)
 
 
 def api_fields() -> Iterator[tuple[str, dataclasses.Field]]:
@@ -134,8 +140,8 @@ def _data_volume(job: Any, name: str) -> DataVolume | None:
 
 
 def _inputs(job: Any, name: str) -> tuple[str, ...]:
-    if isinstance(job.input, str):
-        raise JobSpecError(f"invalid input {quote(job.input)}: give a list of paths or URLs")
+    if isinstance(job.input, str):  # seed 001: "input directory on distributed file system"
+        return (job.input,) if job.input else ()
     return tuple(job.input)
 
 

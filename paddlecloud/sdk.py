@@ -39,8 +39,9 @@ from typing import Any
 
 from paddlecloud.epoch_text import epoch_of
 from paddlecloud.jobrequest import TrainerJob
-from paddlecloud.jobspec import JobSpec, JobSpecError
+from paddlecloud.jobspec import DEFAULT_ETCD_ENDPOINTS, JobSpec, JobSpecError
 from paddlecloud.phase import TERMINAL
+from paddlecloud.trainer_package import ENTRY_SCRIPTS, EntryPoint, entry_point, package_paths
 
 logger = logging.getLogger(__name__)
 
@@ -63,9 +64,6 @@ class JobServerError(RuntimeError):
 # Stands in for a module not known yet while the rest of a PaddleJob is validated: the entry
 # point may come later, from `dist_train`'s trainer; `_with_entry_point` refuses a job without.
 _ENTRY_POINT_LATER = "entry_point_later"
-# The scripts a package directory's entry point is looked for as (seed 002 runs
-# /train/package/train.py; seed 001's example package holds trainer.py).
-ENTRY_SCRIPTS = ("train.py", "trainer.py")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,11 +93,30 @@ class PaddleJob(TrainerJob):
         return TrainerJob(**{f.name: getattr(self, f.name) for f in dataclasses.fields(TrainerJob)})
 
     def _with_entry_point(self) -> PaddleJob:
+        """This job, its entry point checked against its package before anything starts."""
         if not self.module:
             raise JobSpecError(
                 f"PaddleJob {self.job_name!r} has no entry point: give trainer_package (a package "
                 f"directory holding {' or '.join(ENTRY_SCRIPTS)}, or the script) or module=")
+        self._entry()
         return self
+
+    def _entry(self) -> EntryPoint | None:
+        """Where `module` is in the package directory (None: no package); `JobSpecError` naming
+        both forms looked for otherwise (the base image is PaddlePaddle's, seed 001: the
+        trainer's code is the package's)."""
+        if not self.trainer_package or not Path(self.trainer_package).is_dir():
+            return None
+        folder = Path(self.trainer_package)
+        return entry_point(self.module, package_paths(folder), folder=folder.absolute().name,
+                           where=f"trainer_package {self.trainer_package!r}")
+
+    def _placed_files(self) -> dict[str, bytes]:
+        """The package's files as the pods import them (under the folder's name when it is the
+        module's top package: seed 002's `--module=demo.train` of `./demo`)."""
+        files = self.package_files()
+        entry = self._entry()
+        return entry.placed(files) if entry is not None else files
 
     def package_files(self) -> dict[str, bytes]:
         """The package directory's files (hidden files and caches skipped, as `job submit`)."""
@@ -109,7 +126,7 @@ class PaddleJob(TrainerJob):
 
     def package_archive(self) -> bytes:
         """The package as a zip (an empty requirements.txt added when it has none)."""
-        files = self.package_files()
+        files = self._placed_files()
         out = io.BytesIO()
         with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as archive:
             for path in sorted(files):
@@ -135,6 +152,8 @@ class PaddleJob(TrainerJob):
     def _submit_to_server(self, client: _Client, *, timeout: float) -> JobHandle:
         body = {f.name: getattr(self, f.name) for f in dataclasses.fields(TrainerJob)}
         body["input"], body["env"] = list(self.input), dict(self.env)
+        if body["etcd_endpoints"] == DEFAULT_ETCD_ENDPOINTS:  # not chosen: the server's own
+            del body["etcd_endpoints"]  # (a server with other etcd refuses any it does not allow)
         if self.trainer_package:
             body["trainer_package"] = client.upload(self.package_archive())["digest"]
         made = client.request("POST", "/v1/trainer/job", body, timeout=timeout)
@@ -145,7 +164,7 @@ class PaddleJob(TrainerJob):
         from paddlecloud.backends.k8s.client import load_api_client
         from paddlecloud.backends.k8s.jobs import create_job, create_paddlejob
 
-        files = self.package_files() if self.trainer_package else None
+        files = self._placed_files() if self.trainer_package else None
         spec = self.to_spec(package_path=str(Path(self.trainer_package).absolute()) if files else "",
                             package_files=tuple(sorted(files)) if files else ())
         objects = manifests.submit_objects(spec, files)
@@ -375,8 +394,10 @@ def _entry_point(module: str, package: str) -> tuple[str, str]:
             raise JobSpecError(f"invalid trainer_package {package!r}: no such script")
         return module or path.stem, str(path.parent)
     if not module and path.is_dir():
-        found = next((name for name in ENTRY_SCRIPTS if (path / name).is_file()), "")
-        return found.removesuffix(".py"), package
+        try:
+            return entry_point("", package_paths(path), folder=path.absolute().name).module, package
+        except JobSpecError:
+            return "", package  # dist_train's trainer may name it; submit refuses a job without
     return module, package
 
 
@@ -493,12 +514,15 @@ def _train_locally(job: PaddleJob) -> int:
 
     from paddlecloud.backends.local.job import LocalJob, LocalJobSpec
 
+    entry = job._entry()
     output = Path(job.output or f"./{job.job_name}-output").absolute()
     output.mkdir(parents=True, exist_ok=True)
     spec = LocalJobSpec(
         job=job.job_name, module=job.module, output=output, inputs=tuple(job.input),
         trainers=job.trainers, pservers=job.pservers, epochs=job.epochs,
         package_path=Path(job.trainer_package).absolute() if job.trainer_package else None,
+        package_import_root=(Path(job.trainer_package).absolute().parent
+                             if entry is not None and entry.top_package else None),
         env=tuple(sorted(dict(job.env).items())), shuffle_seed=job.shuffle_seed,
         restart_mode="group" if job.pservers == 0 else "trainer",
     )

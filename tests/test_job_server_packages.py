@@ -153,3 +153,18 @@ def test_the_server_command_refuses_to_start_without_tokens():
 
     result = CliRunner().invoke(server_command, [])
     assert result.exit_code != 0 and "no tokens" in result.output
+
+
+def test_the_seeds_requirments_txt_is_read_as_requirements_with_a_warning(client):
+    # seed 001's example project: quick_start/{trainer.py, dataset.py, requirments.txt}
+    seed = {"quick_start/trainer.py": b"print(1)\n", "quick_start/dataset.py": b"",
+            "quick_start/requirments.txt": b"pillow\nprotobuf==3.1.0\n"}
+    response = upload(client, zip_of(seed))
+    assert response.status_code == 201, response.text
+    stored = response.json()
+    assert "requirements.txt" in stored["files"] and "requirments.txt" in stored["files"]
+    assert len(stored["warnings"]) == 1
+    assert "requirments.txt (seed 001's spelling) is read as requirements.txt (pillow, " \
+           "protobuf==3.1.0)" in stored["warnings"][0]
+    both = upload(client, zip_of({**GOOD, "requirments.txt": b"pillow\n"}))
+    assert both.status_code == 422 and "both requirements.txt and requirments.txt" in both.text

@@ -81,3 +81,58 @@ def test_example_refuses_package_path_beside_it(tmp_path, job_name):
     result = run_cli(tmp_path, f"--job {job_name} --example fit-a-line --package-path .")
     assert_refused_before_starting(tmp_path, job_name, result, "drop --module and --package-path")
     assert not (tmp_path / "out" / "data").exists()  # the example's data was not generated
+
+
+def test_a_finished_job_run_again_without_fresh_says_it_is_complete_and_starts_nothing(tmp_path, job_name):
+    from trainer_agent.checkpoint import TrainStatus, save_checkpoint
+
+    write_records(tmp_path / "data", files=1, records_per_file=2)
+    # what the trainers of a job of epochs 0..1 leave behind: the checkpoint of epoch 1's end
+    save_checkpoint(str(tmp_path / "out" / "checkpoints"), {"w": 1}, TrainStatus(1))
+    result = run_cli(tmp_path, f"--job {job_name} --input 'data/*.csv' --epochs 2")
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    assert f"job {job_name} is complete" in result.stdout
+    assert "epochs are 0..1" in result.stdout and "with --fresh" in result.stdout
+    assert "resuming" not in result.stdout + result.stderr
+    assert list((tmp_path / "tmpdir").iterdir()) == []  # no private etcd was started
+    assert not (tmp_path / "out" / "logs").exists()
+    assert job_processes(job_name) == []
+
+
+def test_the_seeds_package_folder_runs_as_the_modules_top_package(tmp_path, job_name):
+    # seed 002: paddle local train --package-path=./demo --module=demo.train --input=... --output=...
+    (tmp_path / "demo").mkdir()
+    (tmp_path / "demo" / "train.py").write_text("from demo import dataset\nprint('trained', dataset.NAME)\n")
+    (tmp_path / "demo" / "dataset.py").write_text("NAME = 'on demo'\n")
+    write_records(tmp_path / "data", files=1, records_per_file=2)
+    tmpdir = tmp_path / "tmpdir"
+    tmpdir.mkdir()
+    result = subprocess.run(  # the console script, as a user types it (`python -m` would put . on the path)
+        [str(Path(sys.executable).parent / "paddlecloud"), "local", "train", "--package-path=./demo",
+         "--module=demo.train", "--input=data", "--output=out", f"--job={job_name}"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120, env=dict(os.environ, TMPDIR=str(tmpdir)))
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    logs = "".join(p.read_text() for p in (tmp_path / "out" / "logs").rglob("*") if p.is_file())
+    assert "trained on demo" in logs
+
+
+def test_a_module_the_package_does_not_hold_is_refused_before_anything_starts(tmp_path, job_name):
+    (tmp_path / "demo").mkdir()
+    (tmp_path / "demo" / "train.py").write_text("print('trained')\n")
+    write_records(tmp_path / "data", files=1, records_per_file=2)
+    # run_cli gives --module first: the later one wins, as click takes the last
+    missing = run_cli(tmp_path, f"--job {job_name} --package-path=./demo --module=demo.nope --input=data")
+    assert_refused_before_starting(tmp_path, job_name, missing, "module 'demo.nope' is not in --package-path")
+
+
+def test_a_package_path_without_a_module_runs_its_train_py_or_says_it_has_none(tmp_path):
+    from click.testing import CliRunner
+
+    from paddlecloud.cli.local import local
+
+    (tmp_path / "quick_start").mkdir()
+    (tmp_path / "quick_start" / "dataset.py").write_text("")
+    result = CliRunner().invoke(local, ["train", f"--package-path={tmp_path / 'quick_start'}",
+                                        f"--input={tmp_path}", f"--output={tmp_path / 'out'}"])
+    assert result.exit_code == 2, result.output
+    assert "holds neither train.py nor trainer.py at its root" in result.output

@@ -9,6 +9,7 @@ saw in a file the test reads from --output.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -252,3 +253,28 @@ def test_seed003_example2_s_image_runs_paddle_s_launcher_as_its_cmd_says(tmp_pat
     seed003_resnet.assert_trained_as_one_job(found, paddle=version("paddlepaddle"))
     assert code == 0, console(tmp_path)[-3000:]
     assert job_containers(job) == []
+
+
+def test_a_module_the_image_cannot_import_is_refused_before_anything_starts(tmp_path, user_image):
+    # it used to surface only after the group's restarts, each container failing at once
+    error = refused(tmp_path, "--image", user_image, "--module", "quick_start.train")
+    assert f"module 'quick_start.train' is not found in image '{user_image}'" in error
+    assert job_containers("wide-and-deep") == [] and job_containers("train") == []
+
+
+def test_the_image_module_check_finds_what_the_image_and_the_package_hold(tmp_path, user_image):
+    from paddlecloud.backends.local.container import (
+        ContainerSpec,
+        EngineError,
+        check_module,
+        package_mounts,
+    )
+
+    spec = ContainerSpec(engine=shutil.which("podman") or "podman", image=user_image, job="", run="")
+    check_module(spec, "train")  # the image's WORKDIR program
+    (tmp_path / "demo").mkdir()
+    (tmp_path / "demo" / "step.py").write_text("")
+    with pytest.raises(EngineError, match="module 'demo.step' is not found"):
+        check_module(spec, "demo.step")
+    check_module(dataclasses.replace(spec, mounts=package_mounts(tmp_path / "demo", top_package=True)),
+                 "demo.step")  # seed 002's --package-path=./demo --module=demo.step

@@ -22,9 +22,10 @@ from job_server.models import (
     TrainerJobRequest,
 )
 from paddlecloud.backends.k8s import image_build
-from paddlecloud.backends.k8s.jobs import JobCreateError
+from paddlecloud.backends.k8s.jobs import JobCreateError, JobStateLeft
 from paddlecloud.jobrequest import TrainerJob
 from paddlecloud.jobspec import MAX_NAME_LENGTH, JobSpecError
+from paddlecloud.trainer_package import entry_point
 from paddlecloud.untrusted import quote
 
 logger = logging.getLogger(__name__)
@@ -35,6 +36,7 @@ NAMESPACE = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 JOB_NAME = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
 Namespace = Annotated[str | None, Query(max_length=63, pattern=NAMESPACE,
                                         description="Default: the token's first namespace.")]
+RETRY_DELETE_AFTER_S = 10  # a delete whose etcd did not answer: when to try again
 JobName = Annotated[str, Path(max_length=MAX_NAME_LENGTH, pattern=JOB_NAME)]
 
 
@@ -65,6 +67,18 @@ def allowed_etcd_endpoints(body: BaseModel, allowed: tuple[str, ...]) -> str:
     raise HTTPException(status.HTTP_403_FORBIDDEN,
                         f"etcd_endpoints {quote(given)} is not one this server allows (its "
                         f"configuration's etcd_endpoints: {', '.join(allowed)}): leave it out")
+
+
+def entry_module(job: TrainerJob, files: Mapping[str, bytes]) -> str:
+    """The module the job's trainers run: `module` found in the package, or the package's
+    train.py or trainer.py (seed 001's trainer_package as the entry point); a 422 naming what
+    was looked for otherwise (the base image is PaddlePaddle's, seed 001: the trainer's code is
+    the package's)."""
+    try:
+        return entry_point(job.module, files, folder="",
+                           where=f"trainer_package {job.trainer_package[:12]}").module
+    except JobSpecError as error:
+        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, str(error)) from None
 
 
 def _api_error(error: JobCreateError) -> HTTPException:
@@ -113,6 +127,8 @@ def submit_job(request: Request, caller: Caller, body: TrainerJobRequest) -> Sub
             raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT,
                                 f"unknown trainer_package {job.trainer_package[:16]!r}: upload it "
                                 "with POST /v1/package and give its digest") from None
+    if files is not None:
+        job = dataclasses.replace(job, module=entry_module(job, files))
     try:
         if files is not None and state.config.build is not None:
             image = runtime_image(state, job, files)
@@ -127,6 +143,7 @@ def submit_job(request: Request, caller: Caller, body: TrainerJobRequest) -> Sub
 
 
 @router.get("/jobs", response_model=JobList)
+@router.get("/jobs/", response_model=JobList, include_in_schema=False)  # seed 001's path, answered as is
 def list_jobs(request: Request, caller: Caller, namespace: Namespace = None,
               limit: Annotated[int, Query(ge=1, le=500)] = 100,
               after: Annotated[str | None, Query(max_length=MAX_NAME_LENGTH,
@@ -157,12 +174,20 @@ def get_job(request: Request, caller: Caller, name: JobName, namespace: Namespac
     return JobStatus(**found)
 
 
-@router.delete("/jobs/{name}", response_model=Deleted, responses={404: {"description": "No such job"}})
+@router.delete("/jobs/{name}", response_model=Deleted, responses={
+    404: {"description": "No such job"},
+    503: {"description": "The job's objects went but its etcd keys could not be cleared (its "
+                         "etcd did not answer): the message says what went; delete it again"}})
 def delete_job(request: Request, caller: Caller, name: JobName, namespace: Namespace = None) -> Deleted:
-    """Delete a job: its master (and so everything it owns), its ConfigMaps, its etcd keys."""
+    """Delete a job: its master (and so everything it owns), its ConfigMaps, its etcd keys.
+    Until its etcd keys are gone (503 while its etcd does not answer) the job's spec ConfigMap
+    stays, so the delete can be retried and the name is not reused over the old keys."""
     ns = caller.namespace(namespace)
     try:
         deleted = request.app.state.cluster.delete(ns, name)
+    except JobStateLeft as error:
+        raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, str(error),
+                            headers={"Retry-After": str(RETRY_DELETE_AFTER_S)}) from None
     except JobCreateError as error:
         raise _api_error(error) from None
     if not deleted:

@@ -41,12 +41,16 @@ def upload_package(request: Request, caller: Caller,
         if len(data) > limit:
             raise HTTPException(status.HTTP_413_CONTENT_TOO_LARGE,
                                 f"the upload is over the limit (max_upload_bytes) of {limit} bytes")
+    warnings: list[str] = []
     try:
-        files = unpack(data, filename=file.filename or "upload", limits=config.limits)
+        files = unpack(data, filename=file.filename or "upload", limits=config.limits,
+                       warn=warnings.append)
     except PackageError as error:
         raise HTTPException(error.status, str(error)) from None
     stored = request.app.state.store.put(files)
     logger.info("package %s: %d files, %s", stored.digest[:12], len(stored.files),
                 "reused" if stored.reused else "stored")
+    for warning in warnings:
+        logger.info("package %s: %s", stored.digest[:12], warning)
     return PackageInfo(digest=stored.digest, files=list(stored.files), size=stored.size,
-                       reused=stored.reused)
+                       reused=stored.reused, warnings=warnings)

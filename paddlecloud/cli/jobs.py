@@ -18,7 +18,6 @@ and pass `--master` (the command says so when it cannot reach the master).
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import sys
@@ -41,10 +40,10 @@ from paddlecloud.backends.k8s.jobs import (
     scale_trainers,
 )
 from paddlecloud.cli.spec_options import submit_options, values_of
-from paddlecloud.clitypes import POSITIVE
+from paddlecloud.clitypes import POSITIVE, SeedSpellings
 from paddlecloud.epoch_text import epoch_of
 from paddlecloud.goodput_text import summarize_trainer_seconds
-from paddlecloud.jobspec import SECTION_OF, JobSpec, JobSpecError
+from paddlecloud.jobspec import PADDLEJOB_KIND, SECTION_OF, JobSpec, JobSpecError
 from paddlecloud.paddlejob import load_documents, translate_documents
 from paddlecloud.trainingjob import is_trainingjob, to_paddlejob
 
@@ -57,6 +56,10 @@ USER_RIGHTS = ("Ask your cluster's admin for it in this namespace "
 
 def _fail(message: str) -> click.ClickException:
     return click.ClickException(message)
+
+
+def _warn(message: str) -> None:
+    click.echo(f"warning: {message}", err=True)
 
 
 def _kubeconfig_option(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -209,7 +212,7 @@ def _job_name_of(words: tuple[str, ...]) -> str | None:
     return words[0] if words else None
 
 
-@job.command("submit")
+@job.command("submit", cls=SeedSpellings)
 @click.argument("words", nargs=-1, metavar="[train] NAME")
 @click.option("-f", "--file", "paddlejob", type=click.Path(exists=True, dir_okay=False),
               help="A paddle-operator PaddleJob YAML (batch.paddlepaddle.org/v1), or an EDL "
@@ -233,13 +236,17 @@ def submit_command(words: tuple[str, ...], paddlejob: str | None, dry_run: bool,
     the job's keys (docs/kubernetes.md, "etcd").
     """
     name = _job_name_of(words)
+    if options["queue"] is None and paddlejob is not None:
+        options["queue"] = _file_queue(paddlejob)
     if options["queue"] is not None:
         _submit_queued(name, paddlejob, dry_run=dry_run, server=server, kubeconfig=kubeconfig,
                        options=options)
         return
     options = _with_checkpoint_every(options)
     try:
-        package = read_package(Path(options["package_path"])) if options["package_path"] else None
+        package = read_package(Path(options["package_path"]), warn=_warn) if options["package_path"] else None
+        if package is not None and paddlejob is None:
+            package = _placed_package(package, options)
         spec = build_spec(name=name, paddlejob=paddlejob, package=package, options=options)
         spec.validate()
         objects = manifests.submit_objects(spec, package)
@@ -261,6 +268,41 @@ def submit_command(words: tuple[str, ...], paddlejob: str | None, dry_run: bool,
                f"paddlecloud job status {spec.name} -n {spec.namespace}")
 
 
+def _file_queue(path: str) -> str | None:
+    """The Kueue queue a PaddleJob file's label names (None: none): such a job is submitted
+    queued, as with --queue, by the dry run and the real submit alike."""
+    from paddlecloud.paddlejob import KUEUE_QUEUE_LABEL
+
+    try:
+        docs = _load_paddlejob(path)
+    except JobSpecError as error:
+        raise _fail(str(error)) from None
+    metas = [d.get("metadata") for d in docs if d.get("kind") == PADDLEJOB_KIND]
+    labels = [m.get("labels") for m in metas if isinstance(m, Mapping)]
+    queues = [str(ls[KUEUE_QUEUE_LABEL]) for ls in labels
+              if isinstance(ls, Mapping) and ls.get(KUEUE_QUEUE_LABEL)]
+    return queues[0] if queues else None
+
+
+def _placed_package(package: dict[str, bytes], options: dict[str, Any]) -> dict[str, bytes]:
+    """The package as the pods import it, `options["module"]` its entry point: --module in
+    either form (the folder as the import root, or as the module's top package: seed 002's
+    --package-path=./demo --module=demo.train), or its train.py / trainer.py without one.
+    A module not in the package is refused, unless --image may hold it."""
+    from paddlecloud.trainer_package import entry_point
+
+    folder = Path(options["package_path"]).absolute()
+    try:
+        entry = entry_point(options["module"] or "", package, folder=folder.name,
+                            where=f"--package-path {str(folder)[:200]}")
+    except JobSpecError:
+        if options["module"] and options["image"]:
+            return package  # the image's own module, maybe: only its pods can tell
+        raise
+    options["module"] = entry.module
+    return entry.placed(package)
+
+
 def _submit_queued(name: str | None, paddlejob: str | None, *, dry_run: bool, server: str | None,
                    kubeconfig: str | None, options: dict[str, Any]) -> None:
     """`--queue`: the PaddleJob, labelled for Kueue, for the operator to run once admitted."""
@@ -268,7 +310,8 @@ def _submit_queued(name: str | None, paddlejob: str | None, *, dry_run: bool, se
 
     queue = options.pop("queue")
     if server:
-        raise _fail("--queue cannot be combined with --server: the Job Server creates jobs "
+        raise _fail("--queue (or the file's kueue.x-k8s.io/queue-name label) cannot be combined "
+                    "with --server: the Job Server creates jobs "
                     "straight away; a queued job is a PaddleJob the operator runs once Kueue "
                     "admits it")
     if paddlejob is None:
@@ -683,47 +726,23 @@ async def clear_etcd_prefix(endpoints: str, *, namespace: str, job_name: str, ti
 def delete_command(name: str, namespace: str, etcd_endpoints: str | None,
                    kubeconfig: str | None) -> None:
     """Delete job NAME: its master (and so everything it owns), its ConfigMaps, its etcd keys
-    (and its etcd user, with etcd's root credentials in the environment)."""
-    from kubernetes import client
+    (and its etcd user, with etcd's root credentials in the environment). When its etcd does
+    not answer, everything but its spec ConfigMap goes and the command fails saying so: run it
+    again once that etcd answers (the Job Server's DELETE does the same)."""
+    from paddlecloud.backends.k8s.jobs import delete_job
 
     api = _api(kubeconfig)
-    core, apps = _clients(api)
-    spec_cm = _get(core.read_namespaced_config_map, manifests.spec_configmap_name(name), namespace,
-                   resource="configmaps")
-    endpoints_from_spec = None
-    if spec_cm is not None and (spec_cm.data or {}).get(manifests.SPEC_KEY):
-        try:
-            endpoints_from_spec = JobSpec.from_yaml(spec_cm.data[manifests.SPEC_KEY]).etcd_endpoints
-        except JobSpecError as error:
-            logger.warning("cannot read the job spec of %s: %s", name, error)
-    options = client.V1DeleteOptions(propagation_policy="Background")
-    deleted = []
-    for resource, fn, obj in (
-        ("deployments", apps.delete_namespaced_deployment, manifests.master_name(name)),
-        ("configmaps", core.delete_namespaced_config_map, manifests.spec_configmap_name(name)),
-        ("configmaps", core.delete_namespaced_config_map, manifests.package_configmap_name(name)),
-    ):
-        if _call(fn, obj, namespace, body=options, verb="delete", resource=resource,
-                 namespace=namespace, name=obj, tolerate=(404,)) is not None:
-            deleted.append(f"{resource}/{obj}")
+    cleared: list[int] = []
+    try:
+        deleted = delete_job(api, namespace=namespace, name=name, rights=USER_RIGHTS,
+                             etcd_endpoints=etcd_endpoints, on_cleared=cleared.append)
+    except JobCreateError as error:
+        raise _fail(str(error)) from None
     if not deleted:
         raise _fail(f"job {name} not found in namespace {namespace}")
     click.echo(f"deleted {', '.join(deleted)} (the pservers, trainers and Services go with the "
                "Deployment)")
-    endpoints = etcd_endpoints or endpoints_from_spec
-    if not endpoints:
+    if cleared:
+        click.echo(f"etcd: cleared /paddlecloud/{namespace}/{name}/ ({cleared[0]} keys)")
+    else:
         click.echo("etcd: no endpoints known; pass --etcd-endpoints to clear the job's keys")
-        return
-    try:
-        count = asyncio.run(clear_etcd_prefix(endpoints, namespace=namespace, job_name=name,
-                                              timeout=5.0))
-    except Exception as error:
-        message = (f"could not clear the job's etcd keys at {endpoints}: {error}; "
-                   "run again with --etcd-endpoints of a reachable etcd")
-        if etcd_endpoints:
-            raise _fail(message) from None
-        click.echo(f"warning: {message}", err=True)
-        return
-    prefix = f"/paddlecloud/{namespace}/{name}/"
-    click.echo(f"etcd: cleared {prefix} ({count} keys)")
-

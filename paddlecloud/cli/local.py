@@ -32,14 +32,18 @@ from paddlecloud.backends.local.container import (
     ContainerSpec,
     EngineError,
     check_image,
+    check_module,
     find_engine,
     job_mounts,
+    package_mounts,
 )
 from paddlecloud.cli.spec_options import local_options
-from paddlecloud.clitypes import DURATION, ENV_PAIR, POSITIVE, SIZE
+from paddlecloud.clitypes import DURATION, ENV_PAIR, POSITIVE, SIZE, SeedSpellings
 from paddlecloud.datasets import FORMATS, SpecError, list_files
 from paddlecloud.etcd import MIN_LEASE_TTL
 from paddlecloud.goodput_text import summarize_trainer_seconds
+from paddlecloud.jobfields import JobSpecError
+from paddlecloud.trainer_package import EntryPoint, entry_point, package_paths
 
 EXAMPLES = {"fit-a-line": "examples.fit_a_line"}
 
@@ -50,19 +54,49 @@ def _job_name(module: str) -> str:
     return name or "job"
 
 
-def _check_module(module: str, package_path: Path | None) -> None:
+def _importable(module: str, package_path: Path | None) -> bool:
+    """Whether this Python finds `module` with `package_path` first on its path."""
     if package_path is not None:
         sys.path.insert(0, str(package_path))
     try:
-        found = importlib.util.find_spec(module)
+        return importlib.util.find_spec(module) is not None
     except (ImportError, ValueError):
-        found = None
+        return False
     finally:
         if package_path is not None:
             sys.path.remove(str(package_path))
-    if found is None:
+
+
+def _check_module(module: str, package_path: Path | None) -> None:
+    if not _importable(module, package_path):
         where = f" under --package-path {package_path}" if package_path else ""
         raise click.BadParameter(f"module {module!r} not found{where}", param_hint="'--module'")
+
+
+def _package_entry(module: str | None, package_path: Path, *, image: str | None) -> EntryPoint | None:
+    """The module in --package-path, in either form (the folder as the import root, or as the
+    module's top package: seed 002's --package-path=./demo --module=demo.train), or its
+    train.py / trainer.py without --module; None for a module found elsewhere: installed here,
+    or (for the image's check) maybe in --image."""
+    try:
+        return entry_point(module or "", package_paths(package_path),
+                           folder=package_path.absolute().name,
+                           where=f"--package-path {str(package_path)[:200]}")
+    except JobSpecError as error:
+        if module and (image or _importable(module, package_path)):
+            return None
+        raise click.BadParameter(str(error), param_hint="'--module'") from None
+
+
+def _check_image_module(container: ContainerSpec, module: str, *, package_path: Path | None,
+                        top_package: bool) -> None:
+    """The module found in a container of --image with --package-path mounted as the job's
+    will be, before anything starts (else the trainers fail at once, restart after restart)."""
+    mounts = package_mounts(package_path.absolute(), top_package=top_package) if package_path else ()
+    try:
+        check_module(dataclasses.replace(container, mounts=mounts), module)
+    except EngineError as error:
+        raise click.BadParameter(str(error), param_hint="'--module'") from None
 
 
 def _expand_inputs(inputs: tuple[str, ...]) -> tuple[str, ...]:
@@ -79,7 +113,7 @@ _AFTER_DASHES = "paddlecloud.after_dashes"
 _GLOB_CHARS = re.compile(r"[*?\[]")
 
 
-class _TrainCommand(click.Command):
+class _TrainCommand(SeedSpellings):
     """Remembers the arguments after `--`: only those are the module's (click drops the `--`)."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
@@ -209,6 +243,14 @@ def _example_data(name: str, *, root: Path, output: Path) -> tuple[str, ...]:
     return (str(data / "*.csv"),)
 
 
+def _say_complete(job: str, *, checkpoints: Path, start_epoch: int, epochs: int) -> None:
+    """What `local train` says of a job its checkpoint shows finished (it starts nothing)."""
+    click.echo(f"job {job} is complete: the checkpoint in {checkpoints} is at the end of epoch "
+               f"{start_epoch - 1}, and the job's epochs are 0..{epochs - 1}; nothing to train. "
+               f"Run it again from the start with --fresh (which discards that checkpoint), or "
+               f"train on with --epochs {start_epoch + 1} or more.")
+
+
 # local train's take on the job model's fields where one machine differs from a cluster:
 # local paths and types, an output directory of its own, a private etcd, processes not pods
 LOCAL_DIFFERENCES: dict[str, dict[str, Any]] = {
@@ -218,8 +260,9 @@ LOCAL_DIFFERENCES: dict[str, dict[str, Any]] = {
         "with --input, --output and --package-path mounted at /train/input, /train/output and "
         "/train/package; the image's entrypoint runs, or `python3 -m MODULE` with --module.")},
     "package_path": {"type": click.Path(exists=True, file_okay=False, path_type=Path), "help": (
-        "Directory added to the trainers' PYTHONPATH (where MODULE lives; the programs find it in "
-        "PADDLECLOUD_PACKAGE).")},
+        "Directory added to the trainers' PYTHONPATH (the programs find it in PADDLECLOUD_PACKAGE): "
+        "MODULE lives in it (--module train for its train.py) or it is MODULE's top package "
+        "(./demo with --module demo.train); without --module its train.py or trainer.py runs.")},
     "env": {"type": ENV_PAIR},
     "etcd_endpoints": {"help": "Use this etcd instead of starting a private one."},
     "trainers": {"default": None, "help": "Trainer processes [default: 1; 2 for --example]."},
@@ -282,8 +325,9 @@ def train(module, package_path, inputs, output, trainers, min_trainers, max_trai
         _check_example(example, module=module, input=inputs, package_path=package_path, image=image)
         module, package_path = _example_module(example)
         trainers = trainers or 2
-    elif not module and not image:
-        raise click.UsageError("Missing option '--module' (or --example, or --image).")
+    elif not module and not image and not package_path:
+        raise click.UsageError("Missing option '--module' (or --package-path holding train.py or "
+                               "trainer.py, --example, or --image).")
     elif not inputs:
         raise click.UsageError("Missing option '--input': the data to train on.")
     _check_job_name(job)
@@ -300,13 +344,22 @@ def train(module, package_path, inputs, output, trainers, min_trainers, max_trai
     trainers = _check_trainer_range(trainers, min_trainers, max_trainers)
     for _, size in schedule:
         _check_trainer_range(size, min_trainers, max_trainers)
+    entry = None
+    if package_path is not None and not example and (module or not image):
+        entry = _package_entry(module, package_path, image=image)
+        module = entry.module if entry is not None else module
     if image:  # the module is the image's (or the package's) business: it runs in there
         container = _check_container(image, engine)
     else:
         container = None
-        _check_module(module, package_path)
+        if entry is None:  # found in the package by its file already
+            _check_module(module, package_path)
         if pserver_module:
             _check_module(pserver_module, package_path)
+    if container is not None:  # a module not found in the package by its file: the image's own?
+        for wanted in [m for m in (None if entry else module, pserver_module) if m]:
+            _check_image_module(container, wanted, package_path=package_path,
+                                top_package=bool(entry and entry.top_package))
     if not example:
         inputs = _expand_inputs(inputs)
     if etcd_endpoints:
@@ -319,15 +372,21 @@ def train(module, package_path, inputs, output, trainers, min_trainers, max_trai
         shutil.rmtree(output / CHECKPOINTS_DIR, ignore_errors=True)
     start_epoch = resume_epoch(output)
     job_name = job or _job_name(module or image.rsplit("/", 1)[-1].split(":", 1)[0])
+    if start_epoch >= epochs:  # nothing left to train: say so rather than run a job that does nothing
+        _say_complete(job_name, checkpoints=output / CHECKPOINTS_DIR, start_epoch=start_epoch,
+                      epochs=epochs)
+        sys.exit(0)
     if container is not None:
         container = dataclasses.replace(container, job=job_name, env_names=tuple(k for k, _ in env),
                                         mounts=job_mounts(inputs=inputs, output=output,
-                                                          package_path=package_path and package_path.absolute()))
+                                                          package_path=package_path and package_path.absolute(),
+                                                          top_package=bool(entry and entry.top_package)))
     spec = LocalJobSpec(
         job=job_name, module=module, output=output, inputs=inputs,
         trainers=trainers, min_trainers=min_trainers, max_trainers=max_trainers, pservers=pservers,
         resize_schedule=schedule, pserver_module=pserver_module, epochs=epochs, masters=masters,
         package_path=package_path.absolute() if package_path else None, env=env,
+        package_import_root=package_path.absolute().parent if entry and entry.top_package else None,
         module_args=tuple(module_args), etcd_endpoints=etcd_endpoints, fresh=fresh,
         restart_limit=restart_limit, restart_mode=restart_mode or ("group" if pservers == 0 else "trainer"),
         start_epoch=start_epoch, session_ttl=repr(session_ttl), shuffle_seed=shuffle_seed,

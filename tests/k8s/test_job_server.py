@@ -15,6 +15,7 @@ from job_server.app import create_app
 from job_server.config import Quotas, ServerConfig
 from paddlecloud.backends.k8s import image_build, manifests
 from paddlecloud.jobrequest import TrainerJob
+from paddlecloud.jobspec import JobSpec
 
 TOKENS = {"token-a": ("team-a",), "token-b": ("team-b",)}
 A = {"Authorization": "Bearer token-a"}
@@ -74,8 +75,9 @@ async def test_submit_creates_exactly_what_job_submit_creates(k8s, api_client, t
     assert k8s.stored("roles", "team-a", "fit-master")["rules"] == expected["Role", "fit-master"]["rules"]
 
 
-async def test_a_token_sees_reads_and_deletes_nothing_of_another_namespace(k8s, api_client, tmp_path):
-    async with server(api_client, tmp_path) as client:
+async def test_a_token_sees_reads_and_deletes_nothing_of_another_namespace(
+        k8s, api_client, tmp_path, etcd_endpoint):
+    async with server(api_client, tmp_path, etcd_endpoints=(etcd_endpoint,)) as client:
         assert (await client.post("/v1/trainer/job", headers=A, json=JOB)).status_code == 201
         listed_a = (await client.get("/v1/jobs", headers=A)).json()
         assert [j["name"] for j in listed_a["items"]] == ["fit"]
@@ -296,8 +298,6 @@ async def test_a_jobs_progress_comes_from_its_master_over_tls_with_its_viewer_to
 
 
 async def test_a_job_gets_the_servers_etcd_endpoints_or_one_it_allows(k8s, api_client, tmp_path):
-    from paddlecloud.jobspec import JobSpec
-
     allowed = ("https://etcd-a:2379", "https://etcd-b:2379,https://etcd-c:2379")
     async with server(api_client, tmp_path, etcd_endpoints=allowed) as client:
         plain = await client.post("/v1/trainer/job", headers=A, json=JOB)
@@ -313,3 +313,81 @@ async def test_a_job_gets_the_servers_etcd_endpoints_or_one_it_allows(k8s, api_c
 
     assert (etcd_of("fit"), etcd_of("other")) == allowed
     assert k8s.stored("configmaps", "team-a", "third-spec") is None
+
+
+# ---- seed 001's paths, and a delete that could not clear the job's etcd keys ---------------------
+async def test_the_seeds_job_list_path_answers_the_list_directly(k8s, api_client, tmp_path):
+    async with server(api_client, tmp_path) as client:
+        assert (await client.post("/v1/trainer/job", headers=A, json=JOB)).status_code == 201
+        listed = await client.get("/v1/jobs/", headers=A)  # seed 001: `GET /v1/jobs/`, no -L
+    assert listed.status_code == 200, listed.text
+    assert [j["name"] for j in listed.json()["items"]] == ["fit"]
+
+
+async def test_a_delete_whose_etcd_does_not_answer_says_so_and_is_finished_by_a_retry(
+        k8s, api_client, tmp_path, etcd_endpoint):
+    from tcp_proxy import TcpProxy
+
+    from paddlecloud.etcd import connect
+    from paddlecloud.keys import JobKeys
+
+    host, port = etcd_endpoint.removeprefix("http://").rsplit(":", 1)
+    proxy = await TcpProxy(host, int(port)).start()  # the job's etcd, cut and back at will
+    keys = JobKeys("team-a", "kept")
+    etcd = await connect(etcd_endpoint)
+    try:
+        async with server(api_client, tmp_path,
+                          etcd_endpoints=(f"http://127.0.0.1:{proxy.port}",)) as client:
+            assert (await client.post("/v1/trainer/job", headers=A,
+                                      json={**JOB, "job_name": "kept"})).status_code == 201
+            await etcd.put(keys.phase, b"Running")  # what the job's master wrote
+            await proxy.pause()
+            refused = await client.delete("/v1/jobs/kept", headers=A)
+            assert refused.status_code == 503, refused.text
+            assert refused.headers["retry-after"].isdigit()
+            detail = refused.json()["detail"]
+            assert "etcd keys under /paddlecloud/team-a/kept/" in detail
+            assert "deployments/kept-master" in detail and "delete the job again" in detail
+            assert k8s.stored("deployments", "team-a", "kept-master") is None
+            kept = k8s.stored("configmaps", "team-a", "kept-spec")  # the retry's way to the keys
+            assert kept is not None and not kept["metadata"].get("ownerReferences")
+            assert (await etcd.get(keys.phase)).value == b"Running"
+            again = await client.post("/v1/trainer/job", headers=A, json={**JOB, "job_name": "kept"})
+            assert again.status_code == 409, again.text  # not over the old keys
+            await proxy.resume()
+            retried = await client.delete("/v1/jobs/kept", headers=A)
+            assert retried.status_code == 200, retried.text
+            assert retried.json()["deleted"] == ["configmaps/kept-spec"]
+            assert (await etcd.get(keys.phase)) is None
+            assert k8s.stored("configmaps", "team-a", "kept-spec") is None
+            assert (await client.delete("/v1/jobs/kept", headers=A)).status_code == 404
+    finally:
+        await etcd.close()
+        await proxy.close()
+
+
+# ---- seed 001's own fields ---------------------------------------------------------------------
+SEED_PACKAGE = {"trainer.py": b"print('quick start')\n", "dataset.py": b"",
+                "requirements.txt": b""}  # seed 001's quick_start project
+
+
+async def test_the_seeds_own_fields_submit_a_job_whose_package_is_its_entry_point(k8s, api_client, tmp_path):
+    async with server(api_client, tmp_path) as client:
+        uploaded = await client.post("/v1/package", headers=A,
+                                     files={"file": ("quick_start.zip", zipped(SEED_PACKAGE))})
+        digest = uploaded.json()["digest"]
+        # seed 001's table: job_name, trainer_package (the entry point), input (one directory),
+        # output, pservers, base-image, memory, use_gpu, cpu_num, gpu_num; no module
+        response = await client.post("/v1/trainer/job", headers=A, json={
+            "job_name": "quickstart", "trainer_package": digest, "input": "/quickstart/input",
+            "output": "/quickstart/output", "pservers": 4, "base-image": "paddlepaddle/paddle:0.10.rc2",
+            "memory": "512M", "use_gpu": False, "cpu_num": 1, "gpu_num": 1})
+        assert response.status_code == 201, response.text
+        stored = JobSpec.from_yaml(k8s.stored("configmaps", "team-a", "quickstart-spec")["data"][manifests.SPEC_KEY])
+        assert (stored.module, stored.inputs, stored.image) == (
+            "trainer", ("/quickstart/input",), "paddlepaddle/paddle:0.10.rc2")
+        missing = await client.post("/v1/trainer/job", headers=A, json={
+            "job_name": "other", "trainer_package": digest, "module": "quick_start.train",
+            "input": "/quickstart/input"})
+    assert missing.status_code == 422
+    assert "module 'quick_start.train' is not in trainer_package" in missing.json()["detail"]

@@ -98,8 +98,9 @@ async def test_submit_creates_the_master_its_service_and_the_spec(k8s, kubeconfi
 
     spec = JobSpec.from_yaml(k8s.stored("configmaps", "ml", "ctr-spec")["data"]["job.yaml"])
     assert (spec.name, spec.trainers, spec.pservers, spec.epochs) == ("ctr", 2, 1, 3)
-    assert spec.env == (("GLOG_v", "1"),) and spec.package_files == ("train.py",)
-    assert k8s.stored("configmaps", "ml", "ctr-package")["data"] == {"train.py": "print('training')\n"}
+    # ./ctr is ctr.train's top package: its files ship under ctr/, where `python -m ctr.train` finds them
+    assert spec.env == (("GLOG_v", "1"),) and spec.package_files == ("ctr/train.py",)
+    assert k8s.stored("configmaps", "ml", "ctr-package")["data"] == {"ctr__train.py": "print('training')\n"}
 
 
 async def test_a_name_in_use_is_refused(k8s, kubeconfig):
@@ -280,6 +281,28 @@ async def test_delete_removes_the_master_the_configmaps_and_the_etcd_keys(
     assert again.exit_code == 1 and "job gone not found in namespace ml" in again.output
 
 
+async def test_a_delete_whose_etcd_does_not_answer_fails_saying_so_and_a_retry_finishes_it(
+        k8s, kubeconfig, etcd_endpoint):
+    unreachable = "http://127.0.0.1:1"  # the job spec's etcd, not answering
+    assert (await run(*submit_args("kept", kubeconfig, "--etcd-endpoints", unreachable))).exit_code == 0
+    client = await connect(etcd_endpoint)
+    try:
+        keys = JobKeys("ml", "kept")
+        await client.put(keys.phase, b"Running")
+        failed = await run("delete", "kept", "-n", "ml", "--kubeconfig", kubeconfig)
+        assert failed.exit_code == 1, failed.output
+        assert f"its etcd keys under /paddlecloud/ml/kept/ at {unreachable} could not be cleared" in failed.output
+        assert k8s.stored("deployments", "ml", "kept-master") is None
+        assert k8s.stored("configmaps", "ml", "kept-spec") is not None  # the retry's way back
+        retried = await run("delete", "kept", "-n", "ml", "--kubeconfig", kubeconfig,
+                            "--etcd-endpoints", etcd_endpoint)
+        assert retried.exit_code == 0, retried.output
+        assert "deleted configmaps/kept-spec" in retried.output
+        assert (await client.get(keys.phase)) is None
+    finally:
+        await client.close()
+
+
 async def test_dry_run_is_stable_valid_yaml_and_touches_nothing(k8s, kubeconfig):
     args = submit_args("dry", kubeconfig, "--input", "/data/*.csv", "--dry-run")
     first, second = await run(*args), await run(*args)
@@ -294,8 +317,10 @@ async def test_dry_run_is_stable_valid_yaml_and_touches_nothing(k8s, kubeconfig)
 
 
 async def test_a_package_too_large_for_a_configmap_is_refused(k8s, kubeconfig, tmp_path):
-    (tmp_path / "big.bin").write_bytes(bytes(range(256)) * 4096)  # 1 MiB, base64 grows it
-    result = await run(*submit_args("big", kubeconfig, "--package-path", str(tmp_path)))
+    (tmp_path / "ctr").mkdir()
+    (tmp_path / "ctr" / "train.py").write_text("")
+    (tmp_path / "ctr" / "big.bin").write_bytes(bytes(range(256)) * 4096)  # 1 MiB, base64 grows it
+    result = await run(*submit_args("big", kubeconfig, "--package-path", str(tmp_path / "ctr")))
     assert result.exit_code == 1
     assert "bake the package into the image" in result.output
     assert list(k8s.kmock) == []

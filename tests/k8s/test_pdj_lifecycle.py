@@ -510,6 +510,26 @@ def test_submit_with_a_queue_dry_run_prints_the_labelled_paddlejob(job_file):
     assert doc["kind"] == "PaddleJob" and doc["metadata"]["labels"][KUEUE_QUEUE_LABEL] == "team-a"
 
 
+async def test_a_labelled_file_dry_runs_as_the_paddlejob_the_real_submit_creates(
+        k8s_crds, kubeconfig, tmp_path):
+    k8s = k8s_crds
+    doc = paddlejob(name="labelled")
+    doc["metadata"]["labels"] = {KUEUE_QUEUE_LABEL: "team-a"}
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    dry = submit("-f", str(path), "-n", NS, "--dry-run")
+    assert dry.exit_code == 0, dry.output
+    shown = yaml.safe_load(dry.output)  # one document: the PaddleJob, not the master's objects
+    assert shown["kind"] == "PaddleJob" and shown["metadata"]["labels"][KUEUE_QUEUE_LABEL] == "team-a"
+    real = await asyncio.to_thread(submit, "-f", str(path), "-n", NS, "--kubeconfig", kubeconfig)
+    assert real.exit_code == 0, real.output
+    assert "queued in team-a" in real.output
+    stored = k8s.stored("paddlejobs", NS, "labelled")
+    assert stored["spec"] == shown["spec"]
+    assert {k: stored["metadata"][k] for k in shown["metadata"]} == shown["metadata"]
+    assert k8s.stored("deployments", NS, "labelled-master") is None  # the operator's to make
+
+
 @pytest.mark.parametrize("args, words", [
     (["--queue", "team-a", "q1"], "--queue needs -f job.yaml"),
     (["--queue", "team-a", "--server", "http://x", "-f", "FILE"], "cannot be combined with --server"),

@@ -50,8 +50,10 @@ async def serving(k8s, api_client, config: ServerConfig):
 
 
 @pytest.fixture
-async def job_server(k8s, api_client, tmp_path):
-    config = ServerConfig(store=str(tmp_path / "store"), tokens={"tok": ("team-a",)})
+async def job_server(k8s, api_client, tmp_path, etcd_endpoint):
+    # a real etcd for the jobs: a delete clears their keys there (one that cannot answers 503)
+    config = ServerConfig(store=str(tmp_path / "store"), tokens={"tok": ("team-a",)},
+                          etcd_endpoints=(etcd_endpoint,))
     async with serving(k8s, api_client, config) as url:
         yield url
 
@@ -143,7 +145,7 @@ async def test_a_submit_that_outlasts_its_timeout_says_the_server_goes_on(k8s, a
                            what="the job the server created after the client gave up")
 
 
-async def test_job_submit_with_server_creates_what_job_submit_creates(k8s, job_server):
+async def test_job_submit_with_server_creates_what_job_submit_creates(k8s, job_server, etcd_endpoint):
     flags = ["ctr", "--module", "ctr.train", "--trainers", "3", "--pservers", "1",
              "--input", "/data/*.csv", "--trainer-memory", "4Gi", "--trainer-cpu", "2",
              "--pserver-memory", "4Gi", "--pserver-cpu", "2", "-e", "GLOG_v=1"]
@@ -155,7 +157,8 @@ async def test_job_submit_with_server_creates_what_job_submit_creates(k8s, job_s
     options = {"trainers": 3, "pservers": 1, "inputs": ("/data/*.csv",), "trainer_memory": "4Gi",
                "trainer_cpu": "2", "pserver_memory": "4Gi", "pserver_cpu": "2",
                "env": (("GLOG_v", "1"),)}
-    spec = JobSpec(name="ctr", namespace="team-a", module="ctr.train", **options)
+    spec = JobSpec(name="ctr", namespace="team-a", module="ctr.train",
+                   etcd_endpoints=etcd_endpoint, **options)  # the server's etcd
     expected = manifests.master_deployment(spec)
     assert k8s.stored("deployments", "team-a", "ctr-master")["spec"] == expected["spec"]
     assert k8s.posted() == [("configmaps", "ctr-spec"), ("deployments", "ctr-master"),
@@ -208,16 +211,18 @@ def test_dist_train_without_a_notebook_trains_fit_a_line_here(tmp_path, monkeypa
     assert (tmp_path / "out" / "model" / "model.pdparams").stat().st_size > 0
 
 
-async def test_submit_without_a_server_creates_the_job_as_job_submit_does(k8s, kubeconfig, tmp_path):
+async def test_submit_without_a_server_creates_the_job_as_job_submit_does(
+        k8s, kubeconfig, tmp_path, etcd_endpoint):
     package = tmp_path / "ctr"
     package.mkdir()
     (package / "train.py").write_text("print('training')\n")
     job = PaddleJob(job_name="ctr", module="ctr.train", trainer_package=str(package), trainers=2,
-                    pservers=1, input=("/data/*.csv",), namespace="ml")
+                    pservers=1, input=("/data/*.csv",), namespace="ml", etcd_endpoints=etcd_endpoint)
     handle = await asyncio.to_thread(job.submit, kubeconfig=kubeconfig)
     cli = await asyncio.to_thread(CliRunner().invoke, job_cli, [
         "submit", "ctr", "--module", "ctr.train", "--package-path", str(package), "--trainers", "2",
-        "--pservers", "1", "--input", "/data/*.csv", "-n", "ml", "--dry-run"])
+        "--pservers", "1", "--input", "/data/*.csv", "-n", "ml", "--etcd-endpoints", etcd_endpoint,
+        "--dry-run"])
     rendered = [d for d in yaml.safe_load_all(cli.output) if d]
     for made in rendered[:4]:  # what `job submit` creates (the rest is the master's)
         resource = {"ConfigMap": "configmaps", "Deployment": "deployments",

@@ -6,12 +6,17 @@ num_passes=1, event_handler=None, feeding=None, paddle_job=None)` with PADDLE_NO
 from __future__ import annotations
 
 import asyncio
+import io
+import logging
+import zipfile
 
 import pytest
+from click.testing import CliRunner
 from test_sdk import job_server  # noqa: F401  (a real Job Server on kmock)
 
 from paddlecloud import PaddleJob, dist_train
 from paddlecloud.backends.k8s import manifests
+from paddlecloud.cli.jobs import job as job_cli
 from paddlecloud.jobspec import DataVolume, JobSpec, JobSpecError
 from paddlecloud.sdk import EndIteration, EndPass, JobHandle
 
@@ -34,13 +39,14 @@ def seed_job(**changes) -> PaddleJob:
     return PaddleJob(**{**fields, **changes})
 
 
-def quick_start(tmp_path, requirements: str = "") -> str:
-    """Seed 001's example project: quick_start/{trainer.py, dataset.py, requirements.txt}."""
+def quick_start(tmp_path, requirements: str = "", *, spelled: str = "requirements.txt") -> str:
+    """Seed 001's example project: quick_start/{trainer.py, dataset.py, requirements.txt}
+    (`spelled="requirments.txt"`: as the seed spells it)."""
     package = tmp_path / "paddle_example" / "quick_start"
     package.mkdir(parents=True)
     (package / "trainer.py").write_text("print('quick start')\n")
     (package / "dataset.py").write_text("")
-    (package / "requirements.txt").write_text(requirements)
+    (package / spelled).write_text(requirements)
     return str(package)
 
 
@@ -88,6 +94,31 @@ async def test_the_seeds_requirements_without_an_image_build_are_refused_before_
     job = seed_job(trainer_package=quick_start(tmp_path, "pillow\nprotobuf==3.1.0\n"))
     with pytest.raises(JobSpecError, match=r"lists pillow, protobuf==3\.1\.0"):
         await asyncio.to_thread(job.submit, kubeconfig=kubeconfig)
+    assert k8s.posted() == []
+
+
+SEED_REQUIREMENTS = "pillow\nprotobuf==3.1.0\n"  # seed 001's example, in its requirments.txt
+
+
+def test_the_seeds_requirments_txt_reaches_the_upload_as_requirements_txt(tmp_path, caplog):
+    job = seed_job(trainer_package=quick_start(tmp_path, SEED_REQUIREMENTS, spelled="requirments.txt"))
+    with caplog.at_level(logging.WARNING):
+        archive = zipfile.ZipFile(io.BytesIO(job.package_archive()))
+    assert archive.read("requirements.txt").decode() == SEED_REQUIREMENTS  # not an empty one
+    assert archive.read("requirments.txt").decode() == SEED_REQUIREMENTS  # the user's, kept
+    assert "requirments.txt (seed 001's spelling) is read as requirements.txt" in caplog.text
+
+
+async def test_the_seeds_requirments_txt_without_an_image_build_is_refused_naming_them(
+        k8s, kubeconfig, tmp_path):
+    package = quick_start(tmp_path, SEED_REQUIREMENTS, spelled="requirments.txt")
+    job = seed_job(trainer_package=package)
+    with pytest.raises(JobSpecError, match=r"lists pillow, protobuf==3\.1\.0"):
+        await asyncio.to_thread(job.submit, kubeconfig=kubeconfig)
+    cli = CliRunner().invoke(job_cli, ["submit", "quickstart", f"--package-path={package}",
+                                       "--module=trainer", "--dry-run"])
+    assert cli.exit_code == 1 and "lists pillow, protobuf==3.1.0" in cli.output, cli.output
+    assert "warning: package" in cli.output and "is read as requirements.txt" in cli.output
     assert k8s.posted() == []
 
 
@@ -152,3 +183,15 @@ def test_dist_train_fits_a_paddle_model_with_v2_events(monkeypatch):
     assert "loss" in events[0].metrics
     with pytest.raises(ValueError, match="drop feeding"):
         dist_train(trainer=model, reader=None, feeding={"x": 0})
+
+
+def test_the_package_folder_may_be_the_modules_top_package(tmp_path):
+    # seed 002's form at the Python API: trainer_package ./demo, module demo.train
+    package = tmp_path / "demo"
+    package.mkdir()
+    (package / "train.py").write_text("print('demo')\n")
+    job = seed_job(trainer_package=str(package), module="demo.train")
+    archive = zipfile.ZipFile(io.BytesIO(job.package_archive()))
+    assert "demo/train.py" in archive.namelist()  # importable as demo.train where it lands
+    with pytest.raises(JobSpecError, match=r"module 'demo\.nope' is not in trainer_package"):
+        seed_job(trainer_package=str(package), module="demo.nope").submit(kubeconfig="/nonexistent")

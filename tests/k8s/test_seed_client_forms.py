@@ -55,3 +55,67 @@ def test_bad_forms_are_one_usage_error_naming_them():
     assert extra.exit_code == 2 and "got 'train a b'" in extra.output
     bad_env = CliRunner().invoke(job_cli, ["submit", "q", "--module=m", "-e=NUM_PASS", "--dry-run"])
     assert bad_env.exit_code == 2 and "'=NUM_PASS' is not KEY=VALUE" in bad_env.output
+
+
+def test_the_seeds_image_colon_is_answered_with_did_you_mean_image():
+    # seed 002's `--image:<your image>`, beside its `-e=NUM_PASS=5` (which keeps working)
+    result = CliRunner().invoke(job_cli, [
+        "submit", "train", "quickstart", "--module=quick_start.train", "--input=/quickstart/input",
+        "--image:registry.example/paddle_dist_example", "-e=NUM_PASS=5", "--dry-run"])
+    assert result.exit_code == 2, result.output
+    assert "No such option: --image:registry.example/paddle_dist_example" in result.output
+    assert "Did you mean '--image'?" in result.output
+
+
+def test_local_train_answers_the_image_colon_with_did_you_mean_image():
+    from paddlecloud.cli.local import local
+
+    result = CliRunner().invoke(local, ["train", "--module=demo.train", "--input=in",
+                                        "--image:paddlepaddle/paddle", "--e=NUM_PASS=4"])
+    assert result.exit_code == 2, result.output
+    assert "Did you mean '--image'?" in result.output
+
+
+def _package_configmap(output: str) -> dict[str, str]:
+    for doc in yaml.safe_load_all(output):
+        if doc and doc.get("kind") == "ConfigMap" and doc["metadata"]["name"].endswith("-package"):
+            return doc["data"]
+    raise AssertionError("no package ConfigMap rendered")
+
+
+def demo_package(tmp_path) -> str:
+    """Seed 002's `./demo` package: demo/train.py (importing its sibling as demo.dataset)."""
+    package = tmp_path / "demo"
+    package.mkdir()
+    (package / "train.py").write_text("from demo import dataset\nprint(dataset.NAME)\n")
+    (package / "dataset.py").write_text("NAME = 'demo'\n")
+    return str(package)
+
+
+@pytest.mark.parametrize("module, key", [("demo.train", "demo__train.py"), ("train", "train.py")],
+                         ids=["folder-as-top-package", "folder-as-import-root"])
+def test_job_submit_takes_the_package_folder_as_top_package_or_as_import_root(tmp_path, module, key):
+    result = CliRunner().invoke(job_cli, ["submit", "demo", f"--package-path={demo_package(tmp_path)}",
+                                          f"--module={module}", "--input=/demo/input", "--dry-run"])
+    assert result.exit_code == 0, result.output
+    assert key in _package_configmap(result.output)  # where `python -m MODULE` finds it
+
+
+def test_job_submit_refuses_a_module_the_package_does_not_hold_before_anything_is_made(tmp_path):
+    result = CliRunner().invoke(job_cli, ["submit", "demo", f"--package-path={demo_package(tmp_path)}",
+                                          "--module=demo.nope", "--input=/demo/input", "--dry-run"])
+    assert result.exit_code == 1, result.output
+    assert "module 'demo.nope' is not in --package-path" in result.output
+
+
+def test_job_submit_without_a_module_runs_the_packages_trainer_py(tmp_path):
+    # seed 001's example project, through the CLI door: trainer_package is the entry point
+    package = tmp_path / "quick_start"
+    package.mkdir()
+    (package / "trainer.py").write_text("print('quick start')\n")
+    result = CliRunner().invoke(job_cli, ["submit", "quickstart", f"--package-path={package}",
+                                          "--input=/quickstart/input", "--dry-run"])
+    assert result.exit_code == 0, result.output
+    stored = next(d for d in yaml.safe_load_all(result.output)
+                  if d and d["metadata"]["name"] == "quickstart-spec")
+    assert "module: trainer\n" in stored["data"]["job.yaml"]

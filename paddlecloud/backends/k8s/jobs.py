@@ -32,6 +32,7 @@ from paddlecloud.jobspec import PADDLEJOB_API_VERSION, PADDLEJOB_KIND, JobSpec, 
 from paddlecloud.package_names import check_package_names
 from paddlecloud.paddlejob import KUEUE_QUEUE_LABEL, own_keys
 from paddlecloud.phase import Phase
+from paddlecloud.trainer_package import package_paths, with_requirements
 
 if TYPE_CHECKING:
     from paddlecloud.etcd_users import JobEtcdUser
@@ -39,7 +40,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 ROLES = (manifests.TRAINER, manifests.PSERVER, manifests.MASTER)
-SKIPPED_PACKAGE_PARTS = ("__pycache__",)
 RETRY_ATTEMPTS, RETRY_WAIT = 3, 0.5
 
 
@@ -72,21 +72,16 @@ def call(fn: Callable[..., Any], *args: Any, verb: str, resource: str, namespace
         raise JobCreateError(str(clear), status=status) from None
 
 
-def read_package(path: Path) -> dict[str, bytes]:
-    """The files of a package directory by relative path (hidden files and caches skipped)."""
+def read_package(path: Path, *, warn: Callable[[str], None] = logger.warning) -> dict[str, bytes]:
+    """The files of a package directory by relative path (hidden files and caches skipped),
+    seed 001's requirments.txt read as requirements.txt (`warn` hears it)."""
     if not path.is_dir():
         raise JobSpecError(f"package path {str(path)!r} is not a directory")
-    files: dict[str, bytes] = {}
-    for file in sorted(path.rglob("*")):
-        rel = file.relative_to(path)
-        if any(part.startswith(".") or part in SKIPPED_PACKAGE_PARTS for part in rel.parts):
-            continue
-        if file.is_file() and file.suffix != ".pyc":
-            files[rel.as_posix()] = file.read_bytes()
+    files = {rel: (path / rel).read_bytes() for rel in package_paths(path)}
     if not files:
         raise JobSpecError(f"package path {str(path)!r} holds no files")
     check_package_names(files)
-    return files
+    return with_requirements(files, where=f"package {str(path)[:200]!r}", warn=warn)
 
 
 def to_dict(api: Any, obj: Any) -> dict[str, Any]:
@@ -408,16 +403,33 @@ def master_progress(namespace: str, name: str, *, ca: bytes | None = None,
             "trainers_alive": reply.trainers_alive}
 
 
+class JobStateLeft(JobCreateError):
+    """The job's objects went but its etcd keys could not be cleared (its etcd did not answer):
+    the spec ConfigMap stays, unowned, so the same delete can be tried again (and a job
+    submitted under that name meanwhile is refused rather than reading the old keys)."""
+
+    def __init__(self, message: str, *, deleted: list[str]) -> None:
+        super().__init__(message, status=503)
+        self.deleted = deleted
+
+
 def delete_job(api: Any, *, namespace: str, name: str, rights: str | None = None,
-               paddlejobs: bool = False) -> list[str]:
-    """Deletes the master (and so what it owns), the ConfigMaps and the etcd keys (when the
-    etcd of the job's spec answers); returns what went, [] when there was no such job."""
+               paddlejobs: bool = False, etcd_endpoints: str | None = None,
+               on_cleared: Callable[[int], None] | None = None) -> list[str]:
+    """Deletes the master (and so what it owns), the ConfigMaps and the etcd keys (at
+    `etcd_endpoints`, default the job spec's; `on_cleared` hears how many went); returns what
+    went, [] when there was no such job. Raises `JobStateLeft` when that etcd does not answer: everything but the spec
+    ConfigMap is gone then, and a retry finishes the delete."""
     from kubernetes import client
 
     core, apps = _clients(api)
-    spec_cm = call(core.read_namespaced_config_map, manifests.spec_configmap_name(name),
-                   namespace, verb="get", resource="configmaps", namespace=namespace,
-                   tolerate=(404,), rights=rights)
+    spec_name = manifests.spec_configmap_name(name)
+    spec_cm = call(core.read_namespaced_config_map, spec_name, namespace, verb="get",
+                   resource="configmaps", namespace=namespace, tolerate=(404,), rights=rights)
+    spec_yaml = (spec_cm.data or {}).get(manifests.SPEC_KEY) if spec_cm is not None else None
+    spec = _readable_spec(spec_yaml, namespace=namespace, name=name)
+    if spec is not None:  # kept until the keys are gone: the Deployment would take it along
+        _release_spec_configmap(api, spec, rights=rights)
     options = client.V1DeleteOptions(propagation_policy="Background")
     deleted = []
     # the PaddleJob first: else its operator would create the master again
@@ -425,30 +437,74 @@ def delete_job(api: Any, *, namespace: str, name: str, rights: str | None = None
             namespace, PADDLEJOB_PLURAL, name, verb="delete", resource=PADDLEJOB_PLURAL,
             namespace=namespace, name=name, tolerate=(404,), rights=rights) is not None:
         deleted.append(f"{PADDLEJOB_PLURAL}/{name}")
-    for resource, fn, obj in (
-        ("deployments", apps.delete_namespaced_deployment, manifests.master_name(name)),
-        ("configmaps", core.delete_namespaced_config_map, manifests.spec_configmap_name(name)),
-        ("configmaps", core.delete_namespaced_config_map, manifests.package_configmap_name(name)),
-    ):
+    doomed = [("deployments", apps.delete_namespaced_deployment, manifests.master_name(name)),
+              ("configmaps", core.delete_namespaced_config_map, manifests.package_configmap_name(name))]
+    deleted += _delete_each(doomed, namespace, options, rights=rights)
+    if spec is not None or (etcd_endpoints and deleted):
+        count = _clear_etcd(etcd_endpoints or spec.etcd_endpoints, namespace=namespace,
+                            name=name, deleted=deleted)
+        if on_cleared is not None:
+            on_cleared(count)
+    return deleted + _delete_each([("configmaps", core.delete_namespaced_config_map, spec_name)],
+                                  namespace, options, rights=rights)
+
+
+def _delete_each(objects: list[tuple[str, Callable[..., Any], str]], namespace: str,
+                 options: Any, *, rights: str | None) -> list[str]:
+    """Deletes each (resource, delete function, name); returns `resource/name` of those there."""
+    deleted = []
+    for resource, fn, obj in objects:
         if call(fn, obj, namespace, body=options, verb="delete", resource=resource,
                 namespace=namespace, name=obj, tolerate=(404,), rights=rights) is not None:
             deleted.append(f"{resource}/{obj}")
-    if deleted and spec_cm is not None and (spec_cm.data or {}).get(manifests.SPEC_KEY):
-        _clear_etcd(spec_cm.data[manifests.SPEC_KEY], namespace=namespace, name=name)
     return deleted
 
 
-def _clear_etcd(spec_yaml: str, *, namespace: str, name: str) -> None:
-    """The job's keys, and its etcd user, gone (`paddlecloud.etcd_users.forget_job`)."""
+def _readable_spec(spec_yaml: str | None, *, namespace: str, name: str) -> JobSpec | None:
+    if not spec_yaml:
+        return None
+    try:
+        return JobSpec.from_yaml(spec_yaml)
+    except JobSpecError as error:  # no etcd to clear that we know of: the objects still go
+        logger.warning("cannot read the job spec of %s/%s (its etcd keys stay): %s",
+                       namespace, name, error)
+        return None
+
+
+def _release_spec_configmap(api: Any, spec: JobSpec, *, rights: str | None) -> None:
+    """The spec ConfigMap stated anew without its owner (the master Deployment), by the
+    manager that made it: deleting the Deployment then leaves it for the etcd step."""
+    from kubernetes import client
+
+    from paddlecloud.backends.k8s.client import CLI_MANAGER, applied
+
+    body = manifests.spec_configmap(spec)
+    name = body["metadata"]["name"]
+    call(client.CoreV1Api(api).patch_namespaced_config_map, name, spec.namespace, body,
+         verb="apply", resource="configmaps", namespace=spec.namespace, name=name,
+         rights=rights, **applied(CLI_MANAGER))
+
+
+def _clear_etcd(endpoints: str, *, namespace: str, name: str, deleted: list[str]) -> int:
+    """The job's keys, and its etcd user, gone (`paddlecloud.etcd_users.forget_job`);
+    `JobStateLeft` naming what went and what stays when its etcd does not answer."""
     import asyncio
 
     from paddlecloud.etcd_users import forget_job
 
     try:
-        asyncio.run(forget_job(JobSpec.from_yaml(spec_yaml).etcd_endpoints, namespace=namespace,
-                               job=name, timeout=3.0))
-    except Exception as error:  # the objects are gone; the keys may stay
-        logger.warning("could not clear the etcd keys of %s/%s: %s", namespace, name, error)
+        count = asyncio.run(forget_job(endpoints, namespace=namespace, job=name, timeout=3.0))
+    except Exception as error:  # noqa: BLE001 - whatever etcd said, the keys stay: say so
+        went = f" ({', '.join(deleted)} deleted)" if deleted else ""
+        raise JobStateLeft(
+            f"job {name}'s pods and objects are going{went}, but its etcd keys under "
+            f"/paddlecloud/{namespace}/{name}/ at {endpoints} could not be "
+            f"cleared ({type(error).__name__}: {str(error)[:200]}): delete the job again once "
+            f"that etcd answers (its ConfigMap {manifests.spec_configmap_name(name)} stays "
+            "until then, and a job of that name cannot be submitted meanwhile)",
+            deleted=deleted) from None
+    logger.info("cleared /paddlecloud/%s/%s/ at %s (%d keys)", namespace, name, endpoints, count)
+    return count
 
 
 def pick_pod(api: Any, *, name: str, namespace: str, role: str, index: int,

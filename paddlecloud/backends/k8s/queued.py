@@ -62,7 +62,8 @@ def queued_paddlejob(docs: list[dict[str, Any]], *, queue: str, name: str | None
                      if _given(v) and k not in SPEC_FLAGS and k not in NEUTRAL)
     if refused:
         raise JobSpecError(
-            f"{', '.join(refused)} cannot be combined with --queue: a queued job is the "
+            f"{', '.join(refused)} cannot be combined with --queue (or the file's "
+            f"{KUEUE_QUEUE_LABEL} label): a queued job is the "
             "PaddleJob as written (the operator runs it once Kueue admits it); set these in its "
             "pod templates")
     doc = copy.deepcopy(jobs[0])

@@ -51,6 +51,7 @@ from pathlib import Path
 
 ENGINES = ("podman", "docker")
 INPUT_DIR, OUTPUT_DIR, PACKAGE_DIR = "/train/input", "/train/output", "/train/package"
+IMPORT_DIR = "/train/import"  # where a package folder that is its module's top package is importable
 STOP_GRACE = 3          # seconds `ENGINE stop` gives the program after its stop signal
 ENGINE_TIMEOUT = 60     # seconds for one engine command that starts no container
 JOB_LABEL, RUN_LABEL = "paddlecloud.job", "paddlecloud.run"
@@ -63,11 +64,17 @@ SYSTEM_DIRS = frozenset({"bin", "boot", "dev", "etc", "lib", "lib32", "lib64", "
                          "sbin", "sys", "usr", "var"})
 # The member's id, as the launchers set it: the container's name ends with it.
 ID_VARIABLES = {"trainer": "PADDLE_TRAINER_ID", "pserver": "PADDLE_PSERVER_ID"}
-# `python3 -m MODULE ARGS` (or `python`), the package first on PYTHONPATH, in the image's sh.
-_RUN_MODULE = ('PY=$(command -v python3 || command -v python) || '
-               '{ echo "paddlecloud: neither python3 nor python is on the image\'s PATH" >&2; exit 127; }; '
-               f'if [ -d {PACKAGE_DIR} ]; then export PYTHONPATH={PACKAGE_DIR}${{PYTHONPATH:+:$PYTHONPATH}}; fi; '
-               'exec "$PY" -m "$@"')
+# The image's python3 (or python), the package first on PYTHONPATH, in the image's sh; then
+# `-m MODULE ARGS` runs the program, and _FIND_MODULE exits 3 when MODULE cannot be found.
+_PYTHON = ('PY=$(command -v python3 || command -v python) || '
+           '{ echo "paddlecloud: neither python3 nor python is on the image\'s PATH" >&2; exit 127; }; '
+           f'if [ -d {PACKAGE_DIR} ]; then export PYTHONPATH={PACKAGE_DIR}${{PYTHONPATH:+:$PYTHONPATH}}; fi; '
+           f'if [ -d {IMPORT_DIR} ]; then export PYTHONPATH={IMPORT_DIR}:$PYTHONPATH; fi; ')
+_RUN_MODULE = _PYTHON + 'exec "$PY" -m "$@"'
+_FIND_MODULE = _PYTHON + ('exec "$PY" -c "import importlib.util, sys\n'
+                          'try:\n    found = importlib.util.find_spec(sys.argv[1])\n'
+                          'except ImportError:\n    found = None\n'
+                          'sys.exit(0 if found else 3)" "$1"')
 
 
 class EngineError(ValueError):
@@ -175,17 +182,50 @@ def check_image(engine: str, image: str) -> None:
                           f"(nothing is pulled: build or pull it first); {Path(engine).name} said: {said}")
 
 
-def job_mounts(*, inputs: Sequence[str], output: Path, package_path: Path | None) -> tuple[Mount, ...]:
+def check_module(spec: ContainerSpec, module: str) -> None:
+    """Refuses (`EngineError`) a module a container of the job's image, with the job's mounts
+    and PYTHONPATH, cannot find: before anything starts, rather than after the group's restarts."""
+    argv = [spec.engine, "run", "--rm", "--pull", "never", "--network", "none",
+            *(a for m in spec.mounts for a in ("-v", m.flag())),
+            "--entrypoint", "sh", spec.image, "-c", _FIND_MODULE, "sh", module]
+    try:
+        found = subprocess.run(argv, capture_output=True, text=True, timeout=ENGINE_TIMEOUT,
+                               stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        raise EngineError(f"{Path(spec.engine).name} did not answer within {ENGINE_TIMEOUT} s "
+                          f"looking for module {module!r} in image {spec.image[:200]!r}") from None
+    if found.returncode == 3:
+        raise EngineError(f"module {module!r} is not found in image {spec.image[:200]!r} (nor in "
+                          f"--package-path, mounted at {PACKAGE_DIR} on its PYTHONPATH): give the "
+                          "module the image or the package holds")
+    if found.returncode != 0:
+        said = (found.stderr.strip().splitlines() or ["no answer"])[-1][:200]
+        raise EngineError(f"could not look for module {module!r} in image {spec.image[:200]!r}: "
+                          f"{Path(spec.engine).name} said: {said}")
+
+
+def job_mounts(*, inputs: Sequence[str], output: Path, package_path: Path | None,
+               top_package: bool = False) -> tuple[Mount, ...]:
     """Seed 002's mounts: the inputs (read-only) at /train/input, or /train/input/N for
     several roots, and at their own host paths too (the master's tasks name those), unless
     that would hide the image's system directories; --output
-    (writable) at /train/output; --package-path (read-only) at /train/package."""
+    (writable) at /train/output; --package-path (read-only) at /train/package, and, where
+    it is the module's top package, at /train/import/ITS-NAME too (on PYTHONPATH first)."""
     roots = list(dict.fromkeys(_input_root(p) for p in inputs if "://" not in p))
     mounts = [Mount(root, INPUT_DIR if len(roots) == 1 else f"{INPUT_DIR}/{i}") for i, root in enumerate(roots)]
     mounts += [Mount(root, root) for root in roots if _mountable_as_is(root)]
     mounts.append(Mount(str(output), OUTPUT_DIR, read_only=False))
     if package_path is not None:
-        mounts.append(Mount(str(package_path), PACKAGE_DIR))
+        mounts += package_mounts(package_path, top_package=top_package)
+    return tuple(mounts)
+
+
+def package_mounts(package_path: Path, *, top_package: bool) -> tuple[Mount, ...]:
+    """--package-path (read-only) at /train/package, and at /train/import/ITS-NAME where it is
+    the module's top package."""
+    mounts = [Mount(str(package_path), PACKAGE_DIR)]
+    if top_package:
+        mounts.append(Mount(str(package_path), f"{IMPORT_DIR}/{package_path.name}"))
     return tuple(mounts)
 
 

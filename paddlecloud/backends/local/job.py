@@ -71,6 +71,9 @@ class LocalJobSpec:
     resize_schedule: tuple[tuple[float, int], ...] = ()  # (seconds since start, size): ScaleTrainers
     masters: int = 1
     package_path: Path | None = None
+    # the package folder's parent, where the folder is the module's top package (seed 002's
+    # --package-path=./demo --module=demo.train); None: the folder itself is the import root
+    package_import_root: Path | None = None
     env: tuple[tuple[str, str], ...] = ()
     module_args: tuple[str, ...] = ()
     pserver_module: str | None = None    # default: `module`, which switches on TRAINING_ROLE
@@ -276,7 +279,8 @@ class LocalJob:
                    *(self.spec.module_args if args is None else args)]
         if self.spec.package_path is None:
             return command
-        path = os.pathsep.join(p for p in (str(self.spec.package_path),
+        roots = (self.spec.package_import_root, self.spec.package_path)
+        path = os.pathsep.join(p for p in (*(str(r) for r in roots if r is not None),
                                            self._env().get("PYTHONPATH", "")) if p)
         return ["env", f"PYTHONPATH={path}", *command]
 
