@@ -90,6 +90,7 @@ def launcher_2(env: dict[str, str]) -> dict[str, Any]:
             "rank": int(env["PADDLE_TRAINER_ID"])}
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("intranet", INTRANETS)
 def test_paddle_3_s_launcher_meets_at_trainer_0_with_every_trainer(intranet):
     spec = JobSpec(name="rn", namespace="ml", module="rn.train", trainers=3, intranet=intranet)
@@ -103,6 +104,7 @@ def test_paddle_3_s_launcher_meets_at_trainer_0_with_every_trainer(intranet):
         assert (env["PADDLE_MASTER"], env["PADDLE_NNODES"]) == (endpoints[0], "3")
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("intranet", INTRANETS)
 def test_paddle_2_s_launcher_builds_one_job_of_every_trainer(intranet):
     spec = JobSpec(name="rn", namespace="ml", module="rn.train", trainers=3, intranet=intranet)
@@ -125,6 +127,7 @@ def local_trainer_envs(trainers: int, *, pservers: int = 0) -> list[dict[str, st
     return [deployer._trainer_env(i, ports) for i in range(trainers)]
 
 
+@pytest.mark.unit
 def test_local_trainers_meet_at_trainer_0_with_either_launcher():
     envs = local_trainer_envs(3)
     seen = [launcher_3(env) for env in envs]
@@ -145,6 +148,7 @@ def forwarded(env: dict[str, str]) -> list[str]:
     return [name for name in env if name.startswith(FORWARDED_PREFIXES)]
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("intranet", INTRANETS)
 def test_a_named_trainer_s_pod_ip_is_its_own_name_in_the_endpoints(intranet):
     """Collective, gloo and intranet Service trainers: POD_IP:PADDLE_PORT is their own endpoint,
@@ -157,6 +161,7 @@ def test_a_named_trainer_s_pod_ip_is_its_own_name_in_the_endpoints(intranet):
             assert env["PADDLE_CURRENT_ENDPOINT"] == own
 
 
+@pytest.mark.unit
 def test_ps_trainers_get_no_launcher_rendezvous_and_keep_the_pod_s_address():
     gloo = JobSpec(name="g", module="m", trainers=2, pservers=2, with_gloo=1)
     plain = JobSpec(name="p", module="m", trainers=2, pservers=2)
@@ -168,6 +173,7 @@ def test_ps_trainers_get_no_launcher_rendezvous_and_keep_the_pod_s_address():
 
 @pytest.mark.parametrize("name", ["PADDLE_MASTER", "PADDLE_NNODES", "PADDLE_RANK", "PADDLE_TRAINERS",
                                   "TRAINER_PORTS_NUM"])
+@pytest.mark.unit
 def test_a_user_s_env_may_not_set_what_the_launcher_is_told(name):
     with pytest.raises(JobSpecError, match=f"{name}.*set by paddlecloud"):
         JobSpec(name="rn", module="m", env=((name, "x"),)).validate()
