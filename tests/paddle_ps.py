@@ -1,6 +1,6 @@
 """A PS-capable PaddlePaddle for the tests: a venv of its own with Paddle 2.6.2, once per machine.
 
-PaddlePaddle's wheels have no parameter-server core from 3.1.1 on (docs/design.md section 13),
+PaddlePaddle's wheels have no parameter-server core from 3.1.1 on (docs/design.md, "Parameter-server jobs on real Paddle"),
 so the real fleet PS tests run their pservers and trainers' programs in a second venv:
 `paddlepaddle==2.6.2` with `numpy<2` and `protobuf>=4.21,<5`. That protobuf cannot be
 paddlecloud's (its generated code needs protobuf 7), which is why the venv is separate: the
@@ -33,7 +33,7 @@ PADDLE_VERSION = "2.6.2"
 REQUIREMENTS = (f"paddlepaddle=={PADDLE_VERSION}", "numpy<2", "protobuf>=4.21,<5")
 LOCK = Path(tempfile.gettempdir()) / "paddlecloud-test-paddle-ps.lock"
 INSTALL_TIMEOUT = 900
-# The probe of docs/design.md section 13: a PS core has DistFleetWrapper
+# The probe of paddlecloud/paddle_probe.py: a PS core has DistFleetWrapper
 PROBE = ("import paddle, sys; core = getattr(paddle, 'base', None) or paddle.fluid; "
          "core = core.core; sys.exit(0 if hasattr(core, 'DistFleetWrapper') else 3)")
 

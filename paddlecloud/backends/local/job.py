@@ -74,6 +74,7 @@ class LocalJobSpec:
     env: tuple[tuple[str, str], ...] = ()
     module_args: tuple[str, ...] = ()
     pserver_module: str | None = None    # default: `module`, which switches on TRAINING_ROLE
+    python: str = sys.executable         # runs the module (--python), e.g. a PS-capable Paddle's venv
     etcd_endpoints: str | None = None
     fresh: bool = False
     restart_limit: int = 3
@@ -272,7 +273,7 @@ class LocalJob:
         Only the user's code gets the package path: our own processes (the master, the
         launchers and agents, which import `master`) must not see a user's `master.py`.
         """
-        command = [sys.executable, "-m", module or self.spec.module,
+        command = [self.spec.python, "-m", module or self.spec.module,
                    *(self.spec.module_args if args is None else args)]
         if self.spec.package_path is None:
             return command
