@@ -289,10 +289,12 @@ class LocalDeployer(Deployer):
         env["PADDLE_TRAINER_ID"] = str(index)
         env["PADDLE_TRAINERS_NUM"] = str(self.num_trainers)
         env.setdefault(STOP_GRACE_ENV, f"{DRAIN_GRACE:g}")
-        if self.num_pservers == 0:  # collective training: the group's endpoints
-            endpoints = [f"127.0.0.1:{p}" for p in ports]
-            env.update(PADDLE_TRAINER_ENDPOINTS=",".join(endpoints),
-                       PADDLE_CURRENT_ENDPOINT=endpoints[index], PADDLE_PORT=str(ports[index]))
+        # the group's endpoints: collective training's rendezvous; a fleet PS trainer's
+        # PaddleCloudRoleMaker needs its own PADDLE_PORT too (paddle-operator sets both)
+        endpoints = [f"127.0.0.1:{p}" for p in ports]
+        env.update(PADDLE_TRAINER_ENDPOINTS=",".join(endpoints), PADDLE_PORT=str(ports[index]))
+        if self.num_pservers == 0:
+            env["PADDLE_CURRENT_ENDPOINT"] = endpoints[index]
         return env
 
 
