@@ -15,7 +15,9 @@ this launcher holds the trainer's master session itself and feeds the command th
 files over a Unix socket whose path replaces the `1` (`trainer_agent.feed`,
 `paddlecloud.taskfeed`: for programs on a Paddle that cannot load paddlecloud's gRPC code).
 Environment out, added for the child: TRAINING_ROLE=TRAINER, PADDLE_TRAINER_ID,
-PADDLE_TRAINERS_NUM, PADDLE_PSERVERS_IP_PORT_LIST, PADDLE_PSERVERS_NUM, POD_IP.
+PADDLE_TRAINERS_NUM, PADDLE_PSERVERS_IP_PORT_LIST, PADDLE_PSERVERS_NUM, POD_IP, and in a PS job
+that has made progress (the master's epoch or done count) PADDLECLOUD_PS_MODEL_LIVE=1: a restarted
+trainer 0 must not push fresh parameters over the pservers' model (`paddlecloud.fleet_ps`).
 
 Quiet by default, each only where the environment does not set it already (set it to
 have the noise back): `GLOG_minloglevel=2` (PaddlePaddle's C++ INFO and WARNING lines:
@@ -52,6 +54,7 @@ import click
 from paddlecloud.api import pb
 from paddlecloud.deployer import START_GATE_ENV
 from paddlecloud.exits import describe_exit, exit_code, signal_exit_code
+from paddlecloud.fleet_ps import MODEL_LIVE_ENV
 from paddlecloud.master_client.discovery import DiscoveryError, MasterLocator
 from paddlecloud.taskfeed import FEED_ENV
 from trainer_agent.client import MasterConnection, MasterUnavailable
@@ -123,6 +126,8 @@ def trainer_environment(env: dict[str, str], status: pb.GetStatusResponse) -> di
         PADDLE_PSERVERS_IP_PORT_LIST=",".join(status.pserver_endpoints),
         POD_IP=env.get("POD_IP") or "127.0.0.1",
     )
+    if status.pserver_endpoints and (status.current_epoch > 0 or status.counts.done > 0):
+        out[MODEL_LIVE_ENV] = "1"  # the pservers hold a trained model: trainer 0 must not reset it
     return out
 
 

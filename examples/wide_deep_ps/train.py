@@ -18,7 +18,10 @@ Data comes from the master, task by task, through the task feed (`paddlecloud.ta
 program runs on Paddle 2.6.2, whose protobuf cannot load paddlecloud's gRPC code): each task is a
 file of MultiSlot lines, trained with `exe.train_from_dataset` (which also pulls the dense
 parameters back from the pservers: a plain `exe.run` loop would not). After every epoch the
-trainer prints `epoch N eval_loss X` on a fixed evaluation set.
+trainer prints `epoch N eval_loss X` on a fixed evaluation set. With `$PADDLECLOUD_RECORD_LOG`
+it appends `epoch<TAB>task<TAB>trainer<TAB>begin|end<TAB>records<TAB>unix time` around each task's
+training:
+the record lineage of what the model saw (a task begun and never ended was cut by a fault).
 
 Needs PaddlePaddle with the parameter-server core: 2.6.2 (`numpy<2`, `protobuf>=4.21,<5`);
 paddlecloud refuses a PS job on Paddle >= 3.1.1 before it starts.
@@ -75,9 +78,21 @@ def eval_batch(inputs_count: int = 512):
             "y": np.array(ys, dtype="float32").reshape(-1, 1)}
 
 
+def note(path: str | None, line: str) -> None:
+    """One line of the record lineage ($PADDLECLOUD_RECORD_LOG): a task's training began or
+    ended on this trainer (one write per line, so a trainer killed mid-way leaves whole lines)."""
+    if path:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, (line + "\n").encode())
+        finally:
+            os.close(fd)
+
+
 def train(paddle, fleet, inputs, loss) -> int:
     import numpy as np
 
+    from paddlecloud.fleet_ps import init_worker
     from paddlecloud.taskfeed import TaskFeed
 
     trainer = os.environ.get("PADDLE_TRAINER_ID", "?")
@@ -88,7 +103,8 @@ def train(paddle, fleet, inputs, loss) -> int:
     test = test._prune(targets=[test.global_block().var(loss.name)])  # forward only: no push
     exe = paddle.static.Executor(paddle.CPUPlace())
     exe.run(paddle.static.default_startup_program())
-    fleet.init_worker()
+    if init_worker(fleet):  # not fleet.init_worker(): a restarted trainer 0 would reset the model
+        print(f"trainer {trainer}: the pservers hold a model: pulled it, pushed nothing", flush=True)
     feed_eval = eval_batch()
 
     def evaluate() -> float:  # a fresh Executor each time: a cached one crashes after train_from_dataset (2.6.2)
@@ -99,13 +115,17 @@ def train(paddle, fleet, inputs, loss) -> int:
     dataset = paddle.distributed.QueueDataset()
     dataset.init(batch_size=BATCH, use_var=list(inputs), pipe_command="cat", thread_num=1)
     records = 0
+    lineage = os.environ.get("PADDLECLOUD_RECORD_LOG")
     with TaskFeed.from_env() as feed:
         for epoch in feed.epochs():
             for task in epoch:
+                with open(task.path) as f:
+                    count = sum(1 for _ in f)
+                note(lineage, f"{epoch.number}\t{task.task_id}\t{trainer}\tbegin\t{count}\t{time.time():.3f}")
                 dataset.set_filelist([task.path])
                 exe.train_from_dataset(program=main, dataset=dataset, print_period=10**9, debug=False)
-                with open(task.path) as f:
-                    records += sum(1 for _ in f)
+                note(lineage, f"{epoch.number}\t{task.task_id}\t{trainer}\tend\t{count}\t{time.time():.3f}")
+                records += count
             print(f"trainer {trainer}: epoch {epoch.number} eval_loss {evaluate():.4f} "
                   f"tasks {epoch.tasks_read} records {records}", flush=True)
     fleet.stop_worker()
