@@ -53,7 +53,7 @@ chaos: $(call stamp,$(TEST_EXTRAS))
 	$(BIN)/python -m tests.chaos.harness --mode collective --seed 1 --seed 2 --seed 3 --seed 4 --seed 5 --faults 6 --epochs 5
 
 ps-proof: $(call stamp,$(TEST_EXTRAS))
-	$(BIN)/python -m tests.ps_faults --fault none --fault trainer-kill --fault trainer0-restart
+	$(BIN)/python -m tests.ps_faults --fault none --fault trainer-kill --fault trainer0-restart --fault pserver-kill
 
 bench: $(call stamp,$(TEST_EXTRAS))
 	$(BIN)/python -c 'import matplotlib' 2>/dev/null || $(BIN)/python -m pip install -q -e '.[bench]'

@@ -18,7 +18,10 @@ is at most that cut task per dead trainer. `loss_jump` is the largest rise of a 
 trainer's evaluation loss from one epoch to the next (a model reset shows as a jump).
 
 Faults: `trainer-kill` (trainer 1), `trainer0-restart` (trainer 0: Paddle's own trainer 0
-would push fresh parameters over the model on its restart), and `none` (the baseline).
+would push fresh parameters over the model on its restart), `pserver-kill` (pserver 1: Paddle's
+trainers abort; `--pserver-restart group` restarts the pservers and trainers from the last
+checkpoint, the master's epoch with them), and `none` (the baseline). Every run passes
+`--pserver-restart group`, as a real fleet PS job should.
 """
 
 from __future__ import annotations
@@ -40,7 +43,9 @@ from processes import find  # noqa: E402
 
 MODULE = "examples.wide_deep_ps.train"
 EVAL = re.compile(r"^\[trainer (\d+)\] trainer \1: epoch (\d+) eval_loss ([\d.]+) tasks (\d+)", re.M)
-FAULTS = {"none": None, "trainer-kill": "1", "trainer0-restart": "0"}
+# fault -> (role, id) of the victim
+FAULTS = {"none": None, "trainer-kill": ("TRAINER", "1"), "trainer0-restart": ("TRAINER", "0"),
+          "pserver-kill": ("PSERVER", "1")}
 CHUNK = 50 * 1024
 
 
@@ -65,11 +70,14 @@ class FaultRun:
     def line(self) -> str:
         victim = FAULTS[self.fault]
         fields = [f"fault={self.fault}", f"mode={self.mode}",
-                  f"victim={'trainer-' + victim if victim else '-'}",
+                  f"victim={victim[0].lower() + '-' + victim[1] if victim else '-'}",
                   f"finished={'yes' if self.code == 0 else 'no'}",
                   f"seconds={self.seconds:.1f}",
                   f"recovery_s={self.recovery:.1f}" if self.recovery is not None else "recovery_s=-",
-                  f"records_twice={self.records_twice}", f"loss_jump={self.loss_jump:.2f}"]
+                  # after a PS group restart the model rolled back to the checkpoint: what was
+                  # trained again since was trained twice, but the model saw it once
+                  (f"records_retrained={self.records_twice}" if self.fault == "pserver-kill"
+                   else f"records_twice={self.records_twice}"), f"loss_jump={self.loss_jump:.2f}"]
         return " ".join(fields) + (" OK" if self.ok else f" ({self.why}) FAILED")
 
 
@@ -89,6 +97,7 @@ def run_fault(fault: str, *, tmp: Path, python: Path, epochs: int = 4, timeout: 
              "--package-path", str(ROOT), "--python", str(python), "--pservers", "2",
              "--trainers", "2", "--input", str(data / "*.txt"), "--chunk-bytes", str(CHUNK),
              "--epochs", str(epochs), "--job", job, "--output", str(output), "--fresh",
+             "--pserver-restart", "group",
              "-e", "PADDLECLOUD_TASK_FEED=1", "-e", f"PADDLECLOUD_RECORD_LOG={lineage}",
              ],
             cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=dict(os.environ, PYTHONUNBUFFERED="1"))
@@ -112,17 +121,22 @@ def run_fault(fault: str, *, tmp: Path, python: Path, epochs: int = 4, timeout: 
     return result
 
 
-def _kill_after_first_epoch(console: Path, job: str, victim: str, process: subprocess.Popen,
+def _kill_after_first_epoch(console: Path, job: str, victim: tuple[str, str], process: subprocess.Popen,
                             *, deadline: float) -> float:
-    """SIGKILLs the victim trainer's program once trainer 1 evaluated epoch 0; returns when."""
+    """SIGKILLs the victim's program once trainer 1 evaluated epoch 0 (a pserver: once trainer 0
+    checkpointed epoch 0 too, so the group restart has a checkpoint to restore); returns when."""
     marker = "[trainer 1] trainer 1: epoch 0 eval_loss"
-    while marker not in console.read_text(errors="replace"):
+    checkpoint = console.parent / "out" / "checkpoints" / "checkpoint-00000000"
+    while marker not in console.read_text(errors="replace") or (
+            victim[0] == "PSERVER" and not checkpoint.exists()):  # a pserver: once epoch 0 is saved
         if process.poll() is not None or time.monotonic() > deadline:
             raise RuntimeError(f"the job never reached epoch 1 (exit {process.poll()})")
         time.sleep(0.2)
-    pids = find(job, module=MODULE, TRAINING_ROLE="TRAINER", PADDLE_TRAINER_ID=victim)
+    role, index = victim
+    which = {"PADDLE_TRAINER_ID": index} if role == "TRAINER" else {"PADDLE_PSERVER_ID": index}
+    pids = find(job, module=MODULE, TRAINING_ROLE=role, **which)
     if len(pids) != 1:
-        raise RuntimeError(f"found {len(pids)} programs of trainer {victim}: {pids}")
+        raise RuntimeError(f"found {len(pids)} programs of {role} {index}: {pids}")
     os.kill(pids[0], signal.SIGKILL)
     return time.time()
 
@@ -143,12 +157,12 @@ def _judge(result: FaultRun, *, lineage: Path, killed_at: float | None, epochs: 
     losses: dict[str, list[float]] = {}
     for trainer, _, loss, _ in EVAL.findall(console):
         losses.setdefault(trainer, []).append(float(loss))
-    survivor = "1" if FAULTS[result.fault] == "0" else "0"
+    survivor = "1" if FAULTS[result.fault] == ("TRAINER", "0") else "0"
     series = losses.get(survivor, [])
     result.loss_jump = max((b - a for a, b in zip(series, series[1:], strict=False)), default=0.0)
     victim = FAULTS[result.fault]
-    if killed_at is not None and victim is not None:
-        result.recovery = _recovery(lineage, victim, killed_at)
+    if killed_at is not None and victim is not None:  # a pserver's recovery: trainer 1's next task
+        result.recovery = _recovery(lineage, victim[1] if victim[0] == "TRAINER" else "1", killed_at)
     if result.why:
         return
     if result.code != 0:
@@ -157,7 +171,7 @@ def _judge(result: FaultRun, *, lineage: Path, killed_at: float | None, epochs: 
         result.why = "the job did not succeed"
     elif result.tasks_counted != {e: result.tasks_expected for e in range(epochs)}:
         result.why = f"tasks trained per epoch {result.tasks_counted}, not {result.tasks_expected} each"
-    elif victim is not None and f"trainer {survivor} exited" in console:
+    elif victim is not None and victim[0] == "TRAINER" and f"trainer {survivor} exited" in console:
         result.why = f"the surviving trainer {survivor} died too"
     elif console.count("): stopping the pserver") != 2 or "still hold sessions" in console:
         result.why = "paddlecloud did not stop both pservers once the trainers left"
@@ -165,7 +179,11 @@ def _judge(result: FaultRun, *, lineage: Path, killed_at: float | None, epochs: 
         result.why = f"trainer {survivor}'s loss did not fall: {series}"
     elif result.loss_jump > 1.0:
         result.why = f"trainer {survivor}'s loss jumped back by {result.loss_jump:.2f}: the model was reset"
-    elif result.records_twice > (largest_task if victim is not None else 0):
+    elif result.fault == "pserver-kill" and "PS group restart 1" not in console:
+        result.why = "no PS group restart"
+    elif result.fault == "pserver-kill" and "loaded the checkpoint of epoch" not in console:
+        result.why = "the restarted pservers did not get the checkpoint's tables"
+    elif result.fault != "pserver-kill" and result.records_twice > (largest_task if victim else 0):
         result.why = f"{result.records_twice} records trained twice: more than the cut task's"
 
 
@@ -193,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"no PS-capable Paddle: {why}", file=sys.stderr)
         return 2
     failed = 0
-    for fault in args.fault or ["trainer-kill", "trainer0-restart"]:
+    for fault in args.fault or ["trainer-kill", "trainer0-restart", "pserver-kill"]:
         with tempfile.TemporaryDirectory(prefix=f"ps-proof-{fault}-") as tmp:
             run = run_fault(fault, tmp=Path(tmp), python=venv_dir() / "bin" / "python", epochs=args.epochs)
         print(run.line(), flush=True)

@@ -8,6 +8,8 @@ the model twice.
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 pytestmark = [pytest.mark.paddle_ps, pytest.mark.chaos, pytest.mark.timeout(480)]
@@ -30,3 +32,12 @@ def test_a_sigkilled_trainer_is_restarted_and_the_job_finishes_without_aborting_
 def test_a_restarted_trainer_0_does_not_reset_the_pservers_model(tmp_path):
     run = _run("trainer0-restart", tmp_path)
     assert "trainer 0: the pservers hold a model: pulled it, pushed nothing" in run.console
+
+
+def test_a_sigkilled_pserver_restarts_the_ps_group_from_the_last_checkpoint(tmp_path):
+    run = _run("pserver-kill", tmp_path)
+    assert "restarting the pservers and trainers from the last checkpoint (PS group restart 1)" in run.console
+    restarted = re.search(r"the master restarted epoch (\d+)", run.console)
+    assert restarted and int(restarted.group(1)) >= 1, run.console[-4000:]  # after a checkpoint
+    saved = int(restarted.group(1)) - 1
+    assert f"trainer 0: loaded the checkpoint of epoch {saved} into the pservers" in run.console

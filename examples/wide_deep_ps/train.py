@@ -92,12 +92,12 @@ def note(path: str | None, line: str) -> None:
 def train(paddle, fleet, inputs, loss) -> int:
     import numpy as np
 
-    from paddlecloud.fleet_ps import init_worker
+    from paddlecloud.fleet_ps import init_worker, restore, save_checkpoint
     from paddlecloud.taskfeed import TaskFeed
 
     trainer = os.environ.get("PADDLE_TRAINER_ID", "?")
     if os.environ.get("PADDLECLOUD_OUTPUT"):  # train_from_dataset writes <id>_train_desc.prototxt here
-        os.chdir(os.environ["PADDLECLOUD_OUTPUT"])
+        os.chdir(os.environ["PADDLECLOUD_OUTPUT"])  # (an absolute path: restore and save use it too)
     main = paddle.static.default_main_program()
     test = main.clone(for_test=True)
     test = test._prune(targets=[test.global_block().var(loss.name)])  # forward only: no push
@@ -105,6 +105,9 @@ def train(paddle, fleet, inputs, loss) -> int:
     exe.run(paddle.static.default_startup_program())
     if init_worker(fleet):  # not fleet.init_worker(): a restarted trainer 0 would reset the model
         print(f"trainer {trainer}: the pservers hold a model: pulled it, pushed nothing", flush=True)
+    output = os.environ.get("PADDLECLOUD_OUTPUT", "")
+    if trainer == "0" and output and (restored := restore(fleet, output=output)) is not None:
+        print(f"trainer 0: loaded the checkpoint of epoch {restored} into the pservers", flush=True)
     feed_eval = eval_batch()
 
     def evaluate() -> float:  # a fresh Executor each time: a cached one crashes after train_from_dataset (2.6.2)
@@ -128,6 +131,8 @@ def train(paddle, fleet, inputs, loss) -> int:
                 records += count
             print(f"trainer {trainer}: epoch {epoch.number} eval_loss {evaluate():.4f} "
                   f"tasks {epoch.tasks_read} records {records}", flush=True)
+            if trainer == "0" and output:  # the epoch is done at the master: checkpoint the tables
+                save_checkpoint(fleet, exe, output=output, epoch=epoch.number)
     fleet.stop_worker()
     print(f"trainer {trainer}: done", flush=True)
     return 0

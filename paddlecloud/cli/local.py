@@ -312,6 +312,11 @@ def local() -> None:
               help="Discard the job's earlier state: its keys in etcd and the checkpoints in --output.")
 @click.option("--restart", "restart_mode", type=click.Choice(["group", "trainer"]), default=None,
               help="What a dead trainer restarts: the whole group (collective) or itself [default: group without pservers, else trainer].")
+@click.option("--pserver-restart", type=click.Choice(["self", "group"]), default="self",
+              help="What a dead pserver restarts: itself (its agent starts it again, told to restore "
+                   "the last checkpoint) or the PS group: every pserver and trainer from the last "
+                   "checkpoint, the master's epoch restarted there (Paddle's fleet PS, whose trainers "
+                   "abort when a pserver dies).")
 @click.option("--session-ttl", type=DURATION, default="30s", show_default=True,
               help="Trainer session lease (as the master's default: longer than a failover).")
 @click.option("--example", type=click.Choice(sorted(EXAMPLES)), help="Run a bundled example (generates its data).")
@@ -320,7 +325,7 @@ def local() -> None:
               help="The container engine for --image [default: the first of podman and docker on PATH].")
 @click.argument("module_args", nargs=-1, type=click.UNPROCESSED)
 def train(module, package_path, inputs, output, trainers, min_trainers, max_trainers, resize_schedule, pservers, python_path, pserver_module, env, epochs, checkpoint_every, masters, fresh,
-          etcd_endpoints, restart_limit, restart_mode, job, data_format, chunk_bytes, shuffle_seed, session_ttl, example,
+          etcd_endpoints, restart_limit, restart_mode, pserver_restart, job, data_format, chunk_bytes, shuffle_seed, session_ttl, example,
           tls, image, engine, module_args) -> None:
     """Run a training job here: etcd, master(s), pservers and trainers as child processes
     (with --image, each trainer and pserver in a container of IMAGE).
@@ -393,6 +398,7 @@ def train(module, package_path, inputs, output, trainers, min_trainers, max_trai
         package_path=package_path.absolute() if package_path else None, env=env,
         module_args=tuple(module_args), etcd_endpoints=etcd_endpoints, fresh=fresh,
         restart_limit=restart_limit, restart_mode=restart_mode or ("group" if pservers == 0 else "trainer"),
+        pserver_restart=pserver_restart,
         start_epoch=start_epoch, session_ttl=repr(session_ttl), shuffle_seed=shuffle_seed,
         master_args=("--format", data_format, "--chunk-bytes", str(chunk_bytes)), tls=tls, container=container,
     )

@@ -79,6 +79,7 @@ class LocalJobSpec:
     fresh: bool = False
     restart_limit: int = 3
     restart_mode: str = "group"          # "group" (collective) or "trainer" (PS / stub trainers)
+    pserver_restart: str = "self"        # "self": the agent restarts its pserver; "group": the PS group
     start_epoch: int = 0
     master_args: tuple[str, ...] = ()    # extra master flags (e.g. --chunk-bytes)
     shuffle_seed: int = 0                # the deal order's seed (master --shuffle-seed)
@@ -127,10 +128,12 @@ class LocalJob:
         self.deployer = LocalDeployer(
             trainers=spec.trainers, pservers=spec.pservers, output=spec.output,
             trainer_command=launcher_command("trainer", self._role_command("trainer")),
-            pserver_command=launcher_command("pserver", self._role_command("pserver")),
+            # a PS group restart is the deployer's: the agent exits with its pserver
+            pserver_command=launcher_command("pserver", self._role_command("pserver"),
+                                             *(("--restart-limit", "0") if spec.pserver_restart == "group" else ())),
             restart_limit=spec.restart_limit, restart_mode=spec.restart_mode, spawn=self._child,
             user_env=self._env, restart_epoch=self._restart_epoch,
-            event=self._event,
+            event=self._event, pserver_restart=spec.pserver_restart,
         )
         self.stopping = asyncio.Event()
         self.exited = asyncio.Event()  # a child ended: the supervisor looks at once
