@@ -7,6 +7,8 @@
 #                socket; tests/conftest.py enforces it), ~1,300 tests in a few minutes
 #   make chaos   longer chaos schedules than CI's (tests/chaos/harness.py): five PS seeds of
 #                stub trainers, then five collective seeds of fit-a-line (~2 min each)
+#   make ps-proof  real fleet PS (Paddle 2.6.2, in a venv of its own: tests/paddle_ps.py) under each
+#                fault paddlecloud recovers from; one line per run ending OK or FAILED
 #   make bench   the benchmark report: dispatch, re-queue, failover, footprint (docs/benchmarks.md)
 #   make proto   regenerate the gRPC code from proto/
 PYTHON ?= python3
@@ -34,7 +36,7 @@ $(CHECKOV_VENV)/bin/checkov:
 	($(PYTHON) -m venv $(CHECKOV_VENV) && $(CHECKOV_VENV)/bin/pip install -q "checkov==3.3.30") \
 	  || echo "warning: installing checkov into $(CHECKOV_VENV) failed: its test will skip" >&2
 
-.PHONY: demo test unit lint chaos bench proto
+.PHONY: demo test unit lint chaos ps-proof bench proto
 demo: $(call stamp,$(DEMO_EXTRAS))
 	$(BIN)/paddlecloud local train --example fit-a-line --epochs 5 --output output/fit-a-line --fresh
 
@@ -54,6 +56,9 @@ lint: $(call stamp,$(TEST_EXTRAS))
 chaos: $(call stamp,$(TEST_EXTRAS))
 	$(BIN)/python -m tests.chaos.harness --seed 1 --seed 2 --seed 3 --seed 4 --seed 5 --faults 12 --epochs 5
 	$(BIN)/python -m tests.chaos.harness --mode collective --seed 1 --seed 2 --seed 3 --seed 4 --seed 5 --faults 6 --epochs 5
+
+ps-proof: $(call stamp,$(TEST_EXTRAS))
+	$(BIN)/python -m tests.ps_faults --fault none --fault trainer-kill --fault trainer0-restart --fault pserver-kill
 
 bench: $(call stamp,$(TEST_EXTRAS))
 	$(BIN)/python -c 'import matplotlib' 2>/dev/null || $(BIN)/python -m pip install -q -e '.[bench]'

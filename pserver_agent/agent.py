@@ -5,8 +5,8 @@
     -> wait until every slot 0..n-1 is registered
     -> run the pserver with the PaddlePaddle environment (`pserver_env`), restarting
        it on a crash (`pserver_agent.supervisor`)
-    -> stop it when the job is done (`pserver_agent.jobwatch`), on SIGTERM/SIGINT,
-       or when the lease is lost
+    -> stop it when the job is done (`pserver_agent.jobwatch`) and its trainers left (at
+       most --trainers-grace later), on SIGTERM/SIGINT, or when the lease is lost
     -> revoke the lease, which releases the slot at once.
 
 Exit codes (`run_agent`): 0 when the job is done or the pserver exited 0 by itself;
@@ -40,7 +40,12 @@ from paddlecloud.etcd import Session, connect
 from paddlecloud.exits import signal_exit_code
 from paddlecloud.keys import JobKeys
 from pserver_agent.config import AgentConfig
-from pserver_agent.jobwatch import job_done_reason, wait_until_job_done
+from pserver_agent.jobwatch import (
+    job_done_reason,
+    trainers_alive,
+    wait_until_job_done,
+    wait_until_trainers_left,
+)
 from pserver_agent.slots import Claim, SlotTable
 from pserver_agent.supervisor import PserverSupervisor, RestartPolicy
 
@@ -184,6 +189,24 @@ class PserverAgent:
                     if os.environ.get(PSERVER_RESTORE_ENV) == "1" else "")
         return claim, await table.wait_all_registered()
 
+    async def _wait_for_trainers(self, reason: str) -> None:
+        """The job's data is done: the pserver serves on until its trainers left (their last
+        evaluation, save or `stop_worker` goes through it), at most `trainers_grace` seconds."""
+        try:
+            alive = await trainers_alive(self.client, self.keys)
+        except Exception:  # etcd down: wait as if some were there
+            alive = -1
+        if alive == 0:
+            return
+        logger.info("job %s is done (%s): serving until its trainers left (at most %gs)",
+                    self.config.job, reason, self.config.trainers_grace)
+        try:
+            await asyncio.wait_for(wait_until_trainers_left(self.client, self.keys),
+                                   self.config.trainers_grace)
+        except asyncio.TimeoutError:
+            logger.warning("trainers still hold sessions %gs after the job's end: stopping anyway",
+                           self.config.trainers_grace)
+
     def _reason(self, ends: dict[asyncio.Task, str]) -> str:
         done = {name for task, name in ends.items() if task.done()}
         for name in ("signal", "lost", "job"):  # a signal wins; a job done wins least
@@ -218,6 +241,7 @@ class PserverAgent:
             await supervised
             return 1
         job = next(task for task, name in ends.items() if name == "job")
+        await self._wait_for_trainers(job.result())
         logger.info("job %s is done (%s): stopping the pserver", self.config.job, job.result())
         await self.supervisor.stop(signal.SIGTERM)
         await supervised

@@ -38,19 +38,22 @@ from paddlecloud.clitypes import DURATION, NON_NEGATIVE, log_level_option
               help="Between SIGTERM and SIGKILL when stopping the pserver.")
 @click.option("--lease-ttl", type=DURATION, default="10s", show_default=True,
               help="TTL of the agent's etcd lease: how fast a dead agent's slot frees.")
+@click.option("--trainers-grace", type=DURATION, default="60s", show_default=True,
+              help="After the job's end, serve until its trainers left, at most this long.")
 @click.option("--etcd-timeout", type=DURATION, default="10s", show_default=True,
               help="Give up at start when etcd does not answer within this.")
 @log_level_option
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def pserver_command(etcd_endpoints, job, namespace, restart_limit, restart_backoff, grace, lease_ttl,
-                    etcd_timeout, log_level, command) -> None:
+                    trainers_grace, etcd_timeout, log_level, command) -> None:
     """Claim a pserver slot in etcd, then run and supervise COMMAND as that pserver.
 
     The pserver starts once every slot is registered, with TRAINING_ROLE=PSERVER,
     PADDLE_PSERVER_ID, POD_IP, PADDLE_PORT and PADDLE_PSERVERS_IP_PORT_LIST set; it is
     restarted with PADDLECLOUD_PSERVER_RESTORE=1 after a crash (and started with it
     when the slot was served before, or when this agent's own environment sets it: a
-    job resumed from a checkpoint), and stopped when the job is done.
+    job resumed from a checkpoint), and stopped when the job is done and its trainers
+    left (at most --trainers-grace).
     """
     import asyncio
 
@@ -62,7 +65,8 @@ def pserver_command(etcd_endpoints, job, namespace, restart_limit, restart_backo
         config = AgentConfig.from_env(
             os.environ, command=tuple(command), etcd_endpoints=etcd_endpoints, job=job,
             namespace=namespace, restart_limit=restart_limit, restart_backoff=restart_backoff,
-            grace=grace, lease_ttl=lease_ttl, etcd_timeout=etcd_timeout)
+            grace=grace, lease_ttl=lease_ttl, etcd_timeout=etcd_timeout,
+            trainers_grace=trainers_grace)
     except AgentConfigError as error:
         _fail(str(error), code=2)
     logging.basicConfig(level=log_level.upper(), stream=sys.stderr,

@@ -52,6 +52,7 @@ class AgentConfig:
     grace: float = 10.0  # seconds between SIGTERM and SIGKILL when stopping the pserver
     lease_ttl: float = 10.0
     etcd_timeout: float = 10.0
+    trainers_grace: float = 60.0  # seconds a pserver serves on after the job's end, for its trainers
 
     def __post_init__(self) -> None:
         if not self.command or not self.command[0]:
@@ -89,6 +90,8 @@ class AgentConfig:
             raise AgentConfigError(f"--grace {self.grace:g}s must be positive")
         if self.lease_ttl < 2:
             raise AgentConfigError(f"--lease-ttl {self.lease_ttl:g}s is too short: etcd leases need at least 2s")
+        if self.trainers_grace < 0:
+            raise AgentConfigError(f"--trainers-grace {self.trainers_grace:g}s is negative")
         if self.etcd_timeout <= 0:
             raise AgentConfigError(f"--etcd-timeout {self.etcd_timeout:g}s must be positive")
 

@@ -6,6 +6,9 @@ key is at least the `num_epochs` of the dataset spec the master froze in `spec`
 from the revision after the read, so no change between the read and the watch is
 missed.
 
+Once the job is done, `wait_until_trainers_left` lets the pserver serve its trainers' last
+calls (an evaluation, a save, `stop_worker`) before the agent stops it.
+
 What this does NOT guarantee: that a job is ever seen done while etcd is unreachable
 (the watcher re-reads and re-watches, with a pause, after every etcd error, and runs
 until it sees the end or its caller cancels it), nor that a phase written and then
@@ -23,7 +26,7 @@ from dataclasses import dataclass
 import aetcd
 
 from paddlecloud.aio import cancel_and_wait
-from paddlecloud.keys import JobKeys
+from paddlecloud.keys import JobKeys, prefix_range_end
 from paddlecloud.phase import Phase
 
 logger = logging.getLogger(__name__)
@@ -117,6 +120,29 @@ async def _watch_until_done(client: aetcd.Client, keys: JobKeys) -> str:
         for _, watch in watches:
             with contextlib.suppress(Exception):
                 await asyncio.shield(watch.cancel())
+
+
+async def trainers_alive(client: aetcd.Client, keys: JobKeys) -> int:
+    """How many trainers hold a session now (their `trainers/<id>` keys, on the sessions' leases)."""
+    prefix = keys.kind_prefix("trainers")
+    reply = await client.get_range(prefix, prefix_range_end(prefix))
+    return len(reply.kvs)
+
+
+async def wait_until_trainers_left(client: aetcd.Client, keys: JobKeys, *, poll: float = 0.2) -> None:
+    """Returns once no trainer holds a session: the job's data may be done while its trainers
+    still evaluate, save or flush through the pservers (a fleet PS trainer's `stop_worker`), so a
+    pserver outlives them. A trainer that died keeps its key until its session's TTL lapses.
+    Rides out etcd errors; cancel (or bound) it to stop waiting."""
+    while True:
+        try:
+            if await trainers_alive(client, keys) == 0:
+                return
+        except asyncio.CancelledError:
+            raise
+        except Exception as error:  # etcd down: look again
+            logger.warning("counting the job's trainers failed (%s: %s)", type(error).__name__, error)
+        await asyncio.sleep(poll)
 
 
 async def _pump(name: str, watch, events: asyncio.Queue) -> None:

@@ -1,7 +1,8 @@
 """A stand-in pserver: listens where a pserver would and says what it was told.
 
-The PyPI CPU wheel of PaddlePaddle has no parameter-server core, so tests and smoke
-checks of the pserver agent run this instead:
+A fake process, not a pserver: tests and smoke checks of the pserver agent's own mechanics
+(slots, endpoints, restarts, stops), where no model is the point, run this instead of a real
+fleet pserver (examples/wide_deep_ps on Paddle 2.6.2 is the real one):
 
     paddlecloud pserver -- python -m pserver_agent.stub [--crash-after S] [--crash-file F]
 

@@ -10,9 +10,14 @@ PADDLE_TRAINERS_NUM, PADDLE_PSERVERS_NUM, POD_IP, and the master's location
 (PADDLE_MASTER_ENDPOINT, or PADDLE_ETCD_ENDPOINTS + PADDLE_JOB_NAME + PADDLE_NAMESPACE), and
 PADDLECLOUD_START_GATE, a file: when set, the command starts only once the file exists (the
 local backend's group restart opens it once the old group is gone; the launcher's own start
-overlaps that stop); the command's environment does not carry it.
+overlaps that stop); the command's environment does not carry it. PADDLECLOUD_TASK_FEED=1:
+this launcher holds the trainer's master session itself and feeds the command the tasks as
+files over a Unix socket whose path replaces the `1` (`trainer_agent.feed`,
+`paddlecloud.taskfeed`: for programs on a Paddle that cannot load paddlecloud's gRPC code).
 Environment out, added for the child: TRAINING_ROLE=TRAINER, PADDLE_TRAINER_ID,
-PADDLE_TRAINERS_NUM, PADDLE_PSERVERS_IP_PORT_LIST, PADDLE_PSERVERS_NUM, POD_IP.
+PADDLE_TRAINERS_NUM, PADDLE_PSERVERS_IP_PORT_LIST, PADDLE_PSERVERS_NUM, POD_IP, and in a PS job
+that has made progress (the master's epoch or done count) PADDLECLOUD_PS_MODEL_LIVE=1: a restarted
+trainer 0 must not push fresh parameters over the pservers' model (`paddlecloud.fleet_ps`).
 
 Quiet by default, each only where the environment does not set it already (set it to
 have the noise back): `GLOG_minloglevel=2` (PaddlePaddle's C++ INFO and WARNING lines:
@@ -49,7 +54,9 @@ import click
 from paddlecloud.api import pb
 from paddlecloud.deployer import START_GATE_ENV
 from paddlecloud.exits import describe_exit, exit_code, signal_exit_code
+from paddlecloud.fleet_ps import MODEL_LIVE_ENV
 from paddlecloud.master_client.discovery import DiscoveryError, MasterLocator
+from paddlecloud.taskfeed import FEED_ENV
 from trainer_agent.client import MasterConnection, MasterUnavailable
 
 logger = logging.getLogger(__name__)
@@ -119,6 +126,8 @@ def trainer_environment(env: dict[str, str], status: pb.GetStatusResponse) -> di
         PADDLE_PSERVERS_IP_PORT_LIST=",".join(status.pserver_endpoints),
         POD_IP=env.get("POD_IP") or "127.0.0.1",
     )
+    if status.pserver_endpoints and (status.current_epoch > 0 or status.counts.done > 0):
+        out[MODEL_LIVE_ENV] = "1"  # the pservers hold a trained model: trainer 0 must not reset it
     return out
 
 
@@ -186,4 +195,27 @@ def trainer_command(wait_timeout: float, command: tuple[str, ...]) -> None:
     if not command:
         logger.info("the master serves and %d pservers registered", len(status.pserver_endpoints))
         sys.exit(0)
-    sys.exit(run_child(list(command), trainer_environment(env, status)))
+    child_env = trainer_environment(env, status)
+    if env.get(FEED_ENV) == "1":
+        sys.exit(run_fed_child(list(command), child_env))
+    sys.exit(run_child(list(command), child_env))
+
+
+def run_fed_child(command: list[str], env: dict[str, str]) -> int:
+    """`run_child` with the task feed (trainer_agent.feed): this launcher holds the trainer's
+    session and hands the command the tasks as files; the feed stops when the command exits."""
+    from trainer_agent.client import TaskClient
+    from trainer_agent.feed import TaskFeedServer, feed_env
+
+    client = TaskClient.from_env(prefetch=False)
+    try:
+        server = TaskFeedServer(client).start()
+        try:
+            code = run_child(command, feed_env(server, env))
+        finally:
+            server.close()
+        if server.error is not None:
+            logger.error("the task feed failed: %s", server.error)
+        return code
+    finally:
+        client.close()

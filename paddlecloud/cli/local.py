@@ -36,6 +36,7 @@ from paddlecloud.backends.local.container import (
     find_engine,
     job_mounts,
     package_mounts,
+    run_python_in_image,
 )
 from paddlecloud.cli.spec_options import local_options
 from paddlecloud.clitypes import DURATION, ENV_PAIR, POSITIVE, SIZE, SeedSpellings
@@ -200,6 +201,58 @@ def _check_container(image: str, engine: str | None) -> ContainerSpec:
     return ContainerSpec(engine=found, image=image, job="", run=uuid.uuid4().hex[:12])
 
 
+def _python(path: Path | None) -> str:
+    """The interpreter of the user's module: `--python` (checked to run), else this one."""
+    if path is None:
+        return sys.executable
+    try:
+        subprocess.run([str(path), "-c", "pass"], check=True, capture_output=True, timeout=60)
+    except (OSError, subprocess.SubprocessError) as error:
+        raise click.BadParameter(f"{str(path)[:200]!r} does not run Python: {error}",
+                                 param_hint="'--python'") from None
+    return str(path.absolute()) if path.parent != Path() else str(path)
+
+
+def _check_ps_paddle(*, python: str, given: bool, module: str | None, package_path: Path | None,
+                     container: ContainerSpec | None) -> None:
+    """Refuses a PS job whose PaddlePaddle has no parameter-server core (paddle >= 3.1.1),
+    before anything starts: the image's, or `python`'s when the module imports paddle."""
+    from paddlecloud.paddle_probe import PROBE, imports_paddle, refusal
+
+    if container is not None:
+        try:
+            output = run_python_in_image(container.engine, container.image, PROBE)
+        except EngineError as error:
+            raise click.BadParameter(str(error), param_hint="'--image'") from None
+        error = refusal(output, where=f"image {container.image[:200]}", required=False)
+        hint = "'--image'"
+    else:
+        if module is None or not imports_paddle(_module_source(module, package_path)):
+            return  # not Paddle's fleet PS (a program of its own pservers)
+        result = subprocess.run([python, "-c", PROBE], capture_output=True, text=True, timeout=120)
+        where = f"--python {python}" if given else f"{python}, the Python of this paddlecloud"
+        error = refusal(result.stdout + result.stderr[-300:], where=where, required=True)
+        hint = "'--python'"
+    if error:
+        raise click.BadParameter(error, param_hint=hint)
+
+
+def _module_source(module: str, package_path: Path | None) -> str:
+    if package_path is not None:
+        sys.path.insert(0, str(package_path))
+    try:
+        found = importlib.util.find_spec(module)
+    finally:
+        if package_path is not None:
+            sys.path.remove(str(package_path))
+    if found is None or not found.origin or not found.has_location:
+        return ""
+    try:
+        return Path(found.origin).read_text(errors="replace")
+    except OSError:
+        return ""
+
+
 def _make_output(output: Path) -> None:
     """Creates `--output` and writes a file in it now, so a path that cannot be written is a
     usage error rather than a traceback once etcd runs (a permission check alone would pass
@@ -288,6 +341,10 @@ def local() -> None:
 @click.option("--resize-schedule", metavar="SIZE@TIME,...",
               help="Scale the trainers on a timer, e.g. 2@0s,4@20s,1@40s (times since the job started; "
                    "the range defaults to the sizes').")
+@click.option("--python", "python_path", type=click.Path(dir_okay=False, path_type=Path),
+              help="The Python that runs the module (trainers and pservers) [default: this one], "
+                   "e.g. a venv's with a PS-capable PaddlePaddle (2.6.2) for a --pservers job; "
+                   "paddlecloud's own launchers stay on this one.")
 @click.option("--pserver-module", help="The pservers' module [default: MODULE, which switches on TRAINING_ROLE as PaddlePaddle's PS scripts do].")
 @click.option("--checkpoint-every", metavar="TASKS|DURATION",
               help="Checkpoint inside epochs too, every TASKS tasks of the job (20) or DURATION (30s): "
@@ -298,6 +355,11 @@ def local() -> None:
               help="Discard the job's earlier state: its keys in etcd and the checkpoints in --output.")
 @click.option("--restart", "restart_mode", type=click.Choice(["group", "trainer"]), default=None,
               help="What a dead trainer restarts: the whole group (collective) or itself [default: group without pservers, else trainer].")
+@click.option("--pserver-restart", type=click.Choice(["self", "group"]), default="self",
+              help="What a dead pserver restarts: itself (its agent starts it again, told to restore "
+                   "the last checkpoint) or the PS group: every pserver and trainer from the last "
+                   "checkpoint, the master's epoch restarted there (Paddle's fleet PS, whose trainers "
+                   "abort when a pserver dies).")
 @click.option("--session-ttl", type=DURATION, default="30s", show_default=True,
               help="Trainer session lease (as the master's default: longer than a failover).")
 @click.option("--example", type=click.Choice(sorted(EXAMPLES)), help="Run a bundled example (generates its data).")
@@ -305,8 +367,8 @@ def local() -> None:
 @click.option("--engine", type=click.Choice(ENGINES), default=None,
               help="The container engine for --image [default: the first of podman and docker on PATH].")
 @click.argument("module_args", nargs=-1, type=click.UNPROCESSED)
-def train(module, package_path, inputs, output, trainers, min_trainers, max_trainers, resize_schedule, pservers, pserver_module, env, epochs, checkpoint_every, masters, fresh,
-          etcd_endpoints, restart_limit, restart_mode, job, data_format, chunk_bytes, shuffle_seed, session_ttl, example,
+def train(module, package_path, inputs, output, trainers, min_trainers, max_trainers, resize_schedule, pservers, python_path, pserver_module, env, epochs, checkpoint_every, masters, fresh,
+          etcd_endpoints, restart_limit, restart_mode, pserver_restart, job, data_format, chunk_bytes, shuffle_seed, session_ttl, example,
           tls, image, engine, module_args) -> None:
     """Run a training job here: etcd, master(s), pservers and trainers as child processes
     (with --image, each trainer and pserver in a container of IMAGE).
@@ -360,6 +422,12 @@ def train(module, package_path, inputs, output, trainers, min_trainers, max_trai
         for wanted in [m for m in (None if entry else module, pserver_module) if m]:
             _check_image_module(container, wanted, package_path=package_path,
                                 top_package=bool(entry and entry.top_package))
+    if python_path is not None and image:
+        raise click.UsageError("--python runs the module on this machine; with --image the image's runs it")
+    python = _python(python_path)
+    if pservers:
+        _check_ps_paddle(python=python, given=python_path is not None, module=pserver_module or module, package_path=package_path,
+                         container=container)
     if not example:
         inputs = _expand_inputs(inputs)
     if etcd_endpoints:
@@ -384,11 +452,12 @@ def train(module, package_path, inputs, output, trainers, min_trainers, max_trai
     spec = LocalJobSpec(
         job=job_name, module=module, output=output, inputs=inputs,
         trainers=trainers, min_trainers=min_trainers, max_trainers=max_trainers, pservers=pservers,
-        resize_schedule=schedule, pserver_module=pserver_module, epochs=epochs, masters=masters,
+        resize_schedule=schedule, pserver_module=pserver_module, python=python, epochs=epochs, masters=masters,
         package_path=package_path.absolute() if package_path else None, env=env,
         package_import_root=package_path.absolute().parent if entry and entry.top_package else None,
         module_args=tuple(module_args), etcd_endpoints=etcd_endpoints, fresh=fresh,
         restart_limit=restart_limit, restart_mode=restart_mode or ("group" if pservers == 0 else "trainer"),
+        pserver_restart=pserver_restart,
         start_epoch=start_epoch, session_ttl=repr(session_ttl), shuffle_seed=shuffle_seed,
         master_args=("--format", data_format, "--chunk-bytes", str(chunk_bytes)), tls=tls, container=container,
     )

@@ -204,6 +204,19 @@ def check_module(spec: ContainerSpec, module: str) -> None:
                           f"{Path(spec.engine).name} said: {said}")
 
 
+def run_python_in_image(engine: str, image: str, script: str, *, timeout: float = 120) -> str:
+    """What `script` prints when run by the image's python3 (else python), with no network:
+    how `local train --pservers` probes an image's PaddlePaddle (paddlecloud.paddle_probe)."""
+    runner = 'command -v python3 >/dev/null && exec python3 -c "$0"; exec python -c "$0"'
+    try:
+        found = subprocess.run([engine, "run", "--rm", "--pull", "never", "--network", "none",
+                                "--entrypoint", "sh", image, "-c", runner, script],
+                               capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        raise EngineError(f"probing image {image[:200]!r} took more than {timeout:g} s") from None
+    return found.stdout + found.stderr[-300:]
+
+
 def job_mounts(*, inputs: Sequence[str], output: Path, package_path: Path | None,
                top_package: bool = False) -> tuple[Mount, ...]:
     """Seed 002's mounts: the inputs (read-only) at /train/input, or /train/input/N for

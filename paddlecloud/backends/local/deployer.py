@@ -56,6 +56,7 @@ from paddlecloud.phase import Phase
 logger = logging.getLogger(__name__)
 
 RESTART_MODES = ("group", "trainer")
+PSERVER_RESTART_MODES = ("self", "group")
 # A group that lost a member cannot drain (its collectives wait for the dead one): its
 # survivors get just the time to leave the master (trainer_agent.termination.LEAVE_TIMEOUT)
 # before the SIGKILL. A planned stop (a resize, a scale-down, the job stopped) lets trainers
@@ -89,7 +90,10 @@ class LocalDeployer(Deployer):
                  spawn: Callable[[str, int, list[str], dict[str, str]], Child],
                  user_env: Callable[[], dict[str, str]],
                  restart_epoch: Callable[[int, tuple[int, ...]], Awaitable[None]],
-                 event: Callable[[str], None]) -> None:
+                 event: Callable[[str], None], pserver_restart: str = "self") -> None:
+        if pserver_restart not in PSERVER_RESTART_MODES:
+            raise ValueError(f"pserver restart {pserver_restart!r}: must be one of "
+                             f"{', '.join(PSERVER_RESTART_MODES)}")
         if restart_mode not in RESTART_MODES:
             raise ValueError(f"restart mode {restart_mode!r}: must be one of {', '.join(RESTART_MODES)}")
         if trainers < 1 or pservers < 0 or restart_limit < 0:
@@ -106,6 +110,9 @@ class LocalDeployer(Deployer):
         self._next: list[Child] = []  # a restarting group's new members, at their start gate
         self._gates: Path | None = None  # the start gates' directory (made at the first restart)
         self.restarts = 0
+        self.pserver_restart = pserver_restart
+        self._ps_group_restarts = 0
+        self._restore_trainers = False  # the next trainers' trainer 0 loads the checkpoint into the pservers
         self._replacing = True
         self._gave_up = ""
 
@@ -114,7 +121,8 @@ class LocalDeployer(Deployer):
         if self.pservers:
             return
         env = self._user_env()
-        if self._has_checkpoint():  # a job resumed: its pservers load the model it saved
+        self._restore_trainers = self._has_checkpoint()
+        if self._restore_trainers:  # a job resumed: its pservers load the model it saved
             env[PSERVER_RESTORE_ENV] = "1"
         for index in range(self.num_pservers):
             child = self._spawn("pserver", index, self.pserver_command, dict(env))
@@ -150,6 +158,9 @@ class LocalDeployer(Deployer):
             return
         for pserver in self.pservers if self._replacing else ():
             # exit 0 is the agent's own end (it saw the job finish before this loop did)
+            if self._dead(pserver) and self.pserver_restart == "group":
+                await self._restart_ps_group(pserver)
+                return
             if self._dead(pserver):
                 if pserver.restarts >= self.restart_limit:
                     raise JobFailed(f"{pserver.name} exited with {pserver.returncode}; it was restarted "
@@ -237,6 +248,26 @@ class LocalDeployer(Deployer):
             trainer.restarts = restarts + counted
         self.restarts += 1
 
+    async def _restart_ps_group(self, dead: Child) -> None:
+        """`--pserver-restart group` (Paddle's fleet PS: its trainers abort when a pserver dies,
+        and a restarted pserver's tables are empty): every trainer and pserver stopped, the
+        master's epoch restarted at the last checkpoint, the pservers started again told to
+        restore it, then the trainers (trainer 0 loads the checkpoint's tables into them)."""
+        if self._ps_group_restarts >= self.restart_limit:
+            raise JobFailed(f"{dead.name} exited with {dead.returncode}; the PS group was restarted "
+                            f"{self._ps_group_restarts} times (--restart-limit {self.restart_limit})")
+        self._ps_group_restarts += 1
+        self.restarts += 1
+        self._event(f"{dead.name} exited with {dead.returncode}: restarting the pservers and trainers "
+                    f"from the last checkpoint (PS group restart {self._ps_group_restarts})")
+        await asyncio.gather(*(t.stop(grace=GROUP_STOP_GRACE) for t in self.trainers))
+        await asyncio.gather(*(p.stop(grace=STOP_GRACE) for p in self.pservers))
+        epoch, done = checkpoints.resume_point(checkpoints.checkpoints_dir(str(self.output)))
+        await self._restart_epoch(epoch, done)
+        self.pservers, self.trainers = [], []
+        await self.create_pservers()
+        await self._start_trainers()
+
     async def _open(self, gate: Path) -> None:
         """Opens a restart's gate: rank 0's, then (a collective group) its peers' a moment later."""
         await asyncio.to_thread(gate.touch)
@@ -256,6 +287,8 @@ class LocalDeployer(Deployer):
         return self._gates / f"group-{self.restarts + 1}"
 
     async def _restart(self, child: Child) -> None:
+        if child.role == "trainer":  # a trainer restarted alone finds the pservers' live model:
+            child.env.pop(PSERVER_RESTORE_ENV, None)  # it must not load the checkpoint over it
         self.restarts += 1
         self._event(f"{child.name} exited with {child.returncode}: restarting it "
                     f"(restart {child.restarts + 1})")
@@ -292,6 +325,8 @@ class LocalDeployer(Deployer):
 
     def _trainer_env(self, index: int, ports: list[int]) -> dict[str, str]:
         env = self._user_env()
+        if self._restore_trainers:
+            env[PSERVER_RESTORE_ENV] = "1"
         env["PADDLE_TRAINER_ID"] = str(index)
         env["PADDLE_TRAINERS_NUM"] = str(self.num_trainers)
         env.setdefault(STOP_GRACE_ENV, f"{DRAIN_GRACE:g}")
@@ -303,6 +338,10 @@ class LocalDeployer(Deployer):
                        # Paddle 2.x's launcher: the trainers' ports differ here (one machine)
                        DISTRIBUTED_TRAINER_ENDPOINTS=",".join(endpoints),
                        **launcher_env(endpoints, str(index)))
+        else:  # a fleet PS trainer's PaddleCloudRoleMaker needs its own PADDLE_PORT and the
+            # trainers' endpoints too (paddle-operator sets both)
+            endpoints = [f"127.0.0.1:{p}" for p in ports]
+            env.update(PADDLE_TRAINER_ENDPOINTS=",".join(endpoints), PADDLE_PORT=str(ports[index]))
         return env
 
 
@@ -316,9 +355,9 @@ def trainer_hosts(count: int) -> list[str]:
     return [str(first + i) for i in range(count)]
 
 
-def launcher_command(role: str, user_command: list[str]) -> list[str]:
-    """`paddlecloud pserver|trainer -- USER COMMAND`, with this Python."""
-    return [sys.executable, "-m", "paddlecloud", role, "--", *user_command]
+def launcher_command(role: str, user_command: list[str], *flags: str) -> list[str]:
+    """`paddlecloud pserver|trainer [FLAGS] -- USER COMMAND`, with this Python."""
+    return [sys.executable, "-m", "paddlecloud", role, *flags, "--", *user_command]
 
 
 ABORTED = signal_exit_code(signal.SIGABRT)  # a launcher's code for a trainer that aborted

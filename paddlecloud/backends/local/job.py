@@ -77,10 +77,12 @@ class LocalJobSpec:
     env: tuple[tuple[str, str], ...] = ()
     module_args: tuple[str, ...] = ()
     pserver_module: str | None = None    # default: `module`, which switches on TRAINING_ROLE
+    python: str = sys.executable         # runs the module (--python), e.g. a PS-capable Paddle's venv
     etcd_endpoints: str | None = None
     fresh: bool = False
     restart_limit: int = 3
     restart_mode: str = "group"          # "group" (collective) or "trainer" (PS / stub trainers)
+    pserver_restart: str = "self"        # "self": the agent restarts its pserver; "group": the PS group
     start_epoch: int = 0
     master_args: tuple[str, ...] = ()    # extra master flags (e.g. --chunk-bytes)
     shuffle_seed: int = 0                # the deal order's seed (master --shuffle-seed)
@@ -129,10 +131,12 @@ class LocalJob:
         self.deployer = LocalDeployer(
             trainers=spec.trainers, pservers=spec.pservers, output=spec.output,
             trainer_command=launcher_command("trainer", self._role_command("trainer")),
-            pserver_command=launcher_command("pserver", self._role_command("pserver")),
+            # a PS group restart is the deployer's: the agent exits with its pserver
+            pserver_command=launcher_command("pserver", self._role_command("pserver"),
+                                             *(("--restart-limit", "0") if spec.pserver_restart == "group" else ())),
             restart_limit=spec.restart_limit, restart_mode=spec.restart_mode, spawn=self._child,
             user_env=self._env, restart_epoch=self._restart_epoch,
-            event=self._event,
+            event=self._event, pserver_restart=spec.pserver_restart,
         )
         self.stopping = asyncio.Event()
         self.exited = asyncio.Event()  # a child ended: the supervisor looks at once
@@ -275,7 +279,7 @@ class LocalJob:
         Only the user's code gets the package path: our own processes (the master, the
         launchers and agents, which import `master`) must not see a user's `master.py`.
         """
-        command = [sys.executable, "-m", module or self.spec.module,
+        command = [self.spec.python, "-m", module or self.spec.module,
                    *(self.spec.module_args if args is None else args)]
         if self.spec.package_path is None:
             return command
