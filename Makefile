@@ -59,6 +59,7 @@ chaos: $(call stamp,$(TEST_EXTRAS))
 
 ps-proof: $(call stamp,$(TEST_EXTRAS))
 	$(BIN)/python -m tests.ps_faults --fault none --fault trainer-kill --fault trainer0-restart --fault pserver-kill
+	PADDLECLOUD_PS_PROOF=1 $(BIN)/pytest -n 2 -m paddle_ps
 
 bench: $(call stamp,$(TEST_EXTRAS))
 	$(BIN)/python -c 'import matplotlib' 2>/dev/null || $(BIN)/python -m pip install -q -e '.[bench]'
