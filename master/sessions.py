@@ -24,7 +24,10 @@ and may register again.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Iterable
 from dataclasses import dataclass
+
+from paddlecloud.untrusted import quote
 
 
 class SessionExpired(Exception):
@@ -54,6 +57,53 @@ class SessionEvicted(SessionSuperseded):
 
 class UnknownTrainer(Exception):
     """An operator named a trainer id that has no session."""
+
+
+class TooManySessions(Exception):
+    """A registration past the job's session cap (`session_cap_refusal`): RESOURCE_EXHAUSTED."""
+
+
+# The session cap. A job's trainers are at most its range's maximum, but honest sessions can
+# outnumber that for a while: a trainer replaced under a new id (a new pod name) while its
+# old session lives out its TTL, a tool that registers beside them. So the cap on trainer
+# ids is the maximum plus a margin of as many again (at least CAP_MARGIN_MIN). A DataLoader's
+# worker processes register ids `BASE/N` (`trainer_agent.paddle`): they count as their
+# trainer BASE, and one trainer holds at most LOADER_SESSIONS of them (its workers and itself).
+CAP_MARGIN_MIN = 4
+LOADER_SESSIONS = 257  # trainer_agent.paddle.MAX_WORKERS loader workers, and the trainer
+
+
+def trainer_base(trainer: str) -> str:
+    """The trainer a session's id belongs to: `7` for a loader worker's `7/0`."""
+    return trainer.partition("/")[0]
+
+
+def trainer_cap(maximum: int) -> int:
+    """Trainer ids (loader workers counted as their trainer) a job of at most `maximum` trainers
+    may have sessions for at once."""
+    return maximum + max(CAP_MARGIN_MIN, maximum)
+
+
+def session_cap_refusal(trainer: str, live: Iterable[str], *, maximum: int) -> str | None:
+    """Why a new session of `trainer` would pass the cap, given the ids with a session (or one
+    being opened) `live`; None when it may register. An id that has a session already never
+    counts twice: its new session supersedes the old one (a restarted trainer rejoining)."""
+    live = set(live)
+    if trainer in live:
+        return None
+    base = trainer_base(trainer)
+    bases: dict[str, int] = {}
+    for other in live:
+        bases[trainer_base(other)] = bases.get(trainer_base(other), 0) + 1
+    cap = trainer_cap(maximum)
+    if base not in bases and len(bases) >= cap:
+        return (f"trainer {quote(trainer)} refused: the job has sessions of {len(bases)} trainers, "
+                f"its cap ({cap}: max_trainers {maximum} plus a margin of {cap - maximum}); "
+                "one frees when a trainer leaves or its session expires")
+    if bases.get(base, 0) >= LOADER_SESSIONS:
+        return (f"trainer {quote(trainer)} refused: trainer {quote(base)} has {bases[base]} sessions "
+                f"(itself and its loader workers), the cap of one trainer ({LOADER_SESSIONS})")
+    return None
 
 
 EVICTED_REMEMBERED = 4096  # evicted sessions told so (the rest hear "expired")

@@ -41,7 +41,14 @@ from dataclasses import dataclass
 from master import metrics
 from master.core import Core, InvalidArgument, TooSlow
 from master.machine import Loaded, SessionCalled, SessionEnded, SessionMarked, SessionOpened
-from master.sessions import SessionExpired, SessionInfo, SessionSuperseded, UnknownTrainer
+from master.sessions import (
+    SessionExpired,
+    SessionInfo,
+    SessionSuperseded,
+    TooManySessions,
+    UnknownTrainer,
+    session_cap_refusal,
+)
 from master.state import InvalidTransition
 from master.store_errors import NotLeader
 from paddlecloud.aio import KeyedLocks, cancel_and_wait
@@ -83,6 +90,7 @@ class Trainers:
         self.registry = core.sessions
         self._ending: set[int] = set()  # sessions this master is revoking right now
         self._registering = KeyedLocks()  # one trainer id's registrations go one at a time
+        self._opening: set[str] = set()  # trainer ids whose registration is under way (the cap counts them)
         self._watch: asyncio.Task[None] | None = None
         self._graces: dict[int, asyncio.TimerHandle] = {}  # new session -> its next refresh, pending
         self._lapsed: OrderedDict[int, None] = OrderedDict()  # sessions ended by expiry, the newest last
@@ -92,35 +100,54 @@ class Trainers:
 
     async def register(self, trainer: str) -> Registration:
         _check_trainer_id(trainer)
-        core, store = self.core, self.core.store
-        async with core.admitted(), self._registering.hold(trainer):
-            lease = await store.leases.grant(core.policy.session_ttl)
-            old = self.registry.by_trainer.get(trainer)
+        async with self.core.admitted(), self._registering.hold(trainer):
+            self._check_cap(trainer)
+            self._opening.add(trainer)
             try:
-                if old is not None:
-                    # Before the revoke: a call of the old session in the window until the
-                    # new one is recorded must hear "superseded" (it stops), not "expired"
-                    # (it would register again and evict the newer process in turn).
-                    core.apply(SessionMarked(old, trainer, "superseded"))
-                    await self._end(old, cause="superseded")
-                opened = SessionOpened(trainer, lease, old, at=time.monotonic())
-                if await core.commit(opened) is None:
-                    raise TooSlow(f"the session of trainer {quote(trainer)} lapsed before it was "
-                                  f"recorded (this master is slower than its {core.policy.session_ttl:g}s "
-                                  "session TTL): register again")
-            except BaseException:
-                with contextlib.suppress(Exception):
-                    await store.leases.revoke(lease)
-                raise
-            self._grace_later(lease, self.registry.by_session[lease].last_call, FIRST_CALL_GRACES)
-            logger.info("trainer %s registered: session %d%s", trainer, lease,
-                        f" (supersedes {old})" if old else "")
-            state = core.state
-            return Registration(
-                session=lease, ttl=core.policy.session_ttl,
-                current_epoch=state.epoch if state else 0,
-                num_epochs=core.spec.num_epochs if core.spec else 0,
-            )
+                return await self._open(trainer)
+            finally:
+                self._opening.discard(trainer)
+
+    def _check_cap(self, trainer: str) -> None:
+        """Sessions per job are capped by its trainer range (`master.sessions`: one holder of the
+        shared trainer token must not hold every task under made-up ids); no range, no cap."""
+        span = self.core.machine.trainer_range
+        if span is None:
+            return
+        why = session_cap_refusal(trainer, {*self.registry.by_trainer, *self._opening}, maximum=span.maximum)
+        if why is not None:
+            metrics.SESSIONS_CAPPED.inc()
+            raise TooManySessions(why)
+
+    async def _open(self, trainer: str) -> Registration:
+        core, store = self.core, self.core.store
+        lease = await store.leases.grant(core.policy.session_ttl)
+        old = self.registry.by_trainer.get(trainer)
+        try:
+            if old is not None:
+                # Before the revoke: a call of the old session in the window until the
+                # new one is recorded must hear "superseded" (it stops), not "expired"
+                # (it would register again and evict the newer process in turn).
+                core.apply(SessionMarked(old, trainer, "superseded"))
+                await self._end(old, cause="superseded")
+            opened = SessionOpened(trainer, lease, old, at=time.monotonic())
+            if await core.commit(opened) is None:
+                raise TooSlow(f"the session of trainer {quote(trainer)} lapsed before it was "
+                              f"recorded (this master is slower than its {core.policy.session_ttl:g}s "
+                              "session TTL): register again")
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await store.leases.revoke(lease)
+            raise
+        self._grace_later(lease, self.registry.by_session[lease].last_call, FIRST_CALL_GRACES)
+        logger.info("trainer %s registered: session %d%s", trainer, lease,
+                    f" (supersedes {old})" if old else "")
+        state = core.state
+        return Registration(
+            session=lease, ttl=core.policy.session_ttl,
+            current_epoch=state.epoch if state else 0,
+            num_epochs=core.spec.num_epochs if core.spec else 0,
+        )
 
     async def evict(self, trainer: str) -> tuple[int, int]:
         """The operator ends `trainer`'s session as a supersede would: its tasks return to todo
