@@ -49,6 +49,8 @@ def test_secret_env_is_a_secret_key_ref_and_never_a_value_in_a_configmap():
     ("API_TOKEN=Creds!/token", ["'Creds!'", "DNS-1123"]),
     ("API_TOKEN=creds/to ken", ["'to ken'"]),
     ("PADDLE_TRAINER_ID=creds/id", ["PADDLE_TRAINER_ID", "set by paddlecloud"]),
+    ("ROOT=paddlecloud-etcd-admin/password", ["paddlecloud-etcd-admin", "Secret of paddlecloud's own"]),
+    ("T=victim-tokens/operator", ["victim-tokens", "Secret of paddlecloud's own"]),
 ])
 def test_a_bad_secret_env_is_refused_naming_it(flag, words):
     result = submit("sec", "--module", "m.train", "--secret-env", flag)
