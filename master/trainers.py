@@ -35,7 +35,7 @@ import logging
 import math
 import re
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from dataclasses import dataclass
 
 from master import metrics
@@ -48,6 +48,7 @@ from master.sessions import (
     TooManySessions,
     UnknownTrainer,
     session_cap_refusal,
+    trainer_base,
 )
 from master.state import InvalidTransition
 from master.store_errors import NotLeader
@@ -90,7 +91,10 @@ class Trainers:
         self.registry = core.sessions
         self._ending: set[int] = set()  # sessions this master is revoking right now
         self._registering = KeyedLocks()  # one trainer id's registrations go one at a time
-        self._opening: set[str] = set()  # trainer ids whose registration is under way (the cap counts them)
+        # registrations under way, by trainer_base (the session cap counts them), and of those
+        # the trainers that had no session when they began
+        self._opening: Counter[str] = Counter()
+        self._new_bases: Counter[str] = Counter()
         self._watch: asyncio.Task[None] | None = None
         self._graces: dict[int, asyncio.TimerHandle] = {}  # new session -> its next refresh, pending
         self._lapsed: OrderedDict[int, None] = OrderedDict()  # sessions ended by expiry, the newest last
@@ -101,23 +105,42 @@ class Trainers:
     async def register(self, trainer: str) -> Registration:
         _check_trainer_id(trainer)
         async with self.core.admitted(), self._registering.hold(trainer):
-            self._check_cap(trainer)
-            self._opening.add(trainer)
+            reserved = self._reserve(trainer)
             try:
                 return await self._open(trainer)
             finally:
-                self._opening.discard(trainer)
+                self._release(reserved)
 
-    def _check_cap(self, trainer: str) -> None:
-        """Sessions per job are capped by its trainer range (`master.sessions`: one holder of the
-        shared trainer token must not hold every task under made-up ids); no range, no cap."""
+    def _reserve(self, trainer: str) -> tuple[str, bool] | None:
+        """Checks the session cap (`master.sessions`: one holder of the shared trainer token must
+        not hold every task under made-up ids; no range, no cap) and counts `trainer` in it
+        while its registration is under way; what `_release` gives back. O(1): a registration
+        storm of thousands checks each one in constant time."""
         span = self.core.machine.trainer_range
-        if span is None:
-            return
-        why = session_cap_refusal(trainer, {*self.registry.by_trainer, *self._opening}, maximum=span.maximum)
+        if span is None or trainer in self.registry.by_trainer:
+            return None  # a known id supersedes its session: it never counts twice
+        base = trainer_base(trainer)
+        bases = self.registry.bases
+        new = base not in bases and base not in self._new_bases
+        why = session_cap_refusal(trainer, trainers=len(bases) + len(self._new_bases), new_trainer=new,
+                                  sessions_of_trainer=bases.get(base, 0) + self._opening[base],
+                                  maximum=span.maximum)
         if why is not None:
             metrics.SESSIONS_CAPPED.inc()
             raise TooManySessions(why)
+        self._opening[base] += 1
+        if new:
+            self._new_bases[base] += 1
+        return base, new
+
+    def _release(self, reserved: tuple[str, bool] | None) -> None:
+        if reserved is None:
+            return
+        base, new = reserved
+        for counter in (self._opening, self._new_bases) if new else (self._opening,):
+            counter[base] -= 1
+            if not counter[base]:
+                del counter[base]
 
     async def _open(self, trainer: str) -> Registration:
         core, store = self.core, self.core.store

@@ -11,20 +11,31 @@ import pytest
 from datasets import write_records
 from masters import pb, stub, wait_serving
 
-from master.sessions import LOADER_SESSIONS, session_cap_refusal, trainer_cap
+from master.sessions import LOADER_SESSIONS, SessionRegistry, session_cap_refusal, trainer_cap
 from paddlecloud.auth import JobTokens, auth_metadata
 
 
-def test_the_cap_is_the_maximum_plus_a_margin_and_a_known_id_never_counts_twice():
+def test_the_cap_is_the_maximum_plus_a_margin_and_loader_workers_count_as_their_trainer():
     assert trainer_cap(3) == 7 and trainer_cap(100) == 200
-    live = {str(i) for i in range(7)}
-    assert session_cap_refusal("0", live, maximum=3) is None  # a restarted trainer supersedes
-    why = session_cap_refusal("x", live, maximum=3)
+    why = session_cap_refusal("x", trainers=7, new_trainer=True, sessions_of_trainer=0, maximum=3)
     assert why is not None and "cap (7: max_trainers 3 plus a margin of 4)" in why
-    # loader workers count as their trainer, up to LOADER_SESSIONS of them
-    assert session_cap_refusal("6/0", live, maximum=3) is None
-    workers = {"w", *(f"w/{n}" for n in range(LOADER_SESSIONS - 1))}
-    assert "the cap of one trainer" in session_cap_refusal("w/999", workers, maximum=3)
+    # a worker of a trainer that has sessions adds no trainer, up to LOADER_SESSIONS of them
+    assert session_cap_refusal("6/0", trainers=7, new_trainer=False, sessions_of_trainer=1, maximum=3) is None
+    full = session_cap_refusal("w/9", trainers=1, new_trainer=False, sessions_of_trainer=LOADER_SESSIONS,
+                               maximum=3)
+    assert "the cap of one trainer" in full
+
+
+def test_the_registry_counts_trainers_as_sessions_come_and_go():
+    registry = SessionRegistry()
+    registry.load({"0": 1, "0/1": 2}, {}, at=0)
+    assert registry.bases == {"0": 2}
+    registry.add("1", 3, supersedes=None, at=0)
+    registry.add("1", 4, supersedes=3, at=0)  # a supersede: still one session of trainer 1
+    assert registry.bases == {"0": 2, "1": 1}
+    registry.remove(4)
+    registry.remove(3)  # superseded already: nothing more to count
+    assert registry.bases == {"0": 2}
 
 
 async def test_registrations_past_the_cap_are_resource_exhausted_naming_it(tmp_path, start_master):
