@@ -7,6 +7,9 @@ token. The Job Server reads the job's viewer token from its Secret `NAME-tokens`
 keeps it in memory, and asks the master's HTTP port (the Service's `metrics` port) for a
 page path of `ALLOWED` only. A viewer token opens no session ids (master.web).
 
+A master's answer is not trusted: one that is no JSON object shows that job as unreachable
+in the overview (`progress` None), not an error of the whole page.
+
 What this does NOT guarantee: a page for a job whose master is not reachable from the
 Job Server (a NetworkPolicy that admits the status port only from the job's own
 namespace keeps a Job Server of another namespace out: `MasterUnreachable`); a cached
@@ -36,8 +39,11 @@ TIMEOUT_S = 5.0  # a master's answer to one page request
 # Not /metrics (an operator's scrape, not the page's) and nothing else the master may serve.
 ALLOWED = ("", "api/job", "api/series", "api/goodput", "api/schema")
 STATIC = re.compile(r"^static/[A-Za-z0-9_-]+\.(?:css|js|svg|png)$")
-# Headers of the master's answer passed to the browser; no cookie, nothing else.
-PASSED_HEADERS = ("Content-Type", "Cache-Control", "ETag", "Last-Modified")
+# Headers of the master's answer passed to the browser; no cookie, nothing else. Its own
+# security headers are kept (the Job Server adds a policy of its own beside them: the
+# browser enforces both, `job_server.routers.pages`).
+PASSED_HEADERS = ("Content-Type", "Cache-Control", "ETag", "Last-Modified", "Content-Security-Policy",
+                  "X-Frame-Options", "X-Content-Type-Options", "Referrer-Policy")
 
 # host:port of a job's status page, from (namespace, name): its Service's metrics port.
 PageAddress = Callable[[str, str], str]
@@ -125,8 +131,24 @@ class MasterPages:
             return None
         if answer is None or answer.status != 200:
             return None
-        job = json.loads(answer.body)
-        return {"epoch": job.get("epoch", 0), "epochs": job.get("num_epochs", 0),
-                "tasks_done": (job.get("counts") or {}).get("done", 0), "tasks": job.get("num_tasks", 0),
-                "trainers_alive": job.get("trainers_alive", 0)}
+        figures = _figures(answer.body)
+        if figures is None:  # one master answering nonsense is that job's "-" in the overview, no more
+            logger.info("the master of %s/%s answered api/job with no job's figures: %r", namespace, name,
+                        answer.body[:80])
+        return figures
+
+
+def _figures(body: bytes) -> dict[str, int] | None:
+    """The overview's figures from a master's /api/job; None unless each is a count."""
+    try:
+        job = json.loads(body)
+    except ValueError:
+        return None
+    counts = job.get("counts") or {} if isinstance(job, dict) else None
+    if not isinstance(counts, dict):
+        return None
+    figures = {"epoch": job.get("epoch", 0), "epochs": job.get("num_epochs", 0),
+               "tasks_done": counts.get("done", 0), "tasks": job.get("num_tasks", 0),
+               "trainers_alive": job.get("trainers_alive", 0)}
+    return figures if all(type(v) is int and v >= 0 for v in figures.values()) else None
 

@@ -17,8 +17,9 @@ autoscaler, accepted by every master that mounts it, so it may resize a job with
 range and read its status (which shows no session id) and nothing more — not the listings,
 not a session, not RestartEpoch or SetDataset.
 
-No token, or one that is not the job's: UNAUTHENTICATED. A token of the wrong role,
-or a session token used for another session: PERMISSION_DENIED. The servicer never
+No token, or one that is not the job's: UNAUTHENTICATED, and a wrong role PERMISSION_DENIED,
+both decided from the metadata before the request's message is read or parsed. A session token used
+for another session: PERMISSION_DENIED. The servicer never
 reads metadata: it asks `caller()` (a context variable set here for the call) whether
 the caller is the operator.
 
@@ -40,6 +41,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import grpc
 
+from master.malformed import Malformed
 from paddlecloud.api import SERVICE_NAME
 from paddlecloud.auth import Principal, Role, TokenRoles, bearer_token
 from paddlecloud.untrusted import quote
@@ -97,13 +99,18 @@ def _handler(handler: grpc.RpcMethodHandler, behavior: Behavior) -> grpc.RpcMeth
 
 
 def _refusal(handler: grpc.RpcMethodHandler, code: grpc.StatusCode, message: str) -> grpc.RpcMethodHandler:
-    async def refuse(request: object, context: grpc.aio.ServicerContext) -> object:
+    """A refusal decided from the metadata: served as a stream whose requests are never read,
+    so a caller without the right token costs no parsing whatever its message's size
+    (gRPC reads a unary call's message before its behaviour runs, a stream's only when asked)."""
+    async def refuse(requests: AsyncIterator, context: grpc.aio.ServicerContext) -> object:
         await context.abort(code, message)
 
-    return _handler(handler, refuse)
+    return grpc.stream_unary_rpc_method_handler(refuse, response_serializer=handler.response_serializer)
 
 
 async def _own_session(request, principal: Principal, context: grpc.aio.ServicerContext) -> None:
+    if isinstance(request, Malformed):
+        return  # no session to compare: the Master service's handler refuses it (`master.malformed`)
     if request.session_id != principal.session:
         await context.abort(grpc.StatusCode.PERMISSION_DENIED,
                             f"session {quote(str(request.session_id))} is not the session of "

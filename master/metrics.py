@@ -49,6 +49,9 @@ RATE_LIMITED = Counter("paddlecloud_master_rate_limited_calls",
 SHED_CALLS = Counter("paddlecloud_master_shed_calls",
                      "Calls answered RESOURCE_EXHAUSTED past --max-calls-in-flight", ["method"],
                      registry=REGISTRY)
+SESSIONS_CAPPED = Counter("paddlecloud_master_capped_registrations",
+                          "Registrations refused RESOURCE_EXHAUSTED past the job's session cap",
+                          registry=REGISTRY)
 HELD_CALLS = Counter("paddlecloud_master_held_calls",
                      "Trainer calls a master not serving held (--failover-hold), by how they ended: "
                      "served (it serves now) or not_leader (told where the leader is)", ["outcome"],

@@ -44,6 +44,7 @@ from master import inspection, metrics
 from master.authorization import Authorization
 from master.config import LOOPBACK_HOSTS, MasterConfig, SpecError, TlsFiles
 from master.dispatcher import Dispatcher, lease_process
+from master.malformed import add_master_servicer
 from master.mirror import DoneMarkMirror
 from master.presence import (
     MasterPresence,
@@ -59,7 +60,7 @@ from master.store_errors import NotLeader, StoreUnavailable
 from master.web import StatusPage
 from paddlecloud import etcd
 from paddlecloud.aio import cancel_and_wait
-from paddlecloud.api import SERVICE_NAME, pb_grpc
+from paddlecloud.api import SERVICE_NAME
 from paddlecloud.auth import CredentialError, JobTokens, ScalerToken, TokenRoles
 from paddlecloud.keys import JobKeys
 from paddlecloud.wire import SERVER_KEEPALIVE
@@ -329,7 +330,7 @@ async def serve(config: MasterConfig) -> int:
     # interceptor would change nothing, and costs every call (`master.authorization`).
     interceptors = [Authorization(roles)] if roles is not None else []
     server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=interceptors)
-    pb_grpc.add_MasterServicer_to_server(
+    add_master_servicer(
         MasterServicer(dispatcher=lambda: node.dispatcher, leader_hint=lambda: node.leader_hint,
                        serving_dispatcher=node.serving_dispatcher, hold=config.failover_hold,
                        max_in_flight=config.max_calls_in_flight, task_streams=config.task_streams,

@@ -44,7 +44,7 @@ from master.config import DatasetSpec
 from master.core import CacheOutOfStep, FailedPrecondition, InvalidArgument, TooSlow
 from master.dispatcher import Dispatcher
 from master.rate_limit import RateLimited, RegistrationLimit
-from master.sessions import SessionExpired, SessionSuperseded, UnknownTrainer
+from master.sessions import SessionExpired, SessionSuperseded, TooManySessions, UnknownTrainer
 from master.state import Outcome, TaskStatus
 from master.store_errors import NotLeader, StoreFull, StoreUnavailable
 from master.tasks import GetTaskResult, TaskRef
@@ -69,6 +69,7 @@ _ERRORS: list[tuple[type[BaseException], grpc.StatusCode]] = [
     (CacheOutOfStep, grpc.StatusCode.UNAVAILABLE),
     (TooSlow, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (RateLimited, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (TooManySessions, grpc.StatusCode.RESOURCE_EXHAUSTED),
 ]
 
 

@@ -23,8 +23,10 @@ and may register again.
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from dataclasses import dataclass
+
+from paddlecloud.untrusted import quote
 
 
 class SessionExpired(Exception):
@@ -56,6 +58,49 @@ class UnknownTrainer(Exception):
     """An operator named a trainer id that has no session."""
 
 
+class TooManySessions(Exception):
+    """A registration past the job's session cap (`session_cap_refusal`): RESOURCE_EXHAUSTED."""
+
+
+# The session cap. A job's trainers are at most its range's maximum, but honest sessions can
+# outnumber that for a while: a trainer replaced under a new id (a new pod name) while its
+# old session lives out its TTL, a tool that registers beside them. So the cap on trainer
+# ids is the maximum plus a margin of as many again (at least CAP_MARGIN_MIN). A DataLoader's
+# worker processes register ids `BASE/N` (`trainer_agent.paddle`): they count as their
+# trainer BASE, and one trainer holds at most LOADER_SESSIONS of them (its workers and itself).
+CAP_MARGIN_MIN = 4
+LOADER_SESSIONS = 257  # trainer_agent.paddle.MAX_WORKERS loader workers, and the trainer
+
+
+def trainer_base(trainer: str) -> str:
+    """The trainer a session's id belongs to: `7` for a loader worker's `7/0`."""
+    return trainer.partition("/")[0]
+
+
+def trainer_cap(maximum: int) -> int:
+    """Trainer ids (loader workers counted as their trainer) a job of at most `maximum` trainers
+    may have sessions for at once."""
+    return maximum + max(CAP_MARGIN_MIN, maximum)
+
+
+def session_cap_refusal(trainer: str, *, trainers: int, new_trainer: bool, sessions_of_trainer: int,
+                        maximum: int) -> str | None:
+    """Why a new session of `trainer` (an id with no session yet: an id that has one supersedes
+    it and never counts twice) would pass the cap of a job of at most `maximum` trainers, given the
+    `trainers` (ids less their `/N`) with sessions now, whether `trainer`'s is `new_trainer`
+    among them, and the `sessions_of_trainer` its trainer has; None when it may register."""
+    cap = trainer_cap(maximum)
+    if new_trainer and trainers >= cap:
+        return (f"trainer {quote(trainer)} refused: the job has sessions of {trainers} trainers, "
+                f"its cap ({cap}: max_trainers {maximum} plus a margin of {cap - maximum}); "
+                "one frees when a trainer leaves or its session expires")
+    if sessions_of_trainer >= LOADER_SESSIONS:
+        return (f"trainer {quote(trainer)} refused: trainer {quote(trainer_base(trainer))} has "
+                f"{sessions_of_trainer} sessions (itself and its loader workers), the cap of one "
+                f"trainer ({LOADER_SESSIONS})")
+    return None
+
+
 EVICTED_REMEMBERED = 4096  # evicted sessions told so (the rest hear "expired")
 
 
@@ -76,11 +121,13 @@ class SessionRegistry:
         self.by_trainer: dict[str, int] = {}
         self.superseded: dict[int, str] = {}
         self.evicted: OrderedDict[int, str] = OrderedDict()  # session -> trainer, the newest last
+        self.bases: Counter[str] = Counter()  # trainer_base -> its ids with a session (the cap counts them)
 
     def load(self, trainers: dict[str, int], superseded: dict[int, str], *, at: float) -> None:
         """The sessions etcd holds, as of `at` (their last call: they get a TTL from the load)."""
         self.by_session = {sid: SessionInfo(sid, tid, last_call=at) for tid, sid in trainers.items()}
         self.by_trainer = dict(trainers)
+        self.bases = Counter(trainer_base(t) for t in trainers)
         self.superseded = dict(superseded)
 
     def add(self, trainer: str, session: int, *, supersedes: int | None, at: float) -> None:
@@ -88,6 +135,8 @@ class SessionRegistry:
         if supersedes is not None:
             self.by_session.pop(supersedes, None)
             self.superseded[supersedes] = trainer
+        if trainer not in self.by_trainer:
+            self.bases[trainer_base(trainer)] += 1
         self.by_trainer[trainer] = session
         self.by_session[session] = SessionInfo(session, trainer, last_call=at, last_refresh=at)
 
@@ -113,6 +162,10 @@ class SessionRegistry:
         info = self.by_session.pop(session, None)
         if info is not None and self.by_trainer.get(info.trainer) == session:
             del self.by_trainer[info.trainer]
+            base = trainer_base(info.trainer)
+            self.bases[base] -= 1
+            if not self.bases[base]:
+                del self.bases[base]
         return info
 
     def forget_superseded_by(self, session: int) -> None:

@@ -35,13 +35,21 @@ import logging
 import math
 import re
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from dataclasses import dataclass
 
 from master import metrics
 from master.core import Core, InvalidArgument, TooSlow
 from master.machine import Loaded, SessionCalled, SessionEnded, SessionMarked, SessionOpened
-from master.sessions import SessionExpired, SessionInfo, SessionSuperseded, UnknownTrainer
+from master.sessions import (
+    SessionExpired,
+    SessionInfo,
+    SessionSuperseded,
+    TooManySessions,
+    UnknownTrainer,
+    session_cap_refusal,
+    trainer_base,
+)
 from master.state import InvalidTransition
 from master.store_errors import NotLeader
 from paddlecloud.aio import KeyedLocks, cancel_and_wait
@@ -84,6 +92,10 @@ class Trainers:
         self.registry = core.sessions
         self._ending: set[int] = set()  # sessions this master is revoking right now
         self._registering = KeyedLocks()  # one trainer id's registrations go one at a time
+        # registrations under way, by trainer_base (the session cap counts them), and of those
+        # the trainers that had no session when they began
+        self._opening: Counter[str] = Counter()
+        self._new_bases: Counter[str] = Counter()
         self._watch: asyncio.Task[None] | None = None
         self._graces: dict[int, asyncio.TimerHandle] = {}  # new session -> its next refresh, pending
         self._lapsed: OrderedDict[int, None] = OrderedDict()  # sessions ended by expiry, the newest last
@@ -93,35 +105,73 @@ class Trainers:
 
     async def register(self, trainer: str) -> Registration:
         _check_trainer_id(trainer)
-        core, store = self.core, self.core.store
-        async with core.admitted(), self._registering.hold(trainer):
-            lease = await store.leases.grant(core.policy.session_ttl)
-            old = self.registry.by_trainer.get(trainer)
+        async with self.core.admitted(), self._registering.hold(trainer):
+            reserved = self._reserve(trainer)
             try:
-                if old is not None:
-                    # Before the revoke: a call of the old session in the window until the
-                    # new one is recorded must hear "superseded" (it stops), not "expired"
-                    # (it would register again and evict the newer process in turn).
-                    core.apply(SessionMarked(old, trainer, "superseded"))
-                    await self._end(old, cause="superseded")
-                opened = SessionOpened(trainer, lease, old, at=time.monotonic())
-                if await core.commit(opened) is None:
-                    raise TooSlow(f"the session of trainer {quote(trainer)} lapsed before it was "
-                                  f"recorded (this master is slower than its {core.policy.session_ttl:g}s "
-                                  "session TTL): register again")
-            except BaseException:
-                with contextlib.suppress(Exception):
-                    await store.leases.revoke(lease)
-                raise
-            self._grace_later(lease, self.registry.by_session[lease].last_call, FIRST_CALL_GRACES)
-            logger.info("trainer %s registered: session %s%s", trainer, short_session(lease),
-                        f" (supersedes {short_session(old)})" if old else "")
-            state = core.state
-            return Registration(
-                session=lease, ttl=core.policy.session_ttl,
-                current_epoch=state.epoch if state else 0,
-                num_epochs=core.spec.num_epochs if core.spec else 0,
-            )
+                return await self._open(trainer)
+            finally:
+                self._release(reserved)
+
+    def _reserve(self, trainer: str) -> tuple[str, bool] | None:
+        """Checks the session cap (`master.sessions`: one holder of the shared trainer token must
+        not hold every task under made-up ids; no range, no cap) and counts `trainer` in it
+        while its registration is under way; what `_release` gives back. O(1): a registration
+        storm of thousands checks each one in constant time."""
+        span = self.core.machine.trainer_range
+        if span is None or trainer in self.registry.by_trainer:
+            return None  # a known id supersedes its session: it never counts twice
+        base = trainer_base(trainer)
+        bases = self.registry.bases
+        new = base not in bases and base not in self._new_bases
+        why = session_cap_refusal(trainer, trainers=len(bases) + len(self._new_bases), new_trainer=new,
+                                  sessions_of_trainer=bases.get(base, 0) + self._opening[base],
+                                  maximum=span.maximum)
+        if why is not None:
+            metrics.SESSIONS_CAPPED.inc()
+            raise TooManySessions(why)
+        self._opening[base] += 1
+        if new:
+            self._new_bases[base] += 1
+        return base, new
+
+    def _release(self, reserved: tuple[str, bool] | None) -> None:
+        if reserved is None:
+            return
+        base, new = reserved
+        for counter in (self._opening, self._new_bases) if new else (self._opening,):
+            counter[base] -= 1
+            if not counter[base]:
+                del counter[base]
+
+    async def _open(self, trainer: str) -> Registration:
+        core, store = self.core, self.core.store
+        lease = await store.leases.grant(core.policy.session_ttl)
+        old = self.registry.by_trainer.get(trainer)
+        try:
+            if old is not None:
+                # Before the revoke: a call of the old session in the window until the
+                # new one is recorded must hear "superseded" (it stops), not "expired"
+                # (it would register again and evict the newer process in turn).
+                core.apply(SessionMarked(old, trainer, "superseded"))
+                await self._end(old, cause="superseded")
+            opened = SessionOpened(trainer, lease, old, at=time.monotonic())
+            if await core.commit(opened) is None:
+                raise TooSlow(f"the session of trainer {quote(trainer)} lapsed before it was "
+                              f"recorded (this master is slower than its {core.policy.session_ttl:g}s "
+                              "session TTL): register again")
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await store.leases.revoke(lease)
+            raise
+        self._grace_later(lease, self.registry.by_session[lease].last_call, FIRST_CALL_GRACES)
+        logger.info("trainer %s registered: session %s%s", trainer, short_session(lease),
+                    f" (supersedes {short_session(old)})" if old else "")
+        state = core.state
+        return Registration(
+            session=lease, ttl=core.policy.session_ttl,
+            current_epoch=state.epoch if state else 0,
+            num_epochs=core.spec.num_epochs if core.spec else 0,
+        )
 
     async def evict(self, trainer: str) -> tuple[int, int]:
         """The operator ends `trainer`'s session as a supersede would: its tasks return to todo

@@ -159,6 +159,10 @@ def test_docs_reference_no_external_host_and_its_assets_are_served():
         assert "'/openapi.json'" in page.text and '"validatorUrl": null' in page.text
         assert client.get("/docs/assets/README.md").status_code == 404
         assert client.get("/redoc").status_code == 404  # ReDoc loads from a CDN: not served
+        # its own page: its script and its one inline script (by hash) only, never framed
+        policy = page.headers["content-security-policy"]
+        assert "script-src 'self' 'sha256-" in policy and "'unsafe-inline'" not in policy.split("style-src")[0]
+        assert "frame-ancestors 'none'" in policy and page.headers["x-frame-options"] == "DENY"
 
 
 async def test_a_browser_without_the_internet_draws_docs_from_the_server_alone():

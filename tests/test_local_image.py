@@ -61,7 +61,11 @@ report = {
     "input": sorted(os.listdir("/train/input")),
     "records": sum(1 for _ in open("/train/input/part-00000.csv")),
     "workdir_log": os.listdir("log"),
+    # the job's state folder: hidden (an empty tmpfs), and what is written there stays there
+    "state": sorted(os.listdir("/train/output/.paddlecloud")),
+    "operator_token": os.path.exists("/train/output/.paddlecloud/tokens/operator"),
 }
+open("/train/output/.paddlecloud/planted", "w").write("written by the program")
 json.dump(report, open(f"/train/output/trainer-{env['PADDLE_TRAINER_ID']}.json", "w"))
 '''
 CONTAINERFILE = f"""\
@@ -120,11 +124,13 @@ def test_trainers_and_pservers_run_in_the_image_with_the_seeds_mounts_and_enviro
     for report in reports.values():
         assert report["role"] == "TRAINER" and report["uid"] == 0 and report["cwd"] == "/wide_and_deep"
         assert report["num_pass"] == "4" and report["trainers"] == "2"
-        assert report["token"] and report["token_file"] == "/train/output/.paddlecloud/tokens/trainer"
+        assert report["token"] and report["token_file"] == "/var/run/paddlecloud/tokens/trainer"
+        assert report["state"] == [] and report["operator_token"] is False
         assert report["etcd"].startswith("http://127.0.0.1:") and len(report["pservers"]) == 1
         assert report["input"] == ["part-00000.csv", "part-00001.csv"] and report["records"] == 5
         assert report["path"] != os.environ["PATH"]  # the image's PATH, not the host's
     assert sorted(reports["trainer-1.json"]["workdir_log"]) == ["trainer-1"]
+    assert not (out / ".paddlecloud" / "planted").exists()  # it stayed in the container's tmpfs
     text = console(tmp_path)
     assert "[pserver 0]" in text and (out / "logs" / "trainer-1.log").exists()
     # No trainer took a task from the master: the job ends by its trainers' exits (0), as under

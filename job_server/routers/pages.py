@@ -10,6 +10,12 @@ outside the token's namespaces answers 404, as a job that does not exist does: n
 not leak. The master's answers come through with the job's viewer token, which the
 browser never sees (job_server.master_pages).
 
+Headers: the overview sends a strict Content-Security-Policy of its own (no script) and
+`X-Frame-Options: DENY`; a proxied page keeps the master's security headers and gets the Job
+Server's policy beside them (`proxied_policy`), so a master its submitter controls cannot
+serve script that reaches beyond its own page. One master answering nonsense is that job's
+"-" in the overview (`job_server.master_pages`), not an error of the page.
+
 These routes are not in the OpenAPI document: they are HTML for a person, not the API.
 
 What this does NOT guarantee: the overview's progress for a job whose master does not
@@ -49,6 +55,21 @@ REFRESH_S = 10            # the overview reloads itself this often
 OVERVIEW_TIMEOUT_S = 2.0  # a master's answer for the overview's progress
 NO_STORE = {"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff",
             "Referrer-Policy": "no-referrer"}
+# The overview: its own stylesheet and nothing else (no script at all; its progress bars'
+# widths are inline style attributes, which run nothing), never in a frame.
+OVERVIEW_POLICY = ("default-src 'none'; style-src 'self'; style-src-attr 'unsafe-inline'; img-src 'self'; "
+                   "base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
+OWN_PAGE = {**NO_STORE, "Content-Security-Policy": OVERVIEW_POLICY, "X-Frame-Options": "DENY"}
+
+
+def proxied_policy(page: str) -> str:
+    """The Job Server's policy on a job's proxied page at `page` (host and path, ending in '/'),
+    sent beside the master's own (a browser enforces both). A master is its submitter's: its
+    page may load script, style and data from its own page path only, so whatever it serves
+    cannot reach the Job Server's other pages or API from the viewer's browser."""
+    return (f"default-src 'none'; script-src {page}static/; style-src {page}static/; "
+            f"img-src {page}static/; connect-src {page}; base-uri 'none'; form-action 'none'; "
+            "frame-ancestors 'none'")
 
 
 def page_url(namespace: str, name: str) -> str:
@@ -129,7 +150,7 @@ async def overview(request: Request) -> Response:
         failures="".join(f'<div class="failure">{html.escape(f)}</div>' for f in failures),
         rows="".join(_row(j, p) for j, p in zip(jobs, progress, strict=True))
         or '<tr><td colspan="7" class="muted">no jobs</td></tr>')
-    return HTMLResponse(page, headers=NO_STORE)
+    return HTMLResponse(page, headers=OWN_PAGE)
 
 
 @router.get("/static/page.css")
@@ -178,4 +199,8 @@ async def job_page(request: Request, namespace: str, name: str, path: str) -> Re
     if answer.status in (401, 403):
         raise HTTPException(status.HTTP_502_BAD_GATEWAY,
                             f"the master of {namespace}/{name} refused the job's viewer token")
-    return Response(answer.body, status_code=answer.status, headers={**answer.headers, **NO_STORE})
+    own = request.url.netloc + page_url(namespace, name)  # no scheme: the page's own (behind a TLS proxy too)
+    response = Response(answer.body, status_code=answer.status, headers={**answer.headers, **NO_STORE,
+                                                                         "X-Frame-Options": "DENY"})
+    response.headers.append("Content-Security-Policy", proxied_policy(own))
+    return response

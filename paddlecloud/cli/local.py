@@ -448,7 +448,8 @@ def train(module, package_path, inputs, output, trainers, min_trainers, max_trai
         container = dataclasses.replace(container, job=job_name, env_names=tuple(k for k, _ in env),
                                         mounts=job_mounts(inputs=inputs, output=output,
                                                           package_path=package_path and package_path.absolute(),
-                                                          top_package=bool(entry and entry.top_package)))
+                                                          top_package=bool(entry and entry.top_package),
+                                                          tls=tls))
     spec = LocalJobSpec(
         job=job_name, module=module, output=output, inputs=inputs,
         trainers=trainers, min_trainers=min_trainers, max_trainers=max_trainers, pservers=pservers,

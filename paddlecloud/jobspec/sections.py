@@ -22,6 +22,7 @@ from typing import Any
 from paddlecloud.elastic import RangeError, TrainerRange
 from paddlecloud.jobfields import API, CLI, LOCAL, PADDLEJOB, SERVER, JobSpecError, job_field
 from paddlecloud.paddle_launcher import LAUNCHER_ENV
+from paddlecloud.podtemplates import own_secret
 from paddlecloud.untrusted import quote
 
 logger = logging.getLogger(__name__)
@@ -229,6 +230,10 @@ class Workload:
             if not _SECRET_KEY.fullmatch(secret_key):
                 raise JobSpecError(f"invalid Secret key {quote(secret_key)} in --secret-env {key}: "
                                    "letters, digits, '-', '_' and '.'")
+            if own_secret(secret):
+                raise JobSpecError(f"--secret-env {key}={secret}/{secret_key}: {secret} is a Secret of "
+                                   "paddlecloud's own (the etcd admin's, etcd's TLS, the autoscaler's, or a "
+                                   "job's NAME-tokens / NAME-etcd): a job's programs may not read it")
         for key in [k for k, _ in self.env] + [k for k, _, _ in self.secret_env]:
             if not _ENV_NAME.fullmatch(key):
                 raise JobSpecError(

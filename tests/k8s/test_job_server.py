@@ -7,7 +7,7 @@ import io
 import zipfile
 from typing import Any
 
-import httpx
+import httpx2
 import kubernetes_validate
 import pytest
 
@@ -31,13 +31,13 @@ def zipped(files: dict[str, bytes]) -> bytes:
     return out.getvalue()
 
 
-def server(api_client: Any, tmp_path: Any, **config: Any) -> httpx.AsyncClient:
+def server(api_client: Any, tmp_path: Any, **config: Any) -> httpx2.AsyncClient:
     app = create_app(ServerConfig(store=str(tmp_path / "store"), tokens=TOKENS, **config),
                      api_client=api_client)
-    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://server")
+    return httpx2.AsyncClient(transport=httpx2.ASGITransport(app=app), base_url="http://server")
 
 
-async def upload(client: httpx.AsyncClient) -> str:
+async def upload(client: httpx2.AsyncClient) -> str:
     response = await client.post("/v1/package", headers=A,
                                  files={"file": ("fit.zip", zipped(PACKAGE))})
     assert response.status_code == 201, response.text
@@ -61,7 +61,7 @@ async def test_submit_creates_exactly_what_job_submit_creates(k8s, api_client, t
                             ("serviceaccounts", "fit-master"), ("roles", "fit-master"),
                             ("rolebindings", "fit-master"), ("secrets", "fit-tokens"),
                             ("networkpolicies", "fit-internal"), ("networkpolicies", "fit-master"),
-                            ("networkpolicies", "fit-egress"), ("networkpolicies", "fit-master-egress"),
+                            ("networkpolicies", "fit-job-egress"), ("networkpolicies", "fit-master-egress"),
                             ("networkpolicies", "fit-ps-egress")]
     spec = TrainerJob(**{**JOB, "input": tuple(JOB["input"])}, namespace="team-a").to_spec(
         package_path=f"package:{digest[:12]}", package_files=tuple(sorted(PACKAGE)))

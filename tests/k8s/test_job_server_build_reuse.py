@@ -7,7 +7,7 @@ import asyncio
 import dataclasses
 from typing import Any
 
-import httpx
+import httpx2
 import pytest
 from test_job_server import JOB, A, build_config, server, upload
 
@@ -27,8 +27,8 @@ def builds_posted(k8s: Any) -> list[str]:
     return [name for resource, name in k8s.posted() if resource == "jobs"]
 
 
-async def submit_and_build(k8s: Any, client: httpx.AsyncClient, job: dict[str, Any],
-                           build: str) -> httpx.Response:
+async def submit_and_build(k8s: Any, client: httpx2.AsyncClient, job: dict[str, Any],
+                           build: str) -> httpx2.Response:
     """Submits `job` and plays the Job controller: the build Job `build` succeeds."""
     submit = asyncio.create_task(client.post("/v1/trainer/job", headers=A, json=job))
     await k8s.wait_for(lambda: k8s.stored("jobs", "builds", build), what=f"build Job {build}")

@@ -10,7 +10,7 @@ import re
 from typing import Any
 
 import aiohttp
-import httpx
+import httpx2
 import pytest
 import uvicorn
 from browser import chromium_page, require_browser
@@ -36,7 +36,7 @@ class Jobs:
     """Three jobs in kmock — team-a/fit (its real master answers), team-a/idle (no master
     answers), team-b/other — and the Job Server's client."""
 
-    def __init__(self, app: Any, client: httpx.AsyncClient, *, master_base: str, tokens: JobTokens) -> None:
+    def __init__(self, app: Any, client: httpx2.AsyncClient, *, master_base: str, tokens: JobTokens) -> None:
         self.app, self.client, self.master_base, self.tokens = app, client, master_base, tokens
 
     async def master_json(self, path: str, role: str = "viewer") -> Any:
@@ -64,7 +64,7 @@ async def jobs(k8s, api_client, tmp_path, start_master, start_trainer):
     addresses = {("team-a", "fit"): f"127.0.0.1:{page_port}"}
     app = create_app(ServerConfig(store=str(tmp_path / "store"), tokens=TOKENS), api_client=api_client,
                      page_address=lambda ns, name: addresses.get((ns, name), f"127.0.0.1:{nobody}"))
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://server") as client:
+    async with httpx2.AsyncClient(transport=httpx2.ASGITransport(app=app), base_url="http://server") as client:
         for name, headers in (("fit", A), ("idle", A), ("other", B)):
             reply = await client.post("/v1/trainer/job", headers=headers, json={**JOB, "job_name": name})
             assert reply.status_code == 201, reply.text
@@ -144,6 +144,13 @@ async def test_the_proxied_page_and_its_json_are_the_masters_own_as_a_viewer_see
     assert series.keys() == (await jobs.master_json("/api/series")).keys()
     goodput = (await client.get(PAGE + "api/goodput", headers=A)).json()
     assert goodput["causes"] == (await jobs.master_json("/api/goodput"))["causes"]
+    # the master's own security headers come through, the Job Server's policy beside them
+    shell = await client.get(PAGE, headers=A)
+    async with aiohttp.ClientSession() as http, http.get(jobs.master_base + "/") as direct:
+        own_policy = direct.headers["Content-Security-Policy"]
+    assert own_policy in shell.headers.get_list("content-security-policy")
+    assert len(shell.headers.get_list("content-security-policy")) == 2
+    assert shell.headers["x-frame-options"] == "DENY"
     # the page's URLs are relative, so they resolve under the prefix
     assert 'src="static/page.js"' in (await client.get(PAGE, headers=A)).text
     redirect = await client.get(PAGE.rstrip("/"), headers=A)

@@ -52,7 +52,7 @@ async def test_submit_creates_the_master_its_service_and_the_spec(k8s, kubeconfi
                             ("serviceaccounts", "ctr-master"), ("roles", "ctr-master"),
                             ("rolebindings", "ctr-master"), ("secrets", "ctr-tokens"), ("networkpolicies", "ctr-internal"),
                             ("networkpolicies", "ctr-master"),
-                            ("networkpolicies", "ctr-egress"), ("networkpolicies", "ctr-master-egress"),
+                            ("networkpolicies", "ctr-job-egress"), ("networkpolicies", "ctr-master-egress"),
                             ("networkpolicies", "ctr-ps-egress")]
     deployment = k8s.stored("deployments", "ml", "ctr-master")
     uid = deployment["metadata"]["uid"]

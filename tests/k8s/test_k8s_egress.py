@@ -117,7 +117,7 @@ def test_the_master_reaches_etcd_and_the_api_server_and_pservers_etcd_only():
 
 def test_a_job_without_pservers_has_no_pserver_policy():
     names = [p["metadata"]["name"] for p in manifests.network_policies(_spec(pservers=0), None)]
-    assert names == ["ctr-internal", "ctr-master", "ctr-egress", "ctr-master-egress"]
+    assert names == ["ctr-internal", "ctr-master", "ctr-job-egress", "ctr-master-egress"]
 
 
 @pytest.mark.parametrize("inputs, output, ports", [

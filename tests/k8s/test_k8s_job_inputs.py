@@ -51,6 +51,8 @@ def test_secret_env_is_a_secret_key_ref_and_never_a_value_in_a_configmap():
     ("API_TOKEN=Creds!/token", ["'Creds!'", "DNS-1123"]),
     ("API_TOKEN=creds/to ken", ["'to ken'"]),
     ("PADDLE_TRAINER_ID=creds/id", ["PADDLE_TRAINER_ID", "set by paddlecloud"]),
+    ("ROOT=paddlecloud-etcd-admin/password", ["paddlecloud-etcd-admin", "Secret of paddlecloud's own"]),
+    ("T=victim-tokens/operator", ["victim-tokens", "Secret of paddlecloud's own"]),
 ])
 def test_a_bad_secret_env_is_refused_naming_it(flag, words):
     result = submit("sec", "--module", "m.train", "--secret-env", flag)
@@ -122,3 +124,75 @@ def test_a_templates_own_secret_ref_stays_a_secret_ref():
     assert {"name": "DB_PASSWORD", "valueFrom": {"secretKeyRef": {"name": "db", "key": "password"}}} \
         in pod["containers"][0]["env"]
     assert violations(pod) == []
+
+
+def _container(**context: Any) -> dict[str, Any]:
+    return {"container": {"securityContext": context}}
+
+
+# the baseline Pod Security Standard's other checks: each passed into the pods before
+BASELINE = {
+    "hostPort": ({"container": {"ports": [{"containerPort": 80, "hostPort": 80}]}},
+                 "containers[0].ports[0].hostPort (80)"),
+    "SELinux type": (_container(seLinuxOptions={"type": "spc_t"}), "seLinuxOptions.type (spc_t)"),
+    "SELinux user": ({"securityContext": {"seLinuxOptions": {"user": "system_u"}}},
+                     "spec.securityContext.seLinuxOptions.user (system_u)"),
+    "AppArmor field": (_container(appArmorProfile={"type": "Unconfined"}), "appArmorProfile (Unconfined)"),
+    "procMount": (_container(procMount="Unmasked"), "securityContext.procMount (Unmasked)"),
+    "sysctl": ({"securityContext": {"sysctls": [{"name": "kernel.msgmax", "value": "1"}]}},
+               "spec.securityContext.sysctls[0] (kernel.msgmax)"),
+    "gitRepo": ({"volumes": [{"name": "code", "gitRepo": {"repository": "https://example.com/r"}}]},
+                "spec.volumes[0].gitRepo"),
+    "hostProcess": (_container(windowsOptions={"hostProcess": True}), "windowsOptions.hostProcess (true)"),
+    "seccomp": ({"securityContext": {"seccompProfile": {"type": "Unconfined"}}},
+                "spec.securityContext.seccompProfile (Unconfined)"),
+    "projected token": ({"volumes": [{"name": "t", "projected": {"sources": [
+        {"serviceAccountToken": {"path": "token"}}]}}]},
+        "spec.volumes[0].projected.sources[0].serviceAccountToken"),
+    "ephemeral": ({"ephemeralContainers": [{"name": "d", "image": "i", "securityContext": {"privileged": True}}]},
+                  "spec.ephemeralContainers[0].securityContext.privileged (true)"),
+}
+
+
+@pytest.mark.parametrize(("pod", "field"), BASELINE.values(), ids=BASELINE.keys())
+def test_a_template_past_the_baseline_standard_is_refused_naming_the_field_and_value(pod, field):
+    doc = _paddlejob(**copy.deepcopy(pod))
+    with pytest.raises(JobSpecError) as caught:
+        translate(doc).validate()
+    assert field in str(caught.value) and "--allow-privileged" in str(caught.value), caught.value
+    translate(doc, allow_privileged=True).validate()
+
+
+def test_an_apparmor_unconfined_annotation_is_refused():
+    doc = _paddlejob()
+    doc["spec"]["worker"]["template"]["metadata"] = {"annotations": {
+        "container.apparmor.security.beta.kubernetes.io/paddle": "unconfined"}}
+    with pytest.raises(JobSpecError) as caught:
+        translate(doc).validate()
+    assert "metadata.annotations[container.apparmor.security.beta.kubernetes.io/paddle] (unconfined)" \
+        in str(caught.value)
+    doc["spec"]["worker"]["template"]["metadata"]["annotations"] = {
+        "container.apparmor.security.beta.kubernetes.io/paddle": "runtime/default"}
+    translate(doc).validate()
+
+
+OWN_SECRETS = {
+    "envFrom etcd admin": ({"container": {"envFrom": [{"secretRef": {"name": "paddlecloud-etcd-admin"}}]}},
+                           "containers[0].envFrom[0].secretRef.name (paddlecloud-etcd-admin)"),
+    "env of client TLS": ({"container": {"env": [{"name": "K", "valueFrom": {"secretKeyRef": {
+        "name": "paddlecloud-etcd-client-tls", "key": "tls.key"}}}]}},
+        "env[0].valueFrom.secretKeyRef.name (paddlecloud-etcd-client-tls)"),
+    "another job's tokens": ({"volumes": [{"name": "t", "secret": {"secretName": "victim-tokens"}}]},
+                             "spec.volumes[0].secret.secretName (victim-tokens)"),
+    "projected etcd user": ({"volumes": [{"name": "t", "projected": {"sources": [
+        {"secret": {"name": "victim-etcd"}}]}}]}, "projected.sources[0].secret.name (victim-etcd)"),
+}
+
+
+@pytest.mark.parametrize(("pod", "field"), OWN_SECRETS.values(), ids=OWN_SECRETS.keys())
+def test_paddleclouds_own_secrets_are_refused_even_with_allow_privileged(pod, field):
+    doc = _paddlejob(**copy.deepcopy(pod))
+    for allowed in (False, True):
+        with pytest.raises(JobSpecError) as caught:
+            translate(doc, allow_privileged=allowed).validate()
+        assert field in str(caught.value) and "Secret of paddlecloud's own" in str(caught.value), caught.value

@@ -166,7 +166,7 @@ async def test_job_submit_with_server_creates_what_job_submit_creates(k8s, job_s
                             ("roles", "ctr-master"), ("rolebindings", "ctr-master"),
                             ("secrets", "ctr-tokens"),
                             ("networkpolicies", "ctr-internal"), ("networkpolicies", "ctr-master"),
-                            ("networkpolicies", "ctr-egress"), ("networkpolicies", "ctr-master-egress"),
+                            ("networkpolicies", "ctr-job-egress"), ("networkpolicies", "ctr-master-egress"),
                             ("networkpolicies", "ctr-ps-egress")]
 
     # the server carries every field its API takes (a volume anywhere, the shuffle seed...)

@@ -1220,7 +1220,7 @@ def network_policies(spec: JobSpec, owner: Mapping[str, Any] | None) -> list[Man
     server proxies the page).
 
     Egress (policies add up: a pod may reach what any policy selecting it allows).
-    `NAME-egress`, every pod of the job: the job's pods (the master, the pservers, the
+    `NAME-job-egress`, every pod of the job: the job's pods (the master, the pservers, the
     other trainers and heters), DNS, and the ports of remote storage its inputs and output
     name (`storage_ports`). `NAME-master-egress`: the etcd endpoints' ports and the API
     server's (`API_SERVER_PORTS`): it deploys. `NAME-ps-egress`: the etcd endpoints'
@@ -1228,6 +1228,10 @@ def network_policies(spec: JobSpec, owner: Mapping[str, Any] | None) -> list[Man
     hub, another store) is the namespace admin's own NetworkPolicy, which adds to these.
     Needs a CNI that enforces NetworkPolicy; pods on the node's network (intranet Host)
     escape them.
+
+    Names: no policy's suffix ends with another's (`-internal`, `-master`, `-job-egress`,
+    `-master-egress`, `-ps-egress`), so job `fit-master` can never render job `fit`'s
+    policy (a plain `-egress` beside `-master-egress` once did).
     """
     def policy(name: str, pod_selector: dict[str, str], rules: list[dict[str, Any]], *,
                direction: str = "Ingress") -> Manifest:
@@ -1258,7 +1262,7 @@ def network_policies(spec: JobSpec, owner: Mapping[str, Any] | None) -> list[Man
              "ports": [{"protocol": "TCP", "port": MASTER_PORT}]},
             {"from": [{"podSelector": {}}, marked_clients], "ports": [{"protocol": "TCP", "port": METRICS_PORT}]},
         ]),
-        egress(f"{spec.name}-egress", job_pods, [to_job, dns, *storage]),
+        egress(f"{spec.name}-job-egress", job_pods, [to_job, dns, *storage]),
         egress(f"{master_name(spec.name)}-egress", selector(spec, MASTER),
                [to_etcd, {"ports": _tcp(API_SERVER_PORTS)}]),
         *([egress(f"{pserver_name(spec.name)}-egress", selector(spec, PSERVER), [to_etcd])]

@@ -9,7 +9,9 @@ podman. The launchers' PaddlePaddle environment (docs/design.md section 8: TRAIN
 endpoints, the master's location through etcd) reaches the container as `-e NAME` (values
 come from the engine client's environment, never from its command line: the job token file
 is among them), and values that name a mounted host path are rewritten to the path the
-container sees (`OUTPUT/.paddlecloud/...` becomes `/train/output/.paddlecloud/...`).
+container sees (`OUTPUT/x` becomes `/train/output/x`). The job's state folder
+`OUTPUT/.paddlecloud` is hidden from the container (`job_mounts`): only the trainer token
+(and CA) cross, read-only, at /var/run/paddlecloud.
 
 The container runs on the host's network (`--network host`), so the 127.0.0.1 endpoints of
 the job's etcd and master stay valid inside it. That needs an engine that can share the host
@@ -49,9 +51,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from paddlecloud.backends.local.handle import SECRETS_DIR
+
 ENGINES = ("podman", "docker")
 INPUT_DIR, OUTPUT_DIR, PACKAGE_DIR = "/train/input", "/train/output", "/train/package"
 IMPORT_DIR = "/train/import"  # where a package folder that is its module's top package is importable
+CREDENTIALS_DIR = "/var/run/paddlecloud"  # the trainer token (and CA), where Kubernetes pods find theirs
 STOP_GRACE = 3          # seconds `ENGINE stop` gives the program after its stop signal
 ENGINE_TIMEOUT = 60     # seconds for one engine command that starts no container
 JOB_LABEL, RUN_LABEL = "paddlecloud.job", "paddlecloud.run"
@@ -86,9 +91,16 @@ class Mount:
     host: str
     target: str
     read_only: bool = True
+    tmpfs: bool = False  # an empty in-memory folder at `target` (no host path): hides what is below
 
     def flag(self) -> str:
         return f"{self.host}:{self.target}" + (":ro" if self.read_only else "")
+
+    def argv(self, *, podman: bool) -> list[str]:
+        if self.tmpfs:
+            # podman fills a tmpfs with what lies below it unless told not to (docker never does)
+            return ["--tmpfs", f"{self.target}:rw,mode=0700,size=64k" + (",notmpcopyup" if podman else "")]
+        return ["-v", self.flag()]
 
 
 @dataclass(frozen=True)
@@ -128,7 +140,7 @@ class ContainerSpec:
     def environment(self, environ: Mapping[str, str]) -> dict[str, str]:
         """The container's environment: the forwarded names, mounted host paths rewritten."""
         names = set(self.env_names)
-        pairs = sorted(((m.host, m.target) for m in self.mounts), key=lambda p: -len(p[0]))
+        pairs = sorted(((m.host, m.target) for m in self.mounts if not m.tmpfs), key=lambda p: -len(p[0]))
         return {name: _rewrite(value, pairs) for name, value in environ.items()
                 if name in names or name.startswith(FORWARDED_PREFIXES)}
 
@@ -136,7 +148,7 @@ class ContainerSpec:
         argv = [self.engine, "run", "--rm", "--pull", "never", "--name", name, "--network", "host",
                 "--label", f"{JOB_LABEL}={self.job}", "--label", f"{RUN_LABEL}={self.run}"]
         for mount in self.mounts:
-            argv += ["-v", mount.flag()]
+            argv += mount.argv(podman=Path(self.engine).name.startswith("podman"))
         for env_name in sorted(env_names):
             argv += ["-e", env_name]
         if self.module is None:
@@ -218,16 +230,27 @@ def run_python_in_image(engine: str, image: str, script: str, *, timeout: float 
 
 
 def job_mounts(*, inputs: Sequence[str], output: Path, package_path: Path | None,
-               top_package: bool = False) -> tuple[Mount, ...]:
+               top_package: bool = False, tls: bool = False) -> tuple[Mount, ...]:
     """Seed 002's mounts: the inputs (read-only) at /train/input, or /train/input/N for
     several roots, and at their own host paths too (the master's tasks name those), unless
     that would hide the image's system directories; --output
     (writable) at /train/output; --package-path (read-only) at /train/package, and, where
-    it is the module's top package, at /train/import/ITS-NAME too (on PYTHONPATH first)."""
+    it is the module's top package, at /train/import/ITS-NAME too (on PYTHONPATH first).
+
+    The job's state folder OUTPUT/.paddlecloud (every token, the operator's among them, the
+    CA, job.json) is hidden under an empty tmpfs: the program (root in many images) can
+    neither read the operator token nor rewrite the job's state. It gets what a trainer
+    needs and no more, read-only at the Kubernetes pods' paths: the trainer token (and with
+    `tls` the CA certificate), PADDLE_JOB_TOKEN_FILE and PADDLE_MASTER_CA_FILE rewritten there."""
     roots = list(dict.fromkeys(_input_root(p) for p in inputs if "://" not in p))
     mounts = [Mount(root, INPUT_DIR if len(roots) == 1 else f"{INPUT_DIR}/{i}") for i, root in enumerate(roots)]
     mounts += [Mount(root, root) for root in roots if _mountable_as_is(root)]
     mounts.append(Mount(str(output), OUTPUT_DIR, read_only=False))
+    secrets = output / SECRETS_DIR
+    mounts.append(Mount("", f"{OUTPUT_DIR}/{SECRETS_DIR}", tmpfs=True))
+    mounts.append(Mount(str(secrets / "tokens" / "trainer"), f"{CREDENTIALS_DIR}/tokens/trainer"))
+    if tls:
+        mounts.append(Mount(str(secrets / "ca.crt"), f"{CREDENTIALS_DIR}/ca.crt"))
     if package_path is not None:
         mounts += package_mounts(package_path, top_package=top_package)
     return tuple(mounts)
