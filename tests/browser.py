@@ -12,7 +12,7 @@ import os
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
-import pytest
+from tests.real_parts import require
 
 CHROMIUM = Path(os.environ.get("PADDLECLOUD_CHROMIUM", "/usr/bin/chromium"))
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -32,11 +32,7 @@ def missing() -> str:
 
 def require_browser() -> None:
     """Skips the test without a browser; fails it under CI, which must have one."""
-    why = missing()
-    if why and os.environ.get("CI") == "true":
-        pytest.fail(f"CI=true needs a browser for the status page's test: {why}")
-    if why:
-        pytest.skip(why)
+    require(missing(), needs="a browser for the status page's test")
 
 
 @contextlib.contextmanager

@@ -27,7 +27,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
-import os
 import shutil
 import subprocess
 import sys
@@ -36,7 +35,7 @@ import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
-import pytest
+from tests.real_parts import require
 
 ROOT = Path(__file__).resolve().parent.parent
 BASE_IMAGE = "localhost/paddlecloud-test-base:bookworm-1"
@@ -68,11 +67,7 @@ def missing() -> str:
 
 def require_engine() -> None:
     """Skips the test without an engine; fails it under CI, which must have one."""
-    why = missing()
-    if why and os.environ.get("CI") == "true":
-        pytest.fail(f"CI=true needs a container engine for the container tests: {why}")
-    if why:
-        pytest.skip(why)
+    require(missing(), needs="a container engine for the container tests")
 
 
 def run_engine(*args: str, timeout: float = BUILD_TIMEOUT, check: bool = True,

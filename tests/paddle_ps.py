@@ -27,7 +27,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
+from tests.real_parts import require
 
 PADDLE_VERSION = "2.6.2"
 REQUIREMENTS = (f"paddlepaddle=={PADDLE_VERSION}", "numpy<2", "protobuf>=4.21,<5")
@@ -96,9 +96,5 @@ def missing() -> str:
 
 def paddle_ps_python() -> Path:
     """The PS venv's python; skips the test where it cannot be had, fails it under CI."""
-    why = missing()
-    if why and os.environ.get("CI") == "true":
-        pytest.fail(f"CI=true needs a PS-capable PaddlePaddle for the real PS tests: {why}")
-    if why:
-        pytest.skip(why)
+    require(missing(), needs="a PS-capable PaddlePaddle for the real PS tests")
     return venv_dir() / "bin" / "python"
