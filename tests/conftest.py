@@ -1,59 +1,17 @@
 """Shared fixtures: one real etcd server per test session, a unique job per test; and the
-`unit` tier's rule.
-
-A test module marked `pytestmark = pytest.mark.unit` is pure: no etcd, no subprocess, no
-socket (a loopback one included). `pytest -m unit` (`make unit`) runs that tier alone, the
-inner loop. The rule is enforced, not trusted: in a unit test, starting a process or opening
-a socket fails the test with what it tried.
-"""
+`unit` tier's rule (tests/unit_tier.py), applied to every test marked `unit`."""
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import os
-import socket
-import subprocess
 import time
 import uuid
 
-import grpc
-import grpc.aio
 import pytest
 
 from paddlecloud.etcd_server import EtcdServer
-
-
-class NotAUnitTest(AssertionError):
-    """A `unit` test reached for a process or the network."""
-
-
-def _forbidden(what: str, *, method: bool = False):
-    def refuse(*args, **kwargs):
-        shown = args[1:] if method else args  # not the half-made object itself
-        raise NotAUnitTest(f"a unit test may not {what} (args {str(shown)[:80]}): "
-                           "drop its `unit` mark, or make it pure")
-    return refuse
-
-
-@pytest.fixture(autouse=True)
-def _unit_tier_is_pure(request, monkeypatch):
-    if request.node.get_closest_marker("unit") is None:
-        yield
-        return
-    monkeypatch.setattr(subprocess.Popen, "__init__", _forbidden("start a process", method=True))
-    monkeypatch.setattr(os, "fork", _forbidden("fork"))
-    monkeypatch.setattr(socket.socket, "connect", _forbidden("connect a socket", method=True))
-    monkeypatch.setattr(socket.socket, "bind", _forbidden("bind a socket", method=True))
-    monkeypatch.setattr(asyncio, "create_subprocess_exec", _forbidden("start a process"))
-    # gRPC's sockets are its C core's, out of the socket module's sight: its doors are shut here
-    for module in (grpc, grpc.aio):
-        for name in ("insecure_channel", "secure_channel", "server"):
-            monkeypatch.setattr(module, name, _forbidden(f"open gRPC's {name}"))
-    for fixture in ("etcd_server", "etcd_endpoint"):
-        if fixture in request.fixturenames:
-            raise NotAUnitTest(f"a unit test may not use the {fixture} fixture")
-    yield
+from tests.unit_tier import keep_pure
 
 
 def pytest_collection_modifyitems(config, items):
@@ -66,6 +24,13 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.get_closest_marker("ps_proof"):
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _unit_tier_is_pure(request, monkeypatch):
+    if request.node.get_closest_marker("unit") is not None:
+        keep_pure(request, monkeypatch)
+    yield
 
 
 @pytest.fixture(scope="session")

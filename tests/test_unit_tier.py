@@ -8,7 +8,8 @@ import subprocess
 
 import grpc
 import pytest
-from conftest import NotAUnitTest
+
+from tests.unit_tier import NotAUnitTest
 
 pytestmark = pytest.mark.unit
 
