@@ -7,6 +7,8 @@ import pytest
 from paddlecloud import checkpoints, fleet_ps
 from paddlecloud.deployer import PSERVER_RESTORE_ENV
 
+pytestmark = pytest.mark.unit
+
 
 class _Fleet:
     """Records what fleet_ps asks of Paddle's fleet; `save_persistables` writes a table file."""

@@ -8,6 +8,8 @@ import pytest
 
 from paddlecloud.paddle_probe import imports_paddle, refusal
 
+pytestmark = pytest.mark.unit
+
 
 def _probe(**found) -> str:
     return json.dumps(found) + "\n"
