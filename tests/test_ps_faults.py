@@ -31,6 +31,18 @@ def test_a_sigkilled_trainer_is_restarted_and_the_job_finishes_without_aborting_
     assert "trainer 1 exited with 137: restarting it" in run.console
 
 
+@pytest.mark.ps_proof
+def test_a_sigkilled_gloo_trainer_restarts_the_trainer_group_and_the_job_finishes(tmp_path):
+    """PADDLE_WITH_GLOO=1 (seed 003 Example 1's withGloo: 1): Paddle alone leaves the restarted
+    trainer waiting for ever in fleet.init (pserver 0's store is gone) and aborts the survivor
+    at its next barrier; paddlecloud serves the store and restarts the group on the live model."""
+    run = _run("trainer-kill-gloo", tmp_path)
+    assert "serving the trainers' gloo rendezvous store at 127.0.0.1:" in run.console
+    assert "trainer 1 died: restarting the trainer group" in run.console
+    assert "trainer 0: the pservers hold a model: pulled it, pushed nothing" in run.console
+    assert "the master restarted epoch" not in run.console  # the pservers kept the model
+
+
 def test_a_restarted_trainer_0_does_not_reset_the_pservers_model(tmp_path):
     run = _run("trainer0-restart", tmp_path)
     assert "trainer 0: the pservers hold a model: pulled it, pushed nothing" in run.console
