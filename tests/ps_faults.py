@@ -23,7 +23,9 @@ paddlecloud restarts the trainer group, so up to one cut task per trainer may re
 twice), `trainer0-restart` (trainer 0: Paddle's own trainer 0
 would push fresh parameters over the model on its restart), `pserver-kill` (pserver 1: Paddle's
 trainers abort; `--pserver-restart group` restarts the pservers and trainers from the last
-checkpoint, the master's epoch with them), and `none` (the baseline). Every run passes
+checkpoint, the master's epoch with them), `pserver-kill-gloo` (the same under
+`PADDLE_WITH_GLOO=1`, where saving and loading the tables takes every trainer), and `none`
+(the baseline). Every run passes
 `--pserver-restart group`, as a real fleet PS job should.
 """
 
@@ -48,8 +50,9 @@ MODULE = "examples.wide_deep_ps.train"
 EVAL = re.compile(r"^\[trainer (\d+)\] trainer \1: epoch (\d+) eval_loss ([\d.]+) tasks (\d+)", re.M)
 # fault -> (role, id) of the victim
 FAULTS = {"none": None, "trainer-kill": ("TRAINER", "1"), "trainer-kill-gloo": ("TRAINER", "1"),
-          "trainer0-restart": ("TRAINER", "0"), "pserver-kill": ("PSERVER", "1")}
-GLOO = {"trainer-kill-gloo"}  # the job's trainers in one gloo world (seed 003 Example 1's withGloo: 1)
+          "trainer0-restart": ("TRAINER", "0"), "pserver-kill": ("PSERVER", "1"),
+          "pserver-kill-gloo": ("PSERVER", "1")}
+GLOO = {"trainer-kill-gloo", "pserver-kill-gloo"}  # the job's trainers in one gloo world (seed 003 Example 1's withGloo: 1)
 CHUNK = 50 * 1024
 TRAINERS = 2
 
@@ -81,7 +84,7 @@ class FaultRun:
                   f"recovery_s={self.recovery:.1f}" if self.recovery is not None else "recovery_s=-",
                   # after a PS group restart the model rolled back to the checkpoint: what was
                   # trained again since was trained twice, but the model saw it once
-                  (f"records_retrained={self.records_twice}" if self.fault == "pserver-kill"
+                  (f"records_retrained={self.records_twice}" if self.fault.startswith("pserver-kill")
                    else f"records_twice={self.records_twice}"), f"loss_jump={self.loss_jump:.2f}"]
         return " ".join(fields) + (" OK" if self.ok else f" ({self.why}) FAILED")
 
@@ -189,7 +192,7 @@ def _judge(result: FaultRun, *, lineage: Path, killed_at: float | None, epochs: 
     elif victim is not None and victim[0] == "TRAINER" and (
             f"trainer {survivor} exited" in console or "aborted without its gloo peer" in console):
         result.why = f"the surviving trainer {survivor} died too"
-    elif result.fault in GLOO and "restarting the trainer group" not in console:
+    elif result.fault == "trainer-kill-gloo" and "restarting the trainer group" not in console:
         result.why = "no trainer group restart"
     elif console.count("): stopping the pserver") != 2 or "still hold sessions" in console:
         result.why = "paddlecloud did not stop both pservers once the trainers left"
@@ -197,11 +200,11 @@ def _judge(result: FaultRun, *, lineage: Path, killed_at: float | None, epochs: 
         result.why = f"trainer {survivor}'s loss did not fall: {series}"
     elif result.loss_jump > 1.0:
         result.why = f"trainer {survivor}'s loss jumped back by {result.loss_jump:.2f}: the model was reset"
-    elif result.fault == "pserver-kill" and "PS group restart 1" not in console:
+    elif result.fault.startswith("pserver-kill") and "PS group restart 1" not in console:
         result.why = "no PS group restart"
-    elif result.fault == "pserver-kill" and "loaded the checkpoint of epoch" not in console:
+    elif result.fault.startswith("pserver-kill") and "loaded the checkpoint of epoch" not in console:
         result.why = "the restarted pservers did not get the checkpoint's tables"
-    elif result.fault != "pserver-kill" and result.records_twice > _cut_tasks(result.fault) * largest_task:
+    elif not result.fault.startswith("pserver-kill") and result.records_twice > _cut_tasks(result.fault) * largest_task:
         result.why = f"{result.records_twice} records trained twice: more than the cut tasks'"
 
 
@@ -237,7 +240,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"no PS-capable Paddle: {why}", file=sys.stderr)
         return 2
     failed = 0
-    for fault in args.fault or ["trainer-kill", "trainer-kill-gloo", "trainer0-restart", "pserver-kill"]:
+    for fault in args.fault or ["trainer-kill", "trainer-kill-gloo", "trainer0-restart", "pserver-kill",
+                                "pserver-kill-gloo"]:
         with tempfile.TemporaryDirectory(prefix=f"ps-proof-{fault}-") as tmp:
             run = run_fault(fault, tmp=Path(tmp), python=venv_dir() / "bin" / "python", epochs=args.epochs)
         print(run.line(), flush=True)

@@ -56,3 +56,12 @@ def test_a_sigkilled_pserver_restarts_the_ps_group_from_the_last_checkpoint(tmp_
     assert restarted and int(restarted.group(1)) >= 1, run.console[-4000:]  # after a checkpoint
     saved = int(restarted.group(1)) - 1
     assert f"trainer 0: loaded the checkpoint of epoch {saved} into the pservers" in run.console
+
+
+@pytest.mark.ps_proof
+def test_a_sigkilled_pserver_under_gloo_restarts_the_ps_group_with_every_trainer_loading(tmp_path):
+    """Under gloo Paddle's save_persistables and load_model wait for every trainer (barriers):
+    the group restart's checkpoint load must not hang with trainer 0 alone in it."""
+    run = _run("pserver-kill-gloo", tmp_path)
+    assert "restarting the pservers and trainers from the last checkpoint (PS group restart 1)" in run.console
+    assert "trainer 0: loaded the checkpoint of epoch" in run.console
