@@ -59,7 +59,7 @@ chaos: $(call stamp,$(TEST_EXTRAS))
 	$(BIN)/python -m tests.chaos.harness --mode collective --seed 1 --seed 2 --seed 3 --seed 4 --seed 5 --faults 6 --epochs 5
 
 ps-proof: $(call stamp,$(TEST_EXTRAS))
-	$(BIN)/python -m tests.ps_faults --fault none --fault trainer-kill --fault trainer0-restart --fault pserver-kill
+	$(BIN)/python -m tests.ps_faults --fault none --fault trainer-kill --fault trainer-kill-gloo --fault trainer0-restart --fault pserver-kill --fault pserver-kill-gloo
 	PADDLECLOUD_PS_PROOF=1 $(BIN)/pytest -n 2 -m paddle_ps
 
 bench: $(call stamp,$(TEST_EXTRAS))

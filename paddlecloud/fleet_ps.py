@@ -15,6 +15,11 @@ restart resumes the master's epoch after it; `restore(fleet)` (trainer 0, after
 `init_worker`, when told `PADDLECLOUD_PSERVER_RESTORE=1`) loads the newest one into the fresh
 pservers (`fleet.load_model`).
 
+Under gloo (`PADDLE_WITH_GLOO` 1 or 2) Paddle's `fleet.save_persistables` and `fleet.load_model`
+are collectives of the trainers (each starts and ends with `fleet.util.barrier()`, which waits
+for every trainer): there every trainer calls `save_checkpoint` and `restore` (`gloo_trainers()`
+says when), trainer 0 alone writes the checkpoint's record.
+
 Nothing here imports paddlecloud's gRPC code (this runs on Paddle 2.6.2, protobuf 4); Paddle itself
 is the caller's `fleet` module.
 
@@ -47,6 +52,16 @@ def model_live() -> bool:
     return os.environ.get(MODEL_LIVE_ENV) == "1"
 
 
+def gloo_trainers() -> bool:
+    """Whether Paddle joins the trainers in one gloo world (`PADDLE_WITH_GLOO` 1 or 2), where
+    saving and loading the pservers' tables takes every trainer."""
+    return os.environ.get("PADDLE_WITH_GLOO", "0").strip() in ("1", "2")
+
+
+def _first_trainer() -> bool:
+    return os.environ.get("PADDLE_TRAINER_ID", "0") == "0"
+
+
 def init_worker(fleet: Any) -> bool:
     """`fleet.init_worker()`, but without trainer 0's push of fresh dense parameters when the
     pservers hold a model already; returns whether that push was skipped."""
@@ -63,13 +78,19 @@ def init_worker(fleet: Any) -> bool:
     return True
 
 
-def save_checkpoint(fleet: Any, executor: Any, *, output: str, epoch: int, keep: int = 2) -> Path:
-    """Trainer 0 at the end of `epoch`: the pservers save their tables under
-    `output/ps-tables/epoch-N`, then `output/checkpoints/checkpoint-N` names them (written in a
-    temporary directory and renamed: a checkpoint is whole or absent). Returns its path."""
+def save_checkpoint(fleet: Any, executor: Any, *, output: str, epoch: int,
+                    keep: int = 2) -> Path | None:
+    """Trainer 0 at the end of `epoch` (every trainer under gloo): the pservers save their
+    tables under `output/ps-tables/epoch-N`, then trainer 0 names them
+    `output/checkpoints/checkpoint-N` (written in a temporary directory and renamed: a
+    checkpoint is whole or absent) and returns its path; another trainer returns None."""
     tables = Path(output, TABLES_DIR, f"epoch-{epoch:08d}")
-    shutil.rmtree(tables, ignore_errors=True)
+    first = _first_trainer()
+    if first:
+        shutil.rmtree(tables, ignore_errors=True)
     fleet.save_persistables(executor, str(tables))  # each pserver writes its shard there
+    if not first:
+        return None
     state = pickle.dumps({"ps_tables": str(tables)})
     checkpoints = Path(output, CHECKPOINTS_DIR)
     tmp = checkpoints / f".tmp-{time.time_ns()}-{os.getpid()}"
@@ -100,8 +121,9 @@ def newest_tables(output: str) -> tuple[int, str] | None:
 
 
 def restore(fleet: Any, *, output: str) -> int | None:
-    """Trainer 0, after `init_worker`, told to restore: loads the newest checkpoint's tables
-    into the pservers; returns its epoch (None: nothing to restore, or not told to)."""
+    """Trainer 0 (every trainer under gloo), after `init_worker`, told to restore: loads the
+    newest checkpoint's tables into the pservers; returns its epoch (None: nothing to restore,
+    or not told to)."""
     if os.environ.get(RESTORE_ENV) != "1":
         return None
     found = newest_tables(output)

@@ -17,10 +17,15 @@ once (`tasks_counted` is checked against the data's tasks); what the model may h
 is at most that cut task per dead trainer. `loss_jump` is the largest rise of a surviving
 trainer's evaluation loss from one epoch to the next (a model reset shows as a jump).
 
-Faults: `trainer-kill` (trainer 1), `trainer0-restart` (trainer 0: Paddle's own trainer 0
+Faults: `trainer-kill` (trainer 1), `trainer-kill-gloo` (trainer 1 of a job with
+`PADDLE_WITH_GLOO=1`: Paddle's restarted trainer would wait for ever in `fleet.init`;
+paddlecloud restarts the trainer group, so up to one cut task per trainer may reach the model
+twice), `trainer0-restart` (trainer 0: Paddle's own trainer 0
 would push fresh parameters over the model on its restart), `pserver-kill` (pserver 1: Paddle's
 trainers abort; `--pserver-restart group` restarts the pservers and trainers from the last
-checkpoint, the master's epoch with them), and `none` (the baseline). Every run passes
+checkpoint, the master's epoch with them), `pserver-kill-gloo` (the same under
+`PADDLE_WITH_GLOO=1`, where saving and loading the tables takes every trainer), and `none`
+(the baseline). Every run passes
 `--pserver-restart group`, as a real fleet PS job should.
 """
 
@@ -44,9 +49,12 @@ from processes import find  # noqa: E402
 MODULE = "examples.wide_deep_ps.train"
 EVAL = re.compile(r"^\[trainer (\d+)\] trainer \1: epoch (\d+) eval_loss ([\d.]+) tasks (\d+)", re.M)
 # fault -> (role, id) of the victim
-FAULTS = {"none": None, "trainer-kill": ("TRAINER", "1"), "trainer0-restart": ("TRAINER", "0"),
-          "pserver-kill": ("PSERVER", "1")}
+FAULTS = {"none": None, "trainer-kill": ("TRAINER", "1"), "trainer-kill-gloo": ("TRAINER", "1"),
+          "trainer0-restart": ("TRAINER", "0"), "pserver-kill": ("PSERVER", "1"),
+          "pserver-kill-gloo": ("PSERVER", "1")}
+GLOO = {"trainer-kill-gloo", "pserver-kill-gloo"}  # the job's trainers in one gloo world (seed 003 Example 1's withGloo: 1)
 CHUNK = 50 * 1024
+TRAINERS = 2
 
 
 @dataclass
@@ -76,7 +84,7 @@ class FaultRun:
                   f"recovery_s={self.recovery:.1f}" if self.recovery is not None else "recovery_s=-",
                   # after a PS group restart the model rolled back to the checkpoint: what was
                   # trained again since was trained twice, but the model saw it once
-                  (f"records_retrained={self.records_twice}" if self.fault == "pserver-kill"
+                  (f"records_retrained={self.records_twice}" if self.fault.startswith("pserver-kill")
                    else f"records_twice={self.records_twice}"), f"loss_jump={self.loss_jump:.2f}"]
         return " ".join(fields) + (" OK" if self.ok else f" ({self.why}) FAILED")
 
@@ -95,17 +103,19 @@ def run_fault(fault: str, *, tmp: Path, python: Path, epochs: int = 4, timeout: 
         process = subprocess.Popen(
             [sys.executable, "-m", "paddlecloud", "local", "train", "--module", MODULE,
              "--package-path", str(ROOT), "--python", str(python), "--pservers", "2",
-             "--trainers", "2", "--input", str(data / "*.txt"), "--chunk-bytes", str(CHUNK),
+             "--trainers", str(TRAINERS), "--input", str(data / "*.txt"), "--chunk-bytes", str(CHUNK),
              "--epochs", str(epochs), "--job", job, "--output", str(output), "--fresh",
              "--pserver-restart", "group",
              "-e", "PADDLECLOUD_TASK_FEED=1", "-e", f"PADDLECLOUD_RECORD_LOG={lineage}",
+             *(("-e", "PADDLE_WITH_GLOO=1") if fault in GLOO else ()),
              ],
             cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=dict(os.environ, PYTHONUNBUFFERED="1"))
     killed_at = None
     try:
         victim = FAULTS[fault]
         if victim is not None:
-            killed_at = _kill_after_first_epoch(console, job, victim, process, deadline=started + timeout)
+            killed_at = _kill_after_first_epoch(console, job, victim, process, deadline=started + timeout,
+                                                lineage=lineage if fault in GLOO else None)
         result.code = process.wait(timeout=max(1.0, started + timeout - time.monotonic()))
     except subprocess.TimeoutExpired:
         result.why = f"still running after {timeout:g}s (hung)"
@@ -122,12 +132,20 @@ def run_fault(fault: str, *, tmp: Path, python: Path, epochs: int = 4, timeout: 
 
 
 def _kill_after_first_epoch(console: Path, job: str, victim: tuple[str, str], process: subprocess.Popen,
-                            *, deadline: float) -> float:
+                            *, deadline: float, lineage: Path | None = None) -> float:
     """SIGKILLs the victim's program once trainer 1 evaluated epoch 0 (a pserver: once trainer 0
-    checkpointed epoch 0 too, so the group restart has a checkpoint to restore); returns when."""
+    checkpointed epoch 0 too, so the group restart has a checkpoint to restore; with `lineage`,
+    once trainer 1 began a task of epoch 1: a gloo job's kill then lands in training, not in the
+    epoch's end, where the trainers are in a gloo barrier together); returns when."""
     marker = "[trainer 1] trainer 1: epoch 0 eval_loss"
     checkpoint = console.parent / "out" / "checkpoints" / "checkpoint-00000000"
-    while marker not in console.read_text(errors="replace") or (
+
+    def in_epoch_1() -> bool:
+        return lineage is None or (lineage.exists() and any(
+            line.startswith("1\t") and line.split("\t")[2:4] == ["1", "begin"]
+            for line in lineage.read_text().splitlines()))
+
+    while marker not in console.read_text(errors="replace") or not in_epoch_1() or (
             victim[0] == "PSERVER" and not checkpoint.exists()):  # a pserver: once epoch 0 is saved
         if process.poll() is not None or time.monotonic() > deadline:
             raise RuntimeError(f"the job never reached epoch 1 (exit {process.poll()})")
@@ -171,20 +189,31 @@ def _judge(result: FaultRun, *, lineage: Path, killed_at: float | None, epochs: 
         result.why = "the job did not succeed"
     elif result.tasks_counted != {e: result.tasks_expected for e in range(epochs)}:
         result.why = f"tasks trained per epoch {result.tasks_counted}, not {result.tasks_expected} each"
-    elif victim is not None and victim[0] == "TRAINER" and f"trainer {survivor} exited" in console:
+    elif victim is not None and victim[0] == "TRAINER" and (
+            f"trainer {survivor} exited" in console or "aborted without its gloo peer" in console):
         result.why = f"the surviving trainer {survivor} died too"
+    elif result.fault == "trainer-kill-gloo" and "restarting the trainer group" not in console:
+        result.why = "no trainer group restart"
     elif console.count("): stopping the pserver") != 2 or "still hold sessions" in console:
         result.why = "paddlecloud did not stop both pservers once the trainers left"
     elif not series or series[-1] > 2.0:
         result.why = f"trainer {survivor}'s loss did not fall: {series}"
     elif result.loss_jump > 1.0:
         result.why = f"trainer {survivor}'s loss jumped back by {result.loss_jump:.2f}: the model was reset"
-    elif result.fault == "pserver-kill" and "PS group restart 1" not in console:
+    elif result.fault.startswith("pserver-kill") and "PS group restart 1" not in console:
         result.why = "no PS group restart"
-    elif result.fault == "pserver-kill" and "loaded the checkpoint of epoch" not in console:
+    elif result.fault.startswith("pserver-kill") and "loaded the checkpoint of epoch" not in console:
         result.why = "the restarted pservers did not get the checkpoint's tables"
-    elif result.fault != "pserver-kill" and result.records_twice > (largest_task if victim else 0):
-        result.why = f"{result.records_twice} records trained twice: more than the cut task's"
+    elif not result.fault.startswith("pserver-kill") and result.records_twice > _cut_tasks(result.fault) * largest_task:
+        result.why = f"{result.records_twice} records trained twice: more than the cut tasks'"
+
+
+def _cut_tasks(fault: str) -> int:
+    """How many tasks a fault may cut (each may reach the model twice): none without a fault,
+    the dead trainer's, and under gloo each trainer's (the group is restarted)."""
+    if FAULTS[fault] is None:
+        return 0
+    return TRAINERS if fault in GLOO else 1
 
 
 def _recovery(lineage: Path, victim: str, killed_at: float) -> float | None:
@@ -211,7 +240,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"no PS-capable Paddle: {why}", file=sys.stderr)
         return 2
     failed = 0
-    for fault in args.fault or ["trainer-kill", "trainer0-restart", "pserver-kill"]:
+    for fault in args.fault or ["trainer-kill", "trainer-kill-gloo", "trainer0-restart", "pserver-kill",
+                                "pserver-kill-gloo"]:
         with tempfile.TemporaryDirectory(prefix=f"ps-proof-{fault}-") as tmp:
             run = run_fault(fault, tmp=Path(tmp), python=venv_dir() / "bin" / "python", epochs=args.epochs)
         print(run.line(), flush=True)

@@ -92,7 +92,7 @@ def note(path: str | None, line: str) -> None:
 def train(paddle, fleet, inputs, loss) -> int:
     import numpy as np
 
-    from paddlecloud.fleet_ps import init_worker, restore, save_checkpoint
+    from paddlecloud.fleet_ps import gloo_trainers, init_worker, restore, save_checkpoint
     from paddlecloud.taskfeed import TaskFeed
 
     trainer = os.environ.get("PADDLE_TRAINER_ID", "?")
@@ -106,7 +106,10 @@ def train(paddle, fleet, inputs, loss) -> int:
     if init_worker(fleet):  # not fleet.init_worker(): a restarted trainer 0 would reset the model
         print(f"trainer {trainer}: the pservers hold a model: pulled it, pushed nothing", flush=True)
     output = os.environ.get("PADDLECLOUD_OUTPUT", "")
-    if trainer == "0" and output and (restored := restore(fleet, output=output)) is not None:
+    # trainer 0 saves and loads the pservers' tables; under gloo Paddle makes those collectives
+    checkpoints = bool(output) and (trainer == "0" or gloo_trainers())
+    restored = restore(fleet, output=output) if checkpoints else None
+    if restored is not None and trainer == "0":
         print(f"trainer 0: loaded the checkpoint of epoch {restored} into the pservers", flush=True)
     feed_eval = eval_batch()
 
@@ -131,7 +134,7 @@ def train(paddle, fleet, inputs, loss) -> int:
                 records += count
             print(f"trainer {trainer}: epoch {epoch.number} eval_loss {evaluate():.4f} "
                   f"tasks {epoch.tasks_read} records {records}", flush=True)
-            if trainer == "0" and output:  # the epoch is done at the master: checkpoint the tables
+            if checkpoints:  # the epoch is done at the master: checkpoint the tables
                 save_checkpoint(fleet, exe, output=output, epoch=epoch.number)
     fleet.stop_worker()
     print(f"trainer {trainer}: done", flush=True)

@@ -21,8 +21,18 @@ limit raises `JobFailed`. Once the data is done (`finishing`) nothing is resized
 replaced, but a group that loses a member is still restarted: the master reopens the
 job at the checkpoint.
 
+A PS job whose trainers Paddle joins in one gloo world (`PADDLE_WITH_GLOO`; the deployer is
+given `rendezvous_reset`, which empties the job's store, `paddlecloud.gloo_store`) restarts
+its trainer group in `trainer` mode too: Paddle makes that world once, at `fleet.init`, so a
+trainer cannot rejoin it alone (its rendezvous waits for peers that never rendezvous again, and
+a survivor's next barrier fails on the dead pair). Every trainer is stopped (each launcher
+gives its task back), the store emptied, and every trainer started again with its id; the
+pservers and their model stay (async PS: the model is theirs), so the master's epoch is not
+restarted, and the new trainer 0 pulls the model instead of pushing fresh parameters
+(`paddlecloud.fleet_ps`, told by its launcher).
+
 `scale(n)` resizes the group: in `trainer` mode (PS) by starting launchers with
-the next ids, or stopping the highest ids with SIGTERM (a trainer that handles it
+the next ids (under gloo by a new group of the new size, as above), or stopping the highest ids with SIGTERM (a trainer that handles it
 leaves the master: its tasks return at once, no failure counted; one that does not
 is killed after the grace and its lease lapses); in `group` mode by a group
 restart at the new size (PADDLE_TRAINERS_NUM, the endpoints and ids 0..N-1
@@ -90,7 +100,8 @@ class LocalDeployer(Deployer):
                  spawn: Callable[[str, int, list[str], dict[str, str]], Child],
                  user_env: Callable[[], dict[str, str]],
                  restart_epoch: Callable[[int, tuple[int, ...]], Awaitable[None]],
-                 event: Callable[[str], None], pserver_restart: str = "self") -> None:
+                 event: Callable[[str], None], pserver_restart: str = "self",
+                 rendezvous_reset: Callable[[], None] | None = None) -> None:
         if pserver_restart not in PSERVER_RESTART_MODES:
             raise ValueError(f"pserver restart {pserver_restart!r}: must be one of "
                              f"{', '.join(PSERVER_RESTART_MODES)}")
@@ -105,6 +116,7 @@ class LocalDeployer(Deployer):
         self.restart_limit, self.restart_mode = restart_limit, restart_mode
         self._spawn, self._user_env = spawn, user_env
         self._restart_epoch, self._event = restart_epoch, event
+        self._rendezvous_reset = rendezvous_reset  # set: the trainers share one gloo world
         self.pservers: list[Child] = []
         self.trainers: list[Child] = []
         self._next: list[Child] = []  # a restarting group's new members, at their start gate
@@ -147,6 +159,8 @@ class LocalDeployer(Deployer):
         self._event(f"scaling the trainers {before} -> {trainers}")
         if self.restart_mode == "group":
             await self._restart_group(counted=False)
+        elif self._rendezvous_reset is not None:  # a gloo world's size is fixed: a new one
+            await self._regroup_gloo_trainers(counted=False)
         elif trainers > len(self.trainers):
             self.trainers += await self._spawn_trainers(range(len(self.trainers), trainers))
         else:
@@ -171,6 +185,9 @@ class LocalDeployer(Deployer):
             return
         if self.restart_mode == "trainer":
             if not self._replacing:
+                return
+            if self._rendezvous_reset is not None:
+                await self._restart_gloo_trainers(dead)
                 return
             for trainer in dead:
                 if trainer.restarts >= self.restart_limit:
@@ -248,6 +265,38 @@ class LocalDeployer(Deployer):
             trainer.restarts = restarts + counted
         self.restarts += 1
 
+    async def _restart_gloo_trainers(self, dead: list[Child]) -> None:
+        """A PS job's gloo trainer died: the group restarts on the live model (see the module's
+        docstring), counted against the restart limit as a group restart is."""
+        restarts = max(t.restarts for t in self.trainers)
+        if restarts >= self.restart_limit:
+            await self._give_up(f"{dead[0].name} exited with {dead[0].returncode}; the trainer "
+                                f"group was restarted {restarts} times "
+                                f"(--restart-limit {self.restart_limit})")
+            return
+        self._event(f"{group_loss(dead)}: restarting the trainer group (its gloo world cannot "
+                    "take a trainer back alone; the pservers keep the model)")
+        await self._regroup_gloo_trainers(counted=True, lost=dead)
+
+    async def _regroup_gloo_trainers(self, *, counted: bool, lost: list[Child] | None = None) -> None:
+        """Every trainer stopped (each launcher gives its task back), the rendezvous store
+        emptied (the new group must not read the old one's addresses), `num_trainers` trainers
+        started with ids 0..N-1: a gloo world of the new size. The pservers and the master's
+        epoch stay. `counted` (a death, not a resize) counts against the restart limit."""
+        restarts = max((t.restarts for t in self.trainers), default=0)
+        grace = GROUP_STOP_GRACE if counted else STOP_GRACE  # a death's survivors cannot drain
+        await asyncio.gather(*(t.stop(grace=grace) for t in self.trainers))
+        if lost and (followers := aborted_after(self.trainers, lost)):
+            self._event(followers)
+        assert self._rendezvous_reset is not None
+        self._rendezvous_reset()
+        self._restore_trainers = False  # the pservers' live model stays theirs
+        self.restarts += 1
+        self.trainers = []
+        await self._spawn_trainers(range(self.num_trainers), into=self.trainers)
+        for trainer in self.trainers:
+            trainer.restarts = restarts + counted
+
     async def _restart_ps_group(self, dead: Child) -> None:
         """`--pserver-restart group` (Paddle's fleet PS: its trainers abort when a pserver dies,
         and a restarted pserver's tables are empty): every trainer and pserver stopped, the
@@ -265,6 +314,8 @@ class LocalDeployer(Deployer):
         epoch, done = checkpoints.resume_point(checkpoints.checkpoints_dir(str(self.output)))
         await self._restart_epoch(epoch, done)
         self.pservers, self.trainers = [], []
+        if self._rendezvous_reset is not None:  # the new trainers make a new gloo world
+            self._rendezvous_reset()
         await self.create_pservers()
         await self._start_trainers()
 

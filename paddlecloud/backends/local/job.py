@@ -41,6 +41,7 @@ from paddlecloud.backends.local.deployer import JobFailed, LocalDeployer, launch
 from paddlecloud.backends.local.handle import SECRETS_DIR, LocalJobHandle
 from paddlecloud.etcd_server import EtcdServer, free_ports, server_version, version_warning
 from paddlecloud.exits import signal_exit_code
+from paddlecloud.gloo_store import GlooStore
 from paddlecloud.keys import JobKeys, prefix_range_end
 from paddlecloud.master_client import MasterConnection, MasterLocator, MasterUnavailable
 from paddlecloud.master_flags import master_flags
@@ -128,6 +129,8 @@ class LocalJob:
         self.etcd_server: EtcdServer | None = None
         self.etcd_endpoint = spec.etcd_endpoints or ""
         self.masters: list[Child] = []
+        # a PS job's trainers in a gloo world: paddlecloud serves its rendezvous store
+        self.gloo_store = GlooStore() if gloo_trainers(spec) else None
         self.deployer = LocalDeployer(
             trainers=spec.trainers, pservers=spec.pservers, output=spec.output,
             trainer_command=launcher_command("trainer", self._role_command("trainer")),
@@ -137,6 +140,7 @@ class LocalJob:
             restart_limit=spec.restart_limit, restart_mode=spec.restart_mode, spawn=self._child,
             user_env=self._env, restart_epoch=self._restart_epoch,
             event=self._event, pserver_restart=spec.pserver_restart,
+            rendezvous_reset=self.gloo_store.reset if self.gloo_store is not None else None,
         )
         self.stopping = asyncio.Event()
         self.exited = asyncio.Event()  # a child ended: the supervisor looks at once
@@ -167,6 +171,9 @@ class LocalJob:
             loop.add_signal_handler(sig, self._on_signal, sig)
         try:
             self._write_secrets()
+            if self.gloo_store is not None:  # before pserver 0, whose own store must not get the port
+                self.gloo_store.start()
+                self._event(f"serving the trainers' gloo rendezvous store at {self.gloo_store.endpoint}")
             await self._start_etcd()
             if self.spec.fresh:
                 await self._clear_job_state()
@@ -225,6 +232,8 @@ class LocalJob:
             env["PADDLE_MASTER_CA_FILE"] = str(self.secrets_dir / "ca.crt")
         if master:  # nor the current directory first on its path (Python >= 3.11)
             env["PYTHONSAFEPATH"] = "1"
+        if self.gloo_store is not None:  # the store Paddle's HTTP rendezvous (3) reads
+            env.update(PADDLE_GLOO_RENDEZVOUS="3", PADDLE_GLOO_HTTP_ENDPOINT=self.gloo_store.endpoint)
         env.pop("PADDLE_MASTER_ENDPOINT", None)  # local jobs find the leader through etcd
         env.update(dict(self.spec.env))
         return env
@@ -467,10 +476,19 @@ class LocalJob:
         for connection in self._masters.values():
             await connection.close()
         self._masters.clear()
+        if self.gloo_store is not None:
+            await asyncio.to_thread(self.gloo_store.close)
         if self.etcd_server is not None:
             await asyncio.to_thread(self.etcd_server.stop)
         if self._etcd_dir is not None:
             shutil.rmtree(self._etcd_dir, ignore_errors=True)
+
+
+def gloo_trainers(spec: LocalJobSpec) -> bool:
+    """Whether the job is a PS job whose trainers Paddle joins in one gloo world: its
+    environment (the user's `-e`, else this one) says `PADDLE_WITH_GLOO` 1 or 2."""
+    env = {**os.environ, **dict(spec.env)}
+    return spec.pservers > 0 and env.get("PADDLE_WITH_GLOO", "0").strip() in ("1", "2")
 
 
 def master_address(master: Child) -> str:
