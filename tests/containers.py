@@ -25,17 +25,16 @@ cgroups): `.ci/run` writes `/etc/containers/containers.conf` for that.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 
-from tests.real_parts import require
+from tests.real_parts import file_lock, require
 
 ROOT = Path(__file__).resolve().parent.parent
 BASE_IMAGE = "localhost/paddlecloud-test-base:bookworm-1"
@@ -87,14 +86,8 @@ def image_exists(tag: str) -> bool:
     return run_engine("image", "exists", tag, check=False, timeout=60).returncode == 0
 
 
-@contextlib.contextmanager
-def _building() -> Iterator[None]:
-    with LOCK.open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+def _building() -> contextlib.AbstractContextManager[None]:
+    return file_lock(LOCK)
 
 
 def base_image() -> str:

@@ -18,16 +18,14 @@ parts' fixtures do.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
-from tests.real_parts import require
+from tests.real_parts import file_lock, require
 
 PADDLE_VERSION = "2.6.2"
 REQUIREMENTS = (f"paddlepaddle=={PADDLE_VERSION}", "numpy<2", "protobuf>=4.21,<5")
@@ -43,14 +41,8 @@ def venv_dir() -> Path:
     return Path(os.environ.get("PADDLECLOUD_PS_VENV") or default)
 
 
-@contextlib.contextmanager
-def _locked() -> Iterator[None]:
-    with LOCK.open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+def _locked() -> contextlib.AbstractContextManager[None]:
+    return file_lock(LOCK)
 
 
 def _usable(python: Path) -> bool:

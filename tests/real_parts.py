@@ -4,7 +4,11 @@ Paddle): where it is missing the test skips, saying why and how to get it; under
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -16,3 +20,14 @@ def require(why_missing: str, *, needs: str) -> None:
     if os.environ.get("CI") == "true":
         pytest.fail(f"CI=true needs {needs}: {why_missing}")
     pytest.skip(why_missing)
+
+
+@contextlib.contextmanager
+def file_lock(path: Path) -> Iterator[None]:
+    """Holds an exclusive lock on `path`: two pytest workers never build one part twice."""
+    with path.open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)

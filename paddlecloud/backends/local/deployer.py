@@ -197,11 +197,7 @@ class LocalDeployer(Deployer):
                     return
                 await self._restart(trainer)
         else:
-            restarts = max(t.restarts for t in self.trainers)
-            if restarts >= self.restart_limit:
-                await self._give_up(f"{dead[0].name} exited with {dead[0].returncode}; the trainer "
-                                    f"group was restarted {restarts} times "
-                                    f"(--restart-limit {self.restart_limit})")
+            if await self._group_restarts_spent(dead):
                 return
             # also once the data is done: the master reopens the job at the checkpoint
             self._event(f"{group_loss(dead)}: restarting the trainer group")
@@ -265,14 +261,21 @@ class LocalDeployer(Deployer):
             trainer.restarts = restarts + counted
         self.restarts += 1
 
+    async def _group_restarts_spent(self, dead: list[Child]) -> bool:
+        """Whether the trainer group has been restarted `restart_limit` times already: then the
+        job gives up (`_give_up`), naming the death that would have been one restart more."""
+        restarts = max(t.restarts for t in self.trainers)
+        if restarts < self.restart_limit:
+            return False
+        await self._give_up(f"{dead[0].name} exited with {dead[0].returncode}; the trainer "
+                            f"group was restarted {restarts} times "
+                            f"(--restart-limit {self.restart_limit})")
+        return True
+
     async def _restart_gloo_trainers(self, dead: list[Child]) -> None:
         """A PS job's gloo trainer died: the group restarts on the live model (see the module's
         docstring), counted against the restart limit as a group restart is."""
-        restarts = max(t.restarts for t in self.trainers)
-        if restarts >= self.restart_limit:
-            await self._give_up(f"{dead[0].name} exited with {dead[0].returncode}; the trainer "
-                                f"group was restarted {restarts} times "
-                                f"(--restart-limit {self.restart_limit})")
+        if await self._group_restarts_spent(dead):
             return
         self._event(f"{group_loss(dead)}: restarting the trainer group (its gloo world cannot "
                     "take a trainer back alone; the pservers keep the model)")
